@@ -1,0 +1,3 @@
+"""commbench: communication-library microbenchmarks and model proxies for distributed training."""
+
+__version__ = "0.1.0"

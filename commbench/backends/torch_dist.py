@@ -1,0 +1,204 @@
+"""torch.distributed backend: gloo on CPU, NCCL on GPU, as DDP and FSDP use them.
+
+Each collective is the plain torch.distributed call a user would write. torch has
+no out-of-place all_reduce, broadcast or reduce, so the out-of-place column for
+those is `recv.copy_(send)` followed by the in-place call, both timed (this is
+what DDP does with its gradient buckets); docs/metrics.md says so next to the
+metrics. Timing uses perf_counter around each call on CPU (gloo calls block until
+done) and CUDA events on the current stream on GPU.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from commbench.backends.base import Backend, BackendError, OutOfMemory
+from commbench.collectives import DType
+from commbench.launch import LaunchInfo
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8,
+                "int64": torch.int64}
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+              "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+# Newer torch renamed the tensor forms of all-gather and reduce-scatter.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def resolve_device(device: str, torch_backend: str) -> tuple[str, str]:
+    """(device, library) for `--device` and `--torch-backend`, or a one-line BackendError."""
+    has_cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if has_cuda and torch_backend != "gloo" else "cpu"
+    if device == "cuda" and not has_cuda:
+        raise BackendError("--device cuda: no CUDA device is visible to torch "
+                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})")
+    library = torch_backend if torch_backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    if library == "nccl" and device != "cuda":
+        raise BackendError("--torch-backend nccl needs --device cuda (NCCL runs on GPUs only)")
+    if library not in ("gloo", "nccl"):
+        raise BackendError(f"unknown --torch-backend {library!r}; choose gloo or nccl")
+    return device, library
+
+
+def unsupported(library: str, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
+    """Why torch.distributed on `library` cannot run this, or None."""
+    if op == "avg" and not dtype.is_float and library == "gloo":
+        return f"gloo has no avg for integer dtype {dtype.name}"
+    return None
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, launch: LaunchInfo, device: str = "auto", torch_backend: str = "auto",
+                 timeout_s: float = 300.0):
+        self.device, self.library = resolve_device(device, torch_backend)
+        self.rank, self.world_size = launch.rank, launch.world_size
+        if self.device == "cuda":
+            torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+        self._torch_device = torch.device(self.device, torch.cuda.current_device()) \
+            if self.device == "cuda" else torch.device("cpu")
+        os.environ.update(MASTER_ADDR=launch.master_addr, MASTER_PORT=str(launch.master_port),
+                          RANK=str(launch.rank), WORLD_SIZE=str(launch.world_size))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        kwargs = {"device_id": self._torch_device} if self.device == "cuda" else {}
+        dist.init_process_group(self.library, init_method="env://", rank=launch.rank,
+                                world_size=launch.world_size, timeout=timeout, **kwargs)
+        # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
+        self._control = dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+
+    # ---------------------------------------------------------------- buffers
+
+    def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
+        return unsupported(self.library, collective, dtype, op, placement)
+
+    def alloc(self, count: int, dtype: DType) -> torch.Tensor:
+        try:
+            return torch.empty(count, dtype=TORCH_DTYPES[dtype.name], device=self._torch_device)
+        except (RuntimeError, MemoryError) as exc:
+            raise _as_oom(exc, count * dtype.itemsize) from exc
+
+    def view(self, buffer: torch.Tensor, start: int, count: int) -> torch.Tensor:
+        return buffer.narrow(0, start, count)
+
+    def upload(self, buffer: torch.Tensor, values: np.ndarray) -> None:
+        buffer.copy_(torch.from_numpy(values))
+
+    def fill(self, buffer: torch.Tensor, value: float) -> None:
+        buffer.fill_(value)
+
+    def download(self, buffer: torch.Tensor, start: int, count: int) -> np.ndarray:
+        part = buffer.narrow(0, start, count).cpu()
+        return part.float().numpy() if part.dtype == torch.bfloat16 else part.numpy()
+
+    # ---------------------------------------------------------------- the measured call
+
+    def prepare(self, collective: str, send: torch.Tensor, recv: torch.Tensor, op: str | None, root: int,
+                inplace: bool) -> Callable[[], None]:
+        reduce_op = REDUCE_OPS[op] if op else None
+        rank, world = self.rank, self.world_size
+        copy_first = not inplace and collective in ("allreduce", "broadcast", "reduce")
+        if collective == "allreduce":
+            call = lambda: dist.all_reduce(recv, op=reduce_op)  # noqa: E731
+        elif collective == "broadcast":
+            call = lambda: dist.broadcast(recv, src=root)  # noqa: E731
+            copy_first = copy_first and rank == root
+        elif collective == "reduce":
+            call = lambda: dist.reduce(recv, dst=root, op=reduce_op)  # noqa: E731
+        elif collective == "allgather":
+            call = lambda: _ALL_GATHER(recv, send)  # noqa: E731
+        elif collective == "reduce_scatter":
+            call = lambda: _REDUCE_SCATTER(recv, send, op=reduce_op)  # noqa: E731
+        elif collective == "alltoall":
+            call = lambda: dist.all_to_all_single(recv, send)  # noqa: E731
+        elif collective == "sendrecv":
+            call = _sendrecv(send, recv, (rank + 1) % world, (rank - 1) % world)
+        else:
+            raise BackendError(f"torch backend cannot run {collective!r}")
+        if copy_first:
+            inner = call
+
+            def call() -> None:
+                recv.copy_(send)
+                inner()
+        return call
+
+    def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        if self.device == "cuda":
+            return self._time_cuda(call, iters)
+        times = np.empty(iters)
+        clock = time.perf_counter
+        for i in range(iters):
+            start = clock()
+            call()
+            times[i] = clock() - start
+        return times * 1e6
+
+    def _time_cuda(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            call()
+            end.record()
+        torch.cuda.synchronize()
+        return np.array([start.elapsed_time(end) * 1e3 for start, end in events])
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def barrier(self) -> None:
+        if self.device == "cuda":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+            torch.cuda.synchronize()
+        else:
+            dist.barrier()
+
+    # ---------------------------------------------------------------- control plane
+
+    def gather(self, values: np.ndarray) -> np.ndarray | None:
+        local = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(out, local, group=self._control)
+        return torch.stack(out).numpy() if self.rank == 0 else None
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        tensor = torch.from_numpy(np.array(values, dtype=np.float64))
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
+        return tensor.numpy()
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._control)
+        return out if self.rank == 0 else None
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
+    """Each rank sends to the next rank and receives from the previous one, as nccl-tests' sendrecv."""
+    def call() -> None:
+        ops = [dist.P2POp(dist.isend, send, peer_next), dist.P2POp(dist.irecv, recv, peer_prev)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    return call
+
+
+def _as_oom(exc: BaseException, nbytes: int) -> BaseException:
+    text = str(exc).lower()
+    if isinstance(exc, MemoryError) or any(marker in text for marker in _OOM_MARKERS) \
+            or isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
+        return OutOfMemory(f"out of memory allocating {nbytes} bytes: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+    return exc

@@ -1,0 +1,359 @@
+"""The sweep harness, written once for every backend and collective.
+
+For each collective, size and placement: allocate, fill verifiable data, warm up,
+time iterations back to back after a barrier, check a fresh run's output, gather
+per-iteration times and error counts on rank 0, and write one Result, flushed.
+Iteration counts are agreed across ranks (every rank must issue the same calls).
+docs/metrics.md describes the method.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from commbench import collectives as C
+from commbench.backends import Backend, BackendError, OutOfMemory
+from commbench.launch import LaunchInfo
+from commbench.results import Result, ResultSink, local_environment, software_versions
+from commbench.sizes import format_size
+from commbench.table import Progress, Table
+
+CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
+RANK_AGGS = ("max", "avg", "min")
+PLACEMENTS = ("out-of-place", "in-place")
+
+EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAULT = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    collectives: tuple[str, ...] = ("allreduce",)
+    sizes: tuple[int, ...] = (1 << 10,)
+    dtype: str = "float32"
+    op: str = "sum"
+    root: int = 0
+    placements: tuple[str, ...] = PLACEMENTS
+    warmup: int | None = None  # None: adaptive
+    iters: int | None = None  # None: adaptive, to fill min_time_s
+    min_time_s: float = 0.2
+    min_iters: int = 5
+    max_iters: int = 1000
+    rank_agg: str = "max"
+    check: bool = True
+    backend: str = "torch"
+    torch_backend: str = "auto"
+    device: str = "auto"
+    json_path: str | None = None
+    csv_path: str | None = None
+    timeout_s: float = 300.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "SweepConfig":
+        fields = json.loads(text)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+class SweepFault(RuntimeError):
+    """The run cannot go on (a peer died or hung, out of memory); one line for the user."""
+
+
+@dataclass
+class PointOutcome:
+    times_us: np.ndarray  # this rank's per-iteration times
+    warmup: int
+    wrong: int  # this rank's wrong elements (-1 when not checked)
+
+
+# ---------------------------------------------------------------- one point
+
+
+def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, rank: int) -> tuple[Any, Any, Any]:
+    """(send, recv, owners) for a placement; in-place views share one buffer as nccl-tests lays it out."""
+    if placement == "out-of-place":
+        send, recv = backend.alloc(plan.send_count, dtype), backend.alloc(plan.recv_count, dtype)
+        return send, recv, (send, recv)
+    whole = backend.alloc(max(plan.send_count, plan.recv_count), dtype)
+    send_at = rank * plan.send_count if plan.collective == "allgather" else 0
+    recv_at = rank * plan.recv_count if plan.collective == "reduce_scatter" else 0
+    return backend.view(whole, send_at, plan.send_count), backend.view(whole, recv_at, plan.recv_count), (whole,)
+
+
+def _fill(backend: Backend, send: Any, recv: Any, owners: tuple, inputs: np.ndarray, dtype: C.DType) -> None:
+    for buffer in owners:
+        backend.fill(buffer, C.sentinel(dtype))
+    backend.upload(send, inputs)
+    backend.synchronize()
+
+
+def _count_wrong(backend: Backend, recv: Any, segments: list[C.Segment], tol: float) -> int:
+    wrong = 0
+    for seg in segments:
+        for pos in range(0, seg.count, CHECK_CHUNK):
+            n = min(CHECK_CHUNK, seg.count - pos)
+            actual = backend.download(recv, seg.start + pos, n)
+            expected = C.periodic(seg.source, seg.offset + pos, n)
+            wrong += C.count_wrong(actual, expected, tol)
+    return wrong
+
+
+def _agree(backend: Backend, failed: str | None) -> None:
+    """Every rank learns whether any rank failed to prepare this point (e.g. out of memory)."""
+    flags = backend.agree_max(np.array([1.0 if failed else 0.0]))
+    if flags[0] > 0:
+        messages = backend.gather_objects(failed)
+        if messages is not None:
+            failed = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), failed)
+        raise SweepFault(failed or "another rank failed to allocate its buffers")
+
+
+def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, int]:
+    """(warmup, iters): fixed if given, else sized from timed warm-up runs, agreed across ranks."""
+    if cfg.warmup is None:
+        first = backend.time_iterations(call, 1)  # includes one-time setup: never used as the estimate
+        first_us = float(backend.agree_max(first)[0])
+        extra = int(min(100, max(1, math.ceil(0.1 * cfg.min_time_s * 1e6 / max(first_us, 1.0)))))
+        warm_times, warmup = backend.time_iterations(call, extra), 1 + extra
+    else:
+        warm_times, warmup = backend.time_iterations(call, cfg.warmup), cfg.warmup
+    if cfg.iters is not None:
+        return warmup, cfg.iters
+    if warm_times.size == 0:  # --warmup 0 with adaptive iterations: one probe, counted as warm-up
+        warm_times, warmup = backend.time_iterations(call, 1), warmup + 1
+    estimate_us = float(backend.agree_max(np.array([np.median(warm_times)]))[0])
+    iters = math.ceil(cfg.min_time_s * 1e6 / max(estimate_us, 0.01))
+    return warmup, int(min(cfg.max_iters, max(cfg.min_iters, iters)))
+
+
+def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: str, pattern: C.Pattern) -> PointOutcome:
+    dtype, rank = pattern.dtype, backend.rank
+    failed = None
+    try:
+        send, recv, owners = _buffers(backend, plan, dtype, placement, rank)
+        inputs = C.input_values(pattern, plan, rank)
+        _fill(backend, send, recv, owners, inputs, dtype)
+    except (OutOfMemory, MemoryError) as exc:
+        failed = f"out of memory at {format_size(plan.nbytes)} ({plan.collective}, {placement}): {exc}"
+        send = recv = owners = inputs = None
+        gc.collect()
+    _agree(backend, failed)
+    call = backend.prepare(plan.collective, send, recv, cfg.op if C.COLLECTIVES[plan.collective].reduces else None,
+                           plan.root, placement == "in-place")
+    warmup, iters = _iteration_counts(backend, cfg, call)
+    backend.barrier()
+    times_us = backend.time_iterations(call, iters)
+    wrong = -1
+    if cfg.check:
+        _fill(backend, send, recv, owners, inputs, dtype)  # timing may have changed the data (in-place)
+        backend.barrier()
+        call()
+        backend.synchronize()
+        wrong = _count_wrong(backend, recv, C.expected_segments(pattern, plan, rank), C.tolerance(pattern))
+    return PointOutcome(times_us, warmup, wrong)
+
+
+def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float]:
+    """Aggregate a (ranks x iterations) time matrix: the time column as nccl-tests -a does
+    (each rank's mean, then max/avg/min over ranks), percentiles of per-iteration values."""
+    reduce = {"max": np.max, "avg": np.mean, "min": np.min}[rank_agg]
+    per_iteration = reduce(all_times_us, axis=0)
+    p50, p90, p99 = np.percentile(per_iteration, [50, 90, 99])
+    return {"time_us": float(reduce(all_times_us.mean(axis=1))), "p50_us": float(p50), "p90_us": float(p90),
+            "p99_us": float(p99), "min_us": float(per_iteration.min()), "max_us": float(per_iteration.max())}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+class Sweep:
+    """Runs a SweepConfig on one rank; rank 0 prints and writes the results."""
+
+    def __init__(self, cfg: SweepConfig, launch: LaunchInfo, backend: Backend, argv: list[str] | None = None):
+        self.cfg, self.launch, self.backend = cfg, launch, backend
+        self.dtype = C.resolve_dtype(cfg.dtype)
+        self.lead = backend.rank == 0
+        self.run_id = uuid.uuid4().hex[:12]
+        self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
+        total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
+        self.progress = Progress(total, enabled=None if self.lead else False)
+        self.table = Table(list(cfg.placements), progress=self.progress)
+        self.argv = argv or sys.argv
+        self.results: list[Result] = []
+
+    def run(self) -> int:
+        environment = self.backend.gather_objects(local_environment(self.backend.device))
+        if self.lead:
+            self._header(environment)
+        status, error = "ok", None
+        try:
+            for collective in self.cfg.collectives:
+                self._collective(collective)
+        except SweepFault as exc:
+            status, error = "failed", str(exc)
+            raise
+        except BaseException as exc:  # Ctrl-C, SIGTERM from the launcher, anything unexpected
+            status, error = "interrupted", type(exc).__name__
+            raise
+        finally:
+            self.progress.close()
+            if self.lead:
+                wrong = sum(r.wrong or 0 for r in self.results)
+                status = "wrong" if status == "ok" and wrong else status
+                self.sink.summary({"run_id": self.run_id, "status": status, "error": error, "points": len(self.results),
+                                   "wrong": wrong, "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results])})
+                self.sink.close()
+        wrong_total = sum(r.wrong or 0 for r in self.results)
+        return EXIT_WRONG if wrong_total else EXIT_OK
+
+    def _header(self, environment: list[dict]) -> None:
+        cfg, launch = self.cfg, self.launch
+        hosts = sorted({e["host"] for e in environment})
+        self.sink.header({"run_id": self.run_id, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "command": " ".join(self.argv), "config": asdict(cfg), "launch": asdict(launch),
+                          "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
+                          "ranks": environment, "hosts": hosts, "versions": software_versions()})
+        self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.library} on "
+                           f"{self.backend.device}), {launch.world_size} ranks on {len(hosts)} host(s), "
+                           f"launcher {launch.launcher}")
+        iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.min_time_s:g} s per point)"
+        self.table.comment(f"dtype {self.dtype.name}, {iters}, time = {cfg.rank_agg} over ranks, "
+                           f"check {'on' if cfg.check else 'off'}")
+        if self.backend.name == "torch":
+            self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
+                               "out-of-place = copy + in-place call, both timed")
+
+    def _collective(self, collective: str) -> None:
+        cfg, world = self.cfg, self.backend.world_size
+        coll = C.COLLECTIVES[collective]
+        op = cfg.op if coll.reduces else None
+        pattern = C.make_pattern(self.dtype, op, world)
+        if self.lead:
+            self.table.header(collective)
+        seen: set[int] = set()
+        for size in cfg.sizes:
+            plan = C.plan(collective, size, self.dtype, world, cfg.root if coll.rooted else -1)
+            if plan.count == 0 or plan.nbytes in seen:
+                self._skip(plan, seen)
+                continue
+            seen.add(plan.nbytes)
+            row = {}
+            for placement in cfg.placements:
+                row[placement] = self._point(plan, placement, pattern, op)
+            if self.lead:
+                self.table.row(row, self.dtype.nccl_name)
+        if self.lead:
+            self.table.footer(cfg.check)
+
+    def _skip(self, plan: C.Plan, seen: set[int]) -> None:
+        self.progress.done += len(self.cfg.placements)
+        if self.lead and plan.count == 0:
+            self.table.comment(f"skipped {plan.requested_nbytes} B: {plan.collective} on {plan.world} ranks needs "
+                               f"at least {self.dtype.itemsize * (plan.world if C.COLLECTIVES[plan.collective].chunked else 1)} B of {self.dtype.name}")
+
+    def _point(self, plan: C.Plan, placement: str, pattern: C.Pattern, op: str | None) -> Result | None:
+        coll = C.COLLECTIVES[plan.collective]
+        label = f"{plan.collective} {format_size(plan.nbytes)} {placement}"
+        self.progress.update(label)
+        if placement == "in-place" and not coll.inplace:
+            self.progress.advance()
+            return None
+        reason = self.backend.unsupported(plan.collective, self.dtype, op, placement)
+        if reason:
+            raise BackendError(reason)
+        try:
+            outcome = measure_point(self.backend, self.cfg, plan, placement, pattern)
+            gathered = self.backend.gather(np.concatenate([[outcome.wrong], outcome.times_us]))
+        except SweepFault:
+            raise
+        except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SweepFault(f"{label} failed on rank {self.backend.rank}: {first}") from exc
+        finally:
+            gc.collect()
+        self.progress.advance()
+        if not self.lead:
+            return None
+        return self._record(plan, placement, op, outcome, gathered)
+
+    def _record(self, plan: C.Plan, placement: str, op: str | None, outcome: PointOutcome,
+                gathered: np.ndarray) -> Result:
+        cfg = self.cfg
+        stats = summarize(gathered[:, 1:], cfg.rank_agg)
+        algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, stats["time_us"])
+        wrong = int(gathered[:, 0].sum()) if cfg.check else None
+        result = Result(collective=plan.collective, backend=self.backend.name, library=self.backend.library,
+                        device=self.backend.device, dtype=self.dtype.name, op=op,
+                        root=plan.root if plan.root >= 0 else None, placement=placement, world_size=plan.world,
+                        nnodes=self.launch.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
+                        count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
+                        algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
+                        run_id=self.run_id, **stats)
+        self.sink.result(result)
+        self.results.append(result)
+        return result
+
+
+# ---------------------------------------------------------------- one rank's entry point
+
+
+def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = None) -> int:
+    """Run the sweep on this rank; returns the exit code. Faults end in one line on stderr."""
+    from commbench.backends import backend_class
+
+    backend = None
+    try:
+        backend = backend_class(cfg.backend)(launch, device=cfg.device, torch_backend=cfg.torch_backend,
+                                             timeout_s=cfg.timeout_s)
+        return Sweep(cfg, launch, backend, argv).run()
+    except BackendError as exc:
+        _fail(launch, str(exc))
+        return EXIT_USAGE
+    except SweepFault as exc:
+        _fail(launch, str(exc))
+        return EXIT_FAULT
+    except RuntimeError as exc:  # rendezvous timeout, a peer gone before the first point
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(launch, f"{first} (a rank may have died, hung or never started; timeout {cfg.timeout_s:g} s)")
+        return EXIT_FAULT
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if backend is not None:
+            _close_quietly(backend)
+
+
+def _fail(launch: LaunchInfo, message: str) -> None:
+    prefix = f"rank {launch.rank}: " if launch.world_size > 1 else ""
+    print(f"commbench: {prefix}{message}", file=sys.stderr, flush=True)
+
+
+def _close_quietly(backend: Backend) -> None:
+    try:
+        backend.close()
+    except Exception:  # noqa: BLE001 - tearing down after a fault must not raise a second error
+        pass
+
+
+CONFIG_VAR = "COMMBENCH_SWEEP_CONFIG"
+ARGV_VAR = "COMMBENCH_ARGV"
+
+if __name__ == "__main__":  # a rank spawned by `commbench sweep` (launch.spawn_local)
+    from commbench.launch import from_environment
+
+    sys.exit(run_sweep(SweepConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
+                       json.loads(os.environ.get(ARGV_VAR, "[]"))))

@@ -1,0 +1,209 @@
+"""The `commbench` command line. Thin: it parses, validates, and calls one library function.
+
+Heavy modules (torch, the backends) are imported inside commands, so `--help`
+starts fast. Errors a user can cause print one line and exit with code 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from commbench import __version__
+
+EXIT_USAGE = 2
+
+SWEEP_EXAMPLES = """
+\b
+Examples:
+  commbench sweep                                   # allreduce 1 KiB-64 MiB on 2 local CPU ranks (gloo)
+  commbench sweep --sizes 1K-1G                     # every local GPU with NCCL, or 2 CPU ranks with gloo
+  commbench sweep -c allgather -c reduce_scatter --sizes 8-128M --factor 4 --dtype bfloat16 --json out.jsonl
+  commbench sweep -c all --sizes 1K,1M,64M --iters 20 --warmup 5 --csv out.csv
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m commbench sweep --sizes 1K-1G
+  srun -N 4 --ntasks-per-node 8 commbench sweep --sizes 1K-1G
+  mpirun -np 16 -x MASTER_ADDR=node01 commbench sweep --sizes 1K-1G
+
+\b
+Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
+(died, hung past --timeout, out of memory), 130 interrupted.
+"""
+
+
+class UsageFault(click.ClickException):
+    exit_code = EXIT_USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="commbench")
+def cli() -> None:
+    """commbench: communication benchmarks for distributed training (nccl-tests-style sweeps)."""
+
+
+@cli.command(epilog=SWEEP_EXAMPLES)
+@click.option("--sizes", "-s", default="1K-64M", show_default=True, metavar="RANGE|LIST",
+              help="Message sizes in bytes: a range START-END (binary K/M/G/T suffixes, e.g. 1K-1G) or a "
+                   "comma list (1K,4K,1M). Rounded down per collective as nccl-tests does.")
+@click.option("--factor", "-f", type=float, default=None, help="Multiply the size by this between steps [default: 2].")
+@click.option("--step", default=None, metavar="BYTES", help="Add this many bytes between steps instead of --factor.")
+@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True,
+              metavar="NAME", help="allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, sendrecv, "
+                                   "or all. Repeatable, or comma-separated.")
+@click.option("--root", type=int, default=0, show_default=True, help="Root rank of broadcast and reduce.")
+@click.option("--dtype", "-d", default="float32", show_default=True,
+              help="float32, float16, bfloat16, float64, int32, int8, uint8, int64.")
+@click.option("--op", "-o", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg.")
+@click.option("--placement", type=click.Choice(["out-of-place", "in-place", "both"]), default="both",
+              show_default=True, help="Buffers: separate send/receive, shared, or both columns (as nccl-tests).")
+@click.option("--warmup", "-w", type=int, default=None, help="Warm-up iterations per point [default: adaptive].")
+@click.option("--iters", "-n", type=int, default=None,
+              help="Timed iterations per point [default: adaptive, to fill --min-time].")
+@click.option("--min-time", type=float, default=0.2, show_default=True, metavar="SECONDS",
+              help="Adaptive mode: time budget of the timed iterations per point (at least 5, at most 1000 iterations).")
+@click.option("--backend", "-b", default="torch", show_default=True, help="Where collectives run: torch.")
+@click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
+              help="torch.distributed backend: gloo on CPU and NCCL on GPU by default.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: cuda when torch sees a GPU, else cpu.")
+@click.option("--nprocs", "-N", type=int, default=None,
+              help="Local ranks to spawn when no launcher (torchrun, srun, mpirun) started this process "
+                   "[default: number of GPUs, or 2 on CPU].")
+@click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
+              show_default=True, help="Force how ranks are found; auto reads the environment.")
+@click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
+              help="Combine ranks' times (as nccl-tests -a).")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Verify every result; any wrong element makes the run exit 1.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write JSON Lines: a header record, one record per point (flushed as measured), a summary.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write one CSV row per point.")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
+              help="Stop if a rank dies or no collective completes within this long.")
+def sweep(**options) -> None:
+    """Benchmark collectives across message sizes (nccl-tests-style table, checked results).
+
+    Without a launcher, spawns --nprocs local ranks that rendezvous on loopback.
+    Under torchrun, SLURM (srun) or MPI (mpirun) every rank runs this command and
+    joins the existing job.
+    """
+    from commbench import bench, launch
+
+    env = os.environ
+    launcher = None if options["launcher"] == "auto" else options["launcher"]
+    launcher = launcher or launch.detect_launcher(env)
+    if launcher in (None, "spawn") and launch.SPAWN_VAR not in env:
+        cfg, world = _sweep_config(options, world=None)
+        code = launch.spawn_local("commbench.bench", world, {bench.CONFIG_VAR: cfg.to_json(),
+                                                             bench.ARGV_VAR: json.dumps(sys.argv)})
+        sys.exit(code)
+    info = _launch_info(launch, env, launcher)
+    cfg, _ = _sweep_config(options, world=info.world_size)
+    sys.exit(bench.run_sweep(cfg, info, sys.argv))
+
+
+def _launch_info(launch, env, launcher):
+    try:
+        return launch.from_environment(env, launcher)
+    except launch.LaunchError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
+def _sweep_config(options: dict, world: int | None):
+    """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
+    from commbench import bench
+    from commbench import collectives as C
+    from commbench.backends import BackendError, backend_class
+    from commbench.sizes import SizeError, parse_sizes
+
+    try:
+        sizes = parse_sizes(options["sizes"], options["factor"], options["step"])
+        names = C.resolve_collectives(options["collective_names"])
+        dtype = C.resolve_dtype(options["dtype"])
+    except (SizeError, ValueError) as exc:
+        raise UsageFault(str(exc)) from exc
+    op = options["op"].lower()
+    if op not in C.OPS:
+        raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}")
+    _check_counts(options)
+    try:
+        backend_class(options["backend"])
+        device, library = _resolve_device(options)
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
+    if world is None:
+        world = options["nprocs"] if options["nprocs"] is not None else _default_nprocs(device)
+    if world < 1:
+        raise UsageFault(f"--nprocs {world}: need at least 1 rank")
+    if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
+        raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
+    _check_supported(options["backend"], library, names, dtype, op)
+    placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
+    cfg = bench.SweepConfig(
+        collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
+        placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
+        min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
+        backend=options["backend"], torch_backend=options["torch_backend"], device=device,
+        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"])
+    return cfg, world
+
+
+def _check_counts(options: dict) -> None:
+    if options["iters"] is not None and options["iters"] < 1:
+        raise UsageFault(f"--iters {options['iters']}: need at least 1")
+    if options["warmup"] is not None and options["warmup"] < 0:
+        raise UsageFault(f"--warmup {options['warmup']}: cannot be negative")
+    if not options["min_time"] > 0:
+        raise UsageFault(f"--min-time {options['min_time']}: must be positive")
+    if not options["timeout_s"] > 0:
+        raise UsageFault(f"--timeout {options['timeout_s']}: must be positive")
+
+
+def _resolve_device(options: dict) -> tuple[str, str]:
+    if options["backend"] != "torch":
+        return options["device"], options["backend"]
+    from commbench.backends.torch_dist import resolve_device
+
+    return resolve_device(options["device"], options["torch_backend"])
+
+
+def _default_nprocs(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return 2
+
+
+def _check_supported(backend: str, library: str, names: list[str], dtype, op: str) -> None:
+    from commbench import collectives as C
+
+    if backend != "torch":
+        return
+    from commbench.backends.torch_dist import unsupported
+
+    for name in names:
+        reason = unsupported(library, name, dtype, op if C.COLLECTIVES[name].reduces else None, "both")
+        if reason:
+            raise UsageFault(f"--op {op} with --dtype {dtype.name}: {reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: click's usage errors become one line and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="commbench", standalone_mode=False)
+    except click.exceptions.Abort:
+        print("commbench: interrupted", file=sys.stderr)
+        return 130
+    except click.ClickException as exc:
+        print(f"commbench: error: {exc.format_message()}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

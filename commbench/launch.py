@@ -1,0 +1,223 @@
+"""Launch: join the job a launcher started (torchrun, SLURM srun, mpirun), or spawn local ranks.
+
+Under a launcher every process runs the same `commbench ...` command; this module
+reads who it is from the launcher's environment. Without one, the command spawns
+`--nprocs` copies of itself on this host, passing the rendezvous through the same
+variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+and supervises them: when a rank fails, the others are given a moment to report
+and are then stopped, so a run never outlives its timeout.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Mapping
+
+SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
+LAUNCHERS = ("auto", "spawn", "torchrun", "slurm", "mpi")
+DEFAULT_PORT = 29500
+
+
+class LaunchError(RuntimeError):
+    """The launcher environment is incomplete or inconsistent (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    launcher: str  # spawn, torchrun, slurm, mpi, or single
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except (KeyError, ValueError) as exc:
+        raise LaunchError(f"launcher variable {name}={env.get(name)!r} is missing or not an integer") from exc
+
+
+def detect_launcher(env: Mapping[str, str]) -> str | None:
+    """Which launcher started this process, or None when commbench runs on its own."""
+    if SPAWN_VAR in env and "RANK" in env:
+        return "spawn"
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env and "LOCAL_RANK" in env):
+        return "torchrun"
+    # srun sets SLURM_STEP_ID; a plain sbatch script (one task, not launched by srun) does not.
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        return "slurm"
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env or "PMIX_RANK" in env:
+        return "mpi"
+    return None
+
+
+def from_environment(env: Mapping[str, str], launcher: str) -> LaunchInfo:
+    """Read rank, world size and rendezvous address from a launcher's variables."""
+    if launcher in ("torchrun", "spawn"):
+        world, local_world = _int(env, "WORLD_SIZE"), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+        return LaunchInfo(launcher, _int(env, "RANK"), world, _int(env, "LOCAL_RANK"), local_world,
+                          int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))), max(1, world // local_world),
+                          env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)))
+    if launcher == "slurm":
+        return _from_slurm(env)
+    if launcher == "mpi":
+        return _from_mpi(env)
+    raise LaunchError(f"unknown launcher {launcher!r}")
+
+
+def _from_slurm(env: Mapping[str, str]) -> LaunchInfo:
+    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    nnodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    local_world = world // nnodes if world % nnodes == 0 else first_count(env.get("SLURM_STEP_TASKS_PER_NODE", "1"))
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    master = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else None)
+    if not master:
+        raise LaunchError("SLURM job without SLURM_STEP_NODELIST/SLURM_JOB_NODELIST: set MASTER_ADDR")
+    port = int(env.get("MASTER_PORT") or 10000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+    return LaunchInfo("slurm", rank, world, _int(env, "SLURM_LOCALID"), local_world,
+                      int(env.get("SLURM_NODEID", "0")), nnodes, master, port)
+
+
+def _from_mpi(env: Mapping[str, str]) -> LaunchInfo:
+    if "OMPI_COMM_WORLD_RANK" in env:
+        rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    else:  # MPICH / Intel MPI (Hydra) or PMIx
+        prefix = "PMI" if "PMI_RANK" in env else "PMIX"
+        rank, world = _int(env, f"{prefix}_RANK"), _int(env, f"{prefix}_SIZE")
+        local_rank = int(env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", "0")))
+        local_world = int(env.get("MPI_LOCALNRANKS", env.get("PMI_LOCAL_SIZE", str(world))))
+    master = env.get("MASTER_ADDR")
+    if not master:
+        if local_world != world:
+            raise LaunchError("multi-node MPI job: export MASTER_ADDR=<host of rank 0> to every rank "
+                              "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)")
+        master = "127.0.0.1"
+    nnodes = max(1, world // max(local_world, 1))
+    return LaunchInfo("mpi", rank, world, local_rank, local_world, rank // max(local_world, 1), nnodes,
+                      master, int(env.get("MASTER_PORT", DEFAULT_PORT)))
+
+
+def first_count(tasks_per_node: str) -> int:
+    """SLURM's `2(x3),1` tasks-per-node format: the first node's count."""
+    match = re.match(r"(\d+)", tasks_per_node)
+    return int(match.group(1)) if match else 1
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand SLURM's compressed host list: `gpu[01-03,07],cpu5` -> gpu01 gpu02 gpu03 gpu07 cpu5."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist):
+        hosts.extend(_expand_one(part.strip(",")))
+    return hosts
+
+
+def _expand_one(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if not match:
+        return [pattern] if pattern else []
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    out = []
+    for item in match.group(1).split(","):
+        low, _, high = item.partition("-")
+        values = [low] if not high else [str(v).zfill(len(low)) for v in range(int(low), int(high) + 1)]
+        for value in values:
+            out.extend(head + value + rest for rest in _expand_one(tail))
+    return out
+
+
+# ---------------------------------------------------------------- local spawning
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s: float = 10.0) -> int:
+    """Run `python -m <module>` as `nprocs` local ranks; return the job's exit code.
+
+    Ranks share this terminal (stdout/stderr are inherited, so rank 0's table and
+    progress bar show directly). If a rank fails, the rest get `grace_s` to report
+    their own error (they see the dead peer), then are terminated.
+    """
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),
+                LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: uuid.uuid4().hex[:12]}, **extra_env)
+    # As torchrun does for several local ranks: one intra-op thread each, or ranks fight over cores.
+    base.setdefault("OMP_NUM_THREADS", "1")
+    procs = []
+    for rank in range(nprocs):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))
+    try:
+        return _supervise(procs, grace_s)
+    except KeyboardInterrupt:
+        _stop(procs, signal.SIGINT, grace_s=5.0)
+        print("commbench: interrupted; results already written are kept", file=sys.stderr)
+        return 130
+
+
+def _supervise(procs: list[subprocess.Popen], grace_s: float) -> int:
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            break
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            _stop(procs, signal.SIGTERM, grace_s=3.0)
+            break
+        time.sleep(0.05)
+    return _job_exit_code(procs)
+
+
+def _stop(procs: list[subprocess.Popen], sig: int, grace_s: float) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            _signal(proc, sig)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGCONT)  # a stopped (hung) process must run to die
+            proc.kill()
+            proc.wait()
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _job_exit_code(procs: list[subprocess.Popen]) -> int:
+    """The most telling exit code: bad input (2) or a fault beats wrong results (1)."""
+    codes = [p.returncode for p in procs]
+    for rank, code in enumerate(codes):
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            print(f"commbench: rank {rank} was killed by {name}", file=sys.stderr)
+    if all(c == 0 for c in codes):
+        return 0
+    positive = [c for c in codes if c and c > 0]
+    return max(positive) if positive else 3

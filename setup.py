@@ -1,0 +1,29 @@
+"""commbench: communication-library microbenchmarks and model proxies for distributed training."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "commbench" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="commbench",
+    version=VERSION,
+    description="Collective-communication benchmarks (nccl-tests-style sweeps over torch.distributed) "
+                "and model proxies for distributed training",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["commbench", "commbench.*"]),
+    # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
+    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0"],
+    extras_require={
+        "test": ["pytest>=7", "psutil>=5"],
+        "mpi": ["mpi4py>=3.1"],
+        "gpu": ["cupy-cuda12x>=13", "nvidia-ml-py>=12"],
+    },
+    entry_points={"console_scripts": ["commbench=commbench.cli:main"]},
+    classifiers=["Programming Language :: Python :: 3", "Topic :: System :: Distributed Computing",
+                 "Environment :: GPU :: NVIDIA CUDA"],
+)
