@@ -1,0 +1,62 @@
+"""Shared helpers: run the real `commbench` command as users do, and find its rank processes."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commbench.launch import free_port
+from commbench.results import read_records
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                 "COMMBENCH_SPAWN_ID")
+
+
+def clean_env(**extra):
+    """This environment without any launcher's variables (pytest itself may run under one)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(extra)
+    return env
+
+
+def commbench(*args, timeout=180, env=None, **kwargs):
+    """Run `python -m commbench ARGS` to completion; CompletedProcess with text output."""
+    return subprocess.run([sys.executable, "-m", "commbench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or clean_env(), **kwargs)
+
+
+def results_of(path):
+    records = read_records(str(path))
+    return [r for r in records if r["record"] == "result"], records
+
+
+def rank_pid(parent_pid, rank, timeout=60):
+    """PID of local rank `rank` spawned by the commbench process `parent_pid`."""
+    psutil = pytest.importorskip("psutil")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(parent_pid).children():
+            try:
+                if child.environ().get("RANK") == str(rank):
+                    return child.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.1)
+    raise TimeoutError(f"rank {rank} of {parent_pid} did not start")
+
+
+def wait_for_results(path, count, proc, timeout=120):
+    """Block until `path` holds `count` result records (or the process ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and len(results_of(path)[0]) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never saw {count} results in {path}")
+
+
+@pytest.fixture
+def port():
+    return free_port()

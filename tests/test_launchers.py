@@ -1,0 +1,49 @@
+"""Joining jobs started by real launchers: torchrun with two agents (two 'nodes' on this host),
+and SLURM / Open MPI environments as srun and mpirun set them."""
+import subprocess
+import sys
+
+from conftest import clean_env, results_of
+
+SWEEP = ["sweep", "--sizes", "1K,64K", "--iters", "3", "--warmup", "1"]
+
+
+def _run_ranks(tmp_path, envs):
+    procs = [subprocess.Popen([sys.executable, "-m", "commbench", *SWEEP, "--json", str(tmp_path / "r.jsonl")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for env in envs]
+    outs = [p.communicate(timeout=120) for p in procs]
+    return procs, outs
+
+
+def test_torchrun_two_agents(tmp_path, port):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "cbtest",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "commbench", *SWEEP, "--json", str(tmp_path / "r.jsonl")]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+              for _ in range(2)]
+    outs = [a.communicate(timeout=180) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert records[0]["launch"]["launcher"] == "torchrun" and records[0]["launch"]["nnodes"] == 2
+    assert len(results) == 4 and all(r["wrong"] == 0 and r["nnodes"] == 2 for r in results)
+
+
+def test_slurm_environment(tmp_path, port):
+    envs = [clean_env(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_NNODES="1",
+                      SLURM_STEP_ID="0", SLURM_JOB_ID="77", SLURM_STEP_NODELIST="localhost", MASTER_PORT=str(port))
+            for r in range(2)]
+    procs, outs = _run_ranks(tmp_path, envs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert records[0]["launch"]["launcher"] == "slurm" and records[0]["launch"]["master_addr"] == "localhost"
+    assert len(results) == 4 and all(r["wrong"] == 0 for r in results)
+
+
+def test_open_mpi_environment(tmp_path, port):
+    envs = [clean_env(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK=str(r),
+                      OMPI_COMM_WORLD_LOCAL_SIZE="2", MASTER_PORT=str(port)) for r in range(2)]
+    procs, outs = _run_ranks(tmp_path, envs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert records[0]["launch"]["launcher"] == "mpi"
+    assert len(results) == 4 and all(r["wrong"] == 0 for r in results)
+    assert "# Collective: allreduce" in outs[0][0] and outs[1][0] == ""  # only rank 0 prints
