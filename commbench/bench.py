@@ -12,6 +12,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -66,7 +67,14 @@ class SweepConfig:
 
 
 class SweepFault(RuntimeError):
-    """The run cannot go on (a peer died or hung, out of memory); one line for the user."""
+    """The run cannot go on (a peer died or hung, out of memory); one line for the user.
+
+    `agreed` faults are known to every rank with the same message (which names the
+    rank at fault), so only rank 0 prints them."""
+
+    def __init__(self, message: str, agreed: bool = False):
+        super().__init__(message)
+        self.agreed = agreed
 
 
 @dataclass
@@ -90,10 +98,14 @@ def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, ran
     return backend.view(whole, send_at, plan.send_count), backend.view(whole, recv_at, plan.recv_count), (whole,)
 
 
-def _fill(backend: Backend, send: Any, recv: Any, owners: tuple, inputs: np.ndarray, dtype: C.DType) -> None:
+def _fill(backend: Backend, send: Any, owners: tuple, pattern: C.Pattern, plan: C.Plan) -> None:
+    """Sentinel everywhere, then this rank's verifiable input, generated a slice at a time
+    (a host copy of a 1 GiB input per rank would cost as much memory as the buffers)."""
     for buffer in owners:
-        backend.fill(buffer, C.sentinel(dtype))
-    backend.upload(send, inputs)
+        backend.fill(buffer, C.sentinel(pattern.dtype))
+    for pos in range(0, plan.send_count, CHECK_CHUNK):
+        n = min(CHECK_CHUNK, plan.send_count - pos)
+        backend.upload(backend.view(send, pos, n), C.input_values(pattern, backend.rank, pos, n))
     backend.synchronize()
 
 
@@ -110,12 +122,10 @@ def _count_wrong(backend: Backend, recv: Any, segments: list[C.Segment], tol: fl
 
 def _agree(backend: Backend, failed: str | None) -> None:
     """Every rank learns whether any rank failed to prepare this point (e.g. out of memory)."""
-    flags = backend.agree_max(np.array([1.0 if failed else 0.0]))
-    if flags[0] > 0:
+    if backend.agree_max(np.array([1.0 if failed else 0.0]))[0] > 0:
         messages = backend.gather_objects(failed)
-        if messages is not None:
-            failed = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), failed)
-        raise SweepFault(failed or "another rank failed to allocate its buffers")
+        first = next((m for m in messages if m), None) if messages else None
+        raise SweepFault(first or "a rank failed to prepare its buffers", agreed=True)
 
 
 def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, int]:
@@ -141,11 +151,10 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     failed = None
     try:
         send, recv, owners = _buffers(backend, plan, dtype, placement, rank)
-        inputs = C.input_values(pattern, plan, rank)
-        _fill(backend, send, recv, owners, inputs, dtype)
+        _fill(backend, send, owners, pattern, plan)
     except (OutOfMemory, MemoryError) as exc:
-        failed = f"out of memory at {format_size(plan.nbytes)} ({plan.collective}, {placement}): {exc}"
-        send = recv = owners = inputs = None
+        failed = f"out of memory at {format_size(plan.nbytes)} ({plan.collective}, {placement}) on rank {rank}: {exc}"
+        send = recv = owners = None
         gc.collect()
     _agree(backend, failed)
     call = backend.prepare(plan.collective, send, recv, cfg.op if C.COLLECTIVES[plan.collective].reduces else None,
@@ -155,7 +164,7 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     times_us = backend.time_iterations(call, iters)
     wrong = -1
     if cfg.check:
-        _fill(backend, send, recv, owners, inputs, dtype)  # timing may have changed the data (in-place)
+        _fill(backend, send, owners, pattern, plan)  # timing may have changed the data (in-place)
         backend.barrier()
         call()
         backend.synchronize()
@@ -281,8 +290,7 @@ class Sweep:
         except SweepFault:
             raise
         except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SweepFault(f"{label} failed on rank {self.backend.rank}: {first}") from exc
+            raise SweepFault(f"{label} failed: {error_line(exc)} (a peer rank may have died or hung)") from exc
         finally:
             gc.collect()
         self.progress.advance()
@@ -324,11 +332,11 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
         _fail(launch, str(exc))
         return EXIT_USAGE
     except SweepFault as exc:
-        _fail(launch, str(exc))
+        if not exc.agreed or launch.rank == 0:
+            _fail(launch, str(exc), prefix=not exc.agreed)
         return EXIT_FAULT
     except RuntimeError as exc:  # rendezvous timeout, a peer gone before the first point
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _fail(launch, f"{first} (a rank may have died, hung or never started; timeout {cfg.timeout_s:g} s)")
+        _fail(launch, f"{error_line(exc)} (a rank may have died, hung or never started; timeout {cfg.timeout_s:g} s)")
         return EXIT_FAULT
     except KeyboardInterrupt:
         return 130
@@ -337,9 +345,17 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
             _close_quietly(backend)
 
 
-def _fail(launch: LaunchInfo, message: str) -> None:
-    prefix = f"rank {launch.rank}: " if launch.world_size > 1 else ""
-    print(f"commbench: {prefix}{message}", file=sys.stderr, flush=True)
+def error_line(exc: BaseException) -> str:
+    """The useful part of a library error: first line, without gloo's source location and boilerplate."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", line)
+    return line.split(". This is typically")[0].rstrip(".")
+
+
+def _fail(launch: LaunchInfo, message: str, prefix: bool = True) -> None:
+    who = f"rank {launch.rank}: " if prefix and launch.world_size > 1 else ""
+    print(f"commbench: {who}{message}", file=sys.stderr, flush=True)
 
 
 def _close_quietly(backend: Backend) -> None:

@@ -171,8 +171,9 @@ class Pattern:
             total = t.sum(axis=0)
             return total / self.world if self.op == "avg" else total
         if self.op == "prod":
-            # Values are 1 or 2, so the product is 2**(number of twos): exact, no overflow.
-            return np.left_shift(np.int64(1), (t == 2).sum(axis=0).astype(np.int64))
+            # Values are 1 or 2, so the product is 2**(number of twos): exact, and finite by construction.
+            twos = (t == 2).sum(axis=0).astype(np.int64)
+            return np.ldexp(1.0, twos) if self.dtype.is_float else np.left_shift(np.int64(1), twos)
         if self.op == "max":
             return t.max(axis=0)
         if self.op == "min":
@@ -216,9 +217,9 @@ def to_host(values: np.ndarray, dtype: DType) -> np.ndarray:
     return values.astype(np.int64).astype(dtype.host)  # two's-complement wrap, as the device does
 
 
-def input_values(pattern: Pattern, p: Plan, rank: int) -> np.ndarray:
-    """Rank `rank`'s send buffer (host dtype)."""
-    return to_host(periodic(pattern.table[rank], 0, p.send_count), pattern.dtype)
+def input_values(pattern: Pattern, rank: int, start: int, count: int) -> np.ndarray:
+    """Elements [start, start + count) of rank `rank`'s send buffer (host dtype)."""
+    return to_host(periodic(pattern.table[rank], start, count), pattern.dtype)
 
 
 @dataclass(frozen=True)

@@ -120,15 +120,21 @@ def first_count(tasks_per_node: str) -> int:
 def expand_hostlist(hostlist: str) -> list[str]:
     """Expand SLURM's compressed host list: `gpu[01-03,07],cpu5` -> gpu01 gpu02 gpu03 gpu07 cpu5."""
     hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist):
-        hosts.extend(_expand_one(part.strip(",")))
+    part, depth = "", 0
+    for char in hostlist + ",":
+        if char == "," and depth == 0:
+            hosts.extend(host for host in _expand_one(part.strip()) if host)
+            part = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        part += char
     return hosts
 
 
 def _expand_one(pattern: str) -> list[str]:
     match = re.search(r"\[([^\]]*)\]", pattern)
     if not match:
-        return [pattern] if pattern else []
+        return [pattern]
     head, tail = pattern[:match.start()], pattern[match.end():]
     out = []
     for item in match.group(1).split(","):
@@ -148,7 +154,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s: float = 10.0) -> int:
+def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s: float = 3.0) -> int:
     """Run `python -m <module>` as `nprocs` local ranks; return the job's exit code.
 
     Ranks share this terminal (stdout/stderr are inherited, so rank 0's table and
@@ -166,38 +172,40 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s:
     try:
         return _supervise(procs, grace_s)
     except KeyboardInterrupt:
-        _stop(procs, signal.SIGINT, grace_s=5.0)
+        _stop(procs, signal.SIGINT, wait_s=5.0)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         return 130
 
 
 def _supervise(procs: list[subprocess.Popen], grace_s: float) -> int:
     failed_at = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            break
-        if failed_at is None and any(c not in (None, 0) for c in codes):
+    while any(p.poll() is None for p in procs):
+        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            _stop(procs, signal.SIGTERM, grace_s=3.0)
-            break
+            stopped = _stop(procs, signal.SIGTERM, wait_s=3.0)
+            for rank in stopped:
+                print(f"commbench: rank {rank} was still running {grace_s:g} s after another rank failed; stopped it",
+                      file=sys.stderr)
+            return _job_exit_code(procs, stopped)
         time.sleep(0.05)
-    return _job_exit_code(procs)
+    return _job_exit_code(procs, [])
 
 
-def _stop(procs: list[subprocess.Popen], sig: int, grace_s: float) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            _signal(proc, sig)
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
+def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> list[int]:
+    """Signal the ranks still running (waking stopped ones), kill those that outlive `wait_s`."""
+    running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
+    for rank in running:
+        _signal(procs[rank], sig)
+        _signal(procs[rank], signal.SIGCONT)  # a stopped (hung) process must run to handle it
+    deadline = time.monotonic() + wait_s
+    for rank in running:
         try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            procs[rank].wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal(proc, signal.SIGCONT)  # a stopped (hung) process must run to die
-            proc.kill()
-            proc.wait()
+            procs[rank].kill()
+            procs[rank].wait()
+    return running
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -207,11 +215,11 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _job_exit_code(procs: list[subprocess.Popen]) -> int:
-    """The most telling exit code: bad input (2) or a fault beats wrong results (1)."""
+def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int]) -> int:
+    """The most telling exit code: bad input (2) or a fault (3) beats wrong results (1)."""
     codes = [p.returncode for p in procs]
     for rank, code in enumerate(codes):
-        if code is not None and code < 0:
+        if code is not None and code < 0 and rank not in stopped:
             try:
                 name = signal.Signals(-code).name
             except ValueError:

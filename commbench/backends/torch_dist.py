@@ -68,11 +68,9 @@ class TorchBackend(Backend):
             torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         self._torch_device = torch.device(self.device, torch.cuda.current_device()) \
             if self.device == "cuda" else torch.device("cpu")
-        os.environ.update(MASTER_ADDR=launch.master_addr, MASTER_PORT=str(launch.master_port),
-                          RANK=str(launch.rank), WORLD_SIZE=str(launch.world_size))
         timeout = datetime.timedelta(seconds=timeout_s)
         kwargs = {"device_id": self._torch_device} if self.device == "cuda" else {}
-        dist.init_process_group(self.library, init_method="env://", rank=launch.rank,
+        dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
                                 world_size=launch.world_size, timeout=timeout, **kwargs)
         # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
         self._control = dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
@@ -86,7 +84,7 @@ class TorchBackend(Backend):
         try:
             return torch.empty(count, dtype=TORCH_DTYPES[dtype.name], device=self._torch_device)
         except (RuntimeError, MemoryError) as exc:
-            raise _as_oom(exc, count * dtype.itemsize) from exc
+            raise _as_oom(exc, count * dtype.itemsize, self.device) from exc
 
     def view(self, buffer: torch.Tensor, start: int, count: int) -> torch.Tensor:
         return buffer.narrow(0, start, count)
@@ -187,6 +185,13 @@ class TorchBackend(Backend):
             dist.destroy_process_group()
 
 
+def _init_method(launch: LaunchInfo) -> str:
+    """env:// under torchrun (it may serve the store from its agent), a TCP store elsewhere."""
+    if launch.launcher in ("torchrun", "spawn") and "MASTER_ADDR" in os.environ:
+        return "env://"
+    return f"tcp://{launch.master_addr}:{launch.master_port}"
+
+
 def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
     """Each rank sends to the next rank and receives from the previous one, as nccl-tests' sendrecv."""
     def call() -> None:
@@ -196,9 +201,9 @@ def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev:
     return call
 
 
-def _as_oom(exc: BaseException, nbytes: int) -> BaseException:
+def _as_oom(exc: BaseException, nbytes: int, device: str) -> BaseException:
     text = str(exc).lower()
     if isinstance(exc, MemoryError) or any(marker in text for marker in _OOM_MARKERS) \
             or isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
-        return OutOfMemory(f"out of memory allocating {nbytes} bytes: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        return OutOfMemory(f"could not allocate {nbytes} bytes on {device}")
     return exc
