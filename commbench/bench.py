@@ -128,12 +128,21 @@ def _agree(backend: Backend, failed: str | None) -> None:
         raise SweepFault(first or "a rank failed to prepare its buffers", agreed=True)
 
 
+def warmup_calls(first_us: float, min_time_s: float) -> int:
+    """Adaptive warm-up after the first call: enough calls to fill a tenth of the time budget (1..100)."""
+    return int(min(100, max(1, math.ceil(0.1 * min_time_s * 1e6 / max(first_us, 1.0)))))
+
+
+def timed_calls(estimate_us: float, min_time_s: float, min_iters: int = 5, max_iters: int = 1000) -> int:
+    """Adaptive timed iterations: fill `min_time_s` at `estimate_us` per call, within [min_iters, max_iters]."""
+    return int(min(max_iters, max(min_iters, math.ceil(min_time_s * 1e6 / max(estimate_us, 0.01)))))
+
+
 def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, int]:
     """(warmup, iters): fixed if given, else sized from timed warm-up runs, agreed across ranks."""
     if cfg.warmup is None:
         first = backend.time_iterations(call, 1)  # includes one-time setup: never used as the estimate
-        first_us = float(backend.agree_max(first)[0])
-        extra = int(min(100, max(1, math.ceil(0.1 * cfg.min_time_s * 1e6 / max(first_us, 1.0)))))
+        extra = warmup_calls(float(backend.agree_max(first)[0]), cfg.min_time_s)
         warm_times, warmup = backend.time_iterations(call, extra), 1 + extra
     else:
         warm_times, warmup = backend.time_iterations(call, cfg.warmup), cfg.warmup
@@ -142,8 +151,7 @@ def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, in
     if warm_times.size == 0:  # --warmup 0 with adaptive iterations: one probe, counted as warm-up
         warm_times, warmup = backend.time_iterations(call, 1), warmup + 1
     estimate_us = float(backend.agree_max(np.array([np.median(warm_times)]))[0])
-    iters = math.ceil(cfg.min_time_s * 1e6 / max(estimate_us, 0.01))
-    return warmup, int(min(cfg.max_iters, max(cfg.min_iters, iters)))
+    return warmup, timed_calls(estimate_us, cfg.min_time_s, cfg.min_iters, cfg.max_iters)
 
 
 def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: str, pattern: C.Pattern) -> PointOutcome:
@@ -180,6 +188,16 @@ def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float]:
     p50, p90, p99 = np.percentile(per_iteration, [50, 90, 99])
     return {"time_us": float(reduce(all_times_us.mean(axis=1))), "p50_us": float(p50), "p90_us": float(p90),
             "p99_us": float(p99), "min_us": float(per_iteration.min()), "max_us": float(per_iteration.max())}
+
+
+def collect(backend: Backend, outcome: PointOutcome, rank_agg: str) -> dict[str, float] | None:
+    """Gather every rank's times and error count; on rank 0, the reported numbers
+    (time_us, percentiles, and `wrong` summed over ranks, -1 when not checked)."""
+    gathered = backend.gather(np.concatenate([[outcome.wrong], outcome.times_us]))
+    if gathered is None:
+        return None
+    wrong = gathered[:, 0]
+    return {**summarize(gathered[:, 1:], rank_agg), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
 def _mean(values: list[float]) -> float:
@@ -286,7 +304,7 @@ class Sweep:
             raise BackendError(reason)
         try:
             outcome = measure_point(self.backend, self.cfg, plan, placement, pattern)
-            gathered = self.backend.gather(np.concatenate([[outcome.wrong], outcome.times_us]))
+            stats = collect(self.backend, outcome, self.cfg.rank_agg)
         except SweepFault:
             raise
         except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
@@ -296,14 +314,14 @@ class Sweep:
         self.progress.advance()
         if not self.lead:
             return None
-        return self._record(plan, placement, op, outcome, gathered)
+        return self._record(plan, placement, op, outcome, stats)
 
     def _record(self, plan: C.Plan, placement: str, op: str | None, outcome: PointOutcome,
-                gathered: np.ndarray) -> Result:
+                stats: dict[str, float]) -> Result:
         cfg = self.cfg
-        stats = summarize(gathered[:, 1:], cfg.rank_agg)
+        wrong = stats.pop("wrong")
         algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, stats["time_us"])
-        wrong = int(gathered[:, 0].sum()) if cfg.check else None
+        wrong = int(wrong) if cfg.check else None
         result = Result(collective=plan.collective, backend=self.backend.name, library=self.backend.library,
                         device=self.backend.device, dtype=self.dtype.name, op=op,
                         root=plan.root if plan.root >= 0 else None, placement=placement, world_size=plan.world,

@@ -41,6 +41,11 @@ class LaunchInfo:
     master_addr: str
     master_port: int
 
+    @classmethod
+    def local(cls, rank: int, world_size: int, master_port: int, launcher: str = "single") -> "LaunchInfo":
+        """All ranks on this host, rendezvous on loopback (library use, benchmarks, tests)."""
+        return cls(launcher, rank, world_size, rank, world_size, 0, 1, "127.0.0.1", master_port)
+
 
 def _int(env: Mapping[str, str], name: str) -> int:
     try:

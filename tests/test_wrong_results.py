@@ -24,7 +24,7 @@ class CorruptingBackend(TorchBackend):
 
 
 def test_wrong_results_are_counted_and_fail_the_run(tmp_path, capsys):
-    launch = LaunchInfo("single", 0, 1, 0, 1, 0, 1, "127.0.0.1", free_port())
+    launch = LaunchInfo.local(0, 1, free_port())
     cfg = SweepConfig(sizes=(1024, 8192, 65536), iters=2, warmup=1, json_path=str(tmp_path / "r.jsonl"))
     backend = CorruptingBackend(launch, device="cpu", timeout_s=30)
     try:
