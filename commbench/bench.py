@@ -356,6 +356,9 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
     except RuntimeError as exc:  # rendezvous timeout, a peer gone before the first point
         _fail(launch, f"{error_line(exc)} (a rank may have died, hung or never started; timeout {cfg.timeout_s:g} s)")
         return EXIT_FAULT
+    except OSError as exc:  # a results file that cannot be written, a full disk
+        _fail(launch, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+        return EXIT_FAULT
     except KeyboardInterrupt:
         return 130
     finally:

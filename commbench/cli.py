@@ -140,6 +140,8 @@ def _sweep_config(options: dict, world: int | None):
     if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
         raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
     _check_supported(options["backend"], library, names, dtype, op)
+    for flag in ("json_path", "csv_path"):
+        _check_writable(options[flag])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
     cfg = bench.SweepConfig(
         collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
@@ -159,6 +161,18 @@ def _check_counts(options: dict) -> None:
         raise UsageFault(f"--min-time {options['min_time']}: must be positive")
     if not options["timeout_s"] > 0:
         raise UsageFault(f"--timeout {options['timeout_s']}: must be positive")
+
+
+def _check_writable(path: str | None) -> None:
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise UsageFault(f"cannot create the directory of {path}: {exc.strerror}") from exc
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageFault(f"cannot write {path}: permission denied")
 
 
 def _resolve_device(options: dict) -> tuple[str, str]:

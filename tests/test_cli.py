@@ -32,6 +32,7 @@ def run(capsys, *args):
     (["--backend", "carrier-pigeon"], "'carrier-pigeon'"),
     (["--placement", "sideways"], "sideways"),
     (["--bogus-flag"], "--bogus-flag"),
+    (["--json", "/proc/no/such/dir/r.jsonl"], "/proc/no/such/dir"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
     code, out, err = run(capsys, "sweep", *args)
