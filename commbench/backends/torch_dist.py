@@ -87,6 +87,8 @@ class TorchBackend(Backend):
             raise _as_oom(exc, count * dtype.itemsize, self.device) from exc
 
     def view(self, buffer: torch.Tensor, start: int, count: int) -> torch.Tensor:
+        if start == 0 and count == buffer.numel():
+            return buffer  # a narrowed view costs ~0.4 us per call in the timed loop
         return buffer.narrow(0, start, count)
 
     def upload(self, buffer: torch.Tensor, values: np.ndarray) -> None:
@@ -106,7 +108,9 @@ class TorchBackend(Backend):
         reduce_op = REDUCE_OPS[op] if op else None
         rank, world = self.rank, self.world_size
         copy_first = not inplace and collective in ("allreduce", "broadcast", "reduce")
-        if collective == "allreduce":
+        if collective == "allreduce" and op == "sum":
+            call = lambda: dist.all_reduce(recv)  # noqa: E731 - the default op, as users write it (~1 us cheaper)
+        elif collective == "allreduce":
             call = lambda: dist.all_reduce(recv, op=reduce_op)  # noqa: E731
         elif collective == "broadcast":
             call = lambda: dist.broadcast(recv, src=root)  # noqa: E731
@@ -134,13 +138,13 @@ class TorchBackend(Backend):
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
         if self.device == "cuda":
             return self._time_cuda(call, iters)
-        times = np.empty(iters)
+        times = [0.0] * iters  # a list store is cheaper than a NumPy one inside the timed loop
         clock = time.perf_counter
         for i in range(iters):
             start = clock()
             call()
             times[i] = clock() - start
-        return times * 1e6
+        return np.array(times) * 1e6
 
     def _time_cuda(self, call: Callable[[], None], iters: int) -> np.ndarray:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
