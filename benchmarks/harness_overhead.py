@@ -1,0 +1,444 @@
+"""How much does commbench's harness add to what a bare torch.distributed loop measures?
+
+Section 1, "harness overhead", 2 ranks. Two local CPU ranks (gloo on loopback,
+OMP_NUM_THREADS=1 per rank as torchrun sets it) measure, in the same processes and on
+the same process group, an in-place float32 sum allreduce at each size in two ways:
+
+  bare       dist.barrier(), then N back-to-back dist.all_reduce(t), each timed with
+             time.perf_counter; both ranks' per-call times are then gathered
+             (dist.all_gather) and reduced by commbench.bench.summarize;
+  commbench  commbench.bench.measure_point (in-place, check off) on a TorchBackend,
+             then commbench.bench.collect, exactly as `commbench sweep` builds its
+             numbers.
+
+Each round gives two statistics per method, computed for both by the same function
+(bench.summarize, time = max over ranks):
+
+  mean  each rank's mean per call, then the maximum over ranks: commbench's time_us,
+        the number its busbw comes from (nccl-tests' time column);
+  p50   each call's maximum over ranks, then the median over calls: commbench's p50_us.
+
+Both methods use the same N and the same warm-up count (chosen once per size by the
+rule in method.py, which is commbench's adaptive rule). The two alternate for
+--rounds rounds (bare first in rounds 1, 3, 5..., commbench first in rounds 2, 4,
+6...) so that drift in the machine's speed falls on both alike; each column is the
+median over rounds and ratio = commbench / bare. Target: |ratio - 1| <= 5% at
+>= 64 KiB and <= 10% below (slower or faster: either way the harness would
+misreport). noise = (max - min) / median over rounds, the larger of the two methods'.
+Verdict, for the mean and for the p50 separately:
+
+  FAIL   |ratio - 1| exceeds the target and the noise: a difference larger than the
+         round-to-round variation of either method, which the machine does not explain;
+  noisy  not FAIL, but the noise exceeds the target: one method alone moves from round
+         to round by more than the tolerance, so this run can neither show nor rule
+         out an overhead of that size (a ratio inside the target is then as likely
+         luck as evidence, so it is not called a pass);
+  pass   |ratio - 1| and the noise both within the target.
+
+On a small VM the 2-rank gloo time is mostly the time a sleeping vCPU takes to wake
+when its peer's data arrives: per-call times are heavy-tailed, even bimodal, and the
+mean moves by tens of percent between rounds, so "noisy" is the expected verdict
+there. The p50 ignores the tail but not the bimodality. Section 2 measures the
+harness's cost without that noise.
+
+Section 2, "loop overhead", 1 rank. A world-size-1 gloo process group in one process:
+no peer process to wait for, so no cross-process wake-up (gloo still hands each call
+to its worker thread). The same two methods, --loop-iters calls (fixed, 2000) at each
+of --loop-sizes (1K,64K,1M), the same alternating rounds. It reports, for the mean
+and the p50, the ratio and the difference commbench - bare in microseconds per call:
+what commbench's timing loop itself costs per call, and that difference as a
+percentage of the 2-rank bare time at the same size from section 1, i.e. the share
+of a 2-rank measurement the harness loop can account for.
+
+Run from the repository root (about 1.5 minutes with the defaults on 2 cores):
+
+    python benchmarks/harness_overhead.py
+    python benchmarks/harness_overhead.py --sizes 1K-64K --rounds 2 --json out/overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import method
+from commbench import bench
+from commbench import collectives as C
+from commbench.backends.torch_dist import TorchBackend
+from commbench.launch import LaunchInfo, free_port
+from commbench.sizes import SizeError, format_size, parse_sizes
+
+WORLD = 2
+SMALL_LIMIT, LARGE_LIMIT, LARGE_FROM_NBYTES = 0.10, 0.05, 64 << 10
+
+
+class RankFailure(RuntimeError):
+    """A local rank died, or sent nothing for too long; one line for the user."""
+
+
+# ---------------------------------------------------------------- local ranks
+
+
+def run_local_ranks(target: Callable[..., None], args: tuple, world: int = WORLD,
+                    timeout_s: float = 300.0) -> Iterator[Any]:
+    """Run target(rank, world, port, outbox, *args) in `world` fresh processes; yield what they put in outbox.
+
+    The ranks rendezvous on loopback at `port`. Each rank gets OMP_NUM_THREADS=1 unless the
+    caller set it (as torchrun and `commbench sweep` do). Ends when rank 0 puts None; raises
+    RankFailure if a rank exits with an error or nothing arrives for `timeout_s`.
+    """
+    context = multiprocessing.get_context("spawn")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the ranks before they import torch
+    outbox = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=target, args=(rank, world, port, outbox, *args), daemon=True)
+             for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                message = outbox.get(timeout=0.2)
+            except queue.Empty:
+                _check_alive(procs, deadline, timeout_s)
+                continue
+            if message is None:
+                break
+            deadline = time.monotonic() + timeout_s
+            yield message
+        for proc in procs:
+            proc.join(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+
+
+def _check_alive(procs: list, deadline: float, timeout_s: float) -> None:
+    for rank, proc in enumerate(procs):
+        if proc.exitcode not in (None, 0):
+            raise RankFailure(f"rank {rank} exited with code {proc.exitcode}")
+    if all(proc.exitcode == 0 for proc in procs):
+        raise RankFailure("the ranks exited without reporting their results")
+    if time.monotonic() > deadline:
+        raise RankFailure(f"no result for {timeout_s:g} s: a rank hung")
+
+
+# ---------------------------------------------------------------- the bare loop
+
+
+def bare_allreduce_times_us(tensor: torch.Tensor, iters: int, warmup: int) -> np.ndarray:
+    """The loop a user would write: warm up, barrier, `iters` timed all_reduce calls.
+    Returns this rank's per-call times in microseconds."""
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    dist.barrier()
+    times_s = [0.0] * iters
+    for i in range(iters):
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times_s[i] = time.perf_counter() - start
+    return np.array(times_s) * 1e6
+
+
+def bare_allreduce_stats(tensor: torch.Tensor, iters: int, warmup: int) -> dict[str, float]:
+    """The bare loop, reduced as commbench reduces its own times (bench.summarize, max over ranks):
+    time_us = each rank's mean, then the maximum over ranks; p50_us = each call's maximum over ranks,
+    then the median over calls; and the other percentiles. Every rank gets them."""
+    return bench.summarize(gather_over_ranks(bare_allreduce_times_us(tensor, iters, warmup)), "max")
+
+
+def bare_allreduce_us(tensor: torch.Tensor, iters: int, warmup: int) -> float:
+    """The bare loop's time_us: this rank's mean per call, then the maximum over ranks (every rank gets it)."""
+    return bare_allreduce_stats(tensor, iters, warmup)["time_us"]
+
+
+def gather_over_ranks(values: np.ndarray) -> np.ndarray:
+    """Every rank's `values` (the same length on every rank) as a ranks x len matrix, on every rank."""
+    local = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
+    out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return torch.stack(out).numpy()
+
+
+def calibrate(tensor: torch.Tensor, min_time_s: float, warmup: int | None = None,
+              iters: int | None = None) -> tuple[int, int]:
+    """(warmup, iters) for this size as commbench's harness picks them (bench._iteration_counts, by the
+    rule in method.py), agreed across ranks; a fixed `warmup` or `iters` is kept, as commbench --warmup
+    and --iters. The calls made here are the warm-up: a caller may time `iters` calls right after a barrier."""
+    if warmup is None:
+        first_us = _max_over_ranks(_time_calls_us(tensor, 1)[0])  # includes one-time setup: not an estimate
+        extra = method.warmup_count(first_us, min_time_s)
+        probe_us, warmup = _time_calls_us(tensor, extra), 1 + extra
+    else:
+        probe_us = _time_calls_us(tensor, warmup)
+    if iters is not None:
+        return warmup, iters
+    if not probe_us:  # a fixed warm-up of 0 with adaptive iterations: one probe, counted as warm-up
+        probe_us, warmup = _time_calls_us(tensor, 1), warmup + 1
+    estimate_us = _max_over_ranks(float(np.median(probe_us)))
+    return warmup, method.iteration_count(estimate_us, min_time_s)
+
+
+def _time_calls_us(tensor: torch.Tensor, calls: int) -> list[float]:
+    times_us = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times_us.append((time.perf_counter() - start) * 1e6)
+    return times_us
+
+
+def _max_over_ranks(value: float) -> float:
+    agreed = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return float(agreed[0])
+
+
+def bare_run_rank(rank: int, world: int, port: int, outbox, sizes: list[int], min_time_s: float,
+                  fixed_warmup: int | None = None, fixed_iters: int | None = None) -> None:
+    """One rank of a bare run (a run_local_ranks target): its own gloo process group, then per size
+    the warm-up and iteration counts chosen as commbench chooses them, and one timed bare loop.
+    Rank 0 puts one dict per size: nbytes, time_us, p50_us, iters, warmup."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        for nbytes in sizes:
+            tensor = torch.ones(nbytes // 4, dtype=torch.float32)
+            warmup, iters = calibrate(tensor, min_time_s, fixed_warmup, fixed_iters)  # these calls are the warm-up
+            stats = bare_allreduce_stats(tensor, iters, warmup=0)
+            if rank == 0:
+                outbox.put({"nbytes": nbytes, "time_us": stats["time_us"], "p50_us": stats["p50_us"],
+                            "iters": iters, "warmup": warmup})
+            del tensor
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        outbox.put(None)
+
+
+# ---------------------------------------------------------------- commbench's harness
+
+
+def commbench_allreduce_stats(backend: TorchBackend, cfg: bench.SweepConfig, plan: C.Plan,
+                              pattern: C.Pattern) -> dict[str, float] | None:
+    """time_us, p50_us, ... exactly as `commbench sweep` reports them for the in-place column (rank 0; None elsewhere)."""
+    outcome = bench.measure_point(backend, cfg, plan, "in-place", pattern)
+    return bench.collect(backend, outcome, cfg.rank_agg)  # what bench.Sweep reports
+
+
+def _overhead_rank(rank: int, world: int, port: int, outbox, sizes: list[int], rounds: int, min_time_s: float,
+                   fixed_iters: int | None, fixed_warmup: int | None, timeout_s: float) -> None:
+    """Both methods at each size, alternating for `rounds` rounds; rank 0 puts each round's mean and p50."""
+    launch = LaunchInfo.local(rank, world, port)
+    backend = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+    dtype = C.resolve_dtype("float32")
+    pattern = C.make_pattern(dtype, "sum", world)
+    try:
+        for nbytes in sizes:
+            plan = C.plan("allreduce", nbytes, dtype, world)
+            tensor = torch.ones(plan.count, dtype=torch.float32)
+            warmup, iters = calibrate(tensor, min_time_s, fixed_warmup, fixed_iters)
+            cfg = bench.SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), warmup=warmup, iters=iters,
+                                    check=False, torch_backend="gloo", device="cpu", timeout_s=timeout_s)
+            bare, ours = [], []
+            for round_index in range(rounds):
+                bare_first = round_index % 2 == 0
+                if bare_first:
+                    bare.append(bare_allreduce_stats(tensor, iters, warmup))
+                ours.append(commbench_allreduce_stats(backend, cfg, plan, pattern))
+                if not bare_first:
+                    bare.append(bare_allreduce_stats(tensor, iters, warmup))
+            if rank == 0:
+                outbox.put({"nbytes": plan.nbytes, "iters": iters, "warmup": warmup,
+                            **{f"{method_name}_{stat}_rounds_us": [r[key] for r in results]
+                               for method_name, results in (("bare", bare), ("commbench", ours))
+                               for stat, key in STATISTICS.items()}})
+    finally:
+        backend.close()
+    if rank == 0:
+        outbox.put(None)
+
+
+# ---------------------------------------------------------------- report
+
+STATISTICS = {"mean": "time_us", "p50": "p50_us"}  # name in this report: commbench's field
+
+
+def judge(ratio: float, noise: float, limit: float) -> str:
+    """FAIL: off by more than the target and the noise; noisy: the noise alone exceeds the target; else pass."""
+    off = abs(ratio - 1)
+    if off > limit and off > noise:
+        return "FAIL"
+    if noise > limit:
+        return "noisy"
+    return "pass"
+
+
+def summarize_size(raw: dict) -> dict:
+    """Per statistic: medians over rounds, the ratio, the noise and the verdict, for one size."""
+    limit = LARGE_LIMIT if raw["nbytes"] >= LARGE_FROM_NBYTES else SMALL_LIMIT
+    row = {**raw, "limit": limit}
+    for stat in STATISTICS:
+        bare_rounds, ours_rounds = raw[f"bare_{stat}_rounds_us"], raw[f"commbench_{stat}_rounds_us"]
+        bare, ours = method.median(bare_rounds), method.median(ours_rounds)
+        ratio, noise = ours / bare, max(_spread(bare_rounds), _spread(ours_rounds))
+        row.update({f"bare_{stat}_us": bare, f"commbench_{stat}_us": ours, f"{stat}_ratio": ratio,
+                    f"{stat}_diff_us": ours - bare, f"{stat}_noise": noise, f"{stat}_verdict": judge(ratio, noise, limit)})
+    return row
+
+
+def _spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / method.median(values)
+
+
+HEADERS = ["size", "iters", *(h for stat in STATISTICS for h in (
+    f"bare {stat}_us", f"cb {stat}_us", f"{stat} cb/bare", f"{stat} noise %", f"{stat} verdict")), "target %"]
+
+
+def table_row(row: dict) -> list[object]:
+    cells: list[object] = [format_size(row["nbytes"]), row["iters"]]
+    for stat in STATISTICS:
+        cells += [row[f"bare_{stat}_us"], row[f"commbench_{stat}_us"], method.ratio_text(row[f"{stat}_ratio"]),
+                  f"{100 * row[f'{stat}_noise']:.1f}", row[f"{stat}_verdict"]]
+    return cells + [f"+-{100 * row['limit']:.0f}"]
+
+
+LOOP_HEADERS = ["size", "iters", *(h for stat in STATISTICS for h in (
+    f"bare {stat}_us", f"cb {stat}_us", f"{stat} diff_us", f"{stat} cb/bare", f"{stat} noise %",
+    f"{stat} diff % 2-rank"))]
+
+
+def loop_row(row: dict, two_rank: dict[int, dict]) -> list[object]:
+    """A row of section 2; "diff % 2-rank": the difference as a share of section 1's bare time at this size."""
+    cells: list[object] = [format_size(row["nbytes"]), row["iters"]]
+    for stat in STATISTICS:
+        share = row.get(f"{stat}_diff_of_2rank")
+        cells += [row[f"bare_{stat}_us"], row[f"commbench_{stat}_us"], f"{row[f'{stat}_diff_us']:+.2f}",
+                  method.ratio_text(row[f"{stat}_ratio"]), f"{100 * row[f'{stat}_noise']:.1f}",
+                  "n/a" if share is None else f"{100 * share:+.2f}"]
+    return cells
+
+
+def summarize_loop_size(raw: dict, two_rank: dict[int, dict]) -> dict:
+    row = summarize_size(raw)
+    for stat in STATISTICS:
+        del row[f"{stat}_verdict"]  # section 2 reports a cost, not a verdict
+        if row["nbytes"] in two_rank:
+            row[f"{stat}_diff_of_2rank"] = row[f"{stat}_diff_us"] / two_rank[row["nbytes"]][f"bare_{stat}_us"]
+    return row
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Target: commbench/bare within 5% at >= 64 KiB and 10% below.")
+    parser.add_argument("--sizes", default=method.DEFAULT_SIZES,
+                        help="bytes per rank: a list (1K,64K) or a range START-END doubling, as commbench sweep "
+                             "[default: %(default)s]")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="alternating rounds per method and size, in both sections; even keeps the order "
+                             "balanced [default: 10]")
+    parser.add_argument("--min-time", type=float, default=method.DEFAULT_MIN_TIME_S, metavar="SECONDS",
+                        help="time budget of one round's timed iterations, as commbench --min-time [default: 0.2]")
+    parser.add_argument("--iters", type=int, default=None, help="fix N instead of sizing it from --min-time")
+    parser.add_argument("--warmup", type=int, default=None, help="fix the warm-up count per round")
+    parser.add_argument("--loop-sizes", default="1K,64K,1M",
+                        help="sizes of section 2 (1 rank, loop overhead) [default: %(default)s]")
+    parser.add_argument("--loop-iters", type=int, default=2000,
+                        help="timed calls per round in section 2, fixed; 0 skips section 2 [default: 2000]")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="give up when a rank reports nothing for this long [default: 300]")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the results (with every round) here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sizes = parse_sizes(args.sizes)
+        loop_sizes = parse_sizes(args.loop_sizes) if args.loop_iters else []
+    except SizeError as exc:
+        method.fail(str(exc))
+    if min(sizes + loop_sizes) < 4:
+        method.fail("sizes must be at least 4 bytes (one float32 element)")
+    if args.rounds < 1 or (args.iters is not None and args.iters < 1) or (args.warmup is not None and args.warmup < 0) \
+            or args.loop_iters < 0:
+        method.fail("--rounds and --iters must be at least 1, --warmup and --loop-iters at least 0")
+    print(f"# harness overhead: allreduce float32 sum in-place, {WORLD} ranks, gloo on loopback, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, {args.rounds} rounds, times = median over rounds", flush=True)
+    print("# mean = each rank's mean, max over ranks (commbench time_us); p50 = each call's max over ranks, "
+          "median over calls (commbench p50_us)", flush=True)
+    rows, loop_rows = [], []
+    try:
+        table = method.Table(HEADERS)
+        print(table.header(), flush=True)
+        for raw in run_local_ranks(_overhead_rank, (sizes, args.rounds, args.min_time, args.iters, args.warmup,
+                                                    args.timeout), WORLD, args.timeout):
+            rows.append(summarize_size(raw))
+            print(table.row(table_row(rows[-1])), flush=True)
+        _print_verdicts(rows)
+        if loop_sizes:
+            two_rank = {row["nbytes"]: row for row in rows}
+            print(f"\n# loop overhead: the same two methods in 1 rank (world size 1, gloo), no peer process to wake; "
+                  f"{args.loop_iters} calls per round, {args.rounds} rounds; diff = commbench - bare per call; "
+                  f"diff % 2-rank = diff / the 2-rank bare time above", flush=True)
+            loop_table = method.Table(LOOP_HEADERS)
+            print(loop_table.header(), flush=True)
+            for raw in run_local_ranks(_overhead_rank, (loop_sizes, args.rounds, args.min_time, args.loop_iters,
+                                                        args.warmup, args.timeout), 1, args.timeout):
+                loop_rows.append(summarize_loop_size(raw, two_rank))
+                print(loop_table.row(loop_row(loop_rows[-1], two_rank)), flush=True)
+            _print_loop_summary(loop_rows)
+    except RankFailure as exc:
+        method.fail(str(exc), code=3)
+    if args.json_path:
+        _write_json(args, rows, loop_rows)
+    return 0
+
+
+def _print_verdicts(rows: list[dict]) -> None:
+    counts = []
+    for stat in STATISTICS:
+        verdicts = [row[f"{stat}_verdict"] for row in rows]
+        counts.append(f"{stat}: " + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "noisy")))
+    print(f"# {len(rows)} sizes; {'; '.join(counts)} (target |ratio - 1| <= 5% at >= 64 KiB, 10% below)")
+    if any(row[f"{stat}_verdict"] == "noisy" for row in rows for stat in STATISTICS):
+        print("# noisy: one method's own round-to-round spread (noise) exceeds the target and the ratio is off by "
+              "no more than that noise: this run cannot decide either way (the 1-rank loop overhead isolates the "
+              "harness's own cost)")
+
+
+def _print_loop_summary(rows: list[dict]) -> None:
+    parts = []
+    for stat in STATISTICS:
+        diffs = [row[f"{stat}_diff_us"] for row in rows]
+        shares = [abs(row[f"{stat}_diff_of_2rank"]) for row in rows if f"{stat}_diff_of_2rank" in row]
+        parts.append(f"{stat} {min(diffs):+.2f} to {max(diffs):+.2f} us"
+                     + (f" (at most {100 * max(shares):.2f}% of the 2-rank bare {stat})" if shares else ""))
+    print(f"# commbench - bare per call over these sizes: {'; '.join(parts)}; negative: commbench measured less")
+
+
+def _write_json(args: argparse.Namespace, rows: list[dict], loop_rows: list[dict]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
+    with open(args.json_path, "w", encoding="utf-8") as handle:
+        json.dump({"benchmark": "harness_overhead", "command": " ".join(sys.argv), "world_size": WORLD,
+                   "config": vars(args), "torch": torch.__version__, "statistics": STATISTICS, "rows": rows,
+                   "loop_overhead": {"world_size": 1, "iters": args.loop_iters, "rows": loop_rows}},
+                  handle, indent=1)
+    print(f"# wrote {args.json_path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
