@@ -1,0 +1,220 @@
+"""Custom collective algorithms, each a function (topology, count) -> Schedule.
+
+Every function here is at once runnable (the shm, p2p and sim backends execute its
+Schedule), checked (commbench.schedule.verify) and costed (the analytic model).
+docs/algorithms.md gives each one's traffic per rank and number of steps.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from commbench.schedule import Chunk, Schedule, Transfer, split
+from commbench.topology import Topology
+
+Rounds = list[list[Transfer]]
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def _ring_reduce_scatter(members: list[int], parts: tuple[Chunk, ...]) -> Rounds:
+    """Members reduce `parts` around a ring so that member i ends with parts[i] complete.
+    Step k: member i sends part (i - k - 1) to member i + 1, which adds it in."""
+    n = len(members)
+    return [[Transfer(members[i], members[(i + 1) % n], parts[(i - k - 1) % n], True) for i in range(n)]
+            for k in range(n - 1)]
+
+
+def _ring_allgather(members: list[int], parts: tuple[Chunk, ...]) -> Rounds:
+    """Member i starts with parts[i]; step k: member i forwards part (i - k) to member i + 1."""
+    n = len(members)
+    return [[Transfer(members[i], members[(i + 1) % n], parts[(i - k) % n], False) for i in range(n)]
+            for k in range(n - 1)]
+
+
+def _subparts(chunk: Chunk, pieces: int) -> tuple[Chunk, ...]:
+    return tuple((chunk[0] + a, chunk[0] + b) for a, b in split(chunk[1] - chunk[0], pieces))
+
+
+def _parallel(*groups: Rounds) -> Rounds:
+    """Run several groups' rounds side by side (round k of each group together)."""
+    depth = max((len(g) for g in groups), default=0)
+    return [[t for g in groups if k < len(g) for t in g[k]] for k in range(depth)]
+
+
+def _schedule(name: str, collective: str, topo: Topology, count: int, rounds: Rounds, root: int = 0,
+              parts: tuple[Chunk, ...] = ()) -> Schedule:
+    kept = tuple(tuple(t for t in rnd if t.count > 0) for rnd in rounds)  # empty chunks move nothing
+    return Schedule(name, collective, topo.world, count, tuple(r for r in kept if r), root, parts)
+
+
+# ---------------------------------------------------------------- allreduce
+
+
+def ring_allreduce(topo: Topology, count: int) -> Schedule:
+    """Reduce-scatter then all-gather around one ring: 2(n-1) steps, 2(n-1)/n of the buffer sent per rank."""
+    members, parts = list(range(topo.world)), split(count, topo.world)
+    rounds = _ring_reduce_scatter(members, parts) + _ring_allgather(members, parts)
+    return _schedule("ring", "allreduce", topo, count, rounds)
+
+
+def hier_allreduce(topo: Topology, count: int) -> Schedule:
+    """Hierarchical: ring reduce-scatter inside each node (local rank i owns part i), ring
+    allreduce of part i among the local-rank-i ranks of all nodes, ring all-gather inside
+    each node. Inter-node traffic per rank: 2(N-1)/N of 1/L of the buffer."""
+    per_node, nodes = topo.ranks_per_node, topo.nodes
+    parts = split(count, per_node)
+    node_groups = [topo.node_ranks(n) for n in range(nodes)]
+    intra_rs = _parallel(*(_ring_reduce_scatter(g, parts) for g in node_groups))
+    cross = []
+    for local in range(per_node):
+        peers, sub = topo.local_peers(local), _subparts(parts[local], nodes)
+        cross.append(_ring_reduce_scatter(peers, sub) + _ring_allgather(peers, sub))
+    intra_ag = _parallel(*(_ring_allgather(g, parts) for g in node_groups))
+    return _schedule("hier", "allreduce", topo, count, intra_rs + _parallel(*cross) + intra_ag)
+
+
+def tree_allreduce(topo: Topology, count: int) -> Schedule:
+    """Binomial tree: reduce towards rank 0 in ceil(log2 n) steps, then broadcast back down the
+    same tree. Each step moves the whole buffer; latency-bound, for small messages."""
+    n = topo.world
+    distances = []
+    d = 1
+    while d < n:
+        distances.append(d)
+        d *= 2
+    whole = (0, count)
+    reduce = [[Transfer(r, r - d, whole, True) for r in range(d, n, 2 * d)] for d in distances]
+    bcast = [[Transfer(r - d, r, whole, False) for r in range(d, n, 2 * d)] for d in reversed(distances)]
+    return _schedule("tree", "allreduce", topo, count, reduce + bcast)
+
+
+def rhd_allreduce(topo: Topology, count: int) -> Schedule:
+    """Rabenseifner: recursive-halving reduce-scatter and recursive-doubling all-gather on the
+    largest power of two p <= n ranks; the n - p extra ranks first fold their buffer into a
+    partner and get the result back at the end. 2 log2(p) (+2) steps, about 2(p-1)/p of the
+    buffer sent per rank."""
+    n = topo.world
+    p = 1 << (n.bit_length() - 1)
+    extras = list(range(p, n))
+    rounds: Rounds = []
+    if extras:
+        rounds.append([Transfer(e, e - p, (0, count), True) for e in extras])
+    owned = {r: (0, count) for r in range(p)}
+    halving = []
+    d = p // 2
+    while d >= 1:
+        step = []
+        for r in range(p):
+            partner = r ^ d
+            lo, hi = owned[r]
+            mid = lo + (hi - lo) // 2
+            keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
+            step.append(Transfer(r, partner, give, True))
+            owned[r] = keep
+        halving.append(d)
+        rounds.append(step)
+        d //= 2
+    for d in reversed(halving):
+        step = [Transfer(r, r ^ d, owned[r], False) for r in range(p)]
+        owned = {r: (min(owned[r][0], owned[r ^ d][0]), max(owned[r][1], owned[r ^ d][1])) for r in range(p)}
+        rounds.append(step)
+    if extras:
+        rounds.append([Transfer(e - p, e, (0, count), False) for e in extras])
+    return _schedule("rhd", "allreduce", topo, count, rounds)
+
+
+def oneshot_allreduce(topo: Topology, count: int) -> Schedule:
+    """Every rank reads every peer's whole buffer and reduces it into its own: one step,
+    (n-1) buffers read per rank. For small messages, where the step count is the cost."""
+    n = topo.world
+    rounds = [[Transfer(s, r, (0, count), True) for r in range(n) for s in range(n) if s != r]]
+    return _schedule("oneshot", "allreduce", topo, count, rounds)
+
+
+# ---------------------------------------------------------------- other collectives
+
+
+def ring_allgather(topo: Topology, count: int) -> Schedule:
+    """count = the output buffer; rank r's input is part r. n-1 steps, (n-1)/n of the buffer sent."""
+    parts = split(count, topo.world)
+    return _schedule("ring", "allgather", topo, count, _ring_allgather(list(range(topo.world)), parts),
+                     parts=parts)
+
+
+def ring_reduce_scatter(topo: Topology, count: int) -> Schedule:
+    """count = the input buffer; rank r keeps part r reduced. n-1 steps, (n-1)/n of the buffer sent."""
+    parts = split(count, topo.world)
+    return _schedule("ring", "reduce_scatter", topo, count, _ring_reduce_scatter(list(range(topo.world)), parts),
+                     parts=parts)
+
+
+def _pipeline_pieces(count: int, world: int) -> int:
+    """Pipeline depth of the chain algorithms: enough pieces to keep every hop busy,
+    each at least 64 Ki elements so per-step overhead stays small."""
+    return max(1, min(count // 65536, 4 * world, 64)) if world > 1 else 1
+
+
+def chain_broadcast(topo: Topology, count: int, root: int = 0) -> Schedule:
+    """Pipelined chain root -> root+1 -> ...: the buffer in P pieces, piece j crosses hop h at
+    step j + h. P + n - 2 steps; every rank but the last sends the buffer once."""
+    n, pieces = topo.world, split(count, _pipeline_pieces(count, topo.world))
+    order = [(root + i) % n for i in range(n)]
+    rounds = [[Transfer(order[h], order[h + 1], pieces[t - h], False) for h in range(n - 1) if 0 <= t - h < len(pieces)]
+              for t in range(len(pieces) + n - 2)]
+    return _schedule("chain", "broadcast", topo, count, rounds, root=root)
+
+
+def chain_reduce(topo: Topology, count: int, root: int = 0) -> Schedule:
+    """Pipelined chain towards the root: the last rank starts, each piece is added in at every
+    hop. P + n - 2 steps; every rank but the root sends the buffer once."""
+    n, pieces = topo.world, split(count, _pipeline_pieces(count, topo.world))
+    order = [(root + i) % n for i in range(n)]  # order[0] is the root; order[n-1] starts
+    rounds = [[Transfer(order[h], order[h - 1], pieces[t - (n - 1 - h)], True) for h in range(n - 1, 0, -1)
+               if 0 <= t - (n - 1 - h) < len(pieces)] for t in range(len(pieces) + n - 2)]
+    return _schedule("chain", "reduce", topo, count, rounds, root=root)
+
+
+# ---------------------------------------------------------------- the table and `auto`
+
+ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
+    "allreduce": {"ring": ring_allreduce, "hier": hier_allreduce, "tree": tree_allreduce, "rhd": rhd_allreduce,
+                  "oneshot": oneshot_allreduce},
+    "allgather": {"ring": ring_allgather},
+    "reduce_scatter": {"ring": ring_reduce_scatter},
+    "broadcast": {"chain": chain_broadcast},
+    "reduce": {"chain": chain_reduce},
+}
+
+ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps on one host (docs/algorithms.md)
+ONESHOT_MAX_RANKS = 8
+
+
+def choose(collective: str, topo: Topology, nbytes: int) -> str:
+    """The `auto` rule: oneshot for small allreduce on few ranks, a tree for small allreduce
+    on many, hier across nodes, ring otherwise; the only algorithm for other collectives."""
+    table = ALGORITHMS.get(collective)
+    if not table:
+        raise KeyError(collective)
+    if collective != "allreduce":
+        return next(iter(table))
+    if nbytes <= ONESHOT_MAX_BYTES:
+        return "oneshot" if topo.world <= ONESHOT_MAX_RANKS else "rhd"
+    if topo.nodes > 1 and topo.ranks_per_node > 1:
+        return "hier"
+    return "ring"
+
+
+class AlgorithmError(ValueError):
+    """An algorithm that does not exist for a collective."""
+
+
+def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0) -> Schedule:
+    """The Schedule of `algorithm` (or the `auto` choice) for `collective`."""
+    table = ALGORITHMS.get(collective, {})
+    name = choose(collective, topo, nbytes) if algorithm == "auto" and table else algorithm
+    if name not in table:
+        known = ", ".join(table) if table else "none (use --backend torch)"
+        raise AlgorithmError(f"no algorithm {algorithm!r} for {collective}; available: {known}, auto")
+    fn = table[name]
+    return fn(topo, count, root) if collective in ("broadcast", "reduce") else fn(topo, count)

@@ -1,0 +1,204 @@
+"""Schedules: a custom collective algorithm as data, and the NumPy interpreter that runs it.
+
+A Schedule is rounds of `Transfer(src, dst, chunk, reduce)`. Every rank holds one
+working buffer of `count` elements; a transfer reads elements `chunk` of the
+source's buffer and writes (`reduce=False`) or reduces into (`reduce=True`) the same
+elements of the destination's buffer. Transfers in a round run concurrently: each
+reads the state its source had when the round began. The same value is
+
+- executed by the backends (shared memory, torch send/recv, the simulator),
+- verified here, on virtual ranks, both numerically and symbolically (which
+  ranks' inputs each element holds, so that a transfer that reads a chunk before
+  it is final, or counts a rank twice, is caught even when the numbers happen to
+  agree),
+- costed by the analytic model (the slowest transfer of each round).
+
+Where the result lives after the last round: allreduce and allgather fill the
+whole buffer on every rank; reduce_scatter leaves rank r's reduced chunk at
+`chunk_of(r)`; broadcast fills every rank from the root; reduce fills the root.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Chunk = tuple[int, int]  # [start, stop) element range of the working buffer
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    chunk: Chunk
+    reduce: bool
+
+    @property
+    def count(self) -> int:
+        return self.chunk[1] - self.chunk[0]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str  # algorithm name: ring, hier, tree, rhd, oneshot, chain
+    collective: str  # allreduce, allgather, reduce_scatter, broadcast, reduce
+    world: int
+    count: int  # elements of every rank's working buffer
+    rounds: tuple[tuple[Transfer, ...], ...]
+    root: int = 0
+    parts: tuple[Chunk, ...] = field(default=())  # reduce_scatter/allgather: rank r's own chunk
+
+    @property
+    def steps(self) -> int:
+        return len(self.rounds)
+
+    def bytes_sent(self, rank: int, itemsize: int) -> int:
+        return sum(t.count for rnd in self.rounds for t in rnd if t.src == rank) * itemsize
+
+
+def split(count: int, parts: int) -> tuple[Chunk, ...]:
+    """`count` elements in `parts` contiguous chunks whose sizes differ by at most one
+    (the first `count % parts` chunks are one longer); chunks may be empty."""
+    base, extra = divmod(count, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return tuple(bounds)
+
+
+class ScheduleError(ValueError):
+    """A schedule that is malformed, races, or does not compute its collective."""
+
+
+# ---------------------------------------------------------------- validity
+
+
+def check_round(rnd: tuple[Transfer, ...], world: int, count: int) -> None:
+    """Every transfer is in range between two different ranks, and no element of a rank is
+    copied into by one transfer while another transfer of the round also writes it."""
+    written: dict[int, list[tuple[Chunk, bool]]] = {}
+    for t in rnd:
+        if not (0 <= t.src < world and 0 <= t.dst < world) or t.src == t.dst:
+            raise ScheduleError(f"bad ranks in {t}")
+        if not 0 <= t.chunk[0] <= t.chunk[1] <= count:
+            raise ScheduleError(f"chunk {t.chunk} outside a buffer of {count} elements")
+        for chunk, reduce in written.get(t.dst, []):
+            if _overlap(t.chunk, chunk) and not (reduce and t.reduce):
+                raise ScheduleError(f"{t} overwrites elements another transfer of the round writes")
+        written.setdefault(t.dst, []).append((t.chunk, t.reduce))
+
+
+def hazards(rnd: tuple[Transfer, ...]) -> set[int]:
+    """Ranks that are written, in this round, where another transfer of the round reads
+    them. Transfers read the state their source had when the round began, so an executor
+    that works in place must stage these ranks' results until every read is done
+    (one-shot allreduce in place is the usual case; ring schedules have none)."""
+    reads: dict[int, list[Chunk]] = {}
+    for t in rnd:
+        reads.setdefault(t.src, []).append(t.chunk)
+    return {t.dst for t in rnd if any(_overlap(t.chunk, c) for c in reads.get(t.dst, []))}
+
+
+def _overlap(a: Chunk, b: Chunk) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+
+
+# ---------------------------------------------------------------- the reference interpreter
+
+
+REDUCERS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def run(schedule: Schedule, buffers: list[np.ndarray], op: str = "sum") -> list[np.ndarray]:
+    """Execute `schedule` on virtual ranks (one array each, modified in place) and return them.
+    avg is sum here; the backend divides at the end, as NCCL does."""
+    reducer = REDUCERS[op]
+    for rnd in schedule.rounds:
+        check_round(rnd, schedule.world, schedule.count)
+        # Sources are read as they were when the round began: take the slices first.
+        payloads = [buffers[t.src][t.chunk[0]:t.chunk[1]].copy() for t in rnd]
+        for t, data in zip(rnd, payloads):
+            view = buffers[t.dst][t.chunk[0]:t.chunk[1]]
+            if t.reduce:
+                reducer(view, data, out=view)
+            else:
+                view[...] = data
+    return buffers
+
+
+def contributions(schedule: Schedule) -> np.ndarray:
+    """Symbolic run: for every rank and element, the set of ranks whose input it holds,
+    as a bit mask (uint64 for up to 64 ranks; object ints beyond). Reducing a mask
+    that shares a bit with the destination (a rank counted twice) is an error."""
+    world, count = schedule.world, schedule.count
+    masks = initial_masks(schedule)
+    for index, rnd in enumerate(schedule.rounds):
+        check_round(rnd, world, count)
+        payloads = [masks[t.src, t.chunk[0]:t.chunk[1]].copy() for t in rnd]
+        for t, data in zip(rnd, payloads):
+            view = masks[t.dst, t.chunk[0]:t.chunk[1]]
+            if t.reduce:
+                if np.any(view & data):
+                    raise ScheduleError(f"round {index}: {t} adds a rank's contribution that rank {t.dst} already has")
+                view |= data
+            else:
+                view[...] = data
+    return masks
+
+
+def _bit(rank: int, world: int):
+    return np.uint64(1) << np.uint64(rank) if world <= 64 else 1 << rank
+
+
+def initial_masks(schedule: Schedule) -> np.ndarray:
+    """Which rank's input each element holds before the first round: 0 (nothing) where the
+    content is undefined, e.g. outside a rank's own part in allgather, or off the root in
+    broadcast."""
+    world = schedule.world
+    masks = np.zeros((world, schedule.count), dtype=np.uint64 if world <= 64 else object)
+    for r in range(world):
+        if schedule.collective == "allgather":
+            start, stop = schedule.parts[r]
+            masks[r, start:stop] = _bit(r, world)
+        elif schedule.collective != "broadcast" or r == schedule.root:
+            masks[r, :] = _bit(r, world)
+    return masks
+
+
+def verify(schedule: Schedule) -> None:
+    """Raise ScheduleError unless every element that must hold the result holds exactly
+    the right ranks' inputs (each reduction counts every rank once)."""
+    masks = contributions(schedule)
+    world = schedule.world
+    full = (1 << world) - 1
+    full_mask = np.uint64(full) if world <= 64 else full
+    for rank, region, want in _required(schedule, full_mask, _bit(schedule.root, world)):
+        got = masks[rank, region[0]:region[1]]
+        bad = np.nonzero(got != want)[0]
+        if bad.size:
+            raise ScheduleError(f"{schedule.name} {schedule.collective} on {world} ranks: rank {rank} element "
+                                f"{region[0] + bad[0]} holds ranks {_ranks(got[bad[0]])}, expected {_ranks(want)}")
+
+
+def _required(schedule: Schedule, full, root_mask):
+    """(rank, chunk, mask) triples the result must satisfy."""
+    whole = (0, schedule.count)
+    name, world = schedule.collective, schedule.world
+    if name == "allreduce":
+        return [(r, whole, full) for r in range(world)]
+    if name == "reduce":
+        return [(schedule.root, whole, full)]
+    if name == "broadcast":
+        return [(r, whole, root_mask) for r in range(world)]
+    if name == "reduce_scatter":
+        return [(r, schedule.parts[r], full) for r in range(world)]
+    if name == "allgather":
+        return [(r, schedule.parts[s], _bit(s, world)) for r in range(world) for s in range(world)]
+    raise ScheduleError(f"no verification rule for {name}")
+
+
+def _ranks(mask) -> list[int]:
+    value = int(mask)
+    return [r for r in range(value.bit_length()) if value >> r & 1]
