@@ -56,6 +56,9 @@ class SweepConfig:
     json_path: str | None = None
     csv_path: str | None = None
     timeout_s: float = 300.0
+    algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
+    topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
+    nprocs: int | None = None  # sim: virtual ranks (other backends take the world size from the launch)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -93,9 +96,10 @@ def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, ran
         send, recv = backend.alloc(plan.send_count, dtype), backend.alloc(plan.recv_count, dtype)
         return send, recv, (send, recv)
     whole = backend.alloc(max(plan.send_count, plan.recv_count), dtype)
-    send_at = rank * plan.send_count if plan.collective == "allgather" else 0
-    recv_at = rank * plan.recv_count if plan.collective == "reduce_scatter" else 0
-    return backend.view(whole, send_at, plan.send_count), backend.view(whole, recv_at, plan.recv_count), (whole,)
+    send_at = (lambda r: r * plan.send_count) if plan.collective == "allgather" else (lambda r: 0)
+    recv_at = (lambda r: r * plan.recv_count) if plan.collective == "reduce_scatter" else (lambda r: 0)
+    return backend.rank_view(whole, send_at, plan.send_count), backend.rank_view(whole, recv_at, plan.recv_count), \
+        (whole,)
 
 
 def _fill(backend: Backend, send: Any, owners: tuple, pattern: C.Pattern, plan: C.Plan) -> None:
@@ -103,20 +107,22 @@ def _fill(backend: Backend, send: Any, owners: tuple, pattern: C.Pattern, plan: 
     (a host copy of a 1 GiB input per rank would cost as much memory as the buffers)."""
     for buffer in owners:
         backend.fill(buffer, C.sentinel(pattern.dtype))
-    for pos in range(0, plan.send_count, CHECK_CHUNK):
-        n = min(CHECK_CHUNK, plan.send_count - pos)
-        backend.upload(backend.view(send, pos, n), C.input_values(pattern, backend.rank, pos, n))
+    for rank in backend.local_ranks:
+        for pos in range(0, plan.send_count, CHECK_CHUNK):
+            n = min(CHECK_CHUNK, plan.send_count - pos)
+            backend.upload(backend.view(send, pos, n), C.input_values(pattern, rank, pos, n), rank)
     backend.synchronize()
 
 
-def _count_wrong(backend: Backend, recv: Any, segments: list[C.Segment], tol: float) -> int:
-    wrong = 0
-    for seg in segments:
-        for pos in range(0, seg.count, CHECK_CHUNK):
-            n = min(CHECK_CHUNK, seg.count - pos)
-            actual = backend.download(recv, seg.start + pos, n)
-            expected = C.periodic(seg.source, seg.offset + pos, n)
-            wrong += C.count_wrong(actual, expected, tol)
+def _count_wrong(backend: Backend, recv: Any, pattern: C.Pattern, plan: C.Plan) -> int:
+    wrong, tol = 0, C.tolerance(pattern)
+    for rank in backend.local_ranks:
+        for seg in C.expected_segments(pattern, plan, rank):
+            for pos in range(0, seg.count, CHECK_CHUNK):
+                n = min(CHECK_CHUNK, seg.count - pos)
+                actual = backend.download(recv, seg.start + pos, n, rank)
+                expected = C.periodic(seg.source, seg.offset + pos, n)
+                wrong += C.count_wrong(actual, expected, tol)
     return wrong
 
 
@@ -167,22 +173,27 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     _agree(backend, failed)
     call = backend.prepare(plan.collective, send, recv, cfg.op if C.COLLECTIVES[plan.collective].reduces else None,
                            plan.root, placement == "in-place")
-    warmup, iters = _iteration_counts(backend, cfg, call)
-    backend.barrier()
-    times_us = backend.time_iterations(call, iters)
+    if backend.timed:
+        warmup, iters = _iteration_counts(backend, cfg, call)
+        backend.barrier()
+        times_us = backend.time_iterations(call, iters)
+    else:  # nothing to time with (sim without a cost model): run once, for the check only
+        warmup, times_us = 0, np.empty(0)
     wrong = -1
     if cfg.check:
         _fill(backend, send, owners, pattern, plan)  # timing may have changed the data (in-place)
         backend.barrier()
         call()
         backend.synchronize()
-        wrong = _count_wrong(backend, recv, C.expected_segments(pattern, plan, rank), C.tolerance(pattern))
+        wrong = _count_wrong(backend, recv, pattern, plan)
     return PointOutcome(times_us, warmup, wrong)
 
 
-def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float]:
+def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float | None]:
     """Aggregate a (ranks x iterations) time matrix: the time column as nccl-tests -a does
     (each rank's mean, then max/avg/min over ranks), percentiles of per-iteration values."""
+    if all_times_us.shape[1] == 0:  # not timed (sim without a cost model): no figure at all
+        return dict.fromkeys(("time_us", "p50_us", "p90_us", "p99_us", "min_us", "max_us"))
     reduce = {"max": np.max, "avg": np.mean, "min": np.min}[rank_agg]
     per_iteration = reduce(all_times_us, axis=0)
     p50, p90, p99 = np.percentile(per_iteration, [50, 90, 99])
@@ -218,9 +229,11 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
-        self.table = Table(list(cfg.placements), progress=self.progress)
+        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=hasattr(backend, "topology"))
         self.argv = argv or sys.argv
         self.results: list[Result] = []
+        topology = getattr(backend, "topology", None)  # schedule backends know the layout they run on
+        self.nnodes = topology.nodes if topology is not None else launch.nnodes
 
     def run(self) -> int:
         environment = self.backend.gather_objects(local_environment(self.backend.device))
@@ -242,7 +255,8 @@ class Sweep:
                 wrong = sum(r.wrong or 0 for r in self.results)
                 status = "wrong" if status == "ok" and wrong else status
                 self.sink.summary({"run_id": self.run_id, "status": status, "error": error, "points": len(self.results),
-                                   "wrong": wrong, "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results])})
+                                   "wrong": wrong,
+                                   "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None])})
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
         return EXIT_WRONG if wrong_total else EXIT_OK
@@ -254,15 +268,20 @@ class Sweep:
                           "command": " ".join(self.argv), "config": asdict(cfg), "launch": asdict(launch),
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
-        self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.library} on "
-                           f"{self.backend.device}), {launch.world_size} ranks on {len(hosts)} host(s), "
-                           f"launcher {launch.launcher}")
+        what = (f"algorithm {cfg.algorithm}, topology {self.backend.topology}" if hasattr(self.backend, "topology")
+                else f"{self.backend.library} on {self.backend.device}")
+        self.table.comment(f"commbench sweep: backend {self.backend.name} ({what}), {self.backend.world_size} ranks "
+                           f"on {len(hosts)} host(s), launcher {launch.launcher}")
         iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.min_time_s:g} s per point)"
+        iters = iters if self.backend.timed else "not timed"
         self.table.comment(f"dtype {self.dtype.name}, {iters}, time = {cfg.rank_agg} over ranks, "
                            f"check {'on' if cfg.check else 'off'}")
         if self.backend.name == "torch":
             self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
                                "out-of-place = copy + in-place call, both timed")
+        if not self.backend.timed:
+            self.table.comment(f"{self.backend.name} does not time calls (n/m = not modelled until the analytic "
+                               "model lands); results are checked; steps per call are in the JSON")
 
     def _collective(self, collective: str) -> None:
         cfg, world = self.cfg, self.backend.world_size
@@ -320,15 +339,18 @@ class Sweep:
                 stats: dict[str, float]) -> Result:
         cfg = self.cfg
         wrong = stats.pop("wrong")
-        algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, stats["time_us"])
+        algbw = busbw = None
+        if stats["time_us"] is not None:
+            algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, stats["time_us"])
         wrong = int(wrong) if cfg.check else None
         result = Result(collective=plan.collective, backend=self.backend.name, library=self.backend.library,
                         device=self.backend.device, dtype=self.dtype.name, op=op,
                         root=plan.root if plan.root >= 0 else None, placement=placement, world_size=plan.world,
-                        nnodes=self.launch.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
+                        nnodes=self.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
                         count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
                         algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
-                        run_id=self.run_id, **stats)
+                        run_id=self.run_id, kind="measured" if self.backend.timed else "predicted",
+                        **self.backend.describe(), **stats)
         self.sink.result(result)
         self.results.append(result)
         return result
@@ -343,8 +365,7 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
 
     backend = None
     try:
-        backend = backend_class(cfg.backend)(launch, device=cfg.device, torch_backend=cfg.torch_backend,
-                                             timeout_s=cfg.timeout_s)
+        backend = backend_class(cfg.backend).create(cfg, launch)
         return Sweep(cfg, launch, backend, argv).run()
     except BackendError as exc:
         _fail(launch, str(exc))

@@ -43,9 +43,10 @@ def cli() -> None:
 
 
 @cli.command(epilog=SWEEP_EXAMPLES)
-@click.option("--sizes", "-s", default="1K-64M", show_default=True, metavar="RANGE|LIST",
+@click.option("--sizes", "-s", default=None, metavar="RANGE|LIST",
               help="Message sizes in bytes: a range START-END (binary K/M/G/T suffixes, e.g. 1K-1G) or a "
-                   "comma list (1K,4K,1M). Rounded down per collective as nccl-tests does.")
+                   "comma list (1K,4K,1M). Rounded down per collective as nccl-tests does. "
+                   "[default: 1K-64M; 1K-1M with --backend sim, which holds every rank's buffers]")
 @click.option("--factor", "-f", type=float, default=None, help="Multiply the size by this between steps [default: 2].")
 @click.option("--step", default=None, metavar="BYTES", help="Add this many bytes between steps instead of --factor.")
 @click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True,
@@ -62,7 +63,16 @@ def cli() -> None:
               help="Timed iterations per point [default: adaptive, to fill --min-time].")
 @click.option("--min-time", type=float, default=0.2, show_default=True, metavar="SECONDS",
               help="Adaptive mode: time budget of the timed iterations per point (at least 5, at most 1000 iterations).")
-@click.option("--backend", "-b", default="torch", show_default=True, help="Where collectives run: torch.")
+@click.option("--backend", "-b", default="torch", show_default=True,
+              help="Where collectives run: torch (torch.distributed: gloo/NCCL), or commbench's own algorithms "
+                   "on shm (shared memory, one host), p2p (torch send/recv, any nodes), sim (virtual ranks in "
+                   "one process, results checked, not timed).")
+@click.option("--algorithm", "-A", default="auto", show_default=True,
+              help="shm/p2p/sim: ring, hier, tree, rhd, oneshot (allreduce), ring (allgather, reduce_scatter), "
+                   "chain (broadcast, reduce), or auto (by size and topology, see docs/algorithms.md).")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="Nodes x ranks per node for the algorithms, e.g. 8x8 [default: the launcher's layout, "
+                   "or one node].")
 @click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
               help="torch.distributed backend: gloo on CPU and NCCL on GPU by default.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -92,6 +102,9 @@ def sweep(**options) -> None:
     from commbench import bench, launch
 
     env = os.environ
+    if options["backend"] == "sim":  # every virtual rank lives in this process: nothing to launch or join
+        cfg, _ = _sweep_config(options, world=None)
+        sys.exit(bench.run_sweep(cfg, launch.LaunchInfo.local(0, 1, 0), sys.argv))
     launcher = None if options["launcher"] == "auto" else options["launcher"]
     launcher = launcher or launch.detect_launcher(env)
     if launcher in (None, "spawn") and launch.SPAWN_VAR not in env:
@@ -118,8 +131,9 @@ def _sweep_config(options: dict, world: int | None):
     from commbench.backends import BackendError, backend_class
     from commbench.sizes import SizeError, parse_sizes
 
+    default_sizes = "1K-1M" if options["backend"] == "sim" else "1K-64M"
     try:
-        sizes = parse_sizes(options["sizes"], options["factor"], options["step"])
+        sizes = parse_sizes(options["sizes"] or default_sizes, options["factor"], options["step"])
         names = C.resolve_collectives(options["collective_names"])
         dtype = C.resolve_dtype(options["dtype"])
     except (SizeError, ValueError) as exc:
@@ -140,6 +154,7 @@ def _sweep_config(options: dict, world: int | None):
     if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
         raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
     _check_supported(options["backend"], library, names, dtype, op)
+    _check_algorithm(options, names, world)
     for flag in ("json_path", "csv_path"):
         _check_writable(options[flag])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
@@ -148,7 +163,8 @@ def _sweep_config(options: dict, world: int | None):
         placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
         backend=options["backend"], torch_backend=options["torch_backend"], device=device,
-        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"])
+        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"],
+        algorithm=options["algorithm"], topology=options["topology"], nprocs=world)
     return cfg, world
 
 
@@ -161,6 +177,30 @@ def _check_counts(options: dict) -> None:
         raise UsageFault(f"--min-time {options['min_time']}: must be positive")
     if not options["timeout_s"] > 0:
         raise UsageFault(f"--timeout {options['timeout_s']}: must be positive")
+
+
+def _check_algorithm(options: dict, names: list[str], world: int) -> None:
+    from commbench import algorithms
+    from commbench.backends import SCHEDULE_BACKENDS
+    from commbench.topology import TopologyError, parse_topology
+
+    backend, algorithm = options["backend"], options["algorithm"]
+    if backend not in SCHEDULE_BACKENDS:
+        if algorithm != "auto" or options["topology"]:
+            raise UsageFault(f"--algorithm/--topology choose commbench's own algorithms: use them with --backend "
+                             f"{', '.join(SCHEDULE_BACKENDS)} (--backend {backend} runs the library's)")
+        return
+    for name in names:
+        table = algorithms.ALGORITHMS.get(name)
+        if not table:
+            raise UsageFault(f"--backend {backend} has no algorithm for {name}; it runs "
+                             f"{', '.join(algorithms.ALGORITHMS)} (use --backend torch for {name})")
+        if algorithm != "auto" and algorithm not in table:
+            raise UsageFault(f"no algorithm {algorithm!r} for {name}; available: {', '.join(table)}, auto")
+    try:
+        parse_topology(options["topology"], world)
+    except TopologyError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def _check_writable(path: str | None) -> None:
@@ -177,7 +217,9 @@ def _check_writable(path: str | None) -> None:
 
 def _resolve_device(options: dict) -> tuple[str, str]:
     if options["backend"] != "torch":
-        return options["device"], options["backend"]
+        if options["device"] == "cuda":
+            raise BackendError(f"--backend {options['backend']} runs on the CPU; GPUs: --backend torch")
+        return "cpu", "schedule"
     from commbench.backends.torch_dist import resolve_device
 
     return resolve_device(options["device"], options["torch_backend"])

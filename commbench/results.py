@@ -42,16 +42,18 @@ class Result:
     count: int
     warmup: int
     iters: int
-    time_us: float  # per-rank mean over iterations, aggregated across ranks by rank_agg
-    algbw_gbps: float
-    busbw_gbps: float
-    p50_us: float  # percentiles of per-iteration times (each iteration aggregated across ranks)
-    p90_us: float
-    p99_us: float
-    min_us: float
-    max_us: float
+    time_us: float | None  # per-rank mean over iterations, aggregated across ranks; None: not timed
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    p50_us: float | None  # percentiles of per-iteration times (each iteration aggregated across ranks)
+    p90_us: float | None
+    p99_us: float | None
+    min_us: float | None
+    max_us: float | None
     rank_agg: str
     wrong: int | None  # wrong elements summed over ranks; None when not checked
+    algorithm: str | None = None  # the schedule that ran (custom backends); None for a library call
+    steps: int | None = None  # rounds of that schedule
     kind: str = "measured"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)

@@ -13,8 +13,10 @@ from typing import IO
 from commbench.results import Result
 
 class Table:
-    def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: "Progress | None" = None):
+    def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: "Progress | None" = None,
+                 show_algorithm: bool = False):
         self.placements = placements
+        self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
         self.stream = stream or sys.stdout
         self.progress = progress
         self.busbw_sum = 0.0
@@ -37,7 +39,8 @@ class Table:
         self._print(f"#{'':53s}{title}".rstrip())
         cols = "".join(f"{'time':>9s} {'algbw':>8s} {'busbw':>8s} {'#wrong':>8s}  " for _ in self.placements)
         units = "".join(f"{'(us)':>9s} {'(GB/s)':>8s} {'(GB/s)':>8s} {'':>8s}  " for _ in self.placements)
-        self._print(f"#{'size':>12s} {'count':>13s} {'type':>9s} {'redop':>6s} {'root':>5s}    {cols}".rstrip())
+        algo = f"{'algorithm':>12s}" if self.show_algorithm else ""
+        self._print(f"#{'size':>12s} {'count':>13s} {'type':>9s} {'redop':>6s} {'root':>5s}    {cols}{algo}".rstrip())
         self._print(f"#{'(B)':>12s} {'(elements)':>13s} {'':>9s} {'':>6s} {'':>5s}    {units}".rstrip())
 
     def row(self, results: dict[str, Result | None], dtype_label: str) -> None:
@@ -52,17 +55,22 @@ class Table:
                 cells.append(f"{'N/A':>9s} {'N/A':>8s} {'N/A':>8s} {'N/A':>8s}  ")
                 continue
             wrong = "N/A" if result.wrong is None else str(result.wrong)
-            cells.append(f"{_fmt_time(result.time_us):>9s} {result.algbw_gbps:8.2f} {result.busbw_gbps:8.2f} {wrong:>8s}  ")
-            self.busbw_sum += result.busbw_gbps
-            self.busbw_points += 1
+            if result.time_us is None:  # not timed (sim without a cost model)
+                cells.append(f"{'n/m':>9s} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
+            else:
+                cells.append(f"{_fmt_time(result.time_us):>9s} {result.algbw_gbps:8.2f} {result.busbw_gbps:8.2f} {wrong:>8s}  ")
+                self.busbw_sum += result.busbw_gbps
+                self.busbw_points += 1
             self.wrong_total += result.wrong or 0
-        self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}".rstrip())
+        algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
+        self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
+                    f"{algo:>12s}".rstrip())
 
     def footer(self, checked: bool) -> None:
         if checked:
             self._print(f"# Out of bounds values : {self.wrong_total} {'OK' if self.wrong_total == 0 else 'FAILED'}")
-        average = self.busbw_sum / self.busbw_points if self.busbw_points else 0.0
-        self._print(f"# Avg bus bandwidth    : {average:.4g} GB/s")
+        average = f"{self.busbw_sum / self.busbw_points:.4g} GB/s" if self.busbw_points else "n/m"
+        self._print(f"# Avg bus bandwidth    : {average}")
         self._print("#")
 
 

@@ -9,7 +9,11 @@ from commbench.backends.base import Backend, BackendError, OutOfMemory
 # name -> "module:class"; later backends (shm, p2p, sim, cupy, cuda) register here.
 BACKENDS = {
     "torch": "commbench.backends.torch_dist:TorchBackend",
+    "shm": "commbench.backends.shm:ShmBackend",
+    "p2p": "commbench.backends.p2p:P2PBackend",
+    "sim": "commbench.backends.sim:SimBackend",
 }
+SCHEDULE_BACKENDS = ("shm", "p2p", "sim")  # run commbench's own algorithms (--algorithm)
 
 
 def backend_class(name: str) -> type[Backend]:
@@ -19,4 +23,4 @@ def backend_class(name: str) -> type[Backend]:
     return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["BACKENDS", "Backend", "BackendError", "OutOfMemory", "backend_class"]
+__all__ = ["SCHEDULE_BACKENDS", "BACKENDS", "Backend", "BackendError", "OutOfMemory", "backend_class"]

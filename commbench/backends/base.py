@@ -36,6 +36,28 @@ class Backend(ABC):
     device: str  # cpu or cuda
     rank: int
     world_size: int
+    timed: bool = True  # False: the backend cannot time calls (sim without a cost model)
+
+    @classmethod
+    def create(cls, cfg: Any, launch: Any) -> "Backend":
+        """Build the backend for a SweepConfig on this rank (each backend reads what it needs)."""
+        raise NotImplementedError
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """Ranks whose buffers this process holds: its own, or all of them (sim)."""
+        return [self.rank]
+
+    def rank_view(self, buffer: Any, start_of: Callable[[int], int], count: int) -> Any:
+        """A view whose offset depends on the rank (in-place allgather / reduce_scatter layouts)."""
+        return self.view(buffer, start_of(self.rank), count)
+
+    def describe(self) -> dict[str, Any]:
+        """What ran the last prepared call: {"algorithm": name, "steps": rounds} for schedules."""
+        return {"algorithm": None, "steps": None}
+
+    def end_point(self) -> None:
+        """Called after every point: release per-point resources (shared-memory segments)."""
 
     @abstractmethod
     def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
@@ -50,16 +72,16 @@ class Backend(ABC):
         """Elements [start, start + count) of `buffer`, sharing its memory."""
 
     @abstractmethod
-    def upload(self, buffer: Any, values: np.ndarray) -> None:
-        """Copy host values (DType.host dtype) into `buffer`."""
+    def upload(self, buffer: Any, values: np.ndarray, rank: int) -> None:
+        """Copy host values (DType.host dtype) into rank `rank`'s part of `buffer`."""
 
     @abstractmethod
     def fill(self, buffer: Any, value: float) -> None:
         """Set every element of `buffer` to `value`."""
 
     @abstractmethod
-    def download(self, buffer: Any, start: int, count: int) -> np.ndarray:
-        """Elements [start, start + count) of `buffer` as host values."""
+    def download(self, buffer: Any, start: int, count: int, rank: int) -> np.ndarray:
+        """Elements [start, start + count) of rank `rank`'s part of `buffer` as host values."""
 
     @abstractmethod
     def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,

@@ -60,6 +60,10 @@ def unsupported(library: str, collective: str, dtype: DType, op: str | None, pla
 class TorchBackend(Backend):
     name = "torch"
 
+    @classmethod
+    def create(cls, cfg, launch: LaunchInfo) -> "TorchBackend":
+        return cls(launch, device=cfg.device, torch_backend=cfg.torch_backend, timeout_s=cfg.timeout_s)
+
     def __init__(self, launch: LaunchInfo, device: str = "auto", torch_backend: str = "auto",
                  timeout_s: float = 300.0):
         self.device, self.library = resolve_device(device, torch_backend)
@@ -91,13 +95,13 @@ class TorchBackend(Backend):
             return buffer  # a narrowed view costs ~0.4 us per call in the timed loop
         return buffer.narrow(0, start, count)
 
-    def upload(self, buffer: torch.Tensor, values: np.ndarray) -> None:
+    def upload(self, buffer: torch.Tensor, values: np.ndarray, rank: int) -> None:
         buffer.copy_(torch.from_numpy(values))
 
     def fill(self, buffer: torch.Tensor, value: float) -> None:
         buffer.fill_(value)
 
-    def download(self, buffer: torch.Tensor, start: int, count: int) -> np.ndarray:
+    def download(self, buffer: torch.Tensor, start: int, count: int, rank: int) -> np.ndarray:
         part = buffer.narrow(0, start, count).cpu()
         return part.float().numpy() if part.dtype == torch.bfloat16 else part.numpy()
 

@@ -1,0 +1,114 @@
+"""What every backend that runs commbench's own schedules (shm, p2p, sim) shares: how a
+collective call maps onto a schedule's single working buffer.
+
+A schedule works in place on one buffer per rank (commbench/schedule.py). For a
+collective call with a send and a receive buffer that means:
+
+| collective     | working buffer          | out-of-place adds (timed)                        |
+|----------------|-------------------------|--------------------------------------------------|
+| allreduce      | recv                    | copy send -> recv first                          |
+| reduce         | recv                    | copy send -> recv first                          |
+| broadcast      | recv                    | the root copies send -> recv first               |
+| allgather      | recv (n parts)          | copy send -> this rank's part of recv first      |
+| reduce_scatter | send (n parts)          | copy send -> a scratch buffer, run there, then   |
+|                |                         | copy this rank's part -> recv                    |
+
+In place, the harness lays the buffers out as nccl-tests does, so the working
+buffer already holds the input and (for reduce_scatter) the result lands in recv.
+avg runs as sum and divides the result by n at the end, as NCCL does.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, Callable
+
+from commbench import algorithms
+from commbench.backends.base import Backend, BackendError
+from commbench.collectives import DType
+from commbench.schedule import Schedule
+from commbench.topology import Topology
+
+
+class ScheduleBackend(Backend):
+    topology: Topology
+    algorithm: str  # an algorithm name or "auto"
+    dtype: DType | None = None
+    _last: Schedule | None = None
+
+    def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
+        if collective not in algorithms.ALGORITHMS:
+            return f"no schedule for {collective} (available: {', '.join(algorithms.ALGORITHMS)}); use --backend torch"
+        if op == "avg" and not dtype.is_float:
+            return f"avg needs a float dtype with --backend {self.name}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        if self._last is None:
+            return {"algorithm": None, "steps": None}
+        return {"algorithm": self._last.name, "steps": self._last.steps}
+
+    def schedule(self, collective: str, count: int, itemsize: int, root: int) -> Schedule:
+        try:
+            return algorithms.build(collective, self.algorithm, self.topology, count, count * itemsize, root)
+        except algorithms.AlgorithmError as exc:
+            raise BackendError(str(exc)) from exc
+
+    def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
+                inplace: bool) -> Callable[[], None]:
+        send_count, recv_count = self.length(send), self.length(recv)
+        count = send_count if collective == "reduce_scatter" else recv_count
+        schedule = self.schedule(collective, count, self.itemsize(recv), root)
+        self._last = schedule
+        steps: list[Callable[[], None]] = []
+        working = recv
+        if collective == "reduce_scatter":
+            working = send if inplace else self.scratch(count, recv)
+            if not inplace:
+                steps.append(lambda: self.copy(working, send))
+        elif not inplace and collective == "allgather":
+            slot = self.rank_view(recv, lambda r: schedule.parts[r][0], send_count)
+            steps.append(lambda: self.copy(slot, send))
+        elif not inplace and (collective != "broadcast" or root in self.local_ranks):
+            steps.append(lambda: self.copy(recv, send, only_rank=root if collective == "broadcast" else None))
+        steps.append(self.executor(schedule, working, op or "sum"))
+        if collective == "reduce_scatter":
+            part = self.rank_view(working, lambda r: schedule.parts[r][0], recv_count)
+            if op == "avg":
+                steps.append(lambda: self.scale(part, 1.0 / schedule.world))
+            if not inplace:
+                steps.append(lambda: self.copy(recv, part))
+        elif op == "avg":
+            steps.append(lambda: self.scale(working, 1.0 / schedule.world))
+        if len(steps) == 1:
+            return steps[0]
+
+        def call() -> None:
+            for step in steps:
+                step()
+        return call
+
+    # ---------------------------------------------------------------- what each backend provides
+
+    @abstractmethod
+    def length(self, buffer: Any) -> int:
+        """Elements in (each rank's part of) `buffer`."""
+
+    @abstractmethod
+    def itemsize(self, buffer: Any) -> int:
+        """Bytes per element of `buffer`."""
+
+    @abstractmethod
+    def scratch(self, count: int, like: Any) -> Any:
+        """A working buffer of `count` elements of `like`'s dtype, kept while the call is prepared."""
+
+    @abstractmethod
+    def copy(self, dst: Any, src: Any, only_rank: int | None = None) -> None:
+        """dst[:] = src (for every local rank, or only `only_rank`)."""
+
+    @abstractmethod
+    def scale(self, buffer: Any, factor: float) -> None:
+        """buffer *= factor (the avg division)."""
+
+    @abstractmethod
+    def executor(self, schedule: Schedule, working: Any, op: str) -> Callable[[], None]:
+        """A zero-argument callable that runs `schedule` on `working` with reduction `op`."""

@@ -1,0 +1,129 @@
+"""sim: every rank as NumPy buffers in one process, running commbench's schedules.
+
+The simulated backend that tests and laptops use: `--nprocs 64 --topology 8x8`
+needs no GPU, no network and one process. Results are checked like any backend's
+(the harness fills and verifies every virtual rank). It does not time anything:
+the time of a simulated call is a prediction, which belongs to the analytic model
+(a later issue); until then every time column reads `n/m` (not modelled) and the
+JSON carries the schedule's step count instead of a made-up figure.
+
+bfloat16 has no NumPy type: sim holds it as float32, which is exact for the
+verifiable data but means sim does not reproduce bf16 rounding.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from commbench.backends.base import BackendError
+from commbench.backends.schedule_base import ScheduleBackend
+from commbench.collectives import DType
+from commbench.launch import LaunchInfo
+from commbench.schedule import Schedule, run
+from commbench.topology import Topology, TopologyError, parse_topology
+
+
+class RankArrays:
+    """One NumPy array per virtual rank (views of the same shape, possibly at rank-dependent offsets)."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+
+class SimBackend(ScheduleBackend):
+    name = "sim"
+    library = "schedule"
+    device = "cpu"
+    timed = False
+
+    def __init__(self, world: int, topology: Topology, algorithm: str = "auto"):
+        if world < 1:
+            raise BackendError("--backend sim needs --nprocs >= 1 virtual ranks")
+        self.rank, self.world_size = 0, world
+        self.topology, self.algorithm = topology, algorithm
+
+    @classmethod
+    def create(cls, cfg, launch: LaunchInfo) -> "SimBackend":
+        world = cfg.nprocs or 2
+        try:
+            topology = parse_topology(cfg.topology, world)
+        except TopologyError as exc:
+            raise BackendError(str(exc)) from exc
+        return cls(world, topology, cfg.algorithm)
+
+    @property
+    def local_ranks(self) -> list[int]:
+        return list(range(self.world_size))
+
+    # ---------------------------------------------------------------- buffers
+
+    def alloc(self, count: int, dtype: DType) -> RankArrays:
+        try:
+            return RankArrays([np.empty(count, dtype=dtype.host) for _ in range(self.world_size)])
+        except MemoryError as exc:
+            from commbench.backends.base import OutOfMemory
+
+            raise OutOfMemory(f"could not allocate {self.world_size} x {count * dtype.itemsize} bytes") from exc
+
+    def view(self, buffer: RankArrays, start: int, count: int) -> RankArrays:
+        return RankArrays([a[start:start + count] for a in buffer.arrays])
+
+    def rank_view(self, buffer: RankArrays, start_of: Callable[[int], int], count: int) -> RankArrays:
+        return RankArrays([a[start_of(r):start_of(r) + count] for r, a in enumerate(buffer.arrays)])
+
+    def upload(self, buffer: RankArrays, values: np.ndarray, rank: int) -> None:
+        buffer.arrays[rank][...] = values
+
+    def fill(self, buffer: RankArrays, value: float) -> None:
+        for array in buffer.arrays:
+            array.fill(value)
+
+    def download(self, buffer: RankArrays, start: int, count: int, rank: int) -> np.ndarray:
+        return buffer.arrays[rank][start:start + count]
+
+    def length(self, buffer: RankArrays) -> int:
+        return len(buffer)
+
+    def itemsize(self, buffer: RankArrays) -> int:
+        return buffer.arrays[0].itemsize
+
+    def scratch(self, count: int, like: RankArrays) -> RankArrays:
+        return RankArrays([np.empty(count, dtype=a.dtype) for a in like.arrays])
+
+    def copy(self, dst: RankArrays, src: RankArrays, only_rank: int | None = None) -> None:
+        for rank, (d, s) in enumerate(zip(dst.arrays, src.arrays)):
+            if only_rank is None or rank == only_rank:
+                d[...] = s
+
+    def scale(self, buffer: RankArrays, factor: float) -> None:
+        for array in buffer.arrays:
+            array *= array.dtype.type(factor)
+
+    # ---------------------------------------------------------------- running a schedule
+
+    def executor(self, schedule: Schedule, working: RankArrays, op: str) -> Callable[[], None]:
+        return lambda: run(schedule, working.arrays, op, check=False)  # the reference interpreter itself
+
+    def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        raise BackendError("sim has no clock: its times come from the analytic model, which is not built yet")
+
+    # ---------------------------------------------------------------- one process: the control plane is local
+
+    def synchronize(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)[None, :]
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
