@@ -216,6 +216,8 @@ def _check_writable(path: str | None) -> None:
 
 
 def _resolve_device(options: dict) -> tuple[str, str]:
+    from commbench.backends import BackendError
+
     if options["backend"] != "torch":
         if options["device"] == "cuda":
             raise BackendError(f"--backend {options['backend']} runs on the CPU; GPUs: --backend torch")

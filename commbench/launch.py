@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
+SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 LAUNCHERS = ("auto", "spawn", "torchrun", "slurm", "mpi")
 DEFAULT_PORT = 29500
 
@@ -153,6 +154,23 @@ def _expand_one(pattern: str) -> list[str]:
 # ---------------------------------------------------------------- local spawning
 
 
+def segment_prefix(job: str) -> str:
+    return f"cb_{job}_"
+
+
+def remove_segments(job: str) -> int:
+    """Unlink every shared-memory segment of job `job` (what a killed rank left behind)."""
+    removed, prefix = 0, segment_prefix(job)
+    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -166,8 +184,9 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s:
     progress bar show directly). If a rank fails, the rest get `grace_s` to report
     their own error (they see the dead peer), then are terminated.
     """
+    job = uuid.uuid4().hex[:12]
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),
-                LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: uuid.uuid4().hex[:12]}, **extra_env)
+                LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: job}, **extra_env)
     # As torchrun does for several local ranks: one intra-op thread each, or ranks fight over cores.
     base.setdefault("OMP_NUM_THREADS", "1")
     procs = []
@@ -180,6 +199,8 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s:
         _stop(procs, signal.SIGINT, wait_s=5.0)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         return 130
+    finally:
+        remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
 def _supervise(procs: list[subprocess.Popen], grace_s: float) -> int:

@@ -1,0 +1,128 @@
+"""commbench's own algorithms through the harness: shm with real processes, sim in one
+process, a broken schedule caught by #wrong, and /dev/shm left clean whatever happens."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commbench import algorithms as A
+from commbench.backends.sim import SimBackend
+from commbench.bench import EXIT_WRONG, Sweep, SweepConfig
+from commbench.launch import SHM_DIR, LaunchInfo
+from commbench.schedule import Schedule, Transfer
+from commbench.topology import Topology
+from conftest import clean_env, commbench, rank_pid, results_of, wait_for_results
+
+QUICK = ["--iters", "2", "--warmup", "1"]
+
+
+def shm_segments():
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("cb_")) if os.path.isdir(SHM_DIR) else []
+
+
+@pytest.fixture
+def clean_shm():
+    before = shm_segments()
+    yield
+    assert shm_segments() == before, "commbench left shared-memory segments behind"
+
+
+@pytest.mark.parametrize("nprocs,args", [
+    (2, ["-c", "allreduce", "-c", "allgather", "-c", "reduce_scatter", "-c", "broadcast", "-c", "reduce",
+         "--sizes", "1K,100K,3M"]),
+    (3, ["--algorithm", "ring", "--sizes", "1K,1000K", "--dtype", "bfloat16", "--op", "max"]),
+    (3, ["--algorithm", "rhd", "--sizes", "4K,96K", "--dtype", "int32"]),
+    (4, ["--algorithm", "hier", "--topology", "2x2", "--sizes", "1K,256K", "--op", "avg"]),
+    (4, ["--algorithm", "tree", "--sizes", "1K,256K", "--dtype", "float16"]),
+    (3, ["--algorithm", "oneshot", "--sizes", "1K,64K", "--op", "prod"]),
+])
+def test_shm_runs_pass_the_check(tmp_path, clean_shm, nprocs, args):
+    proc = commbench("sweep", "--backend", "shm", "-N", str(nprocs), *QUICK, *args, "--json", str(tmp_path / "r.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    results, _ = results_of(tmp_path / "r.jsonl")
+    assert results and all(r["wrong"] == 0 and r["steps"] > 0 and r["backend"] == "shm" for r in results)
+    if "--algorithm" in args:
+        assert {r["algorithm"] for r in results} == {args[args.index("--algorithm") + 1]}
+
+
+def test_more_ranks_than_cores_make_progress(tmp_path, clean_shm):
+    proc = commbench("sweep", "--backend", "shm", "-N", "5", "--sizes", "1K,64K", *QUICK,
+                     "--json", str(tmp_path / "r.jsonl"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert all(r["wrong"] == 0 for r in results_of(tmp_path / "r.jsonl")[0])
+
+
+def test_sim_64_ranks_8x8(tmp_path):
+    started = time.monotonic()
+    proc = commbench("sweep", "--backend", "sim", "--nprocs", "64", "--topology", "8x8", "-c", "all_reduce",
+                     "--json", str(tmp_path / "r.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 60
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert records[0]["launch"]["launcher"] == "single" and len(results) == 2 * 11
+    assert all(r["wrong"] == 0 and r["time_us"] is None and r["kind"] == "predicted" for r in results)
+    assert {r["algorithm"] for r in results} == {"rhd", "hier"}  # auto: small -> rhd on 64 ranks, large -> hier
+    assert "n/m" in proc.stdout
+
+
+def _misrouted_ring(topo, count):
+    """Ring allreduce whose first all-gather step sends each rank's chunk to the wrong offset."""
+    ring = A.ring_allreduce(topo, count)
+    n = topo.world
+    rounds = list(ring.rounds)
+    ag = rounds[n - 1]
+    rounds[n - 1] = tuple(Transfer(t.src, t.dst, ag[(i + 1) % len(ag)].chunk, t.reduce) for i, t in enumerate(ag))
+    return Schedule("broken", "allreduce", ring.world, ring.count, tuple(rounds))
+
+
+def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(A.ALGORITHMS["allreduce"], "broken", _misrouted_ring)
+    cfg = SweepConfig(sizes=(4096, 65536), algorithm="broken", backend="sim", nprocs=4,
+                      json_path=str(tmp_path / "r.jsonl"))
+    code = Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(4, Topology(1, 4), "broken")).run()
+    assert code == EXIT_WRONG
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert all(r["wrong"] > 0 for r in results) and records[-1]["status"] == "wrong"
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--backend", "shm", "--algorithm", "tree", "-c", "allgather"], "no algorithm 'tree' for allgather"),
+    (["--backend", "sim", "--algorithm", "spiral"], "no algorithm 'spiral' for allreduce"),
+    (["--backend", "shm", "-c", "alltoall"], "no algorithm for alltoall"),
+    (["--backend", "sim", "--nprocs", "8", "--topology", "3x3"], "has 9 ranks but the job has 8"),
+    (["--backend", "shm", "--nprocs", "4", "--topology", "2by2"], "bad --topology"),
+    (["--backend", "torch", "--algorithm", "ring"], "--algorithm/--topology"),
+    (["--backend", "shm", "--device", "cuda"], "runs on the CPU"),
+])
+def test_bad_algorithm_or_topology_is_one_line(args, needle):
+    proc = commbench("sweep", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+
+
+def _start_shm(tmp_path):
+    return subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backend", "shm", "--sizes", "1K-256K",
+                             "--iters", "20000", "--warmup", "10", "--json", str(tmp_path / "r.jsonl"), "--timeout", "10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True)
+
+
+def test_killed_rank_leaves_no_segments(tmp_path, clean_shm):
+    proc = _start_shm(tmp_path)
+    wait_for_results(tmp_path / "r.jsonl", 2, proc)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 3 and "rank 1" in err and "died" in err, err
+
+
+def test_interrupted_run_leaves_no_segments(tmp_path, clean_shm):
+    proc = _start_shm(tmp_path)
+    wait_for_results(tmp_path / "r.jsonl", 2, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 130, err
+    assert len(results_of(tmp_path / "r.jsonl")[0]) >= 2
