@@ -329,7 +329,8 @@ class Sweep:
         except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
             raise SweepFault(f"{label} failed: {error_line(exc)} (a peer rank may have died or hung)") from exc
         finally:
-            gc.collect()
+            gc.collect()  # drop this point's buffers before the next size allocates its own
+            self.backend.end_point()
         self.progress.advance()
         if not self.lead:
             return None
