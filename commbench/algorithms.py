@@ -186,19 +186,20 @@ ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
     "reduce": {"chain": chain_reduce},
 }
 
-ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps on one host (docs/algorithms.md)
+ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps (docs/algorithms.md)
 ONESHOT_MAX_RANKS = 8
 
 
 def choose(collective: str, topo: Topology, nbytes: int) -> str:
-    """The `auto` rule: oneshot for small allreduce on few ranks, a tree for small allreduce
-    on many, hier across nodes, ring otherwise; the only algorithm for other collectives."""
+    """The `auto` rule: for small allreduce, oneshot on 3-8 ranks and rhd on more; hier
+    across nodes; ring otherwise (always on 2 ranks, where ring's two steps move half the
+    data oneshot does); the only algorithm for other collectives."""
     table = ALGORITHMS.get(collective)
     if not table:
         raise KeyError(collective)
     if collective != "allreduce":
         return next(iter(table))
-    if nbytes <= ONESHOT_MAX_BYTES:
+    if nbytes <= ONESHOT_MAX_BYTES and topo.world > 2:
         return "oneshot" if topo.world <= ONESHOT_MAX_RANKS else "rhd"
     if topo.nodes > 1 and topo.ranks_per_node > 1:
         return "hier"

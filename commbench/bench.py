@@ -294,18 +294,20 @@ class Sweep:
         for size in cfg.sizes:
             plan = C.plan(collective, size, self.dtype, world, cfg.root if coll.rooted else -1)
             if plan.count == 0 or plan.nbytes in seen:
-                self._skip(plan, seen)
+                self._skip(plan)
                 continue
             seen.add(plan.nbytes)
             row = {}
             for placement in cfg.placements:
                 row[placement] = self._point(plan, placement, pattern, op)
-            if self.lead:
+            if self.lead and any(row.values()):
                 self.table.row(row, self.dtype.nccl_name)
         if self.lead:
+            if not coll.inplace and cfg.placements == ("in-place",):
+                self.table.comment(f"{collective} has no in-place form: nothing to measure with --placement in-place")
             self.table.footer(cfg.check)
 
-    def _skip(self, plan: C.Plan, seen: set[int]) -> None:
+    def _skip(self, plan: C.Plan) -> None:
         self.progress.done += len(self.cfg.placements)
         if self.lead and plan.count == 0:
             self.table.comment(f"skipped {plan.requested_nbytes} B: {plan.collective} on {plan.world} ranks needs "

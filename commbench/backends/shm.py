@@ -276,7 +276,13 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         # Stage into a private copy of my whole buffer region that this round writes.
         lo, hi = min(t.chunk[0] for t in incoming), max(t.chunk[1] for t in incoming)
         stage = np.empty(hi - lo, dtype=mine.dtype)
-        steps = [lambda: np.copyto(stage, mine[lo:hi])]
+        first = incoming[0]
+        if first.reduce and first.chunk == (lo, hi):  # stage = mine op peer in one pass, not copy then reduce
+            src = self._peer_array(first.src, working)[lo:hi]
+            steps = [lambda s=src: reduce(mine[lo:hi], s, stage)]
+            incoming = incoming[1:]
+        else:
+            steps = [lambda: np.copyto(stage, mine[lo:hi])]
         for t in incoming:
             dst = stage[t.chunk[0] - lo:t.chunk[1] - lo]
             src = self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]]
