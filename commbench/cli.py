@@ -65,8 +65,8 @@ def cli() -> None:
               help="Adaptive mode: time budget of the timed iterations per point (at least 5, at most 1000 iterations).")
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="Where collectives run: torch (torch.distributed: gloo/NCCL), or commbench's own algorithms "
-                   "on shm (shared memory, one host), p2p (torch send/recv, any nodes), sim (virtual ranks in "
-                   "one process, results checked, not timed).")
+                   "on shm (shared memory, one host), p2p (torch send/recv, any nodes), hybrid (shm inside a "
+                   "node, send/recv between nodes), sim (virtual ranks in one process, checked, not timed).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
               help="shm/p2p/sim: ring, hier, tree, rhd, oneshot (allreduce), ring (allgather, reduce_scatter), "
                    "chain (broadcast, reduce), or auto (by size and topology, see docs/algorithms.md).")

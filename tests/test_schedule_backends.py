@@ -48,6 +48,21 @@ def test_shm_runs_pass_the_check(tmp_path, clean_shm, nprocs, args):
         assert {r["algorithm"] for r in results} == {args[args.index("--algorithm") + 1]}
 
 
+@pytest.mark.parametrize("nprocs,args", [
+    (4, ["--topology", "2x2", "--algorithm", "hier", "--sizes", "1K,1M", "--dtype", "bfloat16", "--op", "avg"]),
+    (4, ["--topology", "2x2", "-c", "allreduce", "-c", "allgather", "-c", "reduce_scatter", "-c", "broadcast",
+         "-c", "reduce", "--sizes", "1K,300K", "--op", "max"]),
+    (3, ["--topology", "3x1", "--algorithm", "ring", "--sizes", "4K,1M", "--dtype", "int32"]),
+])
+def test_hybrid_shm_inside_nodes_send_recv_between(tmp_path, clean_shm, nprocs, args):
+    proc = commbench("sweep", "--backend", "hybrid", "-N", str(nprocs), *QUICK, *args,
+                     "--json", str(tmp_path / "r.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    results, _ = results_of(tmp_path / "r.jsonl")
+    nodes = int(args[args.index("--topology") + 1].split("x")[0])
+    assert results and all(r["wrong"] == 0 and r["backend"] == "hybrid" and r["nnodes"] == nodes for r in results)
+
+
 def test_more_ranks_than_cores_make_progress(tmp_path, clean_shm):
     proc = commbench("sweep", "--backend", "shm", "-N", "5", "--sizes", "1K,64K", *QUICK,
                      "--json", str(tmp_path / "r.jsonl"), timeout=120)

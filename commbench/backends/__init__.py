@@ -12,8 +12,9 @@ BACKENDS = {
     "shm": "commbench.backends.shm:ShmBackend",
     "p2p": "commbench.backends.p2p:P2PBackend",
     "sim": "commbench.backends.sim:SimBackend",
+    "hybrid": "commbench.backends.hybrid:HybridBackend",
 }
-SCHEDULE_BACKENDS = ("shm", "p2p", "sim")  # run commbench's own algorithms (--algorithm)
+SCHEDULE_BACKENDS = ("shm", "p2p", "hybrid", "sim")  # run commbench's own algorithms (--algorithm)
 
 
 def backend_class(name: str) -> type[Backend]:

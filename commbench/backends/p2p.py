@@ -55,7 +55,7 @@ class _Round:
     apply: list[tuple[torch.Tensor, torch.Tensor, bool]]  # (working chunk, received data, reduce)
 
 
-def _poster(ops: list[tuple[bool, torch.Tensor, int]], library: str) -> Callable[[], list[Any]]:
+def make_poster(ops: list[tuple[bool, torch.Tensor, int]], library: str) -> Callable[[], list[Any]]:
     """Post (is_send, tensor, peer) requests in order. gloo: straight on the process group
     (dist.batch_isend_irecv costs ~30-100 us more per round there and gloo gains nothing
     from it); NCCL must group a round's sends and receives, or ranks that send to each
@@ -154,7 +154,7 @@ class P2PBackend(ScheduleBackend, TorchBackend):
                 else:  # a plain copy nothing else reads this round: receive in place
                     ops.append((False, chunk, t.src))
             if ops:  # a rank with nothing to do in a round skips it
-                rounds.append(_Round(_poster(ops, self.library), apply))
+                rounds.append(_Round(make_poster(ops, self.library), apply))
         return rounds
 
 

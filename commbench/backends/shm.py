@@ -83,10 +83,10 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
-        if launch.nnodes > 1 or launch.local_world_size != launch.world_size:
-            raise BackendError("--backend shm needs every rank on one host; across nodes use --backend p2p")
+        self._check_layout(launch, topology)
         TorchBackend.__init__(self, launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
         self.library = "shm"
+        self.members = self._members(topology)  # the ranks that share memory with this one, in rank order
         np.seterr(over="ignore", invalid="ignore")  # in-place prod/sum timing loops overflow by design
         self.topology, self.algorithm, self.timeout_s = topology, algorithm, timeout_s
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -99,6 +99,13 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         atexit.register(self._cleanup)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: unlink the segments
+
+    def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
+        if launch.nnodes > 1 or launch.local_world_size != launch.world_size:
+            raise BackendError("--backend shm needs every rank on one host; across nodes use --backend hybrid or p2p")
+
+    def _members(self, topology: Topology) -> list[int]:
+        return list(range(self.world_size))
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "ShmBackend":
@@ -114,16 +121,20 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         return os.path.join(SHM_DIR, f"{segment_prefix(self.job)}{rank}_{seq}")
 
     def _control_segment(self) -> np.ndarray:
-        nbytes = (self.world_size * LINE * 2) * 8
-        if self.rank == 0:
-            self._ctl_seg = _Segment(self._path(0, "ctl"), nbytes, create=True)
-        self.gather_objects(None)  # every rank waits for rank 0's segment (control plane, not timed)
-        if self.rank != 0:
-            self._ctl_seg = _Segment(self._path(0, "ctl"), nbytes, create=False)
-        ctl = np.frombuffer(self._ctl_seg.map, dtype=np.int64)
-        ctl[(self.world_size + self.rank) * LINE] = os.getpid()  # second half: pids, to notice dead peers
+        """One counter per member on its own cache line, then the members' pids. Created by the
+        first member; every rank waits on the (untimed) control plane until it exists."""
+        members, leader = self.members, self.members[0]
+        nbytes = (len(members) * LINE * 2) * 8
+        if self.rank == leader:
+            self._ctl_seg = _Segment(self._path(leader, "ctl"), nbytes, create=True)
         self.gather_objects(None)
-        self._pids = [int(ctl[(self.world_size + r) * LINE]) for r in range(self.world_size)]
+        if self.rank != leader:
+            self._ctl_seg = _Segment(self._path(leader, "ctl"), nbytes, create=False)
+        ctl = np.frombuffer(self._ctl_seg.map, dtype=np.int64)
+        self._slot = members.index(self.rank)
+        ctl[(len(members) + self._slot) * LINE] = os.getpid()  # second half: pids, to notice dead peers
+        self.gather_objects(None)
+        self._pids = [int(ctl[(len(members) + i) * LINE]) for i in range(len(members))]
         self._epoch = 0
         return ctl
 
@@ -158,7 +169,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     def _cleanup(self) -> None:
         self.end_point()
-        if self.rank == 0 and hasattr(self, "_ctl_seg"):
+        if hasattr(self, "_ctl_seg") and self.rank == self.members[0]:
             _unlink(self._ctl_seg.path)
 
     def close(self) -> None:
@@ -208,15 +219,16 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     # ---------------------------------------------------------------- synchronisation
 
     def _arrive_and_wait(self) -> None:
-        """Barrier through the control segment: bump my counter, wait for every peer's."""
+        """Barrier of the members through the control segment: bump my counter, wait for every peer's."""
         self._epoch += 1
         ctl, epoch = self._ctl, self._epoch
-        ctl[self.rank * LINE] = epoch
-        for peer in range(self.world_size):
+        ctl[self._slot * LINE] = epoch
+        for peer in range(len(self.members)):
             if ctl[peer * LINE] < epoch:
                 self._wait(peer, epoch)
 
     def _wait(self, peer: int, epoch: int) -> None:
+        """Wait until member number `peer` reaches `epoch`: spin, then yield, then sleep with back-off."""
         ctl, slot = self._ctl, peer * LINE
         checks, started, pause, spin = 0, None, 1e-6, self._spin
         while ctl[slot] < epoch:
@@ -234,12 +246,13 @@ class ShmBackend(ScheduleBackend, TorchBackend):
                 pause = min(pause * 2, 1e-3)
 
     def _check_peer(self, peer: int, started: float) -> None:
+        rank = self.members[peer]
         try:
             os.kill(self._pids[peer], 0)
         except ProcessLookupError:
-            raise RuntimeError(f"rank {peer} (pid {self._pids[peer]}) died") from None
+            raise RuntimeError(f"rank {rank} (pid {self._pids[peer]}) died") from None
         if time.monotonic() - started > self.timeout_s:
-            raise RuntimeError(f"timed out after {self.timeout_s:g} s waiting for rank {peer}")
+            raise RuntimeError(f"timed out after {self.timeout_s:g} s waiting for rank {rank}")
 
     def barrier(self) -> None:
         self._arrive_and_wait()
