@@ -74,7 +74,7 @@ def hier_allreduce(topo: Topology, count: int) -> Schedule:
     return _schedule("hier", "allreduce", topo, count, intra_rs + _parallel(*cross) + intra_ag)
 
 
-def tree_allreduce(topo: Topology, count: int) -> Schedule:
+def binomial_allreduce(topo: Topology, count: int) -> Schedule:
     """Binomial tree: reduce towards rank 0 in ceil(log2 n) steps, then broadcast back down the
     same tree. Each step moves the whole buffer; latency-bound, for small messages."""
     n = topo.world
@@ -86,7 +86,25 @@ def tree_allreduce(topo: Topology, count: int) -> Schedule:
     whole = (0, count)
     reduce = [[Transfer(r, r - d, whole, True) for r in range(d, n, 2 * d)] for d in distances]
     bcast = [[Transfer(r - d, r, whole, False) for r in range(d, n, 2 * d)] for d in reversed(distances)]
-    return _schedule("tree", "allreduce", topo, count, reduce + bcast)
+    return _schedule("binomial", "allreduce", topo, count, reduce + bcast)
+
+
+def tree_allreduce(topo: Topology, count: int) -> Schedule:
+    """Pipelined binary tree (rank i's children are 2i+1 and 2i+2), as NCCL's tree pipelines:
+    the buffer in P pieces; piece j leaves depth e for its parent at step j + (D - e), so a
+    parent has added both children's piece before sending it on; then the same pieces flow
+    back down, piece j leaving depth e at step j + e. 2(P + D - 1) steps (D = tree depth);
+    every rank but the root sends the buffer up once, every parent sends it down once per child."""
+    n, pieces = topo.world, split(count, _pipeline_pieces(count, topo.world))
+    depth = [0] * n
+    for r in range(1, n):
+        depth[r] = depth[(r - 1) // 2] + 1
+    tree_depth, steps = max(depth), len(pieces) + max(depth) - 1
+    up = [[Transfer(r, (r - 1) // 2, pieces[t - (tree_depth - depth[r])], True) for r in range(1, n)
+           if 0 <= t - (tree_depth - depth[r]) < len(pieces)] for t in range(steps)]
+    down = [[Transfer((r - 1) // 2, r, pieces[t - (depth[r] - 1)], False) for r in range(1, n)
+             if 0 <= t - (depth[r] - 1) < len(pieces)] for t in range(steps)]
+    return _schedule("tree", "allreduce", topo, count, up + down)
 
 
 def rhd_allreduce(topo: Topology, count: int) -> Schedule:
@@ -179,7 +197,7 @@ def chain_reduce(topo: Topology, count: int, root: int = 0) -> Schedule:
 
 ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
     "allreduce": {"ring": ring_allreduce, "hier": hier_allreduce, "tree": tree_allreduce, "rhd": rhd_allreduce,
-                  "oneshot": oneshot_allreduce},
+                  "oneshot": oneshot_allreduce, "binomial": binomial_allreduce},
     "allgather": {"ring": ring_allgather},
     "reduce_scatter": {"ring": ring_reduce_scatter},
     "broadcast": {"chain": chain_broadcast},

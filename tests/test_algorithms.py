@@ -34,7 +34,7 @@ def test_schedule_computes_its_collective(collective, name, topo, count):
     verify(schedule)  # symbolic: every element holds exactly the right ranks' inputs
 
 
-NUMERIC = [(name, world, count, dtype, op) for name in A.ALGORITHMS["allreduce"] for world in (1, 2, 3, 5, 8, 12)
+NUMERIC = [(name, world, count, dtype, op) for name in A.ALGORITHMS["allreduce"] for world in (1, 2, 3, 5, 8, 12, 17, 64)
            for count in (3, 257) for dtype in C.DTYPES for op in C.OPS
            if not (op == "avg" and not C.DTYPES[dtype].is_float)]
 
@@ -115,7 +115,7 @@ def test_round_checks():
 
 
 @pytest.mark.parametrize("name,steps,sent", [("ring", 2 * 7, 2 * 7 / 8), ("rhd", 2 * 3, 7 / 8 * 2), ("oneshot", 1, 1.0),
-                                             ("tree", 2 * 3, None)])
+                                             ("binomial", 2 * 3, None), ("tree", 2 * (1 + 3 - 1), None)])
 def test_steps_and_traffic(name, steps, sent):
     schedule = A.build("allreduce", name, Topology(1, 8), 8000, 32000)
     assert schedule.steps == steps
@@ -123,6 +123,17 @@ def test_steps_and_traffic(name, steps, sent):
         assert schedule.bytes_sent(3, 4) == pytest.approx(sent * 8000 * 4)
     if name == "oneshot":
         assert schedule.bytes_sent(3, 4) == 7 * 8000 * 4  # every peer reads rank 3's buffer
+
+
+def test_binary_tree_pipelines_pieces():
+    topo = Topology(1, 7)  # depth 2: 0 -> 1, 2 -> 3, 4, 5, 6
+    count = 65536 * 8  # 8 pieces
+    tree = A.tree_allreduce(topo, count)
+    assert tree.steps == 2 * (8 + 2 - 1)
+    assert tree.bytes_sent(3, 1) == count  # a leaf sends the buffer up once
+    assert tree.bytes_sent(1, 1) == count + 2 * count  # up once, down to each of its two children
+    first = tree.rounds[0]
+    assert {(t.src, t.dst) for t in first} == {(3, 1), (4, 1), (5, 2), (6, 2)}  # leaves start, together
 
 
 def test_hier_sends_less_across_nodes():
