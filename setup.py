@@ -15,9 +15,12 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["commbench", "commbench.*"]),
+    # analysis/ installs as commbench.analysis (no top-level `analysis` module), its presets as data.
+    packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis"],
+    package_dir={"commbench.analysis": "analysis"},
+    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
-    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0"],
+    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8"],
     extras_require={
         "test": ["pytest>=7", "psutil>=5"],
         "mpi": ["mpi4py>=3.1"],

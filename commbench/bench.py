@@ -59,6 +59,7 @@ class SweepConfig:
     algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
     topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
     nprocs: int | None = None  # sim: virtual ranks (other backends take the world size from the launch)
+    hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -279,9 +280,9 @@ class Sweep:
         if self.backend.name == "torch":
             self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
                                "out-of-place = copy + in-place call, both timed")
-        if not self.backend.timed:
-            self.table.comment(f"{self.backend.name} does not time calls (n/m = not modelled until the analytic "
-                               "model lands); results are checked; steps per call are in the JSON")
+        if self.backend.name == "sim":
+            self.table.comment(f"sim: results are checked; times are predicted by the cost model of {cfg.hw}"
+                               if cfg.hw else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET")
 
     def _collective(self, collective: str) -> None:
         cfg, world = self.cfg, self.backend.world_size
@@ -352,7 +353,7 @@ class Sweep:
                         nnodes=self.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
                         count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
                         algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
-                        run_id=self.run_id, kind="measured" if self.backend.timed else "predicted",
+                        run_id=self.run_id, kind="predicted" if self.backend.name == "sim" else "measured",
                         **self.backend.describe(), **stats)
         self.sink.result(result)
         self.results.append(result)

@@ -73,6 +73,8 @@ def cli() -> None:
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="Nodes x ranks per node for the algorithms, e.g. 8x8 [default: the launcher's layout, "
                    "or one node].")
+@click.option("--hw", default=None, metavar="FILE|PRESET",
+              help="sim: time each call with the cost model of this hardware (from `commbench fit`, or a preset).")
 @click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
               help="torch.distributed backend: gloo on CPU and NCCL on GPU by default.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -164,7 +166,7 @@ def _sweep_config(options: dict, world: int | None):
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
         backend=options["backend"], torch_backend=options["torch_backend"], device=device,
         json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"],
-        algorithm=options["algorithm"], topology=options["topology"], nprocs=world)
+        algorithm=options["algorithm"], topology=options["topology"], nprocs=world, hw=options["hw"])
     return cfg, world
 
 
@@ -185,6 +187,15 @@ def _check_algorithm(options: dict, names: list[str], world: int) -> None:
     from commbench.topology import TopologyError, parse_topology
 
     backend, algorithm = options["backend"], options["algorithm"]
+    if options["hw"] and backend != "sim":
+        raise UsageFault("--hw times the sim backend's calls; other backends measure theirs")
+    if options["hw"]:
+        from commbench.analysis.costmodel import HardwareError, load_hardware
+
+        try:
+            load_hardware(options["hw"])
+        except HardwareError as exc:
+            raise UsageFault(str(exc)) from exc
     if backend not in SCHEDULE_BACKENDS:
         if algorithm != "auto" or options["topology"]:
             raise UsageFault(f"--algorithm/--topology choose commbench's own algorithms: use them with --backend "
@@ -246,6 +257,96 @@ def _check_supported(backend: str, library: str, names: list[str], dtype, op: st
         reason = unsupported(library, name, dtype, op if C.COLLECTIVES[name].reduces else None, "both")
         if reason:
             raise UsageFault(f"--op {op} with --dtype {dtype.name}: {reason}")
+
+
+# ---------------------------------------------------------------- the analytic model
+
+
+@cli.command("fit", epilog="""
+\b
+Examples:
+  commbench sweep --backend shm --sizes 1K-256M --json shm.jsonl && commbench fit shm.jsonl -o shm-hw.json
+  commbench fit node.jsonl cluster.jsonl --setup torch/nccl/- --base dgx-a100 -o hw.json
+""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
+@click.option("--setup", default=None, metavar="BACKEND/LIBRARY/ALGORITHM",
+              help="Which measured setup to fit when the files hold several (the error lists them).")
+@click.option("--base", default=None, metavar="PRESET|FILE",
+              help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
+def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None) -> None:
+    """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
+    from commbench.analysis import fit as F
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.results import read_records
+
+    records = [r for path in files for r in read_records(path)]
+    try:
+        hw = F.fit(records, setup, load_hardware(base) if base else None)
+    except (F.FitError, HardwareError) as exc:
+        raise UsageFault(str(exc)) from exc
+    _check_writable(output)
+    hw.save(output)
+    meta = hw.meta
+    click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {meta['r2']:.4f}, "
+               f"MAPE {100 * meta['mape']:.1f}%, median error {100 * meta['median_ape']:.1f}%")
+    for name, level in (("intra", hw.intra), ("inter", hw.inter)):
+        fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
+        click.echo(f"#   {name:5s} {level.bw_gbps:10.3f} GB/s  {level.latency_us:9.3f} us/step  ({fitted})")
+    click.echo(f"#   per-call overhead {hw.per_call_overhead_us:.3f} us")
+    for note in meta["notes"]:
+        click.echo(f"#   note: {note}")
+    click.echo(f"# wrote {output}")
+
+
+@cli.command("predict", epilog="""
+\b
+Examples:
+  commbench predict --hw dgx-a100 -c allreduce --sizes 1K-1G --topology 16x8 --algorithm ring
+  commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x4 --algorithm auto --json pred.jsonl
+""")
+@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
+@click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
+@click.option("--factor", "-f", type=float, default=None)
+@click.option("--dtype", "-d", default="float32", show_default=True)
+@click.option("--topology", "-T", required=True, metavar="NODESxRANKS")
+@click.option("--algorithm", "-A", default="auto", show_default=True)
+@click.option("--root", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the predictions as JSON Lines (kind: predicted).")
+def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, algorithm, root, json_path) -> None:
+    """Predict collective times and bandwidths from the cost model (no ranks needed)."""
+    from commbench import algorithms
+    from commbench import collectives as C
+    from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+    from commbench.analysis.predict import predict
+    from commbench.results import ResultSink
+    from commbench.sizes import SizeError, parse_sizes
+    from commbench.table import Table
+    from commbench.topology import TopologyError, parse_layout
+
+    try:
+        hw = load_hardware(hw_spec)
+        size_list = parse_sizes(sizes, factor)
+        names = C.resolve_collectives(collective_names)
+        dt = C.resolve_dtype(dtype)
+        topo = parse_layout(topology)
+        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
+    except (HardwareError, SizeError, TopologyError, ValueError, KeyError) as exc:
+        raise UsageFault(str(exc).strip("'\"")) from exc
+    sink = ResultSink(json_path) if json_path else None
+    table = Table(["in-place"], show_algorithm=True)
+    table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
+    for name in names:
+        table.header(name)
+        for result in (r for r in results if r.collective == name):
+            table.row({"in-place": result}, dt.nccl_name)
+            if sink:
+                sink.result(result)
+        table.footer(checked=False)
+    if sink:
+        sink.close()
 
 
 def main(argv: list[str] | None = None) -> int:

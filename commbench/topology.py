@@ -54,16 +54,22 @@ class TopologyError(ValueError):
     """A topology spec that is malformed or does not match the world size."""
 
 
-def parse_topology(spec: str | None, world: int) -> Topology:
-    """`NODESxRANKS` (e.g. `8x8`); None or empty means every rank on one node."""
-    if not spec:
-        return Topology(1, world)
+def parse_layout(spec: str) -> Topology:
+    """`NODESxRANKS` (e.g. `8x8`) on its own, for predictions that need no job."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
     if not match:
         raise TopologyError(f"bad --topology {spec!r}: expected NODESxRANKS, e.g. 2x4")
     nodes, per_node = int(match.group(1)), int(match.group(2))
     if nodes < 1 or per_node < 1:
         raise TopologyError(f"bad --topology {spec!r}: nodes and ranks per node must be at least 1")
-    if nodes * per_node != world:
-        raise TopologyError(f"--topology {spec} has {nodes * per_node} ranks but the job has {world}")
     return Topology(nodes, per_node)
+
+
+def parse_topology(spec: str | None, world: int) -> Topology:
+    """`NODESxRANKS` that must match a job of `world` ranks; None or empty means one node."""
+    if not spec:
+        return Topology(1, world)
+    topo = parse_layout(spec)
+    if topo.world != world:
+        raise TopologyError(f"--topology {spec} has {topo.world} ranks but the job has {world}")
+    return topo

@@ -2,10 +2,10 @@
 
 The simulated backend that tests and laptops use: `--nprocs 64 --topology 8x8`
 needs no GPU, no network and one process. Results are checked like any backend's
-(the harness fills and verifies every virtual rank). It does not time anything:
-the time of a simulated call is a prediction, which belongs to the analytic model
-(a later issue); until then every time column reads `n/m` (not modelled) and the
-JSON carries the schedule's step count instead of a made-up figure.
+(the harness fills and verifies every virtual rank). Its time is a prediction:
+with `--hw FILE|PRESET` each call is timed by the analytic model (the schedule that
+ran, costed round by round; records have kind `predicted`); without it the time
+columns read `n/m` (not modelled) and the JSON carries the step count instead.
 
 bfloat16 has no NumPy type: sim holds it as float32, which is exact for the
 verifiable data but means sim does not reproduce bf16 rounding.
@@ -40,11 +40,13 @@ class SimBackend(ScheduleBackend):
     device = "cpu"
     timed = False
 
-    def __init__(self, world: int, topology: Topology, algorithm: str = "auto"):
+    def __init__(self, world: int, topology: Topology, algorithm: str = "auto", hardware=None):
         if world < 1:
             raise BackendError("--backend sim needs --nprocs >= 1 virtual ranks")
         self.rank, self.world_size = 0, world
         self.topology, self.algorithm = topology, algorithm
+        self.hardware = hardware  # a costmodel.Hardware: calls are then timed by the model
+        self.timed = hardware is not None
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "SimBackend":
@@ -53,7 +55,15 @@ class SimBackend(ScheduleBackend):
             topology = parse_topology(cfg.topology, world)
         except TopologyError as exc:
             raise BackendError(str(exc)) from exc
-        return cls(world, topology, cfg.algorithm)
+        hardware = None
+        if cfg.hw:
+            from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+
+            try:
+                hardware = with_topology(load_hardware(cfg.hw), topology)
+            except HardwareError as exc:
+                raise BackendError(str(exc)) from exc
+        return cls(world, topology, cfg.algorithm, hardware)
 
     @property
     def local_ranks(self) -> list[int]:
@@ -62,6 +72,7 @@ class SimBackend(ScheduleBackend):
     # ---------------------------------------------------------------- buffers
 
     def alloc(self, count: int, dtype: DType) -> RankArrays:
+        self._itemsize = dtype.itemsize  # the dtype's real size (bfloat16 is held as float32 here)
         try:
             return RankArrays([np.empty(count, dtype=dtype.host) for _ in range(self.world_size)])
         except MemoryError as exc:
@@ -109,7 +120,12 @@ class SimBackend(ScheduleBackend):
         return lambda: run(schedule, working.arrays, op, check=False)  # the reference interpreter itself
 
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
-        raise BackendError("sim has no clock: its times come from the analytic model, which is not built yet")
+        """The model's time of the prepared schedule for every iteration (nothing runs: the check does)."""
+        if self.hardware is None or self._last is None:
+            raise BackendError("sim has no clock: give --hw FILE|PRESET to time calls with the cost model")
+        from commbench.analysis.costmodel import schedule_us
+
+        return np.full(iters, schedule_us(self._last, self.topology, self.hardware, self._itemsize))
 
     # ---------------------------------------------------------------- one process: the control plane is local
 

@@ -1,0 +1,185 @@
+"""The analytic cost model: alpha-beta(-gamma) per link level, summed over a Schedule's rounds.
+
+A transfer crosses one level of the topology (`intra` inside a node, `inter`
+between nodes) and costs that level's latency plus its bytes over the level's
+bandwidth; a reducing transfer adds bytes / reduce bandwidth. Transfers of a
+round run at once but share what they run over:
+
+- inside a node, a rank's sends share its outgoing link and its receives share
+  its incoming link (NVLink / shared-memory port of one rank);
+- between nodes, the transfers leaving (entering) a node share its
+  `links_per_node` NICs (None: one NIC per rank, no sharing across ranks).
+
+A round lasts as long as its busiest resource: latency + bytes / bandwidth, plus
+the reduction time of the rank that reduces most in that round. A collective
+lasts the sum of its rounds plus the hardware's per-call overhead. Library
+backends (gloo, NCCL) are modelled by the algorithm they run (ring).
+
+Units are in the names: bytes, microseconds (`_us`), GB/s = 1e9 bytes/s (`_gbps`),
+so bytes / (gbps * 1e3) is microseconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from commbench.schedule import Schedule, Transfer
+from commbench.topology import Topology
+
+PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+
+
+class HardwareError(ValueError):
+    """A hardware description that is missing a field or has an impossible value."""
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    name: str
+    bw_gbps: float  # bandwidth one transfer gets on this level, one direction, 1e9 B/s
+    latency_us: float  # per transfer (per step)
+    links_per_node: int | None = None  # inter level: NICs a node's transfers share; None: one per rank
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    ranks_per_node: int
+    intra: LinkModel
+    inter: LinkModel
+    reduce_gbps: float | None = None  # a += b bandwidth of the device; None: folded into bw (fits do this)
+    per_call_overhead_us: float = 0.0
+    device_tflops: dict[str, float] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # description, sources, fit quality
+
+    def level(self, topo: Topology, src: int, dst: int) -> LinkModel:
+        return self.intra if topo.node_of(src) == topo.node_of(dst) else self.inter
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["levels"] = {"intra": out.pop("intra"), "inter": out.pop("inter")}
+        return {"schema": 1, **out}
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=1)
+            handle.write("\n")
+
+
+def hardware_from_dict(data: dict[str, Any], origin: str = "hardware file") -> Hardware:
+    """Validate and build; every problem is one HardwareError naming the field."""
+    try:
+        levels = data["levels"]
+        intra, inter = (_link(levels[key], f"levels.{key}") for key in ("intra", "inter"))
+        ranks = int(data["ranks_per_node"])
+    except KeyError as exc:
+        raise HardwareError(f"{origin}: missing field {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise HardwareError(f"{origin}: {exc}") from exc
+    if ranks < 1:
+        raise HardwareError(f"{origin}: ranks_per_node must be at least 1")
+    reduce_gbps = data.get("reduce_gbps")
+    if reduce_gbps is not None and not reduce_gbps > 0:
+        raise HardwareError(f"{origin}: reduce_gbps must be positive or null")
+    overhead = float(data.get("per_call_overhead_us") or 0.0)
+    if overhead < 0:
+        raise HardwareError(f"{origin}: per_call_overhead_us cannot be negative")
+    meta = {k: v for k, v in data.items() if k not in ("schema", "levels", "ranks_per_node", "reduce_gbps",
+                                                       "per_call_overhead_us", "device_tflops", "name", "meta")}
+    meta.update(data.get("meta") or {})
+    return Hardware(str(data.get("name", origin)), ranks, intra, inter, reduce_gbps, overhead,
+                    dict(data.get("device_tflops") or {}), meta)
+
+
+def _link(data: dict[str, Any], where: str) -> LinkModel:
+    for key in ("bw_gbps", "latency_us"):
+        if key not in data:
+            raise HardwareError(f"missing field '{where}.{key}'")
+    bw, latency = float(data["bw_gbps"]), float(data["latency_us"])
+    if not bw > 0 or latency < 0:
+        raise HardwareError(f"{where}: bw_gbps must be positive and latency_us non-negative")
+    links = data.get("links_per_node")
+    if links is not None and int(links) < 1:
+        raise HardwareError(f"{where}: links_per_node must be at least 1 or null")
+    return LinkModel(str(data.get("name", where)), bw, latency, None if links is None else int(links))
+
+
+def presets() -> list[str]:
+    if not os.path.isdir(PRESET_DIR):
+        return []
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".json"))
+
+
+def load_hardware(spec: str) -> Hardware:
+    """A hardware JSON file (from `commbench fit`) or the name of a preset."""
+    path = spec if os.path.exists(spec) else os.path.join(PRESET_DIR, f"{spec}.json")
+    if not os.path.exists(path):
+        raise HardwareError(f"no hardware file or preset {spec!r}; presets: {', '.join(presets()) or 'none'}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HardwareError(f"{path}: not readable JSON ({exc})") from exc
+    return hardware_from_dict(data, origin=path)
+
+
+def with_topology(hw: Hardware, topo: Topology) -> Hardware:
+    return hw if hw.ranks_per_node == topo.ranks_per_node else replace(hw, ranks_per_node=topo.ranks_per_node)
+
+
+# ---------------------------------------------------------------- the cost of a schedule
+
+
+def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: int) -> float:
+    """A round lasts as long as its busiest resource, plus its busiest rank's reduction."""
+    loads: dict[tuple, list] = {}  # resource -> [level, bytes]
+    reduced: dict[int, float] = {}
+    for t in rnd:
+        nbytes = t.count * itemsize
+        inter = topo.node_of(t.src) != topo.node_of(t.dst)
+        level = hw.inter if inter else hw.intra
+        shared_nic = inter and level.links_per_node is not None
+        out_key = ("nic-out", topo.node_of(t.src)) if shared_nic else ("out", t.src, inter)
+        in_key = ("nic-in", topo.node_of(t.dst)) if shared_nic else ("in", t.dst, inter)
+        for key in (out_key, in_key):
+            loads.setdefault(key, [level, 0.0])[1] += nbytes
+        if t.reduce:
+            reduced[t.dst] = reduced.get(t.dst, 0.0) + nbytes
+    if not loads:
+        return 0.0
+    busiest = max(_resource_us(key, level, nbytes) for key, (level, nbytes) in loads.items())
+    reduce_us = max(reduced.values()) / (hw.reduce_gbps * 1e3) if reduced and hw.reduce_gbps else 0.0
+    return busiest + reduce_us
+
+
+def _resource_us(key: tuple, level: LinkModel, nbytes: float) -> float:
+    links = level.links_per_node if key[0].startswith("nic") else 1
+    return level.latency_us + nbytes / (level.bw_gbps * 1e3 * links)
+
+
+def schedule_us(schedule: Schedule, topo: Topology, hw: Hardware, itemsize: int) -> float:
+    """Predicted time of one call: per-call overhead plus the sum of the rounds."""
+    return hw.per_call_overhead_us + sum(round_us(rnd, topo, hw, itemsize) for rnd in schedule.rounds)
+
+
+# ---------------------------------------------------------------- closed forms (tests pin the schedules to these)
+
+
+def ring_allreduce_us(p: int, nbytes: float, link: LinkModel, reduce_gbps: float | None = None) -> float:
+    """2(p-1) alpha + 2(p-1)/p S / bw (+ (p-1)/p S / gamma): the textbook ring on one level."""
+    if p == 1:
+        return 0.0
+    t = 2 * (p - 1) * link.latency_us + 2 * (p - 1) / p * nbytes / (link.bw_gbps * 1e3)
+    return t + ((p - 1) / p * nbytes / (reduce_gbps * 1e3) if reduce_gbps else 0.0)
+
+
+def ring_allgather_us(p: int, nbytes: float, link: LinkModel) -> float:
+    """(p-1) alpha + (p-1)/p S / bw, S = the output buffer."""
+    return (p - 1) * link.latency_us + (p - 1) / p * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0
+
+
+def oneshot_allreduce_us(p: int, nbytes: float, link: LinkModel) -> float:
+    """alpha + (p-1) S / bw: every rank receives every peer's whole buffer over its one link."""
+    return link.latency_us + (p - 1) * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0

@@ -1,0 +1,184 @@
+"""Fit the cost model to measured sweeps: per link level, latency (alpha) and bandwidth (beta).
+
+Each measured point is rebuilt as the Schedule that ran it (commbench's own
+algorithm, or the ring a library runs), and its rounds become features: a round
+that crosses nodes counts for the inter level, else for the intra level, with the
+bytes of its busiest resource. The model is then linear in its unknowns,
+
+    time_us = overhead + sum_levels( rounds_l * alpha_l + bytes_l * (1 / bw_l) ),
+
+and is fitted by robust least squares (scipy, soft-L1 loss on relative errors,
+every unknown >= 0). What a sweep cannot tell apart is not invented: a level with
+no rounds in the data keeps the base hardware's figures (or the other level's,
+noted in `meta`); with a single step count, the per-call overhead is folded into
+alpha; reduction cost is folded into bandwidth (reduce_gbps stays null).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from commbench.analysis.costmodel import Hardware, LinkModel
+from commbench import algorithms
+from commbench.collectives import DTYPES
+from commbench.schedule import Schedule
+from commbench.topology import Topology
+
+LIBRARY_ALGORITHM = {"allreduce": "ring", "allgather": "ring", "reduce_scatter": "ring", "broadcast": "chain",
+                     "reduce": "chain"}
+
+
+class FitError(ValueError):
+    """The results cannot support a fit (the message says which points are missing)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    record: dict
+    topo: Topology
+    schedule: Schedule
+    features: np.ndarray  # [1, rounds_intra, rounds_inter, bytes_intra, bytes_inter]
+
+
+def setup_of(record: dict) -> str:
+    """The name of what ran a point: backend/library/algorithm."""
+    return "/".join(str(x) for x in (record["backend"], record["library"], record.get("algorithm") or "-"))
+
+
+def schedule_for(record: dict) -> tuple[Topology, Schedule]:
+    world, nodes = int(record["world_size"]), int(record.get("nnodes") or 1)
+    topo = Topology(nodes, world // nodes) if world % nodes == 0 else Topology(1, world)
+    name = record.get("algorithm") or LIBRARY_ALGORITHM.get(record["collective"])
+    if name is None:
+        raise FitError(f"no schedule models {record['collective']}")
+    root = record.get("root") or 0
+    return topo, algorithms.build(record["collective"], name, topo, int(record["count"]), int(record["nbytes"]), root)
+
+
+def features(schedule: Schedule, topo: Topology, itemsize: int) -> np.ndarray:
+    """[1, intra rounds, inter rounds, intra bytes, inter bytes] on each round's busiest resource."""
+    out = np.zeros(5)
+    out[0] = 1.0
+    for rnd in schedule.rounds:
+        loads: Counter = Counter()
+        crosses = False
+        for t in rnd:
+            inter = topo.node_of(t.src) != topo.node_of(t.dst)
+            crosses |= inter
+            loads[("out", t.src, inter)] += t.count * itemsize
+            loads[("in", t.dst, inter)] += t.count * itemsize
+        level = 1 if crosses else 0
+        out[1 + level] += 1
+        out[3 + level] += max(v for (_, _, inter), v in loads.items() if inter == bool(level))
+    return out
+
+
+def usable(records: list[dict]) -> list[dict]:
+    """Measured, checked-clean, timed result records (in-place where the collective has it)."""
+    results = [r for r in records if r.get("record") == "result" and r.get("kind", "measured") == "measured"
+               and r.get("time_us") and (r.get("wrong") in (0, None))]
+    in_place = {(r["collective"], r["backend"]) for r in results if r["placement"] == "in-place"}
+    return [r for r in results if r["placement"] == "in-place" or (r["collective"], r["backend"]) not in in_place]
+
+
+def points(records: list[dict]) -> list[Point]:
+    out = []
+    for r in records:
+        if r["collective"] not in LIBRARY_ALGORITHM:
+            continue
+        topo, schedule = schedule_for(r)
+        out.append(Point(r, topo, schedule, features(schedule, topo, DTYPES[r["dtype"]].itemsize)))
+    return out
+
+
+def fit(records: list[dict], setup: str | None = None, base: Hardware | None = None) -> Hardware:
+    """Fit one setup's points (all of them when the records hold one setup)."""
+    from scipy.optimize import least_squares
+
+    chosen = _select(usable(records), setup)
+    pts = points(chosen)
+    if len(pts) < 3:
+        raise FitError(f"{len(pts)} usable points for {setup or 'the results'}: a fit needs at least 3 measured, "
+                       "timed, correct points of allreduce, allgather, reduce_scatter, broadcast or reduce")
+    a = np.array([p.features for p in pts])
+    y = np.array([p.record["time_us"] for p in pts])
+    active = _identifiable(a)
+    idx = np.flatnonzero(active)
+    typical = np.array([1.0, 1.0, 1.0, 1e-4, 1e-4])[idx]  # us, us, us, us/byte (10 GB/s), us/byte
+    result = least_squares(lambda z: (a[:, idx] @ z - y) / y, typical, bounds=(0, np.inf), loss="soft_l1",
+                           f_scale=0.05, x_scale=typical)
+    x = np.zeros(5)
+    x[idx] = result.x
+    predicted = a @ x
+    return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base)
+
+
+def _select(results: list[dict], setup: str | None) -> list[dict]:
+    setups = Counter(setup_of(r) for r in results)
+    if setup is None:
+        if len(setups) > 1:
+            listing = ", ".join(f"{s} ({n} points)" for s, n in setups.most_common())
+            raise FitError(f"the results hold several setups: {listing}; choose one with --setup")
+        return results
+    chosen = [r for r in results if setup_of(r) == setup]
+    if not chosen:
+        raise FitError(f"no measured points for setup {setup!r}; found: {', '.join(setups) or 'none'}")
+    return chosen
+
+
+def _identifiable(a: np.ndarray) -> np.ndarray:
+    """Which unknowns the data can pin down: a level needs rounds; overhead needs two step counts."""
+    active = np.array([False, a[:, 1].any(), a[:, 2].any(), a[:, 3].any(), a[:, 4].any()])
+    steps = {tuple(row[1:3]) for row in a}
+    active[0] = len(steps) > 1
+    return active
+
+
+def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | None) -> Hardware:
+    overhead, alpha_intra, alpha_inter, inv_intra, inv_inter = x
+    fitted = {"intra": bool(active[3]), "inter": bool(active[4])}
+    intra = _level("intra", alpha_intra, inv_intra, base.intra if base else None)
+    inter = _level("inter", alpha_inter, inv_inter, base.inter if base else None)
+    if not fitted["intra"] and fitted["inter"]:
+        intra = base.intra if base else intra
+    if not fitted["inter"]:
+        inter = base.inter if base else replace(intra, name="inter")
+    ranks = pts[0].topo.ranks_per_node
+    ape = np.abs(predicted - measured) / measured
+    ss_res, ss_tot = float(((predicted - measured) ** 2).sum()), float(((measured - measured.mean()) ** 2).sum())
+    meta = {"fitted_from": setup, "points": len(pts), "levels_fitted": fitted,
+            "r2": 1 - ss_res / ss_tot if ss_tot else None, "mape": float(ape.mean()),
+            "median_ape": float(np.median(ape)), "overhead_fitted": bool(active[0]),
+            "notes": _notes(fitted, active, base)}
+    return Hardware(f"fit:{setup}", ranks, intra, inter, None, float(overhead), dict(base.device_tflops) if base else {},
+                    meta)
+
+
+def _level(name: str, alpha: float, inv_bw: float, fallback: LinkModel | None) -> LinkModel:
+    if inv_bw <= 0:
+        return fallback or LinkModel(name, float("inf"), float(alpha))
+    return LinkModel(name, 1.0 / inv_bw / 1e3, float(alpha))  # us per byte -> GB/s
+
+
+def _notes(fitted: dict, active: np.ndarray, base: Hardware | None) -> list[str]:
+    notes = []
+    if not fitted["inter"]:
+        notes.append("inter level not fitted (single-node data): " + ("taken from the base hardware" if base
+                                                                      else "copied from the intra level"))
+    if not active[0]:
+        notes.append("one step count in the data: per-call overhead folded into alpha")
+    notes.append("reduction cost folded into bandwidth (reduce_gbps null)")
+    return notes
+
+
+def predict_records(records: list[dict], hw: Hardware) -> np.ndarray:
+    """The model's time for each record's point (its schedule on its topology)."""
+    from commbench.analysis.costmodel import schedule_us
+
+    out = []
+    for r in records:
+        topo, schedule = schedule_for(r)
+        out.append(schedule_us(schedule, topo, hw, DTYPES[r["dtype"]].itemsize))
+    return np.array(out)

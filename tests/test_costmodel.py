@@ -1,0 +1,175 @@
+"""The analytic model: exact values of schedule costs against closed forms, link sharing,
+hardware files, and fit -> predict round trips on synthetic data with known alpha and beta."""
+import json
+
+import numpy as np
+import pytest
+
+from commbench import algorithms as A
+from commbench.analysis import costmodel as M
+from commbench.analysis import fit as F
+from commbench.topology import Topology
+
+NVLINK = M.LinkModel("nvlink", bw_gbps=100.0, latency_us=2.0)
+IB = M.LinkModel("ib", bw_gbps=25.0, latency_us=5.0, links_per_node=1)
+HW = M.Hardware("test", 8, NVLINK, IB)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+def test_ring_allreduce_matches_the_closed_form(p):
+    count = 1 << 20  # divisible by every p here: equal chunks, as the closed form assumes
+    count -= count % p
+    schedule = A.ring_allreduce(Topology(1, p), count)
+    hw = M.Hardware("one-level", p, NVLINK, NVLINK)
+    assert M.schedule_us(schedule, Topology(1, p), hw, 4) == pytest.approx(M.ring_allreduce_us(p, count * 4, NVLINK))
+
+
+def test_exact_values():
+    # 8 ranks, 1 MiB float32 (262144 elements): 14 rounds of 2 us + 14 x 32768 elements x 4 B / 100 GB/s
+    schedule = A.ring_allreduce(Topology(1, 8), 262144)
+    assert M.schedule_us(schedule, Topology(1, 8), HW, 4) == pytest.approx(14 * 2.0 + 14 * 131072 / 1e5)
+    assert M.ring_allreduce_us(8, 1 << 20, NVLINK) == pytest.approx(28.0 + 1.75 * (1 << 20) / 1e5)
+    assert M.ring_allgather_us(4, 4e6, NVLINK) == pytest.approx(3 * 2.0 + 0.75 * 4e6 / 1e5)
+    with_reduce = M.Hardware("g", 8, NVLINK, NVLINK, reduce_gbps=50.0)
+    extra = M.schedule_us(schedule, Topology(1, 8), with_reduce, 4) - M.schedule_us(schedule, Topology(1, 8), HW, 4)
+    assert extra == pytest.approx(7 * 131072 / 5e4)  # (p-1)/p S / gamma
+    assert M.ring_allreduce_us(8, 1 << 20, NVLINK, 50.0) - M.ring_allreduce_us(8, 1 << 20, NVLINK) == \
+        pytest.approx(extra)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_oneshot_and_allgather_closed_forms(p):
+    topo = Topology(1, p)
+    hw = M.Hardware("one-level", p, NVLINK, NVLINK)
+    assert M.schedule_us(A.oneshot_allreduce(topo, 1000), topo, hw, 4) == \
+        pytest.approx(M.oneshot_allreduce_us(p, 4000, NVLINK))
+    assert M.schedule_us(A.ring_allgather(topo, 1000 * p), topo, hw, 4) == \
+        pytest.approx(M.ring_allgather_us(p, 4000 * p, NVLINK))
+
+
+def test_nic_sharing_across_a_node():
+    """8 ranks per node crossing to another node at once share the node's one NIC: 8x the time."""
+    topo = Topology(2, 8)
+    count = 1 << 16
+    cross = A.hier_allreduce(topo, count)
+    inter_rounds = [r for r in cross.rounds if any(topo.node_of(t.src) != topo.node_of(t.dst) for t in r)]
+    one = M.round_us(inter_rounds[0], topo, HW, 4)
+    eight_nics = M.round_us(inter_rounds[0], topo, M.Hardware("x", 8, NVLINK, M.LinkModel("ib", 25.0, 5.0, 8)), 4)
+    nbytes = inter_rounds[0][0].count * 4
+    assert one == pytest.approx(5.0 + 8 * nbytes / 25e3)
+    assert eight_nics == pytest.approx(5.0 + nbytes / 25e3)
+
+
+def test_hier_beats_ring_across_nodes_with_one_nic():
+    topo = Topology(4, 8)
+    count = 64 << 20
+    assert M.schedule_us(A.hier_allreduce(topo, count), topo, HW, 4) < M.schedule_us(A.ring_allreduce(topo, count),
+                                                                                        topo, HW, 4)
+
+
+def test_hardware_files(tmp_path):
+    path = tmp_path / "hw.json"
+    HW.save(str(path))
+    assert M.load_hardware(str(path)) == M.Hardware("test", 8, NVLINK, IB, meta={})
+    broken = json.loads(path.read_text())
+    del broken["levels"]["inter"]["bw_gbps"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(M.HardwareError, match="levels.inter.bw_gbps"):
+        M.load_hardware(str(path))
+    with pytest.raises(M.HardwareError, match="no hardware file or preset 'nope'"):
+        M.load_hardware("nope")
+    broken["levels"]["inter"]["bw_gbps"] = -1
+    path.write_text(json.dumps(broken))
+    with pytest.raises(M.HardwareError, match="positive"):
+        M.load_hardware(str(path))
+
+
+def _synthetic(hw, worlds, sizes, algorithm=None, backend="shm", nnodes=1, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    records = []
+    for world in worlds:
+        topo = Topology(nnodes, world // nnodes)
+        for nbytes in sizes:
+            count = nbytes // 4 - (nbytes // 4) % world
+            name = algorithm or "ring"
+            schedule = A.build("allreduce", name, topo, count, count * 4)
+            t = M.schedule_us(schedule, topo, hw, 4) * (1 + noise * rng.standard_normal())
+            records.append({"record": "result", "kind": "measured", "collective": "allreduce", "backend": backend,
+                            "library": "shm", "algorithm": algorithm, "dtype": "float32", "placement": "in-place",
+                            "world_size": world, "nnodes": nnodes, "count": count, "nbytes": count * 4,
+                            "time_us": t, "wrong": 0, "root": None})
+    return records
+
+
+def test_fit_recovers_known_alpha_and_beta():
+    truth = M.Hardware("truth", 4, M.LinkModel("shm", 8.0, 3.0), M.LinkModel("shm", 8.0, 3.0))
+    records = _synthetic(truth, [2, 4], [1 << k for k in range(10, 27, 2)], algorithm="ring")
+    hw = F.fit(records)
+    assert hw.intra.bw_gbps == pytest.approx(8.0, rel=1e-3)
+    assert hw.intra.latency_us + hw.per_call_overhead_us / 2 == pytest.approx(3.0, rel=0.05)
+    assert hw.meta["median_ape"] < 1e-3 and hw.meta["levels_fitted"] == {"intra": True, "inter": False}
+    predicted = F.predict_records(_synthetic(truth, [3], [1 << 20]), hw)
+    assert predicted[0] == pytest.approx(M.schedule_us(A.ring_allreduce(Topology(1, 3), (1 << 18) - 1), Topology(1, 3),
+                                                       truth, 4), rel=0.02)
+
+
+def test_fit_is_robust_to_an_outlier_and_fits_the_inter_level():
+    truth = M.Hardware("truth", 2, M.LinkModel("nvlink", 100.0, 2.0), M.LinkModel("ib", 10.0, 8.0))
+    records = _synthetic(truth, [4, 8], [1 << k for k in range(12, 27, 2)], algorithm="hier", nnodes=2, noise=0.01)
+    records[3]["time_us"] *= 5  # one disturbed point
+    hw = F.fit(records)
+    assert hw.inter.bw_gbps == pytest.approx(10.0, rel=0.05)
+    assert hw.meta["levels_fitted"]["inter"]
+
+
+def test_fit_errors_name_what_is_missing():
+    with pytest.raises(F.FitError, match="0 usable points"):
+        F.fit([{"record": "header"}])
+    mixed = _synthetic(HW, [2], [1024, 4096, 8192], algorithm="ring") + \
+        _synthetic(HW, [2], [1024, 4096, 8192], algorithm="oneshot")
+    with pytest.raises(F.FitError, match="several setups"):
+        F.fit(mixed)
+    assert F.fit(mixed, setup="shm/shm/ring").meta["points"] == 3
+
+
+def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
+    """A real shm sweep, fitted, then predicted and simulated with the fit: the same numbers."""
+    from conftest import commbench, results_of
+
+    sweep = commbench("sweep", "--backend", "shm", "--sizes", "4K,64K,1M,4M", "--placement", "in-place",
+                      "--iters", "20", "--warmup", "3", "--json", str(tmp_path / "m.jsonl"))
+    assert sweep.returncode == 0, sweep.stderr
+    fitted = commbench("fit", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "hw.json"))
+    assert fitted.returncode == 0, fitted.stderr
+    assert "fitted shm/shm/ring: 4 points" in fitted.stdout and "inter level not fitted" in fitted.stdout
+    hw = M.load_hardware(str(tmp_path / "hw.json"))
+    assert hw.intra.bw_gbps > 0 and hw.meta["points"] == 4
+    predicted = commbench("predict", "--hw", str(tmp_path / "hw.json"), "--topology", "1x2", "--sizes", "64K,1M",
+                          "--json", str(tmp_path / "p.jsonl"))
+    assert predicted.returncode == 0, predicted.stderr
+    simulated = commbench("sweep", "--backend", "sim", "-N", "2", "--hw", str(tmp_path / "hw.json"), "--sizes",
+                          "64K,1M", "--placement", "in-place", "--json", str(tmp_path / "s.jsonl"))
+    assert simulated.returncode == 0, simulated.stderr
+    pred, sim = results_of(tmp_path / "p.jsonl")[0], results_of(tmp_path / "s.jsonl")[0]
+    assert [r["kind"] for r in pred + sim] == ["predicted"] * 4
+    assert [r["time_us"] for r in sim] == pytest.approx([r["time_us"] for r in pred])
+    assert all(r["wrong"] == 0 for r in sim)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["fit", "{tmp}/empty.jsonl", "-o", "{tmp}/hw.json"], "0 usable points"),
+    (["predict", "--hw", "nope", "--topology", "2x8"], "no hardware file or preset 'nope'"),
+    (["predict", "--hw", "{tmp}/hw.json", "--topology", "2by8"], "bad --topology"),
+    (["predict", "--hw", "{tmp}/hw.json", "--topology", "2x8", "-c", "alltoall"], "alltoall"),
+    (["sweep", "--backend", "shm", "--hw", "{tmp}/hw.json"], "--hw times the sim backend"),
+    (["sweep", "--backend", "sim", "--hw", "{tmp}/broken.json"], "missing field"),
+])
+def test_model_commands_reject_bad_input_in_one_line(tmp_path, args, needle):
+    from conftest import commbench
+
+    (tmp_path / "empty.jsonl").write_text('{"record": "header"}\n')
+    HW.save(str(tmp_path / "hw.json"))
+    (tmp_path / "broken.json").write_text('{"levels": {}}')
+    proc = commbench(*[a.format(tmp=tmp_path) for a in args])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
