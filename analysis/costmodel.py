@@ -8,7 +8,8 @@ round run at once but share what they run over:
 - inside a node, a rank's sends share its outgoing link and its receives share
   its incoming link (NVLink / shared-memory port of one rank);
 - between nodes, the transfers leaving (entering) a node share its
-  `links_per_node` NICs (None: one NIC per rank, no sharing across ranks).
+  `links_per_node` NICs (None: one NIC per rank, no sharing across ranks), and
+  one transfer gets at most one NIC's bandwidth.
 
 A round lasts as long as its busiest resource: latency + bytes / bandwidth, plus
 the reduction time of the rank that reduces most in that round. A collective
@@ -134,7 +135,7 @@ def with_topology(hw: Hardware, topo: Topology) -> Hardware:
 
 def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: int) -> float:
     """A round lasts as long as its busiest resource, plus its busiest rank's reduction."""
-    loads: dict[tuple, list] = {}  # resource -> [level, bytes]
+    loads: dict[tuple, list] = {}  # resource -> [level, total bytes, largest single transfer]
     reduced: dict[int, float] = {}
     for t in rnd:
         nbytes = t.count * itemsize
@@ -144,19 +145,23 @@ def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: 
         out_key = ("nic-out", topo.node_of(t.src)) if shared_nic else ("out", t.src, inter)
         in_key = ("nic-in", topo.node_of(t.dst)) if shared_nic else ("in", t.dst, inter)
         for key in (out_key, in_key):
-            loads.setdefault(key, [level, 0.0])[1] += nbytes
+            entry = loads.setdefault(key, [level, 0.0, 0.0])
+            entry[1] += nbytes
+            entry[2] = max(entry[2], nbytes)
         if t.reduce:
             reduced[t.dst] = reduced.get(t.dst, 0.0) + nbytes
     if not loads:
         return 0.0
-    busiest = max(_resource_us(key, level, nbytes) for key, (level, nbytes) in loads.items())
+    busiest = max(_resource_us(key, level, total, largest) for key, (level, total, largest) in loads.items())
     reduce_us = max(reduced.values()) / (hw.reduce_gbps * 1e3) if reduced and hw.reduce_gbps else 0.0
     return busiest + reduce_us
 
 
-def _resource_us(key: tuple, level: LinkModel, nbytes: float) -> float:
-    links = level.links_per_node if key[0].startswith("nic") else 1
-    return level.latency_us + nbytes / (level.bw_gbps * 1e3 * links)
+def _resource_us(key: tuple, level: LinkModel, total: float, largest: float) -> float:
+    """A node's NICs carry its transfers together, but one transfer uses one NIC."""
+    if key[0].startswith("nic"):
+        return level.latency_us + max(total / level.links_per_node, largest) / (level.bw_gbps * 1e3)
+    return level.latency_us + total / (level.bw_gbps * 1e3)
 
 
 def schedule_us(schedule: Schedule, topo: Topology, hw: Hardware, itemsize: int) -> float:

@@ -60,6 +60,13 @@ def test_nic_sharing_across_a_node():
     assert eight_nics == pytest.approx(5.0 + nbytes / 25e3)
 
 
+def test_one_transfer_uses_one_nic():
+    topo = Topology(2, 8)
+    lone = ((A.Transfer(0, 8, (0, 1000), False),),)
+    eight_nics = M.Hardware("x", 8, NVLINK, M.LinkModel("ib", 25.0, 5.0, 8))
+    assert M.round_us(lone[0], topo, eight_nics, 4) == pytest.approx(5.0 + 4000 / 25e3)
+
+
 def test_hier_beats_ring_across_nodes_with_one_nic():
     topo = Topology(4, 8)
     count = 64 << 20
