@@ -20,7 +20,7 @@ setup(
     package_dir={"commbench.analysis": "analysis"},
     package_data={"commbench.analysis": ["presets/*.json", "presets/README.md"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
-    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8"],
+    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
     extras_require={
         "test": ["pytest>=7", "psutil>=5"],
         "mpi": ["mpi4py>=3.1"],

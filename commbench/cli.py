@@ -349,6 +349,31 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, a
         sink.close()
 
 
+@cli.command("report", epilog="""
+\b
+Examples:
+  commbench report shm.jsonl gloo.jsonl -o report/
+  commbench report shm.jsonl --hw shm-hw.json -o report/     # the fitted model dashed beside the measurements
+""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write.")
+@click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
+              help="Also draw this cost model's prediction of every measured setup (dashed).")
+def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) -> None:
+    """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.analysis.report import report
+
+    try:
+        hw = load_hardware(hw_spec) if hw_spec else None
+        index, pngs = report(list(files), out_dir, hw)
+    except (HardwareError, ValueError) as exc:
+        raise UsageFault(str(exc)) from exc
+    for path in pngs:
+        click.echo(f"# wrote {path}")
+    click.echo(f"# wrote {index}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: click's usage errors become one line and exit code 2."""
     try:

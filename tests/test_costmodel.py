@@ -180,3 +180,22 @@ def test_model_commands_reject_bad_input_in_one_line(tmp_path, args, needle):
     proc = commbench(*[a.format(tmp=tmp_path) for a in args])
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+
+
+def test_report_draws_measured_and_predicted(tmp_path):
+    from commbench.analysis.report import collect_series, report
+    from commbench.cli import main
+
+    records = _synthetic(HW, [2, 4], [1 << k for k in range(10, 21, 2)], algorithm="ring")
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    HW.save(str(tmp_path / "hw.json"))
+    assert main(["report", str(path), "--hw", str(tmp_path / "hw.json"), "-o", str(tmp_path / "rep")]) == 0
+    index = (tmp_path / "rep" / "index.md").read_text()
+    assert "shm/ring, 2 ranks | measured" in index and "shm/ring, 4 ranks | predicted" in index
+    png = (tmp_path / "rep" / "allreduce.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    series = collect_series(records)
+    assert [len(s.nbytes) for s in series] == [6, 6]
+    with pytest.raises(ValueError, match="no timed result records"):
+        report([str(tmp_path / "hw.json")], str(tmp_path / "none"))
