@@ -12,6 +12,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
+from commbench import collectives as C
 from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
@@ -53,14 +54,14 @@ def collect_series(records: list[dict]) -> list[Series]:
     for (collective, label, kind), points in sorted(groups.items()):
         sizes = sorted(points)
         times = [sorted(p["time_us"] for p in points[s])[len(points[s]) // 2] for s in sizes]  # median of repeats
-        busbw = [sorted(p["busbw_gbps"] for p in points[s])[len(points[s]) // 2] for s in sizes]
+        world = next(iter(points.values()))[0]["world_size"]
+        busbw = [C.bandwidths_gbps(collective, s, world, t)[1] for s, t in zip(sizes, times)]
         series.append(Series(collective, label, kind, tuple(sizes), tuple(times), tuple(busbw)))
     return series
 
 
 def model_series(records: list[dict], hw) -> list[Series]:
     """The model's prediction of every measured setup in `records` (dashed beside it)."""
-    from commbench import collectives as C
     from commbench.analysis.fit import LIBRARY_ALGORITHM, predict_records
 
     measured = [r for r in records if r.get("record") == "result" and r.get("kind", MEASURED) == MEASURED
@@ -70,8 +71,7 @@ def model_series(records: list[dict], hw) -> list[Series]:
     times = predict_records(measured, hw)
     predicted = []
     for r, t in zip(measured, times):
-        algbw, busbw = C.bandwidths_gbps(r["collective"], r["nbytes"], r["world_size"], float(t))
-        predicted.append({**r, "time_us": float(t), "busbw_gbps": busbw, "kind": PREDICTED})
+        predicted.append({**r, "time_us": float(t), "kind": PREDICTED})
     return collect_series(predicted)
 
 
