@@ -374,6 +374,48 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
     click.echo(f"# wrote {index}")
 
 
+@cli.command("compare", epilog="""
+\b
+Examples:
+  commbench compare base.jsonl new.jsonl                      # busbw, regressions beyond 5% fail
+  commbench compare base.jsonl new.jsonl --metric time --threshold 10 --json cmp.jsonl
+
+\b
+Exit codes: 0 no regression, 1 at least one regression, 2 bad input (a file missing or without
+result records, no point in common, --threshold <= 0).
+""")
+@click.argument("base", metavar="BASE.jsonl", type=click.Path(dir_okay=False))
+@click.argument("new", metavar="NEW.jsonl", type=click.Path(dir_okay=False))
+@click.option("--threshold", "-t", type=float, default=5.0, show_default=True, metavar="PERCENT",
+              help="A point worse by more than this is a regression, better by more an improvement.")
+@click.option("--metric", "-m", type=click.Choice(["busbw", "time"]), default="busbw", show_default=True,
+              help="busbw_gbps (higher is better) or time_us (lower is better).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write one JSON line per point (record: compare).")
+def compare_command(base: str, new: str, threshold: float, metric: str, json_path: str | None) -> None:
+    """Compare two sweeps point by point; exit 1 on any regression (a CI check).
+
+    Result records are matched on collective, backend, library, algorithm, dtype, op,
+    placement, world size and size; a point measured several times counts with its median.
+    """
+    from commbench.analysis import compare as K
+
+    try:
+        comparison = K.compare_files(base, new, metric, threshold)
+    except K.CompareError as exc:
+        raise UsageFault(str(exc)) from exc
+    _check_writable(json_path)
+    setup = K.describe_setup(comparison)
+    click.echo(f"# commbench compare: {base} (base) vs {new} (new){': ' + setup if setup else ''}")
+    for line in K.format_table(comparison):
+        click.echo(line)
+    click.echo(K.summary_line(comparison))
+    if json_path:
+        K.write_jsonl(comparison, json_path)
+    if comparison.regressions:
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: click's usage errors become one line and exit code 2."""
     try:
