@@ -332,8 +332,8 @@ def verdicts(rows: list[dict], bound: dict) -> list[dict]:
 
 
 def print_report(rows: list[dict], bound: dict, checks: list[dict], raw: dict, args: argparse.Namespace) -> None:
-    print(f"\n# time per allreduce (us), median over rounds; time_us = each rank's mean, max over ranks; "
-          f"shm p50_us = median over calls of each call's max over ranks")
+    print("\n# time per allreduce (us), median over rounds; time_us = each rank's mean, max over ranks; "
+          "shm p50_us = median over calls of each call's max over ranks")
     table = method.Table(["size", "bytes", "shm algorithm", "shm time_us", "shm p50_us",
                           *(f"{t} time_us" for t in TOOLS[1:])], widths={"bytes": 10})
     print(table.header())

@@ -317,7 +317,6 @@ Examples:
               help="Write the predictions as JSON Lines (kind: predicted).")
 def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, algorithm, root, json_path) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
-    from commbench import algorithms
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
     from commbench.analysis.predict import predict

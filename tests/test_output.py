@@ -1,10 +1,7 @@
 """Table and progress formatting, result writing, and the README <-> CI contract."""
 import io
 import json
-import re
 from pathlib import Path
-
-import pytest
 
 from commbench.results import Result, ResultSink, read_records
 from commbench.table import Progress, Table

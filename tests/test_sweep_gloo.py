@@ -1,11 +1,9 @@
 """Real multi-process sweeps over gloo: table, JSON Lines, CSV, checks, every collective."""
 import csv
-import json
 
-import numpy as np
 import pytest
 
-from conftest import clean_env, commbench, results_of
+from conftest import commbench, results_of
 
 
 @pytest.fixture(scope="module")

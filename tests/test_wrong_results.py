@@ -1,8 +1,4 @@
 """A wrong element fails the run after every result is written (in-process, one gloo rank)."""
-import numpy as np
-import pytest
-import torch
-
 from commbench.backends.torch_dist import TorchBackend
 from commbench.bench import EXIT_WRONG, Sweep, SweepConfig
 from commbench.launch import LaunchInfo, free_port

@@ -26,11 +26,12 @@ import torch
 
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
+from commbench.backends.schedule_base import job_topology
 from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _reducer
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
-from commbench.topology import Topology, TopologyError, parse_topology
+from commbench.topology import Topology
 
 
 class HybridBackend(ShmBackend):
@@ -51,12 +52,7 @@ class HybridBackend(ShmBackend):
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "HybridBackend":
-        try:
-            topology = parse_topology(cfg.topology, launch.world_size) if cfg.topology \
-                else Topology(launch.nnodes, launch.local_world_size)
-        except TopologyError as exc:
-            raise BackendError(str(exc)) from exc
-        return cls(launch, topology, cfg.algorithm, cfg.timeout_s)
+        return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, cfg.timeout_s)
 
     def barrier(self) -> None:
         TorchBackend.barrier(self)  # the harness's barrier spans nodes

@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 
 from commbench.backends.base import BackendError
-from commbench.backends.schedule_base import ScheduleBackend
+from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend, _as_oom
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
-from commbench.topology import Topology, TopologyError, parse_topology
+from commbench.topology import Topology
 
 
 def _reducer(op: str) -> Callable[[torch.Tensor, torch.Tensor], Any]:
@@ -80,12 +80,7 @@ class P2PBackend(ScheduleBackend, TorchBackend):
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "P2PBackend":
-        try:
-            topology = parse_topology(cfg.topology, launch.world_size) if cfg.topology \
-                else Topology(launch.nnodes, launch.local_world_size)
-        except TopologyError as exc:
-            raise BackendError(str(exc)) from exc
-        return cls(launch, topology, cfg.algorithm, device=cfg.device, torch_backend=cfg.torch_backend,
+        return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, device=cfg.device, torch_backend=cfg.torch_backend,
                    timeout_s=cfg.timeout_s)
 
     # ---------------------------------------------------------------- what ScheduleBackend needs

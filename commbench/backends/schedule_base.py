@@ -26,7 +26,17 @@ from commbench import algorithms
 from commbench.backends.base import Backend, BackendError
 from commbench.collectives import DType
 from commbench.schedule import Schedule
-from commbench.topology import Topology
+from commbench.topology import Topology, TopologyError, parse_topology
+
+
+def job_topology(topology_spec: str | None, launch: Any) -> Topology:
+    """`--topology`, or the launcher's layout (nodes x ranks per node); a mismatch is one BackendError."""
+    try:
+        if topology_spec:
+            return parse_topology(topology_spec, launch.world_size)
+        return Topology(launch.nnodes, launch.local_world_size)
+    except TopologyError as exc:
+        raise BackendError(str(exc)) from exc
 
 
 class ScheduleBackend(Backend):

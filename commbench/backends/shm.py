@@ -35,12 +35,12 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.base import BackendError, OutOfMemory
-from commbench.backends.schedule_base import ScheduleBackend
+from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DType
 from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, segment_prefix
 from commbench.schedule import Schedule, hazards
-from commbench.topology import Topology, TopologyError, parse_topology
+from commbench.topology import Topology
 
 LINE = 8  # int64 slots per cache line: one counter per line, so ranks never share one
 SPIN_CHECKS = 20000  # pure spinning before yielding: ~2 ms at ~100 ns per check
@@ -109,11 +109,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "ShmBackend":
-        try:
-            topology = parse_topology(cfg.topology, launch.world_size)
-        except TopologyError as exc:
-            raise BackendError(str(exc)) from exc
-        return cls(launch, topology, cfg.algorithm, cfg.timeout_s)
+        return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, cfg.timeout_s)
 
     # ---------------------------------------------------------------- segments
 
