@@ -22,7 +22,8 @@ from typing import Any, Iterable
 
 from commbench.results import SCHEMA_VERSION, read_records
 
-KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nbytes")
+KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
+              "nbytes")
 VERDICTS = ("regression", "improvement", "same", "only in base", "only in new")
 _EPS_PCT = 1e-9  # a change exactly at the threshold is "same", whatever the float rounding
 
@@ -173,7 +174,7 @@ def _group(records: Iterable[dict], field: str, name: str) -> tuple[dict[Key, li
         if not isinstance(record, dict) or record.get("record") != "result":
             continue
         bucket = values.setdefault(_key(record), [])
-        value = record.get(field)
+        value = record.get(field) if not record.get("wrong") else None  # a wrong result has no speed to compare
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
             bucket.append(float(value))
         else:

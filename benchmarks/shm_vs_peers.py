@@ -13,8 +13,9 @@ drift in the machine falls on all alike:
   mpi    Open MPI through mpi4py, comm.Allreduce(MPI.IN_PLACE, ...) (mpi_allreduce.py
          under mpirun --bind-to none), on the shared-memory transport: by default
          "--mca pml ob1 --mca btl self,vader" (sm on Open MPI 5), see --mpi-args;
-  bound  in this script's own process, on one core: NumPy's copy and add bandwidth at
-         256 MiB float32, from which the memory bound of shm's ring follows (below).
+  bound  NumPy's copy and add bandwidth at 256 MiB float32, in 2 processes streaming at
+         once (and on one core alone, for comparison), from which the memory bound of
+         shm's ring follows (below).
 
 time_us is what commbench reports and what the other scripts here report (method.py):
 each rank's mean per call, then the maximum over ranks; p50_us (shm) is the median

@@ -233,7 +233,9 @@ def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: i
     table = ALGORITHMS.get(collective, {})
     name = choose(collective, topo, nbytes) if algorithm == "auto" and table else algorithm
     if name not in table:
-        known = ", ".join(table) if table else "none (use --backend torch)"
-        raise AlgorithmError(f"no algorithm {algorithm!r} for {collective}; available: {known}, auto")
+        if not table:
+            raise AlgorithmError(f"no algorithm for {collective} (commbench's schedules cover "
+                                 f"{', '.join(ALGORITHMS)}; use --backend torch for {collective})")
+        raise AlgorithmError(f"no algorithm {algorithm!r} for {collective}; available: {', '.join(table)}, auto")
     fn = table[name]
     return fn(topo, count, root) if collective in ("broadcast", "reduce") else fn(topo, count)

@@ -244,7 +244,7 @@ class Sweep:
         try:
             for collective in self.cfg.collectives:
                 self._collective(collective)
-        except SweepFault as exc:
+        except (SweepFault, BackendError) as exc:
             status, error = "failed", str(exc)
             raise
         except BaseException as exc:  # Ctrl-C, SIGTERM from the launcher, anything unexpected

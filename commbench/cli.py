@@ -66,10 +66,11 @@ def cli() -> None:
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="Where collectives run: torch (torch.distributed: gloo/NCCL), or commbench's own algorithms "
                    "on shm (shared memory, one host), p2p (torch send/recv, any nodes), hybrid (shm inside a "
-                   "node, send/recv between nodes), sim (virtual ranks in one process, checked, not timed).")
+                   "node, send/recv between nodes), sim (virtual ranks in one process, checked; timed by the "
+                   "cost model with --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
-              help="shm/p2p/sim: ring, hier, tree, rhd, oneshot (allreduce), ring (allgather, reduce_scatter), "
-                   "chain (broadcast, reduce), or auto (by size and topology, see docs/algorithms.md).")
+              help="shm/p2p/hybrid/sim: ring, hier, tree, rhd, oneshot, binomial (allreduce), ring (allgather, "
+                   "reduce_scatter), chain (broadcast, reduce), or auto (by size and topology, docs/algorithms.md).")
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="Nodes x ranks per node for the algorithms, e.g. 8x8 [default: the launcher's layout, "
                    "or one node].")
@@ -115,6 +116,9 @@ def sweep(**options) -> None:
                                                              bench.ARGV_VAR: json.dumps(sys.argv)})
         sys.exit(code)
     info = _launch_info(launch, env, launcher)
+    if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
+        click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
+                   f"{info.world_size} rank(s)", err=True)
     cfg, _ = _sweep_config(options, world=info.world_size)
     sys.exit(bench.run_sweep(cfg, info, sys.argv))
 
@@ -155,7 +159,7 @@ def _sweep_config(options: dict, world: int | None):
         raise UsageFault(f"--nprocs {world}: need at least 1 rank")
     if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
         raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
-    _check_supported(options["backend"], library, names, dtype, op)
+    _check_supported(options["backend"], library, names, dtype, op, world)
     _check_algorithm(options, names, world)
     for flag in ("json_path", "csv_path"):
         _check_writable(options[flag])
@@ -246,15 +250,23 @@ def _default_nprocs(device: str) -> int:
     return 2
 
 
-def _check_supported(backend: str, library: str, names: list[str], dtype, op: str) -> None:
+def _check_supported(backend: str, library: str, names: list[str], dtype, op: str, world: int) -> None:
+    """Op/dtype combinations the backend lacks, before any rank starts (exit 2, not a fault)."""
+    from commbench import algorithms
     from commbench import collectives as C
+    from commbench.backends.schedule_base import schedule_unsupported
+    from commbench.backends.torch_dist import unsupported as torch_unsupported
 
-    if backend != "torch":
-        return
-    from commbench.backends.torch_dist import unsupported
-
+    if backend == "torch" and "sendrecv" in names and world == 1:
+        raise UsageFault("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
     for name in names:
-        reason = unsupported(library, name, dtype, op if C.COLLECTIVES[name].reduces else None, "both")
+        name_op = op if C.COLLECTIVES[name].reduces else None
+        if backend == "torch":
+            reason = torch_unsupported(library, name, dtype, name_op, "both")
+        elif name in algorithms.ALGORITHMS:  # other collectives: _check_algorithm names the problem
+            reason = schedule_unsupported(backend, name, dtype, name_op)
+        else:
+            reason = None
         if reason:
             raise UsageFault(f"--op {op} with --dtype {dtype.name}: {reason}")
 
@@ -280,15 +292,18 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     from commbench.analysis.costmodel import HardwareError, load_hardware
     from commbench.results import read_records
 
-    records = [r for path in files for r in read_records(path)]
     try:
+        records = [r for path in files for r in read_records(path)]
         hw = F.fit(records, setup, load_hardware(base) if base else None)
     except (F.FitError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise UsageFault(f"cannot read the results: {str(exc).splitlines()[0]}") from exc
     _check_writable(output)
     hw.save(output)
     meta = hw.meta
-    click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {meta['r2']:.4f}, "
+    r2 = "n/a (every time equal)" if meta["r2"] is None else f"{meta['r2']:.4f}"
+    click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {r2}, "
                f"MAPE {100 * meta['mape']:.1f}%, median error {100 * meta['median_ape']:.1f}%")
     for name, level in (("intra", hw.intra), ("inter", hw.inter)):
         fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
@@ -331,9 +346,12 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, a
         names = C.resolve_collectives(collective_names)
         dt = C.resolve_dtype(dtype)
         topo = parse_layout(topology)
+        if not 0 <= root < topo.world:
+            raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
         results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
     except (HardwareError, SizeError, TopologyError, ValueError, KeyError) as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
+    _check_writable(json_path)
     sink = ResultSink(json_path) if json_path else None
     table = Table(["in-place"], show_algorithm=True)
     table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
@@ -366,8 +384,10 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
     try:
         hw = load_hardware(hw_spec) if hw_spec else None
         index, pngs = report(list(files), out_dir, hw)
-    except (HardwareError, ValueError) as exc:
-        raise UsageFault(str(exc)) from exc
+    except (HardwareError, ValueError) as exc:  # UnicodeDecodeError too: a file that is not JSON Lines
+        raise UsageFault(str(exc).splitlines()[0]) from exc
+    except OSError as exc:
+        raise UsageFault(f"cannot write the report to {out_dir}: {exc.strerror or exc}") from exc
     for path in pngs:
         click.echo(f"# wrote {path}")
     click.echo(f"# wrote {index}")
@@ -411,7 +431,12 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
     click.echo(K.summary_line(comparison))
     if json_path:
         K.write_jsonl(comparison, json_path)
-    if comparison.regressions:
+    from commbench.results import read_records
+
+    wrong = sum(1 for r in read_records(new) if r.get("record") == "result" and r.get("wrong"))
+    if wrong:
+        click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
+    if comparison.regressions or wrong:
         sys.exit(1)
 
 

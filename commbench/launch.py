@@ -253,5 +253,5 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int]) -> int:
             print(f"commbench: rank {rank} was killed by {name}", file=sys.stderr)
     if all(c == 0 for c in codes):
         return 0
-    positive = [c for c in codes if c and c > 0]
+    positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count
     return max(positive) if positive else 3

@@ -62,8 +62,8 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | int | None =
         _check_count(count, spec)
         return [start + i * step_bytes for i in range(count)]
     factor = 2.0 if factor is None else float(factor)
-    if not factor > 1.0:
-        raise SizeError(f"bad --factor {factor:g}: must be greater than 1")
+    if not 1.0 < factor <= 1e6:  # also rejects inf and nan
+        raise SizeError(f"bad --factor {factor:g}: must be greater than 1 (and at most 1e6)")
     _check_count(int(math.log(end / start, factor)) + 1, spec)
     sizes, value = [], float(start)
     while round(value) <= end:

@@ -33,6 +33,9 @@ def run(capsys, *args):
     (["--placement", "sideways"], "sideways"),
     (["--bogus-flag"], "--bogus-flag"),
     (["--json", "/proc/no/such/dir/r.jsonl"], "/proc/no/such/dir"),
+    (["-c", "sendrecv", "--nprocs", "1"], "sendrecv needs at least 2 ranks"),
+    (["--sizes", "1K-1M", "--factor", "inf"], "--factor"),
+    (["--backend", "shm", "--op", "avg", "--dtype", "int32"], "avg needs a float dtype"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
     code, out, err = run(capsys, "sweep", *args)

@@ -238,3 +238,21 @@ def test_table_order_and_columns_for_fields_that_vary():
         ["1024", "allreduce", "out-of-place", "oneshot"], ["2048", "allreduce", "out-of-place", "ring"],
         ["1024", "allreduce", "in-place", "oneshot"], ["2048", "allreduce", "in-place", "ring"]]
     assert K.describe_setup(c) == "torch/gloo, float32 sum, 2 ranks"
+
+
+def test_wrong_results_fail_and_nodes_are_part_of_the_key(tmp_path):
+    import json as _json
+
+    from commbench.cli import main
+
+    def record(busbw, wrong=0, nnodes=1):
+        return {"record": "result", "collective": "allreduce", "backend": "torch", "library": "gloo",
+                "algorithm": None, "dtype": "float32", "op": "sum", "placement": "in-place", "world_size": 2,
+                "nnodes": nnodes, "nbytes": 1024, "busbw_gbps": busbw, "time_us": 10.0, "wrong": wrong}
+
+    base, new = tmp_path / "b.jsonl", tmp_path / "n.jsonl"
+    base.write_text(_json.dumps(record(1.0)) + "\n" + _json.dumps(record(1.0, nnodes=2)) + "\n")
+    new.write_text(_json.dumps(record(2.0, wrong=256)) + "\n" + _json.dumps(record(1.0, nnodes=2)) + "\n")
+    assert main(["compare", str(base), str(new)]) == 1  # faster but wrong: not an improvement
+    new.write_text(_json.dumps(record(1.0, nnodes=2)) + "\n")
+    assert main(["compare", str(base), str(new)]) == 0  # the 2-node point matched only its 2-node base

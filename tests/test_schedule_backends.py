@@ -134,6 +134,19 @@ def test_killed_rank_leaves_no_segments(tmp_path, clean_shm):
     assert proc.returncode == 3 and "rank 1" in err and "died" in err, err
 
 
+def test_hung_shm_rank_stops_within_the_timeout(tmp_path, clean_shm):
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backend", "shm", "--sizes", "1K-256K",
+                             "--iters", "20000", "--warmup", "10", "--json", str(tmp_path / "r.jsonl"),
+                             "--timeout", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), start_new_session=True)
+    wait_for_results(tmp_path / "r.jsonl", 2, proc)
+    started = time.monotonic()
+    os.kill(rank_pid(proc.pid, 1), signal.SIGSTOP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err  # a fault, not the exit code of the rank the supervisor stopped
+    assert time.monotonic() - started < 3 + 8 and "timed out" in err and "Traceback" not in err
+
+
 def test_interrupted_run_leaves_no_segments(tmp_path, clean_shm):
     proc = _start_shm(tmp_path)
     wait_for_results(tmp_path / "r.jsonl", 2, proc)

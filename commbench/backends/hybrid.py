@@ -27,7 +27,7 @@ import torch
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
 from commbench.backends.schedule_base import job_topology
-from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _reducer
+from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _reducer, require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
@@ -38,6 +38,7 @@ class HybridBackend(ShmBackend):
     name = "hybrid"
 
     def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
+        require_x86(self.name)
         if topology.world != launch.world_size:
             raise BackendError(f"topology {topology} has {topology.world} ranks but the job has {launch.world_size}")
 

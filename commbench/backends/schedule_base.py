@@ -29,6 +29,15 @@ from commbench.schedule import Schedule
 from commbench.topology import Topology, TopologyError, parse_topology
 
 
+def schedule_unsupported(backend: str, collective: str, dtype: DType, op: str | None) -> str | None:
+    """Why commbench's schedules cannot run this on `backend`, or None (checked before any rank starts)."""
+    if collective not in algorithms.ALGORITHMS:
+        return f"no schedule for {collective} (available: {', '.join(algorithms.ALGORITHMS)}); use --backend torch"
+    if op == "avg" and not dtype.is_float:
+        return f"avg needs a float dtype with --backend {backend}"
+    return None
+
+
 def job_topology(topology_spec: str | None, launch: Any) -> Topology:
     """`--topology`, or the launcher's layout (nodes x ranks per node); a mismatch is one BackendError."""
     try:
@@ -46,11 +55,7 @@ class ScheduleBackend(Backend):
     _last: Schedule | None = None
 
     def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
-        if collective not in algorithms.ALGORITHMS:
-            return f"no schedule for {collective} (available: {', '.join(algorithms.ALGORITHMS)}); use --backend torch"
-        if op == "avg" and not dtype.is_float:
-            return f"avg needs a float dtype with --backend {self.name}"
-        return None
+        return schedule_unsupported(self.name, collective, dtype, op)
 
     def describe(self) -> dict[str, Any]:
         if self._last is None:

@@ -7,7 +7,8 @@ the source's chunk straight from the source's segment and adds it into (NumPy),
 or copies it into, its own buffer; nothing is copied twice.
 
 Ranks synchronise through counters in one control segment, one per rank on its own
-cache line: a rank bumps its counter when it finishes a round and waits until every
+cache line (plain stores and loads: correct under x86-64's store ordering, which
+the backend checks for; other architectures would need fences): a rank bumps its counter when it finishes a round and waits until every
 peer's counter has caught up (a barrier per round, so no chunk is read before it is
 final or overwritten while a peer still reads it). Waiting busy-polls (waking a
 process on another core costs tens of microseconds on a VM), then yields, then
@@ -25,6 +26,7 @@ from __future__ import annotations
 import atexit
 import mmap
 import os
+import platform
 import signal
 import sys
 import time
@@ -101,6 +103,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: unlink the segments
 
     def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
+        require_x86(self.name)
         if launch.nnodes > 1 or launch.local_world_size != launch.world_size:
             raise BackendError("--backend shm needs every rank on one host; across nodes use --backend hybrid or p2p")
 
@@ -256,18 +259,20 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     # ---------------------------------------------------------------- running a schedule
 
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
-        plan = [self._round_plan(rnd, working, op) for rnd in schedule.rounds]
+        # Whether a round needs the write-back barrier is decided from the round itself, so every
+        # rank meets the same number of barriers even when only some of them stage.
+        plan = [(*self._round_plan(rnd, working, op), bool(hazards(rnd))) for rnd in schedule.rounds]
         arrive = self._arrive_and_wait
 
         def call() -> None:
             arrive()  # every rank's input is in place, and nobody still reads the previous call
-            for steps, staged in plan:
+            for steps, staged, hazardous in plan:
                 for step in steps:
                     step()
                 arrive()
                 for step in staged:  # hazard rounds: write back after every peer has read
                     step()
-                if staged:
+                if hazardous:
                     arrive()
         return call
 
@@ -300,6 +305,13 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
 
 # ---------------------------------------------------------------- dtype helpers
+
+
+def require_x86(backend: str) -> None:
+    """The counters are plain stores and loads: right under x86-64's store ordering only."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise BackendError(f"--backend {backend} relies on x86-64 store ordering for its flags; this is "
+                           f"{platform.machine()} (use --backend p2p)")
 
 
 def _reducer(op: str, store: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray], Any]:

@@ -100,7 +100,7 @@ class SimBackend(ScheduleBackend):
         return len(buffer)
 
     def itemsize(self, buffer: RankArrays) -> int:
-        return buffer.arrays[0].itemsize
+        return self._itemsize  # the dtype's size, not the host array's (bfloat16 is held as float32)
 
     def scratch(self, count: int, like: RankArrays) -> RankArrays:
         return RankArrays([np.empty(count, dtype=a.dtype) for a in like.arrays])

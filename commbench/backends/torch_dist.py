@@ -10,6 +10,7 @@ done) and CUDA events on the current stream on GPU.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import time
 from typing import Any, Callable
@@ -73,7 +74,8 @@ class TorchBackend(Backend):
         self._torch_device = torch.device(self.device, torch.cuda.current_device()) \
             if self.device == "cuda" else torch.device("cpu")
         timeout = datetime.timedelta(seconds=timeout_s)
-        kwargs = {"device_id": self._torch_device} if self.device == "cuda" else {}
+        takes_device = "device_id" in inspect.signature(dist.init_process_group).parameters  # torch >= 2.2
+        kwargs = {"device_id": self._torch_device} if self.device == "cuda" and takes_device else {}
         dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
                                 world_size=launch.world_size, timeout=timeout, **kwargs)
         # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
