@@ -286,14 +286,25 @@ Examples:
               help="Which measured setup to fit when the files hold several (the error lists them).")
 @click.option("--base", default=None, metavar="PRESET|FILE",
               help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
-def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None) -> None:
+@click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
+              help="Fit only points whose size lies in this range, e.g. 64K-4M (one bandwidth per level cannot "
+                   "follow a host's caches: fit the range you will predict).")
+def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
+                size_range: str | None) -> None:
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
     from commbench.analysis.costmodel import HardwareError, load_hardware
     from commbench.results import read_records
+    from commbench.sizes import SizeError, parse_size
 
     try:
-        records = [r for path in files for r in read_records(path)]
+        low, _, high = (size_range or "").partition("-")
+        lo, hi = (parse_size(low), parse_size(high or low)) if size_range else (0, float("inf"))
+    except SizeError as exc:
+        raise UsageFault(f"--sizes: {exc}") from exc
+    try:
+        records = [r for path in files for r in read_records(path)
+                   if r.get("record") != "result" or lo <= r.get("nbytes", 0) <= hi]
         hw = F.fit(records, setup, load_hardware(base) if base else None)
     except (F.FitError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc

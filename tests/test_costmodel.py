@@ -149,6 +149,8 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     fitted = commbench("fit", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "hw.json"))
     assert fitted.returncode == 0, fitted.stderr
     assert "fitted shm/shm/ring: 4 points" in fitted.stdout and "inter level not fitted" in fitted.stdout
+    ranged = commbench("fit", str(tmp_path / "m.jsonl"), "--sizes", "64K-4M", "-o", str(tmp_path / "hw2.json"))
+    assert ranged.returncode == 0 and "3 points" in ranged.stdout, ranged.stderr
     hw = M.load_hardware(str(tmp_path / "hw.json"))
     assert hw.intra.bw_gbps > 0 and hw.meta["points"] == 4
     predicted = commbench("predict", "--hw", str(tmp_path / "hw.json"), "--topology", "1x2", "--sizes", "64K,1M",
