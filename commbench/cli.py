@@ -453,6 +453,9 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: click's usage errors become one line and exit code 2."""
+    if not (sys.argv[1:] if argv is None else argv):  # bare `commbench`: the overview, not an error
+        click.echo(cli.get_help(click.Context(cli, info_name="commbench")))
+        return 0
     try:
         cli.main(args=argv, prog_name="commbench", standalone_mode=False)
     except click.exceptions.Abort:

@@ -61,6 +61,11 @@ def test_help_lists_options_and_examples(capsys):
         assert text in out
 
 
+def test_bare_command_prints_the_overview(capsys):
+    code, out, err = run(capsys)
+    assert code == 0 and "sweep" in out and "predict" in out and err == ""
+
+
 def test_top_level_help_and_version(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "sweep" in out
