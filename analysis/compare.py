@@ -24,7 +24,6 @@ from commbench.results import SCHEMA_VERSION, read_records
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")
-VERDICTS = ("regression", "improvement", "same", "only in base", "only in new")
 _EPS_PCT = 1e-9  # a change exactly at the threshold is "same", whatever the float rounding
 
 

@@ -133,26 +133,36 @@ def with_topology(hw: Hardware, topo: Topology) -> Hardware:
 # ---------------------------------------------------------------- the cost of a schedule
 
 
-def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: int) -> float:
-    """A round lasts as long as its busiest resource, plus its busiest rank's reduction."""
-    loads: dict[tuple, list] = {}  # resource -> [level, total bytes, largest single transfer]
-    reduced: dict[int, float] = {}
+def link_loads(rnd: tuple[Transfer, ...], topo: Topology, itemsize: int,
+               shared_nics: bool = False) -> dict[tuple, list]:
+    """What each resource carries in a round: key -> [crosses nodes, total bytes, largest transfer].
+    Resources: a rank's outgoing and incoming link per level, or, with `shared_nics`, a node's
+    NICs for the transfers between nodes."""
+    loads: dict[tuple, list] = {}
     for t in rnd:
         nbytes = t.count * itemsize
         inter = topo.node_of(t.src) != topo.node_of(t.dst)
-        level = hw.inter if inter else hw.intra
-        shared_nic = inter and level.links_per_node is not None
-        out_key = ("nic-out", topo.node_of(t.src)) if shared_nic else ("out", t.src, inter)
-        in_key = ("nic-in", topo.node_of(t.dst)) if shared_nic else ("in", t.dst, inter)
+        by_node = inter and shared_nics
+        out_key = ("nic-out", topo.node_of(t.src)) if by_node else ("out", t.src, inter)
+        in_key = ("nic-in", topo.node_of(t.dst)) if by_node else ("in", t.dst, inter)
         for key in (out_key, in_key):
-            entry = loads.setdefault(key, [level, 0.0, 0.0])
+            entry = loads.setdefault(key, [inter, 0.0, 0.0])
             entry[1] += nbytes
             entry[2] = max(entry[2], nbytes)
-        if t.reduce:
-            reduced[t.dst] = reduced.get(t.dst, 0.0) + nbytes
+    return loads
+
+
+def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: int) -> float:
+    """A round lasts as long as its busiest resource, plus its busiest rank's reduction."""
+    loads = link_loads(rnd, topo, itemsize, shared_nics=hw.inter.links_per_node is not None)
     if not loads:
         return 0.0
-    busiest = max(_resource_us(key, level, total, largest) for key, (level, total, largest) in loads.items())
+    reduced: dict[int, float] = {}
+    for t in rnd:
+        if t.reduce:
+            reduced[t.dst] = reduced.get(t.dst, 0.0) + t.count * itemsize
+    busiest = max(_resource_us(key, hw.inter if inter else hw.intra, total, largest)
+                  for key, (inter, total, largest) in loads.items())
     reduce_us = max(reduced.values()) / (hw.reduce_gbps * 1e3) if reduced and hw.reduce_gbps else 0.0
     return busiest + reduce_us
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, LinkModel
+from commbench.analysis.costmodel import Hardware, LinkModel, link_loads
 from commbench import algorithms
 from commbench.collectives import DTYPES
 from commbench.schedule import Schedule
@@ -62,16 +62,10 @@ def features(schedule: Schedule, topo: Topology, itemsize: int) -> np.ndarray:
     out = np.zeros(5)
     out[0] = 1.0
     for rnd in schedule.rounds:
-        loads: Counter = Counter()
-        crosses = False
-        for t in rnd:
-            inter = topo.node_of(t.src) != topo.node_of(t.dst)
-            crosses |= inter
-            loads[("out", t.src, inter)] += t.count * itemsize
-            loads[("in", t.dst, inter)] += t.count * itemsize
-        level = 1 if crosses else 0
+        loads = link_loads(rnd, topo, itemsize)  # per rank and level: NIC sharing is not fitted
+        level = 1 if any(inter for inter, _, _ in loads.values()) else 0
         out[1 + level] += 1
-        out[3 + level] += max(v for (_, _, inter), v in loads.items() if inter == bool(level))
+        out[3 + level] += max(total for inter, total, _ in loads.values() if inter == bool(level))
     return out
 
 

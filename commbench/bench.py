@@ -29,7 +29,6 @@ from commbench.sizes import format_size
 from commbench.table import Progress, Table
 
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
-RANK_AGGS = ("max", "avg", "min")
 PLACEMENTS = ("out-of-place", "in-place")
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAULT = 0, 1, 2, 3
@@ -280,7 +279,7 @@ class Sweep:
         if self.backend.name == "torch":
             self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
                                "out-of-place = copy + in-place call, both timed")
-        if self.backend.name == "sim":
+        if self.backend.kind == "predicted":
             self.table.comment(f"sim: results are checked; times are predicted by the cost model of {cfg.hw}"
                                if cfg.hw else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET")
 
@@ -353,7 +352,7 @@ class Sweep:
                         nnodes=self.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
                         count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
                         algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
-                        run_id=self.run_id, kind="predicted" if self.backend.name == "sim" else "measured",
+                        run_id=self.run_id, kind=self.backend.kind,
                         **self.backend.describe(), **stats)
         self.sink.result(result)
         self.results.append(result)

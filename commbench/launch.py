@@ -22,7 +22,6 @@ from typing import Mapping
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
-LAUNCHERS = ("auto", "spawn", "torchrun", "slurm", "mpi")
 DEFAULT_PORT = 29500
 
 

@@ -37,6 +37,7 @@ class Backend(ABC):
     rank: int
     world_size: int
     timed: bool = True  # False: the backend cannot time calls (sim without a cost model)
+    kind: str = "measured"  # what its Results are: measured, or predicted (sim)
 
     @classmethod
     def create(cls, cfg: Any, launch: Any) -> "Backend":

@@ -27,7 +27,7 @@ import torch
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
 from commbench.backends.schedule_base import job_topology
-from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _reducer, require_x86
+from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _pull, _reducer, require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
@@ -96,8 +96,7 @@ class HybridBackend(ShmBackend):
             else:
                 data = np.empty(t.count, dtype=mine.dtype)  # allocated once, here, not while timed
                 ops.append((False, _tensor(data), t.src))
-                apply.append((lambda d=chunk, s=data: reduce(d, s, d)) if t.reduce
-                             else (lambda d=chunk, s=data: np.copyto(d, s)))
+                apply.append(_pull(reduce, chunk, data, t.reduce))
         post = make_poster(ops, "gloo") if ops else None
         sync = any(t.src in members or t.dst in members for t in rnd)
         return post, local, apply, sync

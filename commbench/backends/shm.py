@@ -285,7 +285,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
             steps = []
             for t in incoming:
                 dst, src = mine[t.chunk[0]:t.chunk[1]], self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]]
-                steps.append((lambda d=dst, s=src: reduce(d, s, d)) if t.reduce else (lambda d=dst, s=src: np.copyto(d, s)))
+                steps.append(_pull(reduce, dst, src, t.reduce))
             return steps, []
         # Stage into a private copy of my whole buffer region that this round writes.
         lo, hi = min(t.chunk[0] for t in incoming), max(t.chunk[1] for t in incoming)
@@ -300,11 +300,16 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         for t in incoming:
             dst = stage[t.chunk[0] - lo:t.chunk[1] - lo]
             src = self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]]
-            steps.append((lambda d=dst, s=src: reduce(d, s, d)) if t.reduce else (lambda d=dst, s=src: np.copyto(d, s)))
+            steps.append(_pull(reduce, dst, src, t.reduce))
         return steps, [lambda: np.copyto(mine[lo:hi], stage)]
 
 
 # ---------------------------------------------------------------- dtype helpers
+
+
+def _pull(reduce, dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> Callable[[], Any]:
+    """One pre-built step: dst op= src, or dst = src (views fixed when the call is prepared)."""
+    return (lambda: reduce(dst, src, dst)) if is_reduce else (lambda: np.copyto(dst, src))
 
 
 def require_x86(backend: str) -> None:

@@ -39,6 +39,7 @@ class SimBackend(ScheduleBackend):
     library = "schedule"
     device = "cpu"
     timed = False
+    kind = "predicted"
 
     def __init__(self, world: int, topology: Topology, algorithm: str = "auto", hardware=None):
         if world < 1:
