@@ -15,14 +15,19 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    # analysis/ installs as commbench.analysis (no top-level `analysis` module), its presets as data.
-    packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis"],
-    package_dir={"commbench.analysis": "analysis"},
-    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md"]},
+    # analysis/ and proxies/ install as commbench.analysis and commbench.proxies (no top-level
+    # `analysis` or `proxies` module); presets and model profiles ship as data.
+    packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis", "commbench.proxies",
+                                                                     "commbench.proxies.models"],
+    package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies"},
+    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md"],
+                  "commbench.proxies": ["profiles/*.json"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
     install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
     extras_require={
         "test": ["pytest>=7", "psutil>=5"],
+        # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
+        "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
         "mpi": ["mpi4py>=3.1"],
         "gpu": ["cupy-cuda12x>=13", "nvidia-ml-py>=12"],
     },

@@ -52,11 +52,20 @@ def test_hung_rank_stops_within_the_timeout(tmp_path):
     assert len(results_of(tmp_path / "r.jsonl")[0]) >= 2
 
 
+def _torch_import_vm_bytes() -> int:
+    """Peak virtual memory of a process that has imported torch and torch.distributed."""
+    code = ("import torch, torch.distributed\n"
+            "print(open('/proc/self/status').read().split('VmPeak:')[1].split()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.strip()) * 1024
+
+
 def test_out_of_memory_names_the_size_and_keeps_results(tmp_path):
     prlimit = "/usr/bin/prlimit"
     if not os.path.exists(prlimit):
         pytest.skip("prlimit (util-linux) not installed")
-    limit = 3 << 30  # address space: room for torch, not for a 2 GiB buffer
+    # Address space: room for torch (a CUDA build maps ~3 GiB at import), not for two 2 GiB buffers.
+    limit = _torch_import_vm_bytes() + (3 << 29)
     proc = subprocess.run([prlimit, f"--as={limit}", sys.executable, "-m", "commbench", "sweep", "--sizes", "1K,2G",
                            "--iters", "1", "--warmup", "0", "--json", str(tmp_path / "r.jsonl")],
                           capture_output=True, text=True, timeout=120, env=clean_env())

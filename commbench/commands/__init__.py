@@ -1,0 +1,1 @@
+"""The subcommands of `commbench`, one module per family; commbench/cli.py assembles them."""

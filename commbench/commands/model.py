@@ -1,0 +1,184 @@
+"""The analytic model's commands: fit, predict, report, compare (no ranks, no GPU needed)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from commbench.commands.common import UsageFault, check_writable
+
+@click.command("fit", epilog="""
+\b
+Examples:
+  commbench sweep --backend shm --sizes 1K-256M --json shm.jsonl && commbench fit shm.jsonl -o shm-hw.json
+  commbench fit node.jsonl cluster.jsonl --setup torch/nccl/- --base dgx-a100 -o hw.json
+""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
+@click.option("--setup", default=None, metavar="BACKEND/LIBRARY/ALGORITHM",
+              help="Which measured setup to fit when the files hold several (the error lists them).")
+@click.option("--base", default=None, metavar="PRESET|FILE",
+              help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
+@click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
+              help="Fit only points whose size lies in this range, e.g. 64K-4M (one bandwidth per level cannot "
+                   "follow a host's caches: fit the range you will predict).")
+def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
+                size_range: str | None) -> None:
+    """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
+    from commbench.analysis import fit as F
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.results import read_records
+    from commbench.sizes import SizeError, parse_size
+
+    try:
+        low, _, high = (size_range or "").partition("-")
+        lo, hi = (parse_size(low), parse_size(high or low)) if size_range else (0, float("inf"))
+    except SizeError as exc:
+        raise UsageFault(f"--sizes: {exc}") from exc
+    try:
+        records = [r for path in files for r in read_records(path)
+                   if r.get("record") != "result" or lo <= r.get("nbytes", 0) <= hi]
+        hw = F.fit(records, setup, load_hardware(base) if base else None)
+    except (F.FitError, HardwareError) as exc:
+        raise UsageFault(str(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise UsageFault(f"cannot read the results: {str(exc).splitlines()[0]}") from exc
+    check_writable(output)
+    hw.save(output)
+    meta = hw.meta
+    r2 = "n/a (every time equal)" if meta["r2"] is None else f"{meta['r2']:.4f}"
+    click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {r2}, "
+               f"MAPE {100 * meta['mape']:.1f}%, median error {100 * meta['median_ape']:.1f}%")
+    for name, level in (("intra", hw.intra), ("inter", hw.inter)):
+        fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
+        click.echo(f"#   {name:5s} {level.bw_gbps:10.3f} GB/s  {level.latency_us:9.3f} us/step  ({fitted})")
+    click.echo(f"#   per-call overhead {hw.per_call_overhead_us:.3f} us")
+    for note in meta["notes"]:
+        click.echo(f"#   note: {note}")
+    click.echo(f"# wrote {output}")
+
+
+@click.command("predict", epilog="""
+\b
+Examples:
+  commbench predict --hw dgx-a100 -c allreduce --sizes 1K-1G --topology 16x8 --algorithm ring
+  commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x4 --algorithm auto --json pred.jsonl
+""")
+@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
+@click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
+@click.option("--factor", "-f", type=float, default=None)
+@click.option("--dtype", "-d", default="float32", show_default=True)
+@click.option("--topology", "-T", required=True, metavar="NODESxRANKS")
+@click.option("--algorithm", "-A", default="auto", show_default=True)
+@click.option("--root", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the predictions as JSON Lines (kind: predicted).")
+def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, algorithm, root, json_path) -> None:
+    """Predict collective times and bandwidths from the cost model (no ranks needed)."""
+    from commbench import collectives as C
+    from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+    from commbench.analysis.predict import predict
+    from commbench.results import ResultSink
+    from commbench.sizes import SizeError, parse_sizes
+    from commbench.table import Table
+    from commbench.topology import TopologyError, parse_layout
+
+    try:
+        hw = load_hardware(hw_spec)
+        size_list = parse_sizes(sizes, factor)
+        names = C.resolve_collectives(collective_names)
+        dt = C.resolve_dtype(dtype)
+        topo = parse_layout(topology)
+        if not 0 <= root < topo.world:
+            raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
+        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
+    except (HardwareError, SizeError, TopologyError, ValueError, KeyError) as exc:
+        raise UsageFault(str(exc).strip("'\"")) from exc
+    check_writable(json_path)
+    sink = ResultSink(json_path) if json_path else None
+    table = Table(["in-place"], show_algorithm=True)
+    table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
+    for name in names:
+        table.header(name)
+        for result in (r for r in results if r.collective == name):
+            table.row({"in-place": result}, dt.nccl_name)
+            if sink:
+                sink.result(result)
+        table.footer(checked=False)
+    if sink:
+        sink.close()
+
+
+@click.command("report", epilog="""
+\b
+Examples:
+  commbench report shm.jsonl gloo.jsonl -o report/
+  commbench report shm.jsonl --hw shm-hw.json -o report/     # the fitted model dashed beside the measurements
+""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write.")
+@click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
+              help="Also draw this cost model's prediction of every measured setup (dashed).")
+def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) -> None:
+    """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.analysis.report import report
+
+    try:
+        hw = load_hardware(hw_spec) if hw_spec else None
+        index, pngs = report(list(files), out_dir, hw)
+    except (HardwareError, ValueError) as exc:  # UnicodeDecodeError too: a file that is not JSON Lines
+        raise UsageFault(str(exc).splitlines()[0]) from exc
+    except OSError as exc:
+        raise UsageFault(f"cannot write the report to {out_dir}: {exc.strerror or exc}") from exc
+    for path in pngs:
+        click.echo(f"# wrote {path}")
+    click.echo(f"# wrote {index}")
+
+
+@click.command("compare", epilog="""
+\b
+Examples:
+  commbench compare base.jsonl new.jsonl                      # busbw, regressions beyond 5% fail
+  commbench compare base.jsonl new.jsonl --metric time --threshold 10 --json cmp.jsonl
+
+\b
+Exit codes: 0 no regression, 1 at least one regression, 2 bad input (a file missing or without
+result records, no point in common, --threshold <= 0).
+""")
+@click.argument("base", metavar="BASE.jsonl", type=click.Path(dir_okay=False))
+@click.argument("new", metavar="NEW.jsonl", type=click.Path(dir_okay=False))
+@click.option("--threshold", "-t", type=float, default=5.0, show_default=True, metavar="PERCENT",
+              help="A point worse by more than this is a regression, better by more an improvement.")
+@click.option("--metric", "-m", type=click.Choice(["busbw", "time"]), default="busbw", show_default=True,
+              help="busbw_gbps (higher is better) or time_us (lower is better).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write one JSON line per point (record: compare).")
+def compare_command(base: str, new: str, threshold: float, metric: str, json_path: str | None) -> None:
+    """Compare two sweeps point by point; exit 1 on any regression (a CI check).
+
+    Result records are matched on collective, backend, library, algorithm, dtype, op,
+    placement, world size and size; a point measured several times counts with its median.
+    """
+    from commbench.analysis import compare as K
+
+    try:
+        comparison = K.compare_files(base, new, metric, threshold)
+    except K.CompareError as exc:
+        raise UsageFault(str(exc)) from exc
+    check_writable(json_path)
+    setup = K.describe_setup(comparison)
+    click.echo(f"# commbench compare: {base} (base) vs {new} (new){': ' + setup if setup else ''}")
+    for line in K.format_table(comparison):
+        click.echo(line)
+    click.echo(K.summary_line(comparison))
+    if json_path:
+        K.write_jsonl(comparison, json_path)
+    from commbench.results import read_records
+
+    wrong = sum(1 for r in read_records(new) if r.get("record") == "result" and r.get("wrong"))
+    if wrong:
+        click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
+    if comparison.regressions or wrong:
+        sys.exit(1)
