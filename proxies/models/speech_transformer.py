@@ -25,8 +25,9 @@ encodings are registered buffers of shape [1, pe_maxlen, d_model]; DDP broadcast
 broadcast_buffers=True.
 
 Hyper-parameters: TorchBench's torchbenchmark/models/speech_transformer/config.py (SpeechTransformerTrainConfig),
-the same architecture figures as kaituoxu's egs/aishell/run.sh (whose batching differs: batch_size=16). Vocabulary: 1014 symbols (<unk>, <sos>=1, <eos>=2 and 1011
-characters) from TorchBench's input_data/lang_1char/train_chars.txt (the full AISHELL-1 dictionary is larger).
+the same architecture figures as kaituoxu's egs/aishell/run.sh (whose batching differs: batch_size=16).
+Vocabulary: 1014 symbols (<unk>, <sos>=1, <eos>=2 and 1011 characters) from TorchBench's
+input_data/lang_1char/train_chars.txt (the full AISHELL-1 dictionary is larger).
 Batch: TorchBench declares DEFAULT_TRAIN_BSIZE = 32 (__init__.py), but its data loader batches by frames
 (batch_frames = 15000) over a 10-utterance training set, so every step actually trains on 10 utterances
 (pytorch/benchmark issue #1560; PyTorch's dynamo runner pins batch_size = 10 for this model). The 10 utterances
