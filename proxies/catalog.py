@@ -1,0 +1,223 @@
+"""Where each model definition comes from, and how to feed it: the one place that imports
+torchvision, timm, transformers or commbench's own definitions (proxies/models/).
+
+A model spec names a constructor:
+  torchvision:NAME                  torchvision.models.get_model(NAME, weights=None)
+  timm:NAME                         timm.create_model(NAME, pretrained=False)
+  transformers:CLASS[:key=value,..] CLASS(CLASS.config_class(key=value, ...)) (a config, no weights)
+  package.module:callable           callable() returns the module; the module's `example_inputs(batch)`
+                                    feeds it, or --input-shape does
+Every model is built with random weights; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class ModelError(ValueError):
+    """A model spec that cannot be built here (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    constructor: str  # a spec string as above
+    input_shape: tuple[int, ...] = ()  # one sample (image C,H,W; tokens (seq,)); () = the module's own inputs
+    sample_unit: str = "images"
+    default_batch: int = 32
+    batch_source: str = ""  # where the default batch comes from
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# TorchBench (pytorch/benchmark) is the reference for batches and input shapes: its
+# models' DEFAULT_TRAIN_BSIZE and example inputs (files named in each `batch_source`).
+_TB = "pytorch/benchmark torchbenchmark/models/{}/__init__.py DEFAULT_TRAIN_BSIZE"
+_HF = "pytorch/benchmark torchbenchmark/util/framework/huggingface/model_factory.py (train_max_length)"
+CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec("alexnet", "torchvision:alexnet", (3, 224, 224), "images", 128, _TB.format("alexnet")),
+    ModelSpec("resnet18", "torchvision:resnet18", (3, 224, 224), "images", 16, _TB.format("resnet18")),
+    ModelSpec("resnet50", "torchvision:resnet50", (3, 224, 224), "images", 32, _TB.format("resnet50")),
+    ModelSpec("resnet101", "torchvision:resnet101", (3, 224, 224), "images", 32,
+              "not in TorchBench; resnet50's batch"),
+    ModelSpec("vgg16", "torchvision:vgg16", (3, 224, 224), "images", 64, _TB.format("vgg16")),
+    ModelSpec("inception_v3", "torchvision:inception_v3", (3, 299, 299), "images", 32,
+              "not in TorchBench; resnet50's batch", note="aux_logits=True (torchvision's default)"),
+    ModelSpec("mobilenet_v2", "torchvision:mobilenet_v2", (3, 224, 224), "images", 96, _TB.format("mobilenet_v2")),
+    ModelSpec("vovnet39a", "timm:vovnet39a", (3, 224, 224), "images", 32, _TB.format("timm_vovnet")),
+    ModelSpec("vit_small_patch16_224", "timm:vit_small_patch16_224", (3, 224, 224), "images", 32,
+              _TB.format("timm_vision_transformer")),
+    ModelSpec("unet", "commbench.proxies.models.unet:build", (), "images", 1, _TB.format("pytorch_unet")),
+    ModelSpec("bert-base", "transformers:BertForMaskedLM", (512,), "sequences", 4, _TB.format("hf_Bert") + "; " + _HF),
+    ModelSpec("bert-large", "transformers:BertForMaskedLM:hidden_size=1024,num_hidden_layers=24,"
+              "num_attention_heads=16,intermediate_size=4096", (512,), "sequences", 4,
+              _TB.format("hf_Bert_large") + "; " + _HF),
+    ModelSpec("bart-base", "transformers:BartForConditionalGeneration:d_model=768,encoder_layers=6,decoder_layers=6,"
+              "encoder_attention_heads=12,decoder_attention_heads=12,encoder_ffn_dim=3072,decoder_ffn_dim=3072",
+              (512,), "sequences", 4, _TB.format("hf_Bart") + "; " + _HF,
+              note="facebook/bart-base's hyper-parameters (its config.json) on BartConfig"),
+    ModelSpec("gpt2", "transformers:GPT2LMHeadModel", (512,), "sequences", 4, _TB.format("hf_GPT2") + "; " + _HF),
+    ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 32,
+              _TB.format("speech_transformer")),
+    ModelSpec("tts_angular", "commbench.proxies.models.tts_angular:build", (), "utterances", 64,
+              _TB.format("tts_angular")),
+)}
+
+
+@dataclass
+class BuiltModel:
+    """A constructed model and how to make a batch of synthetic inputs for it."""
+    module: Any  # torch.nn.Module
+    make_inputs: Callable[[int, Any], tuple[tuple, dict]]  # (batch, device) -> (args, kwargs)
+    input_shape: tuple[int, ...]
+    package: str
+    version: str | None
+    constructor: str
+
+
+def build(constructor: str, input_shape: tuple[int, ...] = ()) -> BuiltModel:
+    """Construct a model from a spec string (random weights) with its input maker."""
+    kind, _, rest = constructor.partition(":")
+    if not rest:
+        raise ModelError(f"bad model spec {constructor!r}: expected torchvision:NAME, timm:NAME, "
+                         f"transformers:CLASS[:key=value,...] or package.module:callable")
+    builders = {"torchvision": _torchvision, "timm": _timm, "transformers": _transformers}
+    return builders.get(kind, _callable)(kind, rest, tuple(input_shape))
+
+
+def _import(package: str):
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise ModelError(f"{package} is not installed: pip install 'commbench[models]' ({exc})") from exc
+
+
+def _version(module) -> str | None:
+    return getattr(module, "__version__", None)
+
+
+def _images(shape: tuple[int, ...]):
+    def make(batch: int, device: Any = "cpu"):
+        import torch
+
+        return (torch.randn(batch, *shape, device=device),), {}
+    return make
+
+
+def _torchvision(_, name: str, shape: tuple[int, ...]) -> BuiltModel:
+    tv = _import("torchvision")
+    try:
+        kwargs = {"init_weights": True} if name in ("inception_v3", "googlenet") else {}
+        module = tv.models.get_model(name, weights=None, **kwargs)
+    except ValueError as exc:
+        raise ModelError(f"torchvision has no model {name!r}") from exc
+    shape = shape or ((3, 299, 299) if name == "inception_v3" else (3, 224, 224))
+    return BuiltModel(module, _images(shape), shape, "torchvision", _version(tv),
+                      f"torchvision.models.get_model({name!r}, weights=None)")
+
+
+def _timm(_, name: str, shape: tuple[int, ...]) -> BuiltModel:
+    timm = _import("timm")
+    try:
+        module = timm.create_model(name, pretrained=False)
+    except RuntimeError as exc:  # timm: "Unknown model (...)"
+        raise ModelError(f"timm: {str(exc).splitlines()[0]}") from exc
+    shape = shape or tuple(module.pretrained_cfg.get("input_size", (3, 224, 224)))
+    return BuiltModel(module, _images(shape), shape, "timm", _version(timm),
+                      f"timm.create_model({name!r}, pretrained=False)")
+
+
+def _transformers(_, rest: str, shape: tuple[int, ...]) -> BuiltModel:
+    transformers = _import("transformers")
+    transformers.logging.set_verbosity_error()  # no advice about configs and loss types per model built
+    class_name, _, overrides = rest.partition(":")
+    cls = getattr(transformers, class_name, None)
+    if cls is None or not hasattr(cls, "config_class"):
+        raise ModelError(f"transformers has no model class {class_name!r}")
+    kwargs = _parse_overrides(overrides)
+    config = cls.config_class(**kwargs)
+    module = cls(config)
+    seq = shape or (min(512, getattr(config, "max_position_embeddings", 512) or 512),)
+    vocab = config.vocab_size
+
+    def make(batch: int, device: Any = "cpu"):
+        import torch
+
+        tokens = torch.randint(0, vocab, (batch, *seq), device=device)
+        return (), {"input_ids": tokens, "labels": tokens}  # TorchBench's training inputs: ids and labels
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return BuiltModel(module, make, tuple(seq), "transformers", _version(transformers),
+                      f"transformers.{class_name}(transformers.{cls.config_class.__name__}({args}))")
+
+
+def _parse_overrides(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ModelError(f"bad override {item!r}: expected key=value")
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
+def _callable(module_name: str, attr: str, shape: tuple[int, ...]) -> BuiltModel:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(f"cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelError(f"{module_name} has no callable {attr!r}")
+    model = factory()
+    own_inputs = getattr(module, "example_inputs", None)
+    if shape:
+        make = _images(shape)
+    elif own_inputs is not None:
+        def make(batch: int, device: Any = "cpu"):
+            return tuple(own_inputs(batch, device)), {}
+        shape = tuple(getattr(module, "INPUT", {}).get("shape", ()))
+    else:
+        raise ModelError(f"{module_name}:{attr}: give --input-shape (e.g. 3,224,224), or define "
+                         f"example_inputs(batch, device) in {module_name}")
+    package = module_name.split(".")[0]
+    return BuiltModel(model, make, shape, package, _version(importlib.import_module(package)),
+                      f"{module_name}.{attr}()")
+
+
+def build_named(name: str) -> BuiltModel:
+    """A catalog model by name (resnet50, bert-base, ...)."""
+    if name not in CATALOG:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(CATALOG)}")
+    spec = CATALOG[name]
+    return build(spec.constructor, spec.input_shape)
+
+
+def loss_of(output: Any):
+    """A scalar to call backward on, whatever the model returns: the model's own loss when it
+    computes one (transformers with labels), else the mean of every tensor it returns."""
+    import torch
+
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    if isinstance(output, torch.Tensor):
+        return output.float().mean()
+    if isinstance(output, dict):  # transformers' ModelOutput without a loss
+        values = output.values()
+    elif isinstance(output, (tuple, list)):  # e.g. inception_v3's (logits, aux_logits) in training
+        values = output
+    else:
+        raise ModelError(f"cannot take a loss from a {type(output).__name__} output")
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        raise ModelError("the model's output holds no tensor to take a loss from")
+    return sum(t.float().mean() for t in tensors)
