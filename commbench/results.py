@@ -89,6 +89,10 @@ class ResultSink:
     def summary(self, record: dict[str, Any]) -> None:
         self._write_json({"record": "summary", "schema": SCHEMA_VERSION, **record})
 
+    def write(self, record: dict[str, Any]) -> None:
+        """Any other record (proxy steps and summaries): one JSON line, flushed."""
+        self._write_json(record)
+
     def _write_json(self, record: dict[str, Any]) -> None:
         if self._json:
             self._json.write(json.dumps(record, allow_nan=False, default=str) + "\n")
