@@ -54,6 +54,7 @@ class Result:
     wrong: int | None  # wrong elements summed over ranks; None when not checked
     algorithm: str | None = None  # the schedule that ran (custom backends); None for a library call
     steps: int | None = None  # rounds of that schedule
+    telemetry: dict[str, float] | None = None  # --monitor: hardware averages over the timed calls (telemetry.py)
     kind: str = "measured"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
@@ -83,7 +84,9 @@ class ResultSink:
     def result(self, result: Result) -> None:
         self._write_json(result.to_dict())
         if self._csv:
-            self._csv.writerow(dataclasses.asdict(result))
+            row = dataclasses.asdict(result)
+            row["telemetry"] = json.dumps(row["telemetry"]) if row["telemetry"] else None  # one JSON cell
+            self._csv.writerow(row)
             self._csv_file.flush()
 
     def summary(self, record: dict[str, Any]) -> None:
