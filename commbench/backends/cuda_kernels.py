@@ -1,0 +1,142 @@
+"""The CUDA kernels in cuda/: where the sources are, how they are compiled, what they are called.
+
+The .cu files live in cuda/ at the top of a source checkout and ship inside the
+package as commbench/cuda/ (setup.py `package_dir`), so `kernel_dir()` looks in both.
+At run time each file is compiled once per process by NVRTC through CuPy's
+`RawModule` (which also caches the binary on disk, ~/.cupy/kernel_cache, keyed by the
+source text and options) and loaded once per device. Local headers (common.cuh) are
+pasted into the source before compiling, so a change to a header changes the cache
+key too. Kernels are extern "C", named <kernel>_<dtype>_<op> (cuda/common.cuh).
+
+`compile_check` compiles a file to PTX without a GPU (nvcc, or NVRTC through
+cupy_backends when nvcc is absent): the test that every kernel compiles for sm_80
+and sm_90 on a CPU-only machine uses it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+KERNEL_FILES = ("reduce_copy.cu", "allreduce.cu", "schedule_round.cu")
+OPS = ("sum", "prod", "max", "min")  # avg runs as sum, then scale_<dtype>
+_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.MULTILINE)
+
+
+def kernel_dir() -> Path:
+    """The folder holding the .cu files: commbench/cuda (installed) or cuda/ (checkout)."""
+    here = Path(__file__).resolve().parent.parent  # the commbench package
+    for candidate in (here / "cuda", here.parent / "cuda"):
+        if (candidate / KERNEL_FILES[0]).is_file():
+            return candidate
+    raise FileNotFoundError(f"commbench's CUDA kernels are missing (looked in {here / 'cuda'} and "
+                            f"{here.parent / 'cuda'}); reinstall commbench")
+
+
+def kernel_paths() -> list[Path]:
+    return sorted(kernel_dir().glob("*.cu"))
+
+
+def source(file: str) -> str:
+    """The file's text with every local #include "x.cuh" pasted in (once each)."""
+    folder, seen = kernel_dir(), set()
+
+    def paste(match: re.Match) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return _INCLUDE.sub(paste, (folder / name).read_text()).replace("#pragma once", "")
+    return _INCLUDE.sub(paste, (folder / file).read_text())
+
+
+def kernel_name(kernel: str, dtype: str, op: str | None = None) -> str:
+    """reduce_copy_float32_sum, scale_bfloat16, schedule_round_int8_max, ..."""
+    if op == "avg":
+        op = "sum"
+    return f"{kernel}_{dtype}_{op}" if op else f"{kernel}_{dtype}"
+
+
+def cuda_include_dir() -> str | None:
+    """Where cuda_fp16.h lives: the pip CUDA headers, $CUDA_HOME or $CUDA_PATH, /usr/local/cuda."""
+    try:
+        from cuda import pathfinder
+
+        found = pathfinder.find_nvidia_header_directory("cudart")
+        if found:
+            return str(found)
+    except Exception:  # noqa: BLE001 - cuda-pathfinder is optional (it comes with CuPy 14)
+        pass
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
+            return str(Path(root) / "include")
+    return None
+
+
+def nvrtc_options() -> tuple[str, ...]:
+    include = cuda_include_dir()
+    return ("-std=c++17",) + ((f"-I{include}",) if include else ())
+
+
+# ---------------------------------------------------------------- at run time (CuPy, a GPU)
+
+
+@functools.lru_cache(maxsize=None)
+def module(file: str) -> Any:
+    """The cupy.RawModule of one kernel file, created once per process."""
+    import cupy
+
+    return cupy.RawModule(code=source(file), options=nvrtc_options())
+
+
+@functools.lru_cache(maxsize=None)
+def function(file: str, name: str, device: int) -> Any:
+    """A kernel, compiled (first use) and loaded on `device`; call it with that device current."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return module(file).get_function(name)
+
+
+# ---------------------------------------------------------------- without a GPU (tests)
+
+
+def compile_check(path: Path, arch: str, compiler: str = "auto") -> tuple[bool, str, str]:
+    """Compile one .cu file to PTX for sm_<arch>: (ok, compiler messages, PTX). compiler: nvcc,
+    nvrtc, or auto (nvcc where it exists). FileNotFoundError when neither can run here."""
+    if compiler == "nvcc" or (compiler == "auto" and shutil.which("nvcc")):
+        return _nvcc_compile(path, arch)
+    return _nvrtc_compile(path, arch)
+
+
+def _nvcc_compile(path: Path, arch: str) -> tuple[bool, str, str]:
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = Path(folder) / "out.ptx"
+        out = subprocess.run(["nvcc", f"-arch=sm_{arch}", "-ptx", "-std=c++17", "-Werror", "all-warnings",
+                              f"-I{path.parent}", str(path), "-o", str(ptx)],
+                             capture_output=True, text=True, timeout=600, check=False)
+        return out.returncode == 0, out.stdout + out.stderr, ptx.read_text() if ptx.exists() else ""
+
+
+def _nvrtc_compile(path: Path, arch: str) -> tuple[bool, str, str]:
+    """NVRTC, as RawModule compiles at run time, but without a GPU (cupy_backends' bindings)."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as exc:
+        raise FileNotFoundError("neither nvcc nor CuPy's NVRTC is available") from exc
+    try:
+        program = nvrtc.createProgram(source(path.name), path.name, [], [])
+    except Exception as exc:  # noqa: BLE001 - libnvrtc missing: nothing to compile with
+        raise FileNotFoundError(f"NVRTC is not usable here: {exc}") from exc
+    try:
+        nvrtc.compileProgram(program, [f"-arch=compute_{arch}", *nvrtc_options()])
+        return True, nvrtc.getProgramLog(program), nvrtc.getPTX(program).decode(errors="replace")
+    except nvrtc.NVRTCError:
+        return False, nvrtc.getProgramLog(program), ""
+    finally:
+        nvrtc.destroyProgram(program)
