@@ -11,17 +11,18 @@ import sys
 import click
 
 from commbench import __version__
-from commbench.commands import model, sweep
+from commbench.commands import model, proxy, sweep
 from commbench.commands.common import EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="commbench")
 def cli() -> None:
-    """commbench: communication benchmarks for distributed training (nccl-tests-style sweeps)."""
+    """commbench: communication benchmarks and model proxies for distributed training."""
 
 
-for command in (sweep.sweep, model.fit_command, model.predict_command, model.report_command, model.compare_command):
+for command in (sweep.sweep, proxy.proxy_command, proxy.train_command, proxy.profiles_group, model.fit_command,
+                model.predict_command, model.report_command, model.compare_command):
     cli.add_command(command)
 
 

@@ -38,6 +38,8 @@ def extract(spec: str, input_shape: tuple[int, ...] = (), name: str | None = Non
               "flop_counter": f"torch.utils.flop_counter.FlopCounterMode, torch {torch.__version__}, "
                               f"batch {FLOP_BATCH} on {counts['device']}, per sample",
               "ready_order": "post-accumulate-grad hooks in one backward (the order DDP rebuilds buckets in)"}
+    if not catalog:  # how to build it again (train, --compute measured)
+        source.update(spec=spec, input_shape=list(built.input_shape))
     if catalog:
         source.update({"default_batch": catalog.batch_source, **({"note": catalog.note} if catalog.note else {})})
     if counts["unused"]:

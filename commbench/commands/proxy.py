@@ -1,0 +1,209 @@
+"""Model proxies: `proxy` (replay DDP's gradient traffic), `train` (real DDP training) and
+`profiles` (list, show, extract). Library code lives in proxies/ (commbench.proxies)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from commbench.commands.common import UsageFault, check_writable
+
+PROXY_EXAMPLES = """
+\b
+Examples:
+  commbench proxy resnet50 --nprocs 2 --batch 16                 # replay on 2 local CPU ranks (gloo)
+  commbench proxy bert-base --nprocs 2 --bucket-mb 25 --steps 30 --json p.jsonl
+  commbench proxy resnet50 --nprocs 2 --batch 16 --validate       # and real DDP training; error %
+  commbench proxy resnet50 --nodes 4 --gpus-per-node 8 --hw dgx-a100 --tflops 100   # predicted (sim)
+  torchrun --nnodes 4 --nproc-per-node 8 ... -m commbench proxy resnet50 --tflops 100  # real, 32 ranks
+
+\b
+Exit codes: 0 ok, 2 bad input (or a model too large for memory), 3 a rank failed, 130 interrupted.
+"""
+
+
+def _common(fn):
+    """Options `proxy` and `train` share."""
+    options = [
+        click.argument("model"),
+        click.option("--batch", type=int, default=None, help="Samples per rank per step [default: the profile's]."),
+        click.option("--bucket-mb", type=float, default=None,
+                     help="DDP bucket_cap_mb [default: DDP's own: 25 MiB, with a 1 MiB first bucket]."),
+        click.option("--steps", type=int, default=30, show_default=True, help="Measured steps."),
+        click.option("--warmup-steps", type=int, default=5, show_default=True,
+                     help="Steps run first and left out of the statistics."),
+        click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
+        click.option("--nprocs", "-N", type=int, default=None,
+                     help="Local ranks to spawn when no launcher started this process [default: GPUs, or 2]."),
+        click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
+                     show_default=True),
+        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                     help="JSON Lines: a header, one record per step (flushed as it ends), a summary."),
+        click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
+                     help="A dead or hung rank stops the run within this long."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@click.command("proxy", epilog=PROXY_EXAMPLES)
+@_common
+@click.option("--no-bucketing", is_flag=True, help="One allreduce per gradient tensor.")
+@click.option("--single-bucket", is_flag=True, help="One allreduce of every gradient after the backward.")
+@click.option("--compute", type=click.Choice(["measured", "flops", "none"]), default=None,
+              help="Backward/forward time: measured (run the real model here once), flops (the profile's FLOPs "
+                   "at --tflops), none [default: flops with --tflops, else measured].")
+@click.option("--tflops", type=float, default=None, help="Achieved device rate, 1e12 FLOP/s, for --compute flops.")
+@click.option("--backend", "-b", default="torch", show_default=True,
+              help="torch (gloo/NCCL), shm, p2p, hybrid (commbench's schedules), or sim (the cost model, --hw).")
+@click.option("--algorithm", "-A", default="auto", show_default=True, help="Schedule backends and sim: the allreduce.")
+@click.option("--nodes", type=int, default=None, help="Replay at NODES x --gpus-per-node ranks (see --local, --hw).")
+@click.option("--gpus-per-node", type=int, default=None, help="Ranks per node with --nodes [default: local GPUs, or 1].")
+@click.option("--local", "spawn_local", is_flag=True, help="With --nodes: spawn all NODES x GPUS ranks on this host.")
+@click.option("--hw", default=None, metavar="FILE|PRESET",
+              help="Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.")
+@click.option("--validate", is_flag=True, help="Also train the real model with the same settings; print the error.")
+def proxy_command(**options) -> None:
+    """Replay the gradient allreduces DDP issues for MODEL, with the backward compute emulated.
+
+    MODEL is a profile name (`commbench profiles list`) or a profile file. Each step
+    emulates forward and backward, starts each bucket's allreduce when its last
+    gradient is ready (overlapped with the rest of the backward, as DDP does), and
+    reports compute, communication, exposed communication and step time.
+    """
+    from commbench.proxies import run as R
+
+    cfg, plan = _proxy_config(options)
+    if plan.mode == "sim":
+        sys.exit(R.predict_proxy(cfg, plan, sys.argv))
+    code = _launch(options, cfg, plan, "commbench.proxies.replay")
+    if code == 0 and options["validate"]:
+        code = _validate(options, cfg, plan)
+    sys.exit(code)
+
+
+@click.command("train", epilog="""
+\b
+Examples:
+  commbench train resnet50 --nprocs 2 --batch 16 --steps 40        # 2 CPU ranks, gloo
+  torchrun --nproc-per-node 8 -m commbench train resnet50 --amp --warmup-steps 20 --steps 100
+""")
+@_common
+@click.option("--amp", is_flag=True, help="Mixed precision (fp16 autocast with a grad scaler) on GPU.")
+def train_command(**options) -> None:
+    """Train MODEL for real with torch DDP (random weights, synthetic data) and time each step."""
+    options.update(backend="torch", algorithm="auto", nodes=None, gpus_per_node=None, spawn_local=False, hw=None,
+                   compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False)
+    cfg, plan = _proxy_config(options)
+    sys.exit(_launch(options, cfg, plan, "commbench.proxies.train"))
+
+
+def _proxy_config(options: dict):
+    from commbench.proxies import run as R
+
+    try:
+        return R.make_config(options)
+    except R.ProxyUsageError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
+def _launch(options: dict, cfg, plan, module: str) -> int:
+    from commbench import launch
+    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR
+
+    check_writable(cfg.json_path)
+    if plan.mode == "spawn":
+        return launch.spawn_local(module, plan.world, {CONFIG_VAR: cfg.to_json(), ARGV_VAR: json.dumps(sys.argv)})
+    run = __import__(module, fromlist=["run_proxy", "run_train"])
+    entry = run.run_proxy if module.endswith("replay") else run.run_train
+    return entry(cfg, plan.launch, sys.argv)
+
+
+def _validate(options: dict, cfg, plan) -> int:
+    from commbench.proxies import run as R
+
+    click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend")
+    train_cfg = R.train_twin(cfg)
+    code = _launch(options, train_cfg, plan, "commbench.proxies.train")
+    if code == 0:
+        R.report_validation(cfg, train_cfg, plan)
+    return code
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@click.group("profiles")
+def profiles_group() -> None:
+    """Model profiles: the parameter tensors, FLOPs and gradient-ready order a proxy replays."""
+
+
+@profiles_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per profile.")
+def profiles_list(as_json: bool) -> None:
+    """The profiles that ship with commbench."""
+    from commbench.proxies.profile import load_profile, shipped
+
+    click.echo("" if as_json else f"# {'model':24s} {'parameters':>14s} {'tensors':>8s} {'GFLOP/sample fwd':>17s} "
+               f"{'input':>14s} {'batch':>6s}  source")
+    for name in shipped():
+        p = load_profile(name)
+        row = {"model": p.name, "parameters": p.parameters, "tensors": len(p.tensors),
+               "forward_gflops": p.forward_flops / 1e9, "input_shape": list(p.input_shape),
+               "sample_unit": p.sample_unit, "default_batch": p.default_batch, "package": p.source.get("package")}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            shape = "x".join(map(str, p.input_shape))
+            click.echo(f"  {p.name:24s} {p.parameters:>14,d} {len(p.tensors):>8d} {p.forward_flops / 1e9:>17.2f} "
+                       f"{shape:>14s} {p.default_batch:>6d}  {p.source.get('package')}")
+
+
+@profiles_group.command("show")
+@click.argument("model")
+@click.option("--buckets", "show_buckets", is_flag=True, help="The DDP bucket layout, in launch order.")
+@click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's].")
+@click.option("--no-bucketing", is_flag=True)
+@click.option("--single-bucket", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, as_json) -> None:
+    """A profile's summary and tensors, or with --buckets its DDP bucket layout."""
+    from commbench.proxies import run as R
+
+    try:
+        text = R.show_profile(model, show_buckets, bucket_mb, R.bucketing_mode(no_bucketing, single_bucket), as_json)
+    except R.ProxyUsageError as exc:
+        raise UsageFault(str(exc)) from exc
+    click.echo(text)
+
+
+@profiles_group.command("extract")
+@click.argument("spec")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@click.option("--input-shape", default=None, metavar="C,H,W|SEQ", help="One sample's input shape.")
+@click.option("--name", default=None, help="The profile's name [default: from SPEC].")
+@click.option("--batch", "default_batch", type=int, default=None, help="The profile's default batch.")
+@click.option("--unit", "sample_unit", default=None, help="What a sample is: images, sequences, ...")
+def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit) -> None:
+    """Build a profile from a model definition (random weights; nothing is downloaded).
+
+    \b
+    SPEC: a profile name (resnet50), torchvision:NAME, timm:NAME,
+    transformers:CLASS[:key=value,...] (e.g. transformers:BertForMaskedLM:num_hidden_layers=24),
+    or package.module:callable (returning an nn.Module).
+    """
+    from commbench.proxies import run as R
+
+    check_writable(output)
+    try:
+        profile = R.extract_profile(spec, input_shape, name, default_batch, sample_unit)
+    except R.ProxyUsageError as exc:
+        raise UsageFault(str(exc)) from exc
+    profile.save(output)
+    click.echo(f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors, "
+               f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
+               f"backward per sample; wrote {os.path.abspath(output)}")

@@ -1,0 +1,115 @@
+"""Step records of proxy and train runs: one JSON line per step as it completes, a readable
+row on stdout, and a summary (median and p90 over the steps after warm-up).
+
+Per-step records are rank 0's view (flushed as they come, so a crash loses nothing);
+the summary takes, for every step, the slowest rank, since a synchronous data-parallel
+step is as slow as its slowest rank.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from commbench.results import ResultSink, SCHEMA_VERSION
+
+METRICS = ("compute_us", "comm_us", "exposed_comm_us", "step_us")
+
+
+@dataclass(frozen=True)
+class ProxyResult:
+    """One proxy replay, real training run or prediction, summarised over its measured steps."""
+    kind: str  # proxy (replayed), train (real DDP), predicted (cost model)
+    model: str
+    backend: str
+    library: str
+    device: str
+    world_size: int
+    nnodes: int
+    batch: int  # per rank
+    bucket_mb: float | None  # None: DDP's default (25 MiB, first bucket 1 MiB)
+    bucketing: str
+    buckets: int
+    gradient_bytes: int
+    compute: str  # how compute was set: measured, flops@N, none, real
+    steps: int
+    warmup_steps: int
+    compute_us_p50: float | None
+    compute_us_p90: float | None
+    comm_us_p50: float | None
+    comm_us_p90: float | None
+    exposed_comm_us_p50: float | None
+    exposed_comm_us_p90: float | None
+    step_us_p50: float
+    step_us_p90: float
+    samples_per_s: float  # all ranks, from the median step
+    status: str = "ok"
+    error: str | None = None
+    run_id: str = ""
+    timestamp: float = field(default_factory=time.time)
+    schema: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": "proxy", **asdict(self)}
+
+
+def summarize(step_rows: np.ndarray) -> dict[str, float | None]:
+    """(steps x 4) array of METRICS (NaN where unknown) -> p50/p90 of each."""
+    out: dict[str, float | None] = {}
+    for column, name in enumerate(METRICS):
+        values = step_rows[:, column] if len(step_rows) else np.empty(0)
+        values = values[~np.isnan(values)]
+        p50, p90 = (np.percentile(values, [50, 90]) if values.size else (None, None))
+        out[f"{name}_p50"] = None if p50 is None else float(p50)
+        out[f"{name}_p90"] = None if p90 is None else float(p90)
+    return out
+
+
+class StepLog:
+    """Prints and writes steps on rank 0; everything is a no-op elsewhere."""
+
+    def __init__(self, json_path: str | None, lead: bool, samples_per_step: int):
+        self.lead, self.samples = lead, samples_per_step
+        self.sink = ResultSink(json_path) if lead and json_path else None
+        self.run_id = uuid.uuid4().hex[:12]
+
+    def header(self, record: dict[str, Any], lines: list[str]) -> None:
+        if not self.lead:
+            return
+        if self.sink:
+            self.sink.header({"run_id": self.run_id, **record})
+        for line in lines:
+            print(f"# {line}", flush=True)
+        print(f"# {'step':>6} {'compute(ms)':>12} {'comm(ms)':>10} {'exposed(ms)':>12} {'step(ms)':>10} "
+              f"{'samples/s':>11}", flush=True)
+
+    def step(self, index: int, warmup: bool, values: dict[str, float | None]) -> None:
+        if not self.lead:
+            return
+        step_us = values["step_us"]
+        rate = self.samples / (step_us * 1e-6) if step_us else float("nan")
+        cells = " ".join(f"{_ms(values.get(m)):>{w}}" for m, w in zip(METRICS, (12, 10, 12, 10)))
+        print(f"  {index:>6} {cells} {rate:>11.1f}{'  (warm-up)' if warmup else ''}", flush=True)
+        if self.sink:
+            self.sink.write({"record": "step", "schema": SCHEMA_VERSION, "run_id": self.run_id,
+                                   "step": index, "warmup": warmup, **values, "samples_per_s": rate})
+
+    def summary(self, result: ProxyResult) -> None:
+        if not self.lead:
+            return
+        if self.sink:
+            self.sink.write(result.to_dict())
+            self.sink.close()
+        if result.status != "ok":
+            return
+        print(f"# median {_ms(result.compute_us_p50):>12} {_ms(result.comm_us_p50):>10} "
+              f"{_ms(result.exposed_comm_us_p50):>12} {_ms(result.step_us_p50):>10} {result.samples_per_s:>11.1f}")
+        print(f"# p90    {_ms(result.compute_us_p90):>12} {_ms(result.comm_us_p90):>10} "
+              f"{_ms(result.exposed_comm_us_p90):>12} {_ms(result.step_us_p90):>10}", flush=True)
+
+
+def _ms(value_us: float | None) -> str:
+    return "-" if value_us is None or value_us != value_us else f"{value_us / 1e3:.2f}"

@@ -1,0 +1,149 @@
+"""One training step as a timeline: forward, a backward during which each bucket's allreduce
+starts once its last gradient is ready, and the optimizer once every allreduce is done.
+
+Allreduces run one at a time on a communication stream (DDP launches buckets in order on
+one process group), overlapped with the rest of the backward. The step ends when the
+backward and the last allreduce have both finished, plus the optimizer. Two forms, one
+arithmetic:
+
+- `overlap(plan, comm_us)`: pure; communication times given (from the cost model, or a
+  fake). predict-scaling and the sim proxy use it.
+- `run_step(plan, clock, channel)`: executed; compute is emulated on `clock` (sleeping for
+  a GPU's compute, spinning on CPU time for a CPU's), allreduces are handed to `channel`
+  when ready and timed as they really run. Tests drive it with a fake clock and channel
+  and compare it with `overlap`.
+
+Times are microseconds from the start of the step.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from commbench.proxies.buckets import Bucket
+from commbench.proxies.profile import Profile
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one rank computes in a step, and when each bucket becomes ready."""
+    forward_us: float
+    backward_us: float
+    optimizer_us: float
+    bucket_ready_us: tuple[float, ...]  # from the start of the backward, launch order
+    bucket_nbytes: tuple[int, ...]
+
+    @property
+    def compute_us(self) -> float:
+        return self.forward_us + self.backward_us + self.optimizer_us
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    compute_us: float  # forward + backward + optimizer
+    comm_us: float  # the allreduces' own durations, summed
+    exposed_comm_us: float  # step - compute: communication the backward did not hide
+    step_us: float
+    comm_intervals: tuple[tuple[float, float], ...] = ()  # (start, end) of each allreduce
+
+    def samples_per_s(self, samples: int) -> float:
+        return samples / (self.step_us * 1e-6) if self.step_us > 0 else math.inf
+
+
+def plan_step(profile: Profile, buckets: Sequence[Bucket], batch: int, forward_us: float, backward_us: float,
+              optimizer_us: float = 0.0) -> StepPlan:
+    """Bucket ready times: the backward's duration shared out by backward FLOPs, so a bucket is
+    ready when the FLOPs done before its last gradient have run."""
+    total = profile.backward_flops
+    ready = tuple(backward_us * (b.ready_flops / total if total > 0 else 1.0) for b in buckets)
+    return StepPlan(forward_us, backward_us, optimizer_us, ready, tuple(b.nbytes for b in buckets))
+
+
+def flops_times_us(profile: Profile, batch: int, tflops: float) -> tuple[float, float]:
+    """(forward, backward) in microseconds at a device rate of `tflops` 1e12 FLOP/s."""
+    per_us = tflops * 1e6
+    return profile.forward_flops * batch / per_us, profile.backward_flops * batch / per_us
+
+
+def overlap(plan: StepPlan, comm_us: Sequence[float]) -> StepTimes:
+    """The step when bucket i's allreduce takes comm_us[i] on a serial communication stream."""
+    backward_start = plan.forward_us
+    backward_end = backward_start + plan.backward_us
+    free_at, intervals = 0.0, []
+    for ready, duration in zip(plan.bucket_ready_us, comm_us):
+        start = max(backward_start + ready, free_at)
+        free_at = start + duration
+        intervals.append((start, free_at))
+    step = max(backward_end, free_at) + plan.optimizer_us
+    return StepTimes(plan.compute_us, float(sum(comm_us)), step - plan.compute_us, step, tuple(intervals))
+
+
+# ---------------------------------------------------------------- executed
+
+
+class Clock(Protocol):
+    def now_us(self) -> float: ...  # wall time
+    def begin(self) -> None: ...  # compute progress counts from here
+    def compute_until(self, progress_us: float) -> None: ...  # block until this much compute has run
+
+
+class Channel(Protocol):
+    def launch(self, bucket: int) -> None: ...
+    def wait_all(self) -> list[tuple[float, float]]: ...  # (start, end) per bucket launched, wall time
+
+
+class SleepClock:
+    """Compute that leaves the host CPU free (a GPU's kernels): waiting sleeps, and spins only
+    the last 200 us for precision. Progress is wall time since `begin`."""
+    SPIN_US = 200.0
+
+    def __init__(self) -> None:
+        self.base_us = self.now_us()
+
+    def now_us(self) -> float:
+        return time.perf_counter() * 1e6
+
+    def begin(self) -> None:
+        self.base_us = self.now_us()
+
+    def compute_until(self, progress_us: float) -> None:
+        deadline = self.base_us + progress_us
+        remaining = deadline - self.now_us()
+        if remaining > self.SPIN_US:
+            time.sleep((remaining - self.SPIN_US) * 1e-6)
+        while self.now_us() < deadline:
+            pass
+
+
+class CpuClock(SleepClock):
+    """Compute that occupies a CPU core, as a CPU model's forward and backward do: spin until this
+    thread has used `progress` of CPU time. What the communication threads take from the core
+    (gloo's copies and reductions) delays the emulated compute as it delays real compute."""
+
+    def begin(self) -> None:
+        self.base_us = time.thread_time() * 1e6
+
+    def compute_until(self, progress_us: float) -> None:
+        deadline = self.base_us + progress_us
+        while time.thread_time() * 1e6 < deadline:
+            pass
+
+
+def run_step(plan: StepPlan, clock: Clock, channel: Channel) -> StepTimes:
+    """Execute one step: emulate compute on `clock`, launch each bucket on `channel` when ready."""
+    t0 = clock.now_us()
+    clock.begin()
+    clock.compute_until(plan.forward_us)
+    for bucket, ready in enumerate(plan.bucket_ready_us):
+        clock.compute_until(plan.forward_us + ready)
+        channel.launch(bucket)
+    clock.compute_until(plan.forward_us + plan.backward_us)
+    intervals = channel.wait_all()
+    clock.begin()
+    clock.compute_until(plan.optimizer_us)
+    step = clock.now_us() - t0
+    comm = sum(end - start for start, end in intervals)
+    return StepTimes(plan.compute_us, comm, step - plan.compute_us, step,
+                     tuple((start - t0, end - t0) for start, end in intervals))

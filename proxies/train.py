@@ -1,0 +1,164 @@
+"""Real data-parallel training of a profile's model: torch DDP on gloo (CPU) or NCCL (GPU),
+random weights, synthetic inputs of the profile's shape, SGD with momentum.
+
+Throughput is measured as published framework benchmarks measure it: the first
+`warmup_steps` are run and dropped, the following `steps` are timed one by one (a step is
+zero_grad, forward, loss, backward with DDP's allreduces, optimizer step; synchronised on
+GPU). The same `Trainer` times forward, backward and optimizer separately, without DDP,
+for the proxy's `--compute measured`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from commbench.proxies.catalog import CATALOG, BuiltModel, ModelError, build, build_named, loss_of
+from commbench.proxies.profile import Profile
+
+LEARNING_RATE, MOMENTUM = 0.01, 0.9
+
+
+class Trainer:
+    """A model, its optimizer and one synthetic batch on a device."""
+
+    def __init__(self, profile: Profile, batch: int, device: Any, amp: bool = False):
+        import torch
+
+        built = model_for(profile)
+        self.device, self.amp = device, amp and getattr(device, "type", device) == "cuda"
+        self.model = built.module.to(device)
+        self.model.train()
+        self.args, self.kwargs = built.make_inputs(batch, device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+        self.wrapped = self.model  # DistributedDataParallel once wrap() is called
+
+    def wrap(self, bucket_mb: float | None, device_ids: list[int] | None) -> None:
+        import torch
+
+        self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
+                                                                 bucket_cap_mb=bucket_mb)
+
+    def forward(self):
+        import torch
+
+        with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+            return loss_of(self.wrapped(*self.args, **self.kwargs))
+
+    def backward(self, loss) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def update(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.backward(self.forward())
+        self.update()
+        self.sync()
+
+    def sync(self) -> None:
+        import torch
+
+        if getattr(self.device, "type", self.device) == "cuda":
+            torch.cuda.synchronize()
+
+    def phase_times_us(self, repeats: int = 3) -> tuple[float, float, float]:
+        """Median (forward, backward, optimizer) times of `repeats` steps after one warm-up, no DDP."""
+        rows = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            loss = self.forward()
+            self.sync()
+            t1 = time.perf_counter()
+            self.backward(loss)
+            self.sync()
+            t2 = time.perf_counter()
+            self.update()
+            self.sync()
+            rows.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
+        return float(forward), float(backward), float(update)
+
+
+def model_for(profile: Profile) -> BuiltModel:
+    """The real model behind a profile: the catalog's definition, or the spec it was extracted from."""
+    spec = profile.source.get("spec")
+    if spec is None and profile.name in CATALOG:
+        return build_named(profile.name)
+    if spec is None:
+        raise ModelError(f"profile {profile.name!r} does not say which model it came from (source.spec)")
+    return build(spec, tuple(profile.source.get("input_shape") or ()))
+
+
+def check_memory(profile: Profile, world_local: int, device: str) -> None:
+    """Refuse up front what cannot fit: weights, gradients, momentum and DDP's bucket copy are
+    4x the parameters per rank (activations come on top)."""
+    need = 4 * profile.nbytes * world_local
+    free = _free_bytes(device)
+    if free is not None and need > free:
+        raise MemoryError(f"{profile.name} needs at least {need / 2**30:.1f} GiB for {world_local} local rank(s) "
+                          f"(weights, gradients, momentum, DDP buckets) but {free / 2**30:.1f} GiB is free")
+
+
+def _free_bytes(device: str) -> int | None:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------- one rank of `commbench train`
+
+
+def run_train(cfg, launch, argv: list[str]) -> int:
+    """Train on this rank; returns the exit code (2: does not fit, 3: a rank failed)."""
+    from commbench.proxies.replay import run_rank
+
+    return run_rank(cfg, launch, argv, _train_steps)
+
+
+def _train_steps(ctx) -> None:
+    """Build the model, wrap it in DDP, run and log the steps (called by replay.run_rank)."""
+    import torch
+
+    backend, profile, cfg = ctx.backend, ctx.profile, ctx.cfg
+    check_memory(profile, ctx.launch.local_world_size, backend.device)
+    device = torch.device(backend.device, torch.cuda.current_device()) if backend.device == "cuda" else "cpu"
+    torch.manual_seed(1234 + backend.rank)
+    trainer = Trainer(profile, ctx.batch, device, cfg.amp)
+    trainer.wrap(cfg.bucket_mb, [device.index] if backend.device == "cuda" else None)
+    ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
+        f"real DDP training: {type(trainer.model).__name__}, SGD momentum {MOMENTUM}, synthetic inputs, "
+        f"{'amp fp16' if trainer.amp else 'fp32'}"])
+    for index in range(cfg.warmup_steps + cfg.steps):
+        t0 = time.perf_counter()
+        trainer.step()
+        ctx.record(index, {"compute_us": None, "comm_us": None, "exposed_comm_us": None,
+                           "step_us": (time.perf_counter() - t0) * 1e6})
+
+
+if __name__ == "__main__":  # a rank spawned by `commbench train`
+    from commbench.launch import from_environment
+    from commbench.proxies.config import ProxyConfig
+    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR
+
+    sys.exit(run_train(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
+                       json.loads(os.environ.get(ARGV_VAR, "[]"))))
