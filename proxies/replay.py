@@ -213,12 +213,13 @@ def _replay_steps(ctx: RankContext) -> None:
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, label = compute_times(ctx)
     plan = plan_step(profile, ctx.buckets, ctx.batch, forward, backward, update)
-    calls = []
+    buffers = []
     for bucket in ctx.buckets:
         dtype = C.resolve_dtype(bucket.dtype)
-        buffer = backend.alloc(bucket.nbytes // dtype.itemsize, dtype)
-        backend.fill(buffer, 0.0)  # zeros stay zeros: no overflow, no denormals, whatever the steps
-        calls.append(backend.prepare("allreduce", buffer, buffer, "sum", 0, True))
+        buffers.append(backend.alloc(bucket.nbytes // dtype.itemsize, dtype))
+        backend.fill(buffers[-1], 0.0)  # zeros stay zeros: no overflow, no denormals, whatever the steps
+    backend.barrier()  # every rank's buffers exist before any rank prepares (shm maps its peers' segments)
+    calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
     clock = SleepClock() if backend.device == "cuda" else CpuClock()
     ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the comm thread within 0.1 ms

@@ -1,0 +1,163 @@
+"""`commbench proxy`, `train` and `profiles` as users run them: 2-rank real runs, the sim
+prediction, bad input (one line, exit 2, nothing written) and a dead rank (exit 3, steps kept)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import clean_env, commbench, rank_pid
+from commbench.results import read_records
+
+FAST = ["--batch", "1", "--steps", "2", "--warmup-steps", "1"]
+
+
+def records(path, kind):
+    return [r for r in read_records(str(path)) if r["record"] == kind]
+
+
+def test_proxy_two_ranks_replays_and_writes_steps(tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = commbench("proxy", "resnet18", "--nprocs", "2", *FAST, "--tflops", "0.05", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "3 bucket(s)" in proc.stdout and "# median" in proc.stdout
+    steps, (summary,) = records(out, "step"), records(out, "proxy")
+    assert [s["step"] for s in steps] == [1, 2, 3] and [s["warmup"] for s in steps] == [True, False, False]
+    assert summary["kind"] == "proxy" and summary["world_size"] == 2 and summary["buckets"] == 3
+    # 3.63 + 7.02 GFLOP per sample at 0.05 TFLOP/s: the emulated compute is exactly that
+    assert summary["compute_us_p50"] == pytest.approx((3.628 + 7.020) * 1e9 / 0.05e12 * 1e6, rel=1e-3)
+    assert summary["comm_us_p50"] > 0 and summary["step_us_p50"] >= summary["compute_us_p50"]
+    assert summary["exposed_comm_us_p50"] == pytest.approx(summary["step_us_p50"] - summary["compute_us_p50"],
+                                                           abs=1e3)
+
+
+def test_proxy_on_shared_memory_with_no_bucketing(tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = commbench("proxy", "resnet18", "--backend", "shm", "--no-bucketing", "--compute", "none", *FAST,
+                     "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = records(out, "proxy")
+    assert summary["backend"] == "shm" and summary["buckets"] == 62 and summary["compute_us_p50"] == 0
+
+
+def test_train_two_ranks(tmp_path):
+    out = tmp_path / "t.jsonl"
+    proc = commbench("train", "resnet18", "--nprocs", "2", *FAST, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = records(out, "proxy")
+    assert summary["kind"] == "train" and summary["compute"] == "real" and summary["steps"] == 2
+    assert summary["step_us_p50"] > 0 and summary["samples_per_s"] > 0
+
+
+def test_validate_runs_both_and_reports_the_error(tmp_path):
+    out = tmp_path / "v.jsonl"
+    proc = commbench("proxy", "resnet18", "--nprocs", "2", *FAST, "--validate", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "proxy error" in proc.stdout
+    (check,) = records(out, "validate")
+    proxy, (train,) = records(out, "proxy")[0], records(str(out).replace(".jsonl", ".train.jsonl"), "proxy")
+    assert check["error"] == pytest.approx((proxy["step_us_p50"] - train["step_us_p50"]) / train["step_us_p50"])
+    assert proxy["compute"] == "measured" and train["kind"] == "train"
+
+
+def test_nodes_beyond_the_job_predict_with_the_model(tmp_path):
+    out = tmp_path / "s.jsonl"
+    proc = commbench("proxy", "resnet50", "--nodes", "4", "--gpus-per-node", "8", "--hw", "dgx-a100",
+                     "--tflops", "100", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "this host is not a job of 4 x 8 ranks" in proc.stdout and "nothing measured" in proc.stdout
+    (summary,) = records(out, "proxy")
+    assert summary["kind"] == "predicted" and summary["world_size"] == 32 and summary["backend"] == "model"
+
+
+def test_nodes_with_local_spawn_every_rank(tmp_path):
+    out = tmp_path / "l.jsonl"
+    proc = commbench("proxy", "resnet18", "--nodes", "2", "--gpus-per-node", "2", "--local", "--backend", "hybrid",
+                     "--compute", "none", *FAST, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = records(out, "proxy")
+    assert summary["world_size"] == 4 and summary["backend"] == "hybrid"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["nosuch"], "unknown model 'nosuch'; known:"),
+    (["resnet18", "--batch", "0"], "--batch 0: must be at least 1"),
+    (["resnet18", "--nodes", "4"], "not a job of 4 x 1 ranks; add --local"),
+    (["resnet18", "--compute", "flops"], "needs --tflops"),
+    (["resnet18", "--no-bucketing", "--single-bucket"], "exclude each other"),
+    (["resnet18", "--bucket-mb", "-5"], "--bucket-mb -5: must be positive"),
+    (["resnet18", "--backend", "sim"], "give --hw"),
+    (["resnet18", "--backend", "sim", "--hw", "nope"], "no hardware file or preset 'nope'"),
+])
+def test_proxy_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    out = tmp_path / "x.jsonl"
+    proc = commbench("proxy", *args, "--json", str(out))
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_bad_profile_file_says_which_field(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"name": "x", "tensors": []}))
+    proc = commbench("proxy", str(path))
+    assert proc.returncode == 2 and "missing field(s) forward_flops" in proc.stderr
+
+
+def test_train_a_model_too_large_for_memory_is_one_line_and_exit_2(tmp_path):
+    """Address space limited to what torch needs plus 1 GiB: bert-large's 1.3 GB of weights cannot fit."""
+    from test_faults import _torch_import_vm_bytes
+
+    prlimit = "/usr/bin/prlimit"
+    if not os.path.exists(prlimit):
+        pytest.skip("prlimit (util-linux) not installed")
+    out = tmp_path / "t.jsonl"
+    limit = _torch_import_vm_bytes() + (1 << 30)
+    proc = subprocess.run([prlimit, f"--as={limit}", sys.executable, "-m", "commbench", "train", "bert-large",
+                           "--nprocs", "2", "--batch", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
+    assert proc.returncode == 2, proc.stderr
+    assert "out of memory" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists() or not records(out, "step")
+
+
+def test_dead_rank_ends_the_proxy_and_keeps_its_steps(tmp_path):
+    out = tmp_path / "d.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", "proxy", "resnet18", "--nprocs", "2", "--batch", "1",
+                             "--compute", "none", "--steps", "100000", "--timeout", "10", "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out.exists() and len(records(out, "step")) >= 3):
+        time.sleep(0.2)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert "rank 1 was killed by SIGKILL" in err and "Traceback" not in err
+    assert len(records(out, "step")) >= 3
+
+
+def test_profiles_list_show_and_buckets():
+    listing = commbench("profiles", "list")
+    assert listing.returncode == 0 and "resnet50" in listing.stdout and "25,557,032" in listing.stdout
+    show = commbench("profiles", "show", "vgg16", "--buckets", "--json")
+    layout = json.loads(show.stdout)
+    assert layout["count"] == len(layout["buckets"]) and layout["total_bytes"] == 138_357_544 * 4
+    text = commbench("profiles", "show", "resnet50", "--buckets", "--bucket-mb", "5")
+    assert text.returncode == 0 and "cap 5 MiB" in text.stdout
+    assert commbench("profiles", "show", "nosuch").returncode == 2
+
+
+def test_profiles_extract_a_callable(tmp_path):
+    out = tmp_path / "tts.json"
+    proc = commbench("profiles", "extract", "commbench.proxies.models.tts_angular:build", "-o", str(out),
+                     "--name", "my_tts")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["name"] == "my_tts" and data["parameters"] == 9_381_888
+    assert data["source"]["spec"] == "commbench.proxies.models.tts_angular:build"
+    bad = commbench("profiles", "extract", "torchvision:nosuchnet", "-o", str(tmp_path / "x.json"))
+    assert bad.returncode == 2 and "torchvision has no model 'nosuchnet'" in bad.stderr

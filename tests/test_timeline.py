@@ -1,0 +1,87 @@
+"""The step timeline: the pure overlap arithmetic with exact values, and the executed form
+(run_step) driven by a fake clock and a fake communication channel, which must agree with it."""
+import pytest
+
+from commbench.proxies.timeline import StepPlan, overlap, plan_step, run_step
+from commbench.proxies.buckets import assign
+from commbench.proxies.profile import Profile, TensorSpec
+
+
+class FakeClock:
+    """Virtual time: compute advances it; nothing else does unless the channel says so."""
+
+    def __init__(self):
+        self.t = 1000.0  # an arbitrary origin: results must be relative to the step start
+        self.base = self.t
+
+    def now_us(self):
+        return self.t
+
+    def begin(self):
+        self.base = self.t
+
+    def compute_until(self, progress_us):
+        self.t = max(self.t, self.base + progress_us)
+
+
+class FakeChannel:
+    """Allreduce i takes durations[i] on one serial stream; wait_all advances the clock to the last end."""
+
+    def __init__(self, clock, durations):
+        self.clock, self.durations = clock, durations
+        self.launched = []
+        self.free_at = 0.0
+
+    def launch(self, bucket):
+        start = max(self.clock.now_us(), self.free_at)
+        self.free_at = start + self.durations[bucket]
+        self.launched.append((start, self.free_at))
+
+    def wait_all(self):
+        out, self.launched = self.launched, []
+        self.clock.t = max(self.clock.t, self.free_at)
+        return out
+
+
+PLAN = StepPlan(forward_us=100.0, backward_us=200.0, optimizer_us=10.0, bucket_ready_us=(50.0, 120.0, 200.0),
+                bucket_nbytes=(1, 2, 3))
+
+
+def test_overlap_exact_values_hidden_communication():
+    t = overlap(PLAN, [30.0, 30.0, 20.0])
+    # buckets start at 150, 220, 300 (each when ready; the stream is free); last ends 320
+    assert t.comm_intervals == ((150.0, 180.0), (220.0, 250.0), (300.0, 320.0))
+    assert t.step_us == 330.0 and t.compute_us == 310.0 and t.exposed_comm_us == 20.0 and t.comm_us == 80.0
+
+
+def test_overlap_exact_values_queued_communication():
+    t = overlap(PLAN, [100.0, 100.0, 50.0])
+    # 150-250, then 250-350 (queued behind the first), then 350-400
+    assert t.comm_intervals == ((150.0, 250.0), (250.0, 350.0), (350.0, 400.0))
+    assert t.step_us == 410.0 and t.exposed_comm_us == 100.0
+
+
+def test_no_communication_costs_nothing():
+    t = overlap(PLAN, [0.0, 0.0, 0.0])
+    assert t.step_us == PLAN.compute_us and t.exposed_comm_us == 0.0
+
+
+@pytest.mark.parametrize("durations", [[30.0, 30.0, 20.0], [100.0, 100.0, 50.0], [0.0, 500.0, 0.0], [1.0, 2.0, 3.0]])
+def test_executed_step_matches_the_pure_timeline(durations):
+    clock = FakeClock()
+    executed = run_step(PLAN, clock, FakeChannel(clock, durations))
+    expected = overlap(PLAN, durations)
+    assert executed.step_us == pytest.approx(expected.step_us)
+    assert executed.exposed_comm_us == pytest.approx(expected.exposed_comm_us)
+    flat = [t for pair in executed.comm_intervals for t in pair]
+    assert flat == pytest.approx([t for pair in expected.comm_intervals for t in pair])
+
+
+def test_bucket_ready_times_follow_backward_flops():
+    tensors = (TensorSpec("a", (1 << 18,), "float32", 100.0, 2), TensorSpec("b", (1 << 18,), "float32", 40.0, 1),
+               TensorSpec("c", (1 << 18,), "float32", 10.0, 0))
+    profile = Profile("toy", tensors, 50.0, 100.0, (1,), "samples", 1)
+    buckets = assign(profile, mode="none")  # c, b, a
+    plan = plan_step(profile, buckets, batch=4, forward_us=7.0, backward_us=1000.0, optimizer_us=3.0)
+    assert plan.bucket_ready_us == (100.0, 400.0, 1000.0)
+    assert plan.bucket_nbytes == (1 << 20,) * 3 and plan.compute_us == 1010.0
