@@ -49,7 +49,10 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("vovnet39a", "timm:vovnet39a", (3, 224, 224), "images", 32, _TB.format("timm_vovnet")),
     ModelSpec("vit_small_patch16_224", "timm:vit_small_patch16_224", (3, 224, 224), "images", 32,
               _TB.format("timm_vision_transformer")),
-    ModelSpec("unet", "commbench.proxies.models.unet:build", (), "images", 1, _TB.format("pytorch_unet")),
+    ModelSpec("unet", "commbench.proxies.models.unet:build", (), "images", 1, _TB.format("pytorch_unet"),
+              note="Pytorch-UNet's default (bilinear=False, transposed-convolution up-sampling); TorchBench's "
+                   "pytorch_unet builds bilinear=True (17.3 M parameters): "
+                   "`commbench profiles extract commbench.proxies.models.unet:build_bilinear`"),
     ModelSpec("bert-base", "transformers:BertForMaskedLM", (512,), "sequences", 4, _TB.format("hf_Bert") + "; " + _HF),
     ModelSpec("bert-large", "transformers:BertForMaskedLM:hidden_size=1024,num_hidden_layers=24,"
               "num_attention_heads=16,intermediate_size=4096", (512,), "sequences", 4,
@@ -59,8 +62,9 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
               (512,), "sequences", 4, _TB.format("hf_Bart") + "; " + _HF,
               note="facebook/bart-base's hyper-parameters (its config.json) on BartConfig"),
     ModelSpec("gpt2", "transformers:GPT2LMHeadModel", (512,), "sequences", 4, _TB.format("hf_GPT2") + "; " + _HF),
-    ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 32,
-              _TB.format("speech_transformer")),
+    ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 10,
+              _TB.format("speech_transformer") + " declares 32, but its frame-budget batching of a 10-utterance "
+              "training set gives 10 per step (pytorch/benchmark issue #1560)"),
     ModelSpec("tts_angular", "commbench.proxies.models.tts_angular:build", (), "utterances", 64,
               _TB.format("tts_angular")),
 )}

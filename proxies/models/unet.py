@@ -10,12 +10,12 @@ one-pixel gap), concatenates [skip, upsampled] on the channel axis and runs a do
 64 channels to the class logits.
 
 Two up-sampling variants exist upstream:
-* bilinear=False (the default here, as requested for commbench): a 2x2 stride-2 ConvTranspose2d halves the
+* bilinear=False (the default here, as in Pytorch-UNet's own training script): a 2x2 stride-2 ConvTranspose2d halves the
   channels before the concat; 31,043,586 trainable parameters for 3 input channels and 2 classes.
 * bilinear=True (what TorchBench's `pytorch_unet` actually instantiates, `UNet(n_channels=3, n_classes=2,
   bilinear=True)` in torchbenchmark/models/pytorch_unet/__init__.py): parameter-free bilinear up-sampling,
   the bottleneck and decoder double convs are narrowed by 2 (their middle width stays at in_channels // 2);
-  17,267,458 trainable parameters. Select it with ``build(bilinear=True)``.
+  17,267,458 trainable parameters. Select it with ``build_bilinear()``.
 
 The parameter count does not depend on the image size. TorchBench feeds 3x640x959 images (Carvana's
 1280x1918 frames scaled by 0.5) with a train batch size of 1.
@@ -140,6 +140,11 @@ class UNet(nn.Module):
 def build(bilinear: bool = False) -> nn.Module:
     """Randomly initialised U-Net (3 channels in, 2 classes out); no weights are downloaded."""
     return UNet(N_CHANNELS, N_CLASSES, bilinear=bilinear)
+
+
+def build_bilinear() -> nn.Module:
+    """TorchBench's `pytorch_unet` variant (bilinear up-sampling, 17.3 M parameters)."""
+    return build(bilinear=True)
 
 
 def example_inputs(batch: int, device="cpu") -> tuple:
