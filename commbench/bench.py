@@ -59,6 +59,9 @@ class SweepConfig:
     topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
     nprocs: int | None = None  # sim: virtual ranks (other backends take the world size from the launch)
     hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
+    cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
+    graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
+    monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -85,6 +88,7 @@ class PointOutcome:
     times_us: np.ndarray  # this rank's per-iteration times
     warmup: int
     wrong: int  # this rank's wrong elements (-1 when not checked)
+    telemetry: dict[str, float] | None = None  # --monitor, on rank 0: averages over the timed calls
 
 
 # ---------------------------------------------------------------- one point
@@ -160,7 +164,8 @@ def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, in
     return warmup, timed_calls(estimate_us, cfg.min_time_s, cfg.min_iters, cfg.max_iters)
 
 
-def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: str, pattern: C.Pattern) -> PointOutcome:
+def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: str, pattern: C.Pattern,
+                  monitor: Any = None) -> PointOutcome:
     dtype, rank = pattern.dtype, backend.rank
     failed = None
     try:
@@ -176,9 +181,12 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     if backend.timed:
         warmup, iters = _iteration_counts(backend, cfg, call)
         backend.barrier()
+        if monitor is not None:
+            monitor.mark(f"{plan.collective} {plan.nbytes} {placement}")
         times_us = backend.time_iterations(call, iters)
+        telemetry = monitor.window() if monitor is not None else None
     else:  # nothing to time with (sim without a cost model): run once, for the check only
-        warmup, times_us = 0, np.empty(0)
+        warmup, times_us, telemetry = 0, np.empty(0), None
     wrong = -1
     if cfg.check:
         _fill(backend, send, owners, pattern, plan)  # timing may have changed the data (in-place)
@@ -186,7 +194,7 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
         call()
         backend.synchronize()
         wrong = _count_wrong(backend, recv, pattern, plan)
-    return PointOutcome(times_us, warmup, wrong)
+    return PointOutcome(times_us, warmup, wrong, telemetry)
 
 
 def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float | None]:
@@ -234,11 +242,18 @@ class Sweep:
         self.results: list[Result] = []
         topology = getattr(backend, "topology", None)  # schedule backends know the layout they run on
         self.nnodes = topology.nodes if topology is not None else launch.nnodes
+        self.monitor = None
+        if cfg.monitor and self.lead:  # rank 0's host and every GPU NVML sees there
+            from commbench.telemetry import Monitor
+
+            self.monitor = Monitor()
 
     def run(self) -> int:
         environment = self.backend.gather_objects(local_environment(self.backend.device))
         if self.lead:
             self._header(environment)
+        if self.monitor is not None:
+            self.monitor.start()
         status, error = "ok", None
         try:
             for collective in self.cfg.collectives:
@@ -256,10 +271,19 @@ class Sweep:
                 status = "wrong" if status == "ok" and wrong else status
                 self.sink.summary({"run_id": self.run_id, "status": status, "error": error, "points": len(self.results),
                                    "wrong": wrong,
-                                   "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None])})
+                                   "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None]),
+                                   **self._telemetry_summary()})
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
         return EXIT_WRONG if wrong_total else EXIT_OK
+
+    def _telemetry_summary(self) -> dict[str, Any]:
+        """Stop the monitor, print its one-line summary; the summary record's `telemetry` field."""
+        if self.monitor is None:
+            return {}
+        self.monitor.stop()
+        self.table.comment(self.monitor.summary_line())
+        return {"telemetry": self.monitor.summary()}
 
     def _header(self, environment: list[dict]) -> None:
         cfg, launch = self.cfg, self.launch
@@ -270,12 +294,17 @@ class Sweep:
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
         what = (f"algorithm {cfg.algorithm}, topology {self.backend.topology}" if hasattr(self.backend, "topology")
                 else f"{self.backend.library} on {self.backend.device}")
+        what += f", {self.backend.library}" if self.backend.name == "cuda" else ""  # the pointer mode
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({what}), {self.backend.world_size} ranks "
                            f"on {len(hosts)} host(s), launcher {launch.launcher}")
         iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.min_time_s:g} s per point)"
         iters = iters if self.backend.timed else "not timed"
         self.table.comment(f"dtype {self.dtype.name}, {iters}, time = {cfg.rank_agg} over ranks, "
                            f"check {'on' if cfg.check else 'off'}")
+        if self.monitor is not None and self.monitor.note:
+            self.table.comment(self.monitor.note)
+        if cfg.graph:
+            self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
         if self.backend.name == "torch":
             self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
                                "out-of-place = copy + in-place call, both timed")
@@ -324,7 +353,7 @@ class Sweep:
         if reason:
             raise BackendError(reason)
         try:
-            outcome = measure_point(self.backend, self.cfg, plan, placement, pattern)
+            outcome = measure_point(self.backend, self.cfg, plan, placement, pattern, self.monitor)
             stats = collect(self.backend, outcome, self.cfg.rank_agg)
         except SweepFault:
             raise
@@ -352,7 +381,7 @@ class Sweep:
                         nnodes=self.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
                         count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
                         algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
-                        run_id=self.run_id, kind=self.backend.kind,
+                        run_id=self.run_id, kind=self.backend.kind, telemetry=outcome.telemetry,
                         **self.backend.describe(), **stats)
         self.sink.result(result)
         self.results.append(result)

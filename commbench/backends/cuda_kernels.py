@@ -103,6 +103,21 @@ def function(file: str, name: str, device: int) -> Any:
         return module(file).get_function(name)
 
 
+def reduce_copy(out: Any, a: Any, b: Any, dtype: str, op: str, stream: Any = None) -> None:
+    """out = a op b on the current device (CuPy arrays of one dtype's storage, equal lengths):
+    the kernel the GPU tests check against CuPy and time against a device-to-device copy."""
+    import cupy
+    import numpy as np
+
+    from commbench.backends.cuda_plan import LaunchConfig
+
+    cfg, count = LaunchConfig(), out.size
+    packs = -(-count // cfg.pack_elements(out.itemsize))
+    blocks = max(1, min(cfg.blocks_for(3 * count * out.itemsize), packs))
+    kernel = function("reduce_copy.cu", kernel_name("reduce_copy", dtype, op), cupy.cuda.Device().id)
+    kernel((blocks,), (cfg.threads,), (out, a, b, np.int64(count)), stream=stream)
+
+
 # ---------------------------------------------------------------- without a GPU (tests)
 
 

@@ -19,6 +19,8 @@ Examples:
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m commbench sweep --sizes 1K-1G
   srun -N 4 --ntasks-per-node 8 commbench sweep --sizes 1K-1G
   mpirun -np 16 -x MASTER_ADDR=node01 commbench sweep --sizes 1K-1G
+  commbench sweep --backend cuda -N 8 --sizes 1K-256M      # commbench's kernels, 8 virtual ranks on one GPU
+  torchrun --nproc-per-node 8 -m commbench sweep --backend cupy --graph --monitor
 
 \b
 Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
@@ -48,13 +50,24 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 @click.option("--min-time", type=float, default=0.2, show_default=True, metavar="SECONDS",
               help="Adaptive mode: time budget of the timed iterations per point (at least 5, at most 1000 iterations).")
 @click.option("--backend", "-b", default="torch", show_default=True,
-              help="Where collectives run: torch (torch.distributed: gloo/NCCL), or commbench's own algorithms "
-                   "on shm (shared memory, one host), p2p (torch send/recv, any nodes), hybrid (shm inside a "
-                   "node, send/recv between nodes), sim (virtual ranks in one process, checked; timed by the "
-                   "cost model with --hw).")
+              help="Where collectives run: torch (torch.distributed: gloo/NCCL), cupy (NCCL through CuPy, one "
+                   "rank per GPU), or commbench's own algorithms on shm (shared memory, one host), p2p (torch "
+                   "send/recv, any nodes), hybrid (shm inside a node, send/recv between nodes), cuda (commbench's "
+                   "CUDA kernels, docs/gpu.md), sim (virtual ranks in one process, checked; timed by the cost "
+                   "model with --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
-              help="shm/p2p/hybrid/sim: ring, hier, tree, rhd, oneshot, binomial (allreduce), ring (allgather, "
-                   "reduce_scatter), chain (broadcast, reduce), or auto (by size and topology, docs/algorithms.md).")
+              help="shm/p2p/hybrid/cuda/sim: ring, hier, tree, rhd, oneshot, binomial (allreduce; cuda also "
+                   "twoshot), ring (allgather, reduce_scatter), chain (broadcast, reduce), or auto (by size and "
+                   "topology, docs/algorithms.md).")
+@click.option("--cuda-mode", type=click.Choice(["auto", "virtual", "peer", "ipc"]), default="auto", show_default=True,
+              help="cuda: virtual (every rank's buffers on one GPU, one process), peer (rank r on GPU r, one "
+                   "process), ipc (one process per GPU, CUDA IPC); auto: ipc under a launcher, else peer when "
+                   "--nprocs GPUs are visible, else virtual.")
+@click.option("--graph", is_flag=True, default=False,
+              help="cupy/cuda: capture each point's timed calls in one CUDA graph and replay it (nccl-tests -G).")
+@click.option("--monitor", is_flag=True, default=False,
+              help="Sample GPU (NVML: utilisation, memory, power, SM clock, PCIe, NVLink) and host (CPU, memory, "
+                   "NIC) telemetry on rank 0's host; per-point averages in the JSON, a summary line at the end.")
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="Nodes x ranks per node for the algorithms, e.g. 8x8 [default: the launcher's layout, "
                    "or one node].")
@@ -66,7 +79,7 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
               help="auto: cuda when torch sees a GPU, else cpu.")
 @click.option("--nprocs", "-N", type=int, default=None,
               help="Local ranks to spawn when no launcher (torchrun, srun, mpirun) started this process "
-                   "[default: number of GPUs, or 2 on CPU].")
+                   "[default: number of GPUs (2 virtual ranks for cuda on one GPU), or 2 on CPU].")
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True, help="Force how ranks are found; auto reads the environment.")
 @click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
@@ -89,11 +102,11 @@ def sweep(**options) -> None:
     from commbench import bench, launch
 
     env = os.environ
-    if options["backend"] == "sim":  # every virtual rank lives in this process: nothing to launch or join
-        cfg, _ = _sweep_config(options, world=None)
-        sys.exit(bench.run_sweep(cfg, launch.LaunchInfo.local(0, 1, 0), sys.argv))
     launcher = None if options["launcher"] == "auto" else options["launcher"]
     launcher = launcher or launch.detect_launcher(env)
+    if _in_one_process(options, launcher):  # every rank lives in this process: nothing to launch or join
+        cfg, _ = _sweep_config(options, world=None)
+        sys.exit(bench.run_sweep(cfg, launch.LaunchInfo.local(0, 1, 0), sys.argv))
     if launcher in (None, "spawn") and launch.SPAWN_VAR not in env:
         cfg, world = _sweep_config(options, world=None)
         code = launch.spawn_local("commbench.bench", world, {bench.CONFIG_VAR: cfg.to_json(),
@@ -105,6 +118,37 @@ def sweep(**options) -> None:
                    f"{info.world_size} rank(s)", err=True)
     cfg, _ = _sweep_config(options, world=info.world_size)
     sys.exit(bench.run_sweep(cfg, info, sys.argv))
+
+
+def _in_one_process(options: dict, launcher: str | None) -> bool:
+    """sim, and cuda with its ranks in this process (virtual or peer); resolves --cuda-mode auto."""
+    if options["backend"] == "sim":
+        return True
+    if options["backend"] != "cuda":
+        if options["cuda_mode"] != "auto":
+            raise UsageFault("--cuda-mode chooses where --backend cuda keeps the ranks' buffers")
+        return False
+    from commbench.backends.cuda_sched import resolve_mode
+
+    gpus = _gpus(options)
+    world = options["nprocs"] if options["nprocs"] is not None else (gpus if gpus > 1 else 2)
+    mode = resolve_mode(options["cuda_mode"], launcher or "single", world, gpus)
+    if mode != "ipc" and launcher is not None:
+        raise UsageFault(f"--cuda-mode {mode} runs every rank in one process: start it without {launcher}, "
+                         f"or use --cuda-mode ipc (one process per GPU)")
+    options["cuda_mode"] = mode
+    return mode != "ipc"
+
+
+def _gpus(options: dict) -> int:
+    """Visible CUDA devices for --backend cupy/cuda, or one line (exit 2) saying what is missing."""
+    from commbench.backends import BackendError
+    from commbench.backends.gpu import require_gpu
+
+    try:
+        return require_gpu(options["backend"])
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def _launch_info(launch, env, launcher):
@@ -137,8 +181,10 @@ def _sweep_config(options: dict, world: int | None):
         device, library = _resolve_device(options)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
+    if options["graph"] and options["backend"] not in ("cupy", "cuda"):
+        raise UsageFault("--graph captures CUDA work in a graph: use it with --backend cupy or cuda")
     if world is None:
-        world = options["nprocs"] if options["nprocs"] is not None else _default_nprocs(device)
+        world = options["nprocs"] if options["nprocs"] is not None else _default_nprocs(options, device)
     if world < 1:
         raise UsageFault(f"--nprocs {world}: need at least 1 rank")
     if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
@@ -154,7 +200,8 @@ def _sweep_config(options: dict, world: int | None):
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
         backend=options["backend"], torch_backend=options["torch_backend"], device=device,
         json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"],
-        algorithm=options["algorithm"], topology=options["topology"], nprocs=world, hw=options["hw"])
+        algorithm=options["algorithm"], topology=options["topology"], nprocs=world, hw=options["hw"],
+        cuda_mode=options["cuda_mode"], graph=options["graph"], monitor=options["monitor"])
     return cfg, world
 
 
@@ -191,6 +238,10 @@ def _check_algorithm(options: dict, names: list[str], world: int) -> None:
         return
     for name in names:
         table = algorithms.ALGORITHMS.get(name)
+        if table and backend == "cuda":  # schedules only the kernels run (two-shot)
+            from commbench.backends.cuda_plan import KERNEL_ALGORITHMS
+
+            table = {**table, **KERNEL_ALGORITHMS.get(name, {})}
         if not table:
             raise UsageFault(f"--backend {backend} has no algorithm for {name}; it runs "
                              f"{', '.join(algorithms.ALGORITHMS)} (use --backend torch for {name})")
@@ -203,18 +254,26 @@ def _check_algorithm(options: dict, names: list[str], world: int) -> None:
 
 
 def _resolve_device(options: dict) -> tuple[str, str]:
-    from commbench.backends import BackendError
+    from commbench.backends import GPU_BACKENDS, BackendError
 
+    if options["backend"] in GPU_BACKENDS:
+        if options["device"] == "cpu":
+            raise BackendError(f"--backend {options['backend']} runs on GPUs; on the CPU: --backend torch, shm or sim")
+        _gpus(options)
+        return "cuda", "nccl" if options["backend"] == "cupy" else f"cuda-{options['cuda_mode']}"
     if options["backend"] != "torch":
         if options["device"] == "cuda":
-            raise BackendError(f"--backend {options['backend']} runs on the CPU; GPUs: --backend torch")
+            raise BackendError(f"--backend {options['backend']} runs on the CPU; GPUs: --backend torch, cupy or cuda")
         return "cpu", "schedule"
     from commbench.backends.torch_dist import resolve_device
 
     return resolve_device(options["device"], options["torch_backend"])
 
 
-def _default_nprocs(device: str) -> int:
+def _default_nprocs(options: dict, device: str) -> int:
+    if options["backend"] in ("cupy", "cuda"):
+        gpus = _gpus(options)
+        return gpus if gpus > 1 or options["backend"] == "cupy" else 2  # cuda on one GPU: 2 virtual ranks
     if device == "cuda":
         import torch
 
@@ -229,7 +288,7 @@ def _check_supported(backend: str, library: str, names: list[str], dtype, op: st
     from commbench.backends.schedule_base import schedule_unsupported
     from commbench.backends.torch_dist import unsupported as torch_unsupported
 
-    if backend == "torch" and "sendrecv" in names and world == 1:
+    if backend in ("torch", "cupy") and "sendrecv" in names and world == 1:
         raise UsageFault("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
     for name in names:
         name_op = op if C.COLLECTIVES[name].reduces else None

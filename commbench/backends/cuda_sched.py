@@ -1,0 +1,365 @@
+"""cuda: commbench's schedules run by the kernels in cuda/, on one GPU or several.
+
+The Schedule objects that shm, p2p and sim run (commbench/algorithms.py, plus
+`twoshot`), executed on GPUs: every round is one launch of `schedule_round` (one-shot
+and two-shot allreduce use their own kernels), with the launch tables built once when
+the call is prepared (commbench/backends/cuda_plan.py, tested without a GPU). Three
+pointer modes (`--cuda-mode`); the kernels are the same, only where the rank buffer
+pointers come from differs:
+
+- virtual: every rank's buffers on one GPU, in one process, one stream. A launch
+  computes the round for every rank; stream order is the barrier between rounds.
+  This is the mode a single GPU runs, and the one GPU tests use.
+- peer: rank r on GPU r, one process, peer access enabled between every pair. One
+  stream per GPU; each GPU computes its rank's outputs, reading peers' buffers over
+  NVLink/PCIe; between rounds every stream waits for an event of every other stream.
+- ipc: one process per GPU (spawned, torchrun, srun, mpirun), buffers shared through
+  CUDA IPC handles and a GPU-side barrier between rounds (cuda_ipc.py), as the custom
+  allreduce of vLLM and TensorRT-LLM do.
+
+Buffers are allocated per rank (CuPy arrays; bfloat16 held as uint16). Results are
+checked by the harness like every backend's; the time of a call is measured with
+CUDA events on the stream of the first local rank (peer mode: the call forks the
+other streams from it and joins them back, so the events bracket all GPUs' work).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from commbench.backends import cuda_kernels as K
+from commbench.backends import cuda_plan as P
+from commbench.backends.base import BackendError
+from commbench.backends.gpu import MEMCPY_DEFAULT, fill_value, from_store, oom_or, require_gpu, store_dtype, \
+    time_calls, to_store
+from commbench.backends.schedule_base import ScheduleBackend
+from commbench.collectives import DType
+from commbench.schedule import Schedule
+from commbench.topology import Topology, TopologyError, parse_topology
+
+MODES = ("virtual", "peer", "ipc")
+
+
+@dataclass
+class Allocation:
+    """One allocation per rank of the job; `bases` holds each rank's device address as
+    this process sees it (peers' arrive through IPC handles in ipc mode)."""
+    seq: int
+    bases: dict[int, int] = field(default_factory=dict)
+    handle: bytes | None = None  # ipc: this rank's cudaIpcMemHandle
+    memory: Any = None  # ipc: the unpooled cupy.cuda.Memory behind this rank's array
+
+
+@dataclass
+class GpuBuffer:
+    """Elements [offsets[r], offsets[r] + count) of every rank's allocation; `arrays` are
+    the local ranks' CuPy views of them."""
+    arrays: dict[int, Any]
+    alloc: Allocation
+    offsets: dict[int, int]
+    count: int
+    dtype: DType
+
+    def pointer(self, rank: int) -> int:
+        return self.alloc.bases[rank] + self.offsets[rank] * self.dtype.itemsize
+
+
+def resolve_mode(mode: str, launcher: str, world: int, gpus: int) -> str:
+    """`--cuda-mode auto`: ipc under a launcher (one process per GPU), else peer when every
+    rank has a GPU of its own, else virtual ranks on one GPU."""
+    if mode != "auto":
+        return mode
+    if launcher not in ("single",):
+        return "ipc"
+    return "peer" if 1 < world <= gpus else "virtual"
+
+
+class CudaBackend(ScheduleBackend):
+    name = "cuda"
+    device = "cuda"
+
+    def __init__(self, world: int, topology: Topology, algorithm: str = "auto", mode: str = "virtual",
+                 graph: bool = False, timeout_s: float = 300.0, rank: int = 0, devices: dict[int, int] | None = None,
+                 launch_config: P.LaunchConfig = P.LaunchConfig()):
+        """`devices`: local rank -> GPU (default: all on GPU 0 for virtual, rank r on GPU r for peer)."""
+        import cupy
+
+        gpus = require_gpu("cuda")
+        if mode == "peer" and world > gpus:
+            raise BackendError(f"--cuda-mode peer puts rank r on GPU r: {world} ranks but {gpus} GPU(s) visible "
+                               f"(use --cuda-mode virtual, or fewer --nprocs)")
+        if mode == "peer" and graph:
+            raise BackendError("--graph captures one stream; --cuda-mode peer runs one per GPU (use virtual or ipc)")
+        self.rank, self.world_size, self.topology, self.algorithm = rank, world, topology, algorithm
+        self.mode, self.graph, self.timeout_s, self.launch_config = mode, graph, timeout_s, launch_config
+        self.library = f"cuda-{mode}"
+        self._devices = devices if devices is not None else {r: (r if mode == "peer" else 0) for r in range(world)}
+        self._streams = {}
+        for device in sorted(set(self._devices.values())):
+            with cupy.cuda.Device(device):
+                self._streams[device] = cupy.cuda.Stream(non_blocking=True)
+        self._events = {}  # peer mode: one event per GPU, re-recorded at every barrier
+        if mode == "peer":
+            _enable_peer_access(sorted(self._streams))
+            for device in self._streams:
+                with cupy.cuda.Device(device):
+                    self._events[device] = cupy.cuda.Event(disable_timing=True)
+        self._seq = 0
+
+    @classmethod
+    def create(cls, cfg, launch) -> "CudaBackend":
+        world = cfg.nprocs or 2
+        gpus = require_gpu("cuda")
+        mode = resolve_mode(cfg.cuda_mode, launch.launcher, world, gpus)
+        if mode == "ipc":
+            from commbench.backends.cuda_ipc import IpcCudaBackend
+
+            return IpcCudaBackend.create(cfg, launch)
+        try:
+            topology = parse_topology(cfg.topology, world)
+        except TopologyError as exc:
+            raise BackendError(str(exc)) from exc
+        return cls(world, topology, cfg.algorithm, mode, cfg.graph, cfg.timeout_s)
+
+    @property
+    def local_ranks(self) -> list[int]:
+        return sorted(self._devices)
+
+    def _stream(self, rank: int) -> Any:
+        return self._streams[self._devices[rank]]
+
+    def _groups(self) -> list[list[int]]:
+        """Ranks whose outputs one stream computes: all of them (virtual), or one each."""
+        return [self.local_ranks] if self.mode == "virtual" else [[r] for r in self.local_ranks]
+
+    # ---------------------------------------------------------------- buffers
+
+    def alloc(self, count: int, dtype: DType) -> GpuBuffer:
+        allocation, self._seq = Allocation(self._seq), self._seq + 1
+        arrays = {r: self._new_array(r, count, dtype, allocation) for r in self.local_ranks}
+        return GpuBuffer(arrays, allocation, dict.fromkeys(range(self.world_size), 0), count, dtype)
+
+    def _new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(self._devices[rank]):
+            try:
+                array = cupy.empty(count, dtype=store_dtype(dtype))
+            except Exception as exc:  # noqa: BLE001 - CuPy's OutOfMemoryError, or a CUDA runtime error
+                raise oom_or(exc, count * dtype.itemsize) from exc
+        allocation.bases[rank] = array.data.ptr
+        return array
+
+    def view(self, buffer: GpuBuffer, start: int, count: int) -> GpuBuffer:
+        return self.rank_view(buffer, lambda r: start, count)
+
+    def rank_view(self, buffer: GpuBuffer, start_of: Callable[[int], int], count: int) -> GpuBuffer:
+        arrays = {r: a[start_of(r):start_of(r) + count] for r, a in buffer.arrays.items()}
+        offsets = {r: o + start_of(r) for r, o in buffer.offsets.items()}
+        return GpuBuffer(arrays, buffer.alloc, offsets, count, buffer.dtype)
+
+    def upload(self, buffer: GpuBuffer, values: np.ndarray, rank: int) -> None:
+        import cupy
+
+        with cupy.cuda.Device(self._devices[rank]):
+            buffer.arrays[rank].set(to_store(values, buffer.dtype))
+
+    def fill(self, buffer: GpuBuffer, value: float) -> None:
+        import cupy
+
+        for rank, array in buffer.arrays.items():
+            with cupy.cuda.Device(self._devices[rank]):
+                array.fill(fill_value(value, buffer.dtype))
+
+    def download(self, buffer: GpuBuffer, start: int, count: int, rank: int) -> np.ndarray:
+        import cupy
+
+        with cupy.cuda.Device(self._devices[rank]):
+            return from_store(buffer.arrays[rank][start:start + count].get(), buffer.dtype)
+
+    def length(self, buffer: GpuBuffer) -> int:
+        return buffer.count
+
+    def itemsize(self, buffer: GpuBuffer) -> int:
+        return buffer.dtype.itemsize
+
+    def scratch(self, count: int, like: GpuBuffer) -> GpuBuffer:
+        return self.alloc(count, like.dtype)
+
+    def copy(self, dst: GpuBuffer, src: GpuBuffer, only_rank: int | None = None) -> None:
+        import cupy
+
+        nbytes = dst.count * dst.dtype.itemsize
+        for rank in self.local_ranks:
+            if nbytes and (only_rank is None or rank == only_rank):
+                with cupy.cuda.Device(self._devices[rank]):
+                    cupy.cuda.runtime.memcpyAsync(dst.pointer(rank), src.pointer(rank), nbytes, MEMCPY_DEFAULT,
+                                                  self._stream(rank).ptr)
+
+    def scale(self, buffer: GpuBuffer, factor: float) -> None:
+        import cupy
+
+        cast = np.float64 if buffer.dtype.name == "float64" else np.float32
+        blocks = max(1, min(1024, -(-buffer.count // self.launch_config.threads)))
+        for rank in self.local_ranks:
+            device = self._devices[rank]
+            kernel = K.function("reduce_copy.cu", K.kernel_name("scale", buffer.dtype.name), device)
+            with cupy.cuda.Device(device):
+                kernel((blocks,), (self.launch_config.threads,),
+                       (np.uint64(buffer.pointer(rank)), np.int64(buffer.count), cast(factor)), stream=self._stream(rank))
+
+    # ---------------------------------------------------------------- running a schedule
+
+    def schedule(self, collective: str, count: int, itemsize: int, root: int) -> Schedule:
+        extra = P.KERNEL_ALGORITHMS.get(collective, {})
+        if self.algorithm in extra:
+            return extra[self.algorithm](self.topology, count)
+        return super().schedule(collective, count, itemsize, root)
+
+    def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
+                inplace: bool) -> Callable[[], None]:
+        call = super().prepare(collective, send, recv, op, root, inplace)
+        if self.mode != "peer":
+            return call
+        return self._fork_join(call)
+
+    def executor(self, schedule: Schedule, working: GpuBuffer, op: str) -> Callable[[], None]:
+        groups = self._groups()
+        programs = [P.program(schedule, group) for group in groups]
+        self.share(working)
+        stage = self.alloc(schedule.count, working.dtype) if any(map(P.uses_staging, programs)) else None
+
+        def address(ref: P.Ref) -> int:
+            buffer = working if ref.buffer == P.WORK else stage
+            return buffer.pointer(ref.rank) + ref.offset * buffer.dtype.itemsize
+        launches = [[self._launcher(step, group, address, working.dtype, op, schedule.world) for step in steps]
+                    for group, steps in zip(groups, programs)]
+        barriers = [isinstance(step, P.Barrier) for step in programs[0]]
+        per_step = list(zip(barriers, zip(*launches)))
+        self.synchronize()  # the tables are on the GPUs before the first launch reads them
+        step_barrier = self._step_barrier
+
+        def call() -> None:
+            for is_barrier, group_launches in per_step:
+                if is_barrier:
+                    step_barrier()
+                    continue
+                for launch in group_launches:
+                    if launch is not None:
+                        launch()
+        return call
+
+    def _launcher(self, step: P.Step, group: list[int], address: Callable[[P.Ref], int], dtype: DType, op: str,
+                  world: int) -> Callable[[], None] | None:
+        """A closure that launches one step's kernel for one group, its tables already on the GPU."""
+        import cupy
+
+        device = self._devices[group[0]]
+        stream, threads = self._streams[device], self.launch_config.threads
+        with cupy.cuda.Device(device):
+            if isinstance(step, P.RoundLaunch) and step.tasks:
+                entries, inputs, grid = P.pack_round(step.tasks, address, dtype.itemsize, self.launch_config)
+                tables = (cupy.asarray(entries.view(np.uint8)), np.int32(len(entries)), cupy.asarray(inputs))
+                kernel = K.function("schedule_round.cu", K.kernel_name("schedule_round", dtype.name, op), device)
+                return lambda: kernel((grid,), (threads,), tables, stream=stream)
+            if isinstance(step, P.AllreduceLaunch):
+                blocks, rows = P.allreduce_grid(step, dtype.itemsize, world, self.launch_config)
+                ins = cupy.asarray(np.array([address(r) for r in step.ins], dtype=np.uint64))
+                outs = cupy.asarray(np.array([address(r) for r in step.outs], dtype=np.uint64))
+                args = (ins, outs, np.int32(world), np.int32(step.first_rank), np.int64(step.count))
+                kernel = K.function("allreduce.cu", _allreduce_kernel(step, dtype, op), device)
+                return lambda: kernel((blocks, rows), (threads,), args, stream=stream)
+        return None
+
+    def _step_barrier(self) -> None:
+        """Between rounds: nothing on one stream (stream order); across GPUs, every stream
+        waits for an event of every other stream."""
+        if self.mode == "virtual":
+            return
+        import cupy
+
+        for device, stream in self._streams.items():  # a wait takes the event's latest record, so reuse is safe
+            with cupy.cuda.Device(device):
+                self._events[device].record(stream)
+        for device, stream in self._streams.items():
+            with cupy.cuda.Device(device):
+                for other, event in self._events.items():
+                    if other != device:
+                        stream.wait_event(event)
+
+    def _fork_join(self, call: Callable[[], None]) -> Callable[[], None]:
+        """Peer mode: the other streams start after the first stream's earlier work, and the
+        first stream waits for theirs, so events on the first stream time the whole call."""
+        def timed_call() -> None:
+            self._step_barrier()
+            call()
+            self._step_barrier()
+        return timed_call
+
+    def share(self, buffer: GpuBuffer) -> None:
+        """Make every rank's pointer of `buffer` known here (ipc mode exchanges handles)."""
+
+    # ---------------------------------------------------------------- timing and synchronisation
+
+    def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        import cupy
+
+        first = self.local_ranks[0]
+        with cupy.cuda.Device(self._devices[first]):
+            times = time_calls(call, iters, self._stream(first), graph=self.graph)
+        self.check_errors()
+        return times
+
+    def check_errors(self) -> None:
+        """Raise if the GPU reported a fault the kernels record (ipc: a barrier timed out)."""
+
+    def synchronize(self) -> None:
+        import cupy
+
+        for device in self._streams:  # the whole device: our streams, and the default stream uploads use
+            cupy.cuda.Device(device).synchronize()
+        self.check_errors()
+
+    # ---------------------------------------------------------------- one process: the control plane is local
+
+    def barrier(self) -> None:
+        self.synchronize()
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)[None, :]
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+def _allreduce_kernel(step: P.AllreduceLaunch, dtype: DType, op: str) -> str:
+    if step.kernel == "oneshot":
+        return K.kernel_name("oneshot_allreduce", dtype.name, op)
+    if step.phase == 0:
+        return K.kernel_name("twoshot_reduce_scatter", dtype.name, op)
+    return K.kernel_name("twoshot_allgather", dtype.name)
+
+
+def _enable_peer_access(devices: list[int]) -> None:
+    """Every GPU may read every other's memory; a pair without P2P is one BackendError."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    for device in devices:
+        with cupy.cuda.Device(device):
+            for peer in devices:
+                if peer == device:
+                    continue
+                if not runtime.deviceCanAccessPeer(device, peer):
+                    raise BackendError(f"GPU {device} cannot access GPU {peer}'s memory (no peer-to-peer path); "
+                                       f"use --cuda-mode virtual, or --backend cupy (NCCL)")
+                try:
+                    runtime.deviceEnablePeerAccess(peer)
+                except runtime.CUDARuntimeError as exc:
+                    if "PeerAccessAlreadyEnabled" not in str(exc):
+                        raise

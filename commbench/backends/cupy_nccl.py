@@ -1,0 +1,168 @@
+"""cupy: collectives through CuPy's NCCL communicator (cupy.cuda.nccl), one rank per GPU.
+
+NCCL without torch in the measured path: the same library torch's NCCL backend calls,
+driven directly, so the two can be compared on the same GPUs. Ranks find each other
+through the launcher's rendezvous (torch.distributed over gloo on the CPU, as the
+control plane of shm and p2p): rank 0 creates the NCCL unique id and broadcasts it
+there, then every rank creates its communicator on GPU local_rank % visible GPUs.
+
+Every collective is the plain NCCL call on a dedicated non-blocking stream, with the
+out-of-place and in-place buffers laid out as nccl-tests lays them out; NCCL has all
+reductions (avg included) for every dtype commbench sweeps. alltoall and sendrecv
+are grouped point-to-point calls (ncclGroupStart/End), as nccl-tests runs them.
+Time is CUDA events on that stream; `--graph` captures the timed calls in one CUDA
+graph and replays it (nccl-tests -G), so per-call times are the graph's mean.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from commbench.backends.base import Backend, BackendError
+from commbench.backends.gpu import dtype_of, fill_value, from_store, oom_or, require_gpu, store_dtype, time_calls, \
+    to_store
+from commbench.collectives import DType
+from commbench.launch import LaunchInfo
+
+NCCL_DTYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",
+               "float64": "NCCL_FLOAT64", "int32": "NCCL_INT32", "int8": "NCCL_INT8", "uint8": "NCCL_UINT8",
+               "int64": "NCCL_INT64"}
+NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN", "avg": "NCCL_AVG"}
+
+
+class CupyBackend(Backend):
+    name = "cupy"
+    library = "nccl"
+    device = "cuda"
+
+    @classmethod
+    def create(cls, cfg, launch: LaunchInfo) -> "CupyBackend":
+        return cls(launch, timeout_s=cfg.timeout_s, graph=cfg.graph)
+
+    def __init__(self, launch: LaunchInfo, timeout_s: float = 300.0, graph: bool = False):
+        from commbench.backends.shm import _broadcast_object
+        from commbench.backends.torch_dist import TorchBackend
+
+        gpus = require_gpu("cupy")
+        import cupy
+        from cupy.cuda import nccl
+
+        if not nccl.available:
+            raise BackendError("--backend cupy: this CuPy build has no NCCL (install a cupy-cuda12x/13x wheel)")
+        self.rank, self.world_size, self.graph = launch.rank, launch.world_size, graph
+        self._control = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self.gpu = launch.local_rank % gpus
+        cupy.cuda.Device(self.gpu).use()
+        unique_id = _broadcast_object(self._control, nccl.get_unique_id() if self.rank == 0 else None)
+        self.comm = nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._nccl = nccl
+
+    # ---------------------------------------------------------------- buffers (CuPy arrays; bfloat16 as uint16)
+
+    def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
+        return None
+
+    def alloc(self, count: int, dtype: DType) -> Any:
+        import cupy
+
+        try:
+            return cupy.empty(count, dtype=store_dtype(dtype))
+        except Exception as exc:  # noqa: BLE001 - CuPy's OutOfMemoryError
+            raise oom_or(exc, count * dtype.itemsize) from exc
+
+    def view(self, buffer: Any, start: int, count: int) -> Any:
+        return buffer[start:start + count]
+
+    def upload(self, buffer: Any, values: np.ndarray, rank: int) -> None:
+        buffer.set(to_store(values, dtype_of(buffer)))
+
+    def fill(self, buffer: Any, value: float) -> None:
+        buffer.fill(fill_value(value, dtype_of(buffer)))
+
+    def download(self, buffer: Any, start: int, count: int, rank: int) -> np.ndarray:
+        return from_store(buffer[start:start + count].get(), dtype_of(buffer))
+
+    # ---------------------------------------------------------------- the measured call
+
+    def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
+                inplace: bool) -> Callable[[], None]:
+        comm, nccl, stream = self.comm, self._nccl, self.stream.ptr
+        dtype = getattr(nccl, NCCL_DTYPES[dtype_of(recv).name])
+        reduce_op = getattr(nccl, NCCL_OPS[op]) if op else None
+        s, r = send.data.ptr, recv.data.ptr
+        if collective == "allreduce":
+            return lambda: comm.allReduce(s, r, recv.size, dtype, reduce_op, stream)
+        if collective == "allgather":
+            return lambda: comm.allGather(s, r, send.size, dtype, stream)
+        if collective == "reduce_scatter":
+            return lambda: comm.reduceScatter(s, r, recv.size, dtype, reduce_op, stream)
+        if collective == "broadcast":
+            return lambda: comm.broadcast(s, r, recv.size, dtype, root, stream)
+        if collective == "reduce":
+            return lambda: comm.reduce(s, r, recv.size, dtype, reduce_op, root, stream)
+        if collective == "alltoall":
+            return self._alltoall(send, recv, dtype)
+        if collective == "sendrecv":
+            return self._sendrecv(send, recv, dtype)
+        raise BackendError(f"--backend cupy cannot run {collective!r}")
+
+    def _alltoall(self, send: Any, recv: Any, dtype: int) -> Callable[[], None]:
+        """Chunk p of send goes to rank p, chunk p of recv comes from rank p: one group of 2n calls."""
+        comm, nccl, stream, world = self.comm, self._nccl, self.stream.ptr, self.world_size
+        chunk = send.size // world
+        nbytes = chunk * send.itemsize
+        pairs = [(send.data.ptr + p * nbytes, recv.data.ptr + p * nbytes, p) for p in range(world)]
+
+        def call() -> None:
+            nccl.groupStart()
+            for s, r, peer in pairs:
+                comm.send(s, chunk, dtype, peer, stream)
+                comm.recv(r, chunk, dtype, peer, stream)
+            nccl.groupEnd()
+        return call
+
+    def _sendrecv(self, send: Any, recv: Any, dtype: int) -> Callable[[], None]:
+        """Send to the next rank, receive from the previous one, as nccl-tests' sendrecv."""
+        comm, nccl, stream, world = self.comm, self._nccl, self.stream.ptr, self.world_size
+        s, r, count = send.data.ptr, recv.data.ptr, recv.size
+        peer_next, peer_prev = (self.rank + 1) % world, (self.rank - 1) % world
+
+        def call() -> None:
+            nccl.groupStart()
+            comm.send(s, count, dtype, peer_next, stream)
+            comm.recv(r, count, dtype, peer_prev, stream)
+            nccl.groupEnd()
+        return call
+
+    def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        return time_calls(call, iters, self.stream, graph=self.graph)
+
+    def synchronize(self) -> None:
+        import cupy
+
+        cupy.cuda.Device(self.gpu).synchronize()  # our stream, and the default stream uploads use
+        self.comm.check_async_error()
+
+    def barrier(self) -> None:
+        self.synchronize()
+        self._control.barrier()
+
+    # ---------------------------------------------------------------- control plane: gloo
+
+    def gather(self, values: np.ndarray) -> np.ndarray | None:
+        return self._control.gather(values)
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        return self._control.agree_max(values)
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        return self._control.gather_objects(obj)
+
+    def close(self) -> None:
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            comm.destroy()
+            self.comm = None
+        self._control.close()

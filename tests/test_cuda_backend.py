@@ -1,0 +1,309 @@
+"""--backend cuda: one clear line where there is no GPU (CI); on a GPU, every kernel against
+CuPy's own arithmetic for every dtype and op, every schedule through the harness's check in
+the three pointer modes, and the reduce-copy kernel's bandwidth against a device copy.
+
+The GPU tests skip themselves without a CUDA device; a session with a GPU runs
+`python -m pytest -q tests/test_cuda_backend.py tests/test_cupy_backend.py -s`.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from commbench.backends import BackendError
+from commbench.backends.gpu import require_gpu
+from commbench.bench import EXIT_USAGE, SweepConfig, run_sweep
+from commbench.cli import main
+from commbench.launch import LaunchInfo
+from conftest import commbench, results_of
+
+
+def gpu_count() -> int:
+    try:
+        return require_gpu("cuda")
+    except BackendError:
+        return 0
+
+
+GPUS = gpu_count()
+needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")
+needs_2_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices")
+no_gpu = pytest.mark.skipif(GPUS > 0, reason="checks the message a machine without a GPU prints")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int8", "uint8", "int64")
+OPS = ("sum", "prod", "max", "min")
+QUICK = ["--iters", "3", "--warmup", "1"]
+
+
+# ---------------------------------------------------------------- without a GPU
+
+
+@no_gpu
+@pytest.mark.parametrize("backend", ["cuda", "cupy"])
+@pytest.mark.parametrize("extra", [[], ["--cuda-mode", "virtual"], ["-N", "4", "--graph"]])
+def test_no_gpu_is_one_line_with_the_install_hint(capsys, backend, extra):
+    if backend == "cupy" and "--cuda-mode" in extra:
+        extra = []
+    code = main(["sweep", "--backend", backend, *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--backend {backend}" in err and ("no CUDA device" in err or "CuPy" in err)
+    assert "pip install 'commbench[gpu]'" in err and "Traceback" not in err
+
+
+@no_gpu
+def test_without_cupy_the_line_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
+    code = main(["sweep", "--backend", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "needs CuPy, which is not installed: pip install 'commbench[gpu]'" in err
+
+
+@no_gpu
+def test_console_script_without_gpu_exits_2_without_traceback():
+    proc = commbench("sweep", "--backend", "cuda", "-N", "4", timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("commbench: error: --backend cuda")
+
+
+@no_gpu
+def test_library_path_without_gpu_is_a_usage_error(capsys):
+    """A spawned rank (or a library user) reaches the backend itself: same one line, exit 2."""
+    code = run_sweep(SweepConfig(backend="cuda", nprocs=2, cuda_mode="virtual"), LaunchInfo.local(0, 1, 0))
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1 and ("no CUDA device" in err or "CuPy" in err), err
+
+
+def test_gpu_modules_import_without_cupy():
+    code = ("import sys; sys.modules['cupy'] = None; sys.modules['pynvml'] = None\n"
+            "import commbench.backends.cuda_sched, commbench.backends.cuda_ipc, commbench.backends.cupy_nccl\n"
+            "import commbench.telemetry, commbench.backends.gpu\n"
+            "from commbench.backends import backend_class; backend_class('cuda'); backend_class('cupy'); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--graph"], "--graph captures CUDA work"),
+    (["--backend", "shm", "--graph"], "--graph captures CUDA work"),
+    (["--cuda-mode", "peer"], "--cuda-mode chooses"),
+    (["--backend", "sim", "--graph"], "--graph captures CUDA work"),
+    (["--backend", "torch", "--cuda-mode", "ipc"], "--cuda-mode chooses"),
+])
+def test_gpu_options_on_other_backends_are_usage_errors(capsys, args, needle):
+    code = main(["sweep", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and needle in err, err
+
+
+def test_twoshot_is_an_algorithm_of_cuda_only(capsys):
+    assert main(["sweep", "--backend", "shm", "--algorithm", "twoshot"]) == 2
+    assert "no algorithm 'twoshot' for allreduce" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- on a GPU: kernels against CuPy
+
+
+def _random(cupy, dtype: str, count: int, seed: int, small: bool = False):
+    """Random values of `dtype` in CuPy storage (bfloat16 as its bits); small: 1..3 (exact products)."""
+    rng = np.random.default_rng(seed)
+    if small:
+        host = rng.integers(1, 4, count)
+    elif dtype.startswith(("int", "uint")):
+        info = np.iinfo(np.dtype(dtype))
+        host = rng.integers(info.min, info.max, count, endpoint=True)
+    else:
+        host = rng.standard_normal(count) * 100
+    from commbench.backends.gpu import to_store
+    from commbench.collectives import DTYPES
+
+    return cupy.asarray(to_store(host.astype(DTYPES[dtype].host), DTYPES[dtype]))
+
+
+def _reference(cupy, dtype: str, op: str, a, b):
+    """CuPy's own arithmetic; 16-bit floats computed in float32 and rounded once (as the kernel's
+    __hadd2 & co. round the exact result), bfloat16 through its bits."""
+    fn = {"sum": cupy.add, "prod": cupy.multiply, "max": cupy.maximum, "min": cupy.minimum}[op]
+    if dtype == "bfloat16":
+        widen = lambda x: (x.astype(cupy.uint32) << 16).view(cupy.float32)  # noqa: E731
+        wide = fn(widen(a), widen(b)).view(cupy.uint32)
+        return ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(cupy.uint16)
+    if dtype == "float16":
+        return fn(a.astype(cupy.float32), b.astype(cupy.float32)).astype(cupy.float16)
+    return fn(a, b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduce_copy_matches_cupy(dtype, op):
+    import cupy
+
+    from commbench.backends.cuda_kernels import reduce_copy
+
+    from commbench.collectives import DTYPES
+
+    for nbytes in (1 << 10, (1 << 20) + 48, 1 << 26):
+        count = nbytes // DTYPES[dtype].itemsize
+        a, b = _random(cupy, dtype, count + 1, 1), _random(cupy, dtype, count + 1, 2)
+        for shift in (0, 1):  # aligned, and every pointer one element off a 16-byte boundary
+            out = cupy.full(count + 1, 7, dtype=a.dtype)
+            reduce_copy(out[shift:], a[shift:], b[shift:], dtype, op)
+            got, want = out[shift:], _reference(cupy, dtype, op, a[shift:], b[shift:])
+            if dtype == "bfloat16":  # the float32 reference may round twice: one unit in the last place
+                assert int(cupy.abs(got.astype(cupy.int32) - want.astype(cupy.int32)).max()) <= 1
+            else:
+                assert bool((got == want).all()), f"{dtype} {op} {nbytes} B shift {shift}"
+            if shift:
+                assert int(out[0]) == 7  # nothing written before the range
+
+
+@needs_gpu
+def test_reduce_copy_1_gib():
+    import cupy
+
+    from commbench.backends.cuda_kernels import reduce_copy
+
+    count = (1 << 30) // 4
+    a, b = cupy.arange(count, dtype=cupy.float32), cupy.ones(count, dtype=cupy.float32)
+    out = cupy.empty_like(a)
+    reduce_copy(out, a, b, "float32", "sum")
+    assert bool((out == a + b).all())
+
+
+@needs_gpu
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_oneshot_and_twoshot_kernels_match_cupy(dtype, world):
+    """Virtual ranks on one GPU: every rank's buffer in one pointer table, one row per rank.
+    Inputs are 1..3, so every dtype's sum and product over 8 ranks is exact."""
+    import cupy
+
+    from commbench.backends import cuda_kernels as K
+    from commbench.backends import cuda_plan as P
+
+    device = cupy.cuda.Device().id
+    for count in (1000, (1 << 20) + 5):
+        ins = [_random(cupy, dtype, count, seed, small=True) for seed in range(world)]
+        for op in ("sum", "max"):
+            want = ins[0]
+            for x in ins[1:]:
+                want = _reference(cupy, dtype, op, want, x)
+            outs = [cupy.zeros_like(x) for x in ins]
+            table = lambda arrays: cupy.asarray(np.array([x.data.ptr for x in arrays], dtype=np.uint64))  # noqa: E731
+            step = P.AllreduceLaunch("oneshot", 0, (), tuple(P.Ref(r, P.STAGE, 0) for r in range(world)), 0, count)
+            blocks, rows = P.allreduce_grid(step, ins[0].itemsize, world, P.LaunchConfig())
+            args = (table(ins), table(outs), np.int32(world), np.int32(0), np.int64(count))
+            K.function("allreduce.cu", K.kernel_name("oneshot_allreduce", dtype, op), device)((blocks, rows), (512,), args)
+            assert all(bool((o == want).all()) for o in outs), f"oneshot {dtype} {op}"
+            work = [x.copy() for x in ins]  # two-shot runs in place
+            args = (table(work), table(work), np.int32(world), np.int32(0), np.int64(count))
+            K.function("allreduce.cu", K.kernel_name("twoshot_reduce_scatter", dtype, op), device)((blocks, rows), (512,), args)
+            K.function("allreduce.cu", K.kernel_name("twoshot_allgather", dtype), device)((blocks, rows), (512,), args)
+            assert all(bool((w == want).all()) for w in work), f"twoshot {dtype} {op}"
+
+
+# ---------------------------------------------------------------- on a GPU: the backend through the harness
+
+
+def _sweep_ok(tmp_path, *args, timeout=600):
+    proc = commbench("sweep", "--backend", "cuda", *QUICK, *args, "--json", str(tmp_path / "r.jsonl"), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert results and all(r["wrong"] == 0 and r["backend"] == "cuda" for r in results), proc.stdout
+    return results, records
+
+
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["ring", "hier", "tree", "rhd", "oneshot", "binomial", "twoshot"])
+def test_virtual_ranks_run_every_allreduce(tmp_path, algorithm):
+    topology = ["--topology", "2x2"] if algorithm == "hier" else []
+    results, _ = _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "4", "--algorithm", algorithm, *topology,
+                           "--sizes", "1K,1000K,64M")
+    assert {r["algorithm"] for r in results} == {algorithm} and {r["library"] for r in results} == {"cuda-virtual"}
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in ("sum", "prod", "max", "min")] +
+                         [("float32", "avg"), ("bfloat16", "avg"), ("float16", "avg")])
+def test_virtual_ranks_every_collective_dtype_and_op(tmp_path, dtype, op):
+    _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "3", "-c", "allreduce,allgather,reduce_scatter,broadcast,reduce",
+              "--sizes", "4K,3M", "--dtype", dtype, "--op", op)
+
+
+@needs_gpu
+def test_virtual_ranks_under_a_cuda_graph(tmp_path):
+    results, records = _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "4", "--graph", "--sizes", "1K,1M")
+    assert records[0]["config"]["graph"] and all(r["p50_us"] == pytest.approx(r["p99_us"]) for r in results)
+
+
+@needs_2_gpus
+def test_peer_mode_across_gpus(tmp_path):
+    results, _ = _sweep_ok(tmp_path, "--cuda-mode", "peer", "-N", "2", "-c", "all_reduce,allgather,reduce_scatter",
+                           "--sizes", "1K,16M", "--dtype", "bfloat16")
+    assert {r["library"] for r in results} == {"cuda-peer"}
+
+
+@needs_2_gpus
+@pytest.mark.parametrize("algorithm", ["ring", "oneshot", "twoshot"])
+def test_ipc_mode_one_process_per_gpu(tmp_path, algorithm):
+    results, _ = _sweep_ok(tmp_path, "--cuda-mode", "ipc", "-N", "2", "--algorithm", algorithm, "--sizes", "1K,16M")
+    assert {r["library"] for r in results} == {"cuda-ipc"}
+
+
+@needs_2_gpus
+def test_ipc_mode_under_a_cuda_graph(tmp_path):
+    _sweep_ok(tmp_path, "--cuda-mode", "ipc", "-N", "2", "--graph", "--sizes", "1K,1M")
+
+
+# ---------------------------------------------------------------- on a GPU: bandwidth
+
+
+def _time_ms(cupy, fn, repeat=20):
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    fn()
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / repeat
+
+
+def _copy_gbps(cupy, nbytes: int) -> float:
+    """Device-to-device copy bandwidth: bytes read plus written per second, in GB/s."""
+    src, dst = cupy.ones(nbytes, dtype=cupy.uint8), cupy.empty(nbytes, dtype=cupy.uint8)
+    return 2 * nbytes / _time_ms(cupy, lambda: cupy.cuda.runtime.memcpy(dst.data.ptr, src.data.ptr, nbytes, 3)) / 1e6
+
+
+@needs_gpu
+@pytest.mark.parametrize("nbytes", [64 << 20, 256 << 20])
+def test_reduce_copy_reaches_80_percent_of_copy_bandwidth(nbytes):
+    """The issue's target: reduce-copy (reads 2 S, writes S) moves bytes at >= 80% of the rate
+    of a device-to-device copy (reads S, writes S) measured in the same run."""
+    import cupy
+
+    from commbench.backends.cuda_kernels import reduce_copy
+
+    copy_gbps = _copy_gbps(cupy, nbytes)
+    a, b, out = (cupy.ones(nbytes // 2, dtype=cupy.float16) for _ in range(3))
+    reduce_gbps = 3 * nbytes / _time_ms(cupy, lambda: reduce_copy(out, a, b, "float16", "sum")) / 1e6
+    print(f"\n{nbytes >> 20} MiB: copy {copy_gbps:.0f} GB/s, reduce-copy {reduce_gbps:.0f} GB/s "
+          f"({100 * reduce_gbps / copy_gbps:.0f}%)")
+    assert reduce_gbps >= 0.8 * copy_gbps
+
+
+@needs_gpu
+def test_virtual_ring_and_oneshot_busbw_next_to_memory_bandwidth(tmp_path):
+    """Reported (run with -s), with a sanity bound: on one GPU every virtual link is HBM, so an
+    algorithm's busbw cannot beat the copy bandwidth by much, nor be near zero at 256 MiB."""
+    import cupy
+
+    copy_gbps = _copy_gbps(cupy, 256 << 20)
+    for algorithm in ("ring", "oneshot"):
+        results, _ = _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "8", "--algorithm", algorithm,
+                               "--sizes", "256M", "--placement", "in-place", "--min-time", "0.5")
+        busbw = results[0]["busbw_gbps"]
+        print(f"\nvirtual {algorithm}, 8 ranks, 256 MiB: busbw {busbw:.0f} GB/s; device copy {copy_gbps:.0f} GB/s")
+        assert 0.02 * copy_gbps < busbw < 2 * copy_gbps

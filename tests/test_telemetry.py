@@ -1,0 +1,162 @@
+"""Telemetry: host numbers from psutil, GPU numbers from NVML (a fake NVML here, the real one
+where a GPU is), windows and summaries, and `sweep --monitor` writing them."""
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from commbench import telemetry as T
+from commbench.backends.sim import SimBackend
+from commbench.bench import Sweep, SweepConfig
+from commbench.launch import LaunchInfo
+from commbench.topology import Topology
+from conftest import results_of
+
+psutil = pytest.importorskip("psutil")
+
+
+def _nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_averages_turn_counters_into_rates_and_gauges_into_means():
+    samples = [(10.0, {"cpu_busy_s": 100.0, "cpu_total_s": 400.0, "mem_used_mib": 1000.0, "nic_rx_bytes": 0.0,
+                       "nic_tx_bytes": 5e6, "nvlink_rx_kib": 0.0, "gpu_util_pct": 50.0}),
+               (11.0, {"cpu_busy_s": 101.0, "cpu_total_s": 402.0, "mem_used_mib": 3000.0, "nic_rx_bytes": 2e6,
+                       "nic_tx_bytes": 5e6, "nvlink_rx_kib": 1e6, "gpu_util_pct": 100.0}),
+               (12.0, {"cpu_busy_s": 103.0, "cpu_total_s": 404.0, "mem_used_mib": 2000.0, "nic_rx_bytes": 4e6,
+                       "nic_tx_bytes": 7e6, "nvlink_rx_kib": 2e6, "gpu_util_pct": 90.0})]
+    out = T.averages(samples)
+    assert out == pytest.approx({"samples": 3, "window_s": 2.0, "cpu_util_pct": 75.0, "mem_used_mib": 2000.0,
+                                 "nic_rx_mbps": 2.0, "nic_tx_mbps": 1.0, "nvlink_rx_mbps": 1024.0,
+                                 "gpu_util_pct": 80.0})
+    assert T.averages([]) == {}
+
+
+def test_host_window_sees_a_busy_core():
+    with T.Monitor(interval_s=0.05, gpu=False) as monitor:
+        monitor.mark("spin")
+        stop = time.monotonic() + 0.5
+        while time.monotonic() < stop:
+            pass
+        busy = monitor.window()
+    cores = psutil.cpu_count() or 1
+    assert busy["samples"] >= 5 and 0.4 < busy["window_s"] < 2.0
+    assert 100 / cores * 0.6 < busy["cpu_util_pct"] <= 100.0  # one spinning thread is at least one core's share
+    assert 0 < busy["mem_used_mib"] < psutil.virtual_memory().total / 2 ** 20
+    assert busy["nic_rx_mbps"] >= 0 and busy["nic_tx_mbps"] >= 0
+    assert not any(key.startswith(("gpu_", "sm_", "pcie_", "nvlink_")) for key in busy)
+
+
+def test_a_short_window_still_has_two_samples():
+    """Gauges are there; CPU utilisation needs a few OS ticks (10 ms) to be measurable, and is
+    left out rather than reported as 0 when the window is shorter."""
+    with T.Monitor(interval_s=10.0, gpu=False) as monitor:
+        monitor.mark()
+        window = monitor.window()
+    assert window["samples"] == 2 and window["mem_used_mib"] > 0 and window["window_s"] < 1.0
+    assert "cpu_util_pct" not in window or 0 <= window["cpu_util_pct"] <= 100
+
+
+def test_stop_ends_the_thread():
+    monitor = T.Monitor(interval_s=0.01, gpu=False).start()
+    time.sleep(0.05)
+    monitor.stop()
+    assert not any(t.name == "commbench-telemetry" for t in threading.enumerate())
+    assert monitor.summary()["samples"] >= 3
+
+
+@pytest.mark.skipif(_nvml_works(), reason="NVML works here: there is nothing to skip")
+def test_without_nvml_the_gpu_part_is_skipped_with_one_note():
+    with T.Monitor(interval_s=0.05) as monitor:
+        monitor.mark()
+        window = monitor.window()
+    assert monitor.note.startswith("telemetry: ") and "GPU telemetry skipped" in monitor.note
+    assert "\n" not in monitor.note and "mem_used_mib" in window and "gpu_util_pct" not in window
+
+
+def test_without_nvidia_ml_py_the_note_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monitor = T.Monitor(gpu=True)
+    assert "nvidia-ml-py is not installed" in monitor.note and "pip install nvidia-ml-py" in monitor.note
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml():
+    """Two GPUs: utilisation 40/60 %, 1 GiB/3 GiB used, 100/300 W, 1500 MHz, PCIe rx 2000/4000 KB/s,
+    NVLink counters that grow by 1024 KiB per read on GPU 0; GPU 1 has no NVLink (NotSupported)."""
+    reads = {"nvlink": 0}
+    value = lambda **kw: types.SimpleNamespace(**kw)  # noqa: E731
+
+    def field_values(handle, fields):
+        if handle == 1:
+            return [value(nvmlReturn=3, value=None)]
+        reads["nvlink"] += 1
+        return [value(nvmlReturn=0, value=value(ullVal=1024 * reads["nvlink"]))]
+    return types.SimpleNamespace(
+        NVMLError=FakeNVMLError, NVML_CLOCK_SM=1, NVML_PCIE_UTIL_RX_BYTES=1, NVML_PCIE_UTIL_TX_BYTES=0,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: value(gpu=40 + 20 * h),
+        nvmlDeviceGetMemoryInfo=lambda h: value(used=(1 + 2 * h) << 30),
+        nvmlDeviceGetPowerUsage=lambda h: 100_000 + 200_000 * h,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1500,
+        nvmlDeviceGetPcieThroughput=lambda h, counter: (2000 + 2000 * h) * counter,
+        nvmlDeviceGetFieldValues=field_values)
+
+
+def test_gpu_readings_through_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monitor = T.Monitor(interval_s=100)
+    assert monitor.note is None
+    reading = monitor.sample()
+    assert reading["gpu_util_pct"] == 50 and reading["gpu_mem_used_mib"] == 2048 and reading["gpu_power_w"] == 200
+    assert reading["sm_clock_mhz"] == 1500 and reading["pcie_rx_mbps"] == pytest.approx(6.0)  # summed over GPUs
+    assert reading["pcie_tx_mbps"] == 0 and reading["nvlink_rx_kib"] == 1024  # GPU 1 dropped NVLink
+    assert (1, "nvlink_rx_kib") in monitor._nvml.broken and (0, "nvlink_rx_kib") not in monitor._nvml.broken
+    monitor.mark()
+    window = monitor.window()
+    assert window["nvlink_rx_mbps"] > 0 and window["gpu_util_pct"] == 50
+    line = T.summary_line(monitor.summary())
+    assert line.startswith("telemetry: GPU util 50%, GPU mem 2048 MiB, power 200 W, SM clock 1500 MHz")
+    assert "; mem " in line or "; CPU util" in line  # then the host part
+
+
+@pytest.mark.skipif(not _nvml_works(), reason="needs NVML and an NVIDIA GPU")
+def test_real_nvml_reads_a_gpu():
+    with T.Monitor(interval_s=0.05) as monitor:
+        monitor.mark()
+        time.sleep(0.2)
+        window = monitor.window()
+    assert monitor.note is None and 0 <= window["gpu_util_pct"] <= 100 and window["gpu_mem_used_mib"] > 0
+
+
+def test_sweep_monitor_puts_averages_in_every_result_and_the_summary(tmp_path, capsys):
+    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=(1024, 1 << 20), monitor=True,
+                      json_path=str(tmp_path / "r.jsonl"))
+    assert Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(4, Topology(1, 4), hardware=_hw())).run() == 0
+    results, records = results_of(tmp_path / "r.jsonl")
+    assert len(results) == 4 and all(r["telemetry"]["samples"] >= 2 and r["telemetry"]["mem_used_mib"] > 0
+                                     for r in results)
+    assert records[-1]["record"] == "summary" and records[-1]["telemetry"]["samples"] >= 2
+    out = capsys.readouterr().out
+    assert out.count("# telemetry: ") == (1 if _nvml_works() else 2)  # the note (no GPU), then the summary line
+    assert out.rstrip().splitlines()[-1].startswith("# telemetry: ")
+
+
+def _hw():
+    from commbench.analysis.costmodel import load_hardware, with_topology
+
+    return with_topology(load_hardware("dgx-a100"), Topology(1, 4))
