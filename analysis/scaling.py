@@ -9,7 +9,9 @@ timeline with modelled communication (docs/model.md).
 `allreduce_us` costs ring and hier at any world size in O(world) work: every round of
 a phase of those schedules moves the same pattern of chunks, so a phase costs one round
 times its step count (chunks rounded up to the largest part; the tests pin it to the
-full schedule's cost).
+full schedule's cost). `nccl` is the ring as NCCL runs it between nodes: one ring per
+NIC of a node (NCCL's channels), each carrying its share of the buffer, so that a
+node's NICs all carry traffic; on one node, or with one NIC, it is the ring.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from commbench.proxies.timeline import StepTimes, overlap, plan_step
 from commbench.schedule import Transfer
 from commbench.topology import Topology
 
-FAST_ALGORITHMS = ("ring", "hier")
+LIBRARY = "nccl"  # the library's ring (multi-channel), what DDP's NCCL runs
+ALGORITHMS = (LIBRARY, "ring", "hier", "tree", "rhd", "oneshot", "binomial")
 
 
 def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, algorithm: str = "ring") -> float:
@@ -33,24 +36,26 @@ def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, a
     if topo.world == 1 or count == 0:
         return 0.0
     name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
-    if name == "ring":
-        return hw.per_call_overhead_us + _ring_phases_us(hw, topo, count, itemsize)
+    if name in ("ring", LIBRARY):
+        channels = (hw.inter.links_per_node or 1) if name == LIBRARY and topo.nodes > 1 else 1
+        return hw.per_call_overhead_us + _ring_phases_us(hw, topo, count, itemsize, channels)
     if name == "hier":
         return hw.per_call_overhead_us + _hier_phases_us(hw, topo, count, itemsize)
     schedule = algorithms.build("allreduce", name, topo, count, nbytes)
     return schedule_us(schedule, topo, hw, itemsize)
 
 
-def _ring_round(members: list[int], chunk: int, reduce: bool) -> tuple[Transfer, ...]:
-    n = len(members)
-    return tuple(Transfer(members[i], members[(i + 1) % n], (0, chunk), reduce) for i in range(n))
+def _ring_round(members: list[int], chunk: int, reduce: bool, channels: int = 1) -> tuple[Transfer, ...]:
+    n, share = len(members), math.ceil(chunk / channels)
+    return tuple(Transfer(members[i], members[(i + 1) % n], (0, share), reduce)
+                 for _ in range(channels) for i in range(n))
 
 
-def _ring_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int) -> float:
+def _ring_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int, channels: int = 1) -> float:
     p, chunk = topo.world, math.ceil(count / topo.world)
     members = list(range(p))
-    return (p - 1) * (round_us(_ring_round(members, chunk, True), topo, hw, itemsize)
-                      + round_us(_ring_round(members, chunk, False), topo, hw, itemsize))
+    return (p - 1) * (round_us(_ring_round(members, chunk, True, channels), topo, hw, itemsize)
+                      + round_us(_ring_round(members, chunk, False, channels), topo, hw, itemsize))
 
 
 def _hier_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int) -> float:
@@ -79,7 +84,7 @@ class StepPrediction:
 
 def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
                  optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
-                 algorithm: str = "ring") -> StepPrediction:
+                 algorithm: str = LIBRARY) -> StepPrediction:
     """One data-parallel step on `topo`: compute as given, each bucket's allreduce from the model."""
     buckets = B.assign(profile, bucket_mb, bucketing)
     plan = plan_step(profile, buckets, batch, forward_us, backward_us, optimizer_us)
@@ -87,3 +92,61 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
 
     comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]
     return StepPrediction(overlap(plan, comm), buckets, comm)
+
+
+# ---------------------------------------------------------------- scaling curves
+
+
+class ScalingError(ValueError):
+    """A GPU count the node size cannot lay out, or a rate that is not positive (one line)."""
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    algorithm: str
+    step_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    samples_per_s: float  # all GPUs
+    speedup: float  # vs the same setup's 1-GPU throughput
+    linearity: float  # throughput(N) / (N x throughput(1))
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def layout(gpus: int, gpus_per_node: int) -> Topology:
+    """N GPUs as nodes x GPUs per node: one partly used node below a node's size, whole nodes above."""
+    if gpus < 1 or gpus_per_node < 1:
+        raise ScalingError(f"GPU counts and --gpus-per-node must be at least 1 (got {gpus}, {gpus_per_node})")
+    if gpus <= gpus_per_node:
+        return Topology(1, gpus)
+    if gpus % gpus_per_node:
+        raise ScalingError(f"{gpus} GPUs do not fill whole nodes of {gpus_per_node}; use a multiple of "
+                           f"{gpus_per_node} (or --gpus-per-node that divides it)")
+    return Topology(gpus // gpus_per_node, gpus_per_node)
+
+
+def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
+                    forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
+                    bucketing: str = "ddp", algorithm: str = LIBRARY) -> list[ScalingPoint]:
+    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU)."""
+    from dataclasses import replace
+
+    points, base = [], None
+    for gpus in [1, *gpu_counts]:
+        topo = layout(gpus, gpus_per_node)
+        pred = predict_step(profile, batch, topo, replace(hw, ranks_per_node=topo.ranks_per_node), forward_us,
+                            backward_us, optimizer_us, bucket_mb, bucketing, algorithm)
+        t = pred.times
+        rate = batch * gpus / (t.step_us * 1e-6)
+        base = base or rate
+        points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
+                                   t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base)))
+    return points[1:]

@@ -22,7 +22,7 @@ def cli() -> None:
 
 
 for command in (sweep.sweep, proxy.proxy_command, proxy.train_command, proxy.profiles_group, model.fit_command,
-                model.predict_command, model.report_command, model.compare_command):
+                model.predict_command, model.predict_scaling_command, model.report_command, model.compare_command):
     cli.add_command(command)
 
 

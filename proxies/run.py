@@ -186,7 +186,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Plan, argv: list[str]) -> int:
     else:
         forward = backward = update = 0.0
         label = "none"
-    algorithm = "ring" if cfg.algorithm == "auto" else cfg.algorithm
+    algorithm = "nccl" if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
     log = StepLog(cfg.json_path, True, batch * topo.world)
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv), "config": json.loads(cfg.to_json()),

@@ -182,3 +182,48 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
         click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
     if comparison.regressions or wrong:
         sys.exit(1)
+
+
+@click.command("predict-scaling", epilog="""
+\b
+Examples:
+  commbench predict-scaling resnet50 --hw dgx1-v100-4ib --gpus 1,8,16 --batch 32 --throughput-1gpu 329
+  commbench predict-scaling bert-large --hw dgx-a100 --gpus 8,64,512,1000 --gpus-per-node 8 --batch 4 \\
+      --precision amp --baseline nccl --candidate hier --json scaling.jsonl
+""")
+@click.argument("model")
+@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@click.option("--gpus", default="1,8,16,32,64,128,256,512,1000", show_default=True, metavar="N,N,...",
+              help="GPU counts to predict.")
+@click.option("--gpus-per-node", type=int, default=None, help="[default: the hardware's ranks per node]")
+@click.option("--batch", type=int, default=None, help="Samples per GPU per step [default: the profile's].")
+@click.option("--throughput-1gpu", type=float, default=None, metavar="SAMPLES/S",
+              help="Measured 1-GPU training throughput without DDP at --batch: sets the compute time per step.")
+@click.option("--tflops", type=float, default=None, help="Achieved device rate (1e12 FLOP/s) for the profile's FLOPs.")
+@click.option("--precision", type=click.Choice(["fp32", "amp"]), default="fp32", show_default=True,
+              help="Which of the hardware's device_tflops to use when neither rate is given (a peak: optimistic).")
+@click.option("--algorithm", "-A", default="nccl", show_default=True,
+              help="nccl (the library's ring, one channel per NIC between nodes, as DDP's NCCL runs it) or one "
+                   "of commbench's schedules: ring, hier, tree, rhd, oneshot, binomial.")
+@click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
+@click.option("--baseline", default=None, metavar="ALGORITHM", help="With --candidate: acc_ratio = candidate / baseline.")
+@click.option("--candidate", default=None, metavar="ALGORITHM")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
+def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
+                            bucket_mb, baseline, candidate, json_path) -> None:
+    """Predict a model's data-parallel step time, throughput and linearity from 1 to N GPUs.
+
+    The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
+    with every allreduce costed by the model of --hw: no ranks, nothing measured.
+    """
+    from commbench.analysis import predict_scaling as S
+
+    try:
+        run = S.plan(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
+                     bucket_mb, baseline, candidate)
+    except S.ScalingUsageError as exc:
+        raise UsageFault(str(exc)) from exc
+    check_writable(json_path)
+    for line in S.render(run, json_path):
+        click.echo(line)

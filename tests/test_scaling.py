@@ -1,0 +1,110 @@
+"""Scaling predictions: the fast allreduce costs against the full schedules, the library ring's
+channels, exact step values, linearity and acc_ratio, 1,000 GPUs, and the command's errors."""
+import json
+
+import pytest
+
+from commbench import algorithms
+from commbench.analysis.costmodel import Hardware, LinkModel, load_hardware, schedule_us, with_topology
+from commbench.analysis.scaling import ScalingError, allreduce_us, layout, predict_scaling, predict_step
+from commbench.proxies.profile import Profile, TensorSpec, load_profile
+from commbench.topology import Topology
+
+from conftest import commbench
+
+HW = Hardware("toy", 4, LinkModel("nvlink", 100.0, 1.0), LinkModel("ib", 10.0, 5.0, links_per_node=2),
+              reduce_gbps=None, per_call_overhead_us=3.0)
+
+
+@pytest.mark.parametrize("topo", [Topology(1, 8), Topology(2, 4), Topology(3, 4), Topology(5, 2), Topology(4, 1)])
+@pytest.mark.parametrize("algorithm", ["ring", "hier"])
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 100_000_004])
+def test_fast_costs_equal_the_full_schedule(topo, algorithm, nbytes):
+    hw = with_topology(load_hardware("dgx1-v100-4ib"), topo)
+    schedule = algorithms.build("allreduce", algorithm, topo, nbytes // 4, nbytes)
+    assert allreduce_us(hw, topo, nbytes, 4, algorithm) == pytest.approx(schedule_us(schedule, topo, hw, 4), rel=1e-6)
+
+
+def test_ring_on_one_node_matches_the_closed_form():
+    topo = Topology(1, 4)
+    # 2(p-1) alpha + 2(p-1)/p S / bw + overhead: 6 * 1 + 1.5 * 4e6 / 1e5 + 3
+    assert allreduce_us(HW, topo, 4_000_000, 4, "ring") == pytest.approx(6 + 60 + 3)
+
+
+def test_the_library_ring_uses_every_nic_between_nodes():
+    topo = Topology(2, 4)
+    chunk = 8_000_000 / 8  # bytes per rank per step
+    one = allreduce_us(HW, topo, 8_000_000, 4, "ring")
+    two = allreduce_us(HW, topo, 8_000_000, 4, "nccl")
+    # per step: the inter-node link is the bottleneck; one ring on one NIC vs 2 channels on 2 NICs
+    assert one == pytest.approx(3 + 14 * (5 + chunk / 1e4))
+    assert two == pytest.approx(3 + 14 * (5 + chunk / 2 / 1e4))
+    assert allreduce_us(HW, Topology(1, 8), 8_000_000, 4, "nccl") == allreduce_us(HW, Topology(1, 8), 8_000_000, 4,
+                                                                                 "ring")
+
+
+def _toy_profile():
+    tensors = (TensorSpec("w2", (250_000,), "float32", 100.0, 1), TensorSpec("w1", (250_000,), "float32", 50.0, 0))
+    return Profile("toy", tensors, 100.0, 100.0, (1,), "samples", 1)
+
+
+def test_predicted_step_exact_values():
+    topo = Topology(1, 4)
+    pred = predict_step(_toy_profile(), 1, topo, HW, forward_us=1000.0, backward_us=1000.0, algorithm="ring",
+                        bucketing="none")
+    comm = 6 + 1.5 * 1e6 / 1e5 + 3  # each 1 MB bucket
+    assert pred.bucket_comm_us == pytest.approx([comm, comm])
+    # w1 ready at 500 us into the backward (t=1500), w2 at the end (t=2000): the last allreduce ends 2000 + comm
+    assert pred.times.step_us == pytest.approx(2000 + comm)
+    assert pred.times.exposed_comm_us == pytest.approx(comm)
+
+
+def test_linearity_and_speedup():
+    points = predict_scaling(_toy_profile(), HW, [1, 4, 8], 4, 1, 1000.0, 1000.0, algorithm="ring", bucketing="none")
+    assert [p.gpus for p in points] == [1, 4, 8] and points[0].linearity == 1.0 and points[0].speedup == 1.0
+    for p in points[1:]:
+        assert p.linearity == pytest.approx(p.samples_per_s / (p.gpus * points[0].samples_per_s))
+        assert p.speedup == pytest.approx(p.linearity * p.gpus) and p.linearity < 1
+    assert points[2].nodes == 2 and points[2].gpus_per_node == 4
+
+
+def test_layout_rejects_partial_nodes():
+    assert layout(4, 8) == Topology(1, 4) and layout(16, 8) == Topology(2, 8)
+    with pytest.raises(ScalingError, match="do not fill whole nodes"):
+        layout(12, 8)
+
+
+def test_a_thousand_gpus_predict_fast():
+    import time
+
+    profile, hw = load_profile("bert-large"), load_hardware("dgx-a100")
+    start = time.perf_counter()
+    points = predict_scaling(profile, hw, [1, 8, 64, 512, 1000], 8, 4, 1e4, 2e4, algorithm="hier")
+    assert time.perf_counter() - start < 5.0  # the issue's bound is 1 s; CI machines are noisy
+    assert points[-1].gpus == 1000 and points[-1].nodes == 125
+
+
+def test_predict_scaling_command_writes_acc_ratio(tmp_path):
+    out = tmp_path / "s.jsonl"
+    proc = commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8,16,64", "--batch", "64",
+                     "--tflops", "100", "--baseline", "nccl", "--candidate", "hier", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing measured" in proc.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    base = {r["gpus"]: r for r in rows if r["algorithm"] == "nccl"}
+    for r in (r for r in rows if r["algorithm"] == "hier"):
+        assert r["acc_ratio"] == pytest.approx(r["samples_per_s"] / base[r["gpus"]]["samples_per_s"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["resnet50", "--hw", "dgx-a100", "--gpus", "12"], "do not fill whole nodes of 8"),
+    (["resnet50", "--hw", "nope"], "no hardware file or preset 'nope'"),
+    (["nosuch", "--hw", "dgx-a100"], "unknown model 'nosuch'"),
+    (["resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "0"], "--throughput-1gpu 0: must be positive"),
+    (["resnet50", "--hw", "dgx-a100", "--baseline", "nccl"], "go together"),
+    (["resnet50", "--hw", "dgx-a100", "--gpus", "a,b"], "expected a comma list"),
+    (["resnet50", "--hw", "dgx-a100", "--algorithm", "magic"], "unknown allreduce algorithm 'magic'"),
+])
+def test_predict_scaling_bad_input(args, message):
+    proc = commbench("predict-scaling", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
