@@ -4,7 +4,8 @@ For every collective: bus bandwidth against size (log x) and time against size
 (log-log), one colour per setup (backend/library/algorithm, ranks), measured
 points solid, predicted ones (`kind: predicted`, or the `--hw` model's prediction
 of each measured setup) dashed. index.md lists the setups with their headline
-numbers and links the PNGs. Proxy and scaling records have no plots yet.
+numbers and links the PNGs. Proxy, train and scaling records get their own plots
+(report_steps.py): the step breakdown, scaling curves and the acc_ratio scatter.
 """
 from __future__ import annotations
 
@@ -117,15 +118,19 @@ def _size_label(value: float, _pos) -> str:
     return format_size(int(value)).replace(" ", "") if value >= 1 else ""
 
 
-def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: list[str]) -> str:
-    lines = ["# commbench report", "", f"From: {', '.join(sources)}", "",
-             "| collective | setup | kind | sizes | smallest: time | largest: busbw | peak busbw |",
-             "|---|---|---|---|---|---|---|"]
-    for s in series:
-        lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {s.time_us[0]:.3g} us at "
-                     f"{s.nbytes[0]} B | {s.busbw_gbps[-1]:.3g} GB/s at {s.nbytes[-1]} B | {max(s.busbw_gbps):.3g} GB/s |")
-    lines += ["", "Solid: measured; dashed: predicted by the cost model. busbw as nccl-tests defines it "
-              "(docs/metrics.md).", ""]
+def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: list[str],
+                extra: list[str] = ()) -> str:
+    lines = ["# commbench report", "", f"From: {', '.join(sources)}", ""]
+    if series:
+        lines += ["| collective | setup | kind | sizes | smallest: time | largest: busbw | peak busbw |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in series:
+            lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {s.time_us[0]:.3g} us at "
+                         f"{s.nbytes[0]} B | {s.busbw_gbps[-1]:.3g} GB/s at {s.nbytes[-1]} B | "
+                         f"{max(s.busbw_gbps):.3g} GB/s |")
+        lines += ["", "Solid: measured; dashed: predicted by the cost model. busbw as nccl-tests defines it "
+                  "(docs/metrics.md).", ""]
+    lines += list(extra)
     lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
     path = os.path.join(out_dir, "index.md")
     with open(path, "w", encoding="utf-8") as handle:
@@ -135,10 +140,17 @@ def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: li
 
 def report(paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
     """Write the PNGs and index.md; returns (index path, png paths)."""
+    from commbench.analysis import report_steps as R
+
     records = [r for p in paths for r in read_records(p)]
     series = collect_series(records) + (model_series(records, hw) if hw is not None else [])
-    if not series:
-        raise ValueError("no timed result records in " + ", ".join(paths))
+    steps = R.step_rows(records)
+    has_scaling = any(r.get("record") == "scaling" for r in records)
+    if not series and not steps and not has_scaling:
+        raise ValueError("no timed result, proxy or scaling records in " + ", ".join(paths))
     os.makedirs(out_dir, exist_ok=True)
-    pngs = plot(series, out_dir)
-    return write_index(series, pngs, out_dir, paths), pngs
+    pngs = plot(series, out_dir) if series else []
+    if steps:
+        pngs.append(R.plot_steps(steps, out_dir))
+    pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir)) if p]
+    return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs

@@ -108,3 +108,18 @@ def test_predict_scaling_command_writes_acc_ratio(tmp_path):
 def test_predict_scaling_bad_input(args, message):
     proc = commbench("predict-scaling", *args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_report_draws_steps_scaling_and_acc_ratio(tmp_path):
+    scaling, proxy = tmp_path / "s.jsonl", tmp_path / "p.jsonl"
+    assert commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8,16,64", "--tflops", "100",
+                     "--baseline", "nccl", "--candidate", "hier", "--json", str(scaling)).returncode == 0
+    assert commbench("proxy", "resnet50", "--nodes", "2", "--gpus-per-node", "8", "--hw", "dgx-a100", "--tflops",
+                     "100", "--json", str(proxy)).returncode == 0
+    proc = commbench("report", str(scaling), str(proxy), "-o", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("proxy_steps.png", "scaling.png", "acc_ratio.png"):
+        assert (tmp_path / "r" / name).stat().st_size > 10_000
+    index = (tmp_path / "r" / "index.md").read_text()
+    assert "## Training steps" in index and "resnet50 predicted, 16 ranks" in index
+    assert "| resnet50 | dgx-a100 | hier | 64 |" in index
