@@ -87,9 +87,9 @@ def test_gpu_modules_import_without_cupy():
 @pytest.mark.parametrize("args,needle", [
     (["--graph"], "--graph captures CUDA work"),
     (["--backend", "shm", "--graph"], "--graph captures CUDA work"),
-    (["--cuda-mode", "peer"], "--cuda-mode chooses"),
+    (["--cuda-mode", "peer"], "--cuda-mode only applies to --backend cuda"),
     (["--backend", "sim", "--graph"], "--graph captures CUDA work"),
-    (["--backend", "torch", "--cuda-mode", "ipc"], "--cuda-mode chooses"),
+    (["--backend", "torch", "--cuda-mode", "ipc"], "--cuda-mode only applies to --backend cuda"),
 ])
 def test_gpu_options_on_other_backends_are_usage_errors(capsys, args, needle):
     code = main(["sweep", *args])

@@ -39,8 +39,6 @@ from commbench.collectives import DType
 from commbench.schedule import Schedule
 from commbench.topology import Topology, TopologyError, parse_topology
 
-MODES = ("virtual", "peer", "ipc")
-
 
 @dataclass
 class Allocation:

@@ -126,7 +126,7 @@ def _in_one_process(options: dict, launcher: str | None) -> bool:
         return True
     if options["backend"] != "cuda":
         if options["cuda_mode"] != "auto":
-            raise UsageFault("--cuda-mode chooses where --backend cuda keeps the ranks' buffers")
+            raise UsageFault("--cuda-mode only applies to --backend cuda (where its ranks' buffers live)")
         return False
     from commbench.backends.cuda_sched import resolve_mode
 
@@ -294,7 +294,7 @@ def _check_supported(backend: str, library: str, names: list[str], dtype, op: st
         name_op = op if C.COLLECTIVES[name].reduces else None
         if backend == "torch":
             reason = torch_unsupported(library, name, dtype, name_op, "both")
-        elif name in algorithms.ALGORITHMS:  # other collectives: _check_algorithm names the problem
+        elif backend != "cupy" and name in algorithms.ALGORITHMS:  # others: _check_algorithm names the problem
             reason = schedule_unsupported(backend, name, dtype, name_op)
         else:
             reason = None
