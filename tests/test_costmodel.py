@@ -203,5 +203,5 @@ def test_report_draws_measured_and_predicted(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     series = collect_series(records)
     assert [len(s.nbytes) for s in series] == [6, 6]
-    with pytest.raises(ValueError, match="no timed result records"):
+    with pytest.raises(ValueError, match="no timed result, proxy or scaling records"):
         report([str(tmp_path / "hw.json")], str(tmp_path / "none"))
