@@ -54,7 +54,7 @@ def _host_reader() -> Callable[[], Reading] | None:
         cpu = psutil.cpu_times()
         idle = cpu.idle + getattr(cpu, "iowait", 0.0)
         nics = psutil.net_io_counters(pernic=True)
-        outside = [c for name, c in nics.items() if name != "lo" and not name.startswith("lo")]
+        outside = [c for name, c in nics.items() if not name.startswith("lo")]  # lo, lo0: loopback
         return {"cpu_busy_s": sum(cpu) - idle, "cpu_total_s": sum(cpu),
                 "mem_used_mib": psutil.virtual_memory().used / 2 ** 20,
                 "nic_rx_bytes": float(sum(c.bytes_recv for c in outside)),
