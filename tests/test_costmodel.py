@@ -173,7 +173,7 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "-c", "broadcast", "--root", "9"], "--root 9"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "--json", "/proc/nope/p.jsonl"], "/proc/nope"),
     (["fit", "/bin/ls", "-o", "{tmp}/x.json"], "cannot read"),
-    (["report", "{tmp}/hw.json", "-o", "/proc/nope/rep"], "no timed result records"),
+    (["report", "{tmp}/hw.json", "-o", "/proc/nope/rep"], "no timed result, proxy or scaling records"),
     (["sweep", "--backend", "shm", "--hw", "{tmp}/hw.json"], "--hw times the sim backend"),
     (["sweep", "--backend", "sim", "--hw", "{tmp}/broken.json"], "missing field"),
 ])
