@@ -42,6 +42,10 @@ class LinkModel:
     bw_gbps: float  # bandwidth one transfer gets on this level, one direction, 1e9 B/s
     latency_us: float  # per transfer (per step)
     links_per_node: int | None = None  # inter level: NICs a node's transfers share; None: one per rank
+    # A host's caches: a call whose working set (every buffer of a node's ranks) is at most
+    # cache_bytes moves data at cache_bw_gbps instead of bw_gbps (fitted from CPU sweeps).
+    cache_bytes: int | None = None
+    cache_bw_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,11 @@ def _link(data: dict[str, Any], where: str) -> LinkModel:
     links = data.get("links_per_node")
     if links is not None and int(links) < 1:
         raise HardwareError(f"{where}: links_per_node must be at least 1 or null")
-    return LinkModel(str(data.get("name", where)), bw, latency, None if links is None else int(links))
+    cache_bytes, cache_bw = data.get("cache_bytes"), data.get("cache_bw_gbps")
+    if (cache_bytes is None) != (cache_bw is None) or cache_bytes is not None and not (cache_bytes > 0 < cache_bw):
+        raise HardwareError(f"{where}: cache_bytes and cache_bw_gbps go together and must be positive")
+    return LinkModel(str(data.get("name", where)), bw, latency, None if links is None else int(links),
+                     None if cache_bytes is None else int(cache_bytes), None if cache_bw is None else float(cache_bw))
 
 
 def presets() -> list[str]:
@@ -174,8 +182,23 @@ def _resource_us(key: tuple, level: LinkModel, total: float, largest: float) -> 
     return level.latency_us + total / (level.bw_gbps * 1e3)
 
 
+def working_set_bytes(count: int, itemsize: int, topo: Topology) -> int:
+    """What a call keeps in a node's caches: every local rank's working buffer."""
+    return count * itemsize * topo.ranks_per_node
+
+
+def in_cache(hw: Hardware, working_set: int) -> Hardware:
+    """The hardware as a call with this working set sees it: cache bandwidth where it fits."""
+    def pick(level: LinkModel) -> LinkModel:
+        fits = level.cache_bytes is not None and working_set <= level.cache_bytes
+        return replace(level, bw_gbps=level.cache_bw_gbps) if fits else level
+    intra, inter = pick(hw.intra), pick(hw.inter)
+    return hw if intra is hw.intra and inter is hw.inter else replace(hw, intra=intra, inter=inter)
+
+
 def schedule_us(schedule: Schedule, topo: Topology, hw: Hardware, itemsize: int) -> float:
     """Predicted time of one call: per-call overhead plus the sum of the rounds."""
+    hw = in_cache(hw, working_set_bytes(schedule.count, itemsize, topo))
     return hw.per_call_overhead_us + sum(round_us(rnd, topo, hw, itemsize) for rnd in schedule.rounds)
 
 

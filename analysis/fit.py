@@ -8,7 +8,11 @@ bytes of its busiest resource. The model is then linear in its unknowns,
     time_us = overhead + sum_levels( rounds_l * alpha_l + bytes_l * (1 / bw_l) ),
 
 and is fitted by robust least squares (scipy, soft-L1 loss on relative errors,
-every unknown >= 0). What a sweep cannot tell apart is not invented: a level with
+every unknown >= 0). A host's caches: when the data span working sets (every local
+rank's buffer) on both sides of some size, the fit also tries a second intra-level
+bandwidth for the working sets up to that size, each candidate threshold in turn,
+and keeps the best one if it is at least 25% faster and lowers the loss by a fifth or
+more (`cache_bytes`, `cache_bw_gbps` in the hardware file). What a sweep cannot tell apart is not invented: a level with
 no rounds in the data keeps the base hardware's figures (or the other level's,
 noted in `meta`); with a single step count, the per-call overhead is folded into
 alpha; reduction cost is folded into bandwidth (reduce_gbps stays null).
@@ -20,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, LinkModel, link_loads
+from commbench.analysis.costmodel import Hardware, LinkModel, link_loads, working_set_bytes
 from commbench import algorithms
 from commbench.collectives import DTYPES
 from commbench.schedule import Schedule
@@ -40,6 +44,7 @@ class Point:
     topo: Topology
     schedule: Schedule
     features: np.ndarray  # [1, rounds_intra, rounds_inter, bytes_intra, bytes_inter]
+    working_set: int  # bytes of every local rank's buffer (what competes for the caches)
 
 
 def setup_of(record: dict) -> str:
@@ -83,14 +88,14 @@ def points(records: list[dict]) -> list[Point]:
         if r["collective"] not in LIBRARY_ALGORITHM:
             continue
         topo, schedule = schedule_for(r)
-        out.append(Point(r, topo, schedule, features(schedule, topo, DTYPES[r["dtype"]].itemsize)))
+        itemsize = DTYPES[r["dtype"]].itemsize
+        out.append(Point(r, topo, schedule, features(schedule, topo, itemsize),
+                         working_set_bytes(schedule.count, itemsize, topo)))
     return out
 
 
 def fit(records: list[dict], setup: str | None = None, base: Hardware | None = None) -> Hardware:
     """Fit one setup's points (all of them when the records hold one setup)."""
-    from scipy.optimize import least_squares
-
     chosen = _select(usable(records), setup)
     pts = points(chosen)
     if len(pts) < 3:
@@ -98,15 +103,42 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
                        "timed, correct points of allreduce, allgather, reduce_scatter, broadcast or reduce")
     a = np.array([p.features for p in pts])
     y = np.array([p.record["time_us"] for p in pts])
+    ws = np.array([p.working_set for p in pts])
+    x, cost, active = _solve(a, y)
+    cache = None
+    for threshold in _cache_thresholds(ws, a):
+        small = ws <= threshold
+        split = np.column_stack([a, np.where(small, a[:, 3], 0.0)])
+        split[small, 3] = 0.0
+        x6, cost6, active6 = _solve(split, y)
+        distinct = 0 < x6[5] < x6[3] / 1.25  # the cache must be at least 25% faster, not a noise fit
+        if distinct and cost6 < 0.8 * cost and (cache is None or cost6 < cost):
+            x, cost, active, cache = x6, cost6, active6, int(threshold)
+    predicted = a @ x[:5]
+    if cache is not None:  # small working sets move their intra bytes at the cache bandwidth
+        predicted = predicted + np.where(ws <= cache, a[:, 3] * (x[5] - x[3]), 0.0)
+    return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
+
+
+def _solve(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+    """Robust least squares on relative errors over the identifiable columns: (x, cost, active)."""
+    from scipy.optimize import least_squares
+
     active = _identifiable(a)
     idx = np.flatnonzero(active)
-    typical = np.array([1.0, 1.0, 1.0, 1e-4, 1e-4])[idx]  # us, us, us, us/byte (10 GB/s), us/byte
+    typical = np.array([1.0, 1.0, 1.0, 1e-4, 1e-4, 1e-4][:a.shape[1]])[idx]  # us, us, us, us/byte (10 GB/s)
     result = least_squares(lambda z: (a[:, idx] @ z - y) / y, typical, bounds=(0, np.inf), loss="soft_l1",
                            f_scale=0.05, x_scale=typical)
-    x = np.zeros(5)
+    x = np.zeros(a.shape[1])
     x[idx] = result.x
-    predicted = a @ x
-    return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base)
+    return x, float(result.cost), active
+
+
+def _cache_thresholds(ws: np.ndarray, a: np.ndarray) -> list[int]:
+    """Working-set sizes to try as the cache boundary: at least 3 intra points on each side."""
+    intra = a[:, 3] > 0
+    sizes = np.unique(ws[intra])
+    return [int(t) for t in sizes if (ws[intra] <= t).sum() >= 3 and (ws[intra] > t).sum() >= 3]
 
 
 def _select(results: list[dict], setup: str | None) -> list[dict]:
@@ -124,16 +156,19 @@ def _select(results: list[dict], setup: str | None) -> list[dict]:
 
 def _identifiable(a: np.ndarray) -> np.ndarray:
     """Which unknowns the data can pin down: a level needs rounds; overhead needs two step counts."""
-    active = np.array([False, a[:, 1].any(), a[:, 2].any(), a[:, 3].any(), a[:, 4].any()])
+    active = np.array([False, *(a[:, k].any() for k in range(1, a.shape[1]))])
     steps = {tuple(row[1:3]) for row in a}
     active[0] = len(steps) > 1
     return active
 
 
-def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | None) -> Hardware:
-    overhead, alpha_intra, alpha_inter, inv_intra, inv_inter = x
+def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | None,
+              cache: int | None = None) -> Hardware:
+    overhead, alpha_intra, alpha_inter, inv_intra, inv_inter = x[:5]
     fitted = {"intra": bool(active[3]), "inter": bool(active[4])}
     intra = _level("intra", alpha_intra, inv_intra, base.intra if base else None)
+    if cache is not None and x[5] > 0:
+        intra = replace(intra, cache_bytes=cache, cache_bw_gbps=1.0 / x[5] / 1e3)
     inter = _level("inter", alpha_inter, inv_inter, base.inter if base else None)
     if not fitted["intra"] and fitted["inter"]:
         intra = base.intra if base else intra
@@ -145,7 +180,8 @@ def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | 
     meta = {"fitted_from": setup, "points": len(pts), "levels_fitted": fitted,
             "r2": 1 - ss_res / ss_tot if ss_tot else None, "mape": float(ape.mean()),
             "median_ape": float(np.median(ape)), "overhead_fitted": bool(active[0]),
-            "notes": _notes(fitted, active, base)}
+            "notes": _notes(fitted, active, base) + ([f"cache regime: working sets up to {cache} bytes move at "
+                                                      f"{intra.cache_bw_gbps:.3f} GB/s"] if intra.cache_bytes else [])}
     return Hardware(f"fit:{setup}", ranks, intra, inter, None, float(overhead), dict(base.device_tflops) if base else {},
                     meta)
 

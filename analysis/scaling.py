@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from commbench import algorithms
-from commbench.analysis.costmodel import Hardware, round_us, schedule_us
+from commbench.analysis.costmodel import Hardware, in_cache, round_us, schedule_us, working_set_bytes
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import StepTimes, overlap, plan_step
@@ -36,6 +36,8 @@ def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, a
     if topo.world == 1 or count == 0:
         return 0.0
     name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
+    if name in ("ring", LIBRARY, "hier"):
+        hw = in_cache(hw, working_set_bytes(count, itemsize, topo))
     if name in ("ring", LIBRARY):
         channels = (hw.inter.links_per_node or 1) if name == LIBRARY and topo.nodes > 1 else 1
         return hw.per_call_overhead_us + _ring_phases_us(hw, topo, count, itemsize, channels)

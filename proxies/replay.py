@@ -94,7 +94,7 @@ class RankContext:
         self.log: StepLog | None = None
         self.compute = "-"
 
-    def start(self, compute: str, lines: list[str]) -> None:
+    def start(self, compute: str, lines: list[str], extra: dict[str, Any] | None = None) -> None:
         """After setup, before the first step: the run header (every rank takes part)."""
         self.compute = compute
         environment = self.backend.gather_objects(local_environment(self.backend.device))
@@ -106,7 +106,7 @@ class RankContext:
                 f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
-                  "buckets": B.describe(self.buckets)}
+                  "buckets": B.describe(self.buckets), **(extra or {})}
         self.log.header(record, [what, *lines])
 
     def _bucket_text(self) -> str:
@@ -224,7 +224,8 @@ def _replay_steps(ctx: RankContext) -> None:
     ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the comm thread within 0.1 ms
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms; allreduces overlap the backward on a communication thread"])
+                      f"optimizer {update / 1e3:.2f} ms; allreduces overlap the backward on a communication thread"],
+              {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update}})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
         times = run_step(plan, clock, ctx.channel)

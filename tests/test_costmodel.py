@@ -120,6 +120,24 @@ def test_fit_recovers_known_alpha_and_beta():
                                                        truth, 4), rel=0.02)
 
 
+def test_fit_finds_a_cache_regime_and_predicts_across_it():
+    """Working sets up to 8 MiB at 30 GB/s, beyond at 6 GB/s: the fit recovers both and the boundary,
+    and predicts 4 ranks (whose working set crosses it at half the per-rank size)."""
+    truth = M.Hardware("truth", 2, M.LinkModel("shm", 6.0, 2.0, cache_bytes=8 << 20, cache_bw_gbps=30.0),
+                       M.LinkModel("shm", 6.0, 2.0))
+    records = _synthetic(truth, [2], [1 << k for k in range(14, 27)], algorithm="ring", noise=0.01)
+    hw = F.fit(records)
+    assert hw.intra.bw_gbps == pytest.approx(6.0, rel=0.05) and hw.intra.cache_bw_gbps == pytest.approx(30, rel=0.1)
+    assert 4 << 20 <= hw.intra.cache_bytes < 16 << 20
+    assert any("cache regime" in note for note in hw.meta["notes"])
+    four = _synthetic(truth, [4], [1 << k for k in range(14, 27)], algorithm="ring")
+    errors = np.abs(F.predict_records(four, hw) / [r["time_us"] for r in four] - 1)
+    assert np.median(errors) < 0.05
+    plain = F.fit(_synthetic(M.Hardware("t", 2, M.LinkModel("shm", 6.0, 2.0), M.LinkModel("shm", 6.0, 2.0)), [2],
+                             [1 << k for k in range(14, 27)], algorithm="ring", noise=0.01))
+    assert plain.intra.cache_bytes is None  # no cache regime where the data show none
+
+
 def test_fit_is_robust_to_an_outlier_and_fits_the_inter_level():
     truth = M.Hardware("truth", 2, M.LinkModel("nvlink", 100.0, 2.0), M.LinkModel("ib", 10.0, 8.0))
     records = _synthetic(truth, [4, 8], [1 << k for k in range(12, 27, 2)], algorithm="hier", nnodes=2, noise=0.01)

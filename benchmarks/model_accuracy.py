@@ -1,0 +1,160 @@
+"""How well the fitted cost model predicts what it was not fitted on, on this machine, in one run.
+
+1. Sweeps (allreduce, in place): shm ring on 2 ranks (the fit set), shm ring on 3 and 4
+   ranks, shm rhd and oneshot on 4 ranks, gloo on 2, 3 and 4 ranks; sizes 64 KiB-64 MiB.
+2. shm: fit on the 2-rank ring at every other size (x4 steps), predict everything else
+   (the sizes in between, 3 and 4 ranks, the other algorithms). gloo: fit on 2 ranks at
+   every other size, predict the rest. Target (issue): median |error| <= 10% at >= 64 KiB.
+3. Optionally (--proxy DIR, the output of benchmarks/proxy_validate.py): the step time the
+   model predicts for each validated proxy run, from the gloo fit and the run's own
+   measured compute, beside the replayed proxy and the real training.
+
+    python benchmarks/model_accuracy.py --out runs/accuracy [--proxy runs/proxy-validate]
+
+Prints Markdown tables and writes predicted_vs_measured.png in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SIZES = "64K-64M"
+SWEEPS = [  # name, backend, ranks, algorithm
+    ("shm-ring-2", "shm", 2, "ring"), ("shm-ring-3", "shm", 3, "ring"), ("shm-ring-4", "shm", 4, "ring"),
+    ("shm-rhd-4", "shm", 4, "rhd"), ("shm-oneshot-4", "shm", 4, "oneshot"),
+    ("gloo-2", "torch", 2, None), ("gloo-3", "torch", 3, None), ("gloo-4", "torch", 4, None)]
+
+
+def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, min_time: float) -> str:
+    path = os.path.join(out, f"{name}.jsonl")
+    cmd = [sys.executable, "-m", "commbench", "sweep", "--backend", backend, "--nprocs", str(ranks), "--sizes", SIZES,
+           "--placement", "in-place", "--min-time", str(min_time), "--json", path]
+    if algorithm:
+        cmd += ["--algorithm", algorithm]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def results(path: str) -> list[dict]:
+    from commbench.results import read_records
+
+    return [r for r in read_records(path) if r.get("record") == "result" and r.get("time_us")]
+
+
+def fit_on(records: list[dict]):
+    from commbench.analysis import fit as F
+
+    sizes = sorted({r["nbytes"] for r in records})
+    chosen = [r for r in records if sizes.index(r["nbytes"]) % 2 == 0]  # every other size: x4 steps
+    return F.fit(chosen), {r["nbytes"] for r in chosen}
+
+
+def errors(records: list[dict], hw) -> np.ndarray:
+    from commbench.analysis.fit import predict_records
+
+    measured = np.array([r["time_us"] for r in records])
+    return predict_records(records, hw) / measured - 1
+
+
+def proxy_rows(proxy_dir: str, hw) -> list[str]:
+    """Predicted step (gloo fit + each run's measured compute) vs the replay and the real training."""
+    from commbench.analysis.scaling import predict_step
+    from commbench.proxies.profile import load_profile
+    from commbench.results import read_records
+    from commbench.topology import Topology
+
+    rows = []
+    for name in sorted(f for f in os.listdir(proxy_dir) if f.endswith(".jsonl") and ".train." not in f):
+        records = read_records(os.path.join(proxy_dir, name))
+        header = next((r for r in records if r.get("record") == "header"), None)
+        proxy = next((r for r in records if r.get("record") == "proxy"), None)
+        check = next((r for r in records if r.get("record") == "validate"), None)
+        if not (header and proxy and check and "compute_split_us" in header):
+            continue
+        split, cfg = header["compute_split_us"], header["config"]
+        pred = predict_step(load_profile(proxy["model"]), proxy["batch"], Topology(1, proxy["world_size"]), hw,
+                            split["forward"], split["backward"], split["optimizer"], cfg["bucket_mb"],
+                            cfg["bucketing"], "ring")
+        p, replay, real = pred.times.step_us / 1e3, proxy["step_us_p50"] / 1e3, check["train_step_us"] / 1e3
+        rows.append(f"| {proxy['model']} | {proxy['batch']} | {p:.1f} | {replay:.1f} | {real:.1f} | "
+                    f"{100 * (p / replay - 1):+.1f}% | {100 * (p / real - 1):+.1f}% |")
+    return rows
+
+
+def plot(groups: dict[str, tuple[np.ndarray, np.ndarray]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for name, (measured, predicted) in groups.items():
+        ax.scatter(measured, predicted, s=14, label=name)
+    lo = min(m.min() for m, _ in groups.values())
+    hi = max(m.max() for m, _ in groups.values())
+    line = np.array([lo, hi])
+    ax.plot(line, line, "k-", lw=0.8, label="predicted = measured")
+    ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2, label="within 10%")
+    ax.set(xscale="log", yscale="log", xlabel="measured time per call (us)", ylabel="predicted time per call (us)",
+           title="Cost model: predicted vs measured allreduce (64 KiB-64 MiB)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/accuracy")
+    parser.add_argument("--min-time", type=float, default=0.2, help="sweep --min-time per point")
+    parser.add_argument("--proxy", default=None, help="a benchmarks/proxy_validate.py output directory")
+    parser.add_argument("--reuse", action="store_true", help="use sweeps already in --out")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    paths = {}
+    for name, backend, ranks, algorithm in SWEEPS:
+        path = os.path.join(args.out, f"{name}.jsonl")
+        paths[name] = path if args.reuse and os.path.exists(path) else sweep(name, backend, ranks, algorithm, args.out,
+                                                                             args.min_time)
+    data = {name: results(path) for name, path in paths.items()}
+    print(f"# cost-model accuracy, {started}; sweeps {SIZES}, allreduce in place, fit on every other size of "
+          f"the 2-rank sweep\n")
+    print("| fitted on | predicted | points | median abs error | max abs error |\n|---|---|---|---|---|")
+    groups, fits = {}, {}
+    for family, fit_name in (("shm", "shm-ring-2"), ("gloo", "gloo-2")):
+        hw, fit_sizes = fit_on(data[fit_name])
+        fits[family] = hw
+        for name in (n for n in paths if n.startswith(family)):
+            records = [r for r in data[name] if not (name == fit_name and r["nbytes"] in fit_sizes)]
+            err = errors(records, hw)
+            label = f"{name} (other sizes)" if name == fit_name else name
+            groups[label] = (np.array([r["time_us"] for r in records]), np.array([r["time_us"] for r in records]) * (1 + err))
+            print(f"| {fit_name} | {label} | {len(records)} | {100 * np.median(np.abs(err)):.1f}% | "
+                  f"{100 * np.abs(err).max():.1f}% |")
+    for family, hw in fits.items():
+        intra = hw.intra
+        cache = f", cache {intra.cache_bw_gbps:.2f} GB/s up to {intra.cache_bytes / 2**20:.1f} MiB" \
+            if intra.cache_bytes else ""
+        print(f"\n{family} fit: {intra.bw_gbps:.3f} GB/s, {intra.latency_us:.2f} us/step, overhead "
+              f"{hw.per_call_overhead_us:.1f} us{cache}; fit median error {100 * hw.meta['median_ape']:.1f}%")
+        with open(os.path.join(args.out, f"{family}-hw.json"), "w", encoding="utf-8") as handle:
+            json.dump(hw.to_dict(), handle, indent=1, default=float)
+    plot(groups, os.path.join(args.out, "predicted_vs_measured.png"))
+    if args.proxy:
+        print("\n| model | batch/rank | predicted step (ms) | proxy replay (ms) | real training (ms) | "
+              "vs replay | vs training |\n|---|---|---|---|---|---|---|")
+        for row in proxy_rows(args.proxy, fits["gloo"]):
+            print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
