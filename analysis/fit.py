@@ -105,14 +105,14 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
     y = np.array([p.record["time_us"] for p in pts])
     ws = np.array([p.working_set for p in pts])
     x, cost, active = _solve(a, y)
-    cache = None
+    base_cost, cache = cost, None
     for threshold in _cache_thresholds(ws, a):
         small = ws <= threshold
         split = np.column_stack([a, np.where(small, a[:, 3], 0.0)])
         split[small, 3] = 0.0
         x6, cost6, active6 = _solve(split, y)
         distinct = 0 < x6[5] < x6[3] / 1.25  # the cache must be at least 25% faster, not a noise fit
-        if distinct and cost6 < 0.8 * cost and (cache is None or cost6 < cost):
+        if distinct and cost6 < 0.8 * base_cost and cost6 < cost:  # the best boundary of those that help
             x, cost, active, cache = x6, cost6, active6, int(threshold)
     predicted = a @ x[:5]
     if cache is not None:  # small working sets move their intra bytes at the cache bandwidth

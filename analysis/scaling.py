@@ -89,7 +89,7 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
                  algorithm: str = LIBRARY) -> StepPrediction:
     """One data-parallel step on `topo`: compute as given, each bucket's allreduce from the model."""
     buckets = B.assign(profile, bucket_mb, bucketing)
-    plan = plan_step(profile, buckets, batch, forward_us, backward_us, optimizer_us)
+    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us)
     from commbench.collectives import resolve_dtype
 
     comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]

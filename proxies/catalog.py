@@ -29,7 +29,6 @@ class ModelSpec:
     default_batch: int = 32
     batch_source: str = ""  # where the default batch comes from
     note: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # TorchBench (pytorch/benchmark) is the reference for batches and input shapes: its
@@ -79,6 +78,7 @@ class BuiltModel:
     package: str
     version: str | None
     constructor: str
+    declared: dict[str, Any] = field(default_factory=dict)  # a module's own INPUT (shape, unit, default_batch)
 
 
 def build(constructor: str, input_shape: tuple[int, ...] = ()) -> BuiltModel:
@@ -183,18 +183,19 @@ def _callable(module_name: str, attr: str, shape: tuple[int, ...]) -> BuiltModel
         raise ModelError(f"{module_name} has no callable {attr!r}")
     model = factory()
     own_inputs = getattr(module, "example_inputs", None)
-    if shape:
+    declared = dict(getattr(module, "INPUT", {}) or {})
+    if shape:  # an explicit --input-shape: one float tensor of that shape per sample
         make = _images(shape)
-    elif own_inputs is not None:
+    elif own_inputs is not None:  # the module knows its inputs (several tensors, token ids, lengths)
         def make(batch: int, device: Any = "cpu"):
             return tuple(own_inputs(batch, device)), {}
-        shape = tuple(getattr(module, "INPUT", {}).get("shape", ()))
+        shape = tuple(declared.get("shape", ()))
     else:
         raise ModelError(f"{module_name}:{attr}: give --input-shape (e.g. 3,224,224), or define "
                          f"example_inputs(batch, device) in {module_name}")
     package = module_name.split(".")[0]
     return BuiltModel(model, make, shape, package, _version(importlib.import_module(package)),
-                      f"{module_name}.{attr}()")
+                      f"{module_name}.{attr}()", declared)
 
 
 def build_named(name: str) -> BuiltModel:

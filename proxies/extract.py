@@ -39,15 +39,16 @@ def extract(spec: str, input_shape: tuple[int, ...] = (), name: str | None = Non
                               f"batch {FLOP_BATCH} on {counts['device']}, per sample",
               "ready_order": "post-accumulate-grad hooks in one backward (the order DDP rebuilds buckets in)"}
     if not catalog:  # how to build it again (train, --compute measured)
-        source.update(spec=spec, input_shape=list(built.input_shape))
+        source.update(spec=spec, **({"input_shape": list(input_shape)} if input_shape else {}))
     if catalog:
         source.update({"default_batch": catalog.batch_source, **({"note": catalog.note} if catalog.note else {})})
     if counts["unused"]:
         source["unused_parameters"] = counts["unused"]
+    own = built.declared  # what a module:callable's module says of its inputs (INPUT)
     return Profile(name or (catalog.name if catalog else _default_name(spec)), tuple(tensors),
                    counts["forward"], counts["backward"], built.input_shape,
-                   sample_unit or (catalog.sample_unit if catalog else "samples"),
-                   default_batch or (catalog.default_batch if catalog else 32), source)
+                   sample_unit or (catalog.sample_unit if catalog else own.get("unit", "samples")),
+                   default_batch or (catalog.default_batch if catalog else own.get("default_batch", 32)), source)
 
 
 def _default_name(spec: str) -> str:

@@ -103,11 +103,13 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
         raise ProfileError(f"{origin}: bad forward_flops/backward_flops/default_batch/input_shape ({exc})") from exc
     if forward < 0 or backward < 0 or batch < 1:
         raise ProfileError(f"{origin}: FLOPs cannot be negative and default_batch must be at least 1")
-    profile = Profile(str(data["name"]), tensors, forward, backward, shape, str(data["sample_unit"]), batch,
-                      dict(data.get("source") or {}))
-    if "parameters" in data and int(data["parameters"]) != profile.parameters:
-        raise ProfileError(f"{origin}: 'parameters' says {data['parameters']} but the tensors hold "
-                           f"{profile.parameters}")
+    source = data.get("source") or {}
+    if not isinstance(source, dict):
+        raise ProfileError(f"{origin}: 'source' must be an object")
+    profile = Profile(str(data["name"]), tensors, forward, backward, shape, str(data["sample_unit"]), batch, source)
+    stated = data.get("parameters", profile.parameters)
+    if not isinstance(stated, int) or stated != profile.parameters:
+        raise ProfileError(f"{origin}: 'parameters' says {stated!r} but the tensors hold {profile.parameters}")
     return profile
 
 
@@ -124,10 +126,12 @@ def _tensor(entry: Any, i: int, origin: str) -> TensorSpec:
     if not isinstance(entry, list) or len(entry) != 5 or None in entry:
         raise ProfileError(f"{where}: expected [name, shape, dtype, ready_flops, ready_index]")
     name, shape, dtype, ready_flops, ready_index = entry
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ProfileError(f"{where} ({name}): unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     try:
         dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError("negative dimension")
         return TensorSpec(str(name), dims, dtype, float(ready_flops), int(ready_index))
     except (TypeError, ValueError) as exc:
         raise ProfileError(f"{where} ({name}): bad shape, ready_flops or ready_index ({exc})") from exc

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
-import threading
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -31,55 +28,13 @@ from commbench.bench import EXIT_FAULT, EXIT_OK, EXIT_USAGE, error_line
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
 from commbench.proxies.steps import ProxyResult, StepLog, summarize
+from commbench.proxies.channels import ThreadChannel, WorkChannel
 from commbench.proxies.timeline import CpuClock, SleepClock, flops_times_us, plan_step, run_step
 from commbench.results import local_environment, software_versions
 
 CONFIG_VAR = "COMMBENCH_PROXY_CONFIG"
 ARGV_VAR = "COMMBENCH_ARGV"
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
-class ThreadChannel:
-    """Runs prepared allreduce calls on one thread, in launch order, timing each (start, end)."""
-
-    def __init__(self, calls: list[Callable[[], None]], synchronize: Callable[[], None], clock: SleepClock):
-        self.calls, self.synchronize, self.clock = calls, synchronize, clock
-        self.pending: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.launched = 0
-        self.thread = threading.Thread(target=self._work, name="commbench-comm", daemon=True)
-        self.thread.start()
-
-    def _work(self) -> None:
-        while True:
-            bucket = self.pending.get()
-            if bucket is None:
-                return
-            try:
-                start = self.clock.now_us()
-                self.calls[bucket]()
-                self.synchronize()
-                self.done.put((start, self.clock.now_us()))
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
-                self.done.put(exc)
-
-    def launch(self, bucket: int) -> None:
-        self.launched += 1
-        self.pending.put(bucket)
-
-    def wait_all(self) -> list[tuple[float, float]]:
-        intervals = []
-        for _ in range(self.launched):
-            item = self.done.get()
-            if isinstance(item, BaseException):
-                raise item
-            intervals.append(item)
-        self.launched = 0
-        return intervals
-
-    def close(self) -> None:
-        self.pending.put(None)
-        self.thread.join(timeout=1.0)
 
 
 class RankContext:
@@ -93,6 +48,8 @@ class RankContext:
         self.rows: list[list[float]] = []
         self.log: StepLog | None = None
         self.compute = "-"
+        self.monitor = None  # --monitor on rank 0: commbench.telemetry.Monitor
+        self.channel = None  # the proxy's ThreadChannel or WorkChannel, closed by run_rank
 
     def start(self, compute: str, lines: list[str], extra: dict[str, Any] | None = None) -> None:
         """After setup, before the first step: the run header (every rank takes part)."""
@@ -107,7 +64,14 @@ class RankContext:
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), **(extra or {})}
+        if self.cfg.monitor and self.backend.rank == 0:
+            from commbench.telemetry import Monitor
+
+            self.monitor = Monitor().start()
+            lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
         self.log.header(record, [what, *lines])
+        if self.monitor is not None:
+            self.monitor.mark()
 
     def _bucket_text(self) -> str:
         if self.cfg.bucketing != "ddp":
@@ -117,18 +81,28 @@ class RankContext:
     def record(self, index: int, values: dict[str, float | None]) -> None:
         self.rows.append([np.nan if values[k] is None else values[k]
                           for k in ("compute_us", "comm_us", "exposed_comm_us", "step_us")])
+        if self.monitor is not None:  # this step's hardware averages, then a window for the next
+            values = {**values, "telemetry": self.monitor.window()}
+            self.monitor.mark()
         if self.log:
             self.log.step(index + 1, index < self.cfg.warmup_steps, values)
 
     def finish(self, status: str = "ok", error: str | None = None) -> None:
         rows = np.array(self.rows, dtype=float).reshape(-1, 4)
-        if status == "ok":  # every rank's steps, the slowest rank per step
+        if status == "ok":  # every rank's steps; per step, the whole row of its slowest rank
             gathered = self.backend.gather(rows.ravel())
-            rows = gathered.reshape(self.backend.world_size, -1, 4).max(axis=0) if gathered is not None else rows
+            if gathered is not None:
+                ranks = gathered.reshape(self.backend.world_size, -1, 4)
+                slowest = ranks[:, :, 3].argmax(axis=0)
+                rows = ranks[slowest, np.arange(ranks.shape[1])]
         if self.backend.rank != 0:
             return
         if self.log is None:  # failed before the first step: nothing to summarise or write
             return
+        telemetry = None
+        if self.monitor is not None:
+            self.monitor.stop()
+            telemetry = self.monitor.summary()
         measured = rows[self.cfg.warmup_steps:]
         stats = summarize(measured)
         step = stats["step_us_p50"] or 0.0
@@ -138,7 +112,7 @@ class RankContext:
             batch=self.batch, bucket_mb=self.cfg.bucket_mb, bucketing=self.cfg.bucketing, buckets=len(self.buckets),
             gradient_bytes=self.profile.nbytes, compute=self.compute, steps=len(measured),
             warmup_steps=self.cfg.warmup_steps, samples_per_s=self.batch * self.backend.world_size / (step * 1e-6)
-            if step else 0.0, status=status, error=error, run_id=self.log.run_id,
+            if step else 0.0, status=status, error=error, telemetry=telemetry, run_id=self.log.run_id,
             **{k: v for k, v in stats.items() if not k.startswith("step_us")},
             step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0))
 
@@ -146,6 +120,7 @@ class RankContext:
 def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], kind: str = "train") -> int:
     """Run `body` on this rank inside the common frame; returns the exit code."""
     backend = ctx = None
+    switch_interval = sys.getswitchinterval()
     try:
         backend = backend_class(cfg.backend).create(cfg.backend_config(launch.world_size), launch)
         ctx = RankContext(cfg, launch, backend, kind, argv)
@@ -154,8 +129,8 @@ def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], 
         return EXIT_OK
     except (MemoryError, OutOfMemory) as exc:
         return _fail(ctx, launch, f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed")
-    except BackendError as exc:
-        return _fail(ctx, launch, str(exc), EXIT_USAGE, "failed")
+    except (BackendError, ValueError) as exc:  # ValueError: ModelError, ProfileError (one line each)
+        return _fail(ctx, launch, str(exc).splitlines()[0], EXIT_USAGE, "failed")
     except RuntimeError as exc:
         if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
             return _fail(ctx, launch, f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed")
@@ -164,7 +139,8 @@ def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], 
     except KeyboardInterrupt:
         return _fail(ctx, launch, None, 130, "interrupted")
     finally:
-        if ctx is not None and getattr(ctx, "channel", None) is not None:
+        sys.setswitchinterval(switch_interval)
+        if ctx is not None and ctx.channel is not None:
             ctx.channel.close()
         if backend is not None:
             try:
@@ -198,33 +174,40 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, str]:
         return forward, backward, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
     import torch
 
-    from commbench.proxies.train import Trainer
+    from commbench.proxies.train import Trainer, check_memory
 
+    check_memory(profile, ctx.launch.local_world_size, ctx.backend.device)
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     trainer = Trainer(profile, ctx.batch, device, amp=cfg.amp)
     ctx.backend.barrier()  # every rank measures at once, sharing the host as in training
-    measured = trainer.phase_times_us(repeats=5)
+    measured, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
     del trainer
     forward, backward, update = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
-    return float(forward), float(backward), float(update), "measured"
+    return float(forward), float(backward), float(update), "measured" + (" (CPU time)" if cpu_time else "")
 
 
 def _replay_steps(ctx: RankContext) -> None:
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, label = compute_times(ctx)
-    plan = plan_step(profile, ctx.buckets, ctx.batch, forward, backward, update)
+    plan = plan_step(profile, ctx.buckets, forward, backward, update)
     buffers = []
     for bucket in ctx.buckets:
         dtype = C.resolve_dtype(bucket.dtype)
         buffers.append(backend.alloc(bucket.nbytes // dtype.itemsize, dtype))
         backend.fill(buffers[-1], 0.0)  # zeros stay zeros: no overflow, no denormals, whatever the steps
     backend.barrier()  # every rank's buffers exist before any rank prepares (shm maps its peers' segments)
-    calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
-    clock = SleepClock() if backend.device == "cuda" else CpuClock()
-    ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
-    sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the comm thread within 0.1 ms
+    # A CPU's compute is replayed as CPU time (spinning: it competes with gloo for the cores, as
+    # real compute does); a GPU's, or a multi-threaded CPU measurement, as wall time (sleeping).
+    cpu_compute = backend.device == "cpu" and (label != "measured")
+    clock = CpuClock() if cpu_compute else SleepClock()
+    if backend.name == "torch":  # async launches, as DDP's Reducer; the library queues them
+        ctx.channel = WorkChannel(buffers, clock, buffers[0].device if buffers else None)
+    else:
+        calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
+        ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
+    sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms; allreduces overlap the backward on a communication thread"],
+                      f"optimizer {update / 1e3:.2f} ms; allreduces launched as gradients are ready, overlapping the backward"],
               {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update}})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):

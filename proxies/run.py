@@ -62,6 +62,11 @@ def make_config(options: dict) -> tuple[ProxyConfig, Plan]:
     if compute == "measured":
         _check_model_available(profile)
     plan = _plan(options)
+    if plan.mode == "sim" and not options["compute"] and not options["tflops"]:
+        raise ProxyUsageError("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
+                              "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
+    if options.get("validate"):
+        _check_validate(plan, bucketing, compute, options["backend"])
     device = _device(options, plan)
     json_path = options["json_path"]
     if options.get("validate") and not json_path:
@@ -71,10 +76,28 @@ def make_config(options: dict) -> tuple[ProxyConfig, Plan]:
                       warmup_steps=options["warmup_steps"], amp=bool(options.get("amp")), backend=options["backend"],
                       torch_backend=options["torch_backend"], device=device, algorithm=options["algorithm"],
                       topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
-                      hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"])
-    if plan.note:
+                      hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
+                      monitor=bool(options.get("monitor")))
+    if plan.note and is_lead(plan):
         print(f"commbench: note: {plan.note}", flush=True)
     return cfg, plan
+
+
+def is_lead(plan: Plan) -> bool:
+    """Rank 0 of a joined job, or the process itself when it spawns or predicts alone."""
+    return plan.launch is None or plan.launch.rank == 0
+
+
+def _check_validate(plan: Plan, bucketing: str, compute: str, backend: str) -> None:
+    """--validate compares like with like: what DDP on torch.distributed really does, with the
+    compute of the real model, so a proxy that differs from training in any of these is refused."""
+    differs = [what for what, same in (
+        ("--backend sim (nothing runs)", plan.mode != "sim"), (f"--backend {backend} (training runs on torch)",
+                                                              backend == "torch"),
+        ("--no-bucketing/--single-bucket (training uses DDP's buckets)", bucketing == "ddp"),
+        (f"--compute {compute} (training runs the real model)", compute == "measured")) if not same]
+    if differs:
+        raise ProxyUsageError(f"--validate compares the proxy with real DDP training; not with {differs[0]}")
 
 
 def _check_model_available(profile: Profile) -> None:
@@ -125,17 +148,20 @@ def _plan(options: dict) -> Plan:
     launcher = None if options["launcher"] == "auto" else options["launcher"]
     launcher = launcher or L.detect_launcher(env)
     joined = launcher not in (None, "spawn") or L.SPAWN_VAR in env
-    if backend == "sim":
-        world = nodes * per_node if nodes else (options["nprocs"] or 2)
-        return _sim_plan(options, nodes or 1, per_node if nodes else world, None)
+    info = None
     if joined:
         try:
             info = L.from_environment(env, launcher or "spawn")
         except L.LaunchError as exc:
             raise ProxyUsageError(str(exc)) from exc
+    if backend == "sim":
+        world = nodes * per_node if nodes else (options["nprocs"] or 2)
+        return replace(_sim_plan(options, nodes or 1, per_node if nodes else world, None), launch=info)
+    if joined:
         if nodes and info.world_size != nodes * per_node:
-            return _sim_plan(options, nodes, per_node, f"the job has {info.world_size} rank(s), not the "
-                                                       f"{nodes} x {per_node} that --nodes asks for")
+            return replace(_sim_plan(options, nodes, per_node, f"the job has {info.world_size} rank(s), not the "
+                                                               f"{nodes} x {per_node} that --nodes asks for"),
+                           launch=info)
         return Plan("join", info.world_size, info, info.nnodes, info.local_world_size)
     if nodes:
         if options["spawn_local"]:
@@ -166,7 +192,10 @@ def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> Plan
 
 
 def predict_proxy(cfg: ProxyConfig, plan: Plan, argv: list[str]) -> int:
-    """A proxy step predicted by the cost model (no ranks): the table and a kind=predicted record."""
+    """A proxy step predicted by the cost model (no ranks): the table and a kind=predicted record.
+    Under a launcher only rank 0 predicts and writes."""
+    if not is_lead(plan):
+        return 0
     from commbench.analysis.costmodel import load_hardware, with_topology
     from commbench.analysis.scaling import predict_step
     from commbench.proxies.steps import ProxyResult, StepLog
@@ -210,10 +239,14 @@ def predict_proxy(cfg: ProxyConfig, plan: Plan, argv: list[str]) -> int:
 def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float]:
     import torch
 
-    from commbench.proxies.train import Trainer
+    from commbench.proxies.train import Trainer, check_memory
 
     device = "cuda" if cfg.device == "cuda" else "cpu"
-    return Trainer(profile, batch, torch.device(device), amp=cfg.amp).phase_times_us()
+    try:
+        check_memory(profile, 1, device)
+        return Trainer(profile, batch, torch.device(device), amp=cfg.amp).phase_times_us(repeats=5)
+    except (MemoryError, ModelError) as exc:
+        raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 
 
 # ---------------------------------------------------------------- --validate
@@ -228,11 +261,13 @@ def train_twin(cfg: ProxyConfig) -> ProxyConfig:
 def summary_of(path: str) -> dict[str, Any] | None:
     from commbench.results import read_records
 
+    if not os.path.exists(path):
+        return None
     records = [r for r in read_records(path) if r.get("record") == "proxy"]
     return records[-1] if records else None
 
 
-def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig, plan: Plan) -> None:
+def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig) -> None:
     proxy, real = summary_of(cfg.json_path), summary_of(train_cfg.json_path)
     if not proxy or not real or not real["step_us_p50"]:
         print("# validate: a run wrote no summary; nothing to compare")
@@ -297,3 +332,6 @@ def extract_profile(spec: str, input_shape: str | None, name: str | None, batch:
         return extract(spec, shape, name, batch, unit)
     except ModelError as exc:
         raise ProxyUsageError(str(exc)) from exc
+    except (RuntimeError, TypeError, ValueError) as exc:  # the model rejected the inputs (a bad --input-shape)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ProxyUsageError(f"{spec}: one forward and backward failed: {first}") from exc

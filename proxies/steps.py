@@ -48,6 +48,7 @@ class ProxyResult:
     samples_per_s: float  # all ranks, from the median step
     status: str = "ok"
     error: str | None = None
+    telemetry: dict[str, float] | None = None  # --monitor: averages over the whole run (rank 0's host)
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
@@ -86,7 +87,7 @@ class StepLog:
         print(f"# {'step':>6} {'compute(ms)':>12} {'comm(ms)':>10} {'exposed(ms)':>12} {'step(ms)':>10} "
               f"{'samples/s':>11}", flush=True)
 
-    def step(self, index: int, warmup: bool, values: dict[str, float | None]) -> None:
+    def step(self, index: int, warmup: bool, values: dict[str, Any]) -> None:
         if not self.lead:
             return
         step_us = values["step_us"]
@@ -105,6 +106,10 @@ class StepLog:
             self.sink.close()
         if result.status != "ok":
             return
+        if result.telemetry:
+            from commbench.telemetry import summary_line
+
+            print(f"# {summary_line(result.telemetry)}")
         print(f"# median {_ms(result.compute_us_p50):>12} {_ms(result.comm_us_p50):>10} "
               f"{_ms(result.exposed_comm_us_p50):>12} {_ms(result.step_us_p50):>10} {result.samples_per_s:>11.1f}")
         print(f"# p90    {_ms(result.compute_us_p90):>12} {_ms(result.comm_us_p90):>10} "

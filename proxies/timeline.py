@@ -43,7 +43,7 @@ class StepPlan:
 @dataclass(frozen=True)
 class StepTimes:
     compute_us: float  # forward + backward + optimizer
-    comm_us: float  # the allreduces' own durations, summed
+    comm_us: float  # time with at least one allreduce launched and not yet done
     exposed_comm_us: float  # step - compute: communication the backward did not hide
     step_us: float
     comm_intervals: tuple[tuple[float, float], ...] = ()  # (start, end) of each allreduce
@@ -52,7 +52,7 @@ class StepTimes:
         return samples / (self.step_us * 1e-6) if self.step_us > 0 else math.inf
 
 
-def plan_step(profile: Profile, buckets: Sequence[Bucket], batch: int, forward_us: float, backward_us: float,
+def plan_step(profile: Profile, buckets: Sequence[Bucket], forward_us: float, backward_us: float,
               optimizer_us: float = 0.0) -> StepPlan:
     """Bucket ready times: the backward's duration shared out by backward FLOPs, so a bucket is
     ready when the FLOPs done before its last gradient have run."""
@@ -77,7 +77,17 @@ def overlap(plan: StepPlan, comm_us: Sequence[float]) -> StepTimes:
         free_at = start + duration
         intervals.append((start, free_at))
     step = max(backward_end, free_at) + plan.optimizer_us
-    return StepTimes(plan.compute_us, float(sum(comm_us)), step - plan.compute_us, step, tuple(intervals))
+    return StepTimes(plan.compute_us, busy_us(intervals), step - plan.compute_us, step, tuple(intervals))
+
+
+def busy_us(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: time with communication in flight."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 # ---------------------------------------------------------------- executed
@@ -144,6 +154,5 @@ def run_step(plan: StepPlan, clock: Clock, channel: Channel) -> StepTimes:
     clock.begin()
     clock.compute_until(plan.optimizer_us)
     step = clock.now_us() - t0
-    comm = sum(end - start for start, end in intervals)
-    return StepTimes(plan.compute_us, comm, step - plan.compute_us, step,
+    return StepTimes(plan.compute_us, busy_us(intervals), step - plan.compute_us, step,
                      tuple((start - t0, end - t0) for start, end in intervals))

@@ -9,6 +9,7 @@ for the proxy's `--compute measured`.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -72,20 +73,29 @@ class Trainer:
         if getattr(self.device, "type", self.device) == "cuda":
             torch.cuda.synchronize()
 
+    def cpu_timed(self) -> bool:
+        """On a CPU with one intra-op thread the compute is this thread's CPU time, which other
+        processes on the host cannot inflate (the proxy replays it as CPU time too)."""
+        import torch
+
+        return getattr(self.device, "type", self.device) == "cpu" and torch.get_num_threads() == 1
+
     def phase_times_us(self, repeats: int = 3) -> tuple[float, float, float]:
-        """Median (forward, backward, optimizer) times of `repeats` steps after one warm-up, no DDP."""
+        """Median (forward, backward, optimizer) times of `repeats` steps after one warm-up, no DDP:
+        thread CPU time when `cpu_timed`, else wall time (after a CUDA synchronize on GPU)."""
+        clock = time.thread_time if self.cpu_timed() else time.perf_counter
         rows = []
         for _ in range(repeats + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             loss = self.forward()
             self.sync()
-            t1 = time.perf_counter()
+            t1 = clock()
             self.backward(loss)
             self.sync()
-            t2 = time.perf_counter()
+            t2 = clock()
             self.update()
             self.sync()
-            rows.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+            rows.append((t1 - t0, t2 - t1, clock() - t2))
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
 
@@ -103,7 +113,7 @@ def model_for(profile: Profile) -> BuiltModel:
 def check_memory(profile: Profile, world_local: int, device: str) -> None:
     """Refuse up front what cannot fit: weights, gradients, momentum and DDP's bucket copy are
     4x the parameters per rank (activations come on top)."""
-    need = 4 * profile.nbytes * world_local
+    need = 4 * profile.nbytes * (1 if device == "cuda" else world_local)  # a GPU per rank; CPU ranks share
     free = _free_bytes(device)
     if free is not None and need > free:
         raise MemoryError(f"{profile.name} needs at least {need / 2**30:.1f} GiB for {world_local} local rank(s) "
@@ -148,11 +158,16 @@ def _train_steps(ctx) -> None:
     ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
         f"real DDP training: {type(trainer.model).__name__}, SGD momentum {MOMENTUM}, synthetic inputs, "
         f"{'amp fp16' if trainer.amp else 'fp32'}"])
-    for index in range(cfg.warmup_steps + cfg.steps):
-        t0 = time.perf_counter()
-        trainer.step()
-        ctx.record(index, {"compute_us": None, "comm_us": None, "exposed_comm_us": None,
-                           "step_us": (time.perf_counter() - t0) * 1e6})
+    try:
+        for index in range(cfg.warmup_steps + cfg.steps):
+            t0 = time.perf_counter()
+            trainer.step()
+            ctx.record(index, {"compute_us": None, "comm_us": None, "exposed_comm_us": None,
+                               "step_us": (time.perf_counter() - t0) * 1e6})
+    finally:  # DDP's Reducer must go before its process group does (else it can abort at exit)
+        trainer.wrapped = trainer.model = trainer.optimizer = None
+        del trainer
+        gc.collect()
 
 
 if __name__ == "__main__":  # a rank spawned by `commbench train`

@@ -82,6 +82,29 @@ def test_bucket_ready_times_follow_backward_flops():
                TensorSpec("c", (1 << 18,), "float32", 10.0, 0))
     profile = Profile("toy", tensors, 50.0, 100.0, (1,), "samples", 1)
     buckets = assign(profile, mode="none")  # c, b, a
-    plan = plan_step(profile, buckets, batch=4, forward_us=7.0, backward_us=1000.0, optimizer_us=3.0)
+    plan = plan_step(profile, buckets, forward_us=7.0, backward_us=1000.0, optimizer_us=3.0)
     assert plan.bucket_ready_us == (100.0, 400.0, 1000.0)
     assert plan.bucket_nbytes == (1 << 20,) * 3 and plan.compute_us == 1010.0
+
+
+def test_busy_time_is_the_union_of_intervals():
+    from commbench.proxies.timeline import busy_us
+
+    assert busy_us([(0, 10), (5, 15), (20, 30)]) == 25  # two in flight at once count once
+    assert busy_us([(20, 30), (0, 10)]) == 20 and busy_us([]) == 0
+
+
+def test_a_failed_allreduce_reaches_the_step():
+    from commbench.proxies.channels import ThreadChannel
+    from commbench.proxies.timeline import SleepClock
+
+    def broken():
+        raise RuntimeError("Connection closed by peer")
+    channel = ThreadChannel([lambda: None, broken], lambda: None, SleepClock())
+    channel.launch(0)
+    channel.launch(1)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        channel.wait_all()
+    channel.launch(0)  # the channel is usable again: nothing of the failed step is left queued
+    assert len(channel.wait_all()) == 1
+    channel.close()

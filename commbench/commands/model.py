@@ -130,6 +130,8 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
         index, pngs = report(list(files), out_dir, hw)
     except (HardwareError, ValueError) as exc:  # UnicodeDecodeError too: a file that is not JSON Lines
         raise UsageFault(str(exc).splitlines()[0]) from exc
+    except (KeyError, TypeError) as exc:  # a proxy or scaling record without a field the plots need
+        raise UsageFault(f"a record lacks a field the report needs: {exc}") from exc
     except OSError as exc:
         raise UsageFault(f"cannot write the report to {out_dir}: {exc.strerror or exc}") from exc
     for path in pngs:

@@ -44,6 +44,8 @@ def _common(fn):
                      help="JSON Lines: a header, one record per step (flushed as it ends), a summary."),
         click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
                      help="A dead or hung rank stops the run within this long."),
+        click.option("--monitor", is_flag=True,
+                     help="GPU (NVML) and CPU/NIC (psutil) telemetry per step and for the run (rank 0's host)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -126,11 +128,13 @@ def _launch(options: dict, cfg, plan, module: str) -> int:
 def _validate(options: dict, cfg, plan) -> int:
     from commbench.proxies import run as R
 
-    click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend")
+    lead = R.is_lead(plan)
+    if lead:
+        click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend")
     train_cfg = R.train_twin(cfg)
     code = _launch(options, train_cfg, plan, "commbench.proxies.train")
-    if code == 0:
-        R.report_validation(cfg, train_cfg, plan)
+    if code == 0 and lead:
+        R.report_validation(cfg, train_cfg)
     return code
 
 
