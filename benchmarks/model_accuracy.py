@@ -31,8 +31,9 @@ SWEEPS = [  # name, backend, ranks, algorithm
     ("gloo-2", "torch", 2, None), ("gloo-3", "torch", 3, None), ("gloo-4", "torch", 4, None)]
 
 
-def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, min_time: float) -> str:
-    path = os.path.join(out, f"{name}.jsonl")
+def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, min_time: float,
+          run: int = 0) -> str:
+    path = os.path.join(out, f"{name}.{run}.jsonl")
     cmd = [sys.executable, "-m", "commbench", "sweep", "--backend", backend, "--nprocs", str(ranks), "--sizes", SIZES,
            "--placement", "in-place", "--min-time", str(min_time), "--json", path]
     if algorithm:
@@ -41,10 +42,16 @@ def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, 
     return path
 
 
-def results(path: str) -> list[dict]:
+def results(paths: list[str]) -> list[dict]:
+    """Each point's record with the median time_us of its repeated runs (runs interleaved across setups)."""
     from commbench.results import read_records
 
-    return [r for r in read_records(path) if r.get("record") == "result" and r.get("time_us")]
+    by_size: dict[int, list[dict]] = {}
+    for path in paths:
+        for r in read_records(path):
+            if r.get("record") == "result" and r.get("time_us"):
+                by_size.setdefault(r["nbytes"], []).append(r)
+    return [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs]))) for _, runs in sorted(by_size.items())]
 
 
 def fit_on(records: list[dict]):
@@ -115,18 +122,20 @@ def main() -> int:
     parser.add_argument("--out", default="runs/accuracy")
     parser.add_argument("--min-time", type=float, default=0.2, help="sweep --min-time per point")
     parser.add_argument("--proxy", default=None, help="a benchmarks/proxy_validate.py output directory")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every sweep, interleaved; medians per point")
     parser.add_argument("--reuse", action="store_true", help="use sweeps already in --out")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M")
-    paths = {}
-    for name, backend, ranks, algorithm in SWEEPS:
-        path = os.path.join(args.out, f"{name}.jsonl")
-        paths[name] = path if args.reuse and os.path.exists(path) else sweep(name, backend, ranks, algorithm, args.out,
-                                                                             args.min_time)
-    data = {name: results(path) for name, path in paths.items()}
-    print(f"# cost-model accuracy, {started}; sweeps {SIZES}, allreduce in place, fit on every other size of "
-          f"the 2-rank sweep\n")
+    paths: dict[str, list[str]] = {name: [] for name, *_ in SWEEPS}
+    for run in range(args.repeats):
+        for name, backend, ranks, algorithm in SWEEPS:
+            path = os.path.join(args.out, f"{name}.{run}.jsonl")
+            paths[name].append(path if args.reuse and os.path.exists(path) else
+                               sweep(name, backend, ranks, algorithm, args.out, args.min_time, run))
+    data = {name: results(runs) for name, runs in paths.items()}
+    print(f"# cost-model accuracy, {started}; sweeps {SIZES}, allreduce in place, median of {args.repeats} "
+          f"interleaved runs per point; fit on every other size of the 2-rank sweep\n")
     print("| fitted on | predicted | points | median abs error | max abs error |\n|---|---|---|---|---|")
     groups, fits = {}, {}
     for family, fit_name in (("shm", "shm-ring-2"), ("gloo", "gloo-2")):

@@ -1,6 +1,7 @@
 """The `commbench` command line. Thin: each command parses, validates, and calls one library function.
 
-Commands live in commbench/commands/ (sweep; fit, predict, report, compare); heavy
+Commands live in commbench/commands/ (sweep; proxy, train, profiles; fit, predict,
+predict-scaling, report, compare); heavy
 modules (torch, the backends) are imported inside them, so `--help` starts fast.
 Errors a user can cause print one line and exit with code 2.
 """

@@ -8,8 +8,9 @@ holds at least the cap, so a bucket may overshoot by one tensor. The cap is
 `bucket_cap_mb` MiB (25 by default); only when `bucket_cap_mb` is left at its default
 is the first bucket capped at 1 MiB (`dist._DEFAULT_FIRST_BUCKET_BYTES`): an explicit
 `bucket_cap_mb=25` gives a 25 MiB first bucket (torch/nn/parallel/distributed.py,
-`_BucketCapacityConfig.create`). The tests check layouts against the real Reducer. Buckets launch in that order (the Reducer launches bucket i only after
-bucket i-1), each when its last gradient is ready.
+`_BucketCapacityConfig.create`). Buckets launch in that order (the Reducer launches
+bucket i only after bucket i-1), each when its last gradient is ready. The tests check
+the layouts against the real Reducer.
 
 Modes: `ddp` (the above), `none` (one allreduce per tensor, in ready order) and
 `single` (one bucket for everything, launched when the backward ends).

@@ -20,8 +20,8 @@ Examples:
 @click.option("--base", default=None, metavar="PRESET|FILE",
               help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
 @click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
-              help="Fit only points whose size lies in this range, e.g. 64K-4M (one bandwidth per level cannot "
-                   "follow a host's caches: fit the range you will predict).")
+              help="Fit only points whose size lies in this range, e.g. 64K-64M (the fit adds a cache regime "
+                   "where the data show one; leave out sizes you will not predict).")
 def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
                 size_range: str | None) -> None:
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
