@@ -31,8 +31,9 @@ setup(
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
         "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
         "mpi": ["mpi4py>=3.1"],
-        # CuPy for CUDA 12 (its NCCL, NVRTC); on CUDA 13 install cupy-cuda13x instead (docs/gpu.md).
-        "gpu": ["cupy-cuda12x>=13", "nvidia-ml-py>=12"],
+        # CUDA 12: CuPy with NVRTC and the CUDA headers (its ctk extra), NCCL, NVML; the CuPy wheel
+        # alone has neither NCCL nor NVRTC. On CUDA 13 install the -cuda13x/-cu13 names (docs/gpu.md).
+        "gpu": ["cupy-cuda12x[ctk]>=14", "nvidia-nccl-cu12", "nvidia-ml-py>=12"],
     },
     entry_points={"console_scripts": ["commbench=commbench.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: System :: Distributed Computing",

@@ -149,17 +149,19 @@ def timed_calls(estimate_us: float, min_time_s: float, min_iters: int = 5, max_i
 
 
 def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, int]:
-    """(warmup, iters): fixed if given, else sized from timed warm-up runs, agreed across ranks."""
+    """(warmup, iters): fixed if given, else sized from timed warm-up runs, agreed across ranks.
+    Warm-up runs eagerly where a backend says how (time_warmup: --graph captures only the timed calls)."""
+    warm = getattr(backend, "time_warmup", backend.time_iterations)
     if cfg.warmup is None:
-        first = backend.time_iterations(call, 1)  # includes one-time setup: never used as the estimate
+        first = warm(call, 1)  # includes one-time setup: never used as the estimate
         extra = warmup_calls(float(backend.agree_max(first)[0]), cfg.min_time_s)
-        warm_times, warmup = backend.time_iterations(call, extra), 1 + extra
+        warm_times, warmup = warm(call, extra), 1 + extra
     else:
-        warm_times, warmup = backend.time_iterations(call, cfg.warmup), cfg.warmup
+        warm_times, warmup = warm(call, cfg.warmup), cfg.warmup
     if cfg.iters is not None:
         return warmup, cfg.iters
     if warm_times.size == 0:  # --warmup 0 with adaptive iterations: one probe, counted as warm-up
-        warm_times, warmup = backend.time_iterations(call, 1), warmup + 1
+        warm_times, warmup = warm(call, 1), warmup + 1
     estimate_us = float(backend.agree_max(np.array([np.median(warm_times)]))[0])
     return warmup, timed_calls(estimate_us, cfg.min_time_s, cfg.min_iters, cfg.max_iters)
 
@@ -180,9 +182,9 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
                            plan.root, placement == "in-place")
     if backend.timed:
         warmup, iters = _iteration_counts(backend, cfg, call)
-        backend.barrier()
-        if monitor is not None:
+        if monitor is not None:  # before the barrier: nothing on rank 0 between it and the timed calls
             monitor.mark(f"{plan.collective} {plan.nbytes} {placement}")
+        backend.barrier()
         times_us = backend.time_iterations(call, iters)
         telemetry = monitor.window() if monitor is not None else None
     else:  # nothing to time with (sim without a cost model): run once, for the check only
@@ -219,6 +221,27 @@ def collect(backend: Backend, outcome: PointOutcome, rank_agg: str) -> dict[str,
     return {**summarize(gathered[:, 1:], rank_agg), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
+def _monitor(backend: Backend, lead: bool) -> Any:
+    """--monitor (every rank calls this): each rank reports the PCI bus ids of its GPUs; rank 0
+    gets a Monitor of its host that watches those of them on its host (every GPU when the run
+    is not on GPUs, or the ids are unknown), None elsewhere."""
+    import socket
+
+    from commbench.telemetry import Monitor, cuda_bus_ids
+
+    on_gpu = backend.device == "cuda"
+    mine = (socket.gethostname(), cuda_bus_ids(getattr(backend, "gpus", None))) if on_gpu else None
+    everyone = backend.gather_objects(mine)
+    if not lead:
+        return None
+    host = socket.gethostname()
+    bus_ids = sorted({b for place in everyone or [] if place and place[0] == host for b in place[1]})
+    monitor = Monitor(gpu_bus_ids=bus_ids or None)
+    if on_gpu and not bus_ids and monitor.note is None:
+        monitor.note = "telemetry: the run's GPUs have no known PCI bus id: watching every GPU of the host"
+    return monitor
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -242,11 +265,7 @@ class Sweep:
         self.results: list[Result] = []
         topology = getattr(backend, "topology", None)  # schedule backends know the layout they run on
         self.nnodes = topology.nodes if topology is not None else launch.nnodes
-        self.monitor = None
-        if cfg.monitor and self.lead:  # rank 0's host and every GPU NVML sees there
-            from commbench.telemetry import Monitor
-
-            self.monitor = Monitor()
+        self.monitor = _monitor(backend, self.lead) if cfg.monitor else None
 
     def run(self) -> int:
         environment = self.backend.gather_objects(local_environment(self.backend.device))

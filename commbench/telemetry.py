@@ -1,8 +1,12 @@
 """Telemetry: what the hardware did while commbench measured (GPUs through NVML, the host through psutil).
 
-A sampler thread reads the counters every `interval_s`; windows opened with `mark()`
-and closed with `window()` return averages over the samples in between (a sample is
-also taken at both ends, so a window shorter than the interval still has two):
+A sampler thread reads the counters every `interval_s`; `mark()` and `window()` only note
+the time (a reading can block for milliseconds: NVML's PCIe counters sample for ~20 ms
+per GPU, and no caller should wait for that between a barrier and its timed calls).
+A window's averages come from the thread's readings taken inside it; when fewer than
+two fall inside, the last reading before it is added, so a window shorter than the
+interval still reports its gauges (from the nearest readings) and, given one reading
+inside, its rates:
 
     from commbench.telemetry import Monitor
 
@@ -18,16 +22,22 @@ Keys, units in the names (a key is absent when the driver or OS does not expose 
   gpu_util_pct, gpu_mem_used_mib, gpu_power_w, sm_clock_mhz   mean over samples and monitored GPUs
   pcie_rx_mbps, pcie_tx_mbps, nvlink_rx_mbps, nvlink_tx_mbps  summed over monitored GPUs
   cpu_util_pct (all cores), mem_used_mib, nic_rx_mbps, nic_tx_mbps (every interface but loopback)
-  samples, window_s
+  samples (readings averaged), window_s (the time they span)
+Summed metrics are kept per GPU in a reading (pcie_rx_mbps.0, nvlink_rx_kib.1, ...) and
+summed after averaging, so a GPU whose counter stops answering mid-run changes no rate
+of the others (and a counter that goes backwards gives no rate, never a negative one).
 mbps here is MB/s (1e6 bytes per second), as gbps is GB/s everywhere in commbench.
 The OS counts CPU time in ticks (10 ms): a window shorter than a few ticks leaves
 cpu_util_pct out rather than report a number it could not measure.
 
 Without nvidia-ml-py, without an NVIDIA driver or without a GPU the GPU part is
 skipped (`note` says why) and the host part still works; psutil is needed for the
-host part (`pip install psutil`). NVML sees every GPU of the host; pass
-`gpu_indices` (NVML order) to watch only some. The thread wakes every interval and
-holds the GIL briefly: on CPU backends timed in microseconds it can add noise.
+host part (`pip install psutil`). NVML sees every GPU of the host; pass `gpu_bus_ids`
+(PCI bus ids, e.g. from `cuda_bus_ids`: NVML numbers GPUs its own way, ignoring
+CUDA_VISIBLE_DEVICES) or `gpu_indices` (NVML order) to watch only some. The thread
+wakes every interval and holds the GIL briefly: on CPU backends timed in microseconds
+it can add noise. Whether NVML's NVLink throughput fields need a scopeId (a link) or
+count every link with the default scope 0 is not verified on hardware.
 """
 from __future__ import annotations
 
@@ -62,10 +72,33 @@ def _host_reader() -> Callable[[], Reading] | None:
     return read
 
 
+def cuda_bus_ids(devices: list[int] | None = None) -> list[str]:
+    """PCI bus ids of CUDA devices as this process numbers them (default: the current one),
+    through CuPy, else torch; [] when neither can tell."""
+    try:
+        import cupy
+
+        return [cupy.cuda.Device(d).pci_bus_id for d in (devices if devices is not None else [cupy.cuda.Device().id])]
+    except Exception:  # noqa: BLE001 - no CuPy, or a CuPy that sees no GPU: try torch
+        pass
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        found = []
+        for d in devices if devices is not None else [torch.cuda.current_device()]:
+            props = torch.cuda.get_device_properties(d)
+            found.append(f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")
+        return found
+    except Exception:  # noqa: BLE001 - torch without these properties, or no driver
+        return []
+
+
 class _Nvml:
     """NVML readings of some GPUs; a metric a device does not support is dropped after its first error."""
 
-    def __init__(self, gpu_indices: list[int] | None):
+    def __init__(self, gpu_indices: list[int] | None, gpu_bus_ids: list[str] | None = None):
         import pynvml
 
         pynvml.nvmlInit()
@@ -73,7 +106,10 @@ class _Nvml:
         if count == 0:
             raise RuntimeError("NVML sees no GPU")
         self.nvml = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (gpu_indices or range(count))]
+        if gpu_bus_ids:
+            self.handles = [pynvml.nvmlDeviceGetHandleByPciBusId(bus_id) for bus_id in gpu_bus_ids]
+        else:
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (gpu_indices or range(count))]
         self.broken: set[tuple[int, str]] = set()
 
     def _metrics(self, handle: Any) -> dict[str, Callable[[], float]]:
@@ -96,16 +132,24 @@ class _Nvml:
         return float(value.value.ullVal)
 
     def read(self) -> Reading:
+        """Means over GPUs of the gauges; summed metrics per GPU (`name.index`), summed by averages()."""
+        reading: Reading = {}
         per_metric: dict[str, list[float]] = {}
         for index, handle in enumerate(self.handles):
             for name, get in self._metrics(handle).items():
                 if (index, name) in self.broken:
                     continue
                 try:
-                    per_metric.setdefault(name, []).append(get())
+                    value = get()
                 except self.nvml.NVMLError:
                     self.broken.add((index, name))
-        return {k: (sum(v) if k in _SUMMED else sum(v) / len(v)) for k, v in per_metric.items() if v}
+                    continue
+                if name in _SUMMED:
+                    reading[f"{name}.{index}"] = value
+                else:
+                    per_metric.setdefault(name, []).append(value)
+        reading.update({k: sum(v) / len(v) for k, v in per_metric.items()})
+        return reading
 
     def close(self) -> None:
         try:
@@ -114,47 +158,70 @@ class _Nvml:
             pass
 
 
-def _open_nvml(gpu_indices: list[int] | None) -> tuple[_Nvml | None, str | None]:
+def _open_nvml(gpu_indices: list[int] | None, gpu_bus_ids: list[str] | None) -> tuple[_Nvml | None, str | None]:
     """(NVML reader, None), or (None, why the GPU part is skipped)."""
     try:
         import pynvml  # noqa: F401 - from nvidia-ml-py
     except ImportError:
         return None, "telemetry: nvidia-ml-py is not installed: GPU telemetry skipped (pip install nvidia-ml-py)"
     try:
-        return _Nvml(gpu_indices), None
-    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, no GPU
+        return _Nvml(gpu_indices, gpu_bus_ids), None
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, no GPU, unknown bus id
         return None, f"telemetry: no NVIDIA GPU or driver ({str(exc) or type(exc).__name__}): GPU telemetry skipped"
 
 
 def averages(samples: list[tuple[float, Reading]]) -> Reading:
-    """Means of the gauges and rates of the counters over `samples` (time, reading), oldest first."""
+    """Means of the gauges and rates of the counters over `samples` (time, reading), oldest
+    first; per-GPU keys (`name.index`) are summed over GPUs."""
     if not samples:
         return {}
-    (t0, first), (t1, last) = samples[0], samples[-1]
-    out: Reading = {"samples": float(len(samples)), "window_s": t1 - t0}
-    for key in {k for _, r in samples for k in r}:
-        if key in _RATES:
-            name, scale = _RATES[key]
-            span = (last.get("cpu_total_s", 0.0) - first.get("cpu_total_s", 0.0)) if key == "cpu_busy_s" else t1 - t0
-            if key in first and key in last and span > 0:
-                out[name] = (last[key] - first[key]) / span * scale
-        elif key != "cpu_total_s":
+    out: Reading = {"samples": float(len(samples)), "window_s": samples[-1][0] - samples[0][0]}
+    for key in sorted({k for _, r in samples for k in r} - {"cpu_total_s"}):
+        base = key.split(".")[0]
+        if base in _RATES:
+            name, scale = _RATES[base]
+            rate = _rate(samples, key)
+            if rate is not None:
+                out[name] = out.get(name, 0.0) + rate * scale
+        else:
             values = [r[key] for _, r in samples if key in r]
-            out[key] = sum(values) / len(values)
+            out[base] = out.get(base, 0.0) + sum(values) / len(values)
     return out
+
+
+def _rate(samples: list[tuple[float, Reading]], key: str) -> float | None:
+    """Growth per second of a counter between the first and last readings that have it (CPU
+    time: per second of CPU time); None for one reading, no time between, or a counter that
+    went backwards (reset), rather than a wrong or negative rate."""
+    having = [(t, r) for t, r in samples if key in r]
+    if len(having) < 2:
+        return None
+    (t0, first), (t1, last) = having[0], having[-1]
+    span = last.get("cpu_total_s", 0.0) - first.get("cpu_total_s", 0.0) if key == "cpu_busy_s" else t1 - t0
+    grown = last[key] - first[key]
+    return grown / span if span > 0 and grown >= 0 else None
+
+
+def in_window(samples: list[tuple[float, Reading]], start: float, end: float) -> list[tuple[float, Reading]]:
+    """The readings taken in [start, end], and the last one before `start` when fewer than two are inside."""
+    inside = [s for s in samples if start <= s[0] <= end]
+    if len(inside) >= 2:
+        return inside
+    return [s for s in samples if s[0] < start][-1:] + inside
 
 
 class Monitor:
     """Samples GPUs (NVML) and the host (psutil) on a thread; see the module docstring."""
 
-    def __init__(self, interval_s: float = 0.1, gpu: bool = True, gpu_indices: list[int] | None = None):
+    def __init__(self, interval_s: float = 0.1, gpu: bool = True, gpu_indices: list[int] | None = None,
+                 gpu_bus_ids: list[str] | None = None):
         self.interval_s = interval_s
-        self._nvml, self.note = _open_nvml(gpu_indices) if gpu else (None, None)
+        self._nvml, self.note = _open_nvml(gpu_indices, gpu_bus_ids) if gpu else (None, None)
         self._host = _host_reader()
         if self._host is None:
             self.note = "; ".join(filter(None, [self.note, "telemetry: psutil is not installed: host telemetry skipped"]))
         self._samples: list[tuple[float, Reading]] = []
-        self._mark, self.label = 0, None
+        self._mark_s, self.label = time.monotonic(), None
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -196,16 +263,16 @@ class Monitor:
         self.stop()
 
     def mark(self, label: str | None = None) -> None:
-        """Open a window here (a sample now is its first)."""
-        self.sample()
+        """Open a window now: notes the time only, takes no reading (never blocks)."""
         with self._lock:
-            self._mark, self.label = len(self._samples) - 1, label
+            self._mark_s, self.label = time.monotonic(), label
 
     def window(self) -> Reading:
-        """Averages from the last mark() to now (a sample now is the window's last)."""
-        self.sample()
+        """Averages over the thread's readings from the last mark() to now (see the module
+        docstring for short windows); takes no reading itself."""
+        end_s = time.monotonic()
         with self._lock:
-            return averages(self._samples[self._mark:])
+            return averages(in_window(self._samples, self._mark_s, end_s))
 
     def summary(self) -> Reading:
         """Averages over every sample since start()."""

@@ -11,9 +11,11 @@
 //   whose pointers are not equally misaligned falls back to scalar code (correct,
 //   slower); commbench's buffers are 256-byte aligned and every rank's chunk sits at
 //   the same offset, so in practice only the first 15 bytes of a piece are scalar.
-// - UNROLL packs per thread are loaded before any is reduced, so each thread keeps
-//   several independent 16-byte loads in flight per input (memory-level parallelism
-//   is what hides NVLink latency).
+// - Each thread loads UNROLL packs of an input before reducing them, so it has UNROLL
+//   independent 16-byte loads in flight (memory-level parallelism is what hides NVLink
+//   latency). The number of inputs is a run-time value, so inputs are visited one
+//   after another: whether the compiler overlaps one input's loads with the previous
+//   input's arithmetic is up to it, and how much latency this hides is unmeasured.
 // - Inputs are read with ld.global.cg (L2 only): the data is streamed once, and L1 is
 //   not coherent with writes made by peer GPUs between our launches.
 // - fp16 / bf16 are reduced two lanes per instruction (__hadd2, __hmax2, ...), in
@@ -127,6 +129,10 @@ __device__ __forceinline__ void reduce_scalar(T* out, const T* const* ins, int n
 
 // out[i] = ins[0][i] op ... op ins[n_in - 1][i] for i in [begin, end); all threads of the
 // block take part. Element pointers; `ins` may point to global or local memory.
+// Per pass a thread holds UNROLL packs: it loads them from input 0, then, input by
+// input, issues UNROLL loads before the arithmetic that consumes them (n_in is not a
+// compile-time constant, so the input loop is not unrolled and the loads in flight are
+// UNROLL per thread, not UNROLL x n_in).
 template <typename T, typename Op>
 __device__ void reduce_span(T* out, const T* const* ins, int n_in, long long begin, long long end) {
   constexpr long long E = PACK_BYTES / sizeof(T);
@@ -158,7 +164,7 @@ __device__ void reduce_span(T* out, const T* const* ins, int n_in, long long beg
       const uint4* in = reinterpret_cast<const uint4*>(ins[j] + start);
       uint4 data[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {  // all loads first, then the arithmetic
+      for (int u = 0; u < UNROLL; ++u) {  // this input's loads first, then its arithmetic
         long long p = base + (long long)u * blockDim.x;
         if (p < n_packs) data[u] = __ldcg(in + p);
       }

@@ -13,8 +13,10 @@
 //   Use: commbench/backends/cuda_kernels.py (`reduce_copy`), and the GPU tests.
 //
 // scale_<dtype>(data, count, factor)
-//   Purpose: data *= factor, for avg (run as sum, then divided by the number of
-//   ranks, as NCCL does). Computed in float (double for float64) and rounded once.
+//   Purpose: data *= factor, for avg, which commbench runs as sum and then this scale
+//   by 1/n. Computed in float (double for float64) and rounded once. NCCL differs:
+//   for floats it multiplies every input by 1/n before summing, so a float16 sum that
+//   overflows 65504 here may not there, and the roundings differ.
 //
 // One block per 16-byte aligned run; grid-stride is unnecessary because the host
 // sizes the grid (cuda_plan.LaunchConfig.blocks_for) from the byte count.

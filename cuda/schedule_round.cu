@@ -28,8 +28,11 @@
 //   (ld.acquire.sys) until peer p has arrived. The epoch lives in device memory and is
 //   advanced by the kernel itself, so the launch has no changing argument and can be
 //   captured in a CUDA graph. A spin that outlasts timeout_ns (%globaltimer) records
-//   the missing peer in *error and gives up, so a dead peer ends the run instead of
-//   hanging the GPU; the host checks *error after synchronising.
+//   the missing peer in *error and gives up; the other threads see *error (volatile,
+//   re-read every spin) and stop too, and every later barrier returns at once while
+//   *error is set, so the calls already queued (up to 1000 per timed loop) finish in
+//   one timeout, not one per barrier. The host checks *error after synchronising.
+//   The acquire/release PTX needs sm_70 or newer (cuda_kernels.MIN_ARCH).
 #include "common.cuh"
 
 struct RoundEntry {  // 32 bytes; commbench/backends/cuda_plan.py ENTRY_DTYPE mirrors it
@@ -84,14 +87,21 @@ extern "C" __global__ void rank_barrier(unsigned long long* const* peer_flags, u
                                         unsigned long long* my_epoch, int rank, int world,
                                         unsigned long long timeout_ns, int* error) {
   __shared__ unsigned long long epoch;
-  if (threadIdx.x == 0) epoch = *my_epoch + 1;
+  __shared__ int failed;
+  volatile int* error_word = error;  // re-read on every spin: another thread may have given up
+  if (threadIdx.x == 0) {
+    epoch = *my_epoch + 1;
+    failed = *error_word;
+  }
   __syncthreads();
+  if (failed) return;  // an earlier barrier timed out: the run is over, the queued calls drain at once
   const int p = threadIdx.x;
   if (p < world) {
     __threadfence_system();
     store_release_sys(peer_flags[p] + rank, epoch);
     const unsigned long long started = global_timer_ns();
     while (load_acquire_sys(my_flags + p) < epoch) {
+      if (*error_word != 0) break;  // a peer of this barrier is missing: stop waiting for the others
       if (global_timer_ns() - started > timeout_ns) {
         atomicCAS(error, 0, p + 1);  // the first peer found missing, + 1 (0 means no error)
         break;

@@ -2,11 +2,15 @@
 memory is NumPy bytes at fake addresses and whose kernels are the NumPy mirrors of cuda/
 (cuda_plan.emulate_round for schedule_round, blocks in reverse order). The real harness
 fills and checks every result, so a wrong pointer, offset, table or launch order in
-cuda_sched.py shows up as #wrong. Streams run in issue order, so this checks the logic,
-not the concurrency; the GPU tests in test_cuda_backend.py check the rest on hardware."""
+cuda_sched.py shows up as #wrong. As in CUDA, the current device is per thread, streams
+and events belong to the device current when they were made, and a kernel launch or
+event record on another device's stream fails. Streams run in issue order, so this
+checks the logic, not the concurrency; the GPU tests in test_cuda_backend.py check the
+rest on hardware."""
 import bisect
 import re
 import sys
+import threading
 import types
 
 import numpy as np
@@ -23,11 +27,23 @@ from conftest import results_of
 
 
 class Heap:
-    """Device memory of every fake GPU: NumPy byte arrays at 256-aligned fake addresses."""
+    """Device memory of every fake GPU: NumPy byte arrays at 256-aligned fake addresses; the
+    calling thread's current device; what was captured and loaded."""
 
     def __init__(self):
         self.bases, self.buffers, self.next = [], [], 1 << 30
         self.recording = None  # a list while a stream captures a graph
+        self.graphs = []  # launches captured per graph
+        self.loaded = []  # ("module" or a kernel name, device), as modules load and kernels are looked up
+        self.local = threading.local()
+
+    @property
+    def device(self):
+        return getattr(self.local, "device", 0)
+
+    @device.setter
+    def device(self, device):
+        self.local.device = device
 
     def alloc(self, nbytes):
         base, self.next = self.next, self.next + (nbytes + 511) // 256 * 256 + 256
@@ -89,7 +105,16 @@ class FakeKernel:
         match = re.match(r"(\w+?)_(" + "|".join(DTYPES) + r")(?:_(sum|prod|max|min))?$", name)
         self.kind, self.dtype, self.op = match.group(1), DTYPES[match.group(2)], match.group(3)
 
+    @property
+    def kernel(self):
+        """CuPy's RawKernel.kernel: the function loaded on the current device."""
+        self.heap.loaded.append((self.name, self.heap.device))
+        return self
+
     def __call__(self, grid, block, args, stream=None):
+        if stream is not None:  # RawKernel launches on the current device: the stream must be its
+            assert stream.device == self.heap.device, \
+                f"{self.name} launched on GPU {self.heap.device} with a stream of GPU {stream.device}"
         self.heap.run(lambda: getattr(self, self.kind)(grid, *args))
 
     def schedule_round(self, grid, entries, n_entries, inputs):
@@ -126,9 +151,12 @@ class FakeKernel:
                     out[start:stop] = sources[p][start:stop]
 
     def rank_barrier(self, grid, peer_flags, my_flags, my_epoch, rank, world, timeout_ns, error):
-        """cuda/schedule_round.cu's barrier, run to completion: signal every peer, then look for
-        every peer's signal (a missing one is recorded, as the kernel does when it times out)."""
+        """cuda/schedule_round.cu's barrier, run to completion: nothing once the error word is
+        set; else signal every peer, then look for every peer's signal (a missing one is
+        recorded, as the kernel does when it times out)."""
         view = lambda address, dtype=np.uint64: self.heap.view(int(address), 1, dtype)  # noqa: E731
+        if view(error, np.int32)[0]:
+            return  # an earlier barrier timed out: return at once, as the kernel does
         epoch = view(my_epoch)[0] + 1
         for p, flags in enumerate(peer_flags.np()[:world]):
             view(int(flags) + 8 * int(rank))[0] = epoch
@@ -142,19 +170,30 @@ class FakeKernel:
         data[...] = (data.astype(np.float64) * float(factor)).astype(data.dtype)
 
 
-def fake_cupy(heap, gpus):
+class CompileException(Exception):
+    """cupy.cuda.compiler.CompileException: NVRTC's log as the message."""
+
+
+def fake_cupy(heap, gpus, compile_log=None):
+    """CuPy as far as commbench uses it; `compile_log`: every RawModule fails to compile with it."""
     class Device:
-        def __init__(self, device=0):
-            self.id = device
+        compute_capability = "90"
+
+        def __init__(self, device=None):
+            self.id = heap.device if device is None else device
+            self.pci_bus_id, self._previous = f"0000:{self.id + 0x10:02x}:00.0", []
 
         def __enter__(self):
+            self._previous.append(heap.device)
+            heap.device = self.id
             return self
 
         def __exit__(self, *exc):
+            heap.device = self._previous.pop()
             return False
 
         def use(self):
-            pass
+            heap.device = self.id
 
         def synchronize(self):
             pass
@@ -163,7 +202,7 @@ def fake_cupy(heap, gpus):
         ptr = 0x5EED
 
         def __init__(self, non_blocking=False):
-            pass
+            self.device, self.done = heap.device, True
 
         def __enter__(self):
             return self
@@ -182,14 +221,27 @@ def fake_cupy(heap, gpus):
 
         def end_capture(self):
             recorded, heap.recording = heap.recording, None
-            return types.SimpleNamespace(launch=lambda stream=None: [work() for work in recorded])
+            heap.graphs.append(len(recorded))
+            return Graph(recorded)
+
+    class Graph:
+        def __init__(self, recorded):
+            self.recorded, self.uploaded = recorded, False
+
+        def upload(self, stream=None):
+            self.uploaded = True
+
+        def launch(self, stream=None):
+            assert self.uploaded, "a graph is uploaded before it is launched (and timed)"
+            for work in self.recorded:
+                work()
 
     class Event:
         def __init__(self, disable_timing=False):
-            pass
+            self.device, self.done = heap.device, True
 
         def record(self, stream=None):
-            pass
+            assert stream is None or stream.device == self.device, "an event records on a stream of its own GPU"
 
         def synchronize(self):
             pass
@@ -209,7 +261,22 @@ def fake_cupy(heap, gpus):
     def memset(pointer, value, nbytes):
         heap.view(pointer, nbytes, np.uint8)[...] = value
 
+    class RawModule:
+        def __init__(self, code, options):
+            pass
+
+        @property
+        def module(self):
+            if compile_log is not None:
+                raise CompileException(compile_log)
+            heap.loaded.append(("module", heap.device))
+            return self
+
+        def get_function(self, name):
+            return FakeKernel(heap, name)
+
     runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus, memcpyAsync=memcpy_async, memset=memset,
+                                    deviceSynchronize=lambda: None,
                                     deviceCanAccessPeer=lambda a, b: True, deviceEnablePeerAccess=lambda peer: None,
                                     CUDARuntimeError=RuntimeError, ipcGetMemHandle=lambda ptr: ptr.to_bytes(64, "little"),
                                     ipcOpenMemHandle=lambda handle: int.from_bytes(handle, "little"),
@@ -217,23 +284,26 @@ def fake_cupy(heap, gpus):
     memory = lambda nbytes: types.SimpleNamespace(ptr=heap.alloc(nbytes))  # noqa: E731 - cudaMalloc
     cuda = types.SimpleNamespace(Device=Device, Stream=Stream, Event=Event, runtime=runtime, Memory=memory,
                                  MemoryPointer=lambda mem, offset: types.SimpleNamespace(ptr=mem.ptr + offset),
-                                 get_elapsed_time=lambda start, end: 0.01)
-    module = types.SimpleNamespace(get_function=lambda name: FakeKernel(heap, name))
+                                 get_elapsed_time=lambda start, end: 0.01,
+                                 compiler=types.SimpleNamespace(CompileException=CompileException))
     ndarray = lambda shape, dtype, memptr: FakeArray(heap, memptr.ptr, shape[0], dtype)  # noqa: E731
-    return types.SimpleNamespace(cuda=cuda, empty=empty, asarray=asarray, ndarray=ndarray,
-                                 RawModule=lambda code, options: module)
+    return types.SimpleNamespace(cuda=cuda, empty=empty, asarray=asarray, ndarray=ndarray, RawModule=RawModule)
+
+
+def _clear_kernel_caches():
+    for cached in (K.module, K.load, K.function):
+        cached.cache_clear()
 
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
     import torch.distributed  # noqa: F401 - imported with the real CuPy (torch probes cupyx on first import)
 
-    K.module.cache_clear()
-    K.function.cache_clear()
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(Heap(), gpus=4))
-    yield
-    K.module.cache_clear()  # never let a fake kernel outlive the test
-    K.function.cache_clear()
+    _clear_kernel_caches()
+    heap = Heap()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(heap, gpus=4))
+    yield heap
+    _clear_kernel_caches()  # never let a fake kernel outlive the test
 
 
 def run(tmp_path, mode, world, algorithm="auto", collectives=("allreduce",), dtype="float32", op="sum",
@@ -267,8 +337,59 @@ def test_hier_across_two_emulated_nodes(fake_gpus, tmp_path):
     assert {r["steps"] for r in run(tmp_path, "peer", 4, "hier", topology=(2, 2))} == {4}  # 2(L-1) + 2(N-1)
 
 
-def test_graph_capture_replays_the_calls(fake_gpus, tmp_path):
+def test_graph_captures_only_the_timed_calls_and_uploads_before_launch(fake_gpus, tmp_path):
+    """Warm-up runs eagerly (one capture per point, not three); the graph holds the 2 timed
+    calls' launches, and is uploaded before it is launched between the timing events."""
     run(tmp_path, "virtual", 4, "oneshot", graph=True, sizes=(4096,))
+    # per call: 4 copies send -> recv, one per rank (out of place only), oneshot into staging, write-back
+    assert fake_gpus.graphs == [2 * (4 + 2), 2 * 2]
+
+
+@pytest.mark.parametrize("mode,graph", [("peer", False), ("virtual", True)])
+def test_nothing_compiles_or_loads_inside_a_timed_call(fake_gpus, tmp_path, monkeypatch, mode, graph):
+    """avg's scale kernel included: every kernel is loaded on every GPU before timing or capture."""
+    from commbench.backends.cuda_sched import CudaBackend
+
+    loads_while_timed = []
+    timed = CudaBackend._time  # warm-up and timed calls, eager or captured
+
+    def watched(self, call, iters, graph):
+        before = len(fake_gpus.loaded)
+        times = timed(self, call, iters, graph)
+        loads_while_timed.append(fake_gpus.loaded[before:])
+        return times
+    monkeypatch.setattr(CudaBackend, "_time", watched)
+    run(tmp_path, mode, 4, "ring", op="avg", graph=graph, sizes=(4096,))
+    assert loads_while_timed and not any(loads_while_timed), loads_while_timed
+    scaled_on = {device for name, device in fake_gpus.loaded if name == "scale_float32"}
+    assert scaled_on == ({0, 1, 2, 3} if mode == "peer" else {0})
+
+
+def test_a_kernel_that_does_not_compile_is_one_line(monkeypatch, tmp_path, capsys):
+    import torch.distributed  # noqa: F401
+
+    from commbench.bench import EXIT_USAGE, run_sweep
+
+    log = ('default_program(42): warning: unused\ndefault_program(97): error: identifier "undefined_name" is '
+           'undefined\n\n1 error detected in the compilation of "default_program".')
+    _clear_kernel_caches()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(Heap(), gpus=1, compile_log=log))
+    try:
+        code = run_sweep(SweepConfig(backend="cuda", nprocs=2, cuda_mode="virtual"), LaunchInfo.local(0, 1, 0))
+    finally:
+        _clear_kernel_caches()
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1, err
+    assert 'does not compile with NVRTC: default_program(97): error: identifier "undefined_name"' in err
+
+
+def test_an_old_gpu_is_refused_in_one_line(fake_gpus, monkeypatch):
+    from commbench.backends import BackendError
+    from commbench.backends.cuda_sched import CudaBackend
+
+    monkeypatch.setattr(sys.modules["cupy"].cuda.Device, "compute_capability", "60")
+    with pytest.raises(BackendError, match="compute capability 7.0 or newer; GPU 0 is 6.0"):
+        CudaBackend(2, Topology(1, 2), mode="virtual")
 
 
 def test_peer_mode_refuses_more_ranks_than_gpus(fake_gpus):
@@ -279,24 +400,81 @@ def test_peer_mode_refuses_more_ranks_than_gpus(fake_gpus):
         CudaBackend(8, Topology(1, 8), mode="peer")
 
 
+def test_two_ranks_on_one_gpu_are_refused_but_one_gpu_per_rank_is_not(fake_gpus):
+    """3 ranks on a host with 2 visible GPUs: rank 2 would share GPU 0 with rank 0. With a
+    launcher that shows each rank its own single GPU (different bus ids), all is well."""
+    from commbench.backends import BackendError
+    from commbench.backends.gpu import rank_gpu
+
+    bus = lambda gpu: f"0000:{gpu + 0x10:02x}:00.0"  # noqa: E731 - the fake's PCI bus ids
+    shared = lambda place: [("node1", bus(0)), ("node1", bus(1)), place]  # noqa: E731
+    with pytest.raises(BackendError, match=r"ranks 0 and 2 would share GPU 0000:10:00.0 on node1"):
+        rank_gpu("cupy", 2, 2, lambda place: shared(("node1", place[1])))
+    bound = lambda place: [("node1", "0000:a0:00.0"), ("node1", "0000:b0:00.0"), ("node1", place[1])]  # noqa: E731
+    assert rank_gpu("cupy", 2, 1, bound) == 0
+    assert rank_gpu("cupy", 0, 1, lambda place: [place, ("node2", place[1])]) == 0  # same bus id, other host
+
+
+def _ipc_launch(port, local_rank=0):
+    """One rank of the ipc mode; `local_rank` picks its GPU (the fake has 4)."""
+    return LaunchInfo("single", 0, 1, local_rank, 1, 0, 1, "127.0.0.1", port)
+
+
 def test_ipc_mode_on_one_rank(fake_gpus, tmp_path, port):
-    """One process of the ipc mode: unpooled allocations with handles, the flag arrays, a
-    barrier before and after every round, the error word read back after synchronising."""
+    """One process of the ipc mode on GPU 1, driven from a thread whose current device is 0:
+    unpooled allocations with handles, the flag arrays, a barrier before and after every
+    round on the rank's own GPU, the error word read back after synchronising."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from commbench.backends.cuda_ipc import IpcCudaBackend
 
-    launch = LaunchInfo.local(0, 1, port)
+    launch = _ipc_launch(port, local_rank=1)
     cfg = SweepConfig(backend="cuda", collectives=("allreduce", "reduce_scatter"), sizes=(4096,), iters=2, warmup=1,
-                      algorithm="auto", nprocs=1, cuda_mode="ipc", json_path=str(tmp_path / "r.jsonl"))
+                      algorithm="auto", nprocs=1, cuda_mode="ipc", graph=True, json_path=str(tmp_path / "r.jsonl"))
     backend = IpcCudaBackend.create(cfg, launch)
     try:
-        assert Sweep(cfg, launch, backend).run() == EXIT_OK
+        with ThreadPoolExecutor(1) as thread:
+            assert thread.submit(lambda: Sweep(cfg, launch, backend).run()).result() == EXIT_OK
         results, _ = results_of(tmp_path / "r.jsonl")
         assert results and all(r["wrong"] == 0 and r["library"] == "cuda-ipc" for r in results)
-        epoch = sys.modules["cupy"].ndarray((1,), np.uint64, types.SimpleNamespace(ptr=backend._flags_memory.ptr + 8))
-        assert int(epoch.get()[0]) > 0  # the barrier ran and advanced its epoch on the device
-        error = sys.modules["cupy"].ndarray((1,), np.int32, types.SimpleNamespace(ptr=backend._flags_memory.ptr + 16))
+        cupy = sys.modules["cupy"]
+        epoch = cupy.ndarray((1,), np.uint64, types.SimpleNamespace(ptr=backend._flags_memory.ptr + 8))
+        reached = int(epoch.get()[0])
+        assert reached > 0  # the barrier ran and advanced its epoch on the device
+        error = cupy.ndarray((1,), np.int32, types.SimpleNamespace(ptr=backend._flags_memory.ptr + 16))
         error.fill(1)  # as the kernel records rank 0 missing after --timeout
         with pytest.raises(RuntimeError, match="waiting for rank 0"):
             backend.synchronize()
+        backend._step_barrier()
+        assert int(epoch.get()[0]) == reached  # once the error is set, a barrier returns at once
+    finally:
+        backend.close()
+
+
+def test_ipc_flags_are_zeroed_before_peers_may_signal_and_freed_after_they_unmap(fake_gpus, port, monkeypatch):
+    """The memset has landed (device synchronised) before the control barrier that lets peers
+    signal; at the end of a point, peers' handles are closed and every rank met before this
+    rank's own allocations are dropped."""
+    from commbench.backends.cuda_ipc import IpcCudaBackend
+    from commbench.backends.torch_dist import TorchBackend
+    from commbench.collectives import DTYPES
+
+    events, made = [], {}
+    runtime = sys.modules["cupy"].cuda.runtime
+    memset, barrier = runtime.memset, TorchBackend.barrier
+    monkeypatch.setattr(runtime, "memset", lambda *a: (events.append("memset"), memset(*a)))
+    monkeypatch.setattr(runtime, "deviceSynchronize", lambda: events.append("synchronize"))
+    monkeypatch.setattr(runtime, "ipcCloseMemHandle", lambda pointer: events.append(("close", pointer)))
+    monkeypatch.setattr(TorchBackend, "barrier", lambda self: (
+        events.append(("barrier", len(made["backend"]._exported)) if made else "barrier"), barrier(self)))
+    made["backend"] = backend = IpcCudaBackend(_ipc_launch(port), Topology(1, 1))
+    try:
+        assert events == ["memset", "synchronize", "barrier"]
+        events.clear()
+        buffer = backend.alloc(1000, DTYPES["float32"])
+        del buffer  # the harness drops its buffers before the point ends: this rank still holds the memory
+        backend._opened.append(0xABC)  # a peer's mapping
+        backend.end_point()
+        assert events == [("close", 0xABC), ("barrier", 1)] and backend._exported == []
     finally:
         backend.close()

@@ -14,10 +14,13 @@ release after a fence) and spins until every peer has written its own. The barri
 stays on the GPU (no host round trip between rounds) and its epoch lives in device
 memory, so a whole call can be captured in a CUDA graph. A wait longer than
 --timeout records the missing rank; the host reads that after synchronising and
-stops the run with one line, instead of hanging.
+stops the run with one line, instead of hanging; once the error word is set, every
+later barrier of this rank returns at once, so the calls already queued drain quickly.
 
-Handles opened for a point are closed when the point ends (Backend.end_point); the
-flag arrays live as long as the backend.
+Lifetimes: a rank keeps its own allocations of a point alive until the point ends
+(Backend.end_point), when every rank closes the handles it opened, meets the others on
+the control plane, and only then drops its own (an exporter must not free memory a peer
+still has mapped). The flag arrays live as long as the backend, closed the same way.
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from commbench.backends.base import BackendError
-from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer
-from commbench.backends.gpu import oom_or, require_gpu, store_dtype
+from commbench.backends import cuda_kernels as K
+from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, launch_on
+from commbench.backends.gpu import all_gather_objects, oom_or, rank_gpu, require_gpu, store_dtype
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
@@ -54,13 +58,18 @@ class IpcCudaBackend(CudaBackend):
         if launch.world_size > MAX_WORLD:
             raise BackendError(f"--cuda-mode ipc supports up to {MAX_WORLD} ranks")
         gpus = require_gpu("cuda")
-        cupy.cuda.Device(launch.local_rank % gpus).use()  # tables, flags and CuPy's own work go to this GPU
         # The control plane (and the rendezvous) is torch.distributed over gloo, as for shm and cupy.
         self._control = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self.world_size = launch.world_size
+        gpu = rank_gpu("cuda", launch.local_rank, gpus, self._all_gather)
+        cupy.cuda.Device(gpu).use()  # tables, flags and CuPy's own work go to this GPU
         super().__init__(launch.world_size, topology, algorithm, "ipc", graph, timeout_s, rank=launch.rank,
-                         devices={launch.rank: launch.local_rank % gpus})
-        self._opened: list[int] = []
-        self._flags_memory, self._peer_flags = self._flag_arrays()
+                         devices={launch.rank: gpu})
+        self._opened: list[int] = []  # peers' allocations mapped for this point
+        self._exported: list[Any] = []  # this rank's allocations of this point, freed at its end
+        self._faulted = False  # a barrier timed out: peers are gone, do not meet them again
+        self._flags_memory, self._peer_flags, self._flag_handles = self._flag_arrays()
+        self._barrier = self._barrier_launch()
 
     # ---------------------------------------------------------------- shared allocations
 
@@ -76,6 +85,7 @@ class IpcCudaBackend(CudaBackend):
             array = cupy.ndarray((count,), dtype=store_dtype(dtype), memptr=cupy.cuda.MemoryPointer(memory, 0))
             allocation.handle = cupy.cuda.runtime.ipcGetMemHandle(memory.ptr)
         allocation.memory, allocation.bases[rank] = memory, memory.ptr
+        self._exported.append(memory)
         return array
 
     def share(self, buffer: GpuBuffer) -> None:
@@ -101,37 +111,54 @@ class IpcCudaBackend(CudaBackend):
         return pointer
 
     def end_point(self) -> None:
+        """Close the peers' handles of this point, meet every rank, then free this rank's allocations."""
+        self._close_handles(self._opened)
+        self._meet()
+        self._exported.clear()
+
+    def _close_handles(self, pointers: list[int]) -> None:
         import cupy
 
-        for pointer in self._opened:
+        for pointer in pointers:
             cupy.cuda.runtime.ipcCloseMemHandle(pointer)
-        self._opened.clear()
+        pointers.clear()
+
+    def _meet(self) -> None:
+        """Every rank has closed its handles before any frees what they mapped (skipped after a
+        barrier timeout: the missing rank would never arrive)."""
+        if not self._faulted:
+            self._control.barrier()
 
     # ---------------------------------------------------------------- the barrier between rounds
 
-    def _flag_arrays(self) -> tuple[Any, Any]:
+    def _flag_arrays(self) -> tuple[Any, Any, list[int]]:
         """This rank's flags (one u64 slot per peer, then the epoch, then the error word),
-        zeroed, and a device table of every rank's flag array as this GPU addresses it."""
+        zeroed; a device table of every rank's flag array as this GPU addresses it; the
+        peers' flag handles opened here."""
         import cupy
 
         world = self.world_size
         memory = cupy.cuda.Memory(8 * (world + 2))
         cupy.cuda.runtime.memset(memory.ptr, 0, 8 * (world + 2))
+        cupy.cuda.runtime.deviceSynchronize()  # the zeros have landed before any peer can signal into them
         handles = self._all_gather(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr))
-        pointers = [memory.ptr if p == self.rank else cupy.cuda.runtime.ipcOpenMemHandle(h)
-                    for p, h in enumerate(handles)]
+        opened = [cupy.cuda.runtime.ipcOpenMemHandle(h) for p, h in enumerate(handles) if p != self.rank]
+        pointers = opened[:self.rank] + [memory.ptr] + opened[self.rank:]
         self._control.barrier()  # every rank's flags are zeroed before anyone signals into them
-        return memory, cupy.asarray(np.array(pointers, dtype=np.uint64))
+        return memory, cupy.asarray(np.array(pointers, dtype=np.uint64)), opened
 
-    def _step_barrier(self) -> None:
-        from commbench.backends import cuda_kernels as K
-
+    def _barrier_launch(self) -> Any:
+        """The rank_barrier launch on this rank's GPU and stream, its kernel loaded now (not
+        inside a timed or captured call); its arguments never change (the epoch is on the GPU)."""
         world, device = self.world_size, self._devices[self.rank]
-        kernel = K.function("schedule_round.cu", "rank_barrier", device)
         base = self._flags_memory.ptr
         args = (self._peer_flags, np.uint64(base), np.uint64(base + 8 * world), np.int32(self.rank),
                 np.int32(world), np.uint64(int(self.timeout_s * 1e9)), np.uint64(base + 8 * (world + 1)))
-        kernel((1,), (max(32, -(-world // 32) * 32),), args, stream=self._streams[device])
+        kernel = K.function("schedule_round.cu", "rank_barrier", device)
+        return launch_on(device, kernel, (1,), (max(32, -(-world // 32) * 32),), args, self._streams[device])
+
+    def _step_barrier(self) -> None:
+        self._barrier()
 
     def check_errors(self) -> None:
         import cupy
@@ -140,6 +167,7 @@ class IpcCudaBackend(CudaBackend):
         word = cupy.ndarray((1,), dtype=np.int32, memptr=cupy.cuda.MemoryPointer(self._flags_memory, 8 * (world + 1)))
         missing = int(word.get()[0])
         if missing:
+            self._faulted = True
             raise RuntimeError(f"timed out after {self.timeout_s:g} s at a round barrier waiting for rank "
                                f"{missing - 1} (it died or hung)")
 
@@ -159,12 +187,12 @@ class IpcCudaBackend(CudaBackend):
         return self._control.gather_objects(obj)
 
     def _all_gather(self, obj: Any) -> list[Any]:
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self._control._control)
-        return out
+        return all_gather_objects(self._control, obj, self.world_size)
 
     def close(self) -> None:
-        self.end_point()
+        self._close_handles(self._opened)
+        self._close_handles(self._flag_handles)
+        self._meet()  # no peer still maps this rank's flags when they are freed
+        self._exported.clear()
+        self._flags_memory = None
         self._control.close()

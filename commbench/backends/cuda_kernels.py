@@ -4,13 +4,15 @@ The .cu files live in cuda/ at the top of a source checkout and ship inside the
 package as commbench/cuda/ (setup.py `package_dir`), so `kernel_dir()` looks in both.
 At run time each file is compiled once per process by NVRTC through CuPy's
 `RawModule` (which also caches the binary on disk, ~/.cupy/kernel_cache, keyed by the
-source text and options) and loaded once per device. Local headers (common.cuh) are
-pasted into the source before compiling, so a change to a header changes the cache
-key too. Kernels are extern "C", named <kernel>_<dtype>_<op> (cuda/common.cuh).
+source text and options) and loaded on every GPU when the cuda backend starts; each
+kernel is looked up when a call is prepared, never inside a timed or captured region.
+A compile error, or an NVRTC CuPy cannot load, is one BackendError line. Local
+headers (common.cuh) are pasted into the source before compiling, so a change to a
+header changes the cache key too. Kernels are extern "C", named <kernel>_<dtype>_<op> (cuda/common.cuh).
 
 `compile_check` compiles a file to PTX without a GPU (nvcc, or NVRTC through
-cupy_backends when nvcc is absent): the test that every kernel compiles for sm_80
-and sm_90 on a CPU-only machine uses it.
+cupy_backends when nvcc is absent): the test that every kernel compiles for every
+architecture the local nvcc offers from sm_70 (MIN_ARCH) up uses it on a CPU-only machine.
 """
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ from typing import Any
 
 KERNEL_FILES = ("reduce_copy.cu", "allreduce.cu", "schedule_round.cu")
 OPS = ("sum", "prod", "max", "min")  # avg runs as sum, then scale_<dtype>
+MIN_ARCH = 70  # rank_barrier's ld.acquire.sys / st.release.sys need sm_70 (Volta) or newer
 _INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.MULTILINE)
+NVRTC_HINT = ("pip install 'cupy-cuda12x[ctk]' (CuPy >= 14; cupy-cuda13x[ctk] on CUDA 13) or install a CUDA toolkit "
+              "(docs/gpu.md)")
 
 
 def kernel_dir() -> Path:
@@ -88,19 +93,60 @@ def nvrtc_options() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def module(file: str) -> Any:
-    """The cupy.RawModule of one kernel file, created once per process."""
+    """The cupy.RawModule of one kernel file, created once per process (CuPy compiles it on
+    first use on a device: see `load`)."""
     import cupy
 
     return cupy.RawModule(code=source(file), options=nvrtc_options())
 
 
 @functools.lru_cache(maxsize=None)
-def function(file: str, name: str, device: int) -> Any:
-    """A kernel, compiled (first use) and loaded on `device`; call it with that device current."""
+def load(file: str, device: int) -> Any:
+    """The RawModule of `file`, compiled (first use: NVRTC, or CuPy's disk cache) and loaded on
+    `device` now. The cuda backend loads every file when it starts, so a compile failure
+    (or no NVRTC) is one BackendError line before any point, never a traceback mid-sweep."""
     import cupy
 
     with cupy.cuda.Device(device):
-        return module(file).get_function(name)
+        try:
+            raw = module(file)
+            raw.module  # noqa: B018 - the property compiles (once) and loads on the current device
+        except Exception as exc:  # noqa: BLE001 - CompileException, or NVRTC that cannot be loaded
+            error = _compile_error(file, exc)
+            if error is exc:
+                raise
+            raise error from exc
+    return raw
+
+
+@functools.lru_cache(maxsize=None)
+def function(file: str, name: str, device: int) -> Any:
+    """A kernel of `file`, loaded on `device` now, so that nothing compiles or loads inside a
+    timed or captured region. CuPy's RawKernel launches on the device current at call time:
+    call it inside `with cupy.cuda.Device(device)`, with a stream of that device."""
+    import cupy
+
+    raw = load(file, device)
+    with cupy.cuda.Device(device):
+        kernel = raw.get_function(name)
+        kernel.kernel  # noqa: B018 - looks the function up in the module loaded on this device
+    return kernel
+
+
+def _compile_error(file: str, exc: BaseException) -> BaseException:
+    """BackendError naming the first compiler error (CuPy's CompileException carries NVRTC's
+    whole log and the source), or a missing NVRTC; any other error unchanged."""
+    from commbench.backends.base import BackendError
+
+    text = str(exc)
+    if type(exc).__name__ == "CompileException":
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no log")
+        return BackendError(f"cuda/{file} does not compile with NVRTC: {first}")
+    if "nvrtc" in text.lower() and isinstance(exc, (OSError, RuntimeError, ImportError)):
+        return BackendError(f"--backend cuda compiles its kernels with NVRTC, which CuPy cannot load "
+                            f"({text.splitlines()[0]}): {NVRTC_HINT}")
+    return exc
 
 
 def reduce_copy(out: Any, a: Any, b: Any, dtype: str, op: str, stream: Any = None) -> None:

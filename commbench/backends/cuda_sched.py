@@ -21,6 +21,13 @@ Buffers are allocated per rank (CuPy arrays; bfloat16 held as uint16). Results a
 checked by the harness like every backend's; the time of a call is measured with
 CUDA events on the stream of the first local rank (peer mode: the call forks the
 other streams from it and joins them back, so the events bracket all GPUs' work).
+
+The kernel files are compiled and loaded on every GPU when the backend starts, and
+every kernel a call launches is looked up when the call is prepared, so nothing
+compiles inside a timed or captured region. Each launch enters its GPU's device
+context (`launch_on`): CuPy launches on the device current at call time, so a call
+works from any thread. Eagerly, a call is one Python-issued launch per round, so
+small-message times measure the launch rate; `--graph` measures the GPU's latency.
 """
 from __future__ import annotations
 
@@ -94,6 +101,10 @@ class CudaBackend(ScheduleBackend):
         self.mode, self.graph, self.timeout_s, self.launch_config = mode, graph, timeout_s, launch_config
         self.library = f"cuda-{mode}"
         self._devices = devices if devices is not None else {r: (r if mode == "peer" else 0) for r in range(world)}
+        _require_arch(self.gpus)
+        for device in self.gpus:  # compile (once) and load now: an error is one line before any point
+            for file in K.KERNEL_FILES:
+                K.load(file, device)
         self._streams = {}
         for device in sorted(set(self._devices.values())):
             with cupy.cuda.Device(device):
@@ -124,6 +135,11 @@ class CudaBackend(ScheduleBackend):
     @property
     def local_ranks(self) -> list[int]:
         return sorted(self._devices)
+
+    @property
+    def gpus(self) -> list[int]:
+        """The CUDA devices this process drives (telemetry watches these)."""
+        return sorted(set(self._devices.values()))
 
     def _stream(self, rank: int) -> Any:
         return self._streams[self._devices[rank]]
@@ -197,6 +213,7 @@ class CudaBackend(ScheduleBackend):
                                                   self._stream(rank).ptr)
 
     def scale(self, buffer: GpuBuffer, factor: float) -> None:
+        """buffer *= factor on every local rank (avg); the kernel was loaded by executor()."""
         import cupy
 
         cast = np.float64 if buffer.dtype.name == "float64" else np.float32
@@ -232,6 +249,7 @@ class CudaBackend(ScheduleBackend):
         def address(ref: P.Ref) -> int:
             buffer = working if ref.buffer == P.WORK else stage
             return buffer.pointer(ref.rank) + ref.offset * buffer.dtype.itemsize
+        self._resolve_kernels(working.dtype, op)
         launches = [[self._launcher(step, group, address, working.dtype, op, schedule.world) for step in steps]
                     for group, steps in zip(groups, programs)]
         barriers = [isinstance(step, P.Barrier) for step in programs[0]]
@@ -249,6 +267,13 @@ class CudaBackend(ScheduleBackend):
                         launch()
         return call
 
+    def _resolve_kernels(self, dtype: DType, op: str) -> None:
+        """Look up, on every GPU, the kernels a call launches outside its steps (avg's scale),
+        so that none is compiled or loaded inside a timed or captured call."""
+        if op == "avg":
+            for device in self.gpus:
+                K.function("reduce_copy.cu", K.kernel_name("scale", dtype.name), device)
+
     def _launcher(self, step: P.Step, group: list[int], address: Callable[[P.Ref], int], dtype: DType, op: str,
                   world: int) -> Callable[[], None] | None:
         """A closure that launches one step's kernel for one group, its tables already on the GPU."""
@@ -261,14 +286,14 @@ class CudaBackend(ScheduleBackend):
                 entries, inputs, grid = P.pack_round(step.tasks, address, dtype.itemsize, self.launch_config)
                 tables = (cupy.asarray(entries.view(np.uint8)), np.int32(len(entries)), cupy.asarray(inputs))
                 kernel = K.function("schedule_round.cu", K.kernel_name("schedule_round", dtype.name, op), device)
-                return lambda: kernel((grid,), (threads,), tables, stream=stream)
+                return launch_on(device, kernel, (grid,), (threads,), tables, stream)
             if isinstance(step, P.AllreduceLaunch):
                 blocks, rows = P.allreduce_grid(step, dtype.itemsize, world, self.launch_config)
                 ins = cupy.asarray(np.array([address(r) for r in step.ins], dtype=np.uint64))
                 outs = cupy.asarray(np.array([address(r) for r in step.outs], dtype=np.uint64))
                 args = (ins, outs, np.int32(world), np.int32(step.first_rank), np.int64(step.count))
                 kernel = K.function("allreduce.cu", _allreduce_kernel(step, dtype, op), device)
-                return lambda: kernel((blocks, rows), (threads,), args, stream=stream)
+                return launch_on(device, kernel, (blocks, rows), (threads,), args, stream)
         return None
 
     def _step_barrier(self) -> None:
@@ -302,11 +327,18 @@ class CudaBackend(ScheduleBackend):
     # ---------------------------------------------------------------- timing and synchronisation
 
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        return self._time(call, iters, self.graph)
+
+    def time_warmup(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        """Warm-up calls run eagerly, --graph or not (the harness uses this when a backend has it)."""
+        return self._time(call, iters, False)
+
+    def _time(self, call: Callable[[], None], iters: int, graph: bool) -> np.ndarray:
         import cupy
 
         first = self.local_ranks[0]
         with cupy.cuda.Device(self._devices[first]):
-            times = time_calls(call, iters, self._stream(first), graph=self.graph)
+            times = time_calls(call, iters, self._stream(first), graph=graph)
         self.check_errors()
         return times
 
@@ -333,6 +365,29 @@ class CudaBackend(ScheduleBackend):
 
     def gather_objects(self, obj: Any) -> list[Any]:
         return [obj]
+
+
+def launch_on(device: int, kernel: Any, grid: tuple, block: tuple, args: tuple, stream: Any) -> Callable[[], None]:
+    """A closure launching `kernel` on `device`'s `stream` from any thread, whatever device is
+    current there: CuPy's RawKernel launches on the device current at call time, and a
+    stream of another device fails the launch."""
+    import cupy
+
+    def launch() -> None:
+        with cupy.cuda.Device(device):
+            kernel(grid, block, args, stream=stream)
+    return launch
+
+
+def _require_arch(devices: list[int]) -> None:
+    """The kernels need sm_70 or newer (rank_barrier's acquire/release loads and stores)."""
+    import cupy
+
+    for device in devices:
+        arch = int(cupy.cuda.Device(device).compute_capability)
+        if arch < K.MIN_ARCH:
+            raise BackendError(f"--backend cuda needs a GPU of compute capability {K.MIN_ARCH / 10:.1f} or newer; "
+                               f"GPU {device} is {arch / 10:.1f} (use --backend cupy or torch)")
 
 
 def _allreduce_kernel(step: P.AllreduceLaunch, dtype: DType, op: str) -> str:

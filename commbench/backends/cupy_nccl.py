@@ -4,14 +4,21 @@ NCCL without torch in the measured path: the same library torch's NCCL backend c
 driven directly, so the two can be compared on the same GPUs. Ranks find each other
 through the launcher's rendezvous (torch.distributed over gloo on the CPU, as the
 control plane of shm and p2p): rank 0 creates the NCCL unique id and broadcasts it
-there, then every rank creates its communicator on GPU local_rank % visible GPUs.
+there, then every rank creates its communicator on GPU local_rank % visible GPUs (two
+ranks on one GPU are refused, by PCI bus id: gpu.rank_gpu).
 
 Every collective is the plain NCCL call on a dedicated non-blocking stream, with the
 out-of-place and in-place buffers laid out as nccl-tests lays them out; NCCL has all
 reductions (avg included) for every dtype commbench sweeps. alltoall and sendrecv
 are grouped point-to-point calls (ncclGroupStart/End), as nccl-tests runs them.
 Time is CUDA events on that stream; `--graph` captures the timed calls in one CUDA
-graph and replays it (nccl-tests -G), so per-call times are the graph's mean.
+graph and replays it (nccl-tests -G), so per-call times are the graph's mean (warm-up
+runs eagerly, so NCCL's first call is never captured).
+
+The host never blocks on NCCL: it polls for completion, checking the communicator's
+asynchronous error, and past --timeout aborts the communicator (ncclCommAbort) and
+stops the run with one line; an NCCL kernel waiting for a dead peer would otherwise
+hang cudaEventSynchronize, and ncclCommDestroy, forever.
 """
 from __future__ import annotations
 
@@ -20,8 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.base import Backend, BackendError
-from commbench.backends.gpu import dtype_of, fill_value, from_store, oom_or, require_gpu, store_dtype, time_calls, \
-    to_store
+from commbench.backends.gpu import NCCL_HINT, all_gather_objects, dtype_of, fill_value, from_store, oom_or, rank_gpu, \
+    require_gpu, store_dtype, time_calls, to_store, wait_until_done
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
 
@@ -49,15 +56,22 @@ class CupyBackend(Backend):
         from cupy.cuda import nccl
 
         if not nccl.available:
-            raise BackendError("--backend cupy: this CuPy build has no NCCL (install a cupy-cuda12x/13x wheel)")
-        self.rank, self.world_size, self.graph = launch.rank, launch.world_size, graph
+            raise BackendError(f"--backend cupy: CuPy cannot load NCCL: {NCCL_HINT}")
+        self.rank, self.world_size, self.graph, self.timeout_s = launch.rank, launch.world_size, graph, timeout_s
+        self.comm = None
         self._control = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
-        self.gpu = launch.local_rank % gpus
+        self.gpu = rank_gpu("cupy", launch.local_rank, gpus,
+                            lambda place: all_gather_objects(self._control, place, self.world_size))
         cupy.cuda.Device(self.gpu).use()
         unique_id = _broadcast_object(self._control, nccl.get_unique_id() if self.rank == 0 else None)
         self.comm = nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._nccl = nccl
+
+    @property
+    def gpus(self) -> list[int]:
+        """The CUDA device this process drives (telemetry watches it)."""
+        return [self.gpu]
 
     # ---------------------------------------------------------------- buffers (CuPy arrays; bfloat16 as uint16)
 
@@ -137,13 +151,43 @@ class CupyBackend(Backend):
         return call
 
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
-        return time_calls(call, iters, self.stream, graph=self.graph)
+        return self._time(call, iters, self.graph)
+
+    def time_warmup(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        """Warm-up calls run eagerly, --graph or not (the harness uses this when a backend has it)."""
+        return self._time(call, iters, False)
+
+    def _time(self, call: Callable[[], None], iters: int, graph: bool) -> np.ndarray:
+        import cupy
+
+        with cupy.cuda.Device(self.gpu):
+            return time_calls(call, iters, self.stream, graph=graph, wait=self._wait)
 
     def synchronize(self) -> None:
         import cupy
 
-        cupy.cuda.Device(self.gpu).synchronize()  # our stream, and the default stream uploads use
-        self.comm.check_async_error()
+        with cupy.cuda.Device(self.gpu):  # our stream, and the stream uploads and fills use
+            self._wait(self.stream, cupy.cuda.get_current_stream())
+
+    def _wait(self, *work: Any) -> None:
+        """Until every event or stream in `work` is done, polling NCCL's asynchronous error;
+        on an error or past --timeout, abort the communicator and raise (one line)."""
+        if self.comm is None:
+            raise RuntimeError("the NCCL communicator was aborted after an earlier fault")
+        try:
+            done = wait_until_done(list(work), self.timeout_s, self.comm.check_async_error)
+        except RuntimeError:  # NcclError (a peer's failure seen by NCCL), or a CUDA error
+            self._abort()
+            raise
+        if not done:
+            self._abort()
+            raise RuntimeError(f"NCCL did not finish within --timeout {self.timeout_s:g} s; communicator aborted")
+
+    def _abort(self) -> None:
+        """ncclCommAbort: ends NCCL kernels still waiting for a peer (destroy would wait for them)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.abort()
 
     def barrier(self) -> None:
         self.synchronize()
@@ -161,8 +205,12 @@ class CupyBackend(Backend):
         return self._control.gather_objects(obj)
 
     def close(self) -> None:
-        comm = getattr(self, "comm", None)
+        """Destroy the communicator after a clean run; abort it when work is still queued (a
+        fault elsewhere, e.g. on the control plane): destroy would wait for that work."""
+        comm, self.comm = self.comm, None
         if comm is not None:
-            comm.destroy()
-            self.comm = None
+            if self.stream.done:
+                comm.destroy()
+            else:
+                comm.abort()
         self._control.close()

@@ -8,11 +8,14 @@ import this module (to say "no GPU here" in one line) on a machine without CuPy.
 - Storage: CuPy has no bfloat16 dtype, so bfloat16 buffers hold the 16 bits as
   uint16 (round to nearest even on upload, exact widening on download), as shm does.
 - `time_calls`: per-call times from CUDA events on the stream the calls use, read after
-  one synchronisation at the end; with `graph=True` the calls are captured in one CUDA
-  graph and replayed once (as nccl-tests -G), so each call's time is the graph's mean.
+  one wait at the end; with `graph=True` the calls are captured in one CUDA graph and
+  replayed once (as nccl-tests -G), so each call's time is the graph's mean.
+- `wait_until_done`: polls work with a deadline (a dead peer must not hang the host).
+- `rank_gpu`: a process's GPU under a launcher, refusing two ranks on one GPU.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -20,7 +23,10 @@ import numpy as np
 from commbench.backends.base import BackendError, OutOfMemory
 from commbench.collectives import DType
 
-INSTALL_HINT = "pip install 'commbench[gpu]' (CuPy for CUDA 12; on CUDA 13: pip install cupy-cuda13x nvidia-ml-py)"
+INSTALL_HINT = ("pip install 'commbench[gpu]' (CuPy for CUDA 12 with its NVRTC, NCCL, NVML; on CUDA 13: "
+                "pip install 'cupy-cuda13x[ctk]' nvidia-nccl-cu13 nvidia-ml-py)")
+NCCL_HINT = ("pip install nvidia-nccl-cu12 (nvidia-nccl-cu13 for cupy-cuda13x), or "
+             "python -m cupyx.tools.install_library --library nccl --cuda 12.x")
 MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing, peers included)
 
 
@@ -105,12 +111,15 @@ def oom_or(exc: BaseException, nbytes: int) -> BaseException:
 # ---------------------------------------------------------------- timing
 
 
-def time_calls(call: Callable[[], None], iters: int, stream: Any, graph: bool = False) -> np.ndarray:
-    """Per-call times in microseconds, from CUDA events recorded on `stream`."""
+def time_calls(call: Callable[[], None], iters: int, stream: Any, graph: bool = False,
+               wait: Callable[[Any], None] | None = None) -> np.ndarray:
+    """Per-call times in microseconds, from CUDA events recorded on `stream`. `wait(x)` returns
+    once event or stream `x` is done (default: x.synchronize(); the cupy backend polls)."""
     import cupy
 
+    wait = wait or _synchronize
     if graph:
-        return _time_graph(call, iters, stream)
+        return _time_graph(call, iters, stream, wait)
     events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(iters)]
     for start, end in events:
         start.record(stream)
@@ -118,13 +127,15 @@ def time_calls(call: Callable[[], None], iters: int, stream: Any, graph: bool = 
         end.record(stream)
     if not events:
         return np.empty(0)
-    events[-1][1].synchronize()
+    wait(events[-1][1])
     return np.array([cupy.cuda.get_elapsed_time(start, end) * 1e3 for start, end in events])
 
 
-def _time_graph(call: Callable[[], None], iters: int, stream: Any) -> np.ndarray:
-    """Capture `iters` calls in one CUDA graph, replay it once between two events; the
-    per-call time is the mean (per-iteration percentiles are then all equal)."""
+def _time_graph(call: Callable[[], None], iters: int, stream: Any, wait: Callable[[Any], None]) -> np.ndarray:
+    """Capture `iters` calls in one CUDA graph, upload it and let the stream drain, then replay
+    it once between two events: the per-call time is the replay's mean (so every iteration
+    gets the same value). Warm-up runs eagerly before this (time_warmup), so first-call setup
+    (NCCL's connections, module loading) is neither captured nor timed."""
     import cupy
 
     if iters < 1:
@@ -136,9 +147,58 @@ def _time_graph(call: Callable[[], None], iters: int, stream: Any) -> np.ndarray
                 call()
         finally:
             captured = stream.end_capture()
+    captured.upload(stream)  # instantiated and resident before the clock starts
+    wait(stream)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     start.record(stream)
     captured.launch(stream)
     end.record(stream)
-    end.synchronize()
+    wait(end)
     return np.full(iters, cupy.cuda.get_elapsed_time(start, end) * 1e3 / iters)
+
+
+def _synchronize(work: Any) -> None:
+    work.synchronize()
+
+
+def wait_until_done(work: list[Any], timeout_s: float, check: Callable[[], None] = lambda: None) -> bool:
+    """Poll events or streams (`.done`) until all are done, calling `check()` between polls;
+    False once `timeout_s` passed first. Polling, not cudaEventSynchronize: work that waits
+    on a dead peer never completes, and a blocking wait cannot be given up."""
+    deadline, pause_s = time.monotonic() + timeout_s, 1e-5
+    while not all(w.done for w in work):
+        check()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause_s)
+        pause_s = min(2 * pause_s, 1e-3)
+    return True
+
+
+def rank_gpu(backend: str, local_rank: int, gpus: int, all_gather: Callable[[Any], list[Any]]) -> int:
+    """This rank's GPU, local_rank % visible GPUs. Every rank reports (host, PCI bus id); two
+    ranks on one GPU are one BackendError line on every rank. By bus id, not by counting: a
+    launcher that gives each rank its own CUDA_VISIBLE_DEVICES shows each rank one GPU."""
+    import socket
+
+    import cupy
+
+    gpu = local_rank % gpus
+    owners: dict[tuple[str, str], int] = {}
+    for rank, place in enumerate(all_gather((socket.gethostname(), cupy.cuda.Device(gpu).pci_bus_id))):
+        place = tuple(place)
+        if place in owners:
+            raise BackendError(f"--backend {backend} runs one rank per GPU, but ranks {owners[place]} and {rank} "
+                               f"would share GPU {place[1]} on {place[0]}: start at most as many ranks per node as "
+                               f"it has GPUs (and check CUDA_VISIBLE_DEVICES)")
+        owners[place] = rank
+    return gpu
+
+
+def all_gather_objects(control: Any, obj: Any, world: int) -> list[Any]:
+    """Every rank's `obj`, on every rank, over the control plane (a TorchBackend on gloo)."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=control._control)
+    return out
