@@ -135,10 +135,11 @@ def _solve(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]
 
 
 def _cache_thresholds(ws: np.ndarray, a: np.ndarray) -> list[int]:
-    """Working-set sizes to try as the cache boundary: at least 3 intra points on each side."""
+    """Working-set sizes to try as the cache boundary: at least 2 intra points on each side (the
+    regime beyond adds one unknown, its bandwidth)."""
     intra = a[:, 3] > 0
     sizes = np.unique(ws[intra])
-    return [int(t) for t in sizes if (ws[intra] <= t).sum() >= 3 and (ws[intra] > t).sum() >= 3]
+    return [int(t) for t in sizes if (ws[intra] <= t).sum() >= 2 and (ws[intra] > t).sum() >= 2]
 
 
 def _select(results: list[dict], setup: str | None) -> list[dict]:

@@ -6,10 +6,11 @@ This module imports the proxies (profile, buckets, timeline) as well as the core
 the one place in analysis/ that does, because the scaling prediction *is* the proxy's
 timeline with modelled communication (docs/model.md).
 
-`allreduce_us` costs ring and hier at any world size in O(world) work: every round of
-a phase of those schedules moves the same pattern of chunks, so a phase costs one round
-times its step count (chunks rounded up to the largest part; the tests pin it to the
-full schedule's cost). `nccl` is the ring as NCCL runs it between nodes: one ring per
+`allreduce_us` costs ring and hier at any world size in O(ranks per node) work: every
+round of a phase of those schedules moves the same pattern of chunks, so a phase costs
+one round times its step count, and a round loads every node alike, so it is costed on
+two nodes (chunks rounded up to the largest part; the tests pin it to the full
+schedule's cost). `nccl` is the ring as NCCL runs it between nodes: one ring per
 NIC of a node (NCCL's channels), each carrying its share of the buffer, so that a
 node's NICs all carry traffic; on one node, or with one NIC, it is the ring.
 """
@@ -53,27 +54,34 @@ def _ring_round(members: list[int], chunk: int, reduce: bool, channels: int = 1)
                  for _ in range(channels) for i in range(n))
 
 
+def _two_nodes(topo: Topology) -> Topology:
+    """Where a ring or hier round is costed: every node of a round sends and receives the same
+    (one ring hop across each node boundary, or one per local rank), so two nodes load each
+    link and NIC as N do, and a round costs O(ranks per node) to build whatever N is."""
+    return Topology(min(topo.nodes, 2), topo.ranks_per_node)
+
+
 def _ring_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int, channels: int = 1) -> float:
-    p, chunk = topo.world, math.ceil(count / topo.world)
-    members = list(range(p))
-    return (p - 1) * (round_us(_ring_round(members, chunk, True, channels), topo, hw, itemsize)
-                      + round_us(_ring_round(members, chunk, False, channels), topo, hw, itemsize))
+    p, chunk, small = topo.world, math.ceil(count / topo.world), _two_nodes(topo)
+    members = list(range(small.world))
+    return (p - 1) * (round_us(_ring_round(members, chunk, True, channels), small, hw, itemsize)
+                      + round_us(_ring_round(members, chunk, False, channels), small, hw, itemsize))
 
 
 def _hier_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int) -> float:
-    per_node, nodes = topo.ranks_per_node, topo.nodes
+    per_node, nodes, small = topo.ranks_per_node, topo.nodes, _two_nodes(topo)
     part = math.ceil(count / per_node)
     total = 0.0
     if per_node > 1:
-        groups = [topo.node_ranks(n) for n in range(nodes)]
+        groups = [small.node_ranks(n) for n in range(small.nodes)]
         for reduce in (True, False):  # reduce-scatter then all-gather inside every node
             rnd = tuple(t for g in groups for t in _ring_round(g, part, reduce))
-            total += (per_node - 1) * round_us(rnd, topo, hw, itemsize)
+            total += (per_node - 1) * round_us(rnd, small, hw, itemsize)
     if nodes > 1:
         sub = math.ceil(part / nodes)
         for reduce in (True, False):  # the ring allreduce of part i among the local-rank-i ranks
-            rnd = tuple(t for local in range(per_node) for t in _ring_round(topo.local_peers(local), sub, reduce))
-            total += (nodes - 1) * round_us(rnd, topo, hw, itemsize)
+            rnd = tuple(t for local in range(per_node) for t in _ring_round(small.local_peers(local), sub, reduce))
+            total += (nodes - 1) * round_us(rnd, small, hw, itemsize)
     return total
 
 
