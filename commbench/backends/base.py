@@ -116,3 +116,36 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release the communicator."""
+
+
+class LocalControlPlane:
+    """The control plane of a backend whose ranks all live in this process (sim, cuda on one host
+    process): every "rank" already sees every value."""
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)[None, :]
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+class DelegatedControlPlane:
+    """The control plane carried by another backend (`self._control`, a gloo TorchBackend on the
+    CPU): what the GPU backends use beside their NCCL or CUDA-IPC data path."""
+    _control: Backend
+
+    def barrier(self) -> None:
+        self.synchronize()
+        self._control.barrier()
+
+    def gather(self, values: np.ndarray) -> np.ndarray | None:
+        return self._control.gather(values)
+
+    def agree_max(self, values: np.ndarray) -> np.ndarray:
+        return self._control.agree_max(values)
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        return self._control.gather_objects(obj)

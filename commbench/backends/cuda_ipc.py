@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends.base import BackendError
+from commbench.backends.base import BackendError, DelegatedControlPlane
 from commbench.backends import cuda_kernels as K
 from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, launch_on
 from commbench.backends.gpu import all_gather_objects, oom_or, rank_gpu, require_gpu, store_dtype
@@ -40,7 +40,7 @@ from commbench.topology import Topology
 MAX_WORLD = 1024  # one block of the barrier kernel has a thread per rank
 
 
-class IpcCudaBackend(CudaBackend):
+class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "IpcCudaBackend":
@@ -172,19 +172,6 @@ class IpcCudaBackend(CudaBackend):
                                f"{missing - 1} (it died or hung)")
 
     # ---------------------------------------------------------------- control plane: gloo
-
-    def barrier(self) -> None:
-        self.synchronize()
-        self._control.barrier()
-
-    def gather(self, values: np.ndarray) -> np.ndarray | None:
-        return self._control.gather(values)
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return self._control.agree_max(values)
-
-    def gather_objects(self, obj: Any) -> list[Any] | None:
-        return self._control.gather_objects(obj)
 
     def _all_gather(self, obj: Any) -> list[Any]:
         return all_gather_objects(self._control, obj, self.world_size)

@@ -38,7 +38,7 @@ import numpy as np
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
-from commbench.backends.base import BackendError
+from commbench.backends.base import BackendError, LocalControlPlane
 from commbench.backends.gpu import MEMCPY_DEFAULT, fill_value, from_store, oom_or, require_gpu, store_dtype, \
     time_calls, to_store
 from commbench.backends.schedule_base import ScheduleBackend
@@ -81,7 +81,7 @@ def resolve_mode(mode: str, launcher: str, world: int, gpus: int) -> str:
     return "peer" if 1 < world <= gpus else "virtual"
 
 
-class CudaBackend(ScheduleBackend):
+class CudaBackend(LocalControlPlane, ScheduleBackend):
     name = "cuda"
     device = "cuda"
 
@@ -356,15 +356,6 @@ class CudaBackend(ScheduleBackend):
 
     def barrier(self) -> None:
         self.synchronize()
-
-    def gather(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)[None, :]
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        return [obj]
 
 
 def launch_on(device: int, kernel: Any, grid: tuple, block: tuple, args: tuple, stream: Any) -> Callable[[], None]:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.backends.base import Backend, BackendError
+from commbench.backends.base import Backend, BackendError, DelegatedControlPlane
 from commbench.backends.gpu import NCCL_HINT, all_gather_objects, dtype_of, fill_value, from_store, oom_or, rank_gpu, \
     require_gpu, store_dtype, time_calls, to_store, wait_until_done
 from commbench.collectives import DType
@@ -38,7 +38,7 @@ NCCL_DTYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16":
 NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN", "avg": "NCCL_AVG"}
 
 
-class CupyBackend(Backend):
+class CupyBackend(DelegatedControlPlane, Backend):
     name = "cupy"
     library = "nccl"
     device = "cuda"
@@ -188,21 +188,6 @@ class CupyBackend(Backend):
         comm, self.comm = self.comm, None
         if comm is not None:
             comm.abort()
-
-    def barrier(self) -> None:
-        self.synchronize()
-        self._control.barrier()
-
-    # ---------------------------------------------------------------- control plane: gloo
-
-    def gather(self, values: np.ndarray) -> np.ndarray | None:
-        return self._control.gather(values)
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return self._control.agree_max(values)
-
-    def gather_objects(self, obj: Any) -> list[Any] | None:
-        return self._control.gather_objects(obj)
 
     def close(self) -> None:
         """Destroy the communicator after a clean run; abort it when work is still queued (a

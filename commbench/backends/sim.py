@@ -12,11 +12,11 @@ verifiable data but means sim does not reproduce bf16 rounding.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from commbench.backends.base import BackendError
+from commbench.backends.base import BackendError, LocalControlPlane
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
@@ -34,7 +34,7 @@ class RankArrays:
         return len(self.arrays[0])
 
 
-class SimBackend(ScheduleBackend):
+class SimBackend(LocalControlPlane, ScheduleBackend):
     name = "sim"
     library = "schedule"
     device = "cpu"
@@ -135,12 +135,3 @@ class SimBackend(ScheduleBackend):
 
     def barrier(self) -> None:
         pass
-
-    def gather(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)[None, :]
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        return [obj]
