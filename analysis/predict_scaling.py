@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from commbench.analysis.costmodel import Hardware, HardwareError, load_hardware
 from commbench.analysis.scaling import ALGORITHMS, ScalingError, ScalingPoint, predict_scaling
 from commbench.proxies.profile import Profile, ProfileError, load_profile
+from commbench.proxies.timeline import flops_times_us
 
 
 class ScalingUsageError(ValueError):
@@ -42,7 +43,7 @@ def _gpu_counts(text: str) -> list[int]:
     return counts
 
 
-def _compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | None, tflops: float | None,
+def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | None, tflops: float | None,
                 precision: str) -> tuple[float, float, str]:
     for flag, value in (("--throughput-1gpu", throughput), ("--tflops", tflops)):
         if value is not None and not value > 0:
@@ -55,8 +56,7 @@ def _compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | 
     if not rate:
         raise ScalingUsageError(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     label = f"the profile's FLOPs at {rate:g} TFLOP/s" + ("" if tflops else f" ({hw.name}'s {precision} peak: optimistic)")
-    total = (profile.forward_flops + profile.backward_flops) * batch / (rate * 1e6)
-    return total * share, total * (1 - share), label
+    return (*flops_times_us(profile, batch, rate), label)
 
 
 def plan(model: str, hw_spec: str, gpus: str, gpus_per_node: int | None, batch: int | None,
@@ -71,7 +71,7 @@ def plan(model: str, hw_spec: str, gpus: str, gpus_per_node: int | None, batch: 
     if batch is not None and batch < 1 or bucket_mb is not None and not bucket_mb > 0:
         raise ScalingUsageError("--batch must be at least 1 and --bucket-mb positive")
     batch = batch or profile.default_batch
-    forward, backward, label = _compute_us(profile, hw, batch, throughput, tflops, precision)
+    forward, backward, label = compute_us(profile, hw, batch, throughput, tflops, precision)
     per_node = gpus_per_node or hw.ranks_per_node
     curves = {}
     for name in dict.fromkeys([baseline, candidate] if baseline else [algorithm]):

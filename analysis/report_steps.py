@@ -63,8 +63,8 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
 
 def _curves(records: list[dict]) -> dict[tuple, list[dict]]:
     curves: dict[tuple, list[dict]] = defaultdict(list)
-    for r in (r for r in records if r.get("record") == "scaling"):
-        curves[(r["model"], r["hardware"], r["algorithm"])].append(r)
+    for r in (r for r in records if r.get("record") == "scaling"):  # one curve per setup, never two runs merged
+        curves[(r["model"], r["hardware"], r["algorithm"], r["batch"], r["compute"])].append(r)
     return {key: sorted(points, key=lambda p: p["gpus"]) for key, points in curves.items()}
 
 
@@ -74,12 +74,12 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
         return None
     plt = _plt()
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(13, 5))
-    for i, ((model, hw, algorithm), points) in enumerate(sorted(curves.items())):
+    for i, ((model, hw, algorithm, batch, _), points) in enumerate(sorted(curves.items())):
         colour = plt.cm.tab10(i % 10)
         gpus = [p["gpus"] for p in points]
         rate = [p["samples_per_s"] for p in points]
         one = rate[0] / points[0]["speedup"]  # the 1-GPU throughput the speedups are relative to
-        ax_t.plot(gpus, rate, "o-", ms=3, color=colour, label=f"{model} on {hw}, {algorithm}")
+        ax_t.plot(gpus, rate, "o-", ms=3, color=colour, label=f"{model} on {hw}, {algorithm}, batch {batch}")
         ax_t.plot(gpus, [g * one for g in gpus], ":", color=colour, alpha=0.7)
         ax_l.plot(gpus, [p["linearity"] for p in points], "o-", ms=3, color=colour, label=f"{model}, {algorithm}")
     ax_t.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="throughput (samples/s, all GPUs)",
@@ -99,9 +99,10 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
 def plot_acc_ratio(records: list[dict], out_dir: str) -> str | None:
     """x: the baseline's linearity, y: acc_ratio of the candidate, one colour per GPU count."""
     scaling = [r for r in records if r.get("record") == "scaling"]
-    base = {(r["model"], r["hardware"], r["gpus"]): r for r in scaling if r["algorithm"] == r.get("baseline")}
-    points = [(base[(r["model"], r["hardware"], r["gpus"])], r) for r in scaling
-              if r.get("acc_ratio") is not None and (r["model"], r["hardware"], r["gpus"]) in base]
+    def key(r: dict) -> tuple:
+        return r["model"], r["hardware"], r["batch"], r["compute"], r["gpus"]
+    base = {key(r): r for r in scaling if r["algorithm"] == r.get("baseline")}
+    points = [(base[key(r)], r) for r in scaling if r.get("acc_ratio") is not None and key(r) in base]
     if not points:
         return None
     plt = _plt()

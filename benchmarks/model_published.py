@@ -18,6 +18,7 @@ Tables (per-GPU throughput, images/s):
 """
 from __future__ import annotations
 
+import statistics
 import sys
 
 # (source, model, preset, batch, gpus-per-node, {gpus: per-GPU images/s}; the first entry is the 1-GPU input)
@@ -33,7 +34,7 @@ TABLES = [
 
 def main() -> int:
     from commbench.analysis.costmodel import load_hardware
-    from commbench.analysis.predict_scaling import _compute_us
+    from commbench.analysis.predict_scaling import compute_us
     from commbench.analysis.scaling import predict_scaling
     from commbench.proxies.profile import load_profile
 
@@ -43,7 +44,7 @@ def main() -> int:
     for source, model, preset, batch, per_node, table in TABLES:
         profile, hw = load_profile(model), load_hardware(preset)
         one = table[1]
-        forward, backward, _ = _compute_us(profile, hw, batch, one, None, "fp32")
+        forward, backward, _ = compute_us(profile, hw, batch, one, None, "fp32")
         counts = sorted(table)
         points = {p.gpus: p for p in predict_scaling(profile, hw, counts, per_node, batch, forward, backward)}
         for gpus in counts:
@@ -55,7 +56,7 @@ def main() -> int:
             note = " (input)" if gpus == 1 else ""
             print(f"| {source} | {model} | {preset} | {batch} | {gpus} | {table[gpus]:.0f} | {predicted:.0f}{note} | "
                   f"{100 * error:+.1f}% | {p.exposed_comm_us / 1e3:.2f} |")
-    print(f"\nmedian |error| over the predicted rows: {100 * sorted(errors)[len(errors) // 2]:.1f}% "
+    print(f"\nmedian |error| over the predicted rows: {100 * statistics.median(errors):.1f}% "
           f"(max {100 * max(errors):.1f}%)")
     return 0
 

@@ -32,12 +32,15 @@ def run(model: str, batch: int, args: argparse.Namespace) -> dict:
     if proc.returncode != 0:
         return {"model": model, "batch": batch, "error": None, "note": proc.stderr.strip().splitlines()[-1:],
                 "took_s": took}
-    records = [json.loads(line) for line in open(out, encoding="utf-8")]
-    check = next(r for r in records if r["record"] == "validate")
-    proxy = next(r for r in records if r["record"] == "proxy")
+    with open(out, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    check = next((r for r in records if r["record"] == "validate"), None)
+    proxy = next((r for r in records if r["record"] == "proxy"), None)
+    if check is None or proxy is None:
+        return {"model": model, "batch": batch, "error": None, "note": ["no validate record written"], "took_s": took}
     return {"model": model, "batch": batch, "proxy_ms": check["proxy_step_us"] / 1e3,
             "train_ms": check["train_step_us"] / 1e3, "error": check["error"],
-            "exposed_ms": proxy["exposed_comm_us_p50"] / 1e3, "comm_ms": proxy["comm_us_p50"] / 1e3,
+            "exposed_ms": (proxy["exposed_comm_us_p50"] or 0) / 1e3, "comm_ms": (proxy["comm_us_p50"] or 0) / 1e3,
             "gradient_mib": proxy["gradient_bytes"] / 2**20, "took_s": took}
 
 

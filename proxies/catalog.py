@@ -141,6 +141,9 @@ def _transformers(_, rest: str, shape: tuple[int, ...]) -> BuiltModel:
     if cls is None or not hasattr(cls, "config_class"):
         raise ModelError(f"transformers has no model class {class_name!r}")
     kwargs = _parse_overrides(overrides)
+    unknown = [key for key in kwargs if not hasattr(cls.config_class(), key)]
+    if unknown:  # a config takes any keyword: a misspelt one would silently change nothing
+        raise ModelError(f"{cls.config_class.__name__} has no field {unknown[0]!r}")
     config = cls.config_class(**kwargs)
     module = cls(config)
     seq = shape or (min(512, getattr(config, "max_position_embeddings", 512) or 512),)

@@ -18,7 +18,7 @@ class ProxyConfig:
     tflops: float | None = None
     steps: int = 30
     warmup_steps: int = 5
-    amp: bool = False  # train on GPU: torch.autocast fp16/bf16
+    amp: bool = False  # train on GPU: torch.autocast fp16 with a grad scaler
     backend: str = "torch"
     torch_backend: str = "auto"
     device: str = "auto"

@@ -34,7 +34,7 @@ class ProxyResult:
     bucketing: str
     buckets: int
     gradient_bytes: int
-    compute: str  # how compute was set: measured, flops@N, none, real
+    compute: str  # how compute was set: measured [(CPU time)], flops at N TFLOP/s, none, real
     steps: int
     warmup_steps: int
     compute_us_p50: float | None
