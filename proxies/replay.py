@@ -216,6 +216,16 @@ def _replay_steps(ctx: RankContext) -> None:
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us})
 
 
+def exit_now(code: int) -> None:
+    """End a spawned rank once its run is over (records written, backend closed): skip the
+    interpreter's teardown, where torch's distributed and thread-pool destructors have aborted
+    a finished rank here ("terminate called without an active exception") and turned a clean
+    run into a SIGABRT."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_proxy(cfg, launch, argv: list[str]) -> int:
     return run_rank(cfg, launch, argv, _replay_steps, kind="proxy")
 
@@ -224,5 +234,5 @@ if __name__ == "__main__":  # a rank spawned by `commbench proxy`
     from commbench.launch import from_environment
     from commbench.proxies.config import ProxyConfig
 
-    sys.exit(run_proxy(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
+    exit_now(run_proxy(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
                        json.loads(os.environ.get(ARGV_VAR, "[]"))))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -173,7 +172,7 @@ def _train_steps(ctx) -> None:
 if __name__ == "__main__":  # a rank spawned by `commbench train`
     from commbench.launch import from_environment
     from commbench.proxies.config import ProxyConfig
-    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR
+    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR, exit_now
 
-    sys.exit(run_train(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
+    exit_now(run_train(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
                        json.loads(os.environ.get(ARGV_VAR, "[]"))))

@@ -126,8 +126,7 @@ def _reducer_layout(model_name, input_shape, bucket_mb):
 
 
 @pytest.mark.parametrize("model_name,input_shape,bucket_mb", [
-    ("resnet50", (3, 64, 64), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 64, 64), 25),
-    ("resnet50", (3, 64, 64), 5), ("vgg16", (3, 32, 32), 100)])
+    ("resnet50", (3, 64, 64), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 64, 64), 5)])
 def test_layout_matches_torch_reducer(model_name, input_shape, bucket_mb):
     pytest.importorskip("torchvision")
     profile = load_profile(model_name)

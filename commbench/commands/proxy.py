@@ -85,7 +85,7 @@ def proxy_command(**options) -> None:
     code = _launch(options, cfg, plan, "commbench.proxies.replay")
     if code == 0 and options["validate"]:
         code = _validate(options, cfg, plan)
-    sys.exit(code)
+    _exit(code, plan)
 
 
 @click.command("train", epilog="""
@@ -101,7 +101,16 @@ def train_command(**options) -> None:
     options.update(backend="torch", algorithm="auto", nodes=None, gpus_per_node=None, spawn_local=False, hw=None,
                    compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False)
     cfg, plan = _proxy_config(options)
-    sys.exit(_launch(options, cfg, plan, "commbench.proxies.train"))
+    _exit(_launch(options, cfg, plan, "commbench.proxies.train"), plan)
+
+
+def _exit(code: int, plan) -> None:
+    """A rank of a launcher's job ends without the interpreter's teardown (see replay.exit_now)."""
+    if plan.mode == "join":
+        from commbench.proxies.replay import exit_now
+
+        exit_now(code)
+    sys.exit(code)
 
 
 def _proxy_config(options: dict):
