@@ -174,14 +174,11 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, str]:
         return forward, backward, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
     import torch
 
-    from commbench.proxies.train import Trainer, check_memory
+    from commbench.proxies.train import measure_compute
 
-    check_memory(profile, ctx.launch.local_world_size, ctx.backend.device)
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
-    trainer = Trainer(profile, ctx.batch, device, amp=cfg.amp)
-    ctx.backend.barrier()  # every rank measures at once, sharing the host as in training
-    measured, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
-    del trainer
+    measured, cpu_time = measure_compute(profile, ctx.batch, device, cfg.amp, ctx.launch.local_world_size,
+                                         ready=ctx.backend.barrier)
     forward, backward, update = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
     return float(forward), float(backward), float(update), "measured" + (" (CPU time)" if cpu_time else "")
 

@@ -67,7 +67,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, Plan]:
                               "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
     if options.get("validate"):
         _check_validate(plan, bucketing, compute, options["backend"])
-    device = _device(options, plan)
+    device = _device(options)
     json_path = options["json_path"]
     if options.get("validate") and not json_path:
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
@@ -115,7 +115,7 @@ def _check_model_available(profile: Profile) -> None:
                               f"pip install 'commbench[models]', or use --tflops RATE / --compute none")
 
 
-def _device(options: dict, plan: Plan) -> str:
+def _device(options: dict) -> str:
     if options["backend"] != "torch":
         return "cpu"
     from commbench.backends import BackendError
@@ -239,12 +239,10 @@ def predict_proxy(cfg: ProxyConfig, plan: Plan, argv: list[str]) -> int:
 def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float]:
     import torch
 
-    from commbench.proxies.train import Trainer, check_memory
+    from commbench.proxies.train import measure_compute
 
-    device = "cuda" if cfg.device == "cuda" else "cpu"
     try:
-        check_memory(profile, 1, device)
-        return Trainer(profile, batch, torch.device(device), amp=cfg.amp).phase_times_us(repeats=5)
+        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp)[0]
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

@@ -13,7 +13,7 @@ import gc
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -97,6 +97,17 @@ class Trainer:
             rows.append((t1 - t0, t2 - t1, clock() - t2))
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
+
+
+def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
+                    ready: Callable[[], None] = lambda: None) -> tuple[tuple[float, float, float], bool]:
+    """The real model's (forward, backward, optimizer) microseconds per step here, and whether they are
+    CPU time: refused up front if it cannot fit; `ready` runs between building and timing (a barrier,
+    so that every rank measures at once, sharing the host as in training)."""
+    check_memory(profile, local_ranks, getattr(device, "type", device))
+    trainer = Trainer(profile, batch, device, amp=amp)
+    ready()
+    return trainer.phase_times_us(repeats=5), trainer.cpu_timed()
 
 
 def model_for(profile: Profile) -> BuiltModel:

@@ -14,6 +14,17 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
                  "COMMBENCH_SPAWN_ID")
 
 
+def gpu_count(backend: str) -> int:
+    """GPUs `backend` (cuda, cupy) can use here; 0 without a GPU or CuPy."""
+    from commbench.backends import BackendError
+    from commbench.backends.gpu import require_gpu
+
+    try:
+        return require_gpu(backend)
+    except BackendError:
+        return 0
+
+
 def clean_env(**extra):
     """This environment without any launcher's variables (pytest itself may run under one)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}

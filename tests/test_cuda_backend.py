@@ -11,22 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from commbench.backends import BackendError
-from commbench.backends.gpu import require_gpu
 from commbench.bench import EXIT_USAGE, SweepConfig, run_sweep
 from commbench.cli import main
 from commbench.launch import LaunchInfo
-from conftest import commbench, results_of
+from conftest import commbench, gpu_count, results_of
 
 
-def gpu_count() -> int:
-    try:
-        return require_gpu("cuda")
-    except BackendError:
-        return 0
-
-
-GPUS = gpu_count()
+GPUS = gpu_count("cuda")
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")
 needs_2_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices")
 no_gpu = pytest.mark.skipif(GPUS > 0, reason="checks the message a machine without a GPU prints")

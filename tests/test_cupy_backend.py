@@ -7,21 +7,12 @@ import types
 
 import pytest
 
-from commbench.backends import BackendError
 from commbench.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
-from commbench.backends.gpu import require_gpu
 from commbench.collectives import DTYPES, OPS
-from conftest import commbench, results_of
+from conftest import commbench, gpu_count, results_of
 
 
-def gpu_count() -> int:
-    try:
-        return require_gpu("cupy")
-    except BackendError:
-        return 0
-
-
-GPUS = gpu_count()
+GPUS = gpu_count("cupy")
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")
 QUICK = ["--iters", "3", "--warmup", "1"]
 
