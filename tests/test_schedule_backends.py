@@ -144,7 +144,10 @@ def test_hung_shm_rank_stops_within_the_timeout(tmp_path, clean_shm):
     os.kill(rank_pid(proc.pid, 1), signal.SIGSTOP)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err  # a fault, not the exit code of the rank the supervisor stopped
-    assert time.monotonic() - started < 3 + 8 and "timed out" in err and "Traceback" not in err
+    # the stop lands either inside shm's own spin wait or inside a gloo control-plane exchange between
+    # measurements: both end in a timeout line ("timed out after 3 s ..." / gloo's "Timed out waiting 3000ms ...")
+    # bound: the 3 s timeout, the supervisor's 3 s grace for the other ranks, at most 3 s to stop them, slack
+    assert time.monotonic() - started < 3 + 3 + 3 + 5 and "timed out" in err.lower() and "Traceback" not in err
 
 
 def test_interrupted_run_leaves_no_segments(tmp_path, clean_shm):
