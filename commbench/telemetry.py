@@ -36,8 +36,8 @@ host part (`pip install psutil`). NVML sees every GPU of the host; pass `gpu_bus
 (PCI bus ids, e.g. from `cuda_bus_ids`: NVML numbers GPUs its own way, ignoring
 CUDA_VISIBLE_DEVICES) or `gpu_indices` (NVML order) to watch only some. The thread
 wakes every interval and holds the GIL briefly: on CPU backends timed in microseconds
-it can add noise. Whether NVML's NVLink throughput fields need a scopeId (a link) or
-count every link with the default scope 0 is not verified on hardware.
+it can add noise. NVLink throughput is read summed over all links (scope id UINT_MAX,
+as nvml.h defines it); not yet read on a real GPU.
 """
 from __future__ import annotations
 
@@ -95,6 +95,9 @@ def cuda_bus_ids(devices: list[int] | None = None) -> list[str]:
         return []
 
 
+_ALL_LINKS = 0xFFFFFFFF  # NVML's scope id for "summed over all links"
+
+
 class _Nvml:
     """NVML readings of some GPUs; a metric a device does not support is dropped after its first error."""
 
@@ -126,7 +129,9 @@ class _Nvml:
         }
 
     def _field(self, handle: Any, field: int) -> float:
-        value = self.nvml.nvmlDeviceGetFieldValues(handle, [field])[0]
+        # nvml.h: the NVLink throughput fields take the link in scopeId, and UINT_MAX sums every link;
+        # a bare field id would leave scopeId 0 and count link 0 alone
+        value = self.nvml.nvmlDeviceGetFieldValues(handle, [(field, _ALL_LINKS)])[0]
         if value.nvmlReturn != 0:
             raise self.nvml.NVMLError(value.nvmlReturn)
         return float(value.value.ullVal)

@@ -139,6 +139,7 @@ def fake_pynvml():
     value = lambda **kw: types.SimpleNamespace(**kw)  # noqa: E731
 
     def field_values(handle, fields):
+        assert fields in ([(139, 0xFFFFFFFF)], [(138, 0xFFFFFFFF)])  # every link summed, not link 0 alone
         if handle == 1:
             return [value(nvmlReturn=3, value=None)]
         reads["nvlink"] += 1
