@@ -1,5 +1,6 @@
 """Shared helpers: run the real `commbench` command as users do, and find its rank processes."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,16 @@ def gpu_count(backend: str) -> int:
         return require_gpu(backend)
     except BackendError:
         return 0
+
+
+def default_sigint():
+    """Popen preexec_fn: SIGINT at its default, as in a terminal's foreground job.
+
+    A job that a non-interactive shell put in the background (`pytest ... &`) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C
+    tests would see the signal ignored and the run finish with exit 0.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def clean_env(**extra):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, rank_pid, results_of, wait_for_results
+from conftest import clean_env, default_sigint, rank_pid, results_of, wait_for_results
 
 LONG_SWEEP = ["sweep", "--sizes", "1K-64K", "--iters", "400", "--warmup", "2"]
 
@@ -16,7 +16,7 @@ LONG_SWEEP = ["sweep", "--sizes", "1K-64K", "--iters", "400", "--warmup", "2"]
 def start(tmp_path, *args, timeout_s=6):
     return subprocess.Popen([sys.executable, "-m", "commbench", *LONG_SWEEP, "--json", str(tmp_path / "r.jsonl"),
                              "--timeout", str(timeout_s), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=clean_env(), start_new_session=True)
+                            text=True, env=clean_env(), start_new_session=True, preexec_fn=default_sigint)
 
 
 def finish(proc, limit_s):

@@ -74,14 +74,12 @@ def test_layout_rejects_partial_nodes():
         layout(12, 8)
 
 
-def test_a_thousand_gpus_predict_fast():
-    import time
-
+def test_a_thousand_gpus_predict():
+    # the speed target (under a second) is checked by benchmarks/predict_speed.py, not here
     profile, hw = load_profile("bert-large"), load_hardware("dgx-a100")
-    start = time.perf_counter()
     points = predict_scaling(profile, hw, [1, 8, 64, 512, 1000], 8, 4, 1e4, 2e4, algorithm="hier")
-    assert time.perf_counter() - start < 5.0  # the bound is 1 s; CI machines are noisy
     assert points[-1].gpus == 1000 and points[-1].nodes == 125
+    assert points[-1].linearity < points[1].linearity <= 1.0  # more nodes, more communication per step
 
 
 def test_predict_scaling_command_writes_acc_ratio(tmp_path):

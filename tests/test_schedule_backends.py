@@ -14,7 +14,7 @@ from commbench.bench import EXIT_WRONG, Sweep, SweepConfig
 from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
-from conftest import clean_env, commbench, rank_pid, results_of, wait_for_results
+from conftest import clean_env, commbench, default_sigint, rank_pid, results_of, wait_for_results
 
 QUICK = ["--iters", "2", "--warmup", "1"]
 
@@ -123,7 +123,7 @@ def _start_shm(tmp_path):
     return subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backend", "shm", "--sizes", "1K-256K",
                              "--iters", "20000", "--warmup", "10", "--json", str(tmp_path / "r.jsonl"), "--timeout", "10"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
 
 
 def test_killed_rank_leaves_no_segments(tmp_path, clean_shm):
