@@ -371,16 +371,18 @@ class Sweep:
         reason = self.backend.unsupported(plan.collective, self.dtype, op, placement)
         if reason:
             raise BackendError(reason)
+        failed = True
         try:
             outcome = measure_point(self.backend, self.cfg, plan, placement, pattern, self.monitor)
             stats = collect(self.backend, outcome, self.cfg.rank_agg)
+            failed = False
         except SweepFault:
             raise
         except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
             raise SweepFault(f"{label} failed: {error_line(exc)} (a peer rank may have died or hung)") from exc
         finally:
             gc.collect()  # drop this point's buffers before the next size allocates its own
-            self.backend.end_point()
+            self.backend.end_point(failed)
         self.progress.advance()
         if not self.lead:
             return None

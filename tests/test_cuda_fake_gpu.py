@@ -478,3 +478,22 @@ def test_ipc_flags_are_zeroed_before_peers_may_signal_and_freed_after_they_unmap
         assert events == [("close", 0xABC), ("barrier", 1)] and backend._exported == []
     finally:
         backend.close()
+
+
+def test_ipc_failed_point_closes_nothing_and_meets_no_one(fake_gpus, port, monkeypatch):
+    """After a failed point, kernels still queued may address the peers' memory and a dead peer
+    would never arrive: no handle is closed, no rank met, nothing freed, there or at close()."""
+    from commbench.backends.cuda_ipc import IpcCudaBackend
+    from commbench.backends.torch_dist import TorchBackend
+    from commbench.collectives import DTYPES
+
+    backend = IpcCudaBackend(_ipc_launch(port), Topology(1, 1))
+    events = []
+    monkeypatch.setattr(sys.modules["cupy"].cuda.runtime, "ipcCloseMemHandle", lambda p: events.append(("close", p)))
+    monkeypatch.setattr(TorchBackend, "barrier", lambda self: events.append("barrier"))
+    buffer = backend.alloc(1000, DTYPES["float32"])
+    del buffer
+    backend._opened.append(0xABC)
+    backend.end_point(failed=True)
+    backend.close()
+    assert events == [] and len(backend._exported) == 1 and backend._opened == [0xABC]

@@ -57,8 +57,11 @@ class Backend(ABC):
         """What ran the last prepared call: {"algorithm": name, "steps": rounds} for schedules."""
         return {"algorithm": None, "steps": None}
 
-    def end_point(self) -> None:
-        """Called after every point: release per-point resources (shared-memory segments)."""
+    def end_point(self, failed: bool = False) -> None:
+        """Called after every point: release per-point resources (shared-memory segments).
+
+        `failed`: the point raised; release only what is safe without the peers' help (a dead
+        peer never arrives) and raise nothing, so the point's own error is what is reported."""
 
     @abstractmethod
     def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:

@@ -67,7 +67,7 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
                          devices={launch.rank: gpu})
         self._opened: list[int] = []  # peers' allocations mapped for this point
         self._exported: list[Any] = []  # this rank's allocations of this point, freed at its end
-        self._faulted = False  # a barrier timed out: peers are gone, do not meet them again
+        self._faulted = False  # a point failed (a barrier timed out, a peer died): do not meet the peers again
         self._flags_memory, self._peer_flags, self._flag_handles = self._flag_arrays()
         self._barrier = self._barrier_launch()
 
@@ -110,8 +110,15 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
         self._opened.append(pointer)
         return pointer
 
-    def end_point(self) -> None:
-        """Close the peers' handles of this point, meet every rank, then free this rank's allocations."""
+    def end_point(self, failed: bool = False) -> None:
+        """Close the peers' handles of this point, meet every rank, then free this rank's allocations.
+
+        After a failed point nothing is closed or freed and no rank is met: kernels still
+        queued may address the peers' memory (and the peers' kernels this rank's), a dead peer
+        would never arrive, and a CUDA error raised here would hide the point's own."""
+        if failed:
+            self._faulted = True
+            return
         self._close_handles(self._opened)
         self._meet()
         self._exported.clear()
@@ -177,6 +184,9 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
         return all_gather_objects(self._control, obj, self.world_size)
 
     def close(self) -> None:
+        if self._faulted:  # as after a failed point: leave the mappings to the process's exit
+            self._control.close()
+            return
         self._close_handles(self._opened)
         self._close_handles(self._flag_handles)
         self._meet()  # no peer still maps this rank's flags when they are freed

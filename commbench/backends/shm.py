@@ -156,8 +156,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         full = np.frombuffer(self._peers[key].map, dtype=buffer.array.dtype)
         return full[buffer.offset:buffer.offset + len(buffer.array)]
 
-    def end_point(self) -> None:
-        """Unlink this point's segments; peers that still map one keep it until they unmap."""
+    def end_point(self, failed: bool = False) -> None:
+        """Unlink this point's segments; peers that still map one keep it until they unmap
+        (the same after a failed point: nothing here waits for a peer)."""
         for segment in list(self._peers.values()):
             segment.close()
         self._peers.clear()
