@@ -27,6 +27,7 @@ from commbench.launch import LaunchInfo
 from commbench.results import Result, ResultSink, local_environment, software_versions
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
+from commbench.telemetry import run_monitor
 
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
 PLACEMENTS = ("out-of-place", "in-place")
@@ -221,27 +222,6 @@ def collect(backend: Backend, outcome: PointOutcome, rank_agg: str) -> dict[str,
     return {**summarize(gathered[:, 1:], rank_agg), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
-def _monitor(backend: Backend, lead: bool) -> Any:
-    """--monitor (every rank calls this): each rank reports the PCI bus ids of its GPUs; rank 0
-    gets a Monitor of its host that watches those of them on its host (every GPU when the run
-    is not on GPUs, or the ids are unknown), None elsewhere."""
-    import socket
-
-    from commbench.telemetry import Monitor, cuda_bus_ids
-
-    on_gpu = backend.device == "cuda"
-    mine = (socket.gethostname(), cuda_bus_ids(getattr(backend, "gpus", None))) if on_gpu else None
-    everyone = backend.gather_objects(mine)
-    if not lead:
-        return None
-    host = socket.gethostname()
-    bus_ids = sorted({b for place in everyone or [] if place and place[0] == host for b in place[1]})
-    monitor = Monitor(gpu_bus_ids=bus_ids or None)
-    if on_gpu and not bus_ids and monitor.note is None:
-        monitor.note = "telemetry: the run's GPUs have no known PCI bus id: watching every GPU of the host"
-    return monitor
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -265,7 +245,7 @@ class Sweep:
         self.results: list[Result] = []
         topology = getattr(backend, "topology", None)  # schedule backends know the layout they run on
         self.nnodes = topology.nodes if topology is not None else launch.nnodes
-        self.monitor = _monitor(backend, self.lead) if cfg.monitor else None
+        self.monitor = run_monitor(backend, self.lead) if cfg.monitor else None
 
     def run(self) -> int:
         environment = self.backend.gather_objects(local_environment(self.backend.device))

@@ -304,3 +304,23 @@ def summary_line(values: Reading) -> str:
     groups = [", ".join(p for p in group if p) for group in (gpu, host)]
     span = f" ({values.get('samples', 0):.0f} samples over {values.get('window_s', 0.0):.1f} s)"
     return "telemetry: " + "; ".join(g for g in groups if g) + span
+
+
+def run_monitor(backend: Any, lead: bool) -> Monitor | None:
+    """--monitor of a sweep, proxy or train run (every rank calls this: it gathers): each rank
+    reports the PCI bus ids of its GPUs; `lead` (rank 0) gets an unstarted Monitor of its host
+    that watches those of them on its host (every GPU when the run is not on GPUs, or the ids
+    are unknown), the other ranks None."""
+    import socket
+
+    on_gpu = backend.device == "cuda"
+    mine = (socket.gethostname(), cuda_bus_ids(getattr(backend, "gpus", None))) if on_gpu else None
+    everyone = backend.gather_objects(mine)
+    if not lead:
+        return None
+    host = socket.gethostname()
+    bus_ids = sorted({b for place in everyone or [] if place and place[0] == host for b in place[1]})
+    monitor = Monitor(gpu_bus_ids=bus_ids or None)
+    if on_gpu and not bus_ids and monitor.note is None:
+        monitor.note = "telemetry: the run's GPUs have no known PCI bus id: watching every GPU of the host"
+    return monitor

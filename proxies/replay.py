@@ -64,10 +64,12 @@ class RankContext:
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), **(extra or {})}
-        if self.cfg.monitor and self.backend.rank == 0:
-            from commbench.telemetry import Monitor
+        if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
+            from commbench.telemetry import run_monitor
 
-            self.monitor = Monitor().start()
+            self.monitor = run_monitor(self.backend, self.backend.rank == 0)
+        if self.monitor is not None:
+            self.monitor.start()
             lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
         self.log.header(record, [what, *lines])
         if self.monitor is not None:

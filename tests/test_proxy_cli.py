@@ -37,10 +37,12 @@ def test_proxy_two_ranks_replays_and_writes_steps(tmp_path):
 def test_proxy_on_shared_memory_with_no_bucketing(tmp_path):
     out = tmp_path / "p.jsonl"
     proc = commbench("proxy", "resnet18", "--backend", "shm", "--no-bucketing", "--compute", "none", *FAST,
-                     "--json", str(out))
+                     "--monitor", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     (summary,) = records(out, "proxy")
     assert summary["backend"] == "shm" and summary["buckets"] == 62 and summary["compute_us_p50"] == 0
+    assert "GPU telemetry skipped" in proc.stdout  # --monitor: the host part still works, per step
+    assert all(step["telemetry"]["mem_used_mib"] > 0 for step in records(out, "step"))
 
 
 def test_validate_runs_both_and_reports_the_error(tmp_path):

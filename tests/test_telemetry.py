@@ -257,3 +257,29 @@ def _hw():
     from commbench.analysis.costmodel import load_hardware, with_topology
 
     return with_topology(load_hardware("dgx-a100"), Topology(1, 4))
+
+
+def test_run_monitor_watches_the_runs_gpus_on_rank_0s_host(monkeypatch):
+    """Every rank reports its GPUs' bus ids; rank 0 watches those on its own host only."""
+    import socket
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.setattr(T, "cuda_bus_ids", lambda devices: {0: ["0000:10:00.0"], 1: ["0000:11:00.0"]}[devices[0]])
+    here = socket.gethostname()
+    gathered = []
+
+    class Rank:
+        device = "cuda"
+
+        def __init__(self, gpu, everyone):
+            self.gpus, self.everyone = [gpu], everyone
+
+        def gather_objects(self, mine):
+            gathered.append(mine)
+            return self.everyone
+
+    elsewhere = ("other-host", ["0000:99:00.0"])  # not on this host: not watched (NVML would not find it)
+    monitor = T.run_monitor(Rank(0, [(here, ["0000:11:00.0"]), elsewhere, (here, ["0000:10:00.0"])]), lead=True)
+    assert gathered == [(here, ["0000:10:00.0"])] and monitor.note is None
+    assert monitor._nvml.handles == [0, 1]  # both of this host's run GPUs, in bus-id order
+    assert T.run_monitor(Rank(1, None), lead=False) is None  # the other ranks gather, and watch nothing
