@@ -117,6 +117,10 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
     predicted = a @ x[:5]
     if cache is not None:  # small working sets move their intra bytes at the cache bandwidth
         predicted = predicted + np.where(ws <= cache, a[:, 3] * (x[5] - x[3]), 0.0)
+        # The data place the boundary between the largest working set inside and the smallest
+        # outside; without more, take the geometric midpoint rather than either end (the lower
+        # end would call every size in between out of the cache).
+        cache = int(np.sqrt(cache * ws[(a[:, 3] > 0) & (ws > cache)].min()))
     return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
 
 

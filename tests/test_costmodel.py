@@ -128,7 +128,8 @@ def test_fit_finds_a_cache_regime_and_predicts_across_it():
     records = _synthetic(truth, [2], [1 << k for k in range(14, 27)], algorithm="ring", noise=0.01)
     hw = F.fit(records)
     assert hw.intra.bw_gbps == pytest.approx(6.0, rel=0.05) and hw.intra.cache_bw_gbps == pytest.approx(30, rel=0.1)
-    assert hw.intra.cache_bytes == 8 << 20  # the largest working set that fits, of those measured
+    # between the largest measured working set inside (8 MiB) and the smallest outside (16 MiB): the midpoint
+    assert hw.intra.cache_bytes == int(np.sqrt((8 << 20) * (16 << 20)))
     assert any("cache regime" in note for note in hw.meta["notes"])
     four = _synthetic(truth, [4], [1 << k for k in range(14, 27)], algorithm="ring")
     errors = np.abs(F.predict_records(four, hw) / [r["time_us"] for r in four] - 1)
