@@ -4,7 +4,8 @@ the three pointer modes. The speed targets (reduce-copy against a device copy, v
 busbw) are checked by benchmarks/gpu_bandwidth.py, not by timed tests.
 
 The GPU tests skip themselves without a CUDA device; a session with a GPU runs
-`python -m pytest -q tests/test_cuda_backend.py tests/test_cupy_backend.py -s`.
+`python -m pytest -q tests/test_cuda_backend.py tests/test_cupy_backend.py`, then
+`python benchmarks/gpu_bandwidth.py`.
 """
 import subprocess
 import sys
