@@ -19,6 +19,7 @@ alpha; reduction cost is folded into bandwidth (reduce_gbps stays null).
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -120,7 +121,7 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
         # The data place the boundary between the largest working set inside and the smallest
         # outside; without more, take the geometric midpoint rather than either end (the lower
         # end would call every size in between out of the cache).
-        cache = int(np.sqrt(cache * ws[(a[:, 3] > 0) & (ws > cache)].min()))
+        cache = math.isqrt(cache * int(ws[(a[:, 3] > 0) & (ws > cache)].min()))  # Python ints: no overflow
     return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
 
 

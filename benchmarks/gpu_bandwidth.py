@@ -2,15 +2,17 @@
 
 1. reduce-copy against the device's own copy: a device-to-device copy of S bytes
    (cudaMemcpyAsync: reads S, writes S) and commbench's reduce-copy kernel (out = a + b,
-   fp16 arrays of S/2 bytes each: reads S, writes S/2), timed with CUDA events on the same
+   fp16 arrays of S bytes each: reads 2 S, writes S), timed with CUDA events on the same
    GPU, rounds alternating; GB/s = bytes read + written / time. Target: reduce-copy >= 80%
    of the copy at >= 64 MiB.
 2. `--backend cuda --cuda-mode virtual -N 8` ring and one-shot allreduce busbw at the
    same sizes, as a fraction of that copy bandwidth (reported; every virtual link is the
    same HBM, so the copy is the ceiling's scale, not a target).
 3. NCCL through CuPy (`--backend cupy`) and through torch (`--backend torch --device
-   cuda`), the same library driven two ways on the same GPUs, runs alternating: time_us
-   per size >= 1 MiB and their ratio. Target: within 5% (0.95-1.05).
+   cuda`), the same library driven two ways on the same GPUs, runs alternating (the order
+   swapped every round): time_us per size and their ratio. Target: within 5% (0.95-1.05)
+   at >= 1 MiB. It needs 2 GPUs: on one, an in-place allreduce of one rank moves nothing,
+   and the times are each driver's launch cost (shown, verdict n/a).
 
     python benchmarks/gpu_bandwidth.py --json out/gpu_bandwidth.json
     python benchmarks/gpu_bandwidth.py --sizes 64M,256M --rounds 1
@@ -44,31 +46,40 @@ def _events_ms(cupy, fn, repeat: int) -> float:
     return cupy.cuda.get_elapsed_time(start, end) / repeat
 
 
+def _copy_and_reduce_gbps(cupy, nbytes: int, rounds: int, repeat: int) -> tuple[float, float]:
+    """Median GB/s over `rounds` of a device copy of `nbytes` and of reduce-copy on three fp16
+    arrays of `nbytes` each; the arrays are dropped on return."""
+    from commbench.backends.cuda_kernels import reduce_copy
+
+    src, dst = cupy.ones(nbytes, dtype=cupy.uint8), cupy.empty(nbytes, dtype=cupy.uint8)
+    a, b, out = (cupy.ones(nbytes // 2, dtype=cupy.float16) for _ in range(3))  # S bytes each
+    moved = a.nbytes + b.nbytes + out.nbytes
+    stream = cupy.cuda.get_current_stream().ptr  # the events record on it too
+    copies, reduces = [], []
+    for _ in range(rounds):
+        copy_ms = _events_ms(cupy, lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3,
+                                                                          stream), repeat)
+        reduce_ms = _events_ms(cupy, lambda: reduce_copy(out, a, b, "float16", "sum"), repeat)
+        copies.append(2 * nbytes / copy_ms / 1e6)
+        reduces.append(moved / reduce_ms / 1e6)
+    return median(copies), median(reduces)
+
+
 def kernel_section(sizes: list[int], rounds: int, repeat: int) -> list[dict]:
     import cupy
-
-    from commbench.backends.cuda_kernels import reduce_copy
 
     table = Table(["size", "copy GB/s", "reduce-copy GB/s", "ratio", "target", "verdict"])
     print("1. reduce-copy (fp16 sum) against a device-to-device copy; GB/s = bytes read + written / time")
     print(table.header())
     rows = []
     for nbytes in sizes:
-        src, dst = cupy.ones(nbytes, dtype=cupy.uint8), cupy.empty(nbytes, dtype=cupy.uint8)
-        a, b, out = (cupy.ones(nbytes // 2, dtype=cupy.float16) for _ in range(3))
-        copy = lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3,  # noqa: E731
-                                                     cupy.cuda.get_current_stream().ptr)
-        copies, reduces = [], []
-        for _ in range(rounds):
-            copies.append(2 * nbytes / _events_ms(cupy, copy, repeat) / 1e6)
-            reduces.append(3 * (nbytes // 2) / _events_ms(cupy, lambda: reduce_copy(out, a, b, "float16", "sum"),
-                                                          repeat) / 1e6)
-        copy_gbps, reduce_gbps = median(copies), median(reduces)
+        copy_gbps, reduce_gbps = _copy_and_reduce_gbps(cupy, nbytes, rounds, repeat)
         ratio = reduce_gbps / copy_gbps
-        verdict = "pass" if ratio >= 0.8 else "FAIL" if nbytes >= 64 << 20 else "-"
+        verdict = ("pass" if ratio >= 0.8 else "FAIL") if nbytes >= 64 << 20 else "-"
         print(table.row([format_size(nbytes), copy_gbps, reduce_gbps, ratio_text(ratio), ">= 0.80", verdict]))
         rows.append({"nbytes": nbytes, "copy_gbps": copy_gbps, "reduce_copy_gbps": reduce_gbps, "ratio": ratio,
                      "verdict": verdict})
+    cupy.get_default_memory_pool().free_all_blocks()  # nothing held while the sweeps below run
     return rows
 
 
@@ -77,8 +88,9 @@ def _sweep(out_dir: Path, name: str, *args: str) -> dict[int, dict]:
     command = [sys.executable, "-m", "commbench", "sweep", *args, "--placement", "in-place", "--json", str(path)]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        fail(f"{' '.join(command[2:])} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}", 1)
-    return {r["nbytes"]: r for r in read_records(str(path)) if r["record"] == "result"}
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        fail(f"{' '.join(command[2:])} exited {proc.returncode}: {last}", 1)
+    return {r["requested_nbytes"]: r for r in read_records(str(path)) if r["record"] == "result"}
 
 
 def virtual_section(out_dir: Path, sizes: list[int], copy_gbps: dict[int, float]) -> list[dict]:
@@ -104,8 +116,9 @@ def nccl_section(out_dir: Path, sizes: list[int], rounds: int, gpus: int) -> lis
     print(table.header())
     spec = ",".join(map(str, sizes))
     times: dict[str, dict[int, list[float]]] = {"cupy": {}, "torch": {}}
+    drivers = [("cupy", ["--backend", "cupy"]), ("torch", ["--backend", "torch", "--device", "cuda"])]
     for r in range(rounds):
-        for name, args in (("cupy", ["--backend", "cupy"]), ("torch", ["--backend", "torch", "--device", "cuda"])):
+        for name, args in drivers if r % 2 == 0 else drivers[::-1]:
             for nbytes, result in _sweep(out_dir, f"{name}-{r}", *args, "-N", str(gpus), "--sizes", spec).items():
                 times[name].setdefault(nbytes, []).append(result["time_us"])
     rows = []
@@ -113,6 +126,7 @@ def nccl_section(out_dir: Path, sizes: list[int], rounds: int, gpus: int) -> lis
         cupy_us, torch_us = median(times["cupy"][nbytes]), median(times["torch"][nbytes])
         ratio = cupy_us / torch_us
         verdict = ("pass" if 0.95 <= ratio <= 1.05 else "FAIL") if nbytes >= 1 << 20 else "-"
+        verdict = verdict if gpus >= 2 else "n/a (1 GPU)"
         print(table.row([format_size(nbytes), cupy_us, torch_us, ratio_text(ratio), "0.95-1.05", verdict]))
         rows.append({"nbytes": nbytes, "cupy_us": cupy_us, "torch_us": torch_us, "ratio": ratio, "verdict": verdict})
     return rows
