@@ -35,15 +35,12 @@ from commbench.sizes import SizeError, format_size, parse_sizes
 
 
 def _events_ms(cupy, fn, repeat: int) -> float:
-    """Mean time of `fn` in ms over `repeat` back-to-back calls after one warm call (CUDA events)."""
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    """Mean time of `fn` in ms over `repeat` calls after one warm call (which also compiles a
+    kernel), timed as the backends time theirs (CUDA events on the current stream)."""
+    from commbench.backends.gpu import time_calls
+
     fn()
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / repeat
+    return float(time_calls(fn, repeat, cupy.cuda.get_current_stream()).mean()) / 1e3
 
 
 def _copy_and_reduce_gbps(cupy, nbytes: int, rounds: int, repeat: int) -> tuple[float, float]:
