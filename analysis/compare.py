@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from commbench.results import SCHEMA_VERSION, read_records
+from commbench.results import CompareRecord, ResultSink, read_records
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")
@@ -221,23 +220,19 @@ def _one_side(values: dict[Key, list[float]], key: Key, metric: Metric, label: s
 # ---------------------------------------------------------------- output
 
 
-def to_record(point: Point, comparison: Comparison) -> dict[str, Any]:
-    """The JSON Lines record of one point ("record": "compare")."""
+def to_record(point: Point, comparison: Comparison) -> CompareRecord:
+    """The record of one point ("record": "compare")."""
     m = comparison.metric
     change = point.change_pct
-    return {"record": "compare", "schema": SCHEMA_VERSION, **dict(zip(KEY_FIELDS, point.key)),
-            "metric": m.field, "higher_is_better": m.higher_is_better, "threshold_pct": comparison.threshold_pct,
-            "base": point.base, "new": point.new, "base_runs": point.base_runs, "new_runs": point.new_runs,
-            "ratio": point.ratio, "change_pct": None if change is None else round(change, 6),
-            "verdict": point.verdict}
+    return CompareRecord(**dict(zip(KEY_FIELDS, point.key)), metric=m.field, higher_is_better=m.higher_is_better,
+                         threshold_pct=comparison.threshold_pct, base=point.base, new=point.new,
+                         base_runs=point.base_runs, new_runs=point.new_runs, ratio=point.ratio,
+                         change_pct=None if change is None else round(change, 6), verdict=point.verdict)
 
 
 def write_jsonl(comparison: Comparison, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for point in comparison.rows():
-            handle.write(json.dumps(to_record(point, comparison), allow_nan=False) + "\n")
+    with ResultSink(path) as sink:
+        sink.write_all(to_record(point, comparison) for point in comparison.rows())
 
 
 _EXTRA = ("backend", "library", "algorithm", "dtype", "op", "world_size")  # shown as columns only when they vary

@@ -1,5 +1,6 @@
 """Step records of proxy and train runs: one JSON line per step as it completes, a readable
-row on stdout, and a summary (median and p90 over the steps after warm-up).
+row on stdout, and a summary (median and p90 over the steps after warm-up). The record
+types themselves (StepRecord, ProxyResult) live in commbench.results with the others.
 
 Per-step records are rank 0's view (flushed as they come, so a crash loses nothing);
 the summary takes, for every step, the slowest rank, since a synchronous data-parallel
@@ -7,54 +8,16 @@ step is as slow as its slowest rank.
 """
 from __future__ import annotations
 
-import time
-import uuid
-from dataclasses import asdict, dataclass, field
+import math
 from typing import Any
 
 import numpy as np
 
-from commbench.results import ResultSink, SCHEMA_VERSION
+from commbench.results import ProxyResult, ResultSink, StepRecord, new_run_id
+
+__all__ = ["METRICS", "ProxyResult", "StepLog", "summarize"]  # ProxyResult lives in commbench.results
 
 METRICS = ("compute_us", "comm_us", "exposed_comm_us", "step_us")
-
-
-@dataclass(frozen=True)
-class ProxyResult:
-    """One proxy replay, real training run or prediction, summarised over its measured steps."""
-    kind: str  # proxy (replayed), train (real DDP), predicted (cost model)
-    model: str
-    backend: str
-    library: str
-    device: str
-    world_size: int
-    nnodes: int
-    batch: int  # per rank
-    bucket_mb: float | None  # None: DDP's default (25 MiB, first bucket 1 MiB)
-    bucketing: str
-    buckets: int
-    gradient_bytes: int
-    compute: str  # how compute was set: measured [(CPU time)], flops at N TFLOP/s, none, real
-    steps: int
-    warmup_steps: int
-    compute_us_p50: float | None
-    compute_us_p90: float | None
-    comm_us_p50: float | None
-    comm_us_p90: float | None
-    exposed_comm_us_p50: float | None
-    exposed_comm_us_p90: float | None
-    step_us_p50: float
-    step_us_p90: float
-    samples_per_s: float  # all ranks, from the median step
-    status: str = "ok"
-    error: str | None = None
-    telemetry: dict[str, float] | None = None  # --monitor: averages over the whole run (rank 0's host)
-    run_id: str = ""
-    timestamp: float = field(default_factory=time.time)
-    schema: int = SCHEMA_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"record": "proxy", **asdict(self)}
 
 
 def summarize(step_rows: np.ndarray) -> dict[str, float | None]:
@@ -75,7 +38,7 @@ class StepLog:
     def __init__(self, json_path: str | None, lead: bool, samples_per_step: int):
         self.lead, self.samples = lead, samples_per_step
         self.sink = ResultSink(json_path) if lead and json_path else None
-        self.run_id = uuid.uuid4().hex[:12]
+        self.run_id = new_run_id()
 
     def header(self, record: dict[str, Any], lines: list[str]) -> None:
         if not self.lead:
@@ -95,14 +58,14 @@ class StepLog:
         cells = " ".join(f"{_ms(values.get(m)):>{w}}" for m, w in zip(METRICS, (12, 10, 12, 10)))
         print(f"  {index:>6} {cells} {rate:>11.1f}{'  (warm-up)' if warmup else ''}", flush=True)
         if self.sink:
-            self.sink.write({"record": "step", "schema": SCHEMA_VERSION, "run_id": self.run_id,
-                                   "step": index, "warmup": warmup, **values, "samples_per_s": rate})
+            self.sink.write(StepRecord(run_id=self.run_id, step=index, warmup=warmup, **values,
+                                       samples_per_s=rate if math.isfinite(rate) else None))
 
     def summary(self, result: ProxyResult) -> None:
         if not self.lead:
             return
         if self.sink:
-            self.sink.write(result.to_dict())
+            self.sink.write(result)
             self.sink.close()
         if result.status != "ok":
             return

@@ -1,0 +1,70 @@
+"""What a run's header says about where it ran: this process's host and device, and the software
+versions (python, commbench and its commit, numpy, torch, CUDA, NCCL, driver, CuPy, platform)."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def local_environment(device_name: str) -> dict[str, Any]:
+    """What this process runs on; the harness gathers it from every rank."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
+            "cpus": os.cpu_count()}
+
+
+def software_versions() -> dict[str, Any]:
+    versions: dict[str, Any] = {"python": platform.python_version(), "commbench": _version("commbench"),
+                                "numpy": _version("numpy"), "torch": _version("torch"),
+                                "cupy": _version("cupy-cuda12x") or _version("cupy-cuda13x") or _version("cupy"),
+                                "commit": _git_commit(), "platform": platform.platform()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = torch.__version__
+        versions["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            nccl = torch.cuda.nccl.version()
+            versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+            versions["driver"] = _nvidia_driver()
+    return versions
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None

@@ -1,0 +1,157 @@
+"""The record types of commbench.results: one path (ResultSink) for every record, each with its schema;
+raw per-iteration times kept beside the percentiles; older files still read; docs/results.md lists them all."""
+import csv
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from commbench import collectives as C
+from commbench import results as R
+from commbench.results import (CompareRecord, ProxyResult, Result, ResultSink, ScalingRecord, StepRecord, SweepSummary,
+                               ValidateRecord, append_record, pack_times, point_result, raw_times, read_records)
+
+F32 = C.resolve_dtype("float32")
+RECORD_TYPES = (Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)
+
+
+def _point(per_iteration_us, collective="allreduce", **extra):
+    plan = C.plan(collective, 4096, F32, 4, 1 if C.COLLECTIVES[collective].rooted else -1)
+    time_us = float(np.mean(per_iteration_us)) if len(per_iteration_us) else None
+    return point_result(plan, dtype="float32", op="sum", placement="in-place", nnodes=1, backend="sim",
+                        library="ring", device="cpu", time_us=time_us, per_iteration_us=per_iteration_us, warmup=2,
+                        rank_agg="max", wrong=0, **extra)
+
+
+def _validate():
+    return ValidateRecord(model="resnet50", world_size=2, batch=16, proxy_step_us=1100.0, train_step_us=1000.0,
+                          error=0.1, train_json="p.train.jsonl", run_id="abc")
+
+
+# ---------------------------------------------------------------- raw times
+
+
+def test_few_times_stay_an_exact_list():
+    times = [10.5, 11.25, 9.0 + 1e-9]
+    assert pack_times(times) == times
+    assert raw_times({"iteration_times_us": pack_times(times)}).tolist() == times
+
+
+def test_many_times_are_packed_small_and_decode_in_order():
+    rng = np.random.default_rng(0)
+    times = np.concatenate([rng.normal(100, 1, 600), rng.normal(300, 5, 400)])  # bimodal
+    packed = pack_times(times)
+    assert packed["encoding"] == R.RAW_TIMES_ENCODING and packed["count"] == 1000
+    assert len(json.dumps(packed)) < 6000  # ~4 bytes a time, where a JSON list takes ~18
+    decoded = raw_times({"iteration_times_us": packed})
+    np.testing.assert_allclose(decoded, times, rtol=1e-6)
+    assert (decoded > 200).sum() == 400  # the second mode is still there after the run
+
+
+def test_non_finite_times_are_packed_not_written_as_nan():
+    packed = pack_times([1.0, float("nan")])
+    json.dumps(packed, allow_nan=False)  # the sink writes strict JSON
+    assert np.isnan(raw_times({"iteration_times_us": packed})[1])
+
+
+def test_records_without_times_give_an_empty_array():
+    assert pack_times(None) is None and pack_times([]) is None
+    assert raw_times({"record": "result", "time_us": 5.0}).size == 0  # a schema-1 file from before
+    with pytest.raises(ValueError, match="unknown encoding"):
+        raw_times({"iteration_times_us": {"encoding": "float16-lz4", "count": 1, "data": ""}})
+
+
+def test_point_result_percentiles_come_from_the_raw_times():
+    times = np.arange(1.0, 201.0)
+    r = _point(times, algorithm="ring", steps=6, run_id="x")
+    p50, p90, p99 = np.percentile(times, [50, 90, 99])
+    assert (r.p50_us, r.p90_us, r.p99_us, r.min_us, r.max_us) == (p50, p90, p99, 1.0, 200.0)
+    assert r.iters == 200 and r.warmup == 2 and r.root is None and r.algorithm == "ring" and r.steps == 6
+    assert r.algbw_gbps == pytest.approx(4096 / (r.time_us * 1e-6) / 1e9)
+    np.testing.assert_allclose(raw_times(r), times)
+    assert np.percentile(raw_times(r.to_dict()), 75) == pytest.approx(np.percentile(times, 75), rel=1e-6)
+
+
+def test_point_result_not_timed_and_rooted():
+    r = _point([], collective="broadcast")
+    assert r.time_us is r.p50_us is r.iteration_times_us is r.algbw_gbps is None
+    assert r.iters == 0 and r.root == 1
+
+
+# ---------------------------------------------------------------- one record path
+
+
+def test_every_record_type_has_its_name_and_schema():
+    for cls in RECORD_TYPES:
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert "schema" in names and "RECORD" not in names, cls
+    assert _validate().to_dict()["record"] == "validate" and _validate().to_dict()["schema"] == R.SCHEMA_VERSION
+
+
+def test_sink_writes_every_record_and_the_csv_keeps_the_times(tmp_path):
+    path, csv_path = tmp_path / "r.jsonl", tmp_path / "r.csv"
+    times = np.linspace(5.0, 50.0, 100)
+    with ResultSink(str(path), str(csv_path)) as sink:
+        sink.header({"run_id": "abc"})
+        sink.write(_point(times))
+        sink.write(StepRecord("abc", 1, True, 1.0, 2.0, 0.5, 1.5, 10.0))
+        sink.summary(SweepSummary("abc", "ok", None, 1, 0, 1.0))
+    records = read_records(str(path))
+    assert [r["record"] for r in records] == ["header", "result", "step", "summary"]
+    assert all(r["schema"] == R.SCHEMA_VERSION for r in records)
+    row = next(csv.DictReader(csv_path.open()))
+    np.testing.assert_allclose(raw_times(row), times, rtol=1e-6)
+
+
+def test_append_adds_a_record_after_the_others(tmp_path):
+    path = tmp_path / "p.jsonl"
+    with ResultSink(str(path)) as sink:
+        sink.write(StepRecord("abc", 1, False, None, None, None, 1000.0, 16.0))
+    append_record(str(path), _validate())
+    records = read_records(str(path))
+    assert [r["record"] for r in records] == ["step", "validate"]
+    assert ValidateRecord.from_dict(records[1]) == _validate()
+
+
+def test_older_records_read_with_defaults_and_newer_fields_are_ignored():
+    old = _point([1.0, 2.0]).to_dict()
+    del old["iteration_times_us"], old["record"]
+    old["a_field_from_the_future"] = 1
+    r = Result.from_dict(old)
+    assert r.iteration_times_us is None and raw_times(r).size == 0 and r.p50_us == 1.5
+
+
+def test_proxy_result_is_the_same_class_from_steps():
+    from commbench.proxies import steps
+
+    assert steps.ProxyResult is ProxyResult and callable(steps.summarize) and steps.StepLog
+
+
+def test_step_log_writes_step_records(tmp_path, capsys):
+    from commbench.proxies.steps import StepLog
+
+    path = tmp_path / "p.jsonl"
+    log = StepLog(str(path), True, 32)
+    log.header({"kind": "proxy"}, ["proxy x"])
+    log.step(1, True, {"compute_us": 10.0, "comm_us": 5.0, "exposed_comm_us": 1.0, "step_us": 11.0})
+    log.step(2, False, {"compute_us": None, "comm_us": None, "exposed_comm_us": None, "step_us": 0.0})
+    steps = [r for r in read_records(str(path)) if r["record"] == "step"]
+    assert [s["run_id"] for s in steps] == [log.run_id] * 2 and steps[0]["telemetry"] is None
+    assert steps[0]["samples_per_s"] == pytest.approx(32 / 11e-6)
+    assert steps[1]["samples_per_s"] is None  # no step time: null, never a NaN the JSON cannot hold
+
+
+# ---------------------------------------------------------------- the commands' records
+
+
+def test_compare_records_are_versioned(tmp_path):
+    from commbench.analysis import compare as K
+
+    base = [_point([10.0, 12.0]).to_dict()]
+    new = [_point([20.0, 24.0]).to_dict()]
+    out = tmp_path / "c.jsonl"
+    K.write_jsonl(K.compare(base, new, "time"), str(out))
+    [record] = read_records(str(out))
+    assert record["record"] == "compare" and record["schema"] == R.SCHEMA_VERSION
+    assert CompareRecord.from_dict(record).verdict == "regression" and record["ratio"] == pytest.approx(2.0)
