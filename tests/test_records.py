@@ -12,6 +12,8 @@ from commbench import results as R
 from commbench.results import (CompareRecord, ProxyResult, Result, ResultSink, ScalingRecord, StepRecord, SweepSummary,
                                ValidateRecord, append_record, pack_times, point_result, raw_times, read_records)
 
+from conftest import commbench
+
 F32 = C.resolve_dtype("float32")
 RECORD_TYPES = (Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)
 
@@ -143,6 +145,20 @@ def test_step_log_writes_step_records(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the commands' records
+
+
+def test_predict_scaling_records_are_versioned_and_read_back(tmp_path):
+    out = tmp_path / "s.jsonl"
+    proc = commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8,16", "--tflops", "100",
+                     "--baseline", "nccl", "--candidate", "hier", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    records = read_records(str(out))
+    assert {r["record"] for r in records} == {"scaling"} and len(records) == 4
+    assert {r["schema"] for r in records} == {R.SCHEMA_VERSION} and len({r["run_id"] for r in records}) == 1
+    rows = [ScalingRecord.from_dict(r) for r in records]
+    table = [line.split() for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert [(row[0], int(row[1])) for row in table] == [(r.algorithm, r.gpus) for r in rows]
+    assert [row[-1] for row in table if row[0] == "hier"] == [f"{r.acc_ratio:.3f}" for r in rows if r.acc_ratio]
 
 
 def test_compare_records_are_versioned(tmp_path):

@@ -1,4 +1,5 @@
-"""The analytic model's commands: fit, predict, report, compare (no ranks, no GPU needed)."""
+"""The analytic model's commands: fit, predict, report, compare, predict-scaling (no ranks, no GPU needed):
+options checked and output printed here, the computation in commbench.analysis."""
 from __future__ import annotations
 
 import sys
@@ -219,13 +220,75 @@ def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughp
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
     with every allreduce costed by the model of --hw: no ranks, nothing measured.
     """
+    from commbench.results import ResultSink, new_run_id
+
+    run = _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
+                       bucket_mb, baseline, candidate)
+    check_writable(json_path)
+    records = run.records(new_run_id())
+    if json_path:
+        with ResultSink(json_path) as sink:
+            sink.write_all(records)
+    for line in _scaling_table(run, records):
+        click.echo(line)
+    if json_path:
+        click.echo(f"# wrote {json_path}")
+
+
+def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops, precision, algorithm, bucket_mb,
+                 baseline, candidate):
+    """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.analysis.scaling import ALGORITHMS, ScalingError
+    from commbench.proxies.profile import ProfileError, load_profile
 
     try:
-        run = S.plan(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
-                     bucket_mb, baseline, candidate)
-    except S.ScalingUsageError as exc:
+        profile, hw = load_profile(model), load_hardware(hw_spec)
+    except (ProfileError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
-    check_writable(json_path)
-    for line in S.render(run, json_path):
-        click.echo(line)
+    if (baseline is None) != (candidate is None):
+        raise UsageFault("--baseline and --candidate go together (acc_ratio = candidate / baseline)")
+    if batch is not None and batch < 1 or bucket_mb is not None and not bucket_mb > 0:
+        raise UsageFault("--batch must be at least 1 and --bucket-mb positive")
+    for flag, value in (("--throughput-1gpu", throughput), ("--tflops", tflops)):
+        if value is not None and not value > 0:
+            raise UsageFault(f"{flag} {value:g}: must be positive")
+    if not throughput and not tflops and not S.peak_tflops(hw, precision):
+        raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
+    names = list(dict.fromkeys([baseline, candidate] if baseline else [algorithm]))
+    for name in names:
+        if name not in ALGORITHMS:
+            raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    counts = _gpu_counts(gpus)
+    batch = batch or profile.default_batch
+    forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
+    try:
+        return S.scaling_run(profile, hw, counts, gpus_per_node or hw.ranks_per_node, batch, forward, backward, names,
+                             bucket_mb, baseline, candidate, label)
+    except ScalingError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
+def _gpu_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise UsageFault(f"--gpus {text!r}: expected a comma list of GPU counts, e.g. 1,8,16") from exc
+    if not counts or min(counts) < 1:
+        raise UsageFault(f"--gpus {text!r}: GPU counts must be at least 1")
+    return counts
+
+
+def _scaling_table(run, records) -> list[str]:
+    """The table printed on stdout, one line per record."""
+    lines = [f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, nothing measured): "
+             f"batch {run.batch} per GPU, compute from {run.compute_label}",
+             f"# {'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} {'comm(ms)':>9} {'exposed(ms)':>11} "
+             f"{'samples/s':>11} {'per GPU':>8} {'speedup':>8} {'linearity':>9}"
+             + (f" {'acc_ratio':>9}" if run.baseline else "")]
+    for r in records:
+        lines.append(f"  {r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} {r.comm_us / 1e3:>9.2f} "
+                     f"{r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} {r.samples_per_s / r.gpus:>8.1f} "
+                     f"{r.speedup:>8.2f} {r.linearity:>9.3f}" + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
+    return lines
