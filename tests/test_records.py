@@ -3,6 +3,8 @@ raw per-iteration times kept beside the percentiles; older files still read; doc
 import csv
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from commbench.results import (CompareRecord, ProxyResult, Result, ResultSink, S
 
 from conftest import commbench
 
+ROOT = Path(__file__).resolve().parent.parent
 F32 = C.resolve_dtype("float32")
 RECORD_TYPES = (Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)
 
@@ -171,3 +174,11 @@ def test_compare_records_are_versioned(tmp_path):
     [record] = read_records(str(out))
     assert record["record"] == "compare" and record["schema"] == R.SCHEMA_VERSION
     assert CompareRecord.from_dict(record).verdict == "regression" and record["ratio"] == pytest.approx(2.0)
+
+
+def test_results_md_lists_every_record_type_and_field():
+    doc = (ROOT / "docs" / "results.md").read_text()
+    for cls in RECORD_TYPES:
+        assert f"`{cls.RECORD}`" in doc, cls.RECORD
+        missing = [f.name for f in dataclasses.fields(cls) if not re.search(rf"\b{f.name}\b", doc)]
+        assert not missing, (cls.RECORD, missing)
