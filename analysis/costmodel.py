@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench.schedule import Schedule, Transfer
-from commbench.topology import Topology
+from commbench.topology import INTRA, Link, Topology
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
@@ -37,30 +37,18 @@ class HardwareError(ValueError):
 
 
 @dataclass(frozen=True)
-class LinkModel:
-    name: str
-    bw_gbps: float  # bandwidth one transfer gets on this level, one direction, 1e9 B/s
-    latency_us: float  # per transfer (per step)
-    links_per_node: int | None = None  # inter level: NICs a node's transfers share; None: one per rank
-    # A host's caches: a call whose working set (every buffer of a node's ranks) is at most
-    # cache_bytes moves data at cache_bw_gbps instead of bw_gbps (fitted from CPU sweeps).
-    cache_bytes: int | None = None
-    cache_bw_gbps: float | None = None
-
-
-@dataclass(frozen=True)
 class Hardware:
     name: str
     ranks_per_node: int
-    intra: LinkModel
-    inter: LinkModel
+    intra: Link  # commbench.topology.Link: the one type of a level's figures
+    inter: Link
     reduce_gbps: float | None = None  # a += b bandwidth of the device; None: folded into bw (fits do this)
     per_call_overhead_us: float = 0.0
     device_tflops: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # description, sources, fit quality
 
-    def level(self, topo: Topology, src: int, dst: int) -> LinkModel:
-        return self.intra if topo.node_of(src) == topo.node_of(dst) else self.inter
+    def level(self, topo: Topology, src: int, dst: int) -> Link:
+        return self.intra if topo.link(src, dst) == INTRA else self.inter
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -98,7 +86,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str = "hardware file") -> H
                     dict(data.get("device_tflops") or {}), meta)
 
 
-def _link(data: dict[str, Any], where: str) -> LinkModel:
+def _link(data: dict[str, Any], where: str) -> Link:
     for key in ("bw_gbps", "latency_us"):
         if key not in data:
             raise HardwareError(f"missing field '{where}.{key}'")
@@ -111,8 +99,8 @@ def _link(data: dict[str, Any], where: str) -> LinkModel:
     cache_bytes, cache_bw = data.get("cache_bytes"), data.get("cache_bw_gbps")
     if (cache_bytes is None) != (cache_bw is None) or cache_bytes is not None and not (cache_bytes > 0 < cache_bw):
         raise HardwareError(f"{where}: cache_bytes and cache_bw_gbps go together and must be positive")
-    return LinkModel(str(data.get("name", where)), bw, latency, None if links is None else int(links),
-                     None if cache_bytes is None else int(cache_bytes), None if cache_bw is None else float(cache_bw))
+    return Link(str(data.get("name", where)), bw, latency, None if links is None else int(links),
+                None if cache_bytes is None else int(cache_bytes), None if cache_bw is None else float(cache_bw))
 
 
 def presets() -> list[str]:
@@ -175,7 +163,7 @@ def round_us(rnd: tuple[Transfer, ...], topo: Topology, hw: Hardware, itemsize: 
     return busiest + reduce_us
 
 
-def _resource_us(key: tuple, level: LinkModel, total: float, largest: float) -> float:
+def _resource_us(key: tuple, level: Link, total: float, largest: float) -> float:
     """A node's NICs carry its transfers together, but one transfer uses one NIC."""
     if key[0].startswith("nic"):
         return level.latency_us + max(total / level.links_per_node, largest) / (level.bw_gbps * 1e3)
@@ -189,7 +177,7 @@ def working_set_bytes(count: int, itemsize: int, topo: Topology) -> int:
 
 def in_cache(hw: Hardware, working_set: int) -> Hardware:
     """The hardware as a call with this working set sees it: cache bandwidth where it fits."""
-    def pick(level: LinkModel) -> LinkModel:
+    def pick(level: Link) -> Link:
         fits = level.cache_bytes is not None and working_set <= level.cache_bytes
         return replace(level, bw_gbps=level.cache_bw_gbps) if fits else level
     intra, inter = pick(hw.intra), pick(hw.inter)
@@ -205,7 +193,7 @@ def schedule_us(schedule: Schedule, topo: Topology, hw: Hardware, itemsize: int)
 # ---------------------------------------------------------------- closed forms (tests pin the schedules to these)
 
 
-def ring_allreduce_us(p: int, nbytes: float, link: LinkModel, reduce_gbps: float | None = None) -> float:
+def ring_allreduce_us(p: int, nbytes: float, link: Link, reduce_gbps: float | None = None) -> float:
     """2(p-1) alpha + 2(p-1)/p S / bw (+ (p-1)/p S / gamma): the textbook ring on one level."""
     if p == 1:
         return 0.0
@@ -213,11 +201,11 @@ def ring_allreduce_us(p: int, nbytes: float, link: LinkModel, reduce_gbps: float
     return t + ((p - 1) / p * nbytes / (reduce_gbps * 1e3) if reduce_gbps else 0.0)
 
 
-def ring_allgather_us(p: int, nbytes: float, link: LinkModel) -> float:
+def ring_allgather_us(p: int, nbytes: float, link: Link) -> float:
     """(p-1) alpha + (p-1)/p S / bw, S = the output buffer."""
     return (p - 1) * link.latency_us + (p - 1) / p * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0
 
 
-def oneshot_allreduce_us(p: int, nbytes: float, link: LinkModel) -> float:
+def oneshot_allreduce_us(p: int, nbytes: float, link: Link) -> float:
     """alpha + (p-1) S / bw: every rank receives every peer's whole buffer over its one link."""
     return link.latency_us + (p - 1) * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0

@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, LinkModel, link_loads, working_set_bytes
+from commbench.analysis.costmodel import Hardware, link_loads, working_set_bytes
 from commbench import algorithms
 from commbench.collectives import DTYPES
 from commbench.schedule import Schedule
-from commbench.topology import Topology
+from commbench.topology import Link, Topology
 
 LIBRARY_ALGORITHM = {"allreduce": "ring", "allgather": "ring", "reduce_scatter": "ring", "broadcast": "chain",
                      "reduce": "chain"}
@@ -192,10 +192,10 @@ def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | 
                     meta)
 
 
-def _level(name: str, alpha: float, inv_bw: float, fallback: LinkModel | None) -> LinkModel:
+def _level(name: str, alpha: float, inv_bw: float, fallback: Link | None) -> Link:
     if inv_bw <= 0:
-        return fallback or LinkModel(name, float("inf"), float(alpha))
-    return LinkModel(name, 1.0 / inv_bw / 1e3, float(alpha))  # us per byte -> GB/s
+        return fallback or Link(name, float("inf"), float(alpha))
+    return Link(name, 1.0 / inv_bw / 1e3, float(alpha))  # us per byte -> GB/s
 
 
 def _notes(fitted: dict, active: np.ndarray, base: Hardware | None) -> list[str]:

@@ -1,29 +1,37 @@
-"""Topology: nodes x ranks per node, and the link level each transfer crosses.
+"""Topology: nodes x ranks per node, the link level each transfer crosses, and what a level is.
 
 Ranks are numbered node-major, as torchrun, srun and mpirun number them: ranks
-`node * ranks_per_node ... + ranks_per_node - 1` share node `node`. A level has a
-name (`shm`, `nvlink`, `tcp`, `ib`, ...) and, once fitted or loaded from a
-preset, a bandwidth and a latency; the analytic model reads them from here.
+`node * ranks_per_node ... + ranks_per_node - 1` share node `node`. A transfer between
+two ranks of one node crosses the `intra` level (`shm`, `nvlink`, ...), between nodes
+the `inter` level (`tcp`, `ib`, ...). `Link` is the one type for a level's figures:
+the cost model's hardware holds one per level, fitted from sweeps or loaded from a
+preset (commbench.analysis.costmodel).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+INTRA, INTER = "intra", "inter"  # the levels: inside a node, between nodes
+
 
 @dataclass(frozen=True)
-class Level:
+class Link:
+    """One link level: what one transfer gets on it, and what it shares."""
     name: str
-    bw_gbps: float | None = None  # per link, 1e9 B/s; None until fitted
-    latency_us: float | None = None
+    bw_gbps: float  # bandwidth one transfer gets on this level, one direction, 1e9 B/s
+    latency_us: float  # per transfer (per step)
+    links_per_node: int | None = None  # inter level: NICs a node's transfers share; None: one per rank
+    # A host's caches: a call whose working set (every buffer of a node's ranks) is at most
+    # cache_bytes moves data at cache_bw_gbps instead of bw_gbps (fitted from CPU sweeps).
+    cache_bytes: int | None = None
+    cache_bw_gbps: float | None = None
 
 
 @dataclass(frozen=True)
 class Topology:
     nodes: int
     ranks_per_node: int
-    intra: Level = Level("intra")
-    inter: Level = Level("inter")
 
     @property
     def world(self) -> int:
@@ -35,9 +43,9 @@ class Topology:
     def local_rank(self, rank: int) -> int:
         return rank % self.ranks_per_node
 
-    def link(self, src: int, dst: int) -> Level:
-        """The level a transfer from `src` to `dst` uses."""
-        return self.intra if self.node_of(src) == self.node_of(dst) else self.inter
+    def link(self, src: int, dst: int) -> str:
+        """The level a transfer from `src` to `dst` crosses: INTRA or INTER."""
+        return INTRA if self.node_of(src) == self.node_of(dst) else INTER
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node))

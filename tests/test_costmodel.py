@@ -8,10 +8,10 @@ import pytest
 from commbench import algorithms as A
 from commbench.analysis import costmodel as M
 from commbench.analysis import fit as F
-from commbench.topology import Topology
+from commbench.topology import Link, Topology
 
-NVLINK = M.LinkModel("nvlink", bw_gbps=100.0, latency_us=2.0)
-IB = M.LinkModel("ib", bw_gbps=25.0, latency_us=5.0, links_per_node=1)
+NVLINK = Link("nvlink", bw_gbps=100.0, latency_us=2.0)
+IB = Link("ib", bw_gbps=25.0, latency_us=5.0, links_per_node=1)
 HW = M.Hardware("test", 8, NVLINK, IB)
 
 
@@ -54,7 +54,7 @@ def test_nic_sharing_across_a_node():
     cross = A.hier_allreduce(topo, count)
     inter_rounds = [r for r in cross.rounds if any(topo.node_of(t.src) != topo.node_of(t.dst) for t in r)]
     one = M.round_us(inter_rounds[0], topo, HW, 4)
-    eight_nics = M.round_us(inter_rounds[0], topo, M.Hardware("x", 8, NVLINK, M.LinkModel("ib", 25.0, 5.0, 8)), 4)
+    eight_nics = M.round_us(inter_rounds[0], topo, M.Hardware("x", 8, NVLINK, Link("ib", 25.0, 5.0, 8)), 4)
     nbytes = inter_rounds[0][0].count * 4
     assert one == pytest.approx(5.0 + 8 * nbytes / 25e3)
     assert eight_nics == pytest.approx(5.0 + nbytes / 25e3)
@@ -63,7 +63,7 @@ def test_nic_sharing_across_a_node():
 def test_one_transfer_uses_one_nic():
     topo = Topology(2, 8)
     lone = ((A.Transfer(0, 8, (0, 1000), False),),)
-    eight_nics = M.Hardware("x", 8, NVLINK, M.LinkModel("ib", 25.0, 5.0, 8))
+    eight_nics = M.Hardware("x", 8, NVLINK, Link("ib", 25.0, 5.0, 8))
     assert M.round_us(lone[0], topo, eight_nics, 4) == pytest.approx(5.0 + 4000 / 25e3)
 
 
@@ -109,7 +109,7 @@ def _synthetic(hw, worlds, sizes, algorithm=None, backend="shm", nnodes=1, noise
 
 
 def test_fit_recovers_known_alpha_and_beta():
-    truth = M.Hardware("truth", 4, M.LinkModel("shm", 8.0, 3.0), M.LinkModel("shm", 8.0, 3.0))
+    truth = M.Hardware("truth", 4, Link("shm", 8.0, 3.0), Link("shm", 8.0, 3.0))
     records = _synthetic(truth, [2, 4], [1 << k for k in range(10, 27, 2)], algorithm="ring")
     hw = F.fit(records)
     assert hw.intra.bw_gbps == pytest.approx(8.0, rel=1e-3)
@@ -123,8 +123,8 @@ def test_fit_recovers_known_alpha_and_beta():
 def test_fit_finds_a_cache_regime_and_predicts_across_it():
     """Working sets up to 8 MiB at 30 GB/s, beyond at 6 GB/s: the fit recovers both and the boundary,
     and predicts 4 ranks (whose working set crosses it at half the per-rank size)."""
-    truth = M.Hardware("truth", 2, M.LinkModel("shm", 6.0, 2.0, cache_bytes=8 << 20, cache_bw_gbps=30.0),
-                       M.LinkModel("shm", 6.0, 2.0))
+    truth = M.Hardware("truth", 2, Link("shm", 6.0, 2.0, cache_bytes=8 << 20, cache_bw_gbps=30.0),
+                       Link("shm", 6.0, 2.0))
     records = _synthetic(truth, [2], [1 << k for k in range(14, 27)], algorithm="ring", noise=0.01)
     hw = F.fit(records)
     assert hw.intra.bw_gbps == pytest.approx(6.0, rel=0.05) and hw.intra.cache_bw_gbps == pytest.approx(30, rel=0.1)
@@ -134,13 +134,13 @@ def test_fit_finds_a_cache_regime_and_predicts_across_it():
     four = _synthetic(truth, [4], [1 << k for k in range(14, 27)], algorithm="ring")
     errors = np.abs(F.predict_records(four, hw) / [r["time_us"] for r in four] - 1)
     assert np.median(errors) < 0.05
-    plain = F.fit(_synthetic(M.Hardware("t", 2, M.LinkModel("shm", 6.0, 2.0), M.LinkModel("shm", 6.0, 2.0)), [2],
+    plain = F.fit(_synthetic(M.Hardware("t", 2, Link("shm", 6.0, 2.0), Link("shm", 6.0, 2.0)), [2],
                              [1 << k for k in range(14, 27)], algorithm="ring", noise=0.01))
     assert plain.intra.cache_bytes is None  # no cache regime where the data show none
 
 
 def test_fit_is_robust_to_an_outlier_and_fits_the_inter_level():
-    truth = M.Hardware("truth", 2, M.LinkModel("nvlink", 100.0, 2.0), M.LinkModel("ib", 10.0, 8.0))
+    truth = M.Hardware("truth", 2, Link("nvlink", 100.0, 2.0), Link("ib", 10.0, 8.0))
     records = _synthetic(truth, [4, 8], [1 << k for k in range(12, 27, 2)], algorithm="hier", nnodes=2, noise=0.01)
     records[3]["time_us"] *= 5  # one disturbed point
     hw = F.fit(records)
