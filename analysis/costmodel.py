@@ -14,7 +14,8 @@ round run at once but share what they run over:
 A round lasts as long as its busiest resource: latency + bytes / bandwidth, plus
 the reduction time of the rank that reduces most in that round. A collective
 lasts the sum of its rounds plus the hardware's per-call overhead. Library
-backends (gloo, NCCL) are modelled by the algorithm they run (ring).
+backends (gloo, NCCL) are modelled by the algorithm they run (the table's
+`library` entries: ring, chain).
 
 Units are in the names: bytes, microseconds (`_us`), GB/s = 1e9 bytes/s (`_gbps`),
 so bytes / (gbps * 1e3) is microseconds.

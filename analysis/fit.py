@@ -25,14 +25,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, link_loads, working_set_bytes
 from commbench import algorithms
+from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
+from commbench.analysis.costmodel import Hardware, link_loads, working_set_bytes
 from commbench.collectives import DTYPES
 from commbench.schedule import Schedule
 from commbench.topology import Link, Topology
-
-LIBRARY_ALGORITHM = {"allreduce": "ring", "allgather": "ring", "reduce_scatter": "ring", "broadcast": "chain",
-                     "reduce": "chain"}
 
 
 class FitError(ValueError):

@@ -10,7 +10,7 @@ timeline with modelled communication (docs/model.md).
 round of a phase of those schedules moves the same pattern of chunks, so a phase costs
 one round times its step count, and a round loads every node alike, so it is costed on
 two nodes (chunks rounded up to the largest part; the tests pin it to the full
-schedule's cost). `nccl` is the ring as NCCL runs it between nodes: one ring per
+schedule's cost). `nccl` (algorithms.LIBRARY) is the ring as NCCL runs it between nodes: one ring per
 NIC of a node (NCCL's channels), each carrying its share of the buffer, so that a
 node's NICs all carry traffic; on one node, or with one NIC, it is the ring.
 """
@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from commbench import algorithms
+from commbench.algorithms import LIBRARY
 from commbench.analysis.costmodel import Hardware, in_cache, round_us, schedule_us, working_set_bytes
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
@@ -27,8 +28,7 @@ from commbench.proxies.timeline import StepTimes, overlap, plan_step
 from commbench.schedule import Transfer
 from commbench.topology import Topology
 
-LIBRARY = "nccl"  # the library's ring (multi-channel), what DDP's NCCL runs
-ALGORITHMS = (LIBRARY, "ring", "hier", "tree", "rhd", "oneshot", "binomial")
+ALGORITHMS = (LIBRARY, *algorithms.available("allreduce", gpu=True))  # what a prediction can cost
 
 
 def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, algorithm: str = "ring") -> float:

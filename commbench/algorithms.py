@@ -1,13 +1,19 @@
-"""Custom collective algorithms, each a function (topology, count) -> Schedule.
+"""commbench's collective algorithms: each a function (topology, count) -> Schedule, and
+the one table of them (`TABLE`) that every other module reads.
 
-Every function here is at once runnable (the shm, p2p and sim backends execute its
-Schedule), checked (commbench.schedule.verify) and costed (the analytic model).
+Every schedule here is at once runnable (the shm, p2p, hybrid, sim and cuda backends
+execute it), checked (commbench.schedule.verify) and costed (the analytic model). A
+table entry (`Algorithm`) says which collective it computes, whether only the GPU
+kernels run it (`gpu_only`: twoshot), whether it is what a library (gloo, NCCL) runs
+for its collective (`library`: the model and the fit cost libraries by it).
 docs/algorithms.md gives each one's traffic per rank and number of steps.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
+from commbench.collectives import COLLECTIVES
 from commbench.schedule import Chunk, Schedule, Transfer, split
 from commbench.topology import Topology
 
@@ -150,6 +156,17 @@ def oneshot_allreduce(topo: Topology, count: int) -> Schedule:
     return _schedule("oneshot", "allreduce", topo, count, rounds)
 
 
+def twoshot_allreduce(topo: Topology, count: int) -> Schedule:
+    """Two-shot: rank r reads part r of every rank and reduces it (one step), then reads
+    part p from rank p for every p (one step). 2 steps, 2(n-1)/n of the buffer read per
+    rank, no round writes what another reads: in place without staging. Its kernels
+    (cuda/allreduce.cu) are the only executor (`gpu_only`)."""
+    n, parts = topo.world, split(count, topo.world)
+    gather = [Transfer(s, r, parts[r], True) for r in range(n) for s in range(n) if s != r]
+    spread = [Transfer(p, r, parts[p], False) for r in range(n) for p in range(n) if p != r]
+    return _schedule("twoshot", "allreduce", topo, count, [gather, spread])
+
+
 # ---------------------------------------------------------------- other collectives
 
 
@@ -193,16 +210,61 @@ def chain_reduce(topo: Topology, count: int, root: int = 0) -> Schedule:
     return _schedule("chain", "reduce", topo, count, rounds, root=root)
 
 
-# ---------------------------------------------------------------- the table and `auto`
+# ---------------------------------------------------------------- the table
 
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One entry of the table: an algorithm of one collective."""
+    name: str
+    collective: str
+    build: Callable[..., Schedule]  # (topology, count), or (topology, count, root) for a rooted collective
+    gpu_only: bool = False  # only --backend cuda runs it (its own kernels); the model and the verifier take it too
+    library: bool = False  # what a library (gloo, NCCL) runs for this collective: libraries are costed as it
+
+    def schedule(self, topo: Topology, count: int, root: int = 0) -> Schedule:
+        return self.build(topo, count, root) if COLLECTIVES[self.collective].rooted else self.build(topo, count)
+
+
+def _by_collective(*entries: Algorithm) -> dict[str, dict[str, Algorithm]]:
+    table: dict[str, dict[str, Algorithm]] = {}
+    for entry in entries:
+        table.setdefault(entry.collective, {})[entry.name] = entry
+    return table
+
+
+TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -> entry, every algorithm once
+    Algorithm("ring", "allreduce", ring_allreduce, library=True),
+    Algorithm("hier", "allreduce", hier_allreduce),
+    Algorithm("tree", "allreduce", tree_allreduce),
+    Algorithm("rhd", "allreduce", rhd_allreduce),
+    Algorithm("oneshot", "allreduce", oneshot_allreduce),
+    Algorithm("binomial", "allreduce", binomial_allreduce),
+    Algorithm("twoshot", "allreduce", twoshot_allreduce, gpu_only=True),
+    Algorithm("ring", "allgather", ring_allgather, library=True),
+    Algorithm("ring", "reduce_scatter", ring_reduce_scatter, library=True),
+    Algorithm("chain", "broadcast", chain_broadcast, library=True),
+    Algorithm("chain", "reduce", chain_reduce, library=True),
+)
+
+# The name predictions give the allreduce a library runs (DDP's NCCL): the library ring, with
+# one ring (channel) per NIC of a node between nodes (analysis/scaling.py costs it).
+LIBRARY = "nccl"
+
+
+def available(collective: str, gpu: bool = False) -> dict[str, Algorithm]:
+    """The algorithms a schedule backend runs for `collective` (empty: none), in table order:
+    every entry but the GPU-only ones, which `gpu` (--backend cuda) adds."""
+    return {name: e for name, e in TABLE.get(collective, {}).items() if gpu or not e.gpu_only}
+
+
+# collective -> name -> builder, GPU-only entries left out: what the CPU schedule backends run
 ALGORITHMS: dict[str, dict[str, Callable[..., Schedule]]] = {
-    "allreduce": {"ring": ring_allreduce, "hier": hier_allreduce, "tree": tree_allreduce, "rhd": rhd_allreduce,
-                  "oneshot": oneshot_allreduce, "binomial": binomial_allreduce},
-    "allgather": {"ring": ring_allgather},
-    "reduce_scatter": {"ring": ring_reduce_scatter},
-    "broadcast": {"chain": chain_broadcast},
-    "reduce": {"chain": chain_reduce},
-}
+    c: {name: e.build for name, e in available(c).items()} for c in TABLE if available(c)}
+
+# collective -> the algorithm a library runs for it (fit and report model library sweeps as this)
+LIBRARY_ALGORITHM: dict[str, str] = {c: name for c, entries in TABLE.items() for name, e in entries.items()
+                                     if e.library}
 
 ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps (docs/algorithms.md)
 ONESHOT_MAX_RANKS = 8
@@ -228,14 +290,19 @@ class AlgorithmError(ValueError):
     """An algorithm that does not exist for a collective."""
 
 
-def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0) -> Schedule:
-    """The Schedule of `algorithm` (or the `auto` choice) for `collective`."""
-    table = ALGORITHMS.get(collective, {})
-    name = choose(collective, topo, nbytes) if algorithm == "auto" and table else algorithm
-    if name not in table:
-        if not table:
+def entry(collective: str, name: str) -> Algorithm:
+    """The table entry of algorithm `name` for `collective`, or one AlgorithmError saying what there is."""
+    entries = TABLE.get(collective, {})
+    if name not in entries:
+        if not entries:
             raise AlgorithmError(f"no algorithm for {collective} (commbench's schedules cover "
-                                 f"{', '.join(ALGORITHMS)}; use --backend torch for {collective})")
-        raise AlgorithmError(f"no algorithm {algorithm!r} for {collective}; available: {', '.join(table)}, auto")
-    fn = table[name]
-    return fn(topo, count, root) if collective in ("broadcast", "reduce") else fn(topo, count)
+                                 f"{', '.join(TABLE)}; use --backend torch for {collective})")
+        raise AlgorithmError(f"no algorithm {name!r} for {collective}; available: {', '.join(entries)}, auto")
+    return entries[name]
+
+
+def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0) -> Schedule:
+    """The Schedule of `algorithm` (or the `auto` choice) for `collective`: any entry, GPU-only
+    ones included (which backend may run it is `available`'s question, asked before)."""
+    name = choose(collective, topo, nbytes) if algorithm == "auto" and collective in ALGORITHMS else algorithm
+    return entry(collective, name).schedule(topo, count, root)

@@ -20,7 +20,7 @@ def _topologies(world):
             yield Topology(nodes, world // nodes)
 
 
-CASES = [(coll, name, topo, count) for coll, table in A.ALGORITHMS.items() for name in table
+CASES = [(coll, name, topo, count) for coll, table in A.TABLE.items() for name in table
          for world in WORLDS for topo in _topologies(world) for count in COUNTS
          if coll not in ("allgather", "reduce_scatter") or count % world == 0 or count == 1001]
 
@@ -34,7 +34,7 @@ def test_schedule_computes_its_collective(collective, name, topo, count):
     verify(schedule)  # symbolic: every element holds exactly the right ranks' inputs
 
 
-NUMERIC = [(name, world, count, dtype, op) for name in A.ALGORITHMS["allreduce"] for world in (1, 2, 3, 5, 8, 12, 17, 64)
+NUMERIC = [(name, world, count, dtype, op) for name in A.TABLE["allreduce"] for world in (1, 2, 3, 5, 8, 12, 17, 64)
            for count in (3, 257) for dtype in C.DTYPES for op in C.OPS
            if not (op == "avg" and not C.DTYPES[dtype].is_float)]
 
@@ -115,7 +115,8 @@ def test_round_checks():
 
 
 @pytest.mark.parametrize("name,steps,sent", [("ring", 2 * 7, 2 * 7 / 8), ("rhd", 2 * 3, 7 / 8 * 2), ("oneshot", 1, 1.0),
-                                             ("binomial", 2 * 3, None), ("tree", 2 * (1 + 3 - 1), None)])
+                                             ("binomial", 2 * 3, None), ("tree", 2 * (1 + 3 - 1), None),
+                                             ("twoshot", 2, 2 * 7 / 8)])
 def test_steps_and_traffic(name, steps, sent):
     schedule = A.build("allreduce", name, Topology(1, 8), 8000, 32000)
     assert schedule.steps == steps
@@ -173,3 +174,20 @@ def test_split_and_topology():
     for bad in ("2x3", "8", "0x8", "axb"):
         with pytest.raises(TopologyError):
             parse_topology(bad, 8)
+
+
+def test_the_table_and_its_views():
+    """Each algorithm once, in TABLE; the views the rest of commbench reads are derived from it."""
+    for collective, entries in A.TABLE.items():
+        assert all(e.collective == collective and e.name == name for name, e in entries.items())
+    assert list(A.available("allreduce")) == ["ring", "hier", "tree", "rhd", "oneshot", "binomial"]
+    assert list(A.available("allreduce", gpu=True)) == [*A.available("allreduce"), "twoshot"]
+    assert A.TABLE["allreduce"]["twoshot"].gpu_only and A.available("alltoall") == {}
+    assert A.ALGORITHMS == {c: {n: e.build for n, e in A.available(c).items()} for c in A.TABLE}
+    assert A.LIBRARY_ALGORITHM == {"allreduce": "ring", "allgather": "ring", "reduce_scatter": "ring",
+                                   "broadcast": "chain", "reduce": "chain"}
+    assert A.LIBRARY == "nccl" and A.LIBRARY not in A.TABLE["allreduce"]  # a costing of the ring, not a schedule
+    assert A.build("allreduce", "twoshot", Topology(1, 4), 16, 64).name == "twoshot"  # the model takes it
+    assert A.entry("broadcast", "chain").schedule(Topology(1, 3), 9, root=2).root == 2
+    with pytest.raises(A.AlgorithmError, match="available: ring, hier, tree, rhd, oneshot, binomial, twoshot, auto"):
+        A.entry("allreduce", "spiral")

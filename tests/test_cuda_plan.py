@@ -16,8 +16,6 @@ ORDERS = ("forward", "reverse", "shuffle")
 
 
 def build(collective, name, topo, count):
-    if name in P.KERNEL_ALGORITHMS.get(collective, {}):
-        return P.KERNEL_ALGORITHMS[collective][name](topo, count)
     return A.build(collective, name, topo, count, count * 4, root=topo.world - 1)
 
 
@@ -45,7 +43,7 @@ def random_inputs(world, count, seed=0):
     return [rng.integers(-3, 4, count).astype(np.float64) for _ in range(world)]
 
 
-CASES = [(c, name) for c, table in A.ALGORITHMS.items() for name in table] + [("allreduce", "twoshot")]
+CASES = [(c, name) for c, table in A.TABLE.items() for name in table]  # twoshot (GPU-only) included
 
 
 @pytest.mark.parametrize("collective,name", CASES)
@@ -143,14 +141,18 @@ def test_overlapping_reductions_are_cut_into_disjoint_pieces():
 @pytest.mark.parametrize("world", range(1, 10))
 def test_twoshot_schedule_is_a_correct_hazard_free_allreduce(world):
     for count in (1, world, 3 * world + 1, 1000):
-        schedule = P.twoshot_allreduce(Topology(1, world), count)
+        schedule = A.twoshot_allreduce(Topology(1, world), count)
         verify(schedule)
         assert all(not hazards(rnd) for rnd in schedule.rounds)
         assert schedule.steps == (2 if world > 1 else 0)
 
 
+def test_kernel_algorithms_are_the_tables_gpu_only_entries():
+    assert P.KERNEL_ALGORITHMS == {"allreduce": {"twoshot": A.twoshot_allreduce}}
+
+
 def test_a_broken_twoshot_fails_verification():
-    schedule = P.twoshot_allreduce(Topology(1, 3), 30)
+    schedule = A.twoshot_allreduce(Topology(1, 3), 30)
     first = tuple(t for t in schedule.rounds[0] if t.src != 2)  # rank 2's contribution lost
     with pytest.raises(ScheduleError):
         verify(type(schedule)(schedule.name, schedule.collective, 3, 30, (first, schedule.rounds[1])))

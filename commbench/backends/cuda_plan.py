@@ -31,8 +31,8 @@ from typing import Callable, Sequence, Union
 
 import numpy as np
 
+from commbench import algorithms
 from commbench.schedule import REDUCERS, Schedule, Transfer, split
-from commbench.topology import Topology
 
 ENTRY_DTYPE = np.dtype([("out", "<u8"), ("count", "<i8"), ("in_offset", "<i4"), ("n_in", "<i4"),
                         ("first_block", "<i4"), ("n_blocks", "<i4")])  # struct RoundEntry, 32 bytes
@@ -94,21 +94,11 @@ class Barrier:
 Step = Union[RoundLaunch, AllreduceLaunch, Barrier]
 
 
-# ---------------------------------------------------------------- schedules the kernels add
+# ---------------------------------------------------------------- schedules only the kernels run
 
-
-def twoshot_allreduce(topo: Topology, count: int) -> Schedule:
-    """Two-shot: rank r reads part r of every rank and reduces it (one step), then reads
-    part p from rank p for every p (one step). 2 steps, 2(n-1)/n of the buffer read per
-    rank, no round writes what another reads: in place without staging."""
-    n, parts = topo.world, split(count, topo.world)
-    gather = [Transfer(s, r, parts[r], True) for r in range(n) for s in range(n) if s != r]
-    spread = [Transfer(p, r, parts[p], False) for r in range(n) for p in range(n) if p != r]
-    rounds = tuple(tuple(t for t in rnd if t.count) for rnd in (gather, spread))
-    return Schedule("twoshot", "allreduce", n, count, tuple(r for r in rounds if r))
-
-
-KERNEL_ALGORITHMS = {"allreduce": {"twoshot": twoshot_allreduce}}  # schedules only --backend cuda runs
+# collective -> name -> builder of the table's GPU-only entries (twoshot: commbench/algorithms.py)
+KERNEL_ALGORITHMS = {c: {name: e.build for name, e in entries.items() if e.gpu_only}
+                     for c, entries in algorithms.TABLE.items() if any(e.gpu_only for e in entries.values())}
 
 
 # ---------------------------------------------------------------- rounds -> tasks
