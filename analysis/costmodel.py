@@ -15,7 +15,8 @@ A round lasts as long as its busiest resource: latency + bytes / bandwidth, plus
 the reduction time of the rank that reduces most in that round. A collective
 lasts the sum of its rounds plus the hardware's per-call overhead. Library
 backends (gloo, NCCL) are modelled by the algorithm they run (the table's
-`library` entries: ring, chain).
+`library` entries: ring, chain). `algorithm_us` costs a table entry by its closed
+form (`Phases`, the same rounds compressed) where it has one, else its schedule.
 
 Units are in the names: bytes, microseconds (`_us`), GB/s = 1e9 bytes/s (`_gbps`),
 so bytes / (gbps * 1e3) is microseconds.
@@ -27,7 +28,8 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from commbench.schedule import Schedule, Transfer
+from commbench import algorithms
+from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
@@ -191,7 +193,24 @@ def schedule_us(schedule: Schedule, topo: Topology, hw: Hardware, itemsize: int)
     return hw.per_call_overhead_us + sum(round_us(rnd, topo, hw, itemsize) for rnd in schedule.rounds)
 
 
-# ---------------------------------------------------------------- closed forms (tests pin the schedules to these)
+def phases_us(phases: Phases, hw: Hardware, itemsize: int) -> float:
+    """The same for a schedule in closed form: each distinct round costed once, times its repeats."""
+    hw = in_cache(hw, working_set_bytes(phases.count, itemsize, phases.topology))
+    return hw.per_call_overhead_us + sum(repeats * round_us(rnd, phases.topology, hw, itemsize)
+                                         for rnd, repeats in phases.rounds)
+
+
+def algorithm_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, count: int, itemsize: int,
+                 root: int = 0) -> float:
+    """One call of a table algorithm: by the entry's closed form where it has one (O(ranks per
+    node) work at any world size), else by its full schedule."""
+    entry = algorithms.entry(collective, algorithm)
+    if entry.phases is not None:
+        return phases_us(entry.phases(topo, count), hw, itemsize)
+    return schedule_us(entry.schedule(topo, count, root), topo, hw, itemsize)
+
+
+# ---------------------------------------------------------------- textbook forms (tests pin the schedules to these)
 
 
 def ring_allreduce_us(p: int, nbytes: float, link: Link, reduce_gbps: float | None = None) -> float:

@@ -6,83 +6,38 @@ This module imports the proxies (profile, buckets, timeline) as well as the core
 the one place in analysis/ that does, because the scaling prediction *is* the proxy's
 timeline with modelled communication (docs/model.md).
 
-`allreduce_us` costs ring and hier at any world size in O(ranks per node) work: every
-round of a phase of those schedules moves the same pattern of chunks, so a phase costs
-one round times its step count, and a round loads every node alike, so it is costed on
-two nodes (chunks rounded up to the largest part; the tests pin it to the full
-schedule's cost). `nccl` (algorithms.LIBRARY) is the ring as NCCL runs it between nodes: one ring per
-NIC of a node (NCCL's channels), each carrying its share of the buffer, so that a
-node's NICs all carry traffic; on one node, or with one NIC, it is the ring.
+`allreduce_us` costs an allreduce by the table's entry (commbench/algorithms.py): its
+closed form where it has one (ring and hier: O(ranks per node) work at any world size,
+pinned to the full schedules by tests), else its full schedule. `nccl`
+(algorithms.LIBRARY) is the ring as NCCL runs it between nodes: one ring per NIC of a
+node (NCCL's channels), each carrying its share of the buffer, so that a node's NICs all
+carry traffic; on one node, or with one NIC, it is the ring.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
-from commbench.analysis.costmodel import Hardware, in_cache, round_us, schedule_us, working_set_bytes
+from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import StepTimes, overlap, plan_step
-from commbench.schedule import Transfer
 from commbench.topology import Topology
 
 ALGORITHMS = (LIBRARY, *algorithms.available("allreduce", gpu=True))  # what a prediction can cost
 
 
 def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, algorithm: str = "ring") -> float:
-    """Predicted time of one allreduce of `nbytes` per rank."""
+    """Predicted time of one allreduce of `nbytes` per rank (0 on one rank: nothing to do)."""
     count = nbytes // itemsize
     if topo.world == 1 or count == 0:
         return 0.0
+    if algorithm == LIBRARY:
+        channels = (hw.inter.links_per_node or 1) if topo.nodes > 1 else 1
+        return phases_us(algorithms.ring_allreduce_phases(topo, count, channels), hw, itemsize)
     name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
-    if name in ("ring", LIBRARY, "hier"):
-        hw = in_cache(hw, working_set_bytes(count, itemsize, topo))
-    if name in ("ring", LIBRARY):
-        channels = (hw.inter.links_per_node or 1) if name == LIBRARY and topo.nodes > 1 else 1
-        return hw.per_call_overhead_us + _ring_phases_us(hw, topo, count, itemsize, channels)
-    if name == "hier":
-        return hw.per_call_overhead_us + _hier_phases_us(hw, topo, count, itemsize)
-    schedule = algorithms.build("allreduce", name, topo, count, nbytes)
-    return schedule_us(schedule, topo, hw, itemsize)
-
-
-def _ring_round(members: list[int], chunk: int, reduce: bool, channels: int = 1) -> tuple[Transfer, ...]:
-    n, share = len(members), math.ceil(chunk / channels)
-    return tuple(Transfer(members[i], members[(i + 1) % n], (0, share), reduce)
-                 for _ in range(channels) for i in range(n))
-
-
-def _two_nodes(topo: Topology) -> Topology:
-    """Where a ring or hier round is costed: every node of a round sends and receives the same
-    (one ring hop across each node boundary, or one per local rank), so two nodes load each
-    link and NIC as N do, and a round costs O(ranks per node) to build whatever N is."""
-    return Topology(min(topo.nodes, 2), topo.ranks_per_node)
-
-
-def _ring_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int, channels: int = 1) -> float:
-    p, chunk, small = topo.world, math.ceil(count / topo.world), _two_nodes(topo)
-    members = list(range(small.world))
-    return (p - 1) * (round_us(_ring_round(members, chunk, True, channels), small, hw, itemsize)
-                      + round_us(_ring_round(members, chunk, False, channels), small, hw, itemsize))
-
-
-def _hier_phases_us(hw: Hardware, topo: Topology, count: int, itemsize: int) -> float:
-    per_node, nodes, small = topo.ranks_per_node, topo.nodes, _two_nodes(topo)
-    part = math.ceil(count / per_node)
-    total = 0.0
-    if per_node > 1:
-        groups = [small.node_ranks(n) for n in range(small.nodes)]
-        for reduce in (True, False):  # reduce-scatter then all-gather inside every node
-            rnd = tuple(t for g in groups for t in _ring_round(g, part, reduce))
-            total += (per_node - 1) * round_us(rnd, small, hw, itemsize)
-    if nodes > 1:
-        sub = math.ceil(part / nodes)
-        for reduce in (True, False):  # the ring allreduce of part i among the local-rank-i ranks
-            rnd = tuple(t for local in range(per_node) for t in _ring_round(small.local_peers(local), sub, reduce))
-            total += (nodes - 1) * round_us(rnd, small, hw, itemsize)
-    return total
+    return algorithm_us(hw, topo, "allreduce", name, count, itemsize)
 
 
 @dataclass(frozen=True)

@@ -5,16 +5,18 @@ Every schedule here is at once runnable (the shm, p2p, hybrid, sim and cuda back
 execute it), checked (commbench.schedule.verify) and costed (the analytic model). A
 table entry (`Algorithm`) says which collective it computes, whether only the GPU
 kernels run it (`gpu_only`: twoshot), whether it is what a library (gloo, NCCL) runs
-for its collective (`library`: the model and the fit cost libraries by it).
-docs/algorithms.md gives each one's traffic per rank and number of steps.
+for its collective (`library`: the model and the fit cost libraries by it), and its
+closed form for costing at any scale (`phases`, optional; tests pin it to the full
+schedule). docs/algorithms.md gives each one's traffic per rank and number of steps.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from commbench.collectives import COLLECTIVES
-from commbench.schedule import Chunk, Schedule, Transfer, split
+from commbench.schedule import Chunk, Phases, Schedule, Transfer, split
 from commbench.topology import Topology
 
 Rounds = list[list[Transfer]]
@@ -210,6 +212,67 @@ def chain_reduce(topo: Topology, count: int, root: int = 0) -> Schedule:
     return _schedule("chain", "reduce", topo, count, rounds, root=root)
 
 
+# ---------------------------------------------------------------- closed forms (for costing at any scale)
+
+
+def _two_nodes(topo: Topology) -> Topology:
+    """Where a ring or hier round is costed: every node of such a round sends and receives
+    alike (one ring hop across each node boundary, or one per local rank), so two nodes
+    load each link and NIC as N do."""
+    return Topology(min(topo.nodes, 2), topo.ranks_per_node)
+
+
+def _ring_phases(topo: Topology, count: int, reduces: tuple[bool, ...], channels: int = 1) -> Phases:
+    """A ring's phases: every step moves one part one hop around the ring, so each phase is
+    one round repeated n-1 times. `channels`: that many rings side by side, each with its
+    share of every part (NCCL's channels, one per NIC)."""
+    n, small = topo.world, _two_nodes(topo)
+    if n == 1:
+        return Phases(small, count, ())
+    members = list(range(small.world))
+    parts = ((0, math.ceil(math.ceil(count / n) / channels)),) * small.world
+    steps = [(_ring_reduce_scatter if reduce else _ring_allgather)(members, parts)[0] for reduce in reduces]
+    return Phases(small, count, tuple((tuple(step) * channels, n - 1) for step in steps))
+
+
+def ring_allreduce_phases(topo: Topology, count: int, channels: int = 1) -> Phases:
+    """ring_allreduce in closed form: a reduce-scatter round and an all-gather round, n-1 times each."""
+    return _ring_phases(topo, count, (True, False), channels)
+
+
+def ring_allgather_phases(topo: Topology, count: int) -> Phases:
+    return _ring_phases(topo, count, (False,))
+
+
+def ring_reduce_scatter_phases(topo: Topology, count: int) -> Phases:
+    return _ring_phases(topo, count, (True,))
+
+
+def hier_allreduce_phases(topo: Topology, count: int) -> Phases:
+    """hier_allreduce in closed form: the node rings' reduce-scatter round L-1 times, the
+    cross-node rings' reduce-scatter and all-gather rounds N-1 times each, the node rings'
+    all-gather round L-1 times."""
+    per_node, nodes, small = topo.ranks_per_node, topo.nodes, _two_nodes(topo)
+    part = math.ceil(count / per_node)
+    sub = math.ceil(part / nodes)
+
+    def inside(ring: Callable[..., Rounds]) -> tuple[Transfer, ...]:
+        return tuple(t for k in range(small.nodes) for t in ring(small.node_ranks(k), ((0, part),) * per_node)[0])
+
+    def across(ring: Callable[..., Rounds]) -> tuple[Transfer, ...]:
+        peers = [small.local_peers(local) for local in range(per_node)]
+        return tuple(t for ranks in peers for t in ring(ranks, ((0, sub),) * small.nodes)[0])
+
+    rounds = []
+    if per_node > 1:
+        rounds.append((inside(_ring_reduce_scatter), per_node - 1))
+    if nodes > 1:
+        rounds += [(across(_ring_reduce_scatter), nodes - 1), (across(_ring_allgather), nodes - 1)]
+    if per_node > 1:
+        rounds.append((inside(_ring_allgather), per_node - 1))
+    return Phases(small, count, tuple(rounds))
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -221,6 +284,7 @@ class Algorithm:
     build: Callable[..., Schedule]  # (topology, count), or (topology, count, root) for a rooted collective
     gpu_only: bool = False  # only --backend cuda runs it (its own kernels); the model and the verifier take it too
     library: bool = False  # what a library (gloo, NCCL) runs for this collective: libraries are costed as it
+    phases: Callable[[Topology, int], Phases] | None = None  # its closed form, for costing at any scale
 
     def schedule(self, topo: Topology, count: int, root: int = 0) -> Schedule:
         return self.build(topo, count, root) if COLLECTIVES[self.collective].rooted else self.build(topo, count)
@@ -234,21 +298,21 @@ def _by_collective(*entries: Algorithm) -> dict[str, dict[str, Algorithm]]:
 
 
 TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -> entry, every algorithm once
-    Algorithm("ring", "allreduce", ring_allreduce, library=True),
-    Algorithm("hier", "allreduce", hier_allreduce),
+    Algorithm("ring", "allreduce", ring_allreduce, library=True, phases=ring_allreduce_phases),
+    Algorithm("hier", "allreduce", hier_allreduce, phases=hier_allreduce_phases),
     Algorithm("tree", "allreduce", tree_allreduce),
     Algorithm("rhd", "allreduce", rhd_allreduce),
     Algorithm("oneshot", "allreduce", oneshot_allreduce),
     Algorithm("binomial", "allreduce", binomial_allreduce),
     Algorithm("twoshot", "allreduce", twoshot_allreduce, gpu_only=True),
-    Algorithm("ring", "allgather", ring_allgather, library=True),
-    Algorithm("ring", "reduce_scatter", ring_reduce_scatter, library=True),
+    Algorithm("ring", "allgather", ring_allgather, library=True, phases=ring_allgather_phases),
+    Algorithm("ring", "reduce_scatter", ring_reduce_scatter, library=True, phases=ring_reduce_scatter_phases),
     Algorithm("chain", "broadcast", chain_broadcast, library=True),
     Algorithm("chain", "reduce", chain_reduce, library=True),
 )
 
 # The name predictions give the allreduce a library runs (DDP's NCCL): the library ring, with
-# one ring (channel) per NIC of a node between nodes (analysis/scaling.py costs it).
+# one ring (channel) per NIC of a node between nodes: ring_allreduce_phases(..., channels).
 LIBRARY = "nccl"
 
 

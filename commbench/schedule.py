@@ -11,7 +11,8 @@ reads the state its source had when the round began. The same value is
   ranks' inputs each element holds, so that a transfer that reads a chunk before
   it is final, or counts a rank twice, is caught even when the numbers happen to
   agree),
-- costed by the analytic model (the slowest transfer of each round).
+- costed by the analytic model (the slowest transfer of each round); `Phases` is
+  the same schedule compressed for costing at any scale (an algorithm's closed form).
 
 Where the result lives after the last round: allreduce and allgather fill the
 whole buffer on every rank; reduce_scatter leaves rank r's reduced chunk at
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from commbench.topology import Topology
 
 Chunk = tuple[int, int]  # [start, stop) element range of the working buffer
 
@@ -40,7 +43,7 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Schedule:
-    name: str  # algorithm name: ring, hier, tree, rhd, oneshot, chain
+    name: str  # algorithm name: ring, hier, tree, rhd, oneshot, binomial, twoshot, chain
     collective: str  # allreduce, allgather, reduce_scatter, broadcast, reduce
     world: int
     count: int  # elements of every rank's working buffer
@@ -54,6 +57,22 @@ class Schedule:
 
     def bytes_sent(self, rank: int, itemsize: int) -> int:
         return sum(t.count for rnd in self.rounds for t in rnd if t.src == rank) * itemsize
+
+
+@dataclass(frozen=True)
+class Phases:
+    """A schedule in closed form, for costing only: each distinct round once with the number
+    of times it repeats, on a topology of at most two nodes that loads every link and NIC as
+    the full topology does (so building it costs O(ranks per node), whatever the world).
+    Every part is rounded up to the largest, so its cost equals the full schedule's when the
+    world divides the count and bounds it from above otherwise (tests pin both)."""
+    topology: Topology  # where the rounds are costed, not the job's topology
+    count: int  # elements of every rank's working buffer, as in the full schedule
+    rounds: tuple[tuple[tuple[Transfer, ...], int], ...]  # (round, repeats)
+
+    @property
+    def steps(self) -> int:
+        return sum(repeats for _, repeats in self.rounds)
 
 
 def split(count: int, parts: int) -> tuple[Chunk, ...]:
