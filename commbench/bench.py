@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
-import re
 import sys
 import time
 import uuid
@@ -22,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from commbench import collectives as C
-from commbench.backends import Backend, BackendError, OutOfMemory
+from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
 from commbench.launch import LaunchInfo
-from commbench.results import Result, ResultSink, local_environment, software_versions
+from commbench.environment import local_environment, software_versions
+from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
 from commbench.telemetry import run_monitor
@@ -32,7 +32,6 @@ from commbench.telemetry import run_monitor
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
 PLACEMENTS = ("out-of-place", "in-place")
 
-EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAULT = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -67,21 +66,14 @@ class SweepConfig:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
+    def backend_config(self) -> BackendConfig:
+        """The part of the sweep's options a backend reads."""
+        return BackendConfig(**{name: getattr(self, name) for name in BackendConfig.__dataclass_fields__})
+
     @classmethod
     def from_json(cls, text: str) -> "SweepConfig":
         fields = json.loads(text)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-
-
-class SweepFault(RuntimeError):
-    """The run cannot go on (a peer died or hung, out of memory); one line for the user.
-
-    `agreed` faults are known to every rank with the same message (which names the
-    rank at fault), so only rank 0 prints them."""
-
-    def __init__(self, message: str, agreed: bool = False):
-        super().__init__(message)
-        self.agreed = agreed
 
 
 @dataclass
@@ -136,7 +128,7 @@ def _agree(backend: Backend, failed: str | None) -> None:
     if backend.agree_max(np.array([1.0 if failed else 0.0]))[0] > 0:
         messages = backend.gather_objects(failed)
         first = next((m for m in messages if m), None) if messages else None
-        raise SweepFault(first or "a rank failed to prepare its buffers", agreed=True)
+        raise JobFault(first or "a rank failed to prepare its buffers", agreed=True)
 
 
 def warmup_calls(first_us: float, min_time_s: float) -> int:
@@ -204,12 +196,11 @@ def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float | None
     """Aggregate a (ranks x iterations) time matrix: the time column as nccl-tests -a does
     (each rank's mean, then max/avg/min over ranks), percentiles of per-iteration values."""
     if all_times_us.shape[1] == 0:  # not timed (sim without a cost model): no figure at all
-        return dict.fromkeys(("time_us", "p50_us", "p90_us", "p99_us", "min_us", "max_us"))
+        return {"time_us": None, **percentiles_us(np.empty(0)), "per_iteration_us": None}
     reduce = {"max": np.max, "avg": np.mean, "min": np.min}[rank_agg]
     per_iteration = reduce(all_times_us, axis=0)
-    p50, p90, p99 = np.percentile(per_iteration, [50, 90, 99])
-    return {"time_us": float(reduce(all_times_us.mean(axis=1))), "p50_us": float(p50), "p90_us": float(p90),
-            "p99_us": float(p99), "min_us": float(per_iteration.min()), "max_us": float(per_iteration.max())}
+    return {"time_us": float(reduce(all_times_us.mean(axis=1))), **percentiles_us(per_iteration),
+            "per_iteration_us": per_iteration}
 
 
 def collect(backend: Backend, outcome: PointOutcome, rank_agg: str) -> dict[str, float] | None:
@@ -240,11 +231,11 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
-        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=hasattr(backend, "topology"))
+        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules)
         self.argv = argv or sys.argv
         self.results: list[Result] = []
-        topology = getattr(backend, "topology", None)  # schedule backends know the layout they run on
-        self.nnodes = topology.nodes if topology is not None else launch.nnodes
+        # schedule backends know the layout they run on
+        self.nnodes = backend.topology.nodes if backend.runs_schedules else launch.nnodes
         self.monitor = run_monitor(backend, self.lead) if cfg.monitor else None
 
     def run(self) -> int:
@@ -257,7 +248,7 @@ class Sweep:
         try:
             for collective in self.cfg.collectives:
                 self._collective(collective)
-        except (SweepFault, BackendError) as exc:
+        except (JobFault, BackendError) as exc:
             status, error = "failed", str(exc)
             raise
         except BaseException as exc:  # Ctrl-C, SIGTERM from the launcher, anything unexpected
@@ -268,10 +259,10 @@ class Sweep:
             if self.lead:
                 wrong = sum(r.wrong or 0 for r in self.results)
                 status = "wrong" if status == "ok" and wrong else status
-                self.sink.summary({"run_id": self.run_id, "status": status, "error": error, "points": len(self.results),
-                                   "wrong": wrong,
-                                   "avg_busbw_gbps": _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None]),
-                                   **self._telemetry_summary()})
+                busbw = _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None])
+                self.sink.summary(SweepSummary(run_id=self.run_id, status=status, error=error, points=len(self.results),
+                                               wrong=wrong, avg_busbw_gbps=busbw,
+                                               telemetry=self._telemetry_summary().get("telemetry")))
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
         return EXIT_WRONG if wrong_total else EXIT_OK
@@ -291,10 +282,8 @@ class Sweep:
                           "command": " ".join(self.argv), "config": asdict(cfg), "launch": asdict(launch),
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
-        what = (f"algorithm {cfg.algorithm}, topology {self.backend.topology}" if hasattr(self.backend, "topology")
-                else f"{self.backend.library} on {self.backend.device}")
-        what += f", {self.backend.library}" if self.backend.name == "cuda" else ""  # the pointer mode
-        self.table.comment(f"commbench sweep: backend {self.backend.name} ({what}), {self.backend.world_size} ranks "
+        self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
+                           f"{self.backend.world_size} ranks "
                            f"on {len(hosts)} host(s), launcher {launch.launcher}")
         iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.min_time_s:g} s per point)"
         iters = iters if self.backend.timed else "not timed"
@@ -304,12 +293,8 @@ class Sweep:
             self.table.comment(self.monitor.note)
         if cfg.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
-        if self.backend.name == "torch":
-            self.table.comment("torch has no out-of-place allreduce/broadcast/reduce: "
-                               "out-of-place = copy + in-place call, both timed")
-        if self.backend.kind == "predicted":
-            self.table.comment(f"sim: results are checked; times are predicted by the cost model of {cfg.hw}"
-                               if cfg.hw else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET")
+        for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.hw):
+            self.table.comment(note)
 
     def _collective(self, collective: str) -> None:
         cfg, world = self.cfg, self.backend.world_size
@@ -356,10 +341,10 @@ class Sweep:
             outcome = measure_point(self.backend, self.cfg, plan, placement, pattern, self.monitor)
             stats = collect(self.backend, outcome, self.cfg.rank_agg)
             failed = False
-        except SweepFault:
+        except JobFault:
             raise
         except RuntimeError as exc:  # torch raises RuntimeError when a peer dies or a collective times out
-            raise SweepFault(f"{label} failed: {error_line(exc)} (a peer rank may have died or hung)") from exc
+            raise JobFault(f"{label} failed: {error_line(exc)} (a peer rank may have died or hung)") from exc
         finally:
             gc.collect()  # drop this point's buffers before the next size allocates its own
             self.backend.end_point(failed)
@@ -370,21 +355,13 @@ class Sweep:
 
     def _record(self, plan: C.Plan, placement: str, op: str | None, outcome: PointOutcome,
                 stats: dict[str, float]) -> Result:
-        cfg = self.cfg
-        wrong = stats.pop("wrong")
-        algbw = busbw = None
-        if stats["time_us"] is not None:
-            algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, stats["time_us"])
-        wrong = int(wrong) if cfg.check else None
-        result = Result(collective=plan.collective, backend=self.backend.name, library=self.backend.library,
-                        device=self.backend.device, dtype=self.dtype.name, op=op,
-                        root=plan.root if plan.root >= 0 else None, placement=placement, world_size=plan.world,
-                        nnodes=self.nnodes, requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes,
-                        count=plan.count, warmup=outcome.warmup, iters=len(outcome.times_us),
-                        algbw_gbps=algbw, busbw_gbps=busbw, rank_agg=cfg.rank_agg, wrong=wrong,
-                        run_id=self.run_id, kind=self.backend.kind, telemetry=outcome.telemetry,
-                        **self.backend.describe(), **stats)
-        self.sink.result(result)
+        result = point_result(plan, dtype=self.dtype.name, op=op, placement=placement, nnodes=self.nnodes,
+                              backend=self.backend.name, library=self.backend.library, device=self.backend.device,
+                              time_us=stats["time_us"], per_iteration_us=stats["per_iteration_us"],
+                              warmup=outcome.warmup, rank_agg=self.cfg.rank_agg,
+                              wrong=int(stats["wrong"]) if self.cfg.check else None, run_id=self.run_id,
+                              kind=self.backend.kind, telemetry=outcome.telemetry, **self.backend.describe())
+        self.sink.write(result)
         self.results.append(result)
         return result
 
@@ -393,58 +370,15 @@ class Sweep:
 
 
 def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = None) -> int:
-    """Run the sweep on this rank; returns the exit code. Faults end in one line on stderr."""
-    from commbench.backends import backend_class
+    """Run the sweep on this rank (the `sweep` job of commbench/job.py); returns the exit code.
+    Faults end in one line on stderr; the summary record is written by Sweep.run itself."""
+    from commbench.backends import create_backend
 
     backend = None
-    try:
-        backend = backend_class(cfg.backend).create(cfg, launch)
+
+    def body() -> int:
+        nonlocal backend
+        backend = create_backend(cfg.backend_config(), launch)
         return Sweep(cfg, launch, backend, argv).run()
-    except BackendError as exc:
-        _fail(launch, str(exc))
-        return EXIT_USAGE
-    except SweepFault as exc:
-        if not exc.agreed or launch.rank == 0:
-            _fail(launch, str(exc), prefix=not exc.agreed)
-        return EXIT_FAULT
-    except RuntimeError as exc:  # rendezvous timeout, a peer gone before the first point
-        _fail(launch, f"{error_line(exc)} (a rank may have died, hung or never started; timeout {cfg.timeout_s:g} s)")
-        return EXIT_FAULT
-    except OSError as exc:  # a results file that cannot be written, a full disk
-        _fail(launch, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
-        return EXIT_FAULT
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if backend is not None:
-            _close_quietly(backend)
 
-
-def error_line(exc: BaseException) -> str:
-    """The useful part of a library error: first line, without gloo's source location and boilerplate."""
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else type(exc).__name__
-    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", line)
-    return line.split(". This is typically")[0].rstrip(".")
-
-
-def _fail(launch: LaunchInfo, message: str, prefix: bool = True) -> None:
-    who = f"rank {launch.rank}: " if prefix and launch.world_size > 1 else ""
-    print(f"commbench: {who}{message}", file=sys.stderr, flush=True)
-
-
-def _close_quietly(backend: Backend) -> None:
-    try:
-        backend.close()
-    except Exception:  # noqa: BLE001 - tearing down after a fault must not raise a second error
-        pass
-
-
-CONFIG_VAR = "COMMBENCH_SWEEP_CONFIG"
-ARGV_VAR = "COMMBENCH_ARGV"
-
-if __name__ == "__main__":  # a rank spawned by `commbench sweep` (launch.spawn_local)
-    from commbench.launch import from_environment
-
-    sys.exit(run_sweep(SweepConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
-                       json.loads(os.environ.get(ARGV_VAR, "[]"))))
+    return run_rank(launch, cfg.timeout_s, body, close=lambda: backend is not None and backend.close())

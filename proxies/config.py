@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from commbench.bench import SweepConfig
+from commbench.backends.base import BackendConfig
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class ProxyConfig:
     def from_json(cls, text: str) -> "ProxyConfig":
         return cls(**json.loads(text))
 
-    def backend_config(self, world: int) -> SweepConfig:
-        """What a Backend's `create` reads (device, library, topology, timeout) as a SweepConfig."""
-        return SweepConfig(backend=self.backend, torch_backend=self.torch_backend, device=self.device,
+    def backend_config(self, world: int) -> BackendConfig:
+        """What a Backend's `create` reads (device, library, topology, timeout)."""
+        return BackendConfig(backend=self.backend, torch_backend=self.torch_backend, device=self.device,
                            timeout_s=self.timeout_s, algorithm=self.algorithm, topology=self.topology,
                            nprocs=world, hw=self.hw)

@@ -9,159 +9,19 @@ hands buckets to its process group. The thread runs the allreduces one after ano
 and times each; the step ends when the backward and the last allreduce are done, plus
 the optimizer.
 
-`run_rank` is the frame both `proxy` and `train` run in: backend, header, per-step
-records, summary, and faults (a dead or hung rank, out of memory, Ctrl-C) ending in one
-line with everything already measured kept.
+`run_proxy` is the `proxy` job of commbench/job.py; its rank frame (backend, header,
+per-step records, summary) is proxies/context.py, shared with `train`.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-from typing import Any, Callable
 
 import numpy as np
 
 from commbench import collectives as C
-from commbench.backends import BackendError, OutOfMemory, backend_class
-from commbench.bench import EXIT_FAULT, EXIT_OK, EXIT_USAGE, error_line
-from commbench.proxies import buckets as B
-from commbench.proxies.profile import load_profile
-from commbench.proxies.steps import ProxyResult, StepLog, summarize
 from commbench.proxies.channels import ThreadChannel, WorkChannel
+from commbench.proxies.context import RankContext, run_rank
 from commbench.proxies.timeline import CpuClock, SleepClock, flops_times_us, plan_step, run_step
-from commbench.results import local_environment, software_versions
-
-CONFIG_VAR = "COMMBENCH_PROXY_CONFIG"
-ARGV_VAR = "COMMBENCH_ARGV"
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
-class RankContext:
-    """What a proxy or train body needs on one rank, and the record keeping around it."""
-
-    def __init__(self, cfg, launch, backend, kind: str, argv: list[str]):
-        self.cfg, self.launch, self.backend, self.kind, self.argv = cfg, launch, backend, kind, argv
-        self.profile = load_profile(cfg.model)
-        self.batch = cfg.batch or self.profile.default_batch
-        self.buckets = B.assign(self.profile, cfg.bucket_mb, cfg.bucketing)
-        self.rows: list[list[float]] = []
-        self.log: StepLog | None = None
-        self.compute = "-"
-        self.monitor = None  # --monitor on rank 0: commbench.telemetry.Monitor
-        self.channel = None  # the proxy's ThreadChannel or WorkChannel, closed by run_rank
-
-    def start(self, compute: str, lines: list[str], extra: dict[str, Any] | None = None) -> None:
-        """After setup, before the first step: the run header (every rank takes part)."""
-        self.compute = compute
-        environment = self.backend.gather_objects(local_environment(self.backend.device))
-        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0, self.batch * self.backend.world_size)
-        profile, world = self.profile, self.backend.world_size
-        what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
-                f"{profile.nbytes / 2**20:.1f} MiB of gradients in {len(self.buckets)} bucket(s) "
-                f"({self._bucket_text()}), batch {self.batch} per rank, {world} rank(s), "
-                f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
-        record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
-                  "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
-                  "buckets": B.describe(self.buckets), **(extra or {})}
-        if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
-            from commbench.telemetry import run_monitor
-
-            self.monitor = run_monitor(self.backend, self.backend.rank == 0)
-        if self.monitor is not None:
-            self.monitor.start()
-            lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
-        self.log.header(record, [what, *lines])
-        if self.monitor is not None:
-            self.monitor.mark()
-
-    def _bucket_text(self) -> str:
-        if self.cfg.bucketing != "ddp":
-            return {"none": "one per tensor", "single": "one bucket"}[self.cfg.bucketing]
-        return f"cap {self.cfg.bucket_mb:g} MiB" if self.cfg.bucket_mb else "DDP default: 25 MiB, first 1 MiB"
-
-    def record(self, index: int, values: dict[str, float | None]) -> None:
-        self.rows.append([np.nan if values[k] is None else values[k]
-                          for k in ("compute_us", "comm_us", "exposed_comm_us", "step_us")])
-        if self.monitor is not None:  # this step's hardware averages, then a window for the next
-            values = {**values, "telemetry": self.monitor.window()}
-            self.monitor.mark()
-        if self.log:
-            self.log.step(index + 1, index < self.cfg.warmup_steps, values)
-
-    def finish(self, status: str = "ok", error: str | None = None) -> None:
-        rows = np.array(self.rows, dtype=float).reshape(-1, 4)
-        if status == "ok":  # every rank's steps; per step, the whole row of its slowest rank
-            gathered = self.backend.gather(rows.ravel())
-            if gathered is not None:
-                ranks = gathered.reshape(self.backend.world_size, -1, 4)
-                slowest = ranks[:, :, 3].argmax(axis=0)
-                rows = ranks[slowest, np.arange(ranks.shape[1])]
-        if self.backend.rank != 0:
-            return
-        if self.log is None:  # failed before the first step: nothing to summarise or write
-            return
-        telemetry = None
-        if self.monitor is not None:
-            self.monitor.stop()
-            telemetry = self.monitor.summary()
-        measured = rows[self.cfg.warmup_steps:]
-        stats = summarize(measured)
-        step = stats["step_us_p50"] or 0.0
-        self.log.summary(ProxyResult(
-            kind=self.kind, model=self.profile.name, backend=self.backend.name, library=self.backend.library,
-            device=self.backend.device, world_size=self.backend.world_size, nnodes=self.launch.nnodes,
-            batch=self.batch, bucket_mb=self.cfg.bucket_mb, bucketing=self.cfg.bucketing, buckets=len(self.buckets),
-            gradient_bytes=self.profile.nbytes, compute=self.compute, steps=len(measured),
-            warmup_steps=self.cfg.warmup_steps, samples_per_s=self.batch * self.backend.world_size / (step * 1e-6)
-            if step else 0.0, status=status, error=error, telemetry=telemetry, run_id=self.log.run_id,
-            **{k: v for k, v in stats.items() if not k.startswith("step_us")},
-            step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0))
-
-
-def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], kind: str = "train") -> int:
-    """Run `body` on this rank inside the common frame; returns the exit code."""
-    backend = ctx = None
-    switch_interval = sys.getswitchinterval()
-    try:
-        backend = backend_class(cfg.backend).create(cfg.backend_config(launch.world_size), launch)
-        ctx = RankContext(cfg, launch, backend, kind, argv)
-        body(ctx)
-        ctx.finish()
-        return EXIT_OK
-    except (MemoryError, OutOfMemory) as exc:
-        return _fail(ctx, launch, f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed")
-    except (BackendError, ValueError) as exc:  # ValueError: ModelError, ProfileError (one line each)
-        return _fail(ctx, launch, str(exc).splitlines()[0], EXIT_USAGE, "failed")
-    except RuntimeError as exc:
-        if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
-            return _fail(ctx, launch, f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed")
-        return _fail(ctx, launch, f"{error_line(exc)} (a peer rank may have died or hung; timeout "
-                                  f"{cfg.timeout_s:g} s)", EXIT_FAULT, "failed")
-    except KeyboardInterrupt:
-        return _fail(ctx, launch, None, 130, "interrupted")
-    finally:
-        sys.setswitchinterval(switch_interval)
-        if ctx is not None and ctx.channel is not None:
-            ctx.channel.close()
-        if backend is not None:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001 - tearing down after a fault must not raise a second error
-                pass
-
-
-def _fail(ctx: RankContext | None, launch, message: str | None, code: int, status: str) -> int:
-    if message:
-        who = f"rank {launch.rank}: " if launch.world_size > 1 else ""
-        print(f"commbench: {who}{message}", file=sys.stderr, flush=True)
-    if ctx is not None:
-        try:
-            ctx.finish(status, message or status)
-        except Exception:  # noqa: BLE001 - the summary is best effort after a fault
-            pass
-    return code
-
 
 # ---------------------------------------------------------------- the proxy body
 
@@ -199,7 +59,7 @@ def _replay_steps(ctx: RankContext) -> None:
     # real compute does); a GPU's, or a multi-threaded CPU measurement, as wall time (sleeping).
     cpu_compute = backend.device == "cpu" and (label != "measured")
     clock = CpuClock() if cpu_compute else SleepClock()
-    if backend.name == "torch":  # async launches, as DDP's Reducer; the library queues them
+    if backend.launches_async:  # as DDP's Reducer: the library queues the calls
         ctx.channel = WorkChannel(buffers, clock, buffers[0].device if buffers else None)
     else:
         calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
@@ -215,23 +75,6 @@ def _replay_steps(ctx: RankContext) -> None:
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us})
 
 
-def exit_now(code: int) -> None:
-    """End a spawned rank once its run is over (records written, backend closed): skip the
-    interpreter's teardown, where torch's distributed and thread-pool destructors have aborted
-    a finished rank here ("terminate called without an active exception") and turned a clean
-    run into a SIGABRT."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def run_proxy(cfg, launch, argv: list[str]) -> int:
+    """The `proxy` job on this rank; returns the exit code."""
     return run_rank(cfg, launch, argv, _replay_steps, kind="proxy")
-
-
-if __name__ == "__main__":  # a rank spawned by `commbench proxy`
-    from commbench.launch import from_environment
-    from commbench.proxies.config import ProxyConfig
-
-    exit_now(run_proxy(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
-                       json.loads(os.environ.get(ARGV_VAR, "[]"))))

@@ -1,200 +1,32 @@
-"""What the `proxy`, `train` and `profiles` commands call: validate options into a ProxyConfig
-and a launch plan (spawn local ranks, join the launcher's job, or predict with the cost
-model), the sim prediction, `--validate`'s comparison, and the profile listings."""
+"""What the `proxy`, `train` and `profiles` commands call beside the ranks' own work: the
+predicted proxy step (the cost model, no ranks), `--validate`'s comparison, the profile
+listings and `profiles extract`. Options become a ProxyConfig and a job plan in
+commbench/commands/proxy_plan.py."""
 from __future__ import annotations
 
 import json
 import os
-import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
+from commbench.results import ValidateRecord, append_record
 
 
 class ProxyUsageError(ValueError):
     """Bad input to proxy/train/profiles: one line, exit 2."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    mode: str  # spawn (local ranks), join (a launcher's job), sim (the cost model, no ranks)
-    world: int
-    launch: Any = None  # LaunchInfo when joining
-    nodes: int = 1
-    ranks_per_node: int = 1
-    note: str | None = None  # said once before running (e.g. why this is a prediction)
-
-
-def bucketing_mode(no_bucketing: bool, single_bucket: bool) -> str:
-    if no_bucketing and single_bucket:
-        raise ProxyUsageError("--no-bucketing and --single-bucket exclude each other")
-    return "none" if no_bucketing else "single" if single_bucket else "ddp"
-
-
-def _check_numbers(options: dict) -> None:
-    for flag, minimum in (("batch", 1), ("steps", 1), ("warmup_steps", 0), ("nodes", 1), ("gpus_per_node", 1),
-                          ("nprocs", 1)):
-        value = options.get(flag)
-        if value is not None and value < minimum:
-            raise ProxyUsageError(f"--{flag.replace('_', '-')} {value}: must be at least {minimum}")
-    for flag in ("bucket_mb", "tflops", "timeout_s"):
-        value = options.get(flag)
-        if value is not None and not value > 0:
-            name = "timeout" if flag == "timeout_s" else flag.replace("_", "-")
-            raise ProxyUsageError(f"--{name} {value:g}: must be positive")
-
-
-def make_config(options: dict) -> tuple[ProxyConfig, Plan]:
-    """Everything that can be checked before a rank starts, as (config, plan)."""
-    _check_numbers(options)
-    try:
-        profile = load_profile(options["model"])
-    except ProfileError as exc:
-        raise ProxyUsageError(str(exc)) from exc
-    bucketing = bucketing_mode(options["no_bucketing"], options["single_bucket"])
-    compute = options["compute"] or ("flops" if options["tflops"] else "measured")
-    if compute == "flops" and not options["tflops"]:
-        raise ProxyUsageError("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
-    if compute == "measured":
-        _check_model_available(profile)
-    plan = _plan(options)
-    if plan.mode == "sim" and not options["compute"] and not options["tflops"]:
-        raise ProxyUsageError("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
-                              "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
-    if options.get("validate"):
-        _check_validate(plan, bucketing, compute, options["backend"])
-    device = _device(options)
-    json_path = options["json_path"]
-    if options.get("validate") and not json_path:
-        json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
-    cfg = ProxyConfig(model=options["model"], batch=options["batch"], bucket_mb=options["bucket_mb"],
-                      bucketing=bucketing, compute=compute, tflops=options["tflops"], steps=options["steps"],
-                      warmup_steps=options["warmup_steps"], amp=bool(options.get("amp")), backend=options["backend"],
-                      torch_backend=options["torch_backend"], device=device, algorithm=options["algorithm"],
-                      topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
-                      hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
-                      monitor=bool(options.get("monitor")))
-    if plan.note and is_lead(plan):
-        print(f"commbench: note: {plan.note}", flush=True)
-    return cfg, plan
-
-
-def is_lead(plan: Plan) -> bool:
-    """Rank 0 of a joined job, or the process itself when it spawns or predicts alone."""
-    return plan.launch is None or plan.launch.rank == 0
-
-
-def _check_validate(plan: Plan, bucketing: str, compute: str, backend: str) -> None:
-    """--validate compares like with like: what DDP on torch.distributed really does, with the
-    compute of the real model, so a proxy that differs from training in any of these is refused."""
-    differs = [what for what, same in (
-        ("--backend sim (nothing runs)", plan.mode != "sim"), (f"--backend {backend} (training runs on torch)",
-                                                              backend == "torch"),
-        ("--no-bucketing/--single-bucket (training uses DDP's buckets)", bucketing == "ddp"),
-        (f"--compute {compute} (training runs the real model)", compute == "measured")) if not same]
-    if differs:
-        raise ProxyUsageError(f"--validate compares the proxy with real DDP training; not with {differs[0]}")
-
-
-def _check_model_available(profile: Profile) -> None:
-    from commbench.proxies.catalog import CATALOG
-
-    spec = profile.source.get("spec") or (CATALOG[profile.name].constructor if profile.name in CATALOG else None)
-    if spec is None:
-        raise ProxyUsageError(f"{profile.name}: --compute measured needs the model definition, and this profile "
-                              f"does not name one; use --tflops RATE or --compute none")
-    package = spec.split(":")[0]
-    import importlib.util
-
-    if importlib.util.find_spec(package.split(".")[0]) is None:
-        raise ProxyUsageError(f"{profile.name}: --compute measured runs the real model, which needs {package}: "
-                              f"pip install 'commbench[models]', or use --tflops RATE / --compute none")
-
-
-def _device(options: dict) -> str:
-    if options["backend"] != "torch":
-        return "cpu"
-    from commbench.backends import BackendError
-    from commbench.backends.torch_dist import resolve_device
-
-    try:
-        return resolve_device(options["device"], options["torch_backend"])[0]
-    except BackendError as exc:
-        raise ProxyUsageError(str(exc)) from exc
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _plan(options: dict) -> Plan:
-    """Spawn, join or predict; a job smaller than --nodes asks for is said in one line."""
-    from commbench import launch as L
-    from commbench.backends import BackendError, backend_class
-
-    backend, nodes = options["backend"], options["nodes"]
-    try:
-        backend_class(backend)
-    except BackendError as exc:
-        raise ProxyUsageError(str(exc)) from exc
-    per_node = options["gpus_per_node"] or (_local_gpus() or 1)
-    env = os.environ
-    launcher = None if options["launcher"] == "auto" else options["launcher"]
-    launcher = launcher or L.detect_launcher(env)
-    joined = launcher not in (None, "spawn") or L.SPAWN_VAR in env
-    info = None
-    if joined:
-        try:
-            info = L.from_environment(env, launcher or "spawn")
-        except L.LaunchError as exc:
-            raise ProxyUsageError(str(exc)) from exc
-    if backend == "sim":
-        world = nodes * per_node if nodes else (options["nprocs"] or 2)
-        return replace(_sim_plan(options, nodes or 1, per_node if nodes else world, None), launch=info)
-    if joined:
-        if nodes and info.world_size != nodes * per_node:
-            return replace(_sim_plan(options, nodes, per_node, f"the job has {info.world_size} rank(s), not the "
-                                                               f"{nodes} x {per_node} that --nodes asks for"),
-                           launch=info)
-        return Plan("join", info.world_size, info, info.nnodes, info.local_world_size)
-    if nodes:
-        if options["spawn_local"]:
-            return Plan("spawn", nodes * per_node, None, nodes, per_node)
-        return _sim_plan(options, nodes, per_node, f"this host is not a job of {nodes} x {per_node} ranks")
-    world = options["nprocs"] or (_local_gpus() or 2)
-    return Plan("spawn", world, None, 1, world)
-
-
-def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> Plan:
-    if not options["hw"]:
-        hint = "; add --local to spawn them all here, or --hw PRESET|FILE to predict them with the cost model" \
-            if why else ""
-        raise ProxyUsageError((why or "--backend sim predicts with the cost model") + hint +
-                              ("" if why else ": give --hw PRESET|FILE"))
-    from commbench.analysis.costmodel import HardwareError, load_hardware
-
-    try:
-        load_hardware(options["hw"])
-    except HardwareError as exc:
-        raise ProxyUsageError(str(exc)) from exc
-    note = f"{why}: predicting {nodes} x {per_node} ranks with the cost model of {options['hw']} " \
-           f"(kind: predicted, nothing measured)" if why else None
-    return Plan("sim", nodes * per_node, None, nodes, per_node, note)
-
-
 # ---------------------------------------------------------------- sim
 
 
-def predict_proxy(cfg: ProxyConfig, plan: Plan, argv: list[str]) -> int:
-    """A proxy step predicted by the cost model (no ranks): the table and a kind=predicted record.
-    Under a launcher only rank 0 predicts and writes."""
-    if not is_lead(plan):
+def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
+    """A proxy step predicted by the cost model (no ranks) on `plan.nodes` x `plan.ranks_per_node`
+    (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts."""
+    if not plan.lead:
         return 0
     from commbench.analysis.costmodel import load_hardware, with_topology
     from commbench.analysis.scaling import predict_step
@@ -274,11 +106,10 @@ def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig) -> None:
     print(f"# validate: proxy step {proxy['step_us_p50'] / 1e3:.2f} ms vs real training {real['step_us_p50'] / 1e3:.2f} ms "
           f"(medians): proxy error {100 * error:+.1f}%")
     print(f"#           records: {cfg.json_path} (proxy), {train_cfg.json_path} (training)")
-    with open(cfg.json_path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"record": "validate", "model": proxy["model"], "world_size": proxy["world_size"],
-                                 "batch": proxy["batch"], "proxy_step_us": proxy["step_us_p50"],
-                                 "train_step_us": real["step_us_p50"], "error": error,
-                                 "train_json": train_cfg.json_path}) + "\n")
+    append_record(cfg.json_path, ValidateRecord(
+        model=proxy["model"], world_size=proxy["world_size"], batch=proxy["batch"],
+        proxy_step_us=proxy["step_us_p50"], train_step_us=real["step_us_p50"], error=error,
+        train_json=train_cfg.json_path, run_id=proxy.get("run_id", "")))
 
 
 # ---------------------------------------------------------------- profiles

@@ -10,8 +10,6 @@ for the proxy's `--compute measured`.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import time
 from typing import Any, Callable
 
@@ -149,14 +147,14 @@ def _free_bytes(device: str) -> int | None:
 
 
 def run_train(cfg, launch, argv: list[str]) -> int:
-    """Train on this rank; returns the exit code (2: does not fit, 3: a rank failed)."""
-    from commbench.proxies.replay import run_rank
+    """The `train` job on this rank; returns the exit code (2: does not fit, 3: a rank failed)."""
+    from commbench.proxies.context import run_rank
 
     return run_rank(cfg, launch, argv, _train_steps)
 
 
 def _train_steps(ctx) -> None:
-    """Build the model, wrap it in DDP, run and log the steps (called by replay.run_rank)."""
+    """Build the model, wrap it in DDP, run and log the steps (called by context.run_rank)."""
     import torch
 
     backend, profile, cfg = ctx.backend, ctx.profile, ctx.cfg
@@ -178,12 +176,3 @@ def _train_steps(ctx) -> None:
         trainer.wrapped = trainer.model = trainer.optimizer = None
         del trainer
         gc.collect()
-
-
-if __name__ == "__main__":  # a rank spawned by `commbench train`
-    from commbench.launch import from_environment
-    from commbench.proxies.config import ProxyConfig
-    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR, exit_now
-
-    exit_now(run_train(ProxyConfig.from_json(os.environ[CONFIG_VAR]), from_environment(os.environ, "spawn"),
-                       json.loads(os.environ.get(ARGV_VAR, "[]"))))

@@ -10,10 +10,10 @@ The GPU tests skip themselves without a CUDA device; a session with a GPU runs
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from commbench.bench import EXIT_USAGE, SweepConfig, run_sweep
+from commbench.bench import SweepConfig, run_sweep
+from commbench.job import EXIT_USAGE
 from commbench.cli import main
 from commbench.launch import LaunchInfo
 from conftest import commbench, gpu_count, results_of
@@ -98,64 +98,20 @@ def test_twoshot_is_an_algorithm_of_cuda_only(capsys):
 # ---------------------------------------------------------------- on a GPU: kernels against CuPy
 
 
-def _random(cupy, dtype: str, count: int, seed: int, small: bool = False):
-    """Random values of `dtype` in CuPy storage (bfloat16 as its bits); small: 1..3 (exact products)."""
-    rng = np.random.default_rng(seed)
-    if small:
-        host = rng.integers(1, 4, count)
-    elif dtype.startswith(("int", "uint")):
-        info = np.iinfo(np.dtype(dtype))
-        host = rng.integers(info.min, info.max, count, endpoint=True)
-    else:
-        host = rng.standard_normal(count) * 100
-    from commbench.backends.gpu import to_store
-    from commbench.collectives import DTYPES
-
-    return cupy.asarray(to_store(host.astype(DTYPES[dtype].host), DTYPES[dtype]))
-
-
-def _reference(cupy, dtype: str, op: str, a, b):
-    """CuPy's own arithmetic; 16-bit floats computed in float32 and rounded once (as the kernel's
-    __hadd2 & co. round the exact result), bfloat16 through its bits."""
-    fn = {"sum": cupy.add, "prod": cupy.multiply, "max": cupy.maximum, "min": cupy.minimum}[op]
-    if dtype == "bfloat16":
-        widen = lambda x: (x.astype(cupy.uint32) << 16).view(cupy.float32)  # noqa: E731
-        wide = fn(widen(a), widen(b)).view(cupy.uint32)
-        return ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(cupy.uint16)
-    if dtype == "float16":
-        return fn(a.astype(cupy.float32), b.astype(cupy.float32)).astype(cupy.float16)
-    return fn(a, b)
-
-
-GUARD = 7  # what the output holds outside the range: a write before or after it shows
-
-
 @needs_gpu
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reduce_copy_matches_cupy(dtype, op):
     """Aligned, all pointers one element off a 16-byte boundary, and each pointer off by a
     different amount (a[1:], b[2:], out[3:]: the scalar path); guard elements before and
-    after the output range must be left alone."""
-    import cupy
-
-    from commbench.backends.cuda_kernels import reduce_copy
+    after the output range must be left alone. The check is kernel_checks.check_reduce_copy,
+    which tests/test_cuda_host.py runs on the CPU build of the same kernels."""
+    from commbench.backends.kernel_checks import GpuDevice, check_reduce_copy
     from commbench.collectives import DTYPES as ALL
 
-    for nbytes in (1 << 10, (1 << 20) + 48, 1 << 26):
-        count = nbytes // ALL[dtype].itemsize
-        a, b = _random(cupy, dtype, count + 3, 1), _random(cupy, dtype, count + 3, 2)
-        for sa, sb, so in ((0, 0, 0), (1, 1, 1), (1, 2, 3)):
-            out = cupy.full(count + 4, GUARD, dtype=a.dtype)
-            x, y = a[sa:sa + count], b[sb:sb + count]
-            reduce_copy(out[so:so + count], x, y, dtype, op)
-            got, want = out[so:so + count], _reference(cupy, dtype, op, x, y)
-            where = f"{dtype} {op} {nbytes} B, a[{sa}:] b[{sb}:] out[{so}:]"
-            if dtype == "bfloat16":  # the float32 reference may round twice: one unit in the last place
-                assert int(cupy.abs(got.astype(cupy.int32) - want.astype(cupy.int32)).max()) <= 1, where
-            else:
-                assert bool((got == want).all()), where
-            assert bool((out[:so] == GUARD).all()) and bool((out[so + count:] == GUARD).all()), f"{where}: guard"
+    counts = [nbytes // ALL[dtype].itemsize for nbytes in (1 << 10, (1 << 20) + 48, 1 << 26)]
+    failures = check_reduce_copy(GpuDevice(), dtype, op, counts)
+    assert not failures, "\n".join(failures[:10])
 
 
 @needs_gpu
@@ -175,32 +131,16 @@ def test_reduce_copy_1_gib():
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_oneshot_and_twoshot_kernels_match_cupy(dtype, world):
-    """Virtual ranks on one GPU: every rank's buffer in one pointer table, one row per rank.
-    Inputs are 1..3, so every dtype's sum and product over 8 ranks is exact."""
-    import cupy
+    """Virtual ranks on one GPU: every rank's buffer in one pointer table, one row per rank;
+    one-shot into separate outputs, two-shot in place, guards around every output. Inputs
+    are 1..3, so every dtype's sum and product over 8 ranks is exact
+    (kernel_checks.check_allreduce_kernels, also run on the CPU build)."""
+    from commbench.backends.kernel_checks import GpuDevice, check_allreduce_kernels
 
-    from commbench.backends import cuda_kernels as K
-    from commbench.backends import cuda_plan as P
-
-    device = cupy.cuda.Device().id
-    for count in (1000, (1 << 20) + 5):
-        ins = [_random(cupy, dtype, count, seed, small=True) for seed in range(world)]
-        for op in ("sum", "max"):
-            want = ins[0]
-            for x in ins[1:]:
-                want = _reference(cupy, dtype, op, want, x)
-            outs = [cupy.zeros_like(x) for x in ins]
-            table = lambda arrays: cupy.asarray(np.array([x.data.ptr for x in arrays], dtype=np.uint64))  # noqa: E731
-            step = P.AllreduceLaunch("oneshot", 0, (), tuple(P.Ref(r, P.STAGE, 0) for r in range(world)), 0, count)
-            blocks, rows = P.allreduce_grid(step, ins[0].itemsize, world, P.LaunchConfig())
-            args = (table(ins), table(outs), np.int32(world), np.int32(0), np.int64(count))
-            K.function("allreduce.cu", K.kernel_name("oneshot_allreduce", dtype, op), device)((blocks, rows), (512,), args)
-            assert all(bool((o == want).all()) for o in outs), f"oneshot {dtype} {op}"
-            work = [x.copy() for x in ins]  # two-shot runs in place
-            args = (table(work), table(work), np.int32(world), np.int32(0), np.int64(count))
-            K.function("allreduce.cu", K.kernel_name("twoshot_reduce_scatter", dtype, op), device)((blocks, rows), (512,), args)
-            K.function("allreduce.cu", K.kernel_name("twoshot_allgather", dtype), device)((blocks, rows), (512,), args)
-            assert all(bool((w == want).all()) for w in work), f"twoshot {dtype} {op}"
+    device = GpuDevice()
+    failures = [failure for count in (1000, (1 << 20) + 5) for op in ("sum", "max")
+                for failure in check_allreduce_kernels(device, dtype, world, count, op, small=True)]
+    assert not failures, "\n".join(failures[:10])
 
 
 # ---------------------------------------------------------------- on a GPU: the backend through the harness

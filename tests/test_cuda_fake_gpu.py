@@ -18,7 +18,8 @@ import pytest
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
-from commbench.bench import EXIT_OK, Sweep, SweepConfig
+from commbench.bench import Sweep, SweepConfig
+from commbench.job import EXIT_OK
 from commbench.collectives import DTYPES
 from commbench.launch import LaunchInfo
 from commbench.schedule import REDUCERS, split
@@ -368,7 +369,8 @@ def test_nothing_compiles_or_loads_inside_a_timed_call(fake_gpus, tmp_path, monk
 def test_a_kernel_that_does_not_compile_is_one_line(monkeypatch, tmp_path, capsys):
     import torch.distributed  # noqa: F401
 
-    from commbench.bench import EXIT_USAGE, run_sweep
+    from commbench.bench import run_sweep
+    from commbench.job import EXIT_USAGE
 
     log = ('default_program(42): warning: unused\ndefault_program(97): error: identifier "undefined_name" is '
            'undefined\n\n1 error detected in the compilation of "default_program".')
@@ -455,17 +457,17 @@ def test_ipc_flags_are_zeroed_before_peers_may_signal_and_freed_after_they_unmap
     """The memset has landed (device synchronised) before the control barrier that lets peers
     signal; at the end of a point, peers' handles are closed and every rank met before this
     rank's own allocations are dropped."""
+    from commbench.backends.control import GroupControl
     from commbench.backends.cuda_ipc import IpcCudaBackend
-    from commbench.backends.torch_dist import TorchBackend
     from commbench.collectives import DTYPES
 
     events, made = [], {}
     runtime = sys.modules["cupy"].cuda.runtime
-    memset, barrier = runtime.memset, TorchBackend.barrier
+    memset, barrier = runtime.memset, GroupControl.barrier
     monkeypatch.setattr(runtime, "memset", lambda *a: (events.append("memset"), memset(*a)))
     monkeypatch.setattr(runtime, "deviceSynchronize", lambda: events.append("synchronize"))
     monkeypatch.setattr(runtime, "ipcCloseMemHandle", lambda pointer: events.append(("close", pointer)))
-    monkeypatch.setattr(TorchBackend, "barrier", lambda self: (
+    monkeypatch.setattr(GroupControl, "barrier", lambda self: (
         events.append(("barrier", len(made["backend"]._exported)) if made else "barrier"), barrier(self)))
     made["backend"] = backend = IpcCudaBackend(_ipc_launch(port), Topology(1, 1))
     try:
@@ -483,14 +485,14 @@ def test_ipc_flags_are_zeroed_before_peers_may_signal_and_freed_after_they_unmap
 def test_ipc_failed_point_closes_nothing_and_meets_no_one(fake_gpus, port, monkeypatch):
     """After a failed point, kernels still queued may address the peers' memory and a dead peer
     would never arrive: no handle is closed, no rank met, nothing freed, there or at close()."""
+    from commbench.backends.control import GroupControl
     from commbench.backends.cuda_ipc import IpcCudaBackend
-    from commbench.backends.torch_dist import TorchBackend
     from commbench.collectives import DTYPES
 
     backend = IpcCudaBackend(_ipc_launch(port), Topology(1, 1))
     events = []
     monkeypatch.setattr(sys.modules["cupy"].cuda.runtime, "ipcCloseMemHandle", lambda p: events.append(("close", p)))
-    monkeypatch.setattr(TorchBackend, "barrier", lambda self: events.append("barrier"))
+    monkeypatch.setattr(GroupControl, "barrier", lambda self: events.append("barrier"))
     buffer = backend.alloc(1000, DTYPES["float32"])
     del buffer
     backend._opened.append(0xABC)

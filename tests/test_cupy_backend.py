@@ -71,7 +71,7 @@ def _backend(comm, timeout_s, stream_done=True):
     backend = object.__new__(CupyBackend)
     backend.comm, backend.timeout_s = comm, timeout_s
     backend.stream = types.SimpleNamespace(done=stream_done)
-    backend._control = types.SimpleNamespace(close=lambda: None)
+    backend._torch = types.SimpleNamespace(close=lambda: None)
     return backend
 
 

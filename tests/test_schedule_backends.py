@@ -10,7 +10,8 @@ import pytest
 
 from commbench import algorithms as A
 from commbench.backends.sim import SimBackend
-from commbench.bench import EXIT_WRONG, Sweep, SweepConfig
+from commbench.bench import Sweep, SweepConfig
+from commbench.job import EXIT_WRONG
 from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology

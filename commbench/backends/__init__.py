@@ -1,30 +1,33 @@
 """Backends: where collectives run. Each is imported only when asked for, so that
-`--help` and the analysis commands need no torch, CuPy or GPU."""
+`--help` and the analysis commands need no torch, CuPy or GPU.
+
+What a backend can do (runs commbench's schedules, needs a GPU, captures CUDA graphs,
+runs every rank in one process), which options it accepts and what its header says are
+facts of its class (backends/base.py): commands ask the class, they do not switch on
+names.
+"""
 from __future__ import annotations
 
-import importlib
+from typing import Any, Callable
 
-from commbench.backends.base import Backend, BackendError, OutOfMemory
-
-# name -> "module:class"
-BACKENDS = {
-    "torch": "commbench.backends.torch_dist:TorchBackend",
-    "shm": "commbench.backends.shm:ShmBackend",
-    "p2p": "commbench.backends.p2p:P2PBackend",
-    "sim": "commbench.backends.sim:SimBackend",
-    "hybrid": "commbench.backends.hybrid:HybridBackend",
-    "cupy": "commbench.backends.cupy_nccl:CupyBackend",
-    "cuda": "commbench.backends.cuda_sched:CudaBackend",
-}
-SCHEDULE_BACKENDS = ("shm", "p2p", "hybrid", "sim", "cuda")  # run commbench's own algorithms (--algorithm)
-GPU_BACKENDS = ("cupy", "cuda")  # need CuPy and a CUDA device (commbench/backends/gpu.py says which is missing)
+from commbench.backends.base import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.backends.registry import BACKENDS, FACTORIES, UnknownBackend, load, names_where
+from commbench.backends.registry import backend_class as _backend_class
 
 
 def backend_class(name: str) -> type[Backend]:
-    if name not in BACKENDS:
-        raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    try:
+        return _backend_class(name)
+    except UnknownBackend as exc:
+        raise BackendError(str(exc)) from None
 
 
-__all__ = ["SCHEDULE_BACKENDS", "GPU_BACKENDS", "BACKENDS", "Backend", "BackendError", "OutOfMemory", "backend_class"]
+def create_backend(cfg: BackendConfig, launch: Any) -> Backend:
+    """Build backend `cfg.backend` on this rank."""
+    factory: Callable[[BackendConfig, Any], Backend] = (
+        load(FACTORIES[cfg.backend]) if cfg.backend in FACTORIES else backend_class(cfg.backend).create)
+    return factory(cfg, launch)
+
+
+__all__ = ["BACKENDS", "Backend", "BackendConfig", "BackendError", "OutOfMemory", "backend_class",
+           "create_backend", "names_where"]

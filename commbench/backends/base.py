@@ -6,17 +6,20 @@ backends. Buffers are opaque to the harness: it moves host (NumPy) values in and
 out through `upload`/`download`, so a backend may keep them in torch tensors,
 CuPy arrays or shared memory.
 
-The control plane (`gather`, `agree_max`, `barrier`) carries a few numbers
+The control plane (`gather`, `agree_max`, `gather_objects`) carries a few numbers
 between ranks (iteration counts, per-iteration times, error counts); it is not
-timed and never shares a stream with the measured traffic.
+timed and never shares a stream with the measured traffic. Every backend holds one
+(`control`, backends/control.py) rather than inheriting it.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from commbench.backends.registry import names_where
 from commbench.collectives import DType
 
 
@@ -28,6 +31,21 @@ class OutOfMemory(BackendError):
     """Allocating or filling buffers for one size ran out of memory."""
 
 
+@dataclass(frozen=True)
+class BackendConfig:
+    """What a backend reads to start on a rank; sweep and proxy configs both derive one."""
+    backend: str = "torch"
+    torch_backend: str = "auto"  # torch: gloo, nccl, or auto (gloo on CPU, NCCL on GPU)
+    device: str = "auto"
+    algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
+    topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
+    nprocs: int | None = None  # ranks in this process's job (sim and cuda: virtual ranks)
+    hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
+    cuda_mode: str = "auto"
+    graph: bool = False
+    timeout_s: float = 300.0
+
+
 class Backend(ABC):
     """One process's view of a communicator: `rank` of `world_size`."""
 
@@ -36,13 +54,71 @@ class Backend(ABC):
     device: str  # cpu or cuda
     rank: int
     world_size: int
+    control: Any  # the control plane: control.GroupControl (gloo) or control.LocalControl (one process)
     timed: bool = True  # False: the backend cannot time calls (sim without a cost model)
     kind: str = "measured"  # what its Results are: measured, or predicted (sim)
+    # Capabilities: what commands ask instead of switching on backend names.
+    runs_schedules: bool = False  # runs commbench's own algorithms (--algorithm, --topology)
+    needs_gpu: bool = False  # needs CuPy and a CUDA device
+    captures_graphs: bool = False  # --graph: timed calls captured in one CUDA graph
+    has_cuda_modes: bool = False  # --cuda-mode: where the ranks' buffers live
+    uses_hw: bool = False  # --hw: calls timed by the cost model instead of measured
+    launches_async: bool = False  # a call returns a work handle before the data moved (DDP-like overlap)
+    default_sizes: str = "1K-64M"  # the sweep's sizes when --sizes is not given
 
     @classmethod
-    def create(cls, cfg: Any, launch: Any) -> "Backend":
-        """Build the backend for a SweepConfig on this rank (each backend reads what it needs)."""
+    def create(cls, cfg: BackendConfig, launch: Any) -> "Backend":
+        """Build the backend on this rank (each backend reads what it needs)."""
         raise NotImplementedError
+
+    # ---------------------------------------------------------------- before any rank starts
+
+    @classmethod
+    def settle(cls, cfg: BackendConfig, launcher: str | None) -> BackendConfig:
+        """Refuse options this backend does not take (BackendError, one line) and resolve its
+        `auto` choices for a job started by `launcher` (None: commbench on its own)."""
+        if cfg.graph and not cls.captures_graphs:
+            raise BackendError(f"--graph captures CUDA work in a graph: use it with --backend "
+                               f"{' or '.join(names_where('captures_graphs'))}")
+        if cfg.cuda_mode != "auto" and not cls.has_cuda_modes:
+            raise BackendError("--cuda-mode only applies to --backend cuda (where its ranks' buffers live)")
+        if cfg.hw and not cls.uses_hw:
+            raise BackendError("--hw times the sim backend's calls; other backends measure theirs")
+        if not cls.runs_schedules and (cfg.algorithm != "auto" or cfg.topology):
+            raise BackendError(f"--algorithm/--topology choose commbench's own algorithms: use them with --backend "
+                               f"{', '.join(names_where('runs_schedules'))} (--backend {cfg.backend} runs the "
+                               f"library's)")
+        return cfg
+
+    @classmethod
+    def in_process(cls, cfg: BackendConfig) -> bool:
+        """Every rank lives in this process (nothing to spawn or join)."""
+        return False
+
+    @classmethod
+    def resolve_device(cls, cfg: BackendConfig) -> tuple[str, str]:
+        """(device, library) for `--device`; a CPU backend by default."""
+        return cpu_only(cfg)
+
+    @classmethod
+    def default_world(cls, cfg: BackendConfig, device: str) -> int:
+        """Ranks to spawn when neither --nprocs nor a launcher says."""
+        return 2
+
+    @classmethod
+    def check_request(cls, cfg: BackendConfig, library: str, collectives: list[str], dtype: DType, op: str,
+                      world: int) -> None:
+        """Refuse collectives, dtypes and ops this backend cannot run (BackendError, one line)."""
+
+    # ---------------------------------------------------------------- the run's header
+
+    def setup_text(self) -> str:
+        """What runs the calls, for the table's first line."""
+        return f"{self.library} on {self.device}"
+
+    def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        """Comment lines the table's header adds for this backend."""
+        return []
 
     @property
     def local_ranks(self) -> list[int]:
@@ -105,50 +181,27 @@ class Backend(ABC):
     def barrier(self) -> None:
         """All ranks arrive before any leaves (through the measured communicator)."""
 
-    @abstractmethod
+    # Control plane (backends/control.py): a few numbers and objects between ranks, never timed.
+
     def gather(self, values: np.ndarray) -> np.ndarray | None:
-        """Control plane: float64 vectors of equal length from every rank, stacked on rank 0."""
+        """float64 vectors of equal length from every rank, stacked on rank 0."""
+        return self.control.gather(values)
 
-    @abstractmethod
     def agree_max(self, values: np.ndarray) -> np.ndarray:
-        """Control plane: element-wise maximum over ranks, on every rank."""
+        """Element-wise maximum over ranks, on every rank."""
+        return self.control.agree_max(values)
 
-    @abstractmethod
     def gather_objects(self, obj: Any) -> list[Any] | None:
-        """Control plane: one picklable object per rank, as a list on rank 0."""
+        """One picklable object per rank, as a list on rank 0."""
+        return self.control.gather_objects(obj)
 
     def close(self) -> None:
         """Release the communicator."""
 
 
-class LocalControlPlane:
-    """The control plane of a backend whose ranks all live in this process (sim, cuda on one host
-    process): every "rank" already sees every value."""
-
-    def gather(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)[None, :]
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        return [obj]
-
-
-class DelegatedControlPlane:
-    """The control plane carried by another backend (`self._control`, a gloo TorchBackend on the
-    CPU): what the GPU backends use beside their NCCL or CUDA-IPC data path."""
-    _control: Backend
-
-    def barrier(self) -> None:
-        self.synchronize()
-        self._control.barrier()
-
-    def gather(self, values: np.ndarray) -> np.ndarray | None:
-        return self._control.gather(values)
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        return self._control.agree_max(values)
-
-    def gather_objects(self, obj: Any) -> list[Any] | None:
-        return self._control.gather_objects(obj)
+def cpu_only(cfg: BackendConfig) -> tuple[str, str]:
+    """(device, library) of a backend that runs commbench's schedules on the CPU."""
+    if cfg.device == "cuda":
+        raise BackendError(f"--backend {cfg.backend} runs on the CPU; GPUs: --backend torch, "
+                           f"{' or '.join(names_where('needs_gpu'))}")
+    return "cpu", "schedule"

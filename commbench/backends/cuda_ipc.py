@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends.base import BackendError, DelegatedControlPlane
+from commbench.backends.base import BackendError
 from commbench.backends import cuda_kernels as K
-from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, launch_on
-from commbench.backends.gpu import all_gather_objects, oom_or, rank_gpu, require_gpu, store_dtype
+from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, launch_on, resolve_mode
+from commbench.backends.gpu import oom_or, rank_gpu, require_gpu, store_dtype
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
@@ -40,7 +40,13 @@ from commbench.topology import Topology
 MAX_WORLD = 1024  # one block of the barrier kernel has a thread per rank
 
 
-class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
+def create_cuda_backend(cfg, launch: LaunchInfo) -> CudaBackend:
+    """--backend cuda on this rank: the class of its pointer mode (ipc: one process per GPU)."""
+    mode = resolve_mode(cfg.cuda_mode, launch.launcher, cfg.nprocs or 2, require_gpu("cuda"))
+    return (IpcCudaBackend if mode == "ipc" else CudaBackend).create(cfg, launch)
+
+
+class IpcCudaBackend(CudaBackend):
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "IpcCudaBackend":
@@ -59,7 +65,8 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
             raise BackendError(f"--cuda-mode ipc supports up to {MAX_WORLD} ranks")
         gpus = require_gpu("cuda")
         # The control plane (and the rendezvous) is torch.distributed over gloo, as for shm and cupy.
-        self._control = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self._torch = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self.control = self._torch.control
         self.world_size = launch.world_size
         gpu = rank_gpu("cuda", launch.local_rank, gpus, self._all_gather)
         cupy.cuda.Device(gpu).use()  # tables, flags and CuPy's own work go to this GPU
@@ -134,7 +141,7 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
         """Every rank has closed its handles before any frees what they mapped (skipped after a
         barrier timeout: the missing rank would never arrive)."""
         if not self._faulted:
-            self._control.barrier()
+            self.control.barrier()
 
     # ---------------------------------------------------------------- the barrier between rounds
 
@@ -151,7 +158,7 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
         handles = self._all_gather(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr))
         opened = [cupy.cuda.runtime.ipcOpenMemHandle(h) for p, h in enumerate(handles) if p != self.rank]
         pointers = opened[:self.rank] + [memory.ptr] + opened[self.rank:]
-        self._control.barrier()  # every rank's flags are zeroed before anyone signals into them
+        self.control.barrier()  # every rank's flags are zeroed before anyone signals into them
         return memory, cupy.asarray(np.array(pointers, dtype=np.uint64)), opened
 
     def _barrier_launch(self) -> Any:
@@ -181,15 +188,15 @@ class IpcCudaBackend(DelegatedControlPlane, CudaBackend):
     # ---------------------------------------------------------------- control plane: gloo
 
     def _all_gather(self, obj: Any) -> list[Any]:
-        return all_gather_objects(self._control, obj, self.world_size)
+        return self.control.all_gather_objects(obj)
 
     def close(self) -> None:
         if self._faulted:  # as after a failed point: leave the mappings to the process's exit
-            self._control.close()
+            self._torch.close()
             return
         self._close_handles(self._opened)
         self._close_handles(self._flag_handles)
         self._meet()  # no peer still maps this rank's flags when they are freed
         self._exported.clear()
         self._flags_memory = None
-        self._control.close()
+        self._torch.close()

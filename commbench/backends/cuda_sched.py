@@ -31,16 +31,17 @@ small-message times measure the launch rate; `--graph` measures the GPU's latenc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
-from commbench.backends.base import BackendError, LocalControlPlane
-from commbench.backends.gpu import MEMCPY_DEFAULT, fill_value, from_store, oom_or, require_gpu, store_dtype, \
+from commbench.backends.base import BackendError
+from commbench.backends.gpu import gpu_only, MEMCPY_DEFAULT, fill_value, from_store, oom_or, require_gpu, store_dtype, \
     time_calls, to_store
+from commbench.backends.control import LocalControl
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.schedule import Schedule
@@ -81,9 +82,45 @@ def resolve_mode(mode: str, launcher: str, world: int, gpus: int) -> str:
     return "peer" if 1 < world <= gpus else "virtual"
 
 
-class CudaBackend(LocalControlPlane, ScheduleBackend):
+class CudaBackend(ScheduleBackend):
+    control = LocalControl()  # every rank in this process
     name = "cuda"
     device = "cuda"
+    needs_gpu = True
+    captures_graphs = True
+    has_cuda_modes = True
+
+    @classmethod
+    def settle(cls, cfg, launcher: str | None):
+        """Resolve `--cuda-mode auto`; the modes with every rank in one process refuse a launcher."""
+        cfg = super().settle(cfg, launcher)
+        gpus = require_gpu("cuda")
+        world = cfg.nprocs if cfg.nprocs is not None else (gpus if gpus > 1 else 2)
+        mode = resolve_mode(cfg.cuda_mode, launcher or "single", world, gpus)
+        if mode != "ipc" and launcher is not None:
+            raise BackendError(f"--cuda-mode {mode} runs every rank in one process: start it without {launcher}, "
+                               f"or use --cuda-mode ipc (one process per GPU)")
+        return replace(cfg, cuda_mode=mode)
+
+    @classmethod
+    def in_process(cls, cfg) -> bool:
+        return cfg.cuda_mode != "ipc"
+
+    @classmethod
+    def resolve_device(cls, cfg) -> tuple[str, str]:
+        return gpu_only(cfg, f"cuda-{cfg.cuda_mode}")
+
+    @classmethod
+    def default_world(cls, cfg, device: str) -> int:
+        gpus = require_gpu("cuda")
+        return gpus if gpus > 1 else 2  # one GPU: 2 virtual ranks
+
+    @classmethod
+    def algorithm_table(cls, collective: str) -> dict:
+        return {**super().algorithm_table(collective), **P.KERNEL_ALGORITHMS.get(collective, {})}
+
+    def setup_text(self) -> str:
+        return f"{super().setup_text()}, {self.library}"  # the pointer mode
 
     def __init__(self, world: int, topology: Topology, algorithm: str = "auto", mode: str = "virtual",
                  graph: bool = False, timeout_s: float = 300.0, rank: int = 0, devices: dict[int, int] | None = None,
@@ -119,13 +156,9 @@ class CudaBackend(LocalControlPlane, ScheduleBackend):
 
     @classmethod
     def create(cls, cfg, launch) -> "CudaBackend":
+        """The virtual and peer modes (every rank in this process); cuda_ipc.create_cuda_backend picks."""
         world = cfg.nprocs or 2
-        gpus = require_gpu("cuda")
-        mode = resolve_mode(cfg.cuda_mode, launch.launcher, world, gpus)
-        if mode == "ipc":
-            from commbench.backends.cuda_ipc import IpcCudaBackend
-
-            return IpcCudaBackend.create(cfg, launch)
+        mode = resolve_mode(cfg.cuda_mode, launch.launcher, world, require_gpu("cuda"))
         try:
             topology = parse_topology(cfg.topology, world)
         except TopologyError as exc:
@@ -356,6 +389,7 @@ class CudaBackend(LocalControlPlane, ScheduleBackend):
 
     def barrier(self) -> None:
         self.synchronize()
+        self.control.barrier()  # ipc mode: the ranks' processes meet over gloo
 
 
 def launch_on(device: int, kernel: Any, grid: tuple, block: tuple, args: tuple, stream: Any) -> Callable[[], None]:

@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.backends.base import Backend, BackendError, DelegatedControlPlane
-from commbench.backends.gpu import NCCL_HINT, all_gather_objects, dtype_of, fill_value, from_store, oom_or, rank_gpu, \
+from commbench.backends.base import Backend, BackendError
+from commbench.backends.gpu import gpu_only, NCCL_HINT, dtype_of, fill_value, from_store, oom_or, rank_gpu, \
     require_gpu, store_dtype, time_calls, to_store, wait_until_done
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
@@ -38,17 +38,31 @@ NCCL_DTYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16":
 NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN", "avg": "NCCL_AVG"}
 
 
-class CupyBackend(DelegatedControlPlane, Backend):
+class CupyBackend(Backend):
     name = "cupy"
     library = "nccl"
     device = "cuda"
+    needs_gpu = True
+    captures_graphs = True
+
+    @classmethod
+    def resolve_device(cls, cfg) -> tuple[str, str]:
+        return gpu_only(cfg, "nccl")
+
+    @classmethod
+    def default_world(cls, cfg, device: str) -> int:
+        return require_gpu("cupy")
+
+    @classmethod
+    def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
+        if "sendrecv" in collectives and world == 1:
+            raise BackendError("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "CupyBackend":
         return cls(launch, timeout_s=cfg.timeout_s, graph=cfg.graph)
 
     def __init__(self, launch: LaunchInfo, timeout_s: float = 300.0, graph: bool = False):
-        from commbench.backends.shm import _broadcast_object
         from commbench.backends.torch_dist import TorchBackend
 
         gpus = require_gpu("cupy")
@@ -59,11 +73,12 @@ class CupyBackend(DelegatedControlPlane, Backend):
             raise BackendError(f"--backend cupy: CuPy cannot load NCCL: {NCCL_HINT}")
         self.rank, self.world_size, self.graph, self.timeout_s = launch.rank, launch.world_size, graph, timeout_s
         self.comm = None
-        self._control = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self._torch = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
+        self.control = self._torch.control
         self.gpu = rank_gpu("cupy", launch.local_rank, gpus,
-                            lambda place: all_gather_objects(self._control, place, self.world_size))
+                            self.control.all_gather_objects)
         cupy.cuda.Device(self.gpu).use()
-        unique_id = _broadcast_object(self._control, nccl.get_unique_id() if self.rank == 0 else None)
+        unique_id = self.control.broadcast_object(nccl.get_unique_id() if self.rank == 0 else None)
         self.comm = nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._nccl = nccl
@@ -163,6 +178,10 @@ class CupyBackend(DelegatedControlPlane, Backend):
         with cupy.cuda.Device(self.gpu):
             return time_calls(call, iters, self.stream, graph=graph, wait=self._wait)
 
+    def barrier(self) -> None:
+        self.synchronize()
+        self.control.barrier()
+
     def synchronize(self) -> None:
         import cupy
 
@@ -198,4 +217,4 @@ class CupyBackend(DelegatedControlPlane, Backend):
                 comm.destroy()
             else:
                 comm.abort()
-        self._control.close()
+        self._torch.close()

@@ -49,6 +49,14 @@ def require_gpu(backend: str) -> int:
     return count
 
 
+def gpu_only(cfg, library: str) -> tuple[str, str]:
+    """(device, library) of a backend that needs CuPy and a GPU, or one BackendError saying what is missing."""
+    if cfg.device == "cpu":
+        raise BackendError(f"--backend {cfg.backend} runs on GPUs; on the CPU: --backend torch, shm or sim")
+    require_gpu(cfg.backend)
+    return "cuda", library
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -193,12 +201,3 @@ def rank_gpu(backend: str, local_rank: int, gpus: int, all_gather: Callable[[Any
                                f"it has GPUs (and check CUDA_VISIBLE_DEVICES)")
         owners[place] = rank
     return gpu
-
-
-def all_gather_objects(control: Any, obj: Any, world: int) -> list[Any]:
-    """Every rank's `obj`, on every rank, over the control plane (a TorchBackend on gloo)."""
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj, group=control._control)
-    return out

@@ -27,7 +27,7 @@ import torch
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
 from commbench.backends.schedule_base import job_topology
-from commbench.backends.shm import ShmBackend, ShmBuffer, _broadcast_object, _pull, _reducer, require_x86
+from commbench.backends.shm import ShmBackend, ShmBuffer, _pull, _reducer, require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
@@ -44,7 +44,7 @@ class HybridBackend(ShmBackend):
 
     def _members(self, topology: Topology) -> list[int]:
         members = topology.node_ranks(topology.node_of(self.rank))
-        hosts = _broadcast_object(self, self.gather_objects(socket.gethostname()))  # every rank's host, everywhere
+        hosts = self.control.broadcast_object(self.gather_objects(socket.gethostname()))  # every rank's host, everywhere
         apart = [r for r in members if hosts[r] != hosts[self.rank]]
         if apart:
             raise BackendError(f"--topology {topology} puts rank {self.rank} and rank {apart[0]} on one node, but "

@@ -23,7 +23,7 @@ from abc import abstractmethod
 from typing import Any, Callable
 
 from commbench import algorithms
-from commbench.backends.base import Backend, BackendError
+from commbench.backends.base import Backend, BackendError, cpu_only
 from commbench.collectives import DType
 from commbench.schedule import Schedule
 from commbench.topology import Topology, TopologyError, parse_topology
@@ -53,6 +53,48 @@ class ScheduleBackend(Backend):
     algorithm: str  # an algorithm name or "auto"
     dtype: DType | None = None
     _last: Schedule | None = None
+    runs_schedules = True
+    launches_async = False  # calls run to completion (the proxy hands them to a thread)
+
+    @classmethod
+    def resolve_device(cls, cfg) -> tuple[str, str]:
+        return cpu_only(cfg)
+
+    @classmethod
+    def default_world(cls, cfg, device: str) -> int:
+        return 2
+
+    @classmethod
+    def algorithm_table(cls, collective: str) -> dict[str, Any]:
+        """The algorithms this backend runs for `collective` (name -> builder)."""
+        return dict(algorithms.ALGORITHMS.get(collective, {}))
+
+    @classmethod
+    def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
+        from commbench.collectives import COLLECTIVES
+
+        for name in collectives:
+            reason = schedule_unsupported(cfg.backend, name, dtype, op if COLLECTIVES[name].reduces else None) \
+                if name in algorithms.ALGORITHMS else None  # no schedule at all: said below
+            if reason:
+                raise BackendError(f"--op {op} with --dtype {dtype.name}: {reason}")
+        for name in collectives:
+            table = cls.algorithm_table(name)
+            if not table:
+                raise BackendError(f"--backend {cfg.backend} has no algorithm for {name}; it runs "
+                                   f"{', '.join(algorithms.ALGORITHMS)} (use --backend torch for {name})")
+            if cfg.algorithm != "auto" and cfg.algorithm not in table:
+                raise BackendError(f"no algorithm {cfg.algorithm!r} for {name}; available: {', '.join(table)}, auto")
+        try:
+            parse_topology(cfg.topology, world)
+        except TopologyError as exc:
+            raise BackendError(str(exc)) from exc
+
+    def setup_text(self) -> str:
+        return f"algorithm {self.algorithm}, topology {self.topology}"
+
+    def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        return []
 
     def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
         return schedule_unsupported(self.name, collective, dtype, op)

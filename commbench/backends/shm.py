@@ -93,7 +93,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         self.topology, self.algorithm, self.timeout_s = topology, algorithm, timeout_s
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self._spin = SPIN_CHECKS if launch.local_world_size <= cores else OVERSUBSCRIBED_SPIN_CHECKS
-        self.job = _broadcast_object(self, os.environ.get(SPAWN_VAR) or uuid.uuid4().hex[:10])  # rank 0's tag
+        self.job = self.control.broadcast_object(os.environ.get(SPAWN_VAR) or uuid.uuid4().hex[:10])  # rank 0's tag
         self._own: dict[int, _Segment] = {}
         self._peers: dict[tuple[int, int], _Segment] = {}
         self._seq = 0
@@ -360,11 +360,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _broadcast_object(backend: TorchBackend, obj: Any) -> Any:
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=backend._control)
-    return box[0]

@@ -16,7 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from commbench.backends.base import BackendError, LocalControlPlane
+from commbench.backends.base import BackendError
+from commbench.backends.control import LocalControl
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
@@ -34,12 +35,30 @@ class RankArrays:
         return len(self.arrays[0])
 
 
-class SimBackend(LocalControlPlane, ScheduleBackend):
+class SimBackend(ScheduleBackend):
+    control = LocalControl()  # every rank in this process
     name = "sim"
     library = "schedule"
     device = "cpu"
     timed = False
     kind = "predicted"
+    uses_hw = True
+    default_sizes = "1K-1M"  # every rank's buffers live in this process
+
+    @classmethod
+    def settle(cls, cfg, launcher: str | None):
+        cfg = super().settle(cfg, launcher)
+        if cfg.hw:
+            _hardware(cfg.hw, None)
+        return cfg
+
+    @classmethod
+    def in_process(cls, cfg) -> bool:
+        return True
+
+    def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        return [f"sim: results are checked; times are predicted by the cost model of {hw}" if hw
+                else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET"]
 
     def __init__(self, world: int, topology: Topology, algorithm: str = "auto", hardware=None):
         if world < 1:
@@ -56,14 +75,7 @@ class SimBackend(LocalControlPlane, ScheduleBackend):
             topology = parse_topology(cfg.topology, world)
         except TopologyError as exc:
             raise BackendError(str(exc)) from exc
-        hardware = None
-        if cfg.hw:
-            from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
-
-            try:
-                hardware = with_topology(load_hardware(cfg.hw), topology)
-            except HardwareError as exc:
-                raise BackendError(str(exc)) from exc
+        hardware = _hardware(cfg.hw, topology) if cfg.hw else None
         return cls(world, topology, cfg.algorithm, hardware)
 
     @property
@@ -135,3 +147,14 @@ class SimBackend(LocalControlPlane, ScheduleBackend):
 
     def barrier(self) -> None:
         pass
+
+
+def _hardware(spec: str, topology: Topology | None):
+    """The cost model of a hardware file or preset (laid onto `topology`), or one BackendError."""
+    from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+
+    try:
+        hardware = load_hardware(spec)
+        return with_topology(hardware, topology) if topology is not None else hardware
+    except HardwareError as exc:
+        raise BackendError(str(exc)) from exc

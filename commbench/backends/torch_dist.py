@@ -13,14 +13,15 @@ import datetime
 import inspect
 import os
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from commbench.backends.base import Backend, BackendError, OutOfMemory
-from commbench.collectives import DType
+from commbench.backends.control import GroupControl
+from commbench.collectives import COLLECTIVES, DType
 from commbench.launch import LaunchInfo
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -60,6 +61,30 @@ def unsupported(library: str, collective: str, dtype: DType, op: str | None, pla
 
 class TorchBackend(Backend):
     name = "torch"
+    launches_async = True  # DDP-like overlap in the proxy: the library queues the calls
+
+    @classmethod
+    def resolve_device(cls, cfg) -> tuple[str, str]:
+        return resolve_device(cfg.device, cfg.torch_backend)
+
+    @classmethod
+    def default_world(cls, cfg, device: str) -> int:
+        return torch.cuda.device_count() if device == "cuda" else 2
+
+    @classmethod
+    def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
+        if "sendrecv" in collectives and world == 1:
+            raise BackendError("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
+        for name in collectives:
+            reason = unsupported(library, name, dtype, op if COLLECTIVES[name].reduces else None, "both")
+            if reason:
+                raise BackendError(f"--op {op} with --dtype {dtype.name}: {reason}")
+
+    def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        copied = [name for name in ("allreduce", "broadcast", "reduce") if name in collectives]
+        if not copied or "out-of-place" not in placements:
+            return []
+        return [f"torch has no out-of-place {'/'.join(copied)}: out-of-place = copy + in-place call, both timed"]
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> "TorchBackend":
@@ -79,7 +104,8 @@ class TorchBackend(Backend):
         dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
                                 world_size=launch.world_size, timeout=timeout, **kwargs)
         # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
-        self._control = dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        group = dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        self.control = GroupControl(group, self.rank, self.world_size)
 
     # ---------------------------------------------------------------- buffers
 
@@ -171,24 +197,6 @@ class TorchBackend(Backend):
             torch.cuda.synchronize()
         else:
             dist.barrier()
-
-    # ---------------------------------------------------------------- control plane
-
-    def gather(self, values: np.ndarray) -> np.ndarray | None:
-        local = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
-        out = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(out, local, group=self._control)
-        return torch.stack(out).numpy() if self.rank == 0 else None
-
-    def agree_max(self, values: np.ndarray) -> np.ndarray:
-        tensor = torch.from_numpy(np.array(values, dtype=np.float64))
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
-        return tensor.numpy()
-
-    def gather_objects(self, obj: Any) -> list[Any] | None:
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self._control)
-        return out if self.rank == 0 else None
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -6,7 +6,7 @@ import os
 
 import click
 
-EXIT_USAGE = 2
+from commbench.job import EXIT_USAGE
 
 
 class UsageFault(click.ClickException):
@@ -23,3 +23,14 @@ def check_writable(path: str | None) -> None:
         raise UsageFault(f"cannot create the directory of {path}: {exc.strerror}") from exc
     if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise UsageFault(f"cannot write {path}: permission denied")
+
+
+def find_job(launcher_option: str):
+    """(launcher, LaunchInfo or None) of this process, or one line (exit 2) naming a broken variable."""
+    from commbench import job
+    from commbench.launch import LaunchError
+
+    try:
+        return job.find_job(launcher_option)
+    except LaunchError as exc:
+        raise UsageFault(str(exc)) from exc

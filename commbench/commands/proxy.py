@@ -77,15 +77,18 @@ def proxy_command(**options) -> None:
     gradient is ready (overlapped with the rest of the backward, as DDP does), and
     reports compute, communication, exposed communication and step time.
     """
-    from commbench.proxies import run as R
+    from commbench import job
+    from commbench.commands.proxy_plan import make_config
 
-    cfg, plan = _proxy_config(options)
-    if plan.mode == "sim":
-        sys.exit(R.predict_proxy(cfg, plan, sys.argv))
-    code = _launch(options, cfg, plan, "commbench.proxies.replay")
+    cfg, plan = make_config(options)
+    if plan.mode == "local":  # predicted by the cost model: no ranks
+        from commbench.proxies.run import predict_proxy
+
+        sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
+    code = _launch("proxy", cfg, plan)
     if code == 0 and options["validate"]:
-        code = _validate(options, cfg, plan)
-    _exit(code, plan)
+        code = _validate(cfg, plan)
+    job.end(code, plan)
 
 
 @click.command("train", epilog="""
@@ -100,48 +103,38 @@ def train_command(**options) -> None:
     """Train MODEL for real with torch DDP (random weights, synthetic data) and time each step."""
     options.update(backend="torch", algorithm="auto", nodes=None, gpus_per_node=None, spawn_local=False, hw=None,
                    compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False)
-    cfg, plan = _proxy_config(options)
-    _exit(_launch(options, cfg, plan, "commbench.proxies.train"), plan)
+    from commbench import job
+    from commbench.commands.proxy_plan import make_config
+
+    cfg, plan = make_config(options)
+    job.end(_launch("train", cfg, plan), plan)
 
 
-def _exit(code: int, plan) -> None:
-    """A rank of a launcher's job ends without the interpreter's teardown (see replay.exit_now)."""
-    if plan.mode == "join":
-        from commbench.proxies.replay import exit_now
-
-        exit_now(code)
-    sys.exit(code)
-
-
-def _proxy_config(options: dict):
-    from commbench.proxies import run as R
+def _usage(call):
+    """Run `call`; a ProxyUsageError it raises is bad input (one line, exit 2)."""
+    from commbench.proxies.run import ProxyUsageError
 
     try:
-        return R.make_config(options)
-    except R.ProxyUsageError as exc:
+        return call()
+    except ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
 
 
-def _launch(options: dict, cfg, plan, module: str) -> int:
-    from commbench import launch
-    from commbench.proxies.replay import ARGV_VAR, CONFIG_VAR
+def _launch(name: str, cfg, plan) -> int:
+    from commbench import job
 
     check_writable(cfg.json_path)
-    if plan.mode == "spawn":
-        return launch.spawn_local(module, plan.world, {CONFIG_VAR: cfg.to_json(), ARGV_VAR: json.dumps(sys.argv)})
-    run = __import__(module, fromlist=["run_proxy", "run_train"])
-    entry = run.run_proxy if module.endswith("replay") else run.run_train
-    return entry(cfg, plan.launch, sys.argv)
+    return job.run(name, cfg, plan, sys.argv)
 
 
-def _validate(options: dict, cfg, plan) -> int:
+def _validate(cfg, plan) -> int:
     from commbench.proxies import run as R
 
-    lead = R.is_lead(plan)
+    lead = plan.lead
     if lead:
         click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend")
     train_cfg = R.train_twin(cfg)
-    code = _launch(options, train_cfg, plan, "commbench.proxies.train")
+    code = _launch("train", train_cfg, plan)
     if code == 0 and lead:
         R.report_validation(cfg, train_cfg)
     return code
@@ -185,10 +178,11 @@ def profiles_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, as_json) -> None:
     """A profile's summary and tensors, or with --buckets its DDP bucket layout."""
+    from commbench.commands.proxy_plan import bucketing_mode
     from commbench.proxies import run as R
 
     try:
-        text = R.show_profile(model, show_buckets, bucket_mb, R.bucketing_mode(no_bucketing, single_bucket), as_json)
+        text = R.show_profile(model, show_buckets, bucket_mb, bucketing_mode(no_bucketing, single_bucket), as_json)
     except R.ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
     click.echo(text)

@@ -1,13 +1,11 @@
 """`commbench sweep`: parse and validate, then run the harness (commbench/bench.py) on every rank."""
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable
+from commbench.commands.common import UsageFault, check_writable, find_job
 
 SWEEP_EXAMPLES = """
 \b
@@ -99,75 +97,49 @@ def sweep(**options) -> None:
     Under torchrun, SLURM (srun) or MPI (mpirun) every rank runs this command and
     joins the existing job.
     """
-    from commbench import bench, launch
+    from commbench import job
 
-    env = os.environ
-    launcher = None if options["launcher"] == "auto" else options["launcher"]
-    launcher = launcher or launch.detect_launcher(env)
-    if _in_one_process(options, launcher):  # every rank lives in this process: nothing to launch or join
-        cfg, _ = _sweep_config(options, world=None)
-        sys.exit(bench.run_sweep(cfg, launch.LaunchInfo.local(0, 1, 0), sys.argv))
-    if launcher in (None, "spawn") and launch.SPAWN_VAR not in env:
-        cfg, world = _sweep_config(options, world=None)
-        code = launch.spawn_local("commbench.bench", world, {bench.CONFIG_VAR: cfg.to_json(),
-                                                             bench.ARGV_VAR: json.dumps(sys.argv)})
-        sys.exit(code)
-    info = _launch_info(launch, env, launcher)
-    if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
-        click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
-                   f"{info.world_size} rank(s)", err=True)
-    cfg, _ = _sweep_config(options, world=info.world_size)
-    sys.exit(bench.run_sweep(cfg, info, sys.argv))
+    launcher, info = find_job(options["launcher"])
+    cls, request = _backend(options, launcher)
+    if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
+        cfg, world = _sweep_config(options, cls, request, world=None)
+        plan = job.Plan("local", world)
+    elif info is None:
+        cfg, world = _sweep_config(options, cls, request, world=None)
+        plan = job.Plan("spawn", world)
+    else:
+        if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
+            click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
+                       f"{info.world_size} rank(s)", err=True)
+        cfg, world = _sweep_config(options, cls, request, world=info.world_size)
+        plan = job.Plan("join", world, info)
+    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
 
 
-def _in_one_process(options: dict, launcher: str | None) -> bool:
-    """sim, and cuda with its ranks in this process (virtual or peer); resolves --cuda-mode auto."""
-    if options["backend"] == "sim":
-        return True
-    if options["backend"] != "cuda":
-        if options["cuda_mode"] != "auto":
-            raise UsageFault("--cuda-mode only applies to --backend cuda (where its ranks' buffers live)")
-        return False
-    from commbench.backends.cuda_sched import resolve_mode
+def _backend(options: dict, launcher: str | None):
+    """(backend class, settled BackendConfig): the options a backend reads, checked by the backend."""
+    from commbench.backends import BackendConfig, BackendError, backend_class
 
-    gpus = _gpus(options)
-    world = options["nprocs"] if options["nprocs"] is not None else (gpus if gpus > 1 else 2)
-    mode = resolve_mode(options["cuda_mode"], launcher or "single", world, gpus)
-    if mode != "ipc" and launcher is not None:
-        raise UsageFault(f"--cuda-mode {mode} runs every rank in one process: start it without {launcher}, "
-                         f"or use --cuda-mode ipc (one process per GPU)")
-    options["cuda_mode"] = mode
-    return mode != "ipc"
-
-
-def _gpus(options: dict) -> int:
-    """Visible CUDA devices for --backend cupy/cuda, or one line (exit 2) saying what is missing."""
-    from commbench.backends import BackendError
-    from commbench.backends.gpu import require_gpu
-
+    request = BackendConfig(backend=options["backend"], torch_backend=options["torch_backend"],
+                            device=options["device"], algorithm=options["algorithm"], topology=options["topology"],
+                            nprocs=options["nprocs"], hw=options["hw"], cuda_mode=options["cuda_mode"],
+                            graph=options["graph"], timeout_s=options["timeout_s"])
     try:
-        return require_gpu(options["backend"])
+        cls = backend_class(request.backend)
+        return cls, cls.settle(request, launcher)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
 
 
-def _launch_info(launch, env, launcher):
-    try:
-        return launch.from_environment(env, launcher)
-    except launch.LaunchError as exc:
-        raise UsageFault(str(exc)) from exc
-
-
-def _sweep_config(options: dict, world: int | None):
+def _sweep_config(options: dict, cls, request, world: int | None):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
     from commbench import bench
     from commbench import collectives as C
-    from commbench.backends import BackendError, backend_class
+    from commbench.backends import BackendError
     from commbench.sizes import SizeError, parse_sizes
 
-    default_sizes = "1K-1M" if options["backend"] == "sim" else "1K-64M"
     try:
-        sizes = parse_sizes(options["sizes"] or default_sizes, options["factor"], options["step"])
+        sizes = parse_sizes(options["sizes"] or cls.default_sizes, options["factor"], options["step"])
         names = C.resolve_collectives(options["collective_names"])
         dtype = C.resolve_dtype(options["dtype"])
     except (SizeError, ValueError) as exc:
@@ -177,20 +149,16 @@ def _sweep_config(options: dict, world: int | None):
         raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}")
     _check_counts(options)
     try:
-        backend_class(options["backend"])
-        device, library = _resolve_device(options)
+        device, library = cls.resolve_device(request)
+        if world is None:
+            world = request.nprocs if request.nprocs is not None else cls.default_world(request, device)
+        if world < 1:
+            raise UsageFault(f"--nprocs {world}: need at least 1 rank")
+        if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
+            raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
+        cls.check_request(request, library, names, dtype, op, world)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
-    if options["graph"] and options["backend"] not in ("cupy", "cuda"):
-        raise UsageFault("--graph captures CUDA work in a graph: use it with --backend cupy or cuda")
-    if world is None:
-        world = options["nprocs"] if options["nprocs"] is not None else _default_nprocs(options, device)
-    if world < 1:
-        raise UsageFault(f"--nprocs {world}: need at least 1 rank")
-    if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
-        raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
-    _check_supported(options["backend"], library, names, dtype, op, world)
-    _check_algorithm(options, names, world)
     for flag in ("json_path", "csv_path"):
         check_writable(options[flag])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
@@ -198,10 +166,10 @@ def _sweep_config(options: dict, world: int | None):
         collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
         placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
-        backend=options["backend"], torch_backend=options["torch_backend"], device=device,
-        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=options["timeout_s"],
-        algorithm=options["algorithm"], topology=options["topology"], nprocs=world, hw=options["hw"],
-        cuda_mode=options["cuda_mode"], graph=options["graph"], monitor=options["monitor"])
+        backend=request.backend, torch_backend=request.torch_backend, device=device,
+        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=request.timeout_s,
+        algorithm=request.algorithm, topology=request.topology, nprocs=world, hw=request.hw,
+        cuda_mode=request.cuda_mode, graph=request.graph, monitor=options["monitor"])
     return cfg, world
 
 
@@ -214,89 +182,3 @@ def _check_counts(options: dict) -> None:
         raise UsageFault(f"--min-time {options['min_time']}: must be positive")
     if not options["timeout_s"] > 0:
         raise UsageFault(f"--timeout {options['timeout_s']}: must be positive")
-
-
-def _check_algorithm(options: dict, names: list[str], world: int) -> None:
-    from commbench import algorithms
-    from commbench.backends import SCHEDULE_BACKENDS
-    from commbench.topology import TopologyError, parse_topology
-
-    backend, algorithm = options["backend"], options["algorithm"]
-    if options["hw"] and backend != "sim":
-        raise UsageFault("--hw times the sim backend's calls; other backends measure theirs")
-    if options["hw"]:
-        from commbench.analysis.costmodel import HardwareError, load_hardware
-
-        try:
-            load_hardware(options["hw"])
-        except HardwareError as exc:
-            raise UsageFault(str(exc)) from exc
-    if backend not in SCHEDULE_BACKENDS:
-        if algorithm != "auto" or options["topology"]:
-            raise UsageFault(f"--algorithm/--topology choose commbench's own algorithms: use them with --backend "
-                             f"{', '.join(SCHEDULE_BACKENDS)} (--backend {backend} runs the library's)")
-        return
-    for name in names:
-        table = algorithms.ALGORITHMS.get(name)
-        if table and backend == "cuda":  # schedules only the kernels run (two-shot)
-            from commbench.backends.cuda_plan import KERNEL_ALGORITHMS
-
-            table = {**table, **KERNEL_ALGORITHMS.get(name, {})}
-        if not table:
-            raise UsageFault(f"--backend {backend} has no algorithm for {name}; it runs "
-                             f"{', '.join(algorithms.ALGORITHMS)} (use --backend torch for {name})")
-        if algorithm != "auto" and algorithm not in table:
-            raise UsageFault(f"no algorithm {algorithm!r} for {name}; available: {', '.join(table)}, auto")
-    try:
-        parse_topology(options["topology"], world)
-    except TopologyError as exc:
-        raise UsageFault(str(exc)) from exc
-
-
-def _resolve_device(options: dict) -> tuple[str, str]:
-    from commbench.backends import GPU_BACKENDS, BackendError
-
-    if options["backend"] in GPU_BACKENDS:
-        if options["device"] == "cpu":
-            raise BackendError(f"--backend {options['backend']} runs on GPUs; on the CPU: --backend torch, shm or sim")
-        _gpus(options)
-        return "cuda", "nccl" if options["backend"] == "cupy" else f"cuda-{options['cuda_mode']}"
-    if options["backend"] != "torch":
-        if options["device"] == "cuda":
-            raise BackendError(f"--backend {options['backend']} runs on the CPU; GPUs: --backend torch, cupy or cuda")
-        return "cpu", "schedule"
-    from commbench.backends.torch_dist import resolve_device
-
-    return resolve_device(options["device"], options["torch_backend"])
-
-
-def _default_nprocs(options: dict, device: str) -> int:
-    if options["backend"] in ("cupy", "cuda"):
-        gpus = _gpus(options)
-        return gpus if gpus > 1 or options["backend"] == "cupy" else 2  # cuda on one GPU: 2 virtual ranks
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.device_count()
-    return 2
-
-
-def _check_supported(backend: str, library: str, names: list[str], dtype, op: str, world: int) -> None:
-    """Op/dtype combinations the backend lacks, before any rank starts (exit 2, not a fault)."""
-    from commbench import algorithms
-    from commbench import collectives as C
-    from commbench.backends.schedule_base import schedule_unsupported
-    from commbench.backends.torch_dist import unsupported as torch_unsupported
-
-    if backend in ("torch", "cupy") and "sendrecv" in names and world == 1:
-        raise UsageFault("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
-    for name in names:
-        name_op = op if C.COLLECTIVES[name].reduces else None
-        if backend == "torch":
-            reason = torch_unsupported(library, name, dtype, name_op, "both")
-        elif backend != "cupy" and name in algorithms.ALGORITHMS:  # others: _check_algorithm names the problem
-            reason = schedule_unsupported(backend, name, dtype, name_op)
-        else:
-            reason = None
-        if reason:
-            raise UsageFault(f"--op {op} with --dtype {dtype.name}: {reason}")

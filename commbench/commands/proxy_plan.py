@@ -1,0 +1,158 @@
+"""`proxy` and `train` options, validated into a ProxyConfig and a job plan: spawn local
+ranks, join the launcher's job, or predict with the cost model (mode `local`: nothing runs
+but the model)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import replace
+
+from commbench import job
+from commbench.commands.common import UsageFault, find_job
+from commbench.proxies.config import ProxyConfig
+from commbench.proxies.profile import Profile, ProfileError, load_profile
+
+
+def bucketing_mode(no_bucketing: bool, single_bucket: bool) -> str:
+    if no_bucketing and single_bucket:
+        raise UsageFault("--no-bucketing and --single-bucket exclude each other")
+    return "none" if no_bucketing else "single" if single_bucket else "ddp"
+
+
+def _check_numbers(options: dict) -> None:
+    for flag, minimum in (("batch", 1), ("steps", 1), ("warmup_steps", 0), ("nodes", 1), ("gpus_per_node", 1),
+                          ("nprocs", 1)):
+        value = options.get(flag)
+        if value is not None and value < minimum:
+            raise UsageFault(f"--{flag.replace('_', '-')} {value}: must be at least {minimum}")
+    for flag in ("bucket_mb", "tflops", "timeout_s"):
+        value = options.get(flag)
+        if value is not None and not value > 0:
+            name = "timeout" if flag == "timeout_s" else flag.replace("_", "-")
+            raise UsageFault(f"--{name} {value:g}: must be positive")
+
+
+def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
+    """Everything that can be checked before a rank starts, as (config, plan)."""
+    _check_numbers(options)
+    try:
+        profile = load_profile(options["model"])
+    except ProfileError as exc:
+        raise UsageFault(str(exc)) from exc
+    bucketing = bucketing_mode(options["no_bucketing"], options["single_bucket"])
+    compute = options["compute"] or ("flops" if options["tflops"] else "measured")
+    if compute == "flops" and not options["tflops"]:
+        raise UsageFault("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
+    if compute == "measured":
+        _check_model_available(profile)
+    plan = _plan(options)
+    if plan.mode == "local" and not options["compute"] and not options["tflops"]:
+        raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
+                              "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
+    if options.get("validate"):
+        _check_validate(plan, bucketing, compute, options["backend"])
+    device = _device(options)
+    json_path = options["json_path"]
+    if options.get("validate") and not json_path:
+        json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
+    cfg = ProxyConfig(model=options["model"], batch=options["batch"], bucket_mb=options["bucket_mb"],
+                      bucketing=bucketing, compute=compute, tflops=options["tflops"], steps=options["steps"],
+                      warmup_steps=options["warmup_steps"], amp=bool(options.get("amp")), backend=options["backend"],
+                      torch_backend=options["torch_backend"], device=device, algorithm=options["algorithm"],
+                      topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
+                      hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
+                      monitor=bool(options.get("monitor")))
+    if plan.note and plan.lead:
+        print(f"commbench: note: {plan.note}", flush=True)
+    return cfg, plan
+
+
+def _check_validate(plan: job.Plan, bucketing: str, compute: str, backend: str) -> None:
+    """--validate compares like with like: what DDP on torch.distributed really does, with the
+    compute of the real model, so a proxy that differs from training in any of these is refused."""
+    differs = [what for what, same in (
+        ("--backend sim (nothing runs)", plan.mode != "local"), (f"--backend {backend} (training runs on torch)",
+                                                              backend == "torch"),
+        ("--no-bucketing/--single-bucket (training uses DDP's buckets)", bucketing == "ddp"),
+        (f"--compute {compute} (training runs the real model)", compute == "measured")) if not same]
+    if differs:
+        raise UsageFault(f"--validate compares the proxy with real DDP training; not with {differs[0]}")
+
+
+def _check_model_available(profile: Profile) -> None:
+    from commbench.proxies.catalog import CATALOG
+
+    spec = profile.source.get("spec") or (CATALOG[profile.name].constructor if profile.name in CATALOG else None)
+    if spec is None:
+        raise UsageFault(f"{profile.name}: --compute measured needs the model definition, and this profile "
+                              f"does not name one; use --tflops RATE or --compute none")
+    package = spec.split(":")[0]
+    import importlib.util
+
+    if importlib.util.find_spec(package.split(".")[0]) is None:
+        raise UsageFault(f"{profile.name}: --compute measured runs the real model, which needs {package}: "
+                              f"pip install 'commbench[models]', or use --tflops RATE / --compute none")
+
+
+def _device(options: dict) -> str:
+    """The device the ranks run on, as the backend resolves `--device`."""
+    from commbench.backends import BackendConfig, BackendError, backend_class
+
+    request = BackendConfig(backend=options["backend"], device=options["device"],
+                            torch_backend=options["torch_backend"])
+    try:
+        return backend_class(request.backend).resolve_device(request)[0]
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _plan(options: dict) -> job.Plan:
+    """Spawn, join or predict; a job smaller than --nodes asks for is said in one line."""
+    from commbench.backends import BackendError, backend_class
+
+    backend, nodes = options["backend"], options["nodes"]
+    try:
+        predicted = backend_class(backend).kind == "predicted"  # sim: the cost model, no ranks
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
+    per_node = options["gpus_per_node"] or (_local_gpus() or 1)
+    _, info = find_job(options["launcher"])
+    joined = info is not None
+    if predicted:
+        world = nodes * per_node if nodes else (options["nprocs"] or 2)
+        return replace(_sim_plan(options, nodes or 1, per_node if nodes else world, None), launch=info)
+    if joined:
+        if nodes and info.world_size != nodes * per_node:
+            return replace(_sim_plan(options, nodes, per_node, f"the job has {info.world_size} rank(s), not the "
+                                                               f"{nodes} x {per_node} that --nodes asks for"),
+                           launch=info)
+        return job.Plan("join", info.world_size, info, info.nnodes, info.local_world_size)
+    if nodes:
+        if options["spawn_local"]:
+            return job.Plan("spawn", nodes * per_node, None, nodes, per_node)
+        return _sim_plan(options, nodes, per_node, f"this host is not a job of {nodes} x {per_node} ranks")
+    world = options["nprocs"] or (_local_gpus() or 2)
+    return job.Plan("spawn", world, None, 1, world)
+
+
+def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> job.Plan:
+    if not options["hw"]:
+        hint = "; add --local to spawn them all here, or --hw PRESET|FILE to predict them with the cost model" \
+            if why else ""
+        raise UsageFault((why or "--backend sim predicts with the cost model") + hint +
+                              ("" if why else ": give --hw PRESET|FILE"))
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+
+    try:
+        load_hardware(options["hw"])
+    except HardwareError as exc:
+        raise UsageFault(str(exc)) from exc
+    note = f"{why}: predicting {nodes} x {per_node} ranks with the cost model of {options['hw']} " \
+           f"(kind: predicted, nothing measured)" if why else None
+    return job.Plan("local", nodes * per_node, None, nodes, per_node, note)

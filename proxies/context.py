@@ -1,0 +1,129 @@
+"""One proxy or training rank's frame: its backend, its header, per-step records and the
+summary, for `proxy` (replay.py) and `train` (train.py). Faults and exit codes are the job
+frame's (commbench/job.py): whatever happens, the summary says what was measured."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from commbench.job import EXIT_OK
+from commbench.job import run_rank as run_rank_frame
+from commbench.proxies import buckets as B
+from commbench.proxies.profile import load_profile
+from commbench.proxies.steps import ProxyResult, StepLog, summarize
+from commbench.environment import local_environment, software_versions
+
+
+class RankContext:
+    """What a proxy or train body needs on one rank, and the record keeping around it."""
+
+    def __init__(self, cfg, launch, backend, kind: str, argv: list[str]):
+        self.cfg, self.launch, self.backend, self.kind, self.argv = cfg, launch, backend, kind, argv
+        self.profile = load_profile(cfg.model)
+        self.batch = cfg.batch or self.profile.default_batch
+        self.buckets = B.assign(self.profile, cfg.bucket_mb, cfg.bucketing)
+        self.rows: list[list[float]] = []
+        self.log: StepLog | None = None
+        self.compute = "-"
+        self.monitor = None  # --monitor on rank 0: commbench.telemetry.Monitor
+        self.channel = None  # the proxy's ThreadChannel or WorkChannel, closed by run_rank
+
+    def start(self, compute: str, lines: list[str], extra: dict[str, Any] | None = None) -> None:
+        """After setup, before the first step: the run header (every rank takes part)."""
+        self.compute = compute
+        environment = self.backend.gather_objects(local_environment(self.backend.device))
+        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0, self.batch * self.backend.world_size)
+        profile, world = self.profile, self.backend.world_size
+        what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
+                f"{profile.nbytes / 2**20:.1f} MiB of gradients in {len(self.buckets)} bucket(s) "
+                f"({self._bucket_text()}), batch {self.batch} per rank, {world} rank(s), "
+                f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
+        record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
+                  "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
+                  "buckets": B.describe(self.buckets), **(extra or {})}
+        if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
+            from commbench.telemetry import run_monitor
+
+            self.monitor = run_monitor(self.backend, self.backend.rank == 0)
+        if self.monitor is not None:
+            self.monitor.start()
+            lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
+        self.log.header(record, [what, *lines])
+        if self.monitor is not None:
+            self.monitor.mark()
+
+    def _bucket_text(self) -> str:
+        if self.cfg.bucketing != "ddp":
+            return {"none": "one per tensor", "single": "one bucket"}[self.cfg.bucketing]
+        return f"cap {self.cfg.bucket_mb:g} MiB" if self.cfg.bucket_mb else "DDP default: 25 MiB, first 1 MiB"
+
+    def record(self, index: int, values: dict[str, float | None]) -> None:
+        self.rows.append([np.nan if values[k] is None else values[k]
+                          for k in ("compute_us", "comm_us", "exposed_comm_us", "step_us")])
+        if self.monitor is not None:  # this step's hardware averages, then a window for the next
+            values = {**values, "telemetry": self.monitor.window()}
+            self.monitor.mark()
+        if self.log:
+            self.log.step(index + 1, index < self.cfg.warmup_steps, values)
+
+    def finish(self, status: str = "ok", error: str | None = None) -> None:
+        rows = np.array(self.rows, dtype=float).reshape(-1, 4)
+        if status == "ok":  # every rank's steps; per step, the whole row of its slowest rank
+            gathered = self.backend.gather(rows.ravel())
+            if gathered is not None:
+                ranks = gathered.reshape(self.backend.world_size, -1, 4)
+                slowest = ranks[:, :, 3].argmax(axis=0)
+                rows = ranks[slowest, np.arange(ranks.shape[1])]
+        if self.backend.rank != 0:
+            return
+        if self.log is None:  # failed before the first step: nothing to summarise or write
+            return
+        telemetry = None
+        if self.monitor is not None:
+            self.monitor.stop()
+            telemetry = self.monitor.summary()
+        measured = rows[self.cfg.warmup_steps:]
+        stats = summarize(measured)
+        step = stats["step_us_p50"] or 0.0
+        self.log.summary(ProxyResult(
+            kind=self.kind, model=self.profile.name, backend=self.backend.name, library=self.backend.library,
+            device=self.backend.device, world_size=self.backend.world_size, nnodes=self.launch.nnodes,
+            batch=self.batch, bucket_mb=self.cfg.bucket_mb, bucketing=self.cfg.bucketing, buckets=len(self.buckets),
+            gradient_bytes=self.profile.nbytes, compute=self.compute, steps=len(measured),
+            warmup_steps=self.cfg.warmup_steps, samples_per_s=self.batch * self.backend.world_size / (step * 1e-6)
+            if step else 0.0, status=status, error=error, telemetry=telemetry, run_id=self.log.run_id,
+            **{k: v for k, v in stats.items() if not k.startswith("step_us")},
+            step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0))
+
+
+def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], kind: str = "train") -> int:
+    """Run `body` on this rank inside the job frame (commbench/job.py); returns the exit code.
+    After a fault the summary record still says what was measured, with the fault's status."""
+    from commbench.backends import create_backend
+
+    state: dict[str, Any] = {}
+    switch_interval = sys.getswitchinterval()
+
+    def run() -> int:
+        state["backend"] = create_backend(cfg.backend_config(launch.world_size), launch)
+        state["ctx"] = RankContext(cfg, launch, state["backend"], kind, argv)
+        body(state["ctx"])
+        state["ctx"].finish()
+        return EXIT_OK
+
+    def on_fault(status: str, error: str) -> None:
+        if "ctx" in state:
+            state["ctx"].finish(status, error)
+
+    def close() -> None:
+        sys.setswitchinterval(switch_interval)
+        ctx = state.get("ctx")
+        if ctx is not None and ctx.channel is not None:
+            ctx.channel.close()
+        if "backend" in state:
+            state["backend"].close()
+
+    return run_rank_frame(launch, cfg.timeout_s, run, on_fault, close)
