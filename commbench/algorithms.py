@@ -292,8 +292,8 @@ class Algorithm:
 
 def _by_collective(*entries: Algorithm) -> dict[str, dict[str, Algorithm]]:
     table: dict[str, dict[str, Algorithm]] = {}
-    for entry in entries:
-        table.setdefault(entry.collective, {})[entry.name] = entry
+    for e in entries:
+        table.setdefault(e.collective, {})[e.name] = e
     return table
 
 
