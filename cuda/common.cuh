@@ -22,11 +22,15 @@
 //   their own precision, as NCCL does; integer sums and products wrap.
 //
 // Everything here must compile under NVRTC as well as nvcc: no host headers, only
-// cuda_fp16.h / cuda_bf16.h, fixed-width types spelled as built-in types.
+// cuda_fp16.h / cuda_bf16.h, fixed-width types spelled as built-in types. It also
+// compiles on the CPU (g++, COMMBENCH_HOST_BUILD, cuda/host_shim.h), where the tests
+// run every kernel body against NumPy: use nothing from CUDA the shim does not supply.
 #pragma once
 
+#ifndef COMMBENCH_HOST_BUILD  // the host build (CPU tests) gets these types from cuda/host_shim.h
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#endif
 
 namespace cb {
 

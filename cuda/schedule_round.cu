@@ -67,6 +67,7 @@ __device__ __forceinline__ void schedule_round(const RoundEntry* entries, int n_
   }
 CB_FOR_EACH_DTYPE_AND_OP(CB_ROUND)
 
+#ifndef COMMBENCH_HOST_BUILD
 __device__ __forceinline__ unsigned long long global_timer_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -82,6 +83,11 @@ __device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned lo
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+#else  // the CPU tests: steady_clock and __atomic acquire/release (cuda/host_shim.h)
+using cb_host::global_timer_ns;
+using cb_host::load_acquire_sys;
+using cb_host::store_release_sys;
+#endif
 
 extern "C" __global__ void rank_barrier(unsigned long long* const* peer_flags, unsigned long long* my_flags,
                                         unsigned long long* my_epoch, int rank, int world,
