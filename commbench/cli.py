@@ -1,7 +1,7 @@
 """The `commbench` command line. Thin: each command parses, validates, and calls one library function.
 
 Commands live in commbench/commands/ (sweep; proxy, train, profiles; fit, predict,
-predict-scaling, report, compare); heavy
+predict-scaling, report, compare; selftest); heavy
 modules (torch, the backends) are imported inside them, so `--help` starts fast.
 Errors a user can cause print one line and exit with code 2.
 """
@@ -12,7 +12,7 @@ import sys
 import click
 
 from commbench import __version__
-from commbench.commands import model, proxy, sweep
+from commbench.commands import model, proxy, selftest, sweep
 from commbench.commands.common import EXIT_USAGE
 
 
@@ -23,7 +23,8 @@ def cli() -> None:
 
 
 for command in (sweep.sweep, proxy.proxy_command, proxy.train_command, proxy.profiles_group, model.fit_command,
-                model.predict_command, model.predict_scaling_command, model.report_command, model.compare_command):
+                model.predict_command, model.predict_scaling_command, model.report_command, model.compare_command,
+                selftest.selftest_command):
     cli.add_command(command)
 
 
