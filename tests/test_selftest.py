@@ -35,7 +35,7 @@ def _lines(out: str) -> dict[str, tuple[str, str]]:
 def test_selftest_as_it_runs_here():
     proc = commbench("selftest", timeout=600)
     lines = _lines(proc.stdout)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert list(lines) == [c.name for c in S.CHECKS]  # one line per check, in order
     for name in CPU_CHECKS:
         expected = "passed" if _has_compiler() or not name.startswith("host") else "skipped"

@@ -120,9 +120,9 @@ def build(cache_dir: Path | None = None) -> Path:
                        "-c", str(source), "-o", str(obj)]
             procs.append((stem, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
             objects.append(str(obj))
-        for stem, proc in procs:
-            log = proc.communicate(timeout=600)[0]
-            if proc.returncode != 0:
+        logs = [(stem, proc.communicate(timeout=600)[0], proc.returncode) for stem, proc in procs]  # all finish
+        for stem, log, code in logs:
+            if code != 0:
                 first = next((line for line in log.splitlines() if "error" in line), log.strip()[:300])
                 raise HostBuildError(f"the host build of cuda/{stem} does not compile: {first.strip()}")
         linked = Path(work) / LIBRARY
@@ -197,11 +197,12 @@ class HostKernels:
     rank when several rank_barrier launches run at once."""
 
     def __init__(self, path: Path | None = None, private: bool = False):
-        path = path or build()
-        if private:
-            folder = Path(tempfile.mkdtemp(prefix="commbench-host-"))
-            path = Path(shutil.copy(path, folder / LIBRARY))
-        self.path, self.library, self._kernels = path, ctypes.CDLL(str(path)), {}
+        self.path, self._kernels = path or build(), {}
+        if private:  # a copy under another name is another image; the file can go once it is mapped
+            with tempfile.TemporaryDirectory(prefix="commbench-host-") as folder:
+                self.library = ctypes.CDLL(shutil.copy(self.path, Path(folder) / LIBRARY))
+        else:
+            self.library = ctypes.CDLL(str(self.path))
         self.library.cb_host_set_bounds.argtypes = [ctypes.c_void_p, ctypes.c_int]
 
     def function(self, name: str) -> HostKernel:
