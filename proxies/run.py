@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from commbench.algorithms import LIBRARY
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
@@ -47,7 +48,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     else:
         forward = backward = update = 0.0
         label = "none"
-    algorithm = "nccl" if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
+    algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
     log = StepLog(cfg.json_path, True, batch * topo.world)
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv), "config": json.loads(cfg.to_json()),

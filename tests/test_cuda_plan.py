@@ -147,8 +147,9 @@ def test_twoshot_schedule_is_a_correct_hazard_free_allreduce(world):
         assert schedule.steps == (2 if world > 1 else 0)
 
 
-def test_kernel_algorithms_are_the_tables_gpu_only_entries():
-    assert P.KERNEL_ALGORITHMS == {"allreduce": {"twoshot": A.twoshot_allreduce}}
+def test_twoshot_is_the_tables_gpu_only_entry():
+    assert {name for name, e in A.TABLE["allreduce"].items() if e.gpu_only} == {"twoshot"}
+    assert "twoshot" in A.available("allreduce", gpu=True) and "twoshot" not in A.available("allreduce")
 
 
 def test_a_broken_twoshot_fails_verification():

@@ -95,7 +95,7 @@ def _misrouted_ring(topo, count):
 
 
 def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(A.ALGORITHMS["allreduce"], "broken", _misrouted_ring)
+    monkeypatch.setitem(A.TABLE["allreduce"], "broken", A.Algorithm("broken", "allreduce", _misrouted_ring))
     cfg = SweepConfig(sizes=(4096, 65536), algorithm="broken", backend="sim", nprocs=4,
                       json_path=str(tmp_path / "r.jsonl"))
     code = Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(4, Topology(1, 4), "broken")).run()

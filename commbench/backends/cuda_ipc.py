@@ -30,8 +30,8 @@ import numpy as np
 
 from commbench.backends.base import BackendError
 from commbench.backends import cuda_kernels as K
-from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, launch_on, resolve_mode
-from commbench.backends.gpu import oom_or, rank_gpu, require_gpu, store_dtype
+from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
+from commbench.backends.gpu import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo

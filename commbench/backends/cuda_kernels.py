@@ -201,3 +201,16 @@ def _nvrtc_compile(path: Path, arch: str) -> tuple[bool, str, str]:
         return False, nvrtc.getProgramLog(program), ""
     finally:
         nvrtc.destroyProgram(program)
+
+
+def require_arch(devices: list[int]) -> None:
+    """The kernels need sm_70 or newer (rank_barrier's acquire/release loads and stores)."""
+    import cupy
+
+    from commbench.backends.base import BackendError
+
+    for device in devices:
+        arch = int(cupy.cuda.Device(device).compute_capability)
+        if arch < MIN_ARCH:
+            raise BackendError(f"--backend cuda needs a GPU of compute capability {MIN_ARCH / 10:.1f} or newer; "
+                               f"GPU {device} is {arch / 10:.1f} (use --backend cupy or torch)")

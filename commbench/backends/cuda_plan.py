@@ -31,7 +31,6 @@ from typing import Callable, Sequence, Union
 
 import numpy as np
 
-from commbench import algorithms
 from commbench.schedule import REDUCERS, Schedule, Transfer, split
 
 ENTRY_DTYPE = np.dtype([("out", "<u8"), ("count", "<i8"), ("in_offset", "<i4"), ("n_in", "<i4"),
@@ -92,13 +91,6 @@ class Barrier:
 
 
 Step = Union[RoundLaunch, AllreduceLaunch, Barrier]
-
-
-# ---------------------------------------------------------------- schedules only the kernels run
-
-# collective -> name -> builder of the table's GPU-only entries (twoshot: commbench/algorithms.py)
-KERNEL_ALGORITHMS = {c: {name: e.build for name, e in entries.items() if e.gpu_only}
-                     for c, entries in algorithms.TABLE.items() if any(e.gpu_only for e in entries.values())}
 
 
 # ---------------------------------------------------------------- rounds -> tasks

@@ -39,7 +39,7 @@ import numpy as np
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
 from commbench.backends.base import BackendError
-from commbench.backends.gpu import gpu_only, MEMCPY_DEFAULT, fill_value, from_store, oom_or, require_gpu, store_dtype, \
+from commbench.backends.gpu import MEMCPY_DEFAULT, enable_peer_access, gpu_only, launch_on, fill_value, from_store, oom_or, require_gpu, store_dtype, \
     time_calls, to_store
 from commbench.backends.control import LocalControl
 from commbench.backends.schedule_base import ScheduleBackend
@@ -115,10 +115,6 @@ class CudaBackend(ScheduleBackend):
         gpus = require_gpu("cuda")
         return gpus if gpus > 1 else 2  # one GPU: 2 virtual ranks
 
-    @classmethod
-    def algorithm_table(cls, collective: str) -> dict:
-        return {**super().algorithm_table(collective), **P.KERNEL_ALGORITHMS.get(collective, {})}
-
     def setup_text(self) -> str:
         return f"{super().setup_text()}, {self.library}"  # the pointer mode
 
@@ -138,7 +134,7 @@ class CudaBackend(ScheduleBackend):
         self.mode, self.graph, self.timeout_s, self.launch_config = mode, graph, timeout_s, launch_config
         self.library = f"cuda-{mode}"
         self._devices = devices if devices is not None else {r: (r if mode == "peer" else 0) for r in range(world)}
-        _require_arch(self.gpus)
+        K.require_arch(self.gpus)
         for device in self.gpus:  # compile (once) and load now: an error is one line before any point
             for file in K.KERNEL_FILES:
                 K.load(file, device)
@@ -148,7 +144,7 @@ class CudaBackend(ScheduleBackend):
                 self._streams[device] = cupy.cuda.Stream(non_blocking=True)
         self._events = {}  # peer mode: one event per GPU, re-recorded at every barrier
         if mode == "peer":
-            _enable_peer_access(sorted(self._streams))
+            enable_peer_access(sorted(self._streams))
             for device in self._streams:
                 with cupy.cuda.Device(device):
                     self._events[device] = cupy.cuda.Event(disable_timing=True)
@@ -259,12 +255,6 @@ class CudaBackend(ScheduleBackend):
                        (np.uint64(buffer.pointer(rank)), np.int64(buffer.count), cast(factor)), stream=self._stream(rank))
 
     # ---------------------------------------------------------------- running a schedule
-
-    def schedule(self, collective: str, count: int, itemsize: int, root: int) -> Schedule:
-        extra = P.KERNEL_ALGORITHMS.get(collective, {})
-        if self.algorithm in extra:
-            return extra[self.algorithm](self.topology, count)
-        return super().schedule(collective, count, itemsize, root)
 
     def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
                 inplace: bool) -> Callable[[], None]:
@@ -392,52 +382,9 @@ class CudaBackend(ScheduleBackend):
         self.control.barrier()  # ipc mode: the ranks' processes meet over gloo
 
 
-def launch_on(device: int, kernel: Any, grid: tuple, block: tuple, args: tuple, stream: Any) -> Callable[[], None]:
-    """A closure launching `kernel` on `device`'s `stream` from any thread, whatever device is
-    current there: CuPy's RawKernel launches on the device current at call time, and a
-    stream of another device fails the launch."""
-    import cupy
-
-    def launch() -> None:
-        with cupy.cuda.Device(device):
-            kernel(grid, block, args, stream=stream)
-    return launch
-
-
-def _require_arch(devices: list[int]) -> None:
-    """The kernels need sm_70 or newer (rank_barrier's acquire/release loads and stores)."""
-    import cupy
-
-    for device in devices:
-        arch = int(cupy.cuda.Device(device).compute_capability)
-        if arch < K.MIN_ARCH:
-            raise BackendError(f"--backend cuda needs a GPU of compute capability {K.MIN_ARCH / 10:.1f} or newer; "
-                               f"GPU {device} is {arch / 10:.1f} (use --backend cupy or torch)")
-
-
 def _allreduce_kernel(step: P.AllreduceLaunch, dtype: DType, op: str) -> str:
     if step.kernel == "oneshot":
         return K.kernel_name("oneshot_allreduce", dtype.name, op)
     if step.phase == 0:
         return K.kernel_name("twoshot_reduce_scatter", dtype.name, op)
     return K.kernel_name("twoshot_allgather", dtype.name)
-
-
-def _enable_peer_access(devices: list[int]) -> None:
-    """Every GPU may read every other's memory; a pair without P2P is one BackendError."""
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    for device in devices:
-        with cupy.cuda.Device(device):
-            for peer in devices:
-                if peer == device:
-                    continue
-                if not runtime.deviceCanAccessPeer(device, peer):
-                    raise BackendError(f"GPU {device} cannot access GPU {peer}'s memory (no peer-to-peer path); "
-                                       f"use --cuda-mode virtual, or --backend cupy (NCCL)")
-                try:
-                    runtime.deviceEnablePeerAccess(peer)
-                except runtime.CUDARuntimeError as exc:
-                    if "PeerAccessAlreadyEnabled" not in str(exc):
-                        raise

@@ -201,3 +201,35 @@ def rank_gpu(backend: str, local_rank: int, gpus: int, all_gather: Callable[[Any
                                f"it has GPUs (and check CUDA_VISIBLE_DEVICES)")
         owners[place] = rank
     return gpu
+
+
+def launch_on(device: int, kernel: Any, grid: tuple, block: tuple, args: tuple, stream: Any) -> Callable[[], None]:
+    """A closure launching `kernel` on `device`'s `stream` from any thread, whatever device is
+    current there: CuPy's RawKernel launches on the device current at call time, and a
+    stream of another device fails the launch."""
+    import cupy
+
+    def launch() -> None:
+        with cupy.cuda.Device(device):
+            kernel(grid, block, args, stream=stream)
+    return launch
+
+
+def enable_peer_access(devices: list[int]) -> None:
+    """Every GPU may read every other's memory; a pair without P2P is one BackendError."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    for device in devices:
+        with cupy.cuda.Device(device):
+            for peer in devices:
+                if peer == device:
+                    continue
+                if not runtime.deviceCanAccessPeer(device, peer):
+                    raise BackendError(f"GPU {device} cannot access GPU {peer}'s memory (no peer-to-peer path); "
+                                       f"use --cuda-mode virtual, or --backend cupy (NCCL)")
+                try:
+                    runtime.deviceEnablePeerAccess(peer)
+                except runtime.CUDARuntimeError as exc:
+                    if "PeerAccessAlreadyEnabled" not in str(exc):
+                        raise

@@ -66,8 +66,8 @@ class ScheduleBackend(Backend):
 
     @classmethod
     def algorithm_table(cls, collective: str) -> dict[str, Any]:
-        """The algorithms this backend runs for `collective` (name -> builder)."""
-        return dict(algorithms.ALGORITHMS.get(collective, {}))
+        """The algorithms this backend runs for `collective` (name -> table entry)."""
+        return algorithms.available(collective, gpu=cls.needs_gpu)
 
     @classmethod
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:

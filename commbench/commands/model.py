@@ -207,7 +207,7 @@ Examples:
               help="Which of the hardware's device_tflops to use when neither rate is given (a peak: optimistic).")
 @click.option("--algorithm", "-A", default="nccl", show_default=True,
               help="nccl (the library's ring, one channel per NIC between nodes, as DDP's NCCL runs it) or one "
-                   "of commbench's schedules: ring, hier, tree, rhd, oneshot, binomial.")
+                   "of commbench's schedules: ring, hier, tree, rhd, oneshot, binomial, twoshot.")
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
 @click.option("--baseline", default=None, metavar="ALGORITHM", help="With --candidate: acc_ratio = candidate / baseline.")
 @click.option("--candidate", default=None, metavar="ALGORITHM")
