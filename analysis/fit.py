@@ -186,8 +186,8 @@ def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | 
             "median_ape": float(np.median(ape)), "overhead_fitted": bool(active[0]),
             "notes": _notes(fitted, active, base) + ([f"cache regime: working sets up to {cache} bytes move at "
                                                       f"{intra.cache_bw_gbps:.3f} GB/s"] if intra.cache_bytes else [])}
-    return Hardware(f"fit:{setup}", ranks, intra, inter, None, float(overhead), dict(base.device_tflops) if base else {},
-                    meta)
+    return Hardware(f"fit:{setup}", ranks, intra, inter, None, float(overhead),
+                    dict(base.device_tflops) if base else {}, meta)
 
 
 def _level(name: str, alpha: float, inv_bw: float, fallback: Link | None) -> Link:

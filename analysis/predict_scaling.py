@@ -56,11 +56,13 @@ def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | N
     share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
     if throughput:
         step = batch / throughput * 1e6
-        return step * share, step * (1 - share), f"{throughput:g} samples/s measured on 1 GPU ({step / 1e3:.1f} ms/step)"
+        return (step * share, step * (1 - share),
+                f"{throughput:g} samples/s measured on 1 GPU ({step / 1e3:.1f} ms/step)")
     rate = tflops or peak_tflops(hw, precision)
     if not rate:
         raise ScalingError(f"{hw.name} gives no device_tflops for {precision}")
-    label = f"the profile's FLOPs at {rate:g} TFLOP/s" + ("" if tflops else f" ({hw.name}'s {precision} peak: optimistic)")
+    label = f"the profile's FLOPs at {rate:g} TFLOP/s" + (
+        "" if tflops else f" ({hw.name}'s {precision} peak: optimistic)")
     return (*flops_times_us(profile, batch, rate), label)
 
 

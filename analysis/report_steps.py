@@ -141,7 +141,8 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
         lines.append("")
     scaling = [r for r in records if r.get("record") == "scaling"]
     if scaling:
-        lines += ["## Predicted scaling", "", "| model | hardware | algorithm | GPUs | samples/s | linearity | acc_ratio |",
+        lines += ["## Predicted scaling", "",
+                  "| model | hardware | algorithm | GPUs | samples/s | linearity | acc_ratio |",
                   "|---|---|---|---|---|---|---|"]
         for r in scaling:
             acc = "-" if r.get("acc_ratio") is None else f"{r['acc_ratio']:.3f}"

@@ -64,13 +64,14 @@ import os
 import queue
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any, Callable
 
+import method
 import numpy as np
 import torch
 import torch.distributed as dist
 
-import method
 from commbench import bench
 from commbench import collectives as C
 from commbench.backends.torch_dist import TorchBackend
@@ -232,7 +233,8 @@ def bare_run_rank(rank: int, world: int, port: int, outbox, sizes: list[int], mi
 
 def commbench_allreduce_stats(backend: TorchBackend, cfg: bench.SweepConfig, plan: C.Plan,
                               pattern: C.Pattern) -> dict[str, float] | None:
-    """time_us, p50_us, ... exactly as `commbench sweep` reports them for the in-place column (rank 0; None elsewhere)."""
+    """time_us, p50_us, ... exactly as `commbench sweep` reports them for the in-place column
+    (rank 0; None elsewhere)."""
     outcome = bench.measure_point(backend, cfg, plan, "in-place", pattern)
     return bench.collect(backend, outcome, cfg.rank_agg)  # what bench.Sweep reports
 
@@ -294,7 +296,8 @@ def summarize_size(raw: dict) -> dict:
         bare, ours = method.median(bare_rounds), method.median(ours_rounds)
         ratio, noise = ours / bare, max(_spread(bare_rounds), _spread(ours_rounds))
         row.update({f"bare_{stat}_us": bare, f"commbench_{stat}_us": ours, f"{stat}_ratio": ratio,
-                    f"{stat}_diff_us": ours - bare, f"{stat}_noise": noise, f"{stat}_verdict": judge(ratio, noise, limit)})
+                    f"{stat}_diff_us": ours - bare, f"{stat}_noise": noise,
+                    f"{stat}_verdict": judge(ratio, noise, limit)})
     return row
 
 

@@ -51,7 +51,8 @@ def results(paths: list[str]) -> list[dict]:
         for r in read_records(path):
             if r.get("record") == "result" and r.get("time_us"):
                 by_size.setdefault(r["nbytes"], []).append(r)
-    return [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs]))) for _, runs in sorted(by_size.items())]
+    return [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs])))
+            for _, runs in sorted(by_size.items())]
 
 
 def fit_on(records: list[dict]):
@@ -145,7 +146,8 @@ def main() -> int:
             records = [r for r in data[name] if not (name == fit_name and r["nbytes"] in fit_sizes)]
             err = errors(records, hw)
             label = f"{name} (other sizes)" if name == fit_name else name
-            groups[label] = (np.array([r["time_us"] for r in records]), np.array([r["time_us"] for r in records]) * (1 + err))
+            groups[label] = (np.array([r["time_us"] for r in records]),
+                             np.array([r["time_us"] for r in records]) * (1 + err))
             print(f"| {fit_name} | {label} | {len(records)} | {100 * np.median(np.abs(err)):.1f}% | "
                   f"{100 * np.abs(err).max():.1f}% |")
     for family, hw in fits.items():

@@ -63,7 +63,8 @@ def main() -> int:
         if row["error"] is None:
             print(f"| {model} | {row['batch']} | - | - | - | failed: {' '.join(row['note'])} | - | - |", flush=True)
             continue
-        print(f"| {model} | {row['batch']} | {row['gradient_mib']:.1f} | {row['proxy_ms']:.1f} | {row['train_ms']:.1f} | "
+        print(f"| {model} | {row['batch']} | {row['gradient_mib']:.1f} | {row['proxy_ms']:.1f} | "
+              f"{row['train_ms']:.1f} | "
               f"{100 * row['error']:+.1f}% | {row['comm_ms']:.1f} | {row['exposed_ms']:.1f} |", flush=True)
     return 0
 

@@ -67,21 +67,21 @@ machine: 3 rounds of 4 sweeps of 10 sizes, up to 256 MiB); a quick check (~20 s)
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import json
 import math
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import time
 
-import numpy as np
-
 import method
-from commbench.sizes import SizeError, format_size, parse_sizes
+import numpy as np
 from peers_cpu import ToolFailure, _check_busbw, _run_logged, mpi_missing, run_mpi
 from sweep_repeat import commbench_command, measured_results
+
+from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M"
@@ -375,8 +375,10 @@ def print_bound(bound: dict, rows: list[dict]) -> None:
     reps = len(bound["rounds"][0]["copy_s"][0])
     print(f"\n# memory bound of shm's ring, S = {size}, n = {WORLD}, copy/add measured in {WORLD} processes at once "
           f"(median of {reps} calls per round, median over {len(bound['rounds'])} round(s)):")
-    print(f"#   copy_bw = S / t(np.copyto(dst, src))   = {copy_bw:.2f} GB/s   (noise {_percent(bound['copy_gbps_noise'], '%')})")
-    print(f"#   add_bw  = S / t(np.add(a, b, out=a))   = {add_bw:.2f} GB/s   (noise {_percent(bound['add_gbps_noise'], '%')})")
+    print(f"#   copy_bw = S / t(np.copyto(dst, src))   = {copy_bw:.2f} GB/s   "
+          f"(noise {_percent(bound['copy_gbps_noise'], '%')})")
+    print(f"#   add_bw  = S / t(np.add(a, b, out=a))   = {add_bw:.2f} GB/s   "
+          f"(noise {_percent(bound['add_gbps_noise'], '%')})")
     print("#   (GB/s of array bytes, 1e9 B/s of the destination array; memory traffic is 2S for a copy, 3S for an add)")
     print("#   ring, 2 ranks, both at once on their own cores: reduce-scatter step: each rank adds the peer's half")
     print("#   into its own half (S/2 at add_bw); allgather step: it copies the peer's other half (S/2 at copy_bw):")
@@ -386,7 +388,8 @@ def print_bound(bound: dict, rows: list[dict]) -> None:
     print(f"#   (one core alone: copy {method.median([r['single_copy_gbps'] for r in bound['rounds']]):.2f} GB/s, "
           f"add {method.median([r['single_add_gbps'] for r in bound['rounds']]):.2f} GB/s, which would give "
           f"busbw_bound {single:.2f} GB/s)")
-    print(f"#   busbw_bound = S / t_bound * 2(n-1)/n = {BOUND_NBYTES / 1e9:.4f} GB / {t_us:.0f} us * 1 = {busbw:.2f} GB/s"
+    print(f"#   busbw_bound = S / t_bound * 2(n-1)/n = {BOUND_NBYTES / 1e9:.4f} GB / {t_us:.0f} us * 1 = "
+          f"{busbw:.2f} GB/s"
           f" (= 2 / (1/add_bw + 1/copy_bw), from the median bandwidths; noise of the rounds' bounds "
           f"{_percent(bound['busbw_bound_gbps_noise'], '%')})")
     print("#   assumes each core keeps its single-core bandwidth while the other streams too, and free barriers")

@@ -46,10 +46,11 @@ import sys
 import time
 
 import method
+from harness_overhead import RankFailure, bare_run_rank, run_local_ranks
+
 from commbench import collectives as C
 from commbench.results import read_records
 from commbench.sizes import SizeError, format_size, parse_size, parse_sizes
-from harness_overhead import RankFailure, bare_run_rank, run_local_ranks
 
 BARE = "bare in-place"
 
@@ -249,7 +250,8 @@ def _print_spread(rows: list[dict], bare_rows: list[dict], args: argparse.Namesp
             print(table.row([format_size(nbytes), BARE, *bare["busbw_gbps"], f"{100 * bare['spread']:.1f}",
                              "", "", "(machine)"]))
     verdicts = [row["verdict"] for row in rows]
-    print(f"# commbench, {len(rows)} points: " + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "noisy"))
+    print(f"# commbench, {len(rows)} points: "
+          + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "noisy"))
           + f" (target: busbw spread <= {100 * args.max_spread:.0f}%)")
     if "noisy" in verdicts:
         print("# noisy: commbench's spread exceeds the target, but the bare loop, in the same interleaved runs, "

@@ -21,9 +21,9 @@ import numpy as np
 
 from commbench import collectives as C
 from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
 from commbench.launch import LaunchInfo
-from commbench.environment import local_environment, software_versions
 from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
@@ -71,7 +71,7 @@ class SweepConfig:
         return BackendConfig(**{name: getattr(self, name) for name in BackendConfig.__dataclass_fields__})
 
     @classmethod
-    def from_json(cls, text: str) -> "SweepConfig":
+    def from_json(cls, text: str) -> SweepConfig:
         fields = json.loads(text)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
@@ -323,8 +323,9 @@ class Sweep:
     def _skip(self, plan: C.Plan) -> None:
         self.progress.done += len(self.cfg.placements)
         if self.lead and plan.count == 0:
+            minimum = self.dtype.itemsize * (plan.world if C.COLLECTIVES[plan.collective].chunked else 1)
             self.table.comment(f"skipped {plan.requested_nbytes} B: {plan.collective} on {plan.world} ranks needs "
-                               f"at least {self.dtype.itemsize * (plan.world if C.COLLECTIVES[plan.collective].chunked else 1)} B of {self.dtype.name}")
+                               f"at least {minimum} B of {self.dtype.name}")
 
     def _point(self, plan: C.Plan, placement: str, pattern: C.Pattern, op: str | None) -> Result | None:
         coll = C.COLLECTIVES[plan.collective]

@@ -19,8 +19,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from commbench.launch import SPAWN_VAR, LaunchInfo, detect_launcher, from_environment, spawn_local
 
@@ -62,7 +63,8 @@ class Plan:
         return self.launch is None or self.launch.rank == 0
 
 
-def find_job(launcher_option: str = "auto", env: Mapping[str, str] | None = None) -> tuple[str | None, LaunchInfo | None]:
+def find_job(launcher_option: str = "auto",
+             env: Mapping[str, str] | None = None) -> tuple[str | None, LaunchInfo | None]:
     """(launcher, this rank's LaunchInfo) when a launcher started this process (or commbench
     spawned it), (launcher or None, None) when it runs on its own. A broken launcher
     environment raises launch.LaunchError (one line for the user)."""

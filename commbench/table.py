@@ -12,8 +12,9 @@ from typing import IO
 
 from commbench.results import Result
 
+
 class Table:
-    def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: "Progress | None" = None,
+    def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
                  show_algorithm: bool = False):
         self.placements = placements
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
@@ -58,7 +59,8 @@ class Table:
             if result.time_us is None:  # not timed (sim without a cost model)
                 cells.append(f"{'n/m':>9s} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
             else:
-                cells.append(f"{_fmt_time(result.time_us):>9s} {result.algbw_gbps:8.2f} {result.busbw_gbps:8.2f} {wrong:>8s}  ")
+                cells.append(f"{_fmt_time(result.time_us):>9s} {result.algbw_gbps:8.2f} "
+                             f"{result.busbw_gbps:8.2f} {wrong:>8s}  ")
                 self.busbw_sum += result.busbw_gbps
                 self.busbw_points += 1
             self.wrong_total += result.wrong or 0

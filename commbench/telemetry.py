@@ -224,7 +224,8 @@ class Monitor:
         self._nvml, self.note = _open_nvml(gpu_indices, gpu_bus_ids) if gpu else (None, None)
         self._host = _host_reader()
         if self._host is None:
-            self.note = "; ".join(filter(None, [self.note, "telemetry: psutil is not installed: host telemetry skipped"]))
+            self.note = "; ".join(filter(None, [self.note,
+                                                "telemetry: psutil is not installed: host telemetry skipped"]))
         self._samples: list[tuple[float, Reading]] = []
         self._mark_s, self.label = time.monotonic(), None
         self._lock, self._stop = threading.Lock(), threading.Event()
@@ -244,7 +245,7 @@ class Monitor:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         if self._thread is None:
             self.sample()
             self._thread = threading.Thread(target=self._run, name="commbench-telemetry", daemon=True)
@@ -261,7 +262,7 @@ class Monitor:
             self._nvml.close()
             self._nvml = None
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -66,7 +66,8 @@ def _replay_steps(ctx: RankContext) -> None:
         ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms; allreduces launched as gradients are ready, overlapping the backward"],
+                      f"optimizer {update / 1e3:.2f} ms; allreduces launched as gradients are ready, "
+                      f"overlapping the backward"],
               {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update}})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):

@@ -51,8 +51,9 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
     log = StepLog(cfg.json_path, True, batch * topo.world)
-    log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv), "config": json.loads(cfg.to_json()),
-                "hardware": hw.name, "topology": str(topo), "buckets": B.describe(pred.buckets)},
+    log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
+                "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
+                "buckets": B.describe(pred.buckets)},
                [f"predicted {profile.name} on {topo} ({topo.world} ranks) of {hw.name}: {len(pred.buckets)} bucket(s), "
                 f"allreduce {algorithm} from the cost model; compute {label}"])
     t = pred.times
@@ -104,8 +105,8 @@ def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig) -> None:
         print("# validate: a run wrote no summary; nothing to compare")
         return
     error = (proxy["step_us_p50"] - real["step_us_p50"]) / real["step_us_p50"]
-    print(f"# validate: proxy step {proxy['step_us_p50'] / 1e3:.2f} ms vs real training {real['step_us_p50'] / 1e3:.2f} ms "
-          f"(medians): proxy error {100 * error:+.1f}%")
+    print(f"# validate: proxy step {proxy['step_us_p50'] / 1e3:.2f} ms vs real training "
+          f"{real['step_us_p50'] / 1e3:.2f} ms (medians): proxy error {100 * error:+.1f}%")
     print(f"#           records: {cfg.json_path} (proxy), {train_cfg.json_path} (training)")
     append_record(cfg.json_path, ValidateRecord(
         model=proxy["model"], world_size=proxy["world_size"], batch=proxy["batch"],
@@ -131,7 +132,8 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
                  f"# {'bucket':>6} {'bytes':>14} {'MiB':>9} {'tensors':>8}  first .. last gradient"]
         for b in layout:
             first, last = profile.tensors[b.tensors[0]].name, profile.tensors[b.tensors[-1]].name
-            lines.append(f"  {b.index:>6} {b.nbytes:>14,d} {b.nbytes / 2**20:>9.3f} {len(b.tensors):>8}  {first} .. {last}")
+            lines.append(f"  {b.index:>6} {b.nbytes:>14,d} {b.nbytes / 2**20:>9.3f} {len(b.tensors):>8}  "
+                         f"{first} .. {last}")
         return "\n".join(lines)
     if as_json:
         return json.dumps(profile.to_dict())

@@ -100,7 +100,7 @@ def _ddp_rank(rank, world, port, model_name, input_shape, bucket_mb, out):
         return fut
     ddp.register_comm_hook(None, hook)
     x = torch.randn(2, *input_shape)
-    for iteration in range(3):
+    for _ in range(3):
         seen.clear()
         ddp(x).sum().backward()
     if rank == 0:

@@ -50,7 +50,8 @@ def test_console_script_bad_input_has_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "commbench", "sweep", "--sizes", "1K-1Q"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "commbench: error: bad size '1Q': expected bytes with an optional K, M, G or T suffix, e.g. 64K"
+    assert proc.stderr.strip() == ("commbench: error: bad size '1Q': "
+                                   "expected bytes with an optional K, M, G or T suffix, e.g. 64K")
 
 
 def test_help_lists_options_and_examples(capsys):

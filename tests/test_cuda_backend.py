@@ -11,13 +11,12 @@ import subprocess
 import sys
 
 import pytest
-
-from commbench.bench import SweepConfig, run_sweep
-from commbench.job import EXIT_USAGE
-from commbench.cli import main
-from commbench.launch import LaunchInfo
 from conftest import commbench, gpu_count, results_of
 
+from commbench.bench import SweepConfig, run_sweep
+from commbench.cli import main
+from commbench.job import EXIT_USAGE
+from commbench.launch import LaunchInfo
 
 GPUS = gpu_count("cuda")
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")
@@ -168,8 +167,9 @@ def test_virtual_ranks_run_every_allreduce(tmp_path, algorithm):
 @pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in ("sum", "prod", "max", "min")] +
                          [("float32", "avg"), ("bfloat16", "avg"), ("float16", "avg")])
 def test_virtual_ranks_every_collective_dtype_and_op(tmp_path, dtype, op):
-    _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "3", "-c", "allreduce,allgather,reduce_scatter,broadcast,reduce",
-              "--sizes", "4K,3M", "--dtype", dtype, "--op", op)
+    _sweep_ok(tmp_path, "--cuda-mode", "virtual", "-N", "3",
+              "-c", "allreduce,allgather,reduce_scatter,broadcast,reduce", "--sizes", "4K,3M",
+              "--dtype", dtype, "--op", op)
 
 
 @needs_gpu

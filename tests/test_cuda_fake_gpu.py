@@ -15,16 +15,16 @@ import types
 
 import numpy as np
 import pytest
+from conftest import results_of
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
 from commbench.bench import Sweep, SweepConfig
-from commbench.job import EXIT_OK
 from commbench.collectives import DTYPES
+from commbench.job import EXIT_OK
 from commbench.launch import LaunchInfo
 from commbench.schedule import REDUCERS, split
 from commbench.topology import Topology
-from conftest import results_of
 
 
 class Heap:
@@ -159,7 +159,7 @@ class FakeKernel:
         if view(error, np.int32)[0]:
             return  # an earlier barrier timed out: return at once, as the kernel does
         epoch = view(my_epoch)[0] + 1
-        for p, flags in enumerate(peer_flags.np()[:world]):
+        for _, flags in enumerate(peer_flags.np()[:world]):
             view(int(flags) + 8 * int(rank))[0] = epoch
         missing = [p for p in range(int(world)) if view(int(my_flags) + 8 * p)[0] < epoch]
         if missing:
@@ -279,7 +279,8 @@ def fake_cupy(heap, gpus, compile_log=None):
     runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus, memcpyAsync=memcpy_async, memset=memset,
                                     deviceSynchronize=lambda: None,
                                     deviceCanAccessPeer=lambda a, b: True, deviceEnablePeerAccess=lambda peer: None,
-                                    CUDARuntimeError=RuntimeError, ipcGetMemHandle=lambda ptr: ptr.to_bytes(64, "little"),
+                                    CUDARuntimeError=RuntimeError,
+                                    ipcGetMemHandle=lambda ptr: ptr.to_bytes(64, "little"),
                                     ipcOpenMemHandle=lambda handle: int.from_bytes(handle, "little"),
                                     ipcCloseMemHandle=lambda ptr: None)
     memory = lambda nbytes: types.SimpleNamespace(ptr=heap.alloc(nbytes))  # noqa: E731 - cudaMalloc
@@ -313,7 +314,8 @@ def run(tmp_path, mode, world, algorithm="auto", collectives=("allreduce",), dty
 
     topo = Topology(*topology) if topology else Topology(1, world)
     cfg = SweepConfig(backend="cuda", collectives=collectives, sizes=sizes, dtype=dtype, op=op, iters=2, warmup=1,
-                      algorithm=algorithm, nprocs=world, cuda_mode=mode, graph=graph, json_path=str(tmp_path / "r.jsonl"))
+                      algorithm=algorithm, nprocs=world, cuda_mode=mode, graph=graph,
+                      json_path=str(tmp_path / "r.jsonl"))
     backend = CudaBackend(world, topo, algorithm, mode, graph)
     assert Sweep(cfg, LaunchInfo.local(0, 1, 0), backend).run() == EXIT_OK
     results, _ = results_of(tmp_path / "r.jsonl")

@@ -1,16 +1,16 @@
 """--backend cupy (NCCL through CuPy) on GPUs: every collective through the harness's check,
 under a CUDA graph (the comparison with NCCL through torch, a speed target, is in
-benchmarks/gpu_bandwidth.py). Without a GPU these skip; the no-GPU message is tested in test_cuda_backend.py (for both backends).
+benchmarks/gpu_bandwidth.py). Without a GPU these skip; the no-GPU message is tested in
+test_cuda_backend.py (for both backends).
 Without a GPU too: how the backend waits for NCCL (polling, abort on a dead peer)."""
 import time
 import types
 
 import pytest
+from conftest import commbench, gpu_count, results_of
 
 from commbench.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
 from commbench.collectives import DTYPES, OPS
-from conftest import commbench, gpu_count, results_of
-
 
 GPUS = gpu_count("cupy")
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")

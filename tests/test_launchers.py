@@ -16,7 +16,8 @@ def _run_ranks(tmp_path, envs):
 
 
 def test_torchrun_two_agents(tmp_path, port):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "cbtest",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-id", "cbtest",
            "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "commbench", *SWEEP, "--json", str(tmp_path / "r.jsonl")]
     agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
               for _ in range(2)]

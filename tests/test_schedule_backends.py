@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from conftest import clean_env, commbench, default_sigint, rank_pid, results_of, wait_for_results
 
 from commbench import algorithms as A
 from commbench.backends.sim import SimBackend
@@ -15,7 +16,6 @@ from commbench.job import EXIT_WRONG
 from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
-from conftest import clean_env, commbench, default_sigint, rank_pid, results_of, wait_for_results
 
 QUICK = ["--iters", "2", "--warmup", "1"]
 
@@ -122,7 +122,8 @@ def test_bad_algorithm_or_topology_is_one_line(args, needle):
 
 def _start_shm(tmp_path):
     return subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backend", "shm", "--sizes", "1K-256K",
-                             "--iters", "20000", "--warmup", "10", "--json", str(tmp_path / "r.jsonl"), "--timeout", "10"],
+                             "--iters", "20000", "--warmup", "10", "--json", str(tmp_path / "r.jsonl"),
+                             "--timeout", "10"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
                             start_new_session=True, preexec_fn=default_sigint)
 

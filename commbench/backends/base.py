@@ -67,7 +67,7 @@ class Backend(ABC):
     default_sizes: str = "1K-64M"  # the sweep's sizes when --sizes is not given
 
     @classmethod
-    def create(cls, cfg: BackendConfig, launch: Any) -> "Backend":
+    def create(cls, cfg: BackendConfig, launch: Any) -> Backend:
         """Build the backend on this rank (each backend reads what it needs)."""
         raise NotImplementedError
 
@@ -105,7 +105,7 @@ class Backend(ABC):
         """Ranks to spawn when neither --nprocs nor a launcher says."""
         return 2
 
-    @classmethod
+    @classmethod  # noqa: B027 - optional hook: accepts every request unless overridden
     def check_request(cls, cfg: BackendConfig, library: str, collectives: list[str], dtype: DType, op: str,
                       world: int) -> None:
         """Refuse collectives, dtypes and ops this backend cannot run (BackendError, one line)."""
@@ -133,7 +133,7 @@ class Backend(ABC):
         """What ran the last prepared call: {"algorithm": name, "steps": rounds} for schedules."""
         return {"algorithm": None, "steps": None}
 
-    def end_point(self, failed: bool = False) -> None:
+    def end_point(self, failed: bool = False) -> None:  # noqa: B027 - optional hook: nothing to release by default
         """Called after every point: release per-point resources (shared-memory segments).
 
         `failed`: the point raised; release only what is safe without the peers' help (a dead
@@ -195,7 +195,7 @@ class Backend(ABC):
         """One picklable object per rank, as a list on rank 0."""
         return self.control.gather_objects(obj)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: nothing to release by default
         """Release the communicator."""
 
 

@@ -39,9 +39,20 @@ import numpy as np
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
 from commbench.backends.base import BackendError
-from commbench.backends.gpu import MEMCPY_DEFAULT, enable_peer_access, gpu_only, launch_on, fill_value, from_store, oom_or, require_gpu, store_dtype, \
-    time_calls, to_store
 from commbench.backends.control import LocalControl
+from commbench.backends.gpu import (
+    MEMCPY_DEFAULT,
+    enable_peer_access,
+    fill_value,
+    from_store,
+    gpu_only,
+    launch_on,
+    oom_or,
+    require_gpu,
+    store_dtype,
+    time_calls,
+    to_store,
+)
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.schedule import Schedule
@@ -151,7 +162,7 @@ class CudaBackend(ScheduleBackend):
         self._seq = 0
 
     @classmethod
-    def create(cls, cfg, launch) -> "CudaBackend":
+    def create(cls, cfg, launch) -> CudaBackend:
         """The virtual and peer modes (every rank in this process); cuda_ipc.create_cuda_backend picks."""
         world = cfg.nprocs or 2
         mode = resolve_mode(cfg.cuda_mode, launch.launcher, world, require_gpu("cuda"))
@@ -252,7 +263,8 @@ class CudaBackend(ScheduleBackend):
             kernel = K.function("reduce_copy.cu", K.kernel_name("scale", buffer.dtype.name), device)
             with cupy.cuda.Device(device):
                 kernel((blocks,), (self.launch_config.threads,),
-                       (np.uint64(buffer.pointer(rank)), np.int64(buffer.count), cast(factor)), stream=self._stream(rank))
+                       (np.uint64(buffer.pointer(rank)), np.int64(buffer.count), cast(factor)),
+                       stream=self._stream(rank))
 
     # ---------------------------------------------------------------- running a schedule
 

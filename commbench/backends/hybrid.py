@@ -44,7 +44,8 @@ class HybridBackend(ShmBackend):
 
     def _members(self, topology: Topology) -> list[int]:
         members = topology.node_ranks(topology.node_of(self.rank))
-        hosts = self.control.broadcast_object(self.gather_objects(socket.gethostname()))  # every rank's host, everywhere
+        # every rank's host, everywhere
+        hosts = self.control.broadcast_object(self.gather_objects(socket.gethostname()))
         apart = [r for r in members if hosts[r] != hosts[self.rank]]
         if apart:
             raise BackendError(f"--topology {topology} puts rank {self.rank} and rank {apart[0]} on one node, but "
@@ -52,7 +53,7 @@ class HybridBackend(ShmBackend):
         return members
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "HybridBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> HybridBackend:
         return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, cfg.timeout_s)
 
     def barrier(self) -> None:

@@ -79,9 +79,9 @@ class P2PBackend(ScheduleBackend, TorchBackend):
         self.topology, self.algorithm = topology, algorithm
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "P2PBackend":
-        return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, device=cfg.device, torch_backend=cfg.torch_backend,
-                   timeout_s=cfg.timeout_s)
+    def create(cls, cfg, launch: LaunchInfo) -> P2PBackend:
+        return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, device=cfg.device,
+                   torch_backend=cfg.torch_backend, timeout_s=cfg.timeout_s)
 
     # ---------------------------------------------------------------- what ScheduleBackend needs
 

@@ -8,7 +8,8 @@ or copies it into, its own buffer; nothing is copied twice.
 
 Ranks synchronise through counters in one control segment, one per rank on its own
 cache line (plain stores and loads: correct under x86-64's store ordering, which
-the backend checks for; other architectures would need fences): a rank bumps its counter when it finishes a round and waits until every
+the backend checks for; other architectures would need fences): a rank bumps its
+counter when it finishes a round and waits until every
 peer's counter has caught up (a barrier per round, so no chunk is read before it is
 final or overwritten while a peer still reads it). Waiting busy-polls (waking a
 process on another core costs tens of microseconds on a VM), then yields, then
@@ -111,7 +112,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         return list(range(self.world_size))
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "ShmBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:
         return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, cfg.timeout_s)
 
     # ---------------------------------------------------------------- segments

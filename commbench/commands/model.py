@@ -8,6 +8,7 @@ import click
 
 from commbench.commands.common import UsageFault, check_writable
 
+
 @click.command("fit", epilog="""
 \b
 Examples:
@@ -209,7 +210,8 @@ Examples:
               help="nccl (the library's ring, one channel per NIC between nodes, as DDP's NCCL runs it) or one "
                    "of commbench's schedules: ring, hier, tree, rhd, oneshot, binomial, twoshot.")
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
-@click.option("--baseline", default=None, metavar="ALGORITHM", help="With --candidate: acc_ratio = candidate / baseline.")
+@click.option("--baseline", default=None, metavar="ALGORITHM",
+              help="With --candidate: acc_ratio = candidate / baseline.")
 @click.option("--candidate", default=None, metavar="ALGORITHM")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
@@ -290,5 +292,6 @@ def _scaling_table(run, records) -> list[str]:
     for r in records:
         lines.append(f"  {r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} {r.comm_us / 1e3:>9.2f} "
                      f"{r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} {r.samples_per_s / r.gpus:>8.1f} "
-                     f"{r.speedup:>8.2f} {r.linearity:>9.3f}" + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
+                     f"{r.speedup:>8.2f} {r.linearity:>9.3f}"
+                     + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
     return lines

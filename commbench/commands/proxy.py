@@ -64,7 +64,8 @@ def _common(fn):
               help="torch (gloo/NCCL), shm, p2p, hybrid (commbench's schedules), or sim (the cost model, --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True, help="Schedule backends and sim: the allreduce.")
 @click.option("--nodes", type=int, default=None, help="Replay at NODES x --gpus-per-node ranks (see --local, --hw).")
-@click.option("--gpus-per-node", type=int, default=None, help="Ranks per node with --nodes [default: local GPUs, or 1].")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node with --nodes [default: local GPUs, or 1].")
 @click.option("--local", "spawn_local", is_flag=True, help="With --nodes: spawn all NODES x GPUS ranks on this host.")
 @click.option("--hw", default=None, metavar="FILE|PRESET",
               help="Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.")

@@ -46,7 +46,8 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 @click.option("--iters", "-n", type=int, default=None,
               help="Timed iterations per point [default: adaptive, to fill --min-time].")
 @click.option("--min-time", type=float, default=0.2, show_default=True, metavar="SECONDS",
-              help="Adaptive mode: time budget of the timed iterations per point (at least 5, at most 1000 iterations).")
+              help="Adaptive mode: time budget of the timed iterations per point "
+                   "(at least 5, at most 1000 iterations).")
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="Where collectives run: torch (torch.distributed: gloo/NCCL), cupy (NCCL through CuPy, one "
                    "rank per GPU), or commbench's own algorithms on shm (shared memory, one host), p2p (torch "

@@ -277,8 +277,8 @@ def example_inputs(batch: int, device="cpu") -> tuple:
     order = sorted(range(batch), key=lambda i: -LFR_LENGTHS[i % len(LFR_LENGTHS)])
     in_lens = torch.tensor([LFR_LENGTHS[i % len(LFR_LENGTHS)] for i in order], dtype=torch.long)
     out_lens = torch.tensor([TARGET_LENGTHS[i % len(TARGET_LENGTHS)] for i in order], dtype=torch.long)
-    t, l = int(in_lens.max()), int(out_lens.max())
+    t, length = int(in_lens.max()), int(out_lens.max())
     feats = torch.randn(batch, t, INPUT["shape"][1], generator=g) * _frame_mask(in_lens, t)[..., None]
-    tokens = torch.randint(3, HPARAMS["vocab_size"], (batch, l), generator=g)
-    tokens = tokens.masked_fill(~_frame_mask(out_lens, l), IGNORE_ID)
+    tokens = torch.randint(3, HPARAMS["vocab_size"], (batch, length), generator=g)
+    tokens = tokens.masked_fill(~_frame_mask(out_lens, length), IGNORE_ID)
     return feats.to(device), in_lens.to(device), tokens.to(device)
