@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from commbench.results import CompareRecord, ResultSink, read_records
 

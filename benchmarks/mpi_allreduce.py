@@ -21,10 +21,10 @@ import json
 import sys
 import time
 
+import method
 import numpy as np
 from mpi4py import MPI
 
-import method
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 

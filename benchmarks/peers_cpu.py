@@ -43,9 +43,10 @@ import subprocess
 import sys
 
 import method
-from commbench.sizes import SizeError, format_size, parse_sizes
 from harness_overhead import RankFailure, bare_run_rank, run_local_ranks
 from sweep_repeat import commbench_command, measured_results
+
+from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
 TOOLS = ("commbench", "bare", "mpi")

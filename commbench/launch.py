@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
@@ -42,7 +42,7 @@ class LaunchInfo:
     master_port: int
 
     @classmethod
-    def local(cls, rank: int, world_size: int, master_port: int, launcher: str = "single") -> "LaunchInfo":
+    def local(cls, rank: int, world_size: int, master_port: int, launcher: str = "single") -> LaunchInfo:
         """All ranks on this host, rendezvous on loopback (library use, benchmarks, tests)."""
         return cls(launcher, rank, world_size, rank, world_size, 0, 1, "127.0.0.1", master_port)
 

@@ -17,8 +17,9 @@ import os
 import time
 import uuid
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar, Iterable
+from typing import IO, Any, ClassVar
 
 import numpy as np
 

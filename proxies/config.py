@@ -33,7 +33,7 @@ class ProxyConfig:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "ProxyConfig":
+    def from_json(cls, text: str) -> ProxyConfig:
         return cls(**json.loads(text))
 
     def backend_config(self, world: int) -> BackendConfig:

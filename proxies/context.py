@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK
 from commbench.job import run_rank as run_rank_frame
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
 from commbench.proxies.steps import ProxyResult, StepLog, summarize
-from commbench.environment import local_environment, software_versions
 
 
 class RankContext:

@@ -6,7 +6,7 @@ import pytest
 
 from commbench import algorithms as A
 from commbench import collectives as C
-from commbench.schedule import ScheduleError, Schedule, Transfer, contributions, hazards, run, split, verify
+from commbench.schedule import Schedule, ScheduleError, Transfer, contributions, hazards, run, split, verify
 from commbench.topology import INTER, INTRA, Topology, TopologyError, parse_topology
 
 WORLDS = list(range(1, 17)) + [24, 31, 32, 48, 63, 64]

@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import clean_env, default_sigint, rank_pid, results_of, wait_for_results
 
 LONG_SWEEP = ["sweep", "--sizes", "1K-64K", "--iters", "400", "--warmup", "2"]

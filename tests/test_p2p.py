@@ -5,7 +5,6 @@ several things at once: every algorithm, 2/3/4 ranks, a 2x2 topology, root != 0,
 uneven chunks (255 elements on 3 ranks), non-float32 dtypes and ops other than sum.
 """
 import pytest
-
 from conftest import commbench, results_of
 
 ITERS = ("--iters", "2", "--warmup", "1")

@@ -8,13 +8,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import commbench
 
 from commbench import collectives as C
 from commbench import results as R
-from commbench.results import (CompareRecord, ProxyResult, Result, ResultSink, ScalingRecord, StepRecord, SweepSummary,
-                               ValidateRecord, append_record, pack_times, point_result, raw_times, read_records)
-
-from conftest import commbench
+from commbench.results import (
+    CompareRecord,
+    ProxyResult,
+    Result,
+    ResultSink,
+    ScalingRecord,
+    StepRecord,
+    SweepSummary,
+    ValidateRecord,
+    append_record,
+    pack_times,
+    point_result,
+    raw_times,
+    read_records,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 F32 = C.resolve_dtype("float32")

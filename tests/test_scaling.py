@@ -3,14 +3,13 @@ channels, exact step values, linearity and acc_ratio, 1,000 GPUs, and the comman
 import json
 
 import pytest
+from conftest import commbench
 
 from commbench import algorithms
 from commbench.analysis.costmodel import Hardware, load_hardware, schedule_us, with_topology
 from commbench.analysis.scaling import ScalingError, allreduce_us, layout, predict_scaling, predict_step
 from commbench.proxies.profile import Profile, TensorSpec, load_profile
 from commbench.topology import Link, Topology
-
-from conftest import commbench
 
 HW = Hardware("toy", 4, Link("nvlink", 100.0, 1.0), Link("ib", 10.0, 5.0, links_per_node=2),
               reduce_gbps=None, per_call_overhead_us=3.0)

@@ -2,7 +2,6 @@
 import csv
 
 import pytest
-
 from conftest import commbench, results_of
 
 

@@ -6,13 +6,13 @@ import time
 import types
 
 import pytest
+from conftest import results_of
 
 from commbench import telemetry as T
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep, SweepConfig
 from commbench.launch import LaunchInfo
 from commbench.topology import Topology
-from conftest import results_of
 
 psutil = pytest.importorskip("psutil")
 

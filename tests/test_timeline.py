@@ -2,9 +2,9 @@
 (run_step) driven by a fake clock and a fake communication channel, which must agree with it."""
 import pytest
 
-from commbench.proxies.timeline import StepPlan, overlap, plan_step, run_step
 from commbench.proxies.buckets import assign
 from commbench.proxies.profile import Profile, TensorSpec
+from commbench.proxies.timeline import StepPlan, overlap, plan_step, run_step
 
 
 class FakeClock:

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends.base import BackendError
 from commbench.backends import cuda_kernels as K
+from commbench.backends.base import BackendError
 from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
 from commbench.backends.gpu import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
 from commbench.backends.schedule_base import job_topology
@@ -49,7 +49,7 @@ def create_cuda_backend(cfg, launch: LaunchInfo) -> CudaBackend:
 class IpcCudaBackend(CudaBackend):
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "IpcCudaBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> IpcCudaBackend:
         if launch.nnodes > 1 or launch.local_world_size != launch.world_size:
             raise BackendError("--backend cuda shares GPU memory through CUDA IPC: every rank must be on one host; "
                                "across nodes use --backend cupy (NCCL)")

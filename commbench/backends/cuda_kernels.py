@@ -91,7 +91,7 @@ def nvrtc_options() -> tuple[str, ...]:
 # ---------------------------------------------------------------- at run time (CuPy, a GPU)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module(file: str) -> Any:
     """The cupy.RawModule of one kernel file, created once per process (CuPy compiles it on
     first use on a device: see `load`)."""
@@ -100,7 +100,7 @@ def module(file: str) -> Any:
     return cupy.RawModule(code=source(file), options=nvrtc_options())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(file: str, device: int) -> Any:
     """The RawModule of `file`, compiled (first use: NVRTC, or CuPy's disk cache) and loaded on
     `device` now. The cuda backend loads every file when it starts, so a compile failure
@@ -119,7 +119,7 @@ def load(file: str, device: int) -> Any:
     return raw
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def function(file: str, name: str, device: int) -> Any:
     """A kernel of `file`, loaded on `device` now, so that nothing compiles or loads inside a
     timed or captured region. CuPy's RawKernel launches on the device current at call time:

@@ -27,8 +27,20 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.base import Backend, BackendError
-from commbench.backends.gpu import gpu_only, NCCL_HINT, dtype_of, fill_value, from_store, oom_or, rank_gpu, \
-    require_gpu, store_dtype, time_calls, to_store, wait_until_done
+from commbench.backends.gpu import (
+    NCCL_HINT,
+    dtype_of,
+    fill_value,
+    from_store,
+    gpu_only,
+    oom_or,
+    rank_gpu,
+    require_gpu,
+    store_dtype,
+    time_calls,
+    to_store,
+    wait_until_done,
+)
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo
 
@@ -59,7 +71,7 @@ class CupyBackend(Backend):
             raise BackendError("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "CupyBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> CupyBackend:
         return cls(launch, timeout_s=cfg.timeout_s, graph=cfg.graph)
 
     def __init__(self, launch: LaunchInfo, timeout_s: float = 300.0, graph: bool = False):

@@ -69,7 +69,7 @@ class SimBackend(ScheduleBackend):
         self.timed = hardware is not None
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "SimBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> SimBackend:
         world = cfg.nprocs or 2
         try:
             topology = parse_topology(cfg.topology, world)

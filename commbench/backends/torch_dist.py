@@ -87,7 +87,7 @@ class TorchBackend(Backend):
         return [f"torch has no out-of-place {'/'.join(copied)}: out-of-place = copy + in-place call, both timed"]
 
     @classmethod
-    def create(cls, cfg, launch: LaunchInfo) -> "TorchBackend":
+    def create(cls, cfg, launch: LaunchInfo) -> TorchBackend:
         return cls(launch, device=cfg.device, torch_backend=cfg.torch_backend, timeout_s=cfg.timeout_s)
 
     def __init__(self, launch: LaunchInfo, device: str = "auto", torch_backend: str = "auto",
