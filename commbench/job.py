@@ -69,11 +69,17 @@ def find_job(launcher_option: str = "auto",
     spawned it), (launcher or None, None) when it runs on its own. A broken launcher
     environment raises launch.LaunchError (one line for the user)."""
     env = os.environ if env is None else env
-    launcher = None if launcher_option == "auto" else launcher_option
-    launcher = launcher or detect_launcher(env)
+    launcher = launcher_of(launcher_option, env)
     if launcher in (None, "spawn") and SPAWN_VAR not in env:
         return launcher, None
     return launcher, from_environment(env, launcher or "spawn")
+
+
+def launcher_of(launcher_option: str = "auto", env: Mapping[str, str] | None = None) -> str | None:
+    """The launcher's name (`--launcher`, or what the environment shows), without reading its variables."""
+    if launcher_option != "auto":
+        return launcher_option
+    return detect_launcher(os.environ if env is None else env)
 
 
 def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:

@@ -100,21 +100,29 @@ def sweep(**options) -> None:
     """
     from commbench import job
 
-    launcher, info = find_job(options["launcher"])
-    cls, request = _backend(options, launcher)
+    cls, request = _backend(options, job.launcher_of(options["launcher"]))
     if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
         cfg, world = _sweep_config(options, cls, request, world=None)
         plan = job.Plan("local", world)
-    elif info is None:
-        cfg, world = _sweep_config(options, cls, request, world=None)
-        plan = job.Plan("spawn", world)
     else:
-        if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
-            click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
-                       f"{info.world_size} rank(s)", err=True)
-        cfg, world = _sweep_config(options, cls, request, world=info.world_size)
-        plan = job.Plan("join", world, info)
+        cfg, plan = _spawn_or_join(options, cls, request)
     job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+
+
+def _spawn_or_join(options: dict, cls, request):
+    """(SweepConfig, Plan) for ranks in processes: spawn them here, or join the launcher's job
+    (its variables are read only then, so an in-process backend never depends on them)."""
+    from commbench import job
+
+    launcher, info = find_job(options["launcher"])
+    if info is None:
+        cfg, world = _sweep_config(options, cls, request, world=None)
+        return cfg, job.Plan("spawn", world)
+    if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
+        click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
+                   f"{info.world_size} rank(s)", err=True)
+    cfg, world = _sweep_config(options, cls, request, world=info.world_size)
+    return cfg, job.Plan("join", world, info)
 
 
 def _backend(options: dict, launcher: str | None):
