@@ -8,10 +8,17 @@ from commbench.analysis.costmodel import Hardware, schedule_us
 from commbench.results import Result, point_result
 from commbench.topology import Topology
 
+# A prediction builds every rank's schedule: ring's 2(n-1) rounds of n transfers took 3 min for
+# 4,096 ranks on the 2-core CI machine (2026-11-23), 1,024 ranks a few seconds.
+MAX_RANKS = 1024
+
 
 def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, topo: Topology, algorithm: str,
                   root: int = 0) -> Result | None:
     """One predicted point (None when the size rounds to zero elements)."""
+    if topo.world > MAX_RANKS:
+        raise ValueError(f"{topo.world:,d} ranks: predict builds every rank's schedule, at most {MAX_RANKS:,d} ranks "
+                         f"(predict-scaling costs larger clusters from closed forms)")
     plan = C.plan(collective, nbytes, dtype, topo.world, root)
     if plan.count == 0:
         return None

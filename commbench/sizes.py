@@ -15,6 +15,9 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNOREC
 #: Hard ceiling on the number of sizes a sweep may contain (a typo like
 #: `--step 1` over 1K-1G would otherwise mean a billion points).
 MAX_SIZES = 10_000
+#: The largest size accepted: 4 TiB per rank is beyond any device's memory today, and larger
+#: numbers would overflow the counts the backends hand to their libraries.
+MAX_BYTES = 1 << 42
 
 
 class SizeError(ValueError):
@@ -28,6 +31,8 @@ def parse_size(text: str) -> int:
         raise SizeError(f"bad size {text!r}: expected bytes with an optional K, M, G or T suffix, e.g. 64K")
     number, unit = match.groups()
     nbytes = float(number) * _UNITS[unit.upper()]
+    if not nbytes <= MAX_BYTES:  # also inf, from a number with hundreds of digits
+        raise SizeError(f"bad size {text!r}: at most {MAX_BYTES >> 40} TiB per rank")
     if nbytes != int(nbytes):
         raise SizeError(f"bad size {text!r}: not a whole number of bytes")
     if nbytes <= 0:
@@ -51,6 +56,8 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | int | None =
             raise SizeError("--factor/--step apply to a range START-END, not to a list of sizes")
         return sorted({parse_size(part) for part in spec.split(",") if part.strip()} or _empty(spec))
     if "-" not in spec:
+        if factor is not None or step is not None:
+            raise SizeError("--factor/--step apply to a range START-END, not to a single size")
         return [parse_size(spec)]
     start_text, _, end_text = spec.partition("-")
     start, end = parse_size(start_text), parse_size(end_text)

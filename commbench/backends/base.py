@@ -65,6 +65,7 @@ class Backend(ABC):
     uses_hw: bool = False  # --hw: calls timed by the cost model instead of measured
     launches_async: bool = False  # a call returns a work handle before the data moved (DDP-like overlap)
     default_sizes: str = "1K-64M"  # the sweep's sizes when --sizes is not given
+    max_virtual_ranks: int | None = None  # ranks one process can step through (sim), None: no such limit
 
     @classmethod
     def create(cls, cfg: BackendConfig, launch: Any) -> Backend:

@@ -44,6 +44,8 @@ class SimBackend(ScheduleBackend):
     kind = "predicted"
     uses_hw = True
     default_sizes = "1K-1M"  # every rank's buffers live in this process
+    # The NumPy interpreter steps each transfer in Python: ~ranks^2 per call (2048 ranks at 1 MiB: 4 min here).
+    max_virtual_ranks = 1024
 
     @classmethod
     def settle(cls, cfg, launcher: str | None):

@@ -79,6 +79,8 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 @click.option("--nprocs", "-N", type=int, default=None,
               help="Local ranks to spawn when no launcher (torchrun, srun, mpirun) started this process "
                    "[default: number of GPUs (2 virtual ranks for cuda on one GPU), or 2 on CPU].")
+@click.option("--oversubscribe", is_flag=True, default=False,
+              help="Spawn more local ranks than this host carries (4 per core, about 400 MiB each): refused without.")
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True, help="Force how ranks are found; auto reads the environment.")
 @click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
@@ -100,6 +102,7 @@ def sweep(**options) -> None:
     """
     from commbench import job
 
+    _check_counts(options)
     cls, request = _backend(options, job.launcher_of(options["launcher"]))
     if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
         cfg, world = _sweep_config(options, cls, request, world=None)
@@ -121,7 +124,7 @@ def _spawn_or_join(options: dict, cls, request):
     if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
         click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
                    f"{info.world_size} rank(s)", err=True)
-    cfg, world = _sweep_config(options, cls, request, world=info.world_size)
+    cfg, world = _sweep_config(options, cls, request, world=info.world_size, local_ranks=info.local_world_size)
     return cfg, job.Plan("join", world, info)
 
 
@@ -140,7 +143,7 @@ def _backend(options: dict, launcher: str | None):
         raise UsageFault(str(exc)) from exc
 
 
-def _sweep_config(options: dict, cls, request, world: int | None):
+def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
     from commbench import bench
     from commbench import collectives as C
@@ -148,7 +151,8 @@ def _sweep_config(options: dict, cls, request, world: int | None):
     from commbench.sizes import SizeError, parse_sizes
 
     try:
-        sizes = parse_sizes(options["sizes"] or cls.default_sizes, options["factor"], options["step"])
+        spec = options["sizes"] if options["sizes"] is not None else cls.default_sizes
+        sizes = parse_sizes(spec, options["factor"], options["step"])
         names = C.resolve_collectives(options["collective_names"])
         dtype = C.resolve_dtype(options["dtype"])
     except (SizeError, ValueError) as exc:
@@ -156,7 +160,6 @@ def _sweep_config(options: dict, cls, request, world: int | None):
     op = options["op"].lower()
     if op not in C.OPS:
         raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}")
-    _check_counts(options)
     try:
         device, library = cls.resolve_device(request)
         if world is None:
@@ -168,6 +171,7 @@ def _sweep_config(options: dict, cls, request, world: int | None):
         cls.check_request(request, library, names, dtype, op, world)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
+    _check_scale(options, cls, request, device, sizes, world, local_ranks or world)
     for flag in ("json_path", "csv_path"):
         check_writable(options[flag])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
@@ -183,11 +187,23 @@ def _sweep_config(options: dict, cls, request, world: int | None):
 
 
 def _check_counts(options: dict) -> None:
-    if options["iters"] is not None and options["iters"] < 1:
-        raise UsageFault(f"--iters {options['iters']}: need at least 1")
-    if options["warmup"] is not None and options["warmup"] < 0:
-        raise UsageFault(f"--warmup {options['warmup']}: cannot be negative")
-    if not options["min_time"] > 0:
-        raise UsageFault(f"--min-time {options['min_time']}: must be positive")
-    if not options["timeout_s"] > 0:
-        raise UsageFault(f"--timeout {options['timeout_s']}: must be positive")
+    from commbench.commands import options as O
+
+    O.check({"--iters": (O.COUNT, options["iters"]), "--warmup": (O.NONNEGATIVE_COUNT, options["warmup"]),
+             "--min-time": (O.SECONDS, options["min_time"]), "--timeout": (O.TIMEOUT, options["timeout_s"]),
+             "--nprocs": (O.COUNT, options["nprocs"])})
+
+
+def _check_scale(options: dict, cls, request, device: str, sizes: list[int], world: int, local_ranks: int) -> None:
+    """Refuse what this host cannot hold or run before any rank starts: more local ranks than it
+    carries, more virtual ranks than the backend can step through, buffers larger than its memory."""
+    from commbench.commands import options as O
+
+    if local_ranks > 1 and not cls.in_process(request):
+        O.check_local_ranks(local_ranks, options["oversubscribe"])
+    if cls.max_virtual_ranks is not None and world > cls.max_virtual_ranks:
+        raise UsageFault(f"--nprocs {world}: {cls.name} runs every virtual rank's schedule in this process and "
+                         f"its work grows as ranks^2: at most {cls.max_virtual_ranks}; `commbench predict` costs "
+                         f"larger clusters")
+    if device == "cpu":  # send and receive buffers of the largest size, on every rank this host holds
+        O.check_memory(2 * max(sizes) * local_ranks, f"{local_ranks} rank(s) x 2 buffers of {max(sizes):,d} B")
