@@ -48,6 +48,7 @@ class SweepConfig:
     min_iters: int = 5
     max_iters: int = 1000
     rank_agg: str = "max"
+    stat: str = "mean"  # the table's time column: mean, p50 or min of the iterations (the JSON keeps all)
     check: bool = True
     backend: str = "torch"
     torch_backend: str = "auto"
@@ -231,7 +232,8 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
-        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules)
+        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules,
+                           stat=cfg.stat)
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on
@@ -282,19 +284,27 @@ class Sweep:
                           "command": " ".join(self.argv), "config": asdict(cfg), "launch": asdict(launch),
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
+        world = self.backend.world_size
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
-                           f"{self.backend.world_size} ranks "
-                           f"on {len(hosts)} host(s), launcher {launch.launcher}")
-        iters = f"{cfg.iters} iterations" if cfg.iters else f"adaptive iterations ({cfg.min_time_s:g} s per point)"
-        iters = iters if self.backend.timed else "not timed"
-        self.table.comment(f"dtype {self.dtype.name}, {iters}, time = {cfg.rank_agg} over ranks, "
-                           f"check {'on' if cfg.check else 'off'}")
+                           f"{world} rank{'s' if world != 1 else ''} on {len(hosts)} host(s), "
+                           f"launcher {launch.launcher}")
+        self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)
         if cfg.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
         for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.hw):
             self.table.comment(note)
+
+    def _timing_text(self) -> str:
+        cfg = self.cfg
+        if not self.backend.timed:
+            return "not timed"
+        if self.backend.kind == "predicted":  # every iteration costs the same: the model has no noise
+            return "time = the cost model's, per call"
+        iters = (f"{cfg.iters} iteration{'s' if cfg.iters != 1 else ''}" if cfg.iters
+                 else f"adaptive iterations ({cfg.min_time_s:g} s per point)")
+        return f"{iters}, time = {cfg.stat} of the iterations, {cfg.rank_agg} over ranks"
 
     def _collective(self, collective: str) -> None:
         cfg, world = self.cfg, self.backend.world_size

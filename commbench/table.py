@@ -6,17 +6,26 @@ who read nccl-tests output every day can read this one without a legend.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
-from typing import IO
+from typing import IO, Callable
 
+import numpy as np
+
+from commbench import collectives as C
 from commbench.results import Result
+
+STATS = ("mean", "p50", "min")  # what the time column shows (--stat); the JSON keeps them all
+NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
+NOISY_MARK = "~"
 
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
-                 show_algorithm: bool = False):
-        self.placements = placements
+                 show_algorithm: bool = False, stat: str = "mean"):
+        self.placements, self.stat = placements, stat
+        self.noisy_rows = 0
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
         self.stream = stream or sys.stdout
         self.progress = progress
@@ -27,7 +36,10 @@ class Table:
     def _print(self, line: str) -> None:
         if self.progress:
             self.progress.clear()  # the progress line shares the terminal; never print over it
-        print(line, file=self.stream, flush=True)
+        try:
+            print(line, file=self.stream, flush=True)
+        except BrokenPipeError:  # `| head` closed the pipe: go on quietly, as other tools do (JSON still written)
+            self.stream = _silence(self.stream)
 
     def comment(self, line: str) -> None:
         self._print(f"# {line}" if line else "#")
@@ -59,21 +71,54 @@ class Table:
             if result.time_us is None:  # not timed (sim without a cost model)
                 cells.append(f"{'n/m':>9s} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
             else:
-                cells.append(f"{_fmt_time(result.time_us):>9s} {result.algbw_gbps:8.2f} "
-                             f"{result.busbw_gbps:8.2f} {wrong:>8s}  ")
-                self.busbw_sum += result.busbw_gbps
+                time_us, algbw, busbw = self._figures(result)
+                cells.append(f"{_fmt_time(time_us):>9s} {algbw:8.2f} {busbw:8.2f} {wrong:>8s}  ")
+                self.busbw_sum += busbw
                 self.busbw_points += 1
             self.wrong_total += result.wrong or 0
         algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
+        noisy = any(r is not None and is_noisy(r) for r in results.values())
+        self.noisy_rows += noisy
+        mark = f" {NOISY_MARK}" if noisy else ""
         self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
-                    f"{algo:>12s}".rstrip())
+                    f"{algo:>12s}".rstrip() + mark)
+
+    def _figures(self, result: Result) -> tuple[float, float, float]:
+        """(time, algbw, busbw) of the statistic the table shows."""
+        if self.stat == "mean":
+            return result.time_us, result.algbw_gbps, result.busbw_gbps
+        time_us = {"p50": result.p50_us, "min": result.min_us}[self.stat]
+        return (time_us, *C.bandwidths_gbps(result.collective, result.nbytes, result.world_size, time_us))
 
     def footer(self, checked: bool) -> None:
         if checked:
             self._print(f"# Out of bounds values : {self.wrong_total} {'OK' if self.wrong_total == 0 else 'FAILED'}")
-        average = f"{self.busbw_sum / self.busbw_points:.4g} GB/s" if self.busbw_points else "n/m"
+        average = f"{_fixed(self.busbw_sum / self.busbw_points)} GB/s" if self.busbw_points else "n/m"
         self._print(f"# Avg bus bandwidth    : {average}")
+        if self.noisy_rows:
+            self._print(f"# {NOISY_MARK} : {self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
+                        f"varied between iterations (p50_us, p99_us and iteration_times_us in the JSON)")
+            self.noisy_rows = 0
         self._print("#")
+
+
+def is_noisy(result: Result) -> bool:
+    """p99 more than NOISY_P99_OVER_P50 times p50: the mean hides a spread worth a look."""
+    return bool(result.p50_us and result.p99_us and result.p99_us > NOISY_P99_OVER_P50 * result.p50_us)
+
+
+def _fixed(value: float) -> str:
+    """Four significant digits, never in exponent notation (7.597e-05 -> 0.00007597)."""
+    return np.format_float_positional(value, precision=4, unique=False, fractional=False, trim="-")
+
+
+def _silence(stream: IO[str]) -> IO[str]:
+    """After a closed pipe: further output (and the flush at exit) goes to /dev/null."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
+    return open(os.devnull, "w")
 
 
 def _fmt_time(time_us: float) -> str:
@@ -81,22 +126,44 @@ def _fmt_time(time_us: float) -> str:
 
 
 class Progress:
-    """A one-line progress indicator on stderr, drawn only when stderr is a terminal."""
+    """A one-line progress bar with an ETA on stderr when it is a terminal; elsewhere (a log, CI)
+    one plain line every LOG_INTERVAL_S seconds, so a long run is never silent.
+    `enabled=False` draws nothing at all (ranks other than 0)."""
 
-    def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None):
-        self.total, self.done = total, 0
+    LOG_INTERVAL_S = 30.0
+
+    def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.done, self.clock = total, 0, clock
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.started = time.monotonic()
+        self.logging = enabled is None and not self.enabled
+        self.started = clock()
+        self._logged = self.started
         self._width = 0
 
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left at the pace so far (None before the first point is done)."""
+        if not self.done:
+            return None
+        return (now - self.started) / self.done * (self.total - self.done)
+
     def update(self, label: str) -> None:
+        now = self.clock()
+        eta = self.eta_s(now)
+        eta_text = f" ETA {eta:.0f}s" if eta is not None else ""
+        if self.logging and now - self._logged >= self.LOG_INTERVAL_S:
+            self._logged = now
+            self.stream.write(f"commbench: {self.done}/{self.total} points, {now - self.started:.0f} s{eta_text}: "
+                              f"{label}\n")
+            self.stream.flush()
         if not self.enabled:
             return
-        elapsed = time.monotonic() - self.started
+        elapsed = now - self.started
         bar_len = 24
         filled = int(bar_len * self.done / max(self.total, 1))
-        line = f"\r[{'#' * filled}{'.' * (bar_len - filled)}] {self.done}/{self.total} {elapsed:5.0f}s {label}"
+        bar = f"[{'#' * filled}{'.' * (bar_len - filled)}]"
+        line = f"\r{bar} {self.done}/{self.total} {elapsed:5.0f}s{eta_text} {label}"
         self._width = max(self._width, len(line))
         self.stream.write(line.ljust(self._width))
         self.stream.flush()

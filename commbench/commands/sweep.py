@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable, find_job
+from commbench.commands.common import UsageFault, check_outputs, find_job
 
 SWEEP_EXAMPLES = """
 \b
@@ -85,6 +85,9 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
               show_default=True, help="Force how ranks are found; auto reads the environment.")
 @click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
               help="Combine ranks' times (as nccl-tests -a).")
+@click.option("--stat", type=click.Choice(["mean", "p50", "min"]), default="mean", show_default=True,
+              help="The table's time column (and its algbw/busbw): the mean of the timed iterations as nccl-tests "
+                   "prints, their median, or the fastest. The JSON keeps every statistic and the raw times.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Verify every result; any wrong element makes the run exit 1.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -172,13 +175,12 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
     _check_scale(options, cls, request, device, sizes, world, local_ranks or world)
-    for flag in ("json_path", "csv_path"):
-        check_writable(options[flag])
+    check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]))
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
     cfg = bench.SweepConfig(
         collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
         placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
-        min_time_s=options["min_time"], rank_agg=options["rank_agg"], check=options["check"],
+        min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
         backend=request.backend, torch_backend=request.torch_backend, device=device,
         json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=request.timeout_s,
         algorithm=request.algorithm, topology=request.topology, nprocs=world, hw=request.hw,
