@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.results import CompareRecord, ResultSink, read_records
+from commbench.results import CompareRecord, RecordError, ResultSink, read_records
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")
@@ -138,9 +138,10 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
                       unvalued)
 
 
-def compare_files(base_path: str, new_path: str, metric: str = "busbw", threshold_pct: float = 5.0) -> Comparison:
+def compare_files(base_path: str, new_path: str, metric: str = "busbw", threshold_pct: float = 5.0,
+                  warn=None) -> Comparison:
     _check_options(metric, threshold_pct)
-    return compare(load(base_path), load(new_path), metric, threshold_pct, (base_path, new_path))
+    return compare(load(base_path, warn), load(new_path, warn), metric, threshold_pct, (base_path, new_path))
 
 
 def _check_options(metric: str, threshold_pct: float) -> None:
@@ -152,15 +153,14 @@ def _check_options(metric: str, threshold_pct: float) -> None:
         raise CompareError(f"--threshold {threshold_pct:g}: must be a positive percentage")
 
 
-def load(path: str) -> list[dict]:
-    """The records of a results file; CompareError when it cannot be read or holds no result."""
+def load(path: str, warn=None) -> list[dict]:
+    """The records of a results file, every line checked (results.read_records); CompareError, one line
+    naming the file (and line), when it cannot be read, a line is malformed, or it holds no result."""
     try:
-        records = [r for r in read_records(path) if isinstance(r, dict)]
-    except FileNotFoundError as exc:
-        raise CompareError(f"{path}: no such file") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CompareError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
-    if not any(r.get("record") == "result" for r in records):
+        records = read_records(path, warn)
+    except RecordError as exc:
+        raise CompareError(str(exc)) from exc
+    if not any(r["record"] == "result" for r in records):
         raise CompareError(f"{path} holds no result records (expected JSON Lines from `commbench sweep --json`)")
     return records
 

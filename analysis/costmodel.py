@@ -24,11 +24,13 @@ so bytes / (gbps * 1e3) is microseconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench import algorithms
+from commbench.results import json_kind
 from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
 
@@ -59,51 +61,89 @@ class Hardware:
         return {"schema": 1, **out}
 
     def save(self, path: str) -> None:
+        """Write the hardware file (ValueError, before anything is written, for a figure JSON cannot hold)."""
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=1)
-            handle.write("\n")
+            handle.write(text)
 
 
-def hardware_from_dict(data: dict[str, Any], origin: str = "hardware file") -> Hardware:
-    """Validate and build; every problem is one HardwareError naming the field."""
+HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", "per_call_overhead_us",
+                   "device_tflops", "meta")  # any other top-level field (description, sources) goes to meta
+
+
+def hardware_from_dict(data: Any, origin: str = "hardware file") -> Hardware:
+    """Validate and build. Every number must be a finite JSON number of the right sign (a count a
+    whole number), every object an object; each problem is one HardwareError, 'ORIGIN: what is wrong'."""
     try:
-        levels = data["levels"]
-        intra, inter = (_link(levels[key], f"levels.{key}") for key in ("intra", "inter"))
-        ranks = int(data["ranks_per_node"])
-    except KeyError as exc:
-        raise HardwareError(f"{origin}: missing field {exc.args[0]!r}") from exc
-    except (TypeError, ValueError) as exc:
-        raise HardwareError(f"{origin}: {exc}") from exc
-    if ranks < 1:
-        raise HardwareError(f"{origin}: ranks_per_node must be at least 1")
-    reduce_gbps = data.get("reduce_gbps")
-    if reduce_gbps is not None and not reduce_gbps > 0:
-        raise HardwareError(f"{origin}: reduce_gbps must be positive or null")
-    overhead = float(data.get("per_call_overhead_us") or 0.0)
-    if overhead < 0:
-        raise HardwareError(f"{origin}: per_call_overhead_us cannot be negative")
-    meta = {k: v for k, v in data.items() if k not in ("schema", "levels", "ranks_per_node", "reduce_gbps",
-                                                       "per_call_overhead_us", "device_tflops", "name", "meta")}
-    meta.update(data.get("meta") or {})
-    return Hardware(str(data.get("name", origin)), ranks, intra, inter, reduce_gbps, overhead,
-                    dict(data.get("device_tflops") or {}), meta)
+        return _hardware(data, origin)
+    except HardwareError as exc:
+        raise HardwareError(f"{origin}: {exc}") from None
+
+
+def _hardware(data: Any, origin: str) -> Hardware:
+    data = _object(data, "a hardware file")
+    if data.get("schema", 1) != 1:
+        raise HardwareError(f"schema {data['schema']!r}: this commbench reads hardware files of schema 1")
+    levels = _object(_required(data, "levels", ""), "levels")
+    intra, inter = (_link(_object(_required(levels, key, "levels."), f"levels.{key}"), f"levels.{key}")
+                    for key in ("intra", "inter"))
+    tflops = _object(data.get("device_tflops") or {}, "device_tflops")
+    name = data.get("name", origin)
+    if not isinstance(name, str):
+        raise HardwareError(f"name must be a string, not {json_kind(name)}")
+    meta = {k: v for k, v in data.items() if k not in HARDWARE_FIELDS}
+    meta.update(_object(data.get("meta") or {}, "meta"))
+    return Hardware(name, int(_number(data, "ranks_per_node", "", whole=True, at_least=1)), intra, inter,
+                    _number(data, "reduce_gbps", "", positive=True, optional=True),
+                    _number(data, "per_call_overhead_us", "", optional=True) or 0.0,
+                    {key: _number(tflops, key, "device_tflops.", positive=True, optional=True) for key in tflops}, meta)
 
 
 def _link(data: dict[str, Any], where: str) -> Link:
-    for key in ("bw_gbps", "latency_us"):
-        if key not in data:
-            raise HardwareError(f"missing field '{where}.{key}'")
-    bw, latency = float(data["bw_gbps"]), float(data["latency_us"])
-    if not bw > 0 or latency < 0:
-        raise HardwareError(f"{where}: bw_gbps must be positive and latency_us non-negative")
-    links = data.get("links_per_node")
-    if links is not None and int(links) < 1:
-        raise HardwareError(f"{where}: links_per_node must be at least 1 or null")
-    cache_bytes, cache_bw = data.get("cache_bytes"), data.get("cache_bw_gbps")
-    if (cache_bytes is None) != (cache_bw is None) or cache_bytes is not None and not (cache_bytes > 0 < cache_bw):
-        raise HardwareError(f"{where}: cache_bytes and cache_bw_gbps go together and must be positive")
-    return Link(str(data.get("name", where)), bw, latency, None if links is None else int(links),
-                None if cache_bytes is None else int(cache_bytes), None if cache_bw is None else float(cache_bw))
+    name = data.get("name", where)
+    if not isinstance(name, str):
+        raise HardwareError(f"{where}.name must be a string, not {json_kind(name)}")
+    prefix = where + "."
+    links = _number(data, "links_per_node", prefix, whole=True, at_least=1, optional=True)
+    cache_bytes = _number(data, "cache_bytes", prefix, whole=True, at_least=1, optional=True)
+    cache_bw = _number(data, "cache_bw_gbps", prefix, positive=True, optional=True)
+    if (cache_bytes is None) != (cache_bw is None):
+        raise HardwareError(f"{where}: cache_bytes and cache_bw_gbps go together")
+    return Link(name, _number(data, "bw_gbps", prefix, positive=True), _number(data, "latency_us", prefix),
+                None if links is None else int(links), None if cache_bytes is None else int(cache_bytes), cache_bw)
+
+
+def _required(data: dict[str, Any], key: str, prefix: str) -> Any:
+    if key not in data:
+        raise HardwareError(f"missing field '{prefix}{key}'")
+    return data[key]
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise HardwareError(f"{where} must be a JSON object, not {json_kind(value)}")
+    return value
+
+
+def _number(data: dict[str, Any], key: str, prefix: str, *, positive: bool = False, whole: bool = False,
+            at_least: float = 0.0, optional: bool = False) -> float | None:
+    """data[key] as a finite number >= at_least (> 0 if positive; integral if whole); None if optional and
+    absent or null."""
+    value = data.get(key) if optional else _required(data, key, prefix)
+    if value is None and optional:
+        return None
+    name = prefix + key
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HardwareError(f"{name} must be a number, not {json_kind(value)}")
+    if not math.isfinite(value):
+        raise HardwareError(f"{name} must be a finite number, not {value}")
+    if whole and value != int(value):
+        raise HardwareError(f"{name} must be a whole number, not {value!r}")
+    if value < at_least or positive and not value > 0:
+        bound = "positive" if positive else f"at least {at_least:g}" if at_least else "non-negative"
+        raise HardwareError(f"{name} must be {bound}, not {value!r}")
+    return float(value) if not whole else value
 
 
 def presets() -> list[str]:
@@ -113,15 +153,20 @@ def presets() -> list[str]:
 
 
 def load_hardware(spec: str) -> Hardware:
-    """A hardware JSON file (from `commbench fit`) or the name of a preset."""
+    """A hardware JSON file (from `commbench fit`) or the name of a preset, validated (hardware_from_dict):
+    every problem, an unreadable or binary file too, is one HardwareError naming the file."""
     path = spec if os.path.exists(spec) else os.path.join(PRESET_DIR, f"{spec}.json")
     if not os.path.exists(path):
         raise HardwareError(f"no hardware file or preset {spec!r}; presets: {', '.join(presets()) or 'none'}")
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HardwareError(f"{path}: not readable JSON ({exc})") from exc
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except OSError as exc:
+        raise HardwareError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise HardwareError(f"{path}: not a hardware file (not UTF-8 text; expected JSON from commbench fit)") from exc
+    except json.JSONDecodeError as exc:
+        raise HardwareError(f"{path}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from exc
     return hardware_from_dict(data, origin=path)
 
 

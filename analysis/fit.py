@@ -52,13 +52,22 @@ def setup_of(record: dict) -> str:
 
 
 def schedule_for(record: dict) -> tuple[Topology, Schedule]:
+    """The topology and schedule a result record ran (FitError, naming the point, when none models it)."""
     world, nodes = int(record["world_size"]), int(record.get("nnodes") or 1)
     topo = Topology(nodes, world // nodes) if world % nodes == 0 else Topology(1, world)
     name = record.get("algorithm") or LIBRARY_ALGORITHM.get(record["collective"])
     if name is None:
         raise FitError(f"no schedule models {record['collective']}")
     root = record.get("root") or 0
-    return topo, algorithms.build(record["collective"], name, topo, int(record["count"]), int(record["nbytes"]), root)
+    if record.get("count") is None:
+        raise FitError(f"the {record['collective']} point of {record['nbytes']} bytes ({setup_of(record)}) has no "
+                       "count: a fit needs the element count of each point")
+    try:
+        return topo, algorithms.build(record["collective"], name, topo, int(record["count"]), int(record["nbytes"]),
+                                      root)
+    except (ValueError, LookupError, ZeroDivisionError) as exc:
+        raise FitError(f"cannot model the {record['collective']} point of {record['nbytes']} bytes on {world} ranks "
+                       f"({setup_of(record)}): {exc}") from exc
 
 
 def features(schedule: Schedule, topo: Topology, itemsize: int) -> np.ndarray:
@@ -170,13 +179,15 @@ def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | 
               cache: int | None = None) -> Hardware:
     overhead, alpha_intra, alpha_inter, inv_intra, inv_inter = x[:5]
     fitted = {"intra": bool(active[3]), "inter": bool(active[4])}
-    intra = _level("intra", alpha_intra, inv_intra, base.intra if base else None)
-    if cache is not None and x[5] > 0:
+    if not any(fitted.values()):
+        raise FitError(f"no point of {setup} moves data between ranks (one rank each): nothing to fit")
+    intra = _level("intra", alpha_intra, inv_intra, base.intra if base else None) if fitted["intra"] else None
+    if intra is not None and cache is not None and x[5] > 0:
         intra = replace(intra, cache_bytes=cache, cache_bw_gbps=1.0 / x[5] / 1e3)
-    inter = _level("inter", alpha_inter, inv_inter, base.inter if base else None)
-    if not fitted["intra"] and fitted["inter"]:
-        intra = base.intra if base else intra
-    if not fitted["inter"]:
+    inter = _level("inter", alpha_inter, inv_inter, base.inter if base else None) if fitted["inter"] else None
+    if intra is None:  # one rank per node: every round crossed nodes
+        intra = base.intra if base else replace(inter, name="intra")
+    if inter is None:
         inter = base.inter if base else replace(intra, name="inter")
     ranks = pts[0].topo.ranks_per_node
     ape = np.abs(predicted - measured) / measured
@@ -191,13 +202,19 @@ def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | 
 
 
 def _level(name: str, alpha: float, inv_bw: float, fallback: Link | None) -> Link:
-    if inv_bw <= 0:
-        return fallback or Link(name, float("inf"), float(alpha))
+    if inv_bw <= 0:  # time does not grow with size: no bandwidth to write down (JSON has no infinity)
+        if fallback is None:
+            raise FitError(f"the {name} level's bandwidth cannot be fitted: the times of these points do not grow "
+                           "with size; add larger sizes, or give --base for its figures")
+        return fallback
     return Link(name, 1.0 / inv_bw / 1e3, float(alpha))  # us per byte -> GB/s
 
 
 def _notes(fitted: dict, active: np.ndarray, base: Hardware | None) -> list[str]:
     notes = []
+    if not fitted["intra"]:
+        notes.append("intra level not fitted (one rank per node): " + ("taken from the base hardware" if base
+                                                                      else "copied from the inter level"))
     if not fitted["inter"]:
         notes.append("inter level not fitted (single-node data): " + ("taken from the base hardware" if base
                                                                       else "copied from the intra level"))

@@ -138,19 +138,35 @@ def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: li
     return path
 
 
-def report(paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
-    """Write the PNGs and index.md; returns (index path, png paths)."""
+class ReportError(ValueError):
+    """The files hold nothing the report draws."""
+
+
+def read_all(paths: list[str], warn=None) -> list[dict]:
+    """Every record of the files, each line checked (results.read_records: RecordError names the file and
+    line); ReportError when none is a timed result, an ok proxy summary or a scaling point."""
+    records = [r for p in paths for r in read_records(p, warn)]
+    drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] == "scaling"
+                   or r["record"] == "proxy" and r.get("status", "ok") == "ok" for r in records)
+    if not drawable:
+        raise ReportError("no timed result, proxy or scaling records in " + ", ".join(paths))
+    return records
+
+
+def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
+    """Write the PNGs and index.md of records read by read_all; returns (index path, png paths)."""
     from commbench.analysis import report_steps as R
 
-    records = [r for p in paths for r in read_records(p)]
     series = collect_series(records) + (model_series(records, hw) if hw is not None else [])
     steps = R.step_rows(records)
-    has_scaling = any(r.get("record") == "scaling" for r in records)
-    if not series and not steps and not has_scaling:
-        raise ValueError("no timed result, proxy or scaling records in " + ", ".join(paths))
     os.makedirs(out_dir, exist_ok=True)
     pngs = plot(series, out_dir) if series else []
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir)) if p]
     return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs
+
+
+def report(paths: list[str], out_dir: str, hw=None, warn=None) -> tuple[str, list[str]]:
+    """Read the files, then write the PNGs and index.md; returns (index path, png paths)."""
+    return write_report(read_all(paths, warn), paths, out_dir, hw)

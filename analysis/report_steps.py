@@ -25,8 +25,8 @@ def step_rows(records: list[dict]) -> list[dict]:
         if r.get("compute_us_p50") is None:  # real training: the step alone
             rows.append({"label": label, "step_ms": step, "parts": None})
             continue
-        compute, comm = r["compute_us_p50"] / 1e3, (r["comm_us_p50"] or 0) / 1e3
-        exposed = max(0.0, (r["exposed_comm_us_p50"] or 0) / 1e3)
+        compute, comm = r["compute_us_p50"] / 1e3, (r.get("comm_us_p50") or 0) / 1e3
+        exposed = max(0.0, (r.get("exposed_comm_us_p50") or 0) / 1e3)
         overlapped = min(max(0.0, comm - exposed), compute)
         rows.append({"label": label, "step_ms": step,
                      "parts": (compute - overlapped, overlapped, exposed)})
@@ -117,7 +117,7 @@ def plot_acc_ratio(records: list[dict], out_dir: str) -> str | None:
         ax.scatter([], [], color=colours[g], label=f"{g} GPUs")
     ax.axhline(1.0, color="grey", lw=0.8)
     b0, c0 = points[0]
-    ax.set(xlabel=f"baseline ({c0['baseline']}) linearity", ylabel=f"acc_ratio = {c0['candidate']} / {c0['baseline']}"
+    ax.set(xlabel=f"baseline ({b0['algorithm']}) linearity", ylabel=f"acc_ratio = {c0['algorithm']} / {b0['algorithm']}"
            " throughput", title="Speed-up of the candidate over the baseline (ACSpeed-style)", xlim=(0, 1.05))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, title="cluster size")

@@ -12,7 +12,7 @@ import sys
 import click
 
 from commbench import __version__
-from commbench.commands import model, proxy, selftest, sweep
+from commbench.commands import model, nccltests, proxy, selftest, sweep
 from commbench.commands.common import EXIT_USAGE
 
 
@@ -22,9 +22,9 @@ def cli() -> None:
     """commbench: communication benchmarks and model proxies for distributed training."""
 
 
-for command in (sweep.sweep, proxy.proxy_command, proxy.train_command, proxy.profiles_group, model.fit_command,
-                model.predict_command, model.predict_scaling_command, model.report_command, model.compare_command,
-                selftest.selftest_command):
+for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
+                proxy.profiles_group, model.fit_command, model.predict_command, model.predict_scaling_command,
+                model.report_command, model.compare_command, selftest.selftest_command):
     cli.add_command(command)
 
 

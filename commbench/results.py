@@ -5,19 +5,24 @@ and train runs write `step` records and a `proxy` summary (and `validate`); pred
 writes `scaling`, compare `compare`. Every type but the free-form header is a dataclass here
 and goes through ResultSink, which fsyncs each line (a crash loses nothing already written)
 and puts results in CSV too. Results keep their raw per-iteration times beside the
-percentiles (pack_times, raw_times). docs/results.md describes every field.
+percentiles (pack_times, raw_times). read_records reads a file back and checks every line
+(check_record): a bad one is a RecordError naming the file and line. docs/results.md describes
+every field.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import dataclasses
+import errno
 import json
+import math
 import os
 import time
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
@@ -297,20 +302,38 @@ class CompareRecord(Record):
 # ---------------------------------------------------------------- writing and reading
 
 
+class OutputError(OSError):
+    """An output file that cannot be opened or written (a full disk, no permission): one line,
+    `cannot write PATH: reason`. An OSError, so whatever handles those handles it."""
+
+    def __init__(self, path: str, exc: OSError):
+        super().__init__(exc.errno, exc.strerror or str(exc), path)
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
 class ResultSink:
     """Writes records to JSON Lines (and results to CSV too), flushing and fsyncing each line.
 
     `append` adds to an existing file instead of starting a new one (the CSV header is then written
-    only into an empty file)."""
+    only into an empty file). A write that fails (a full disk) raises OutputError; every line
+    written before it stays in the file."""
 
     def __init__(self, json_path: str | None = None, csv_path: str | None = None, append: bool = False):
         mode = "a" if append else "w"
+        self._json_path, self._csv_path = json_path, csv_path
         self._json: IO[str] | None = _open(json_path, mode)
-        self._csv_file: IO[str] | None = _open(csv_path, mode)
+        try:
+            self._csv_file: IO[str] | None = _open(csv_path, mode)
+        except OutputError:
+            self.close()
+            raise
         self._csv = csv.DictWriter(self._csv_file, RESULT_FIELDS) if self._csv_file else None
         if self._csv and self._csv_file.tell() == 0:
-            self._csv.writeheader()
-            self._csv_file.flush()
+            with _writing(csv_path):
+                self._csv.writeheader()
+                self._csv_file.flush()
 
     def __enter__(self) -> ResultSink:
         return self
@@ -328,8 +351,9 @@ class ResultSink:
             row = dataclasses.asdict(result)
             for name in ("telemetry", "iteration_times_us"):  # one JSON cell each
                 row[name] = json.dumps(row[name]) if row[name] else None
-            self._csv.writerow(row)
-            self._csv_file.flush()
+            with _writing(self._csv_path):
+                self._csv.writerow(row)
+                self._csv_file.flush()
 
     def summary(self, summary: SweepSummary | dict[str, Any]) -> None:
         """The sweep's last line; a dict is written as given (the form callers used before SweepSummary)."""
@@ -356,19 +380,29 @@ class ResultSink:
 
     def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
         if self._json:
-            self._json.write(json.dumps(record, allow_nan=False, default=str) + "\n")
+            line = json.dumps(record, allow_nan=False, default=str) + "\n"
+            with _writing(self._json_path):
+                self._json.write(line)
             if sync:
                 self._sync()
 
     def _sync(self) -> None:
         if self._json:
-            self._json.flush()
-            os.fsync(self._json.fileno())
+            with _writing(self._json_path):
+                self._json.flush()
+                _fsync(self._json)
 
     def close(self) -> None:
-        for handle in (self._json, self._csv_file):
+        """Close the files; a buffer that cannot be flushed any more (a full disk) raises OutputError once."""
+        failure = None
+        for handle, path in ((self._json, self._json_path), (self._csv_file, self._csv_path)):
             if handle and not handle.closed:
-                handle.close()
+                try:
+                    handle.close()
+                except OSError as exc:
+                    failure = failure or OutputError(path, exc)
+        if failure:
+            raise failure
 
 
 def new_run_id() -> str:
@@ -385,18 +419,182 @@ def append_record(path: str, record: Record) -> None:
 def _open(path: str | None, mode: str = "w") -> IO[str] | None:
     if not path:
         return None
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    return open(path, mode, encoding="utf-8", newline="")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return open(path, mode, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise OutputError(path, exc) from exc
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    """All records of a JSON Lines results file (a truncated last line is skipped)."""
+@contextlib.contextmanager
+def _writing(path: str | None):
+    """Turns an OSError while writing `path` into OutputError (one line naming the file)."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise OutputError(path or "?", exc) from exc
+
+
+def _fsync(handle: IO[str]) -> None:
+    """fsync, where the file supports it (a pipe, /dev/null or a terminal does not: nothing to sync)."""
+    try:
+        os.fsync(handle.fileno())
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            raise
+
+
+# ---------------------------------------------------------------- reading, every line checked
+
+
+class RecordError(ValueError):
+    """A results file that cannot be read as records: one line naming the file and the line."""
+
+
+RECORD_TYPES: dict[str, type[Record]] = {cls.RECORD: cls for cls in (
+    Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)}
+
+# The fields commbench's readers (fit, report, compare) need in a record. A record may lack any other
+# (a hand-made file, one converted from another tool): readers take it as its default or as null.
+REQUIRED_FIELDS = {
+    "result": ("collective", "backend", "library", "dtype", "placement", "world_size", "nbytes"),
+    "proxy": ("kind", "model", "backend", "library", "world_size", "batch", "step_us_p50"),
+    "scaling": ("model", "hardware", "batch", "compute", "gpus", "algorithm", "samples_per_s", "speedup",
+                "linearity"),
+}
+AT_LEAST_ONE = ("world_size", "nnodes", "gpus", "nodes", "gpus_per_node", "batch")  # counts of things, >= 1
+PLACEMENT_NAMES = ("out-of-place", "in-place")
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {  # an annotation's base name: test, and its name
+    "None": (lambda v: v is None, "null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "Any": (lambda v: True, "anything"),
+}
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, for an error message: 'the string "8"', 'a list', 'null', '2.7'."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {json.dumps(value[:40])}"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def check_record(record: Any) -> str | None:
+    """What is wrong with one record read from a file (None: nothing). Every field a record type
+    declares must hold its declared type where present (numbers finite; an int field a whole number),
+    the readers' fields (REQUIRED_FIELDS) must be present, counts at least 1, and a result's numbers
+    non-negative, its collective, dtype and placement ones commbench knows. The header is free-form;
+    a record type this version does not know is left alone (a newer file)."""
+    if not isinstance(record, dict):
+        return f"not a JSON object but {json_kind(record)}: every line of a results file is one record"
+    bad = _non_finite(record)
+    if bad:
+        return f"{bad[0]} is {bad[1]}: only finite numbers are accepted"
+    kind = record.get("record")
+    if not isinstance(kind, str):
+        return "no 'record' field naming the record type" if kind is None else \
+            f"'record' must be a string, not {json_kind(kind)}"
+    cls = RECORD_TYPES.get(kind)
+    if cls is None:
+        return None
+    missing = [name for name in REQUIRED_FIELDS.get(kind, ()) if name not in record]
+    if missing:
+        return f"{kind} record: missing field {missing[0]!r}"
+    for f in dataclasses.fields(cls):
+        if f.name in record:
+            problem = _type_problem(str(f.type), record[f.name])
+            if problem:
+                return f"{kind} record: {f.name} must be {problem}, not {json_kind(record[f.name])}"
+    return _value_problem(kind, record)
+
+
+def _type_problem(annotation: str, value: Any) -> str | None:
+    """None when `value` fits the dataclass annotation (e.g. 'float | None'), else what it should be."""
+    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
+    if any(_KINDS[k][0](value) for k in kinds if k in _KINDS) or not any(k in _KINDS for k in kinds):
+        return None
+    return " or ".join(_KINDS[k][1] for k in kinds if k in _KINDS)
+
+
+def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
+    for name in AT_LEAST_ONE:
+        value = record.get(name)
+        if isinstance(value, (int, float)) and value < 1:
+            return f"{kind} record: {name} must be at least 1, not {value!r}"
+    if kind == "scaling" and not record["speedup"] > 0:
+        return f"scaling record: speedup must be positive, not {record['speedup']!r}"
+    if kind != "result":
+        return None
+    for name in RESULT_FIELDS:
+        value = record.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            return f"result record: {name} cannot be negative ({value!r})"
+    known = (("collective", C.COLLECTIVES), ("dtype", C.DTYPES), ("placement", PLACEMENT_NAMES))
+    for name, names in known:
+        if record[name] not in names:
+            return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
+    root = record.get("root")
+    if root is not None and root >= record["world_size"]:
+        return f"result record: root {root} is not a rank of {record['world_size']}"
+    return None
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(field path, 'NaN' or 'infinite') of the first number that is not finite, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the record", "NaN" if math.isnan(value) else "infinite"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """All records of a JSON Lines results file, each line checked (check_record). Blank lines are
+    ignored; a truncated last line (a run killed mid-write) is skipped, with `warn(message)`; any
+    other bad line is one RecordError: 'PATH:LINE: what is wrong'."""
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    try:
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                record = _parse_line(path, number, raw, warn)
+                if record is not None:
+                    records.append(record)
+    except FileNotFoundError as exc:
+        raise RecordError(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return records
+
+
+def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] | None) -> dict | None:
+    if not raw.strip():
+        return None
+    try:
+        record = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not raw.endswith(b"\n"):  # the last line, cut short
+            if warn:
+                warn(f"{path}:{number}: the last line is cut short (a run killed mid-write): skipped")
+            return None
+        if isinstance(exc, UnicodeDecodeError):
+            raise RecordError(f"{path}:{number}: not UTF-8 text: a results file is JSON Lines") from exc
+        raise RecordError(f"{path}:{number}: not JSON ({exc.msg}, column {exc.colno}): "
+                          "a results file is JSON Lines, one record a line") from exc
+    problem = check_record(record)
+    if problem:
+        raise RecordError(f"{path}:{number}: {problem}")
+    return record

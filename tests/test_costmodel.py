@@ -191,8 +191,9 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "2x8", "-c", "alltoall"], "alltoall"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "-c", "broadcast", "--root", "9"], "--root 9"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "--json", "/proc/nope/p.jsonl"], "/proc/nope"),
-    (["fit", "/bin/ls", "-o", "{tmp}/x.json"], "cannot read"),
-    (["report", "{tmp}/hw.json", "-o", "/proc/nope/rep"], "no timed result, proxy or scaling records"),
+    (["fit", "/bin/ls", "-o", "{tmp}/x.json"], "/bin/ls:1: not UTF-8 text"),
+    (["report", "{tmp}/hw.json", "-o", "/proc/nope/rep"], "hw.json:1: not JSON"),
+    (["report", "{tmp}/empty.jsonl", "-o", "/proc/nope/rep"], "no timed result, proxy or scaling records"),
     (["sweep", "--backend", "shm", "--hw", "{tmp}/hw.json"], "--hw times the sim backend"),
     (["sweep", "--backend", "sim", "--hw", "{tmp}/broken.json"], "missing field"),
 ])
@@ -222,5 +223,5 @@ def test_report_draws_measured_and_predicted(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     series = collect_series(records)
     assert [len(s.nbytes) for s in series] == [6, 6]
-    with pytest.raises(ValueError, match="no timed result, proxy or scaling records"):
+    with pytest.raises(ValueError, match="hw.json:1: not JSON"):  # a hardware file is no results file
         report([str(tmp_path / "hw.json")], str(tmp_path / "none"))

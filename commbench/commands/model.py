@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable
+from commbench.commands.common import UsageFault, check_directory, check_outputs, warn
 
 
 @click.command("fit", epilog="""
@@ -29,7 +29,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
     from commbench.analysis.costmodel import HardwareError, load_hardware
-    from commbench.results import read_records
+    from commbench.results import RecordError, read_records
     from commbench.sizes import SizeError, parse_size
 
     try:
@@ -38,15 +38,22 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     except SizeError as exc:
         raise UsageFault(f"--sizes: {exc}") from exc
     try:
-        records = [r for path in files for r in read_records(path)
-                   if r.get("record") != "result" or lo <= r.get("nbytes", 0) <= hi]
-        hw = F.fit(records, setup, load_hardware(base) if base else None)
-    except (F.FitError, HardwareError) as exc:
+        records = [r for path in files for r in read_records(path, warn)
+                   if r.get("record") != "result" or lo <= r["nbytes"] <= hi]
+        base_hw = load_hardware(base) if base else None
+    except (RecordError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
-    except (OSError, ValueError) as exc:
-        raise UsageFault(f"cannot read the results: {str(exc).splitlines()[0]}") from exc
-    check_writable(output)
-    hw.save(output)
+    check_outputs(("-o", output), inputs=files)
+    try:
+        hw = F.fit(records, setup, base_hw)
+    except F.FitError as exc:
+        raise UsageFault(str(exc)) from exc
+    try:
+        hw.save(output)
+    except OSError as exc:
+        raise UsageFault(f"cannot write {output}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a figure JSON cannot hold (NaN): refused before anything is written
+        raise UsageFault(f"cannot write {output}: {exc}") from exc
     meta = hw.meta
     r2 = "n/a (every time equal)" if meta["r2"] is None else f"{meta['r2']:.4f}"
     click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {r2}, "
@@ -81,7 +88,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, a
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
     from commbench.analysis.predict import predict
-    from commbench.results import ResultSink
+    from commbench.results import OutputError, ResultSink
     from commbench.sizes import SizeError, parse_sizes
     from commbench.table import Table
     from commbench.topology import TopologyError, parse_layout
@@ -94,22 +101,24 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, a
         topo = parse_layout(topology)
         if not 0 <= root < topo.world:
             raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
+        check_outputs(("--json", json_path))
         results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
-    except (HardwareError, SizeError, TopologyError, ValueError, KeyError) as exc:
+    except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
-    check_writable(json_path)
-    sink = ResultSink(json_path) if json_path else None
+    except (HardwareError, SizeError, TopologyError, ValueError) as exc:
+        raise UsageFault(str(exc)) from exc
     table = Table(["in-place"], show_algorithm=True)
     table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
-    for name in names:
-        table.header(name)
-        for result in (r for r in results if r.collective == name):
-            table.row({"in-place": result}, dt.nccl_name)
-            if sink:
-                sink.result(result)
-        table.footer(checked=False)
-    if sink:
-        sink.close()
+    try:
+        with ResultSink(json_path) as sink:  # a full disk: the rows and lines before it stay, then one line
+            for name in names:
+                table.header(name)
+                for result in (r for r in results if r.collective == name):
+                    table.row({"in-place": result}, dt.nccl_name)
+                    sink.result(result)
+                table.footer(checked=False)
+    except OutputError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 @click.command("report", epilog="""
@@ -124,16 +133,21 @@ Examples:
               help="Also draw this cost model's prediction of every measured setup (dashed).")
 def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) -> None:
     """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
+    from commbench.analysis import report as R
     from commbench.analysis.costmodel import HardwareError, load_hardware
-    from commbench.analysis.report import report
+    from commbench.analysis.fit import FitError
+    from commbench.results import RecordError
 
     try:
         hw = load_hardware(hw_spec) if hw_spec else None
-        index, pngs = report(list(files), out_dir, hw)
-    except (HardwareError, ValueError) as exc:  # UnicodeDecodeError too: a file that is not JSON Lines
-        raise UsageFault(str(exc).splitlines()[0]) from exc
-    except (KeyError, TypeError) as exc:  # a proxy or scaling record without a field the plots need
-        raise UsageFault(f"a record lacks a field the report needs: {exc}") from exc
+        records = R.read_all(list(files), warn)
+    except (HardwareError, RecordError, R.ReportError) as exc:
+        raise UsageFault(str(exc)) from exc
+    check_directory(out_dir)
+    try:
+        index, pngs = R.write_report(records, list(files), out_dir, hw)
+    except FitError as exc:  # --hw: a measured point no schedule models
+        raise UsageFault(str(exc)) from exc
     except OSError as exc:
         raise UsageFault(f"cannot write the report to {out_dir}: {exc.strerror or exc}") from exc
     for path in pngs:
@@ -166,22 +180,25 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
     placement, world size and size; a point measured several times counts with its median.
     """
     from commbench.analysis import compare as K
+    from commbench.results import OutputError
 
     try:
-        comparison = K.compare_files(base, new, metric, threshold)
+        new_records = K.load(new, warn)
+        comparison = K.compare(K.load(base, warn), new_records, metric, threshold, (base, new))
     except K.CompareError as exc:
         raise UsageFault(str(exc)) from exc
-    check_writable(json_path)
+    check_outputs(("--json", json_path), inputs=(base, new))
     setup = K.describe_setup(comparison)
     click.echo(f"# commbench compare: {base} (base) vs {new} (new){': ' + setup if setup else ''}")
     for line in K.format_table(comparison):
         click.echo(line)
     click.echo(K.summary_line(comparison))
     if json_path:
-        K.write_jsonl(comparison, json_path)
-    from commbench.results import read_records
-
-    wrong = sum(1 for r in read_records(new) if r.get("record") == "result" and r.get("wrong"))
+        try:
+            K.write_jsonl(comparison, json_path)
+        except OutputError as exc:
+            raise UsageFault(str(exc)) from exc
+    wrong = sum(1 for r in new_records if r.get("record") == "result" and r.get("wrong"))
     if wrong:
         click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
     if comparison.regressions or wrong:
@@ -222,18 +239,20 @@ def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughp
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
     with every allreduce costed by the model of --hw: no ranks, nothing measured.
     """
-    from commbench.results import ResultSink, new_run_id
+    from commbench.results import OutputError, ResultSink, new_run_id
 
+    check_outputs(("--json", json_path))
     run = _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
                        bucket_mb, baseline, candidate)
-    check_writable(json_path)
     records = run.records(new_run_id())
-    if json_path:
-        with ResultSink(json_path) as sink:
-            sink.write_all(records)
     for line in _scaling_table(run, records):
         click.echo(line)
     if json_path:
+        try:
+            with ResultSink(json_path) as sink:
+                sink.write_all(records)
+        except OutputError as exc:
+            raise UsageFault(str(exc)) from exc
         click.echo(f"# wrote {json_path}")
 
 

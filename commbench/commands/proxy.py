@@ -85,6 +85,7 @@ def proxy_command(**options) -> None:
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.proxies.run import predict_proxy
 
+        check_writable(cfg.json_path)
         sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
     code = _launch("proxy", cfg, plan)
     if code == 0 and options["validate"]:

@@ -105,14 +105,20 @@ def sweep(**options) -> None:
     """
     from commbench import job
 
+    cfg, plan = plan_sweep(options)
+    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+
+
+def plan_sweep(options: dict):
+    """The sweep's options (click's dict) checked into (SweepConfig, job.Plan), or one line and exit 2."""
+    from commbench import job
+
     _check_counts(options)
     cls, request = _backend(options, job.launcher_of(options["launcher"]))
     if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
         cfg, world = _sweep_config(options, cls, request, world=None)
-        plan = job.Plan("local", world)
-    else:
-        cfg, plan = _spawn_or_join(options, cls, request)
-    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+        return cfg, job.Plan("local", world)
+    return _spawn_or_join(options, cls, request)
 
 
 def _spawn_or_join(options: dict, cls, request):

@@ -1,0 +1,218 @@
+"""`commbench nccl-tests all_reduce_perf -b 8 -e 1G -f 2 -g 2 ...`: nccl-tests' own command
+lines, parsed as nccl-tests parses them (getopt, the same short and long flags, the same
+defaults), mapped onto `commbench sweep` on any backend, and the same table printed.
+
+A flag commbench cannot honour is refused with one line naming it; a flag that changes
+nothing here (parallel init) is accepted and said. docs/nccl-tests.md lists every flag.
+The flag set is nccl-tests' src/common.cu as of its 2.17 series (NCCL 2.28).
+"""
+from __future__ import annotations
+
+import getopt
+import re
+import sys
+from dataclasses import dataclass, field
+
+import click
+
+from commbench.commands.common import UsageFault
+
+BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
+            "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
+            "sendrecv_perf": "sendrecv"}
+UNSUPPORTED_BINARIES = ("gather_perf", "scatter_perf", "hypercube_perf")
+SHORT = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:"
+LONG = ["nthreads=", "ngpus=", "minbytes=", "maxbytes=", "stepbytes=", "stepfactor=", "iters=", "agg_iters=",
+        "warmup_iters=", "run_cycles=", "parallel_init=", "check=", "op=", "datatype=", "root=", "blocking=",
+        "stream_null=", "timeout=", "cudagraph=", "report_cputime=", "report_timestamps=", "output_file=", "average=",
+        "local_register=", "cta_policy=", "device_implementation=", "device_cta_count=", "memory_report=", "help"]
+SHORT_OF = {name.rstrip("="): letter for name, letter in zip(LONG, "tgbeifnmwNpcodrzyTGCSJaRxDVMh")}
+# nccl-tests' type names -> commbench's; uint32/uint64 and the fp8 types have no commbench counterpart.
+DTYPES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32", "int64": "int64",
+          "half": "float16", "float16": "float16", "float": "float32", "float32": "float32", "double": "float64",
+          "float64": "float64", "bfloat16": "bfloat16"}
+OPS = ("sum", "prod", "max", "min", "avg")
+AVERAGE = {"1": "avg", "2": "min", "3": "max"}  # -a: 0 (rank 0's time) has no commbench counterpart
+REFUSED_UNLESS_DEFAULT = {  # flag: (its default, why commbench cannot do otherwise)
+    "-t": ("1", "commbench runs one rank per process: start more processes (-g, or your launcher)"),
+    "-m": ("1", "commbench times every call on its own; it does not aggregate calls per iteration"),
+    "-z": ("0", "commbench times calls back to back, as nccl-tests does by default; it has no blocking mode"),
+    "-y": ("0", "commbench's GPU backends use their own stream, not the null stream"),
+    "-C": ("0", "commbench reports the device clock's time, not CPU time"),
+    "-S": ("0", "commbench prints no per-point timestamps (the JSON has them)"),
+    "-R": ("0", "commbench registers no NCCL buffers"),
+    "-x": (None, "commbench sets no NCCL CTA policy"),
+    "-D": ("0", "commbench has no NCCL device-API implementation"),
+    "-V": (None, "commbench has no NCCL device-API implementation"),
+    "-M": ("0", "commbench prints no GPU memory report"),
+}
+
+
+@dataclass
+class Translation:
+    """The `commbench sweep` argument lists an nccl-tests command line becomes (one per -d/-o
+    value and per -N cycle), and the notes to print before running them."""
+    runs: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def translate(binary: str, flags: list[str]) -> Translation:
+    """nccl-tests' command line -> commbench sweep arguments; UsageFault (one line) for what cannot map."""
+    name = binary.rsplit("/", 1)[-1]
+    if name in UNSUPPORTED_BINARIES:
+        raise UsageFault(f"{name}: commbench has no {name[:-5]} collective")
+    if name not in BINARIES:
+        raise UsageFault(f"unknown nccl-tests binary {binary!r}; choose from {', '.join(BINARIES)}")
+    try:
+        parsed, rest = getopt.getopt(flags, SHORT, LONG)
+    except getopt.GetoptError as exc:
+        raise UsageFault(f"{name}: {exc}") from None
+    if rest:
+        raise UsageFault(f"{name}: unexpected argument {rest[0]!r} (nccl-tests takes flags only)")
+    values = {SHORT_OF.get(flag[2:], "?") if flag.startswith("--") else flag[1]: value for flag, value in parsed}
+    if "h" in values:
+        raise UsageFault(f"{name}: -h: see `commbench nccl-tests --help` and docs/nccl-tests.md for every flag")
+    for flag, (default, why) in REFUSED_UNLESS_DEFAULT.items():
+        value = values.get(flag[1])
+        if value is not None and value != default:
+            raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
+    out = Translation()
+    base = ["-c", BINARIES[name], *_sizes(values), *_counts(values, out), *_rank_options(values, out)]
+    cycles = _integer(values, "N", 1)
+    if cycles < 1:
+        raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
+    for dtype in _dtypes(values.get("d", "float")):
+        for op in _ops(values.get("o", "sum")):
+            out.runs += [[*base, "--dtype", dtype, "--op", op] for _ in range(cycles)]
+    return out
+
+
+def _integer(values: dict, flag: str, default: int) -> int:
+    """A number as nccl-tests reads it (strtol base 0: 0x10 and 010 as C does), or one line."""
+    text = values.get(flag)
+    if text is None:
+        return default
+    match = re.fullmatch(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if not match:
+        raise UsageFault(f"-{flag} {text!r}: not an integer")
+    sign, digits = match.groups()
+    base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") and len(digits) > 1 else 10
+    return int(sign + digits, base)
+
+
+def _size(text: str, flag: str) -> int:
+    """nccl-tests' parsesize: a decimal number with an optional K, M or G (either case)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgG]?)\s*", text)
+    if not match:
+        raise UsageFault(f"invalid size specified for '{flag}': {text!r}")
+    return int(float(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match.group(2).lower()])
+
+
+def _sizes(values: dict) -> list[str]:
+    low = _size(values.get("b", "32M"), "minbytes")
+    high = _size(values.get("e", "32M"), "maxbytes")
+    if low > high:
+        raise UsageFault(f"invalid sizes for 'minbytes' and 'maxbytes': {low} > {high}")
+    if low < 1:
+        raise UsageFault("-b 0: commbench's sizes start at 1 byte")
+    spec = [f"{low}-{high}" if high > low else str(low)]
+    factor = _integer(values, "f", 1)
+    if high == low:
+        return ["--sizes", *spec]
+    if factor > 1:  # nccl-tests: a factor above 1 wins over the step
+        return ["--sizes", *spec, "--factor", str(factor)]
+    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20))]
+
+
+def _counts(values: dict, out: Translation) -> list[str]:
+    args = ["--iters", str(_integer(values, "n", 20)), "--warmup", str(_integer(values, "w", 5))]
+    check = _integer(values, "c", 1)
+    if check > 1:
+        raise UsageFault(f"-c {check} cannot be honoured: commbench checks one call per point (-c 0 or 1)")
+    if check == 0:
+        args.append("--no-check")
+    if _integer(values, "p", 0):
+        out.notes.append("-p 1: commbench initialises each rank in its own process; parallel init changes nothing")
+    timeout = _integer(values, "T", 0)
+    if timeout > 0:
+        args += ["--timeout", str(timeout)]
+    graphs = _integer(values, "G", 0)
+    if graphs > 0:
+        args.append("--graph")
+        out.notes.append(f"-G {graphs}: each point's timed calls are captured in one CUDA graph and replayed once")
+    return args
+
+
+def _rank_options(values: dict, out: Translation) -> list[str]:
+    average = values.get("a", "1")
+    if average.strip() not in AVERAGE:
+        raise UsageFault(f"-a {average}: commbench combines ranks by avg (1), min (2) or max (3); rank 0 alone "
+                         f"(0) is not measured")
+    args = ["--rank-agg", AVERAGE[average.strip()], "--root", str(_integer(values, "r", 0))]
+    gpus = _integer(values, "g", 1)
+    if gpus < 1:
+        raise UsageFault(f"-g {gpus}: need at least one rank")
+    if gpus > 1:
+        args += ["--nprocs", str(gpus)]
+    if "J" in values:
+        args += ["--json", values["J"]]
+        out.notes.append(f"-J {values['J']}: written as commbench's JSON Lines (docs/results.md), not nccl-tests' "
+                         f"JSON layout")
+    return args
+
+
+def _dtypes(text: str) -> list[str]:
+    if text == "all":
+        return sorted(set(DTYPES.values()), key=list(DTYPES.values()).index)
+    if text not in DTYPES:
+        raise UsageFault(f"-d {text}: commbench has no such type; it takes {', '.join(DTYPES)} or all")
+    return [DTYPES[text]]
+
+
+def _ops(text: str) -> list[str]:
+    if text == "all":
+        return list(OPS)
+    if text not in OPS:
+        raise UsageFault(f"-o {text}: commbench takes {', '.join(OPS)} or all (not mulsum)")
+    return [text]
+
+
+EPILOG = """
+\b
+Examples:
+  commbench nccl-tests all_reduce_perf -b 8 -e 128M -f 2 -g 2            # 2 local ranks
+  commbench nccl-tests --backend shm all_gather_perf -b 1K -e 64M -f 4 -g 4 -d all
+  torchrun --nproc-per-node 8 -m commbench nccl-tests all_reduce_perf -b 8 -e 1G -f 2 -a 3
+
+\b
+Every nccl-tests flag is parsed; docs/nccl-tests.md says how each maps, and which are
+refused (one line, exit 2) because commbench cannot honour them.
+"""
+
+
+@click.command("nccl-tests", epilog=EPILOG,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--backend", "-B", default="torch", show_default=True, metavar="NAME",
+              help="Where the collectives run: any `commbench sweep --backend`.")
+@click.option("--algorithm", default="auto", show_default=True, help="Schedule backends: which algorithm.")
+@click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
+              show_default=True)
+@click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (-g).")
+@click.argument("binary", metavar="NAME_perf")
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED, metavar="[NCCL-TESTS FLAGS]...")
+def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flags) -> None:
+    """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench."""
+    from commbench import job
+    from commbench.commands.sweep import plan_sweep, sweep
+
+    translation = translate(binary, list(flags))
+    extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
+             *(["--oversubscribe"] if oversubscribe else [])]
+    plans = [plan_sweep(sweep.make_context("sweep", [*run, *extra]).params) for run in translation.runs]
+    if len(plans) > 1 and any(plan.mode == "join" for _, plan in plans):
+        raise UsageFault("-d all, -o all and -N above 1 run several sweeps: under a launcher, run one per launch")
+    lead = all(plan.lead for _, plan in plans)
+    for note in translation.notes if lead else ():
+        click.echo(f"# note: {note}")
+    codes = [job.run("sweep", cfg, plan, sys.argv) for cfg, plan in plans]
+    job.end(max(codes, default=0), plans[-1][1])

@@ -1,0 +1,107 @@
+"""`commbench nccl-tests`: every flag nccl-tests documents is either mapped onto `commbench
+sweep` or refused with one line naming it; defaults are nccl-tests' own."""
+from __future__ import annotations
+
+import pytest
+
+from commbench import cli, job
+from commbench.commands.common import UsageFault
+from commbench.commands.nccltests import LONG, translate
+
+
+def _one(*flags: str, binary: str = "all_reduce_perf") -> list[str]:
+    runs = translate(binary, list(flags)).runs
+    assert len(runs) == 1
+    return runs[0]
+
+
+def _value(args: list[str], option: str) -> str | None:
+    return args[args.index(option) + 1] if option in args else None
+
+
+def test_defaults_are_nccl_tests_defaults():
+    args = _one()
+    assert _value(args, "-c") == "allreduce" and _value(args, "--sizes") == str(32 << 20)
+    assert (_value(args, "--iters"), _value(args, "--warmup")) == ("20", "5")
+    assert (_value(args, "--dtype"), _value(args, "--op"), _value(args, "--root")) == ("float32", "sum", "0")
+    assert _value(args, "--rank-agg") == "avg" and "--no-check" not in args and "--nprocs" not in args
+
+
+@pytest.mark.parametrize("flags,option,expected", [
+    (["-b", "8", "-e", "128M", "-f", "2"], "--sizes", "8-134217728"),
+    (["-b", "8", "-e", "128M", "-f", "2"], "--factor", "2"),
+    (["-b", "1K", "-e", "4k", "-i", "1024"], "--step", "1024"),
+    (["--minbytes", "1.5K", "--maxbytes", "1g"], "--sizes", "1536-1073741824"),
+    (["-n", "50", "-w", "0x3"], "--warmup", "3"),
+    (["--iters", "010"], "--iters", "8"),  # strtol base 0: octal, as nccl-tests reads it
+    (["-g", "4"], "--nprocs", "4"),
+    (["-d", "half"], "--dtype", "float16"),
+    (["-d", "bfloat16"], "--dtype", "bfloat16"),
+    (["-o", "max"], "--op", "max"),
+    (["-r", "1"], "--root", "1"),
+    (["-a", "3"], "--rank-agg", "max"),
+    (["-a", "2"], "--rank-agg", "min"),
+    (["-T", "60"], "--timeout", "60"),
+    (["-J", "out.json"], "--json", "out.json"),
+])
+def test_flags_map_onto_the_sweep(flags, option, expected):
+    assert _value(_one(*flags), option) == expected
+
+
+def test_check_graph_and_no_op_flags():
+    assert "--no-check" in _one("-c", "0")
+    assert "--graph" in _one("-G", "1")
+    assert _one("-p", "0") == _one("-p", "1")  # parallel init changes nothing here (said in a note)
+    assert _one("-t", "1", "-m", "1", "-z", "0", "-y", "0", "-C", "0", "-S", "0", "-R", "0", "-D", "0", "-M", "0")
+
+
+def test_all_and_cycles_make_several_sweeps():
+    assert len(translate("all_reduce_perf", ["-d", "all"]).runs) == 8
+    assert len(translate("all_reduce_perf", ["-o", "all"]).runs) == 5
+    assert len(translate("all_reduce_perf", ["-N", "3", "-o", "all"]).runs) == 15
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["-t", "2"], "-t 2"), (["-m", "4"], "-m 4"), (["-z", "1"], "-z 1"), (["-y", "1"], "-y 1"),
+    (["-C", "1"], "-C 1"), (["-S", "1"], "-S 1"), (["-R", "1"], "-R 1"), (["-x", "1"], "-x 1"),
+    (["-D", "1"], "-D 1"), (["-V", "16"], "-V 16"), (["-M", "1"], "-M 1"), (["-c", "5"], "-c 5"),
+    (["-a", "0"], "-a 0"), (["-o", "mulsum"], "-o mulsum"), (["-d", "uint32"], "-d uint32"),
+    (["-d", "f8e4m3"], "-d f8e4m3"), (["-N", "0"], "-N 0"), (["-b", "1G", "-e", "1K"], "minbytes"),
+    (["-b", "lots"], "minbytes"), (["-n", "ten"], "-n 'ten'"), (["-q", "1"], "option -q not recognized"),
+    (["--bogus=1"], "option --bogus not recognized"), (["-h"], "-h"), (["extra"], "unexpected argument"),
+])
+def test_flags_commbench_cannot_honour_are_refused_by_name(flags, needle):
+    with pytest.raises(UsageFault, match=None) as caught:
+        translate("all_reduce_perf", flags)
+    assert needle in caught.value.message
+
+
+def test_every_documented_flag_is_handled_and_documented():
+    """Each long flag of nccl-tests parses (mapped or refused with its own line), and
+    docs/nccl-tests.md has a row for it."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "nccl-tests.md").read_text()
+    for name in (flag.rstrip("=") for flag in LONG if flag != "help"):
+        try:
+            translate("all_reduce_perf", [f"--{name}=1"])
+        except UsageFault as exc:
+            assert "not recognized" not in exc.message, name
+        assert f"`--{name}`" in doc, name
+
+
+def test_binaries():
+    assert _value(_one(binary="/opt/nccl-tests/build/sendrecv_perf"), "-c") == "sendrecv"
+    with pytest.raises(UsageFault, match="no gather collective"):
+        translate("gather_perf", [])
+    with pytest.raises(UsageFault, match="unknown nccl-tests binary"):
+        translate("all_to_all_perf", [])
+
+
+def test_the_command_runs_every_sweep_it_planned(monkeypatch, capsys):
+    planned = []
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.append((cfg.dtype, plan.world)) or 0)
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-g", "2", "-d", "all", "-p", "1"]) == 0
+    assert len(planned) == 8 and {world for _, world in planned} == {2}
+    assert "# note: -p 1" in capsys.readouterr().out
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-g", "64"]) == 2  # 64 local ranks: --oversubscribe
