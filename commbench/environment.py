@@ -39,10 +39,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Variables that change how a collective runs: NCCL's and gloo's tuning, torch's distributed
+# switches, the fabric libraries NCCL and MPI load, and which devices and threads a rank sees.
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_GLOO_", "UCX_", "FI_", "OMPI_MCA_",
+                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT")
+
+
+def communication_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's variables that shape its collectives (ENV_PREFIXES), sorted by name."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in sorted(environ) if name.startswith(ENV_PREFIXES)}
+
+
 def local_environment(device_name: str) -> dict[str, Any]:
     """What this process runs on; the harness gathers it from every rank."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "env": communication_variables()}
 
 
 def software_versions() -> dict[str, Any]:
