@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -82,59 +84,128 @@ class Profile:
 
 
 REQUIRED = ("name", "tensors", "forward_flops", "backward_flops", "input_shape", "sample_unit", "default_batch")
+TENSOR_FIELDS = ("name", "shape", "dtype", "ready_flops", "ready_index")
+
+# What a profile file may hold: generous beyond any model trained to date, and finite, so that what is
+# built from a profile (buckets, the replay's timeline, a prediction) stays finite too.
+MAX_FILE_BYTES = 256 * 2**20
+MAX_TENSORS = 1_000_000
+MAX_PARAMETERS = 10**14  # 100 T parameters
+MAX_TENSOR_DIMS = 8
+MAX_FLOPS = 1e21  # per sample, forward or backward
+MAX_BATCH = 2**20
+MAX_INPUT_DIM = 2**31
+MAX_TEXT = 4096  # characters in a name, a sample unit or a source entry
 
 
 def profile_from_dict(data: Any, origin: str) -> Profile:
-    """Validate and build; every problem is one ProfileError naming the field."""
+    """Validate and build; every problem is one ProfileError naming the field. Only data is read:
+    nothing in a profile is imported or run (`source` is kept as text for people to read)."""
     if not isinstance(data, dict):
         raise ProfileError(f"{origin}: not a profile (expected a JSON object)")
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise ProfileError(f"{origin}: missing field(s) {', '.join(missing)}")
-    tensors = tuple(_tensor(entry, i, origin) for i, entry in enumerate(_list(data["tensors"], "tensors", origin)))
-    if not tensors:
+    if data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ProfileError(f"{origin}: schema {_brief(data['schema'])}; this commbench reads schema {SCHEMA_VERSION}")
+    forward = _number(data["forward_flops"], "forward_flops", origin, MAX_FLOPS)
+    backward = _number(data["backward_flops"], "backward_flops", origin, MAX_FLOPS)
+    batch = _integer(data["default_batch"], "default_batch", origin, 1, MAX_BATCH)
+    shape = _dims(data["input_shape"], "input_shape", origin, 1, MAX_INPUT_DIM)
+    entries = _list(data["tensors"], "tensors", origin)
+    if not entries:
         raise ProfileError(f"{origin}: 'tensors' is empty")
+    if len(entries) > MAX_TENSORS:
+        raise ProfileError(f"{origin}: {len(entries)} tensors; a profile holds at most {MAX_TENSORS:,d}")
+    tensors = tuple(_tensor(entry, i, origin, backward) for i, entry in enumerate(entries))
     if sorted(t.ready_index for t in tensors) != list(range(len(tensors))):
         raise ProfileError(f"{origin}: tensors' ready_index must number them 0..{len(tensors) - 1}, each once")
-    try:
-        forward, backward = float(data["forward_flops"]), float(data["backward_flops"])
-        batch, shape = int(data["default_batch"]), tuple(int(d) for d in data["input_shape"])
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"{origin}: bad forward_flops/backward_flops/default_batch/input_shape ({exc})") from exc
-    if forward < 0 or backward < 0 or batch < 1:
-        raise ProfileError(f"{origin}: FLOPs cannot be negative and default_batch must be at least 1")
-    source = data.get("source") or {}
-    if not isinstance(source, dict):
-        raise ProfileError(f"{origin}: 'source' must be an object")
-    profile = Profile(str(data["name"]), tensors, forward, backward, shape, str(data["sample_unit"]), batch, source)
-    stated = data.get("parameters", profile.parameters)
-    if not isinstance(stated, int) or stated != profile.parameters:
-        raise ProfileError(f"{origin}: 'parameters' says {stated!r} but the tensors hold {profile.parameters}")
-    return profile
+    total = sum(t.numel for t in tensors)
+    if total > MAX_PARAMETERS:
+        raise ProfileError(f"{origin}: the tensors hold {total:.3g} parameters; a profile holds at most "
+                           f"{MAX_PARAMETERS:.0e}")
+    stated = data.get("parameters", total)
+    if type(stated) is not int or stated != total:
+        raise ProfileError(f"{origin}: 'parameters' says {_brief(stated)} but the tensors hold {total}")
+    return Profile(_text(data["name"], "name", origin), tensors, forward, backward, shape,
+                   _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin))
 
 
 def _list(value: Any, name: str, origin: str) -> list:
-    if not isinstance(value, list):
+    if not isinstance(value, (list, tuple)):  # JSON's arrays, or Profile.to_dict's tuples
         raise ProfileError(f"{origin}: '{name}' must be a list")
     return value
 
 
-def _tensor(entry: Any, i: int, origin: str) -> TensorSpec:
+def _number(value: Any, name: str, origin: str, maximum: float) -> float:
+    """A finite number from 0 to `maximum` (JSON true/false are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{origin}: '{name}' must be a number, not {_brief(value)}")
+    if not 0 <= value <= maximum:  # NaN fails both comparisons
+        raise ProfileError(f"{origin}: '{name}' is {_brief(value)}; it must be a finite number from 0 to {maximum:g}")
+    return float(value)
+
+
+def _integer(value: Any, name: str, origin: str, minimum: int, maximum: int) -> int:
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise ProfileError(f"{origin}: '{name}' is {_brief(value)}; it must be an integer from {minimum} to "
+                           f"{maximum:,d}")
+    return value
+
+
+def _dims(value: Any, name: str, origin: str, minimum: int, maximum: int) -> tuple[int, ...]:
+    dims = _list(value, name, origin)
+    if len(dims) > MAX_TENSOR_DIMS:
+        raise ProfileError(f"{origin}: '{name}' has {len(dims)} dimensions; at most {MAX_TENSOR_DIMS}")
+    return tuple(_integer(d, name, origin, minimum, maximum) for d in dims)
+
+
+def _text(value: Any, name: str, origin: str) -> str:
+    """A string a terminal shows as it is: no control characters (escape sequences), not too long."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+        raise ProfileError(f"{origin}: '{name}' must be a non-empty string of at most {MAX_TEXT} characters")
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ProfileError(f"{origin}: '{name}' holds control characters: {_brief(value)}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    """A value as an error line shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _source(value: Any, origin: str) -> dict[str, Any]:
+    """Where the model came from, for people to read: text, numbers, null, or lists of these."""
+    source = {} if value is None else value
+    if not isinstance(source, dict):
+        raise ProfileError(f"{origin}: 'source' must be an object")
+    for key, item in source.items():
+        _text(key, "source key", origin)
+        for part in item if isinstance(item, list) else [item]:
+            if isinstance(part, str):
+                _text(part, f"source.{key}", origin)
+            elif part is not None and not (isinstance(part, (int, float)) and math.isfinite(part)):
+                raise ProfileError(f"{origin}: 'source.{key}' must hold text, finite numbers, null or lists of them")
+    return source
+
+
+def _tensor(entry: Any, i: int, origin: str, backward_flops: float) -> TensorSpec:
     where = f"{origin}: tensors[{i}]"
     if isinstance(entry, dict):
-        entry = [entry.get(k) for k in ("name", "shape", "dtype", "ready_flops", "ready_index")]
+        entry = [entry.get(k) for k in TENSOR_FIELDS]
     if not isinstance(entry, list) or len(entry) != 5 or None in entry:
-        raise ProfileError(f"{where}: expected [name, shape, dtype, ready_flops, ready_index]")
+        raise ProfileError(f"{where}: expected [{', '.join(TENSOR_FIELDS)}]")
     name, shape, dtype, ready_flops, ready_index = entry
+    name = _text(name, f"tensors[{i}] name", origin)
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ProfileError(f"{where} ({name}): unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    try:
-        dims = tuple(int(d) for d in shape)
-        if any(d < 0 for d in dims):
-            raise ValueError("negative dimension")
-        return TensorSpec(str(name), dims, dtype, float(ready_flops), int(ready_index))
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"{where} ({name}): bad shape, ready_flops or ready_index ({exc})") from exc
+        raise ProfileError(f"{where} ({name}): unknown dtype {_brief(dtype)}; known: {', '.join(DTYPE_BYTES)}")
+    dims = _dims(shape, f"tensors[{i}] ({name}) shape", origin, 0, MAX_PARAMETERS)
+    ready = _number(ready_flops, f"tensors[{i}] ({name}) ready_flops", origin, MAX_FLOPS)
+    if ready > backward_flops * (1 + 1e-9):
+        raise ProfileError(f"{where} ({name}): ready_flops {ready:g} is more than the backward's {backward_flops:g}")
+    index = _integer(ready_index, f"tensors[{i}] ({name}) ready_index", origin, 0, MAX_TENSORS)
+    return TensorSpec(name, dims, dtype, ready, index)
 
 
 # ---------------------------------------------------------------- finding profiles
@@ -148,7 +219,8 @@ def shipped() -> list[str]:
 
 
 def load_profile(spec: str) -> Profile:
-    """A shipped profile by name (resnet50, bert-base, ...) or a profile JSON file."""
+    """A shipped profile by name (resnet50, bert-base, ...) or a profile JSON file, validated
+    (`profile_from_dict`); reading one never imports or runs anything it names."""
     if os.path.exists(spec):
         path = spec
     else:
@@ -157,10 +229,34 @@ def load_profile(spec: str) -> Profile:
             raise ProfileError(f"unknown model {spec!r}; known: {', '.join(shipped())} "
                                f"(or a profile file from `commbench profiles extract`)")
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = json.loads(_read(path), parse_constant=lambda word: _not_finite(path, word))
+    except ProfileError:
+        raise
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read ({exc})") from exc
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, deep nesting
+        raise ProfileError(f"{path}: not a profile ({str(exc).splitlines()[0] or type(exc).__name__})") from exc
     return profile_from_dict(data, path)
+
+
+def _read(path: str) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES (not a FIFO or a device, which could block
+    or never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # without O_NONBLOCK, opening a FIFO waits for a writer
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ProfileError(f"{path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ProfileError(f"{path}: {info.st_size:,d} bytes; a profile file holds at most {MAX_FILE_BYTES:,d}")
+        with open(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def _not_finite(path: str, word: str) -> float:
+    """json's hook for NaN, Infinity and -Infinity, which Python's json reads but JSON does not allow."""
+    raise ProfileError(f"{path}: holds {word}; numbers in a profile must be finite")

@@ -1,0 +1,116 @@
+"""Bad profile files and absurd compute rates: one validation (proxies/profile.py) for every
+command that reads a profile, one line naming the file and the field, exit 2, nothing started."""
+import json
+import os
+
+import pytest
+from conftest import commbench
+
+from commbench.proxies.profile import MAX_FILE_BYTES, ProfileError, load_profile, profile_from_dict
+
+
+@pytest.fixture(scope="module")
+def good():
+    return load_profile("tts_angular").to_dict()
+
+
+def _with(good, **changes):
+    return {**good, **changes}
+
+
+def _tensor(good, index, position, value):
+    tensors = [list(row) for row in good["tensors"]]
+    tensors[index][position] = value
+    return _with(good, tensors=tensors)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda g: _with(g, backward_flops=1e400), r"'backward_flops' is inf; it must be a finite number"),
+    (lambda g: _with(g, forward_flops=-1.0), r"'forward_flops' is -1.0"),
+    (lambda g: _with(g, forward_flops=1e30), r"'forward_flops' is 1e\+30; it must be a finite number from 0 to 1e\+21"),
+    (lambda g: _with(g, forward_flops=True), r"'forward_flops' must be a number, not True"),
+    (lambda g: _with(g, forward_flops="9"), r"'forward_flops' must be a number, not '9'"),
+    (lambda g: _with(g, default_batch=0), r"'default_batch' is 0; it must be an integer from 1"),
+    (lambda g: _with(g, default_batch=2.5), r"'default_batch' is 2.5"),
+    (lambda g: _with(g, default_batch=10**9), r"'default_batch' is 1000000000"),
+    (lambda g: _with(g, input_shape=[3, "224"]), r"'input_shape' is '224'"),
+    (lambda g: _with(g, input_shape=[1] * 9), r"'input_shape' has 9 dimensions; at most 8"),
+    (lambda g: _with(g, input_shape=[3, 0]), r"'input_shape' is 0"),
+    (lambda g: _with(g, schema=2), r"schema 2; this commbench reads schema 1"),
+    (lambda g: _with(g, name="\x1b]0;owned\x07"), r"'name' holds control characters"),
+    (lambda g: _with(g, name=""), r"'name' must be a non-empty string"),
+    (lambda g: _with(g, sample_unit=["images"]), r"'sample_unit' must be a non-empty string"),
+    (lambda g: _with(g, source=[1]), r"'source' must be an object"),
+    (lambda g: _with(g, source={"note": {"nested": 1}}), r"'source.note' must hold text, finite numbers"),
+    (lambda g: _with(g, source={"note": "a\x1b[2Jb"}), r"'source.note' holds control characters"),
+    (lambda g: _with(g, tensors=[["w", [10**8, 10**8], "float32", 0.0, 0]], parameters=10**16),
+     r"the tensors hold 1e\+16 parameters; a profile holds at most 1e\+14"),
+    (lambda g: _tensor(g, 0, 1, [2.5, 3]), r"tensors\[0\] \(layers.0.lstm.weight_ih_l0\) shape' is 2.5"),
+    (lambda g: _tensor(g, 0, 1, [-1]), r"shape' is -1"),
+    (lambda g: _tensor(g, 0, 1, [1] * 9), r"shape' has 9 dimensions"),
+    (lambda g: _tensor(g, 0, 3, float("nan")), r"ready_flops' is nan"),
+    (lambda g: _tensor(g, 0, 3, g["backward_flops"] * 2), r"ready_flops .* is more than the backward's"),
+    (lambda g: _tensor(g, 0, 4, True), r"ready_index' is True"),
+    (lambda g: _tensor(g, 0, 0, "w\nx"), r"'tensors\[0\] name' holds control characters"),
+    (lambda g: _with(g, parameters=True), r"'parameters' says True"),
+])
+def test_a_bad_field_is_one_line_naming_it(good, change, message):
+    with pytest.raises(ProfileError, match=message) as caught:
+        profile_from_dict(change(good), "p.json")
+    assert str(caught.value).startswith("p.json: ") and "\n" not in str(caught.value)
+
+
+def test_every_shipped_profile_passes(good):
+    from commbench.proxies.profile import shipped
+
+    assert len([load_profile(name) for name in shipped()]) == 16
+    assert profile_from_dict(good, "x").name == "tts_angular"
+
+
+@pytest.mark.parametrize("word", ["Infinity", "-Infinity", "NaN"])
+def test_non_finite_json_constants_are_refused_as_read(tmp_path, good, word):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(good).replace(f'"backward_flops": {good["backward_flops"]}',
+                                             f'"backward_flops": {word}'))
+    with pytest.raises(ProfileError, match=f"holds {word}; numbers in a profile must be finite"):
+        load_profile(str(path))
+
+
+def test_what_is_not_a_profile_file(tmp_path):
+    with pytest.raises(ProfileError, match="not a regular file"):
+        load_profile(str(tmp_path))
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):  # and does not block waiting for a writer
+        load_profile(str(fifo))
+    big = tmp_path / "big.json"
+    with open(big, "wb") as handle:
+        handle.truncate(MAX_FILE_BYTES + 1)  # sparse: nothing is written
+    with pytest.raises(ProfileError, match="bytes; a profile file holds at most"):
+        load_profile(str(big))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ProfileError, match="deep.json: not a profile"):
+        load_profile(str(deep))
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"forward_flops": ' + "9" * 5000 + "}")
+    with pytest.raises(ProfileError, match="digits.json: not a profile"):
+        load_profile(str(digits))
+
+
+@pytest.fixture
+def infinite(tmp_path, good):
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps(good).replace(f'"backward_flops": {good["backward_flops"]}',
+                                             '"backward_flops": Infinity'))
+    return str(path)
+
+
+@pytest.mark.parametrize("args", [
+    ["proxy", "{}", "--nprocs", "2", "--tflops", "10"], ["train", "{}", "--nprocs", "2"], ["profiles", "show", "{}"],
+    ["profiles", "show", "{}", "--buckets"], ["predict-scaling", "{}", "--hw", "dgx-a100", "--tflops", "100"],
+])
+def test_every_command_that_reads_a_profile_refuses_it(infinite, args):
+    proc = commbench(*[arg.format(infinite) for arg in args], timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"commbench: error: {infinite}: holds Infinity; numbers in a profile must be finite"
