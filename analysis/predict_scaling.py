@@ -19,6 +19,8 @@ from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import flops_times_us
 from commbench.results import ScalingRecord
 
+LONGEST_STEP_S = 86400.0  # a day: a compute step longer than this comes from a wrong rate, not from a model
+
 
 @dataclass(frozen=True)
 class ScalingRun:
@@ -53,11 +55,12 @@ def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | N
     """(forward_us, backward_us, label) of one step at `batch`, from the first of: a 1-GPU throughput
     (samples/s), an achieved rate (TFLOP/s), the hardware's peak for `precision`. Given rates are
     positive; ScalingError when none is given and the hardware has no peak."""
-    share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
+    total_flops = profile.forward_flops + profile.backward_flops
+    share = profile.forward_flops / total_flops if total_flops > 0 else 0.0
     if throughput:
         step = batch / throughput * 1e6
         return (step * share, step * (1 - share),
-                f"{throughput:g} samples/s measured on 1 GPU ({step / 1e3:.1f} ms/step)")
+                f"{throughput:g} samples/s measured on 1 GPU ({_ms(step)} ms/step)")
     rate = tflops or peak_tflops(hw, precision)
     if not rate:
         raise ScalingError(f"{hw.name} gives no device_tflops for {precision}")
@@ -66,11 +69,26 @@ def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | N
     return (*flops_times_us(profile, batch, rate), label)
 
 
+def _ms(time_us: float) -> str:
+    return f"{time_us / 1e3:.1f}" if time_us < 1e9 else f"{time_us / 1e3:.3g}"  # no 300-digit numbers
+
+
+def check_compute_us(forward_us: float, backward_us: float, label: str) -> None:
+    """ScalingError unless one step computes for more than 0 s and at most LONGEST_STEP_S: an infinite
+    rate makes the step 0 (and every speed-up 0/0), a tiny one makes it centuries."""
+    step_s = (forward_us + backward_us) / 1e6
+    if not 0 < step_s <= LONGEST_STEP_S:  # NaN fails too
+        raise ScalingError(f"compute per step from {label}: {step_s:.3g} s; it must be more than 0 s and at most "
+                           f"a day ({LONGEST_STEP_S:g} s)")
+
+
 def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                 forward_us: float, backward_us: float, algorithms: list[str], bucket_mb: float | None = None,
                 baseline: str | None = None, candidate: str | None = None, compute_label: str = "") -> ScalingRun:
     """Every algorithm's curve over `gpu_counts` (weak scaling: `batch` per GPU) with DDP's buckets on
-    nodes of `gpus_per_node`. ScalingError: a GPU count that does not fill whole nodes."""
+    nodes of `gpus_per_node`. ScalingError: a GPU count that does not fill whole nodes, or a compute
+    time `check_compute_us` refuses."""
+    check_compute_us(forward_us, backward_us, compute_label)
     node_hw = replace(hw, ranks_per_node=gpus_per_node)
     curves = {name: predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us, backward_us, 0.0,
                                     bucket_mb, "ddp", name) for name in dict.fromkeys(algorithms)}

@@ -114,3 +114,26 @@ def test_every_command_that_reads_a_profile_refuses_it(infinite, args):
     proc = commbench(*[arg.format(infinite) for arg in args], timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"commbench: error: {infinite}: holds Infinity; numbers in a profile must be finite"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["proxy", "resnet50", "--nprocs", "2", "--tflops", "1e-12"],
+     "--tflops 1e-12: one step of resnet50 (batch 32, 2.43e+10 FLOP per sample forward and backward) computes "
+     "for 7.78e+11 s, longer than --timeout 300 s"),
+    (["proxy", "resnet50", "--nprocs", "2", "--tflops", "0.01", "--batch", "64", "--timeout", "60"],
+     "computes for 156 s, longer than --timeout 60 s"),
+    (["proxy", "resnet50", "--nodes", "2", "--hw", "dgx-a100", "--tflops", "1e-300"],
+     "computes for 7.78e+299 s, longer than a day"),
+    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--tflops", "inf"],
+     "compute per step from the profile's FLOPs at inf TFLOP/s: 0 s; it must be more than 0 s and at most a day"),
+    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "inf"],
+     "compute per step from inf samples/s measured on 1 GPU (0.0 ms/step): 0 s"),
+    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "1e-300"],
+     "(3.2e+304 ms/step): 3.2e+301 s; it must be more than 0 s and at most a day"),
+])
+def test_absurd_compute_times_are_refused_up_front(tmp_path, args, message):
+    out = tmp_path / "out.jsonl"
+    proc = commbench(*args, "--json", str(out), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()

@@ -46,6 +46,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if compute == "measured":
         _check_model_available(profile)
     plan = _plan(options)
+    _check_compute_time(profile, options, compute, plan)
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                               "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
@@ -92,6 +93,26 @@ def _check_model_available(profile: Profile) -> None:
     if importlib.util.find_spec(package.split(".")[0]) is None:
         raise UsageFault(f"{profile.name}: --compute measured runs the real model, which needs {package}: "
                               f"pip install 'commbench[models]', or use --tflops RATE / --compute none")
+
+
+def _check_compute_time(profile: Profile, options: dict, compute: str, plan: job.Plan) -> None:
+    """The step's emulated compute from the profile's FLOPs, batch and --tflops: a replayed step longer
+    than --timeout would spin until the run is stopped, and a predicted one longer than a day comes from
+    a wrong rate; both are refused up front with the numbers."""
+    from commbench.analysis.predict_scaling import LONGEST_STEP_S
+    from commbench.proxies.timeline import flops_times_us
+
+    if compute != "flops":
+        return
+    batch, tflops, timeout_s = options["batch"] or profile.default_batch, options["tflops"], options["timeout_s"]
+    step_s = sum(flops_times_us(profile, batch, tflops)) / 1e6
+    limit_s, limit = (LONGEST_STEP_S, "a day") if plan.mode == "local" else (timeout_s, f"--timeout {timeout_s:g} s")
+    if step_s <= limit_s:
+        return
+    flops = profile.forward_flops + profile.backward_flops
+    raise UsageFault(f"--tflops {tflops:g}: one step of {profile.name} (batch {batch}, {flops:.3g} FLOP per sample "
+                     f"forward and backward) computes for {step_s:.3g} s, longer than {limit}; give the device's "
+                     f"achieved rate (e.g. --tflops 100)" + ("" if plan.mode == "local" else " or a longer --timeout"))
 
 
 def _device(options: dict) -> str:
