@@ -8,10 +8,16 @@ A model spec names a constructor:
   package.module:callable           callable() returns the module; the module's `example_inputs(batch)`
                                     feeds it, or --input-shape does
 Every model is built with random weights; nothing is downloaded.
+
+A spec read from a profile file (its `source.spec`) is built only if `runs_foreign_code` says no:
+a model that torchvision, timm or transformers registers under a plain name, or one of commbench's
+own definitions. Anything else imports and runs code the file names, which only the user may ask
+for (`--trust-profile-code`; `profiles extract SPEC` names the code on the command line).
 """
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,6 +73,34 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tts_angular", "commbench.proxies.models.tts_angular:build", (), "utterances", 64,
               _TB.format("tts_angular")),
 )}
+
+
+# commbench's own definitions (proxies/models/), the code a profile may name without --trust-profile-code.
+OWN_DEFINITIONS = frozenset({spec.constructor for spec in CATALOG.values() if spec.constructor.startswith("commbench.")}
+                            | {"commbench.proxies.models.unet:build_bilinear"})
+# A library's registered model by a plain name: no hub prefix (timm's hf-hub:, local-dir:), no path, and
+# transformers' config overrides numbers or booleans only (a string field can name code to fetch and run).
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_OVERRIDE = _NAME + r"=(true|false|-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?)"
+_LIBRARY_NAMES = {"torchvision": re.compile(_NAME), "timm": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"),
+                  "transformers": re.compile(rf"{_NAME}(:({_OVERRIDE}(,{_OVERRIDE})*)?)?")}
+
+
+def runs_foreign_code(constructor: str) -> bool:
+    """Whether building `constructor` would import and run code other than a model torchvision, timm or
+    transformers registers under a plain name, or commbench's own definitions: a `module:callable`
+    anywhere on sys.path, which a profile file must not be able to run by being read."""
+    if constructor in OWN_DEFINITIONS:
+        return False
+    kind, _, rest = constructor.partition(":")
+    pattern = _LIBRARY_NAMES.get(kind)
+    return pattern is None or not pattern.fullmatch(rest)
+
+
+def foreign_code_refusal(model: str, spec: str) -> str:
+    """The one line that refuses to build `spec`, a profile's source.spec, without --trust-profile-code."""
+    return (f"{model}: the profile names code to import and run for its model (source.spec {spec!r}); "
+            f"reading a profile runs no code: add --trust-profile-code to run it")
 
 
 @dataclass

@@ -28,6 +28,7 @@ class ProxyConfig:
     json_path: str | None = None
     timeout_s: float = 300.0
     monitor: bool = False
+    trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

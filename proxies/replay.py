@@ -40,7 +40,7 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, str]:
 
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     measured, cpu_time = measure_compute(profile, ctx.batch, device, cfg.amp, ctx.launch.local_world_size,
-                                         ready=ctx.backend.barrier)
+                                         ready=ctx.backend.barrier, trust_code=cfg.trust_profile_code)
     forward, backward, update = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
     return float(forward), float(backward), float(update), "measured" + (" (CPU time)" if cpu_time else "")
 

@@ -76,7 +76,8 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float
     from commbench.proxies.train import measure_compute
 
     try:
-        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp)[0]
+        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
+                               trust_code=cfg.trust_profile_code)[0]
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

@@ -15,7 +15,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.proxies.catalog import CATALOG, BuiltModel, ModelError, build, build_named, loss_of
+from commbench.proxies.catalog import (
+    CATALOG,
+    BuiltModel,
+    ModelError,
+    build,
+    build_named,
+    foreign_code_refusal,
+    loss_of,
+    runs_foreign_code,
+)
 from commbench.proxies.profile import Profile
 
 LEARNING_RATE, MOMENTUM = 0.01, 0.9
@@ -24,10 +33,10 @@ LEARNING_RATE, MOMENTUM = 0.01, 0.9
 class Trainer:
     """A model, its optimizer and one synthetic batch on a device."""
 
-    def __init__(self, profile: Profile, batch: int, device: Any, amp: bool = False):
+    def __init__(self, profile: Profile, batch: int, device: Any, amp: bool = False, trust_code: bool = False):
         import torch
 
-        built = model_for(profile)
+        built = model_for(profile, trust_code)
         self.device, self.amp = device, amp and getattr(device, "type", device) == "cuda"
         self.model = built.module.to(device)
         self.model.train()
@@ -98,24 +107,34 @@ class Trainer:
 
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
-                    ready: Callable[[], None] = lambda: None) -> tuple[tuple[float, float, float], bool]:
+                    ready: Callable[[], None] = lambda: None,
+                    trust_code: bool = False) -> tuple[tuple[float, float, float], bool]:
     """The real model's (forward, backward, optimizer) microseconds per step here, and whether they are
     CPU time: refused up front if it cannot fit; `ready` runs between building and timing (a barrier,
     so that every rank measures at once, sharing the host as in training)."""
     check_memory(profile, local_ranks, getattr(device, "type", device))
-    trainer = Trainer(profile, batch, device, amp=amp)
+    trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
     ready()
     return trainer.phase_times_us(repeats=5), trainer.cpu_timed()
 
 
-def model_for(profile: Profile) -> BuiltModel:
-    """The real model behind a profile: the catalog's definition, or the spec it was extracted from."""
+def model_for(profile: Profile, trust_code: bool = False) -> BuiltModel:
+    """The real model behind a profile: the catalog's definition, or the spec it was extracted from.
+    A spec that would run code other than a library's registered model or commbench's own definitions
+    (catalog.runs_foreign_code) is built only with `trust_code` (--trust-profile-code)."""
     spec = profile.source.get("spec")
     if spec is None and profile.name in CATALOG:
         return build_named(profile.name)
     if spec is None:
         raise ModelError(f"profile {profile.name!r} does not say which model it came from (source.spec)")
-    return build(spec, tuple(profile.source.get("input_shape") or ()))
+    if not isinstance(spec, str):
+        raise ModelError(f"profile {profile.name!r}: source.spec must be a model spec string, not {spec!r}")
+    if not trust_code and runs_foreign_code(spec):
+        raise ModelError(foreign_code_refusal(profile.name, spec))
+    shape = profile.source.get("input_shape") or []
+    if not isinstance(shape, list) or not all(type(d) is int and d > 0 for d in shape):
+        raise ModelError(f"profile {profile.name!r}: source.input_shape must be a list of positive integers")
+    return build(spec, tuple(shape))
 
 
 def check_memory(profile: Profile, world_local: int, device: str) -> None:
@@ -161,7 +180,7 @@ def _train_steps(ctx) -> None:
     check_memory(profile, ctx.launch.local_world_size, backend.device)
     device = torch.device(backend.device, torch.cuda.current_device()) if backend.device == "cuda" else "cpu"
     torch.manual_seed(1234 + backend.rank)
-    trainer = Trainer(profile, ctx.batch, device, cfg.amp)
+    trainer = Trainer(profile, ctx.batch, device, cfg.amp, trust_code=cfg.trust_profile_code)
     trainer.wrap(cfg.bucket_mb, [device.index] if backend.device == "cuda" else None)
     ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
         f"real DDP training: {type(trainer.model).__name__}, SGD momentum {MOMENTUM}, synthetic inputs, "

@@ -44,6 +44,8 @@ def _common(fn):
                      help="JSON Lines: a header, one record per step (flushed as it ends), a summary."),
         click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
                      help="A dead or hung rank stops the run within this long."),
+        click.option("--trust-profile-code", is_flag=True,
+                     help="Build the model from code a profile file names (source.spec module:callable): runs it."),
         click.option("--monitor", is_flag=True,
                      help="GPU (NVML) and CPU/NIC (psutil) telemetry per step and for the run (rank 0's host)."),
     ]

@@ -44,7 +44,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if compute == "flops" and not options["tflops"]:
         raise UsageFault("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
     if compute == "measured":
-        _check_model_available(profile)
+        _check_model_available(options["model"], profile, bool(options.get("trust_profile_code")))
     plan = _plan(options)
     _check_compute_time(profile, options, compute, plan)
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
@@ -62,7 +62,8 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       torch_backend=options["torch_backend"], device=device, algorithm=options["algorithm"],
                       topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
                       hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
-                      monitor=bool(options.get("monitor")))
+                      monitor=bool(options.get("monitor")),
+                      trust_profile_code=bool(options.get("trust_profile_code")))
     if plan.note and plan.lead:
         print(f"commbench: note: {plan.note}", flush=True)
     return cfg, plan
@@ -80,17 +81,23 @@ def _check_validate(plan: job.Plan, bucketing: str, compute: str, backend: str) 
         raise UsageFault(f"--validate compares the proxy with real DDP training; not with {differs[0]}")
 
 
-def _check_model_available(profile: Profile) -> None:
-    from commbench.proxies.catalog import CATALOG
+def _check_model_available(model: str, profile: Profile, trust_code: bool) -> None:
+    """--compute measured and train build the real model: from the catalog, a library, commbench's
+    own definitions, or (only with --trust-profile-code) code the profile file names."""
+    from commbench.proxies.catalog import CATALOG, foreign_code_refusal, runs_foreign_code
 
     spec = profile.source.get("spec") or (CATALOG[profile.name].constructor if profile.name in CATALOG else None)
     if spec is None:
         raise UsageFault(f"{profile.name}: --compute measured needs the model definition, and this profile "
                               f"does not name one; use --tflops RATE or --compute none")
+    if not isinstance(spec, str) or not spec.split(":")[0].split(".")[0].isidentifier():
+        raise UsageFault(f"{model}: source.spec {spec!r} is not a model spec (package:name or module:callable)")
+    if not trust_code and runs_foreign_code(spec):
+        raise UsageFault(foreign_code_refusal(model, spec))
     package = spec.split(":")[0]
     import importlib.util
 
-    if importlib.util.find_spec(package.split(".")[0]) is None:
+    if importlib.util.find_spec(package.split(".")[0]) is None:  # the top-level name only: nothing is imported
         raise UsageFault(f"{profile.name}: --compute measured runs the real model, which needs {package}: "
                               f"pip install 'commbench[models]', or use --tflops RATE / --compute none")
 
