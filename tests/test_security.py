@@ -1,7 +1,12 @@
-"""What commbench runs: a profile file is data (the code its `source.spec` names is imported only
-with --trust-profile-code), and nothing evaluates user input."""
+"""What commbench exposes and what it runs: a local spawn listens on loopback only, and a profile
+file is data (the code its `source.spec` names is imported only with --trust-profile-code)."""
+import ipaddress
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from conftest import clean_env, commbench
@@ -11,6 +16,128 @@ from commbench.proxies.profile import load_profile
 from commbench.proxies.train import model_for
 
 SOURCES = [os.path.join(os.path.dirname(__file__), "..", folder) for folder in ("commbench", "proxies", "analysis")]
+
+
+# ---------------------------------------------------------------- a local spawn's sockets
+
+
+def _listening() -> dict[str, tuple[str, int]]:
+    """Socket inode -> (address, port) of every listening TCP socket on this host (/proc/net)."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}", encoding="ascii") as handle:
+            next(handle)
+            for line in handle:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    address, port = fields[1].split(":")
+                    out[fields[9]] = (_address(address), int(port, 16))
+    return out
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net's address: 32-bit words in the host's byte order."""
+    raw = bytes.fromhex(hex_address)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
+
+
+def _sockets_of(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:  # the rank ended meanwhile
+        pass
+    return inodes
+
+
+def _master_port(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        return int(env[b"MASTER_PORT"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _other_interface() -> str | None:
+    """An interface other than loopback that has an IPv4 address (Linux's SIOCGIFADDR), if any."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+        if not name.startswith("lo"):
+            return name
+    return None
+
+
+def _outward_address() -> str | None:
+    """This host's address on its default route, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net")
+def test_local_spawn_listens_on_loopback_only(tmp_path):
+    """Every socket the two ranks listen on, sampled through the run, is on 127.0.0.1, the store's
+    included, even with GLOO_SOCKET_IFNAME naming another interface; from this host's outward
+    address the store cannot be reached."""
+    outward = _outward_address()
+    other = _other_interface()
+    env = clean_env(**({"GLOO_SOCKET_IFNAME": other} if other else {}))
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--nprocs", "2", "--sizes", "1K-4M",
+                             "--iters", "20", "--warmup", "1", "--json", str(tmp_path / "r.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen, ports, reached = {}, set(), []
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        table = _listening()
+        for pid in _children(proc.pid):
+            ports.add(_master_port(pid))
+            seen.update({(pid, inode): table[inode] for inode in _sockets_of(pid) if inode in table})
+        store = [port for _, port in seen.values() if port in ports]
+        if store and outward and not reached:
+            with socket.socket() as attempt:
+                attempt.settimeout(2)
+                reached.append(attempt.connect_ex((outward, store[0])) == 0)
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert {pid for pid, _ in seen} and len({pid for pid, _ in seen}) == 2, seen  # both ranks listened
+    assert any(port in ports for _, port in seen.values()), (seen, ports)  # rank 0's store was seen
+    assert all(_is_loopback(address) for address, _ in seen.values()), seen
+    assert not any(reached)
 
 
 # ---------------------------------------------------------------- a profile's source.spec

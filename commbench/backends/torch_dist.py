@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import socket
 import time
 from typing import Callable
+from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
                 "int64": torch.int64}
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
               "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
+LOOPBACK, LOOPBACK_SCHEME = "127.0.0.1", "commbench-loopback"  # a local spawn's rendezvous
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 # Newer torch renamed the tensor forms of all-gather and reduce-scatter.
@@ -204,10 +207,59 @@ class TorchBackend(Backend):
 
 
 def _init_method(launch: LaunchInfo) -> str:
-    """env:// under torchrun (it may serve the store from its agent), a TCP store elsewhere."""
-    if launch.launcher in ("torchrun", "spawn") and "MASTER_ADDR" in os.environ:
+    """How the ranks find each other. A local spawn exposes nothing beyond loopback: its store listens
+    on 127.0.0.1 only (torch's own TCPStore server listens on every interface, whatever address it is
+    given) and gloo and NCCL open their sockets on the loopback interface. torchrun: env:// (it may serve
+    the store from its agent); SLURM and MPI: a TCP store at the address the launcher gives."""
+    if launch.launcher == "spawn":
+        _use_loopback_interface()
+        _register_loopback_rendezvous()
+        return f"{LOOPBACK_SCHEME}://{LOOPBACK}:{launch.master_port}"
+    if launch.launcher == "torchrun" and "MASTER_ADDR" in os.environ:
         return "env://"
     return f"tcp://{launch.master_addr}:{launch.master_port}"
+
+
+def _use_loopback_interface() -> None:
+    """gloo listens on the address the host name resolves to, NCCL's bootstrap on the first interface
+    that is not loopback; the ranks of a local spawn only ever talk to each other on this host."""
+    names = {name for _, name in socket.if_nameindex()}
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback
+
+
+def _register_loopback_rendezvous() -> None:
+    """Teach torch's init_process_group the `commbench-loopback://` scheme, once per process."""
+    from torch.distributed.rendezvous import register_rendezvous_handler
+
+    try:
+        register_rendezvous_handler(LOOPBACK_SCHEME, _loopback_rendezvous)
+    except RuntimeError:  # "already registered": a second backend in this process
+        pass
+
+
+def _loopback_rendezvous(url: str, timeout: datetime.timedelta, **_):
+    """torch rendezvous handler (a generator of (store, rank, world size)): rank 0 serves the store
+    on a socket it has bound to 127.0.0.1 itself, the other ranks connect to it."""
+    parsed = urlparse(url)
+    query = {key: int(values[0]) for key, values in parse_qs(parsed.query).items()}
+    rank, world, port = query["rank"], query["world_size"], parsed.port
+    listen_fd = _listen_on_loopback(port) if rank == 0 else None
+    yield dist.TCPStore(LOOPBACK, port, world, rank == 0, timeout, master_listen_fd=listen_fd), rank, world
+    raise RuntimeError("a local spawn's rendezvous happens once")
+
+
+def _listen_on_loopback(port: int) -> int:
+    """A socket bound to 127.0.0.1:port, handed over (as its file descriptor) to the store's server."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own server does
+        sock.bind((LOOPBACK, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"local rendezvous: cannot listen on {LOOPBACK}:{port} ({exc.strerror})") from exc
+    return sock.detach()
 
 
 def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
