@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench import algorithms
+from commbench.files import UnreadableFile, read_small
 from commbench.results import json_kind
 from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
@@ -152,6 +153,9 @@ def presets() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".json"))
 
 
+MAX_HARDWARE_BYTES = 1 << 20  # a fitted hardware file is a few KiB
+
+
 def load_hardware(spec: str) -> Hardware:
     """A hardware JSON file (from `commbench fit`) or the name of a preset, validated (hardware_from_dict):
     every problem, an unreadable or binary file too, is one HardwareError naming the file."""
@@ -159,8 +163,9 @@ def load_hardware(spec: str) -> Hardware:
     if not os.path.exists(path):
         raise HardwareError(f"no hardware file or preset {spec!r}; presets: {', '.join(presets()) or 'none'}")
     try:
-        with open(path, "rb") as handle:
-            data = json.loads(handle.read().decode("utf-8"))
+        data = json.loads(read_small(path, MAX_HARDWARE_BYTES, "a hardware file").decode("utf-8"))
+    except UnreadableFile as exc:
+        raise HardwareError(str(exc)) from exc
     except OSError as exc:
         raise HardwareError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

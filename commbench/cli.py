@@ -30,9 +30,13 @@ for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: click's usage errors become one line and exit code 2."""
-    if not (sys.argv[1:] if argv is None else argv):  # bare `commbench`: the overview, not an error
+    args = sys.argv[1:] if argv is None else argv
+    if not args:  # bare `commbench`: the overview, not an error
         click.echo(cli.get_help(click.Context(cli, info_name="commbench")))
         return 0
+    if any("\x00" in arg for arg in args):  # only a caller in process can pass one; os calls would raise
+        print("commbench: error: an argument holds a NUL byte", file=sys.stderr)
+        return EXIT_USAGE
     try:
         cli.main(args=argv, prog_name="commbench", standalone_mode=False)
     except click.exceptions.Abort:

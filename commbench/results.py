@@ -30,6 +30,7 @@ import numpy as np
 
 from commbench import collectives as C
 from commbench.environment import local_environment, software_versions  # noqa: F401 - re-exported
+from commbench.files import UnreadableFile, lines, open_regular
 
 SCHEMA_VERSION = 1
 RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JSON list; more are packed
@@ -568,13 +569,13 @@ def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[d
     other bad line is one RecordError: 'PATH:LINE: what is wrong'."""
     records = []
     try:
-        with open(path, "rb") as handle:
-            for number, raw in enumerate(handle, 1):
+        with open_regular(path) as handle:
+            for number, raw in enumerate(lines(handle), 1):
                 record = _parse_line(path, number, raw, warn)
                 if record is not None:
                     records.append(record)
-    except FileNotFoundError as exc:
-        raise RecordError(f"{path}: no such file") from exc
+    except UnreadableFile as exc:
+        raise RecordError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
     except OSError as exc:
         raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return records

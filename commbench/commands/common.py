@@ -22,6 +22,8 @@ def check_writable(path: str | None) -> None:
     removed again. The file's directory is made, as the run would make it."""
     if not path:
         return
+    if "\x00" in path:
+        raise UsageFault(f"cannot write {path!r}: a file name cannot hold a NUL byte")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -31,6 +33,8 @@ def check_writable(path: str | None) -> None:
         _open_for_writing(path)
     except OSError as exc:
         raise UsageFault(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL byte in the name
+        raise UsageFault(f"cannot write {path!r}: {exc}") from exc
 
 
 def _open_for_writing(path: str) -> None:

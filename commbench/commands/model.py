@@ -270,11 +270,12 @@ def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops,
         raise UsageFault(str(exc)) from exc
     if (baseline is None) != (candidate is None):
         raise UsageFault("--baseline and --candidate go together (acc_ratio = candidate / baseline)")
-    if batch is not None and batch < 1 or bucket_mb is not None and not bucket_mb > 0:
-        raise UsageFault("--batch must be at least 1 and --bucket-mb positive")
-    for flag, value in (("--throughput-1gpu", throughput), ("--tflops", tflops)):
-        if value is not None and not value > 0:
-            raise UsageFault(f"{flag} {value:g}: must be positive")
+    from commbench.commands import options as O
+
+    O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
+             "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb),
+             "--throughput-1gpu": (O.Range(0, 1e12, low_open=True), throughput),
+             "--tflops": (O.Range(0, 1e9, low_open=True), tflops)})
     if not throughput and not tflops and not S.peak_tflops(hw, precision):
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     names = list(dict.fromkeys([baseline, candidate] if baseline else [algorithm]))
@@ -287,8 +288,11 @@ def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops,
     try:
         return S.scaling_run(profile, hw, counts, gpus_per_node or hw.ranks_per_node, batch, forward, backward, names,
                              bucket_mb, baseline, candidate, label)
-    except ScalingError as exc:
+    except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
+
+
+MAX_GPUS = 1 << 20  # predict-scaling's layouts and closed forms stay exact and fast up to here
 
 
 def _gpu_counts(text: str) -> list[int]:
@@ -298,6 +302,8 @@ def _gpu_counts(text: str) -> list[int]:
         raise UsageFault(f"--gpus {text!r}: expected a comma list of GPU counts, e.g. 1,8,16") from exc
     if not counts or min(counts) < 1:
         raise UsageFault(f"--gpus {text!r}: GPU counts must be at least 1")
+    if max(counts) > MAX_GPUS:
+        raise UsageFault(f"--gpus {text!r}: at most {MAX_GPUS:,d} GPUs")
     return counts
 
 

@@ -38,6 +38,8 @@ def _common(fn):
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
         click.option("--nprocs", "-N", type=int, default=None,
                      help="Local ranks to spawn when no launcher started this process [default: GPUs, or 2]."),
+        click.option("--oversubscribe", is_flag=True,
+                     help="Spawn more local ranks than this host carries (4 per core, about 400 MiB each)."),
         click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
                      show_default=True),
         click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -115,13 +117,14 @@ def train_command(**options) -> None:
 
 
 def _usage(call):
-    """Run `call`; a ProxyUsageError it raises is bad input (one line, exit 2)."""
-    from commbench.proxies.run import ProxyUsageError
+    """Run `call`; a ValueError it raises (ProxyUsageError, a prediction out of the model's
+    reach) is bad input: one line, exit 2."""
+    from commbench.results import OutputError
 
     try:
         return call()
-    except ProxyUsageError as exc:
-        raise UsageFault(str(exc)) from exc
+    except (ValueError, OutputError) as exc:
+        raise UsageFault(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
 
 def _launch(name: str, cfg, plan) -> int:
@@ -182,9 +185,11 @@ def profiles_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, as_json) -> None:
     """A profile's summary and tensors, or with --buckets its DDP bucket layout."""
+    from commbench.commands import options as O
     from commbench.commands.proxy_plan import bucketing_mode
     from commbench.proxies import run as R
 
+    O.check({"--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb)})
     try:
         text = R.show_profile(model, show_buckets, bucket_mb, bucketing_mode(no_bucketing, single_bucket), as_json)
     except R.ProxyUsageError as exc:

@@ -20,16 +20,42 @@ def bucketing_mode(no_bucketing: bool, single_bucket: bool) -> str:
 
 
 def _check_numbers(options: dict) -> None:
-    for flag, minimum in (("batch", 1), ("steps", 1), ("warmup_steps", 0), ("nodes", 1), ("gpus_per_node", 1),
-                          ("nprocs", 1)):
-        value = options.get(flag)
-        if value is not None and value < minimum:
-            raise UsageFault(f"--{flag.replace('_', '-')} {value}: must be at least {minimum}")
-    for flag in ("bucket_mb", "tflops", "timeout_s"):
-        value = options.get(flag)
-        if value is not None and not value > 0:
-            name = "timeout" if flag == "timeout_s" else flag.replace("_", "-")
-            raise UsageFault(f"--{name} {value:g}: must be positive")
+    from commbench.commands import options as O
+
+    counts = {f"--{flag.replace('_', '-')}": (O.NONNEGATIVE_COUNT if flag == "warmup_steps" else O.COUNT,
+                                              options.get(flag))
+              for flag in ("batch", "steps", "warmup_steps", "nodes", "gpus_per_node", "nprocs")}
+    O.check({**counts, "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), options.get("bucket_mb")),
+             "--tflops": (O.Range(0, 1e9, low_open=True), options.get("tflops")),
+             "--timeout": (O.TIMEOUT, options.get("timeout_s"))})
+
+
+def _check_ranks(options: dict, plan: job.Plan) -> None:
+    """Before any rank starts: a host not oversubscribed by the spawn, and an allreduce the backend
+    runs (an unknown --algorithm is one line here, not one per rank)."""
+    from commbench import collectives as C
+    from commbench.backends import BackendConfig, BackendError, backend_class
+    from commbench.commands import options as O
+
+    if plan.mode == "spawn":
+        O.check_local_ranks(plan.world, options.get("oversubscribe", False))
+    if plan.mode == "local":  # predicted: the cost model takes the library's allreduce or any table entry
+        from commbench.algorithms import LIBRARY, available
+
+        known = [LIBRARY, *available("allreduce", gpu=True)]
+        if options["algorithm"] not in ("auto", *known):
+            raise UsageFault(f"no algorithm {options['algorithm']!r} for allreduce; available: {', '.join(known)}, "
+                             f"auto")
+        return
+    request = BackendConfig(backend=options["backend"], torch_backend=options["torch_backend"],
+                            device=options["device"], algorithm=options["algorithm"], nprocs=plan.world,
+                            topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None)
+    try:
+        cls = backend_class(request.backend)
+        library = cls.resolve_device(request)[1]
+        cls.check_request(request, library, ["allreduce"], C.resolve_dtype("float32"), "sum", plan.world)
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
@@ -47,6 +73,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
         _check_model_available(options["model"], profile, bool(options.get("trust_profile_code")))
     plan = _plan(options)
     _check_compute_time(profile, options, compute, plan)
+    _check_ranks(options, plan)
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                               "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")

@@ -1,0 +1,50 @@
+"""Reading input files safely: regular files only (a FIFO would block, a device like /dev/zero
+would never end), a bounded size where the whole file is read, and one error a command turns
+into one line. Reading a file never runs code: the readers parse JSON, nothing else."""
+from __future__ import annotations
+
+import os
+import stat
+from typing import BinaryIO
+
+MAX_LINE_BYTES = 64 << 20  # one JSON Lines record: the largest a results file writes is far below
+
+
+class UnreadableFile(ValueError):
+    """The path cannot be read as an input file; the message is one line naming it."""
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for binary reading, if it is a regular file (not a FIFO, device or directory)."""
+    if "\x00" in path:
+        raise UnreadableFile(f"{path!r}: a file name cannot hold a NUL byte")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait for a writer
+    except FileNotFoundError:
+        raise UnreadableFile(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UnreadableFile(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableFile(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def read_small(path: str, max_bytes: int, what: str) -> bytes:
+    """The whole of a regular file of at most `max_bytes` (`what` it should be names it in the error)."""
+    with open_regular(path) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnreadableFile(f"{path}: larger than {max_bytes:,d} bytes: not {what}")
+    return data
+
+
+def lines(handle: BinaryIO):
+    """The lines of a file, each at most MAX_LINE_BYTES (a longer one is an error, not a memory blow-up)."""
+    while True:
+        line = handle.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            raise UnreadableFile(f"a line longer than {MAX_LINE_BYTES:,d} bytes: not a results file")
+        yield line
