@@ -17,7 +17,8 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 # 1 core data, 2 pure models and workloads, 3 runtime, 4 commands and readers of results.
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
-        "commbench.topology", "commbench.results", "commbench.environment", "commbench.analysis", "commbench.proxies"],
+        "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
+        "commbench.proxies"],
     2: ["commbench.analysis.costmodel", "commbench.analysis.fit", "commbench.analysis.scaling",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
