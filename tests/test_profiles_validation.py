@@ -124,10 +124,9 @@ def test_every_command_that_reads_a_profile_refuses_it(infinite, args):
      "computes for 156 s, longer than --timeout 60 s"),
     (["proxy", "resnet50", "--nodes", "2", "--hw", "dgx-a100", "--tflops", "1e-300"],
      "computes for 7.78e+299 s, longer than a day"),
-    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--tflops", "inf"],
-     "compute per step from the profile's FLOPs at inf TFLOP/s: 0 s; it must be more than 0 s and at most a day"),
-    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "inf"],
-     "compute per step from inf samples/s measured on 1 GPU (0.0 ms/step): 0 s"),
+    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--tflops", "1e-300"],
+     "compute per step from the profile's FLOPs at 1e-300 TFLOP/s: 7.78e+299 s; it must be more than 0 s and at "
+     "most a day"),
     (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "1e-300"],
      "(3.2e+304 ms/step): 3.2e+301 s; it must be more than 0 s and at most a day"),
 ])
@@ -137,3 +136,17 @@ def test_absurd_compute_times_are_refused_up_front(tmp_path, args, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("throughput,tflops", [(float("inf"), None), (None, float("inf")), (1e-300, None)])
+def test_predict_scaling_refuses_a_step_of_no_time_or_centuries(throughput, tflops):
+    """An infinite rate made the step 0 s and every speed-up 0/0 (ZeroDivisionError); whatever the
+    options let through, the prediction itself refuses it in one line."""
+    from commbench.analysis.costmodel import load_hardware
+    from commbench.analysis.predict_scaling import compute_us, scaling_run
+    from commbench.analysis.scaling import ScalingError
+
+    profile, hw = load_profile("resnet50"), load_hardware("dgx-a100")
+    forward, backward, label = compute_us(profile, hw, 32, throughput, tflops, "fp32")
+    with pytest.raises(ScalingError, match=r"compute per step from .*; it must be more than 0 s and at most a day"):
+        scaling_run(profile, hw, [1, 8], 8, 32, forward, backward, ["ring"], compute_label=label)
