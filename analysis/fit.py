@@ -102,6 +102,21 @@ def points(records: list[dict]) -> list[Point]:
     return out
 
 
+# A fit whose median point is off by more than this, or that explains less of the times'
+# spread than their mean does (R^2 < 0), does not describe its data (docs/model.md).
+POOR_MEDIAN_ERROR = 0.25
+
+
+def poor_fit(meta: dict) -> str | None:
+    """Why a fit's figures do not describe the data it came from, or None when they do."""
+    if meta.get("r2") is not None and meta["r2"] < 0:
+        return f"R^2 {meta['r2']:.3f} < 0: the fit explains less than the times' mean does"
+    if meta.get("median_ape", 0) > POOR_MEDIAN_ERROR:
+        return (f"median error {100 * meta['median_ape']:.1f}% > {100 * POOR_MEDIAN_ERROR:.0f}%: "
+                f"half the points are further off than that")
+    return None
+
+
 def fit(records: list[dict], setup: str | None = None, base: Hardware | None = None) -> Hardware:
     """Fit one setup's points (all of them when the records hold one setup)."""
     chosen = _select(usable(records), setup)

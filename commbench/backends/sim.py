@@ -59,8 +59,11 @@ class SimBackend(ScheduleBackend):
         return True
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        poor = self.hardware.meta.get("poor_fit") if self.hardware is not None else None
         return [f"sim: results are checked; times are predicted by the cost model of {hw}" if hw
-                else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET"]
+                else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET",
+                *([f"warning: {hw} is a poor fit ({poor}): its times do not describe the sweep it came from"]
+                  if poor else [])]
 
     def __init__(self, world: int, topology: Topology, algorithm: str = "auto", hardware=None):
         if world < 1:

@@ -24,8 +24,10 @@ Examples:
 @click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
               help="Fit only points whose size lies in this range, e.g. 64K-64M (the fit adds a cache regime "
                    "where the data show one; leave out sizes you will not predict).")
+@click.option("--accept-poor-fit", is_flag=True,
+              help="Write a fit that does not describe its data (R^2 < 0 or median error > 25%), marked poor.")
 def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
-                size_range: str | None) -> None:
+                size_range: str | None, accept_poor_fit: bool) -> None:
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -48,6 +50,16 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
         hw = F.fit(records, setup, base_hw)
     except F.FitError as exc:
         raise UsageFault(str(exc)) from exc
+    poor = F.poor_fit(hw.meta)
+    if poor and not accept_poor_fit:
+        raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
+                         f"range at a time (--setup, --sizes), or keep it marked poor with --accept-poor-fit")
+    if poor:
+        from dataclasses import replace
+
+        hw = replace(hw, meta={**hw.meta, "poor_fit": poor})
+        click.echo(f"commbench: warning: poor fit kept (--accept-poor-fit): {poor}; predictions from {output} "
+                   f"will say so", err=True)
     try:
         hw.save(output)
     except OSError as exc:
@@ -95,6 +107,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, a
 
     try:
         hw = load_hardware(hw_spec)
+        _warn_poor(hw, hw_spec)
         size_list = parse_sizes(sizes, factor)
         names = C.resolve_collectives(collective_names)
         dt = C.resolve_dtype(dtype)
@@ -140,6 +153,7 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
 
     try:
         hw = load_hardware(hw_spec) if hw_spec else None
+        _warn_poor(hw, hw_spec)
         records = R.read_all(list(files), warn)
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc
@@ -266,6 +280,7 @@ def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops,
 
     try:
         profile, hw = load_profile(model), load_hardware(hw_spec)
+        _warn_poor(hw, hw_spec)
     except (ProfileError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
     if (baseline is None) != (candidate is None):
@@ -290,6 +305,13 @@ def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops,
                              bucket_mb, baseline, candidate, label)
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
+
+
+def _warn_poor(hw, spec: str | None) -> None:
+    """A hardware file `fit --accept-poor-fit` wrote is used, and said to be poor, every time."""
+    if hw is not None and hw.meta.get("poor_fit"):
+        click.echo(f"commbench: warning: {spec} is a poor fit ({hw.meta['poor_fit']}): its predictions do not "
+                   f"describe the sweep it came from", err=True)
 
 
 MAX_GPUS = 1 << 20  # predict-scaling's layouts and closed forms stay exact and fast up to here
