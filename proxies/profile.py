@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from commbench import files
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 SCHEMA_VERSION = 1
@@ -229,9 +230,12 @@ def load_profile(spec: str) -> Profile:
             raise ProfileError(f"unknown model {spec!r}; known: {', '.join(shipped())} "
                                f"(or a profile file from `commbench profiles extract`)")
     try:
-        data = json.loads(_read(path), parse_constant=lambda word: _not_finite(path, word))
+        text = files.read_small(path, MAX_FILE_BYTES, "a profile").decode("utf-8")
+        data = json.loads(text, parse_constant=lambda word: _not_finite(path, word))
     except ProfileError:
         raise
+    except files.UnreadableFile as exc:  # not a regular file (a FIFO, a device), or too large
+        raise ProfileError(str(exc)) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read ({exc})") from exc
     except json.JSONDecodeError as exc:
@@ -239,22 +243,6 @@ def load_profile(spec: str) -> Profile:
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, deep nesting
         raise ProfileError(f"{path}: not a profile ({str(exc).splitlines()[0] or type(exc).__name__})") from exc
     return profile_from_dict(data, path)
-
-
-def _read(path: str) -> str:
-    """The text of a regular file of at most MAX_FILE_BYTES (not a FIFO or a device, which could block
-    or never end)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # without O_NONBLOCK, opening a FIFO waits for a writer
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ProfileError(f"{path}: not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise ProfileError(f"{path}: {info.st_size:,d} bytes; a profile file holds at most {MAX_FILE_BYTES:,d}")
-        with open(fd, "rb", closefd=False) as handle:
-            return handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
-    finally:
-        os.close(fd)
 
 
 def _not_finite(path: str, word: str) -> float:
