@@ -3,8 +3,13 @@
 `result` records of a base and a new JSON Lines file are matched on the setup of
 each point (KEY_FIELDS). Per matched point the ratio new/base of one metric
 (busbw_gbps, higher is better; or time_us, lower is better) becomes a change in %
-and a verdict: `regression` when worse by more than the threshold, `improvement`
-when better by more than it, else `same`. A key measured several times in one
+and a verdict: `regression` when worse by more than the threshold and more than the
+measured noise, `improvement` when better by as much, `within noise` when the change
+passes the threshold but not the noise, else `same`. The noise of a point is the
+spread of its own measurements: with repeated runs of a key in a file, their robust
+standard deviation (1.4826 x the median absolute deviation) over their median; with one
+run, how far its iterations' p90 lies above their p50; the larger of base's and new's. Two runs of one setup on a
+machine whose speed wanders are then told apart from a real change. A key measured several times in one
 file (repeated runs, concatenated files) counts with the median of its values;
 for an even count, the worse of the two middle values, so that busbw and time
 agree with each other and with `commbench report` (busbw of the median time).
@@ -53,6 +58,7 @@ class Point:
     base_runs: int
     new_runs: int
     verdict: str
+    noise_pct: float | None = None
 
     def get(self, name: str) -> Any:
         return self.key[KEY_FIELDS.index(name)]
@@ -90,6 +96,10 @@ class Comparison:
         return [p for p in self.points if p.verdict == "improvement"]
 
     @property
+    def within_noise(self) -> list[Point]:
+        return [p for p in self.points if p.verdict == "within noise"]
+
+    @property
     def worst(self) -> Point:
         """The point that changed most for the worse (or improved least)."""
         sign = 1.0 if self.metric.higher_is_better else -1.0
@@ -100,14 +110,26 @@ class Comparison:
         return sorted(self.points + self.only_base + self.only_new, key=lambda p: _sort_key(p.key))
 
 
-def verdict(base: float, new: float, metric: Metric, threshold_pct: float) -> str:
+def verdict(base: float, new: float, metric: Metric, threshold_pct: float, noise_pct: float = 0.0) -> str:
     change = 100.0 * (new / base - 1.0)
     better = change if metric.higher_is_better else -change
-    if better < -threshold_pct - _EPS_PCT:
-        return "regression"
-    if better > threshold_pct + _EPS_PCT:
-        return "improvement"
-    return "same"
+    if abs(better) <= threshold_pct + _EPS_PCT:
+        return "same"
+    if abs(better) <= noise_pct + _EPS_PCT:
+        return "within noise"
+    return "improvement" if better > 0 else "regression"
+
+
+def noise_pct(values: list[float], spreads: list[float]) -> float:
+    """A side's noise in %: of repeated runs, their robust spread (1.4826 x the median absolute
+    deviation, a standard deviation that one outlier run does not inflate) over their median;
+    of one run, its iterations' own spread."""
+    if len(values) > 2:
+        middle = statistics.median(values)
+        return 100.0 * 1.4826 * statistics.median(abs(v - middle) for v in values) / middle
+    if len(values) == 2:
+        return 100.0 * abs(values[0] - values[1]) / statistics.mean(values)
+    return 100.0 * max(spreads, default=0.0)
 
 
 def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: str = "busbw",
@@ -115,8 +137,10 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
     """Match the result records of two runs and judge each matched point."""
     _check_options(metric, threshold_pct)
     m = METRICS[metric]
+    base_records, new_records = list(base_records), list(new_records)
     base_values, base_skipped = _group(base_records, m.field, names[0])
     new_values, new_skipped = _group(new_records, m.field, names[1])
+    base_spread, new_spread = _spreads(base_records), _spreads(new_records)
     common = base_values.keys() & new_values.keys()
     if not common:
         raise CompareError(f"{names[0]} and {names[1]} have no point in common (matched on "
@@ -128,7 +152,8 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
             unvalued += 1
             continue
         base, new = _median(b, m), _median(n, m)
-        points.append(Point(key, base, new, len(b), len(n), verdict(base, new, m, threshold_pct)))
+        noise = max(noise_pct(b, base_spread.get(key, [])), noise_pct(n, new_spread.get(key, [])))
+        points.append(Point(key, base, new, len(b), len(n), verdict(base, new, m, threshold_pct, noise), noise))
     if not points:
         raise CompareError(f"no point in common has {m.field} in both {names[0]} and {names[1]} "
                            f"(null: not timed, e.g. --backend sim without --hw)")
@@ -205,6 +230,17 @@ def _sort_key(key: Key) -> tuple:
                  for v in values)
 
 
+def _spreads(records: list[dict]) -> dict[Key, list[float]]:
+    """Key -> each record's own spread: how far its iterations' p90 lies above their p50, relative."""
+    spreads: dict[Key, list[float]] = {}
+    for record in records:
+        if isinstance(record, dict) and record.get("record") == "result":
+            p50, p90 = record.get("p50_us"), record.get("p90_us")
+            if isinstance(p50, (int, float)) and isinstance(p90, (int, float)) and p50 > 0 and p90 >= p50:
+                spreads.setdefault(_key(record), []).append(p90 / p50 - 1.0)
+    return spreads
+
+
 def _median(values: list[float], metric: Metric) -> float:
     """The median; of an even count, the worse middle value (the slower time, the lower busbw)."""
     return statistics.median_low(values) if metric.higher_is_better else statistics.median_high(values)
@@ -228,7 +264,8 @@ def to_record(point: Point, comparison: Comparison) -> CompareRecord:
     return CompareRecord(**dict(zip(KEY_FIELDS, point.key)), metric=m.field, higher_is_better=m.higher_is_better,
                          threshold_pct=comparison.threshold_pct, base=point.base, new=point.new,
                          base_runs=point.base_runs, new_runs=point.new_runs, ratio=point.ratio,
-                         change_pct=None if change is None else round(change, 6), verdict=point.verdict)
+                         change_pct=None if change is None else round(change, 6), verdict=point.verdict,
+                         noise_pct=None if point.noise_pct is None else round(point.noise_pct, 6))
 
 
 def write_jsonl(comparison: Comparison, path: str) -> None:
@@ -247,13 +284,14 @@ def format_table(comparison: Comparison) -> list[str]:
     heads = [("size", "(B)", ">12"), ("collective", "", "<14"), ("placement", "", "<12")]
     heads += [(f if f != "world_size" else "ranks", "", "<10") for f in extra]
     heads += [("base", f"({unit})", ">11"), ("new", f"({unit})", ">11"), ("change", "(%)", ">8"),
-              ("verdict", "", "<12")]
+              ("noise", "(%)", ">7"), ("verdict", "", "<12")]
     lines = [_line([h for h, _, _ in heads], heads), _line([u for _, u, _ in heads], heads)]
     for p in rows:
         change = "-" if p.change_pct is None else f"{p.change_pct:+.1f}"
         cells = [str(p.get("nbytes")), str(p.get("collective")), str(p.get("placement"))]
         cells += [str(p.get(f)) if p.get(f) is not None else "-" for f in extra]
-        cells += [_number(p.base), _number(p.new), change, p.verdict]
+        noise = "-" if p.noise_pct is None else f"{p.noise_pct:.1f}"
+        cells += [_number(p.base), _number(p.new), change, noise, p.verdict]
         lines.append(" " + _line(cells, heads)[1:])
     return lines
 
@@ -278,6 +316,7 @@ def summary_line(comparison: Comparison) -> str:
     worst = c.worst
     line = (f"# compared {len(c.points)} points ({c.metric.field}, threshold {c.threshold_pct:g}%): "
             f"{len(c.regressions)} regressions, {len(c.improvements)} improvements, "
+            f"{len(c.within_noise)} within noise, "
             f"worst {worst.change_pct:+.1f}% ({worst.label()})")
     extras = []
     if c.only_base or c.only_new:

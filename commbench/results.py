@@ -296,7 +296,8 @@ class CompareRecord(Record):
     new_runs: int
     ratio: float | None  # new / base
     change_pct: float | None
-    verdict: str  # regression, improvement, same, only in base, only in new
+    verdict: str  # regression, improvement, same, within noise, only in base, only in new
+    noise_pct: float | None = None  # the change the measurements' own spread allows (see analysis/compare.py)
     schema: int = SCHEMA_VERSION
 
 

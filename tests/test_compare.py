@@ -92,7 +92,7 @@ def test_time_metric_lower_is_better():
 
 
 def test_repeated_runs_count_with_their_median():
-    base = [result(busbw=v).to_dict() for v in (10.0, 1.0, 11.0)]  # one outlier run: median 10
+    base = [result(busbw=v).to_dict() for v in (10.0, 1.0, 10.2)]  # one outlier run: median 10
     new = [result(busbw=v).to_dict() for v in (9.0, 9.2, 30.0, 9.1)]  # even count: the lower middle, 9.1
     c = K.compare(base, new)
     point = c.points[0]
@@ -146,10 +146,10 @@ def test_cli_no_regression_exits_0_and_prints_a_table(tmp_path, capsys):
     assert "(GB/s)" in out and "(%)" in out and "(B)" in out and "torch/gloo, float32 sum, 2 ranks" in out
     lines = out.splitlines()
     row = next(line for line in lines if line.split()[0] == "2048")
-    assert row.split()[1:] == ["allreduce", "out-of-place", "20.00", "25.00", "+25.0", "improvement"]
+    assert row.split()[1:] == ["allreduce", "out-of-place", "20.00", "25.00", "+25.0", "0.0", "improvement"]
     assert any("only in new" in line and line.split()[0] == "4096" for line in lines)
     assert lines[-1].startswith("# compared 2 points (busbw_gbps, threshold 5%): 0 regressions, 1 improvements, "
-                                "worst +2.0% (allreduce 1024 B out-of-place)")
+                                "0 within noise, worst +2.0% (allreduce 1024 B out-of-place)")
 
 
 def test_cli_regression_exits_1_and_writes_json(tmp_path, capsys):
@@ -233,7 +233,7 @@ def test_table_order_and_columns_for_fields_that_vary():
     c = K.compare(records, records)
     lines = K.format_table(c)
     assert lines[0].split() == ["#", "size", "collective", "placement", "algorithm", "base", "new", "change",
-                                "verdict"]
+                                "noise", "verdict"]
     assert [line.split()[:4] for line in lines[2:]] == [
         ["1024", "allreduce", "out-of-place", "oneshot"], ["2048", "allreduce", "out-of-place", "ring"],
         ["1024", "allreduce", "in-place", "oneshot"], ["2048", "allreduce", "in-place", "ring"]]
@@ -256,3 +256,17 @@ def test_wrong_results_fail_and_nodes_are_part_of_the_key(tmp_path):
     assert main(["compare", str(base), str(new)]) == 1  # faster but wrong: not an improvement
     new.write_text(_json.dumps(record(1.0, nnodes=2)) + "\n")
     assert main(["compare", str(base), str(new)]) == 0  # the 2-node point matched only its 2-node base
+
+
+def test_a_change_inside_the_measured_noise_is_not_a_regression():
+    """Two runs of one setup on a machine whose speed wanders: a single run's own spread (p90 far
+    above p50), or repeated runs that disagree, make a large change 'within noise'; exit 0."""
+    steady = dict(p50_us=100.0, p90_us=102.0)
+    wandering = dict(p50_us=100.0, p90_us=250.0)  # iterations 2.5x apart: 150% noise
+    single = K.compare([result(busbw=10.0).to_dict() | wandering], [result(busbw=6.0).to_dict() | steady])
+    assert single.points[0].verdict == "within noise" and single.points[0].noise_pct == pytest.approx(150.0)
+    assert not single.regressions
+    firm = K.compare([result(busbw=10.0).to_dict() | steady], [result(busbw=6.0).to_dict() | steady])
+    assert firm.points[0].verdict == "regression"
+    repeated = K.compare([result(busbw=v).to_dict() for v in (10.0, 6.0, 14.0)], [result(busbw=8.0).to_dict()])
+    assert repeated.points[0].verdict == "within noise"
