@@ -27,38 +27,85 @@ class Series:
     nbytes: tuple[int, ...]
     time_us: tuple[float, ...]
     busbw_gbps: tuple[float, ...]
+    p50_us: tuple[float, ...] = ()  # median per-iteration time per size (nan: not kept)
+    low_us: tuple[float, ...] = ()  # p10 of the iterations (from the raw times; else the fastest)
+    high_us: tuple[float, ...] = ()  # p90 of the iterations
+    placement: str = "in-place"
+    setup: str = ""  # backend/library or algorithm, ranks, nodes: one colour per setup
 
 
-def _label(record: dict) -> str:
-    """backend/algorithm (or torch/library, or the model's name), ranks, nodes."""
+def _setup(record: dict) -> str:
+    """backend/algorithm (or torch/library, or the model's name), ranks, nodes. A schedule backend's
+    run is one setup whatever algorithms `auto` chose per size (the table says which)."""
     if record["backend"] == "model":
         what = f"model {record['library']} {record.get('algorithm') or ''}".strip()
     elif record["backend"] == "torch":
         what = f"torch/{record['library']}"
     else:
-        what = f"{record['backend']}/{record.get('algorithm') or '-'}"
+        what = f"{record['backend']}/{record.get('_algorithm') or record.get('algorithm') or '-'}"
     nodes = record.get("nnodes") or 1
     return f"{what}, {record['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
 
 
+_label = _setup  # the name other modules import
+
+
+def _auto_runs(results: list[dict]) -> None:
+    """Mark the records of a run whose schedule changed with size (--algorithm auto) as one setup."""
+    algorithms: dict[tuple, set] = defaultdict(set)
+    for r in results:
+        algorithms[(r.get("_file"), r.get("run_id"), r["collective"], r["backend"])].add(r.get("algorithm"))
+    for r in results:
+        if r["backend"] not in ("torch", "model") and len(algorithms[(r.get("_file"), r.get("run_id"),
+                                                                      r["collective"], r["backend"])]) > 1:
+            r["_algorithm"] = "auto"
+
+
 def collect_series(records: list[dict]) -> list[Series]:
-    """Group timed result records into one series per (collective, setup, kind), in-place where it exists."""
-    results = [r for r in records if r.get("record") == "result" and r.get("time_us")]
-    in_place = {(r["collective"], r["backend"]) for r in results if r["placement"] == "in-place"}
+    """One series per run (file), collective, setup, dtype, placement and kind; the label names the
+    parts that differ between the series of a collective (file, dtype, placement)."""
+    results = [dict(r) for r in records if r.get("record") == "result" and r.get("time_us")]
+    _auto_runs(results)
     groups: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        if r["placement"] != "in-place" and (r["collective"], r["backend"]) in in_place:
-            continue
         kind = PREDICTED if r.get("kind") == PREDICTED else MEASURED
-        groups[(r["collective"], _label(r), kind)][r["nbytes"]].append(r)
+        key = (r["collective"], _setup(r), r.get("dtype"), r["placement"], r.get("_file", ""), kind)
+        groups[key][r["nbytes"]].append(r)
+    varying = {part: {k[0]: len({kk[part] for kk in groups if kk[0] == k[0]}) > 1 for k in groups}
+               for part in (2, 3, 4)}
     series = []
-    for (collective, label, kind), points in sorted(groups.items()):
-        sizes = sorted(points)
-        times = [sorted(p["time_us"] for p in points[s])[len(points[s]) // 2] for s in sizes]  # median of repeats
-        world = next(iter(points.values()))[0]["world_size"]
-        busbw = [C.bandwidths_gbps(collective, s, world, t)[1] for s, t in zip(sizes, times)]
-        series.append(Series(collective, label, kind, tuple(sizes), tuple(times), tuple(busbw)))
+    for key, points in sorted(groups.items()):
+        collective, setup, dtype, placement, source, kind = key
+        label = ", ".join([setup, *([dtype] if varying[2][collective] else []),
+                           *([placement] if varying[3][collective] else []),
+                           *([os.path.basename(source)] if varying[4][collective] and source else [])])
+        series.append(_series(collective, label, kind, placement, points, setup))
     return series
+
+
+def _series(collective: str, label: str, kind: str, placement: str, points: dict[int, list[dict]],
+            setup: str) -> Series:
+    import numpy as np
+
+    from commbench.results import raw_times
+
+    sizes = sorted(points)
+    chosen = [sorted(points[s], key=lambda p: p["time_us"])[len(points[s]) // 2] for s in sizes]  # median run
+    times = [p["time_us"] for p in chosen]
+    world = chosen[0]["world_size"]
+    busbw = [C.bandwidths_gbps(collective, s, world, t)[1] for s, t in zip(sizes, times)]
+    low, high, p50 = [], [], []
+    for p in chosen:
+        raw = raw_times(p) if p.get("iteration_times_us") else np.empty(0)
+        if raw.size:
+            lo, mid, hi = np.percentile(raw, [10, 50, 90])
+        else:
+            lo, mid, hi = (p.get(k) if p.get(k) is not None else float("nan") for k in ("min_us", "p50_us", "p90_us"))
+        low.append(float(lo))
+        p50.append(float(mid))
+        high.append(float(hi))
+    return Series(collective, label, kind, tuple(sizes), tuple(times), tuple(busbw), tuple(p50), tuple(low),
+                  tuple(high), placement, setup)
 
 
 def model_series(records: list[dict], hw) -> list[Series]:
@@ -77,6 +124,8 @@ def model_series(records: list[dict], hw) -> list[Series]:
 
 
 def plot(series: list[Series], out_dir: str) -> list[str]:
+    """One PNG per collective: busbw and time against size; the time panel shades each measured
+    series' p10-p90 of the iterations; busbw on a log axis when it spans more than two decades."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,31 +134,82 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
     files = []
     for collective in sorted({s.collective for s in series}):
         mine = [s for s in series if s.collective == collective]
-        labels = sorted({s.label for s in mine})
-        colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
-        fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5))
+        setups = sorted({s.setup for s in mine})
+        colours = {setup: plt.cm.tab10(i % 10) for i, setup in enumerate(setups)}
+        fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
         for s in mine:
-            style = "-" if s.kind == MEASURED else "--"
-            marker = "o" if s.kind == MEASURED else None
+            colour = colours[s.setup]
+            style = "--" if s.kind == PREDICTED else (":" if s.placement == "out-of-place" else "-")
+            marker = None if s.kind == PREDICTED else ("o" if s.placement == "in-place" else "s")
             name = s.label + ("" if s.kind == MEASURED else " (predicted)")
-            ax_bw.plot(s.nbytes, s.busbw_gbps, style, marker=marker, ms=3, color=colours[s.label], label=name)
-            ax_t.plot(s.nbytes, s.time_us, style, marker=marker, ms=3, color=colours[s.label], label=name)
+            ax_bw.plot(s.nbytes, s.busbw_gbps, style, marker=marker, ms=3, color=colour, label=name)
+            ax_t.plot(s.nbytes, s.time_us, style, marker=marker, ms=3, color=colour, label=name)
+            if s.kind == MEASURED and s.low_us and any(v == v for v in s.low_us):  # nan != nan: no band
+                ax_t.fill_between(s.nbytes, s.low_us, s.high_us, color=colour, alpha=0.15, lw=0)
         for ax, ylabel in ((ax_bw, "bus bandwidth (GB/s, 1e9 B/s)"), (ax_t, "time per call (us)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("message size (bytes per rank)")
             ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
+            ax.grid(True, which="major", alpha=0.3)
+            ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax_t.set_yscale("log")
-        ax_bw.set_title(f"{collective}: bus bandwidth")
-        ax_t.set_title(f"{collective}: time")
-        ax_bw.legend(fontsize=8)
+        positive = [v for s in mine for v in s.busbw_gbps if v > 0]
+        if positive and max(positive) > 100 * min(positive):
+            ax_bw.set_yscale("log")
+        ax_bw.set_title(f"{collective}: bus bandwidth (mean time)")
+        ax_t.set_title(f"{collective}: time, mean (line) and p10-p90 of the iterations (band)")
+        ax_bw.legend(fontsize=7, loc="best")
         fig.tight_layout()
         path = os.path.join(out_dir, f"{collective}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         files.append(path)
     return files
+
+
+def plot_prediction(series: list[Series], out_dir: str) -> str | None:
+    """Predicted against measured time, every point of every setup both exist for, with the line of
+    perfect prediction and +-25%; the title gives the median and largest error."""
+    pairs = []
+    for s in series:
+        if s.kind != MEASURED:
+            continue
+        twin = next((p for p in series if p.kind == PREDICTED and p.collective == s.collective
+                     and p.label == s.label), None)
+        if twin:
+            predicted = dict(zip(twin.nbytes, twin.time_us))
+            pairs += [(s.label, t, predicted[n]) for n, t in zip(s.nbytes, s.time_us) if n in predicted]
+    if not pairs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    errors = np.array([abs(p / m - 1) for _, m, p in pairs])
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for i, label in enumerate(sorted({label for label, _, _ in pairs})):
+        mine = [(m, p) for lab, m, p in pairs if lab == label]
+        ax.scatter(*zip(*mine), s=14, color=plt.cm.tab10(i % 10), label=label)
+    low = min(min(m, p) for _, m, p in pairs) / 1.5
+    high = max(max(m, p) for _, m, p in pairs) * 1.5
+    line = np.array([low, high])
+    ax.plot(line, line, "k-", lw=1, label="predicted = measured")
+    ax.fill_between(line, line / 1.25, line * 1.25, color="grey", alpha=0.15, label="+-25%")
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured time per call (us)",
+           ylabel="predicted time per call (us)",
+           title=f"prediction vs measurement: median |error| {100 * np.median(errors):.1f}%, "
+                 f"max {100 * errors.max():.0f}%")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "predicted_vs_measured.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _size_label(value: float, _pos) -> str:
@@ -144,8 +244,9 @@ class ReportError(ValueError):
 
 def read_all(paths: list[str], warn=None) -> list[dict]:
     """Every record of the files, each line checked (results.read_records: RecordError names the file and
-    line); ReportError when none is a timed result, an ok proxy summary or a scaling point."""
-    records = [r for p in paths for r in read_records(p, warn)]
+    line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
+    result, an ok proxy summary or a scaling point."""
+    records = [{**r, "_file": p} for p in paths for r in read_records(p, warn)]
     drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] == "scaling"
                    or r["record"] == "proxy" and r.get("status", "ok") == "ok" for r in records)
     if not drawable:
@@ -161,6 +262,7 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)
     pngs = plot(series, out_dir) if series else []
+    pngs += [p for p in (plot_prediction(series, out_dir),) if p]
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir)) if p]
