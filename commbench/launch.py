@@ -47,11 +47,35 @@ class LaunchInfo:
         return cls(launcher, rank, world_size, rank, world_size, 0, 1, "127.0.0.1", master_port)
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
+    """A launcher's integer variable, or one line naming it: missing (without a default), not an
+    integer, or below `minimum` (counts are at least 1, ranks and ids at least 0)."""
+    if name not in env and default is not None:
+        return default
     try:
-        return int(env[name])
-    except (KeyError, ValueError) as exc:
-        raise LaunchError(f"launcher variable {name}={env.get(name)!r} is missing or not an integer") from exc
+        value = int(env[name])
+    except KeyError:
+        raise LaunchError(f"launcher variable {name} is missing") from None
+    except ValueError:
+        raise LaunchError(f"launcher variable {name}={env[name]!r} is not an integer") from None
+    if value < minimum:
+        raise LaunchError(f"launcher variable {name}={value} must be at least {minimum}")
+    return value
+
+
+def _below(value: int, name: str, limit: int, limit_name: str) -> int:
+    if value >= limit:
+        raise LaunchError(f"launcher variable {name}={value} must be below {limit_name}={limit}")
+    return value
+
+
+def _port(env: Mapping[str, str], default: int) -> int:
+    if not env.get("MASTER_PORT"):
+        return default
+    port = _int(env, "MASTER_PORT")
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"launcher variable MASTER_PORT={port} is not a TCP port (1-65535)")
+    return port
 
 
 def detect_launcher(env: Mapping[str, str]) -> str | None:
@@ -69,12 +93,10 @@ def detect_launcher(env: Mapping[str, str]) -> str | None:
 
 
 def from_environment(env: Mapping[str, str], launcher: str) -> LaunchInfo:
-    """Read rank, world size and rendezvous address from a launcher's variables."""
+    """Read rank, world size and rendezvous address from a launcher's variables; a variable that is
+    missing, not an integer or out of range is a LaunchError naming it (one line for the user)."""
     if launcher in ("torchrun", "spawn"):
-        world, local_world = _int(env, "WORLD_SIZE"), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
-        return LaunchInfo(launcher, _int(env, "RANK"), world, _int(env, "LOCAL_RANK"), local_world,
-                          int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))), max(1, world // local_world),
-                          env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)))
+        return _from_torchrun(env, launcher)
     if launcher == "slurm":
         return _from_slurm(env)
     if launcher == "mpi":
@@ -82,38 +104,65 @@ def from_environment(env: Mapping[str, str], launcher: str) -> LaunchInfo:
     raise LaunchError(f"unknown launcher {launcher!r}")
 
 
+def _from_torchrun(env: Mapping[str, str], launcher: str) -> LaunchInfo:
+    world = _int(env, "WORLD_SIZE", minimum=1)
+    rank = _below(_int(env, "RANK"), "RANK", world, "WORLD_SIZE")
+    local_world = _int(env, "LOCAL_WORLD_SIZE", world, minimum=1)
+    if local_world > world:
+        raise LaunchError(f"launcher variable LOCAL_WORLD_SIZE={local_world} is more than WORLD_SIZE={world}")
+    local_rank = _below(_int(env, "LOCAL_RANK"), "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE")
+    node_var = "GROUP_RANK" if "GROUP_RANK" in env else "NODE_RANK"
+    return LaunchInfo(launcher, rank, world, local_rank, local_world, _int(env, node_var, 0),
+                      max(1, world // local_world), env.get("MASTER_ADDR") or "127.0.0.1", _port(env, DEFAULT_PORT))
+
+
 def _from_slurm(env: Mapping[str, str]) -> LaunchInfo:
-    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
-    nnodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    world = _int(env, "SLURM_NTASKS", minimum=1)
+    rank = _below(_int(env, "SLURM_PROCID"), "SLURM_PROCID", world, "SLURM_NTASKS")
+    nodes_var = "SLURM_STEP_NUM_NODES" if "SLURM_STEP_NUM_NODES" in env else "SLURM_NNODES"
+    nnodes = _int(env, nodes_var, 1, minimum=1)
     local_world = world // nnodes if world % nnodes == 0 else first_count(env.get("SLURM_STEP_TASKS_PER_NODE", "1"))
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    master = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else None)
-    if not master:
+    master = env.get("MASTER_ADDR") or _first_host(env)
+    job_id = _int(env, "SLURM_JOB_ID", 0)
+    return LaunchInfo("slurm", rank, world, _int(env, "SLURM_LOCALID"), max(1, local_world),
+                      _int(env, "SLURM_NODEID", 0), nnodes, master, _port(env, 10000 + job_id % 20000))
+
+
+def _first_host(env: Mapping[str, str]) -> str:
+    """The first host of the step's node list: where rank 0 serves the rendezvous."""
+    name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(n)), None)
+    if name is None:
         raise LaunchError("SLURM job without SLURM_STEP_NODELIST/SLURM_JOB_NODELIST: set MASTER_ADDR")
-    port = int(env.get("MASTER_PORT") or 10000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
-    return LaunchInfo("slurm", rank, world, _int(env, "SLURM_LOCALID"), local_world,
-                      int(env.get("SLURM_NODEID", "0")), nnodes, master, port)
+    try:
+        hosts = expand_hostlist(env[name])
+    except ValueError:
+        hosts = []
+    if not hosts or any(char in hosts[0] for char in "[],"):
+        raise LaunchError(f"launcher variable {name}={env[name]!r} is not a SLURM host list (e.g. gpu[01-04],cpu7)")
+    return hosts[0]
 
 
 def _from_mpi(env: Mapping[str, str]) -> LaunchInfo:
     if "OMPI_COMM_WORLD_RANK" in env:
-        rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
-        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+        world = _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
+        rank = _below(_int(env, "OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", world, "OMPI_COMM_WORLD_SIZE")
+        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
+        local_rank = _below(_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), "OMPI_COMM_WORLD_LOCAL_RANK", local_world,
+                            "OMPI_COMM_WORLD_LOCAL_SIZE")
     else:  # MPICH / Intel MPI (Hydra) or PMIx
         prefix = "PMI" if "PMI_RANK" in env else "PMIX"
-        rank, world = _int(env, f"{prefix}_RANK"), _int(env, f"{prefix}_SIZE")
-        local_rank = int(env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", "0")))
-        local_world = int(env.get("MPI_LOCALNRANKS", env.get("PMI_LOCAL_SIZE", str(world))))
+        world = _int(env, f"{prefix}_SIZE", minimum=1)
+        rank = _below(_int(env, f"{prefix}_RANK"), f"{prefix}_RANK", world, f"{prefix}_SIZE")
+        local_rank = _int(env, "MPI_LOCALRANKID", _int(env, "PMI_LOCAL_RANK", 0))
+        local_world = _int(env, "MPI_LOCALNRANKS", _int(env, "PMI_LOCAL_SIZE", world, minimum=1), minimum=1)
     master = env.get("MASTER_ADDR")
     if not master:
         if local_world != world:
             raise LaunchError("multi-node MPI job: export MASTER_ADDR=<host of rank 0> to every rank "
                               "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)")
         master = "127.0.0.1"
-    nnodes = max(1, world // max(local_world, 1))
-    return LaunchInfo("mpi", rank, world, local_rank, local_world, rank // max(local_world, 1), nnodes,
-                      master, int(env.get("MASTER_PORT", DEFAULT_PORT)))
+    return LaunchInfo("mpi", rank, world, local_rank, local_world, rank // local_world, max(1, world // local_world),
+                      master, _port(env, DEFAULT_PORT))
 
 
 def first_count(tasks_per_node: str) -> int:

@@ -1,7 +1,15 @@
-"""Reading rank and rendezvous from torchrun, SLURM and MPI environments."""
+"""Reading rank and rendezvous from torchrun, SLURM and MPI environments; a broken variable is
+one line naming it (exit 2)."""
 import pytest
+from conftest import clean_env, commbench
 
-from commbench.launch import LaunchError, detect_launcher, expand_hostlist, first_count, from_environment
+from commbench.launch import (
+    LaunchError,
+    detect_launcher,
+    expand_hostlist,
+    first_count,
+    from_environment,
+)
 
 TORCHRUN = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
             "MASTER_ADDR": "node01", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "abc"}
@@ -73,3 +81,44 @@ def test_expand_hostlist(hostlist, hosts):
 
 def test_tasks_per_node():
     assert first_count("8(x4)") == 8 and first_count("2,1") == 2
+
+
+MPICH = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+
+
+@pytest.mark.parametrize("base,change,named", [
+    (TORCHRUN, {"MASTER_PORT": "abc"}, "MASTER_PORT='abc' is not an integer"),
+    (TORCHRUN, {"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
+    (TORCHRUN, {"LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE='x' is not an integer"),
+    (TORCHRUN, {"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+    (TORCHRUN, {"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be at least 1"),
+    (TORCHRUN, {"RANK": "16"}, "RANK=16 must be below WORLD_SIZE=16"),
+    (TORCHRUN, {"RANK": "-1"}, "RANK=-1 must be at least 0"),
+    (TORCHRUN, {"LOCAL_RANK": "8"}, "LOCAL_RANK=8 must be below LOCAL_WORLD_SIZE=8"),
+    (TORCHRUN, {"LOCAL_WORLD_SIZE": "32"}, "LOCAL_WORLD_SIZE=32 is more than WORLD_SIZE=16"),
+    (SLURM, {"SLURM_NNODES": "x", "SLURM_STEP_NUM_NODES": "x"}, "SLURM_STEP_NUM_NODES='x' is not an integer"),
+    ({k: v for k, v in SLURM.items() if k != "SLURM_STEP_NUM_NODES"}, {"SLURM_NNODES": "0"},
+     "SLURM_NNODES=0 must be at least 1"),
+    (SLURM, {"SLURM_STEP_NODELIST": "node[a-b]"}, "SLURM_STEP_NODELIST='node[a-b]' is not a SLURM host list"),
+    (SLURM, {"SLURM_STEP_NODELIST": "node[1-"}, "SLURM_STEP_NODELIST='node[1-' is not a SLURM host list"),
+    (SLURM, {"SLURM_PROCID": "32"}, "SLURM_PROCID=32 must be below SLURM_NTASKS=32"),
+    (OMPI, {"OMPI_COMM_WORLD_SIZE": "0"}, "OMPI_COMM_WORLD_SIZE=0 must be at least 1"),
+    (MPICH, {"MPI_LOCALNRANKS": "x"}, "MPI_LOCALNRANKS='x' is not an integer"),
+    (MPICH, {"MPI_LOCALNRANKS": "0"}, "MPI_LOCALNRANKS=0 must be at least 1"),
+])
+def test_broken_launcher_variables_name_the_variable(base, change, named):
+    env = {**base, **change}
+    with pytest.raises(LaunchError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        from_environment(env, detect_launcher(env))
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"},
+    {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_NNODES": "0",
+     "SLURM_NODELIST": "n1"},
+])
+def test_broken_launcher_variables_are_one_line_and_exit_2(env):
+    proc = commbench("sweep", "--sizes", "1K", env=clean_env(**env), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "launcher variable" in proc.stderr
+
