@@ -85,3 +85,13 @@ def test_ctrl_c_ends_cleanly_and_keeps_results(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
     results, records = results_of(tmp_path / "r.jsonl")
     assert len(results) >= 2 and records[-1]["status"] == "interrupted"
+
+
+def test_validate_without_json_leaves_no_folder(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "commbench", "proxy", "tts_angular", "--nprocs", "2", "--batch", "1",
+                           "--steps", "2", "--warmup-steps", "1", "--validate"], capture_output=True, text=True,
+                          timeout=300, env=clean_env(TMPDIR=str(tmp_path / "tmp")))
+    assert proc.returncode == 0, proc.stderr
+    assert "proxy error" in proc.stdout
+    assert not [name for name in os.listdir(tmp_path / "tmp") if name.startswith("commbench")]

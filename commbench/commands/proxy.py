@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import click
@@ -91,9 +92,13 @@ def proxy_command(**options) -> None:
 
         check_writable(cfg.json_path)
         sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
-    code = _launch("proxy", cfg, plan)
-    if code == 0 and options["validate"]:
-        code = _validate(cfg, plan)
+    try:
+        code = _launch("proxy", cfg, plan)
+        if code == 0 and options["validate"]:
+            code = _validate(cfg, plan)
+    finally:
+        if options["validate"] and not options["json_path"]:  # records in a folder of our own: kept with --json only
+            shutil.rmtree(os.path.dirname(cfg.json_path), ignore_errors=True)
     job.end(code, plan)
 
 

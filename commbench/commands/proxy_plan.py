@@ -81,7 +81,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
         _check_validate(plan, bucketing, compute, options["backend"])
     device = _device(options)
     json_path = options["json_path"]
-    if options.get("validate") and not json_path:
+    if options.get("validate") and not json_path:  # both runs' records, compared; proxy_command removes the folder
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
     cfg = ProxyConfig(model=options["model"], batch=options["batch"], bucket_mb=options["bucket_mb"],
                       bucketing=bucketing, compute=compute, tflops=options["tflops"], steps=options["steps"],
