@@ -11,6 +11,12 @@ to the documented exit codes once for all jobs, and every spawned rank enters th
 Exit codes: 0 ok, 1 wrong results, 2 bad input (or a model too large for memory),
 3 a rank failed (died, hung past the timeout, out of memory while measuring), 130
 interrupted.
+
+How a rank ends on a signal: the first SIGINT or SIGTERM raises KeyboardInterrupt in its main
+thread (`Stopped` for SIGTERM) and every later one is ignored, because a Ctrl-C reaches a rank
+twice (the terminal signals the whole process group, and a spawner or launcher passes it on)
+and a second one would cut the first one's summary short. A spawned rank also stops when its
+spawner dies: a watchdog thread reads end-of-file on a pipe from it.
 """
 from __future__ import annotations
 
@@ -18,23 +24,55 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from commbench.launch import SPAWN_VAR, LaunchInfo, detect_launcher, from_environment, spawn_local
+from commbench.launch import (
+    SPAWN_VAR,
+    WATCHDOG_VAR,
+    LaunchInfo,
+    detect_launcher,
+    from_environment,
+    remove_segments,
+    spawn_local,
+    stop_margin_s,
+)
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAULT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": name, "config": JSON, "argv": [...]}
 
-# job name -> (its config class, its rank function(cfg, launch, argv) -> exit code)
+# job name -> (its config class, its rank function(cfg, launch, argv) -> exit code, and the function
+# (records, error) -> summary record that ends a results file whose rank 0 died before writing its own)
 JOBS = {
-    "sweep": ("commbench.bench:SweepConfig", "commbench.bench:run_sweep"),
-    "proxy": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.replay:run_proxy"),
-    "train": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.train:run_train"),
+    "sweep": ("commbench.bench:SweepConfig", "commbench.bench:run_sweep", "commbench.job:sweep_summary_from_records"),
+    "proxy": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.replay:run_proxy",
+              "commbench.proxies.context:summary_from_records"),
+    "train": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.train:run_train",
+              "commbench.proxies.context:summary_from_records"),
 }
+SUMMARY_RECORDS = ("summary", "proxy", "validate")  # a results file that ends in one of these is complete
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM reached this rank (its spawner or launcher stops it), or its spawner died: the rank
+    ends as on Ctrl-C, its summary written."""
+
+
+@dataclass
+class _SignalsSeen:
+    """The first stop signal this process got. Process-wide state, as signal handlers are: the
+    handler sets it, and `run_rank` reads it to tell an interruption from the fault it causes (a
+    peer that stopped on the same Ctrl-C closes its connections)."""
+    first: int | None = None
+
+
+_SIGNALS = _SignalsSeen()
 
 
 class JobFault(RuntimeError):
@@ -86,15 +124,55 @@ def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
     """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s)."""
     if plan.mode == "spawn":
         payload = json.dumps({"job": job, "config": cfg.to_json(), "argv": list(argv)})
-        return spawn_local("commbench.job", plan.world, {JOB_VAR: payload})
+        code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
+        if code != EXIT_OK and cfg.json_path:
+            close_records(job, cfg.json_path)
+        return code
+    if plan.mode == "join":
+        handle_stop_signals()
     return _load(JOBS[job][1])(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
 
 
+def close_records(job: str, path: str) -> None:
+    """After a failed spawn: if rank 0 died before the summary (killed, or stopped outright after a
+    hang), end its results file with one, status failed, from the records it holds (a torn last line,
+    cut by the kill, is dropped first)."""
+    from commbench.results import RecordError, append_record, read_records
+
+    try:
+        with open(path, "rb+") as handle:
+            data = handle.read()
+            if data and not data.endswith(b"\n"):
+                handle.truncate(data.rfind(b"\n") + 1)
+        records = read_records(path)
+    except (OSError, RecordError):
+        return
+    if not records or records[-1].get("record") in SUMMARY_RECORDS:
+        return
+    summary = _load(JOBS[job][2])(records, "rank 0 ended before it wrote the summary (see the messages of the "
+                                           "run); written by the spawner from the records above")
+    if summary is not None:
+        append_record(path, summary)
+
+
+def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any:
+    """A sweep's summary from its header and result records (status failed)."""
+    from commbench.results import SweepSummary
+
+    results = [r for r in records if r.get("record") == "result"]
+    busbw = [r["busbw_gbps"] for r in results if r.get("busbw_gbps") is not None]
+    return SweepSummary(run_id=records[0].get("run_id", ""), status="failed", error=error, points=len(results),
+                        wrong=sum(r.get("wrong") or 0 for r in results),
+                        avg_busbw_gbps=sum(busbw) / len(busbw) if busbw else 0.0)
+
+
 def end(code: int, plan: Plan) -> None:
-    """Leave the command with `code`; a rank of a launcher's job skips the interpreter's teardown."""
-    if plan.mode == "join":
-        exit_now(code)
-    sys.exit(code)
+    """Leave the command with `code`. A rank of a launcher's job, and a spawner, skip the interpreter's
+    teardown: torch's takes about a second here (the spawner imports it to resolve the device), and a
+    rank's has aborted (see exit_now)."""
+    if plan.mode == "local":
+        sys.exit(code)
+    exit_now(code)
 
 
 def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],
@@ -102,7 +180,6 @@ def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],
     """Run one rank's `body` (returns its exit code); every exception becomes one line on
     stderr and its documented exit code. `on_fault(status, error)` writes what the job keeps
     after a fault (its summary record); `close` releases the backend, always, quietly."""
-    from commbench.backends.base import BackendError, OutOfMemory  # not at import: the CLI starts light
 
     def fault(message: str | None, code: int, status: str = "failed", prefix: bool = True) -> int:
         if message:
@@ -115,21 +192,11 @@ def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],
         return code
 
     try:
-        return body()
-    except (MemoryError, OutOfMemory) as exc:
-        return fault(f"out of memory: {error_line(exc)}", EXIT_USAGE)
-    except (BackendError, ValueError) as exc:  # ValueError: bad profiles and models, one line each
-        return fault(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
-    except JobFault as exc:
-        return fault(str(exc) if not exc.agreed or launch.rank == 0 else None, EXIT_FAULT, prefix=not exc.agreed)
-    except RuntimeError as exc:  # torch: a peer died, a collective or the rendezvous timed out
-        if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
-            return fault(f"out of memory: {error_line(exc)}", EXIT_USAGE)
-        return fault(f"{error_line(exc)} (a peer rank may have died or hung, or never "
-                     f"started; timeout {timeout_s:g} s)", EXIT_FAULT)
-    except OSError as exc:  # a results file that cannot be written, a full disk
-        return fault(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), EXIT_FAULT)
-    except KeyboardInterrupt:
+        try:
+            return body()
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped below, or raised again
+            return fault(*_outcome(exc, launch, timeout_s))
+    except KeyboardInterrupt:  # the interruption arrived while a fault was being reported
         return fault(None, EXIT_INTERRUPTED, "interrupted")
     finally:
         if close is not None:
@@ -137,6 +204,29 @@ def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],
                 close()
             except Exception:  # noqa: BLE001 - tearing down after a fault must not raise a second error
                 pass
+
+
+def _outcome(exc: BaseException, launch: LaunchInfo, timeout_s: float) -> tuple[str | None, int, str, bool]:
+    """(message or None, exit code, summary status, whether the line names the rank) for an exception
+    that ended a rank's body; an exception no user can cause is raised again (a bug: its traceback)."""
+    from commbench.backends.base import BackendError, OutOfMemory  # not at import: the CLI starts light
+
+    if isinstance(exc, KeyboardInterrupt) or _SIGNALS.first is not None:  # and what the interruption caused
+        return None, EXIT_INTERRUPTED, "interrupted", True
+    if isinstance(exc, (MemoryError, OutOfMemory)):
+        return f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed", True
+    if isinstance(exc, (BackendError, ValueError)):  # ValueError: bad profiles and models, one line each
+        return (str(exc).splitlines()[0] if str(exc) else type(exc).__name__), EXIT_USAGE, "failed", True
+    if isinstance(exc, JobFault):
+        return (str(exc) if not exc.agreed or launch.rank == 0 else None), EXIT_FAULT, "failed", not exc.agreed
+    if isinstance(exc, RuntimeError):  # torch: a peer died, a collective or the rendezvous timed out
+        if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
+            return f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed", True
+        return (f"{error_line(exc)} (a peer rank may have died or hung, or never started; "
+                f"--timeout {timeout_s:g} s)"), EXIT_FAULT, "failed", True
+    if isinstance(exc, OSError):  # a results file that cannot be written, a full disk
+        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), EXIT_FAULT, "failed", True
+    raise exc
 
 
 def error_line(exc: BaseException) -> str:
@@ -168,12 +258,57 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def handle_stop_signals() -> None:
+    """In a rank's main thread: the first SIGINT raises KeyboardInterrupt, the first SIGTERM `Stopped`,
+    and any later SIGINT or SIGTERM is ignored (see the module's docstring). A SIGINT ignored from the
+    start (a job in the background) stays ignored."""
+    def on_signal(signum: int, _frame: Any) -> None:
+        if _SIGNALS.first is not None:
+            return
+        _SIGNALS.first = signum
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped()
+
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def watch_spawner(fd: int, stop_s: float) -> None:
+    """A daemon thread that stops this rank when its spawner dies: the pipe's write end closes with
+    the spawner, however it ends, and reading gives end-of-file. The rank then ends as on SIGTERM,
+    summary written; if it has not ended within `stop_s` (stuck in a library call), the thread
+    removes the job's shared memory, which the spawner would have, and ends the process."""
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # the main thread ends as on SIGTERM
+        time.sleep(stop_s)
+        fail(from_environment(os.environ, "spawn"), f"the commbench process that started this rank died; "
+             f"still running {stop_s:.2g} s later, stopped")
+        remove_segments(os.environ.get(SPAWN_VAR, ""))
+        exit_now(EXIT_INTERRUPTED)
+
+    threading.Thread(target=watch, name="commbench-watchdog", daemon=True).start()
+
+
 def main() -> None:
-    """The rank entry of `python -m commbench.job` (launch.spawn_local starts it)."""
-    payload = json.loads(os.environ[JOB_VAR])
-    config_class, function = (_load(path) for path in JOBS[payload["job"]])
-    exit_now(function(config_class.from_json(payload["config"]), from_environment(os.environ, "spawn"),
-                      payload["argv"]))
+    """The rank entry of `python -m commbench.job` (launch.spawn_local starts it, with SIGINT blocked
+    until the handler is in place: a Ctrl-C while the rank starts is held, not lost or a traceback)."""
+    handle_stop_signals()
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        payload = json.loads(os.environ[JOB_VAR])
+        config_class, function = (_load(path) for path in JOBS[payload["job"]][:2])
+        cfg = config_class.from_json(payload["config"])
+        if WATCHDOG_VAR in os.environ:
+            watch_spawner(int(os.environ[WATCHDOG_VAR]), stop_margin_s(cfg.timeout_s))
+        code = function(cfg, from_environment(os.environ, "spawn"), payload["argv"])
+    except KeyboardInterrupt:  # before the rank's frame started, or after it ended
+        code = EXIT_INTERRUPTED
+    exit_now(code)
 
 
 if __name__ == "__main__":

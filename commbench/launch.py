@@ -5,7 +5,8 @@ reads who it is from the launcher's environment. Without one, the command spawns
 `--nprocs` copies of itself on this host, passing the rendezvous through the same
 variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
 and supervises them: when a rank fails, the others are given a moment to report
-and are then stopped, so a run never outlives its timeout.
+and are then stopped, so a run never outlives its timeout. Ranks wait for a peer for the
+timeout less a stop margin (`peer_wait_s`); the margin is the supervisor's, to stop them.
 """
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
+WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 DEFAULT_PORT = 29500
+POLL_S = 0.05  # how often the supervisor looks at its ranks
+INTERRUPT_WAIT_S = 5.0  # after Ctrl-C: how long ranks get to write their summaries before they are stopped
 
 
 class LaunchError(RuntimeError):
@@ -225,45 +229,91 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], grace_s: float = 3.0) -> int:
+def stop_margin_s(timeout_s: float) -> float:
+    """The part of --timeout kept for stopping a job after a rank gives up: a third of it, at most 3 s.
+    The supervisor spends half of the margin waiting for the other ranks to report (`grace_s`), a
+    quarter for a signalled rank to end, and leaves the last quarter for the ranks' own exit."""
+    return min(3.0, timeout_s / 3)
+
+
+def peer_wait_s(timeout_s: float) -> float:
+    """How long a rank waits for its peers (the rendezvous, a collective, emulated compute) before it
+    gives up: the timeout less the stop margin, so that the whole job ends within the timeout."""
+    return timeout_s - stop_margin_s(timeout_s)
+
+
+def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_s: float = 300.0) -> int:
     """Run `python -m <module>` as `nprocs` local ranks; return the job's exit code.
 
     Ranks share this terminal (stdout/stderr are inherited, so rank 0's table and
-    progress bar show directly). If a rank fails, the rest get `grace_s` to report
-    their own error (they see the dead peer), then are terminated.
+    progress bar show directly). If a rank fails, the rest get half of the stop margin to
+    report their own error (they see the dead peer), then are terminated. Each rank holds the
+    read end of a pipe whose write end only this process holds: when this process dies, however
+    it dies, the ranks read end-of-file and stop (job.py's watchdog).
     """
     job = uuid.uuid4().hex[:12]
+    grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
+    watch_read, watch_write = os.pipe()
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),
-                LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: job}, **extra_env)
+                LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: job, WATCHDOG_VAR: str(watch_read)},
+                **extra_env)
     # As torchrun does for several local ranks: one intra-op thread each, or ranks fight over cores.
     base.setdefault("OMP_NUM_THREADS", "1")
-    procs = []
-    for rank in range(nprocs):
-        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))
+    procs: list[subprocess.Popen] = []
     try:
-        return _supervise(procs, grace_s)
+        # Ranks start with Ctrl-C held (the mask is inherited): it reaches a rank once its handler is in place.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for rank in range(nprocs):
+                env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=(watch_read,)))
+        finally:
+            os.close(watch_read)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return _supervise(procs, grace_s, stop_s)
     except KeyboardInterrupt:
-        _stop(procs, signal.SIGINT, wait_s=5.0)
+        _interrupt(procs, stop_s)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         return 130
     finally:
+        _stop(procs, signal.SIGKILL, wait_s=0.0)  # none is left, unless this process itself is failing
+        os.close(watch_write)
         remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
-def _supervise(procs: list[subprocess.Popen], grace_s: float) -> int:
+def _supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> int:
     failed_at = None
-    while any(p.poll() is None for p in procs):
-        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+    while True:
+        # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
+        codes = [proc.poll() for proc in procs]
+        if None not in codes:
+            return _job_exit_code(procs, [])
+        if failed_at is None and any(code not in (None, 0) for code in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            stopped = _stop(procs, signal.SIGTERM, wait_s=3.0)
+            stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s)
             for rank in stopped:
-                print(f"commbench: rank {rank} was still running {grace_s:g} s after another rank failed; stopped it",
-                      file=sys.stderr)
+                print(f"commbench: rank {rank} was still running {grace_s:.2g} s after another rank failed; "
+                      f"stopped it", file=sys.stderr)
             return _job_exit_code(procs, stopped)
-        time.sleep(0.05)
-    return _job_exit_code(procs, [])
+        time.sleep(POLL_S)
+
+
+def _interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
+    """Ctrl-C: a terminal signals the whole process group, so the ranks have their SIGINT already;
+    this one reaches ranks that had none (a SIGINT sent to this process only), and a rank acts on
+    the first it gets only. Ranks then have INTERRUPT_WAIT_S to write their summaries."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    try:
+        for proc in procs:
+            if proc.poll() is None:
+                _signal(proc, signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
+            time.sleep(POLL_S)
+        _stop(procs, signal.SIGTERM, wait_s=stop_s)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> list[int]:

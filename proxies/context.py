@@ -10,11 +10,12 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.environment import local_environment, software_versions
-from commbench.job import EXIT_OK
+from commbench.job import EXIT_OK, JobFault
 from commbench.job import run_rank as run_rank_frame
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
-from commbench.proxies.steps import ProxyResult, StepLog, summarize
+from commbench.proxies.steps import METRICS, ProxyResult, StepLog, summarize
+from commbench.proxies.timeline import ComputeTimeout
 
 
 class RankContext:
@@ -30,20 +31,26 @@ class RankContext:
         self.compute = "-"
         self.monitor = None  # --monitor on rank 0: commbench.telemetry.Monitor
         self.channel = None  # the proxy's ThreadChannel or WorkChannel, closed by run_rank
+        self.summarised = False  # the summary is written once (a Ctrl-C while a fault's is written)
 
     def start(self, compute: str, lines: list[str], extra: dict[str, Any] | None = None) -> None:
         """After setup, before the first step: the run header (every rank takes part)."""
         self.compute = compute
         environment = self.backend.gather_objects(local_environment(self.backend.device))
-        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0, self.batch * self.backend.world_size)
         profile, world = self.profile, self.backend.world_size
         what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
                 f"{profile.nbytes / 2**20:.1f} MiB of gradients in {len(self.buckets)} bucket(s) "
                 f"({self._bucket_text()}), batch {self.batch} per rank, {world} rank(s), "
                 f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
+        self.fixed = {"kind": self.kind, "model": profile.name, "backend": self.backend.name,
+                      "library": self.backend.library, "device": self.backend.device, "world_size": world,
+                      "nnodes": self.launch.nnodes, "batch": self.batch, "bucket_mb": self.cfg.bucket_mb,
+                      "bucketing": self.cfg.bucketing, "buckets": len(self.buckets),
+                      "gradient_bytes": profile.nbytes, "compute": compute, "warmup_steps": self.cfg.warmup_steps}
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
-                  "buckets": B.describe(self.buckets), **(extra or {})}
+                  "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}
+        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0, self.batch * world)
         if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
             from commbench.telemetry import run_monitor
 
@@ -79,24 +86,38 @@ class RankContext:
                 rows = ranks[slowest, np.arange(ranks.shape[1])]
         if self.backend.rank != 0:
             return
-        if self.log is None:  # failed before the first step: nothing to summarise or write
+        if self.log is None or self.summarised:  # failed before the first step (nothing to write), or written
             return
+        self.summarised = True
         telemetry = None
         if self.monitor is not None:
             self.monitor.stop()
             telemetry = self.monitor.summary()
-        measured = rows[self.cfg.warmup_steps:]
-        stats = summarize(measured)
-        step = stats["step_us_p50"] or 0.0
-        self.log.summary(ProxyResult(
-            kind=self.kind, model=self.profile.name, backend=self.backend.name, library=self.backend.library,
-            device=self.backend.device, world_size=self.backend.world_size, nnodes=self.launch.nnodes,
-            batch=self.batch, bucket_mb=self.cfg.bucket_mb, bucketing=self.cfg.bucketing, buckets=len(self.buckets),
-            gradient_bytes=self.profile.nbytes, compute=self.compute, steps=len(measured),
-            warmup_steps=self.cfg.warmup_steps, samples_per_s=self.batch * self.backend.world_size / (step * 1e-6)
-            if step else 0.0, status=status, error=error, telemetry=telemetry, run_id=self.log.run_id,
-            **{k: v for k, v in stats.items() if not k.startswith("step_us")},
-            step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0))
+        self.log.summary(summary_of(self.fixed, rows, self.log.run_id, status, error, telemetry))
+
+
+def summary_of(fixed: dict[str, Any], rows: np.ndarray, run_id: str, status: str, error: str | None,
+               telemetry: dict[str, float] | None = None) -> ProxyResult:
+    """The summary record: the run's fixed fields (RankContext.fixed), and the medians and p90s over the
+    steps after warm-up of `rows` (steps x METRICS; per step, the slowest rank's where known)."""
+    measured = rows[fixed["warmup_steps"]:]
+    stats = summarize(measured)
+    step = stats["step_us_p50"] or 0.0
+    return ProxyResult(**fixed, steps=len(measured), status=status, error=error, telemetry=telemetry, run_id=run_id,
+                       samples_per_s=fixed["batch"] * fixed["world_size"] / (step * 1e-6) if step else 0.0,
+                       **{k: v for k, v in stats.items() if not k.startswith("step_us")},
+                       step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0)
+
+
+def summary_from_records(records: list[dict[str, Any]], error: str) -> ProxyResult | None:
+    """The summary a proxy or train file lacks because rank 0 died first (the spawner writes it, status
+    failed): from the header's `summary_fields` and rank 0's step records."""
+    header = records[0]
+    if "summary_fields" not in header:
+        return None
+    rows = np.array([[np.nan if step[k] is None else step[k] for k in METRICS]
+                     for step in records if step.get("record") == "step"], dtype=float).reshape(-1, 4)
+    return summary_of(header["summary_fields"], rows, header.get("run_id", ""), "failed", error)
 
 
 def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], kind: str = "train") -> int:
@@ -110,7 +131,10 @@ def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], 
     def run() -> int:
         state["backend"] = create_backend(cfg.backend_config(launch.world_size), launch)
         state["ctx"] = RankContext(cfg, launch, state["backend"], kind, argv)
-        body(state["ctx"])
+        try:
+            body(state["ctx"])
+        except ComputeTimeout as exc:  # a fault of the run, not a peer's: said once when every rank has it
+            raise JobFault(str(exc), agreed=exc.planned) from exc
         state["ctx"].finish()
         return EXIT_OK
 

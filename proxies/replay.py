@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from commbench import collectives as C
+from commbench.launch import peer_wait_s
 from commbench.proxies.channels import ThreadChannel, WorkChannel
 from commbench.proxies.context import RankContext, run_rank
 from commbench.proxies.timeline import CpuClock, SleepClock, flops_times_us, plan_step, run_step
@@ -58,7 +59,8 @@ def _replay_steps(ctx: RankContext) -> None:
     # A CPU's compute is replayed as CPU time (spinning: it competes with gloo for the cores, as
     # real compute does); a GPU's, or a multi-threaded CPU measurement, as wall time (sleeping).
     cpu_compute = backend.device == "cpu" and (label != "measured")
-    clock = CpuClock() if cpu_compute else SleepClock()
+    limit_s = peer_wait_s(cfg.timeout_s)  # compute longer than peers wait for it ends the run (ComputeTimeout)
+    clock = CpuClock(limit_s) if cpu_compute else SleepClock(limit_s)
     if backend.launches_async:  # as DDP's Reducer: the library queues the calls
         ctx.channel = WorkChannel(buffers, clock, buffers[0].device if buffers else None)
     else:

@@ -11,7 +11,8 @@ arithmetic:
 - `run_step(plan, clock, channel)`: executed; compute is emulated on `clock` (sleeping for
   a GPU's compute, spinning on CPU time for a CPU's), allreduces are handed to `channel`
   when ready and timed as they really run. Tests drive it with a fake clock and channel
-  and compare it with `overlap`.
+  and compare it with `overlap`. A clock given a limit refuses to wait longer than it
+  (`ComputeTimeout`): emulated compute honours the run's timeout as a collective does.
 
 Times are microseconds from the start of the step.
 """
@@ -105,21 +106,46 @@ class Channel(Protocol):
     def wait_all(self) -> list[tuple[float, float]]: ...  # (start, end) per bucket launched, wall time
 
 
+class ComputeTimeout(RuntimeError):
+    """Emulated compute would run, or has run, longer than the clock's limit (the run's timeout).
+    `planned`: the plan itself asks for it, so every rank of the run raises it alike."""
+
+    def __init__(self, message: str, planned: bool):
+        super().__init__(message)
+        self.planned = planned
+
+
 class SleepClock:
     """Compute that leaves the host CPU free (a GPU's kernels): waiting sleeps, and spins only
-    the last 200 us for precision. Progress is wall time since `begin`."""
+    the last 200 us for precision. Progress is wall time since `begin`. With `limit_s`, a wait
+    for more progress than that is refused at once, and a wait whose wall time passes it stops."""
     SPIN_US = 200.0
 
-    def __init__(self) -> None:
+    def __init__(self, limit_s: float = math.inf) -> None:
+        self.limit_us = limit_s * 1e6
         self.base_us = self.now_us()
+        self.wall_base_us = self.base_us
 
     def now_us(self) -> float:
         return time.perf_counter() * 1e6
 
     def begin(self) -> None:
-        self.base_us = self.now_us()
+        self.base_us = self.wall_base_us = self.now_us()
+
+    def check(self, progress_us: float) -> None:
+        """Refuse progress beyond the limit (NaN included: a profile with infinite FLOPs)."""
+        if not progress_us <= self.limit_us:
+            raise ComputeTimeout(f"the emulated compute of one step ({progress_us / 1e6:.3g} s so far) is "
+                                 f"longer than a rank waits ({self.limit_us / 1e6:.3g} s of --timeout)", True)
+
+    def check_wall(self) -> None:
+        elapsed_us = self.now_us() - self.wall_base_us
+        if elapsed_us > self.limit_us:
+            raise ComputeTimeout(f"emulated compute still running after {elapsed_us / 1e6:.3g} s, longer than "
+                                 f"a rank waits ({self.limit_us / 1e6:.3g} s of --timeout)", False)
 
     def compute_until(self, progress_us: float) -> None:
+        self.check(progress_us)
         deadline = self.base_us + progress_us
         remaining = deadline - self.now_us()
         if remaining > self.SPIN_US:
@@ -131,15 +157,21 @@ class SleepClock:
 class CpuClock(SleepClock):
     """Compute that occupies a CPU core, as a CPU model's forward and backward do: spin until this
     thread has used `progress` of CPU time. What the communication threads take from the core
-    (gloo's copies and reductions) delays the emulated compute as it delays real compute."""
+    (gloo's copies and reductions) delays the emulated compute as it delays real compute; the
+    wall time is checked against the limit too, in case the core is not there at all."""
 
     def begin(self) -> None:
         self.base_us = time.thread_time() * 1e6
+        self.wall_base_us = self.now_us()
 
     def compute_until(self, progress_us: float) -> None:
+        self.check(progress_us)
         deadline = self.base_us + progress_us
+        spins = 0
         while time.thread_time() * 1e6 < deadline:
-            pass
+            spins += 1
+            if spins % 1024 == 0:
+                self.check_wall()
 
 
 def run_step(plan: StepPlan, clock: Clock, channel: Channel) -> StepTimes:

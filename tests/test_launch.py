@@ -9,6 +9,8 @@ from commbench.launch import (
     expand_hostlist,
     first_count,
     from_environment,
+    peer_wait_s,
+    stop_margin_s,
 )
 
 TORCHRUN = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
@@ -122,3 +124,8 @@ def test_broken_launcher_variables_are_one_line_and_exit_2(env):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "launcher variable" in proc.stderr
 
+
+def test_the_stop_margin_is_inside_the_timeout():
+    # ranks give up waiting for a peer this long before --timeout, for the spawner to stop the rest
+    assert [stop_margin_s(t) for t in (1, 6, 9, 300)] == [pytest.approx(1 / 3), 2, 3, 3]
+    assert [peer_wait_s(t) for t in (1, 6, 300)] == [pytest.approx(2 / 3), 4, 297]

@@ -2,6 +2,7 @@
 and SLURM / Open MPI environments as srun and mpirun set them."""
 import subprocess
 import sys
+import time
 
 from conftest import clean_env, results_of
 
@@ -48,3 +49,16 @@ def test_open_mpi_environment(tmp_path, port):
     assert records[0]["launch"]["launcher"] == "mpi"
     assert len(results) == 4 and all(r["wrong"] == 0 for r in results)
     assert "# Collective: allreduce" in outs[0][0] and outs[1][0] == ""  # only rank 0 prints
+
+
+def test_a_rank_whose_peer_never_comes_ends_in_one_line(port):
+    # rank 1 of 2 alone: torch's store client retries past its own timeout, printing C++ stack frames
+    env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "commbench", *SWEEP, "--timeout", "3"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    took_s = time.monotonic() - started
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rendezvous at 127.0.0.1" in lines[0] and "timed out after 2 s" in lines[0], lines
+    assert took_s < 3 + 6  # the timeout and the rank's start (importing torch); the store's own retries: 8.5 s

@@ -14,7 +14,8 @@ peer's counter has caught up (a barrier per round, so no chunk is read before it
 final or overwritten while a peer still reads it). Waiting busy-polls (waking a
 process on another core costs tens of microseconds on a VM), then yields, then
 sleeps with growing back-off, so that more ranks than cores still make progress.
-A wait gives up after --timeout, and at once when a peer process has died.
+A wait gives up after --timeout less the stop margin (launch.peer_wait_s), and within
+about 0.1 s once a peer process has died (a zombie not yet reaped counts as dead).
 
 Rounds with hazards (a rank written where a peer reads it in the same round:
 one-shot allreduce in place) stage the result in a private buffer and write it
@@ -41,7 +42,7 @@ from commbench.backends.base import BackendError, OutOfMemory
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DType
-from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, segment_prefix
+from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
 from commbench.schedule import Schedule, hazards
 from commbench.topology import Topology
 
@@ -92,6 +93,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         self.members = self._members(topology)  # the ranks that share memory with this one, in rank order
         np.seterr(over="ignore", invalid="ignore")  # in-place prod/sum timing loops overflow by design
         self.topology, self.algorithm, self.timeout_s = topology, algorithm, timeout_s
+        self._wait_s = peer_wait_s(timeout_s)  # as the control plane's: the rest is for stopping the job
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self._spin = SPIN_CHECKS if launch.local_world_size <= cores else OVERSUBSCRIBED_SPIN_CHECKS
         self.job = self.control.broadcast_object(os.environ.get(SPAWN_VAR) or uuid.uuid4().hex[:10])  # rank 0's tag
@@ -238,22 +240,20 @@ class ShmBackend(ScheduleBackend, TorchBackend):
                 continue
             if started is None:
                 started = time.monotonic()
-            if checks % 64 == 0:
-                self._check_peer(peer, started)
+            if checks % 64 == 0:  # sleeping: every ~64 ms at most, also whether the peer is a zombie
+                self._check_peer(peer, started, reaped_only=checks < 2 * spin)
             if checks < 2 * spin:
                 os.sched_yield()
             else:
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
 
-    def _check_peer(self, peer: int, started: float) -> None:
-        rank = self.members[peer]
-        try:
-            os.kill(self._pids[peer], 0)
-        except ProcessLookupError:
-            raise RuntimeError(f"rank {rank} (pid {self._pids[peer]}) died") from None
-        if time.monotonic() - started > self.timeout_s:
-            raise RuntimeError(f"timed out after {self.timeout_s:g} s waiting for rank {rank}")
+    def _check_peer(self, peer: int, started: float, reaped_only: bool = False) -> None:
+        rank, pid = self.members[peer], self._pids[peer]
+        if not _alive(pid, reaped_only):
+            raise RuntimeError(f"rank {rank} (pid {pid}) died")
+        if time.monotonic() - started > self._wait_s:
+            raise RuntimeError(f"timed out after {self._wait_s:.3g} s waiting for rank {rank}")
 
     def barrier(self) -> None:
         self._arrive_and_wait()
@@ -354,6 +354,23 @@ def _dtype_of(array: np.ndarray) -> DType:
     if array.dtype == np.uint16:
         return DTYPES["bfloat16"]
     return next(d for d in DTYPES.values() if np.dtype(d.host) == array.dtype and d.name != "bfloat16")
+
+
+def _alive(pid: int, reaped_only: bool = False) -> bool:
+    """Whether process `pid` still runs. A dead process that its parent has not reaped yet (a zombie)
+    still answers kill(pid, 0), so unless `reaped_only` its state is read too (Linux /proc; elsewhere
+    kill alone)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # PermissionError: the pid went to another user's process
+        return False
+    if reaped_only:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def _unlink(path: str) -> None:

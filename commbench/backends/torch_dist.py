@@ -13,6 +13,9 @@ import datetime
 import inspect
 import os
 import socket
+import sys
+import tempfile
+import threading
 import time
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
@@ -24,7 +27,7 @@ import torch.distributed as dist
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.control import GroupControl
 from commbench.collectives import COLLECTIVES, DType
-from commbench.launch import LaunchInfo
+from commbench.launch import LaunchInfo, peer_wait_s
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8,
@@ -101,14 +104,21 @@ class TorchBackend(Backend):
             torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         self._torch_device = torch.device(self.device, torch.cuda.current_device()) \
             if self.device == "cuda" else torch.device("cpu")
-        timeout = datetime.timedelta(seconds=timeout_s)
+        wait_s = peer_wait_s(timeout_s)  # the rest of --timeout is the supervisor's, to stop the job
+        timeout = datetime.timedelta(seconds=wait_s)
         takes_device = "device_id" in inspect.signature(dist.init_process_group).parameters  # torch >= 2.2
         kwargs = {"device_id": self._torch_device} if self.device == "cuda" and takes_device else {}
-        dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
-                                world_size=launch.world_size, timeout=timeout, **kwargs)
-        # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
-        group = dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
-        self.control = GroupControl(group, self.rank, self.world_size)
+        groups = []
+
+        def join() -> None:
+            dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
+                                    world_size=launch.world_size, timeout=timeout, **kwargs)
+            # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
+            groups.append(dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo",
+                                                                                        timeout=timeout))
+
+        _rendezvous(join, wait_s, launch)
+        self.control = GroupControl(groups[0], self.rank, self.world_size)
 
     # ---------------------------------------------------------------- buffers
 
@@ -260,6 +270,58 @@ def _listen_on_loopback(port: int) -> int:
         sock.close()
         raise RuntimeError(f"local rendezvous: cannot listen on {LOOPBACK}:{port} ({exc.strerror})") from exc
     return sock.detach()
+
+
+def _rendezvous(join: Callable[[], None], wait_s: float, launch: LaunchInfo) -> None:
+    """Run `join` (the rendezvous) on a helper thread, waiting for it here for at most `wait_s`. The main
+    thread stays where Ctrl-C and SIGTERM reach it (torch's store waits in C++, which holds a Python signal
+    handler back until it returns, and retries an absent peer for longer than its timeout), and a failed
+    rendezvous is one line: the store's C++ log (C++ stack frames for each retry) is held back and dropped."""
+    outcome: list[BaseException] = []
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    def run() -> None:
+        try:
+            if device is not None:  # the current CUDA device is per thread
+                torch.cuda.set_device(device)
+            join()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="commbench-rendezvous", daemon=True)
+    with _HeldStderr() as held:
+        thread.start()
+        thread.join(wait_s)
+        held.keep = not thread.is_alive() and not outcome  # a failed one is one line, without the store's C++ log
+    if thread.is_alive():  # left behind, blocked in C++: the rank is about to end
+        raise RuntimeError(f"rendezvous at {launch.master_addr}:{launch.master_port} timed out after "
+                           f"{wait_s:.3g} s: not all {launch.world_size} ranks joined")
+    if outcome:
+        raise outcome[0]
+
+
+class _HeldStderr:
+    """Hold back what is written to file descriptor 2 (torch's C++ log) and write it out at the end only
+    if `keep` (by default, and when an exception ends the block, it is dropped)."""
+
+    def __init__(self) -> None:
+        self.keep = False
+
+    def __enter__(self) -> _HeldStderr:
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        if self.keep and exc_info[0] is None:
+            self.file.seek(0)
+            os.write(2, self.file.read())
+        self.file.close()
 
 
 def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
