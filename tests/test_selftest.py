@@ -103,12 +103,18 @@ def test_usage_errors_are_one_line_exit_2(capsys, args, needle):
 def test_a_sweep_that_fails_or_finds_wrong_elements_is_the_reason(tmp_path, monkeypatch):
     """Exit codes and records decide; launcher variables never reach the sweep, so a selftest
     started by srun or torchrun spawns its own ranks."""
+    from commbench.results import Result
+
     seen = {}
 
     def fake_run(command, env, **kwargs):
         seen["env"] = env
         path = command[command.index("--json") + 1]
-        wrong = {"record": "result", "collective": "allreduce", "nbytes": 4096, "placement": "in-place", "wrong": 5}
+        wrong = Result(collective="allreduce", backend="sim", library="schedule", device="cpu", dtype="float32",
+                       op="sum", root=None, placement="in-place", world_size=8, nnodes=1, requested_nbytes=4096,
+                       nbytes=4096, count=1024, warmup=0, iters=0, time_us=None, algbw_gbps=None, busbw_gbps=None,
+                       p50_us=None, p90_us=None, p99_us=None, min_us=None, max_us=None, rank_agg="max",
+                       wrong=5).to_dict()  # a whole record: the reader checks every field
         with open(path, "w") as f:
             f.write(json.dumps({"record": "header"}) + "\n" + json.dumps(wrong) + "\n")
         return subprocess.CompletedProcess(command, 1, "", "")

@@ -44,6 +44,7 @@ def test_table_shows_sizes_actually_used(two_rank_run):
     lines = proc.stdout.splitlines()
     assert any("# Collective: allgather" in line for line in lines)
     rows = [line.split() for line in lines if line and not line.startswith("#")]
+    rows = [row[:-1] if row[-1] == "~" else row for row in rows]  # the mark of a noisy point (p99 > 2 x p50)
     assert all(len(row) in (13, 9) for row in rows), rows
     assert ["1024", "256", "float", "sum", "-1"] == rows[0][:5]
     assert "N/A" in proc.stdout  # alltoall and sendrecv have no in-place column
