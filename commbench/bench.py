@@ -385,11 +385,20 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
     Faults end in one line on stderr; the summary record is written by Sweep.run itself."""
     from commbench.backends import create_backend
 
-    backend = None
+    backend = sweep = None
 
     def body() -> int:
-        nonlocal backend
+        nonlocal backend, sweep
         backend = create_backend(cfg.backend_config(), launch)
-        return Sweep(cfg, launch, backend, argv).run()
+        sweep = Sweep(cfg, launch, backend, argv)
+        return sweep.run()
 
-    return run_rank(launch, cfg.timeout_s, body, close=lambda: backend is not None and backend.close())
+    def on_fault(status: str, error: str) -> None:
+        """A fault before the sweep began (the rendezvous: a peer never came, Ctrl-C) still leaves a
+        summary in --json saying so; once begun, Sweep.run writes its own."""
+        if sweep is None and launch.rank == 0 and cfg.json_path:
+            with ResultSink(cfg.json_path) as sink:
+                sink.summary(SweepSummary(run_id=uuid.uuid4().hex[:12], status=status, error=error, points=0,
+                                          wrong=0, avg_busbw_gbps=0.0))
+
+    return run_rank(launch, cfg.timeout_s, body, on_fault, close=lambda: backend is not None and backend.close())

@@ -100,7 +100,9 @@ def summary_of(path: str) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
-def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig) -> None:
+def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig, show_paths: bool = True) -> None:
+    """Print the proxy's error against real training, append a validate record; name the two
+    record files only when they are kept (`show_paths`: --json was given)."""
     proxy, real = summary_of(cfg.json_path), summary_of(train_cfg.json_path)
     if not proxy or not real or not real["step_us_p50"]:
         print("# validate: a run wrote no summary; nothing to compare")
@@ -108,7 +110,8 @@ def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig) -> None:
     error = (proxy["step_us_p50"] - real["step_us_p50"]) / real["step_us_p50"]
     print(f"# validate: proxy step {proxy['step_us_p50'] / 1e3:.2f} ms vs real training "
           f"{real['step_us_p50'] / 1e3:.2f} ms (medians): proxy error {100 * error:+.1f}%")
-    print(f"#           records: {cfg.json_path} (proxy), {train_cfg.json_path} (training)")
+    if show_paths:
+        print(f"#           records: {cfg.json_path} (proxy), {train_cfg.json_path} (training)")
     append_record(cfg.json_path, ValidateRecord(
         model=proxy["model"], world_size=proxy["world_size"], batch=proxy["batch"],
         proxy_step_us=proxy["step_us_p50"], train_step_us=real["step_us_p50"], error=error,

@@ -9,6 +9,7 @@ summary record last, no shared-memory segment, temporary folder or process left.
 of one backend run at once (about 20 s a backend on 2 cores): each run's fault comes when its
 own results appear, and the bound is checked from that moment.
 """
+import json
 import os
 import signal
 import subprocess
@@ -211,3 +212,15 @@ def test_out_of_memory_names_the_size_and_keeps_results(tmp_path):
     results, records = results_of(tmp_path / "r.jsonl")
     assert [r["nbytes"] for r in results] == [1024, 1024]
     assert records[-1]["status"] == "failed" and "out of memory" in records[-1]["error"]
+
+
+def test_a_sweep_whose_peer_never_comes_still_writes_its_summary(tmp_path, port):
+    """Rank 0 of a 2-rank torchrun job alone: the rendezvous gives up within --timeout, one line,
+    exit 3, and --json holds a summary saying so (nothing measured, nothing lost)."""
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port))
+    proc = subprocess.run([sys.executable, "-m", "commbench", "sweep", "--sizes", "1K", "--timeout", "3", "--json",
+                           str(tmp_path / "r.jsonl")], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr
+    summary = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[-1])
+    assert summary["record"] == "summary" and summary["status"] == "failed" and summary["points"] == 0

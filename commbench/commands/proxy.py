@@ -95,7 +95,7 @@ def proxy_command(**options) -> None:
     try:
         code = _launch("proxy", cfg, plan)
         if code == 0 and options["validate"]:
-            code = _validate(cfg, plan)
+            code = _validate(cfg, plan, keep=bool(options["json_path"]))
     finally:
         if options["validate"] and not options["json_path"]:  # records in a folder of our own: kept with --json only
             shutil.rmtree(os.path.dirname(cfg.json_path), ignore_errors=True)
@@ -139,7 +139,7 @@ def _launch(name: str, cfg, plan) -> int:
     return job.run(name, cfg, plan, sys.argv)
 
 
-def _validate(cfg, plan) -> int:
+def _validate(cfg, plan, keep: bool) -> int:
     from commbench.proxies import run as R
 
     lead = plan.lead
@@ -148,7 +148,7 @@ def _validate(cfg, plan) -> int:
     train_cfg = R.train_twin(cfg)
     code = _launch("train", train_cfg, plan)
     if code == 0 and lead:
-        R.report_validation(cfg, train_cfg)
+        R.report_validation(cfg, train_cfg, show_paths=keep)
     return code
 
 
