@@ -29,7 +29,19 @@ for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: click's usage errors become one line and exit code 2."""
+    """Console entry point: click's usage errors become one line and exit code 2. Called as the
+    process's own entry (argv None: the `commbench` script, `python -m commbench`), it ends the
+    process without the interpreter's teardown once the command is done (job.exit_now: torch's
+    teardown costs about a second and has aborted finished ranks); called in process, it returns."""
+    code = _main(argv)
+    if argv is None:
+        from commbench.job import exit_now
+
+        exit_now(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:  # bare `commbench`: the overview, not an error
         click.echo(cli.get_help(click.Context(cli, info_name="commbench")))

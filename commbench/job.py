@@ -167,12 +167,13 @@ def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any
 
 
 def end(code: int, plan: Plan) -> None:
-    """Leave the command with `code`. A rank of a launcher's job, and a spawner, skip the interpreter's
-    teardown: torch's takes about a second here (the spawner imports it to resolve the device), and a
-    rank's has aborted (see exit_now)."""
-    if plan.mode == "local":
-        sys.exit(code)
-    exit_now(code)
+    """Leave the command with `code`. A rank of a launcher's job skips the interpreter's teardown
+    here (torch's has aborted finished ranks, see exit_now); every other command returns through
+    cli.main, which skips it too when commbench is the process (torch's teardown costs about a
+    second) and returns when it is called in process (tests, library use)."""
+    if plan.mode == "join":
+        exit_now(code)
+    sys.exit(code)
 
 
 def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],

@@ -34,7 +34,6 @@ def test_defaults_are_nccl_tests_defaults():
     (["--minbytes", "1.5K", "--maxbytes", "1g"], "--sizes", "1536-1073741824"),
     (["-n", "50", "-w", "0x3"], "--warmup", "3"),
     (["--iters", "010"], "--iters", "8"),  # strtol base 0: octal, as nccl-tests reads it
-    (["-g", "4"], "--nprocs", "4"),
     (["-d", "half"], "--dtype", "float16"),
     (["-d", "bfloat16"], "--dtype", "bfloat16"),
     (["-o", "max"], "--op", "max"),
@@ -46,6 +45,15 @@ def test_defaults_are_nccl_tests_defaults():
 ])
 def test_flags_map_onto_the_sweep(flags, option, expected):
     assert _value(_one(*flags), option) == expected
+
+
+def test_ngpus_is_the_local_rank_count_one_by_default():
+    assert translate("all_reduce_perf", ["-g", "4"]).local_ranks == 4
+    assert translate("all_reduce_perf", []).local_ranks == 1
+
+
+def test_refusals_read_numbers_as_nccl_tests_does():
+    assert _one("-t", "01", "-m", "0x1", "-z", "00")  # 1, 1 and 0 in C's strtol: the defaults
 
 
 def test_check_graph_and_no_op_flags():
@@ -105,3 +113,22 @@ def test_the_command_runs_every_sweep_it_planned(monkeypatch, capsys):
     assert len(planned) == 8 and {world for _, world in planned} == {2}
     assert "# note: -p 1" in capsys.readouterr().out
     assert cli.main(["nccl-tests", "all_reduce_perf", "-g", "64"]) == 2  # 64 local ranks: --oversubscribe
+
+
+def test_all_types_and_ops_leave_out_what_the_backend_lacks(monkeypatch, capsys):
+    planned = []
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.append((cfg.dtype, cfg.op)) or 0)
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-d", "all", "-o", "all"]) == 0
+    assert ("int32", "avg") not in planned and ("float32", "avg") in planned and len(planned) == 8 * 5 - 4
+    assert "left out (the backend has no such reduction): int8 avg" in capsys.readouterr().out
+    planned.clear()
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K"]) == 0
+    assert planned == [("float32", "sum")]
+
+
+def test_no_ngpus_spawns_one_rank(monkeypatch):
+    worlds = []
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: worlds.append(plan.world) or 0)
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K"]) == 0
+    assert worlds == [1]
+

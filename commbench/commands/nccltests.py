@@ -54,6 +54,7 @@ class Translation:
     value and per -N cycle), and the notes to print before running them."""
     runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    local_ranks: int = 1  # -g: the ranks to spawn when no launcher started the command
 
 
 def translate(binary: str, flags: list[str]) -> Translation:
@@ -74,7 +75,7 @@ def translate(binary: str, flags: list[str]) -> Translation:
         raise UsageFault(f"{name}: -h: see `commbench nccl-tests --help` and docs/nccl-tests.md for every flag")
     for flag, (default, why) in REFUSED_UNLESS_DEFAULT.items():
         value = values.get(flag[1])
-        if value is not None and value != default:
+        if value is not None and (default is None or _integer(values, flag[1], 0) != int(default)):
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
     out = Translation()
     base = ["-c", BINARIES[name], *_sizes(values), *_counts(values, out), *_rank_options(values, out)]
@@ -152,8 +153,7 @@ def _rank_options(values: dict, out: Translation) -> list[str]:
     gpus = _integer(values, "g", 1)
     if gpus < 1:
         raise UsageFault(f"-g {gpus}: need at least one rank")
-    if gpus > 1:
-        args += ["--nprocs", str(gpus)]
+    out.local_ranks = gpus  # without a launcher: -g ranks, as nccl-tests runs -g GPUs (1 by default)
     if "J" in values:
         args += ["--json", values["J"]]
         out.notes.append(f"-J {values['J']}: written as commbench's JSON Lines (docs/results.md), not nccl-tests' "
@@ -208,7 +208,9 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flag
     translation = translate(binary, list(flags))
     extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
              *(["--oversubscribe"] if oversubscribe else [])]
-    plans = [plan_sweep(sweep.make_context("sweep", [*run, *extra]).params) for run in translation.runs]
+    if job.find_job(launcher)[1] is None:  # spawned here: -g ranks (under a launcher, the launcher's)
+        extra += ["--nprocs", str(translation.local_ranks)]
+    plans = _plans(translation, extra, plan_sweep, sweep)
     if len(plans) > 1 and any(plan.mode == "join" for _, plan in plans):
         raise UsageFault("-d all, -o all and -N above 1 run several sweeps: under a launcher, run one per launch")
     lead = all(plan.lead for _, plan in plans)
@@ -216,3 +218,22 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flag
         click.echo(f"# note: {note}")
     codes = [job.run("sweep", cfg, plan, sys.argv) for cfg, plan in plans]
     job.end(max(codes, default=0), plans[-1][1])
+
+
+def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
+    """(config, plan) of every run; with -d all / -o all, the type x op pairs the backend refuses
+    (avg of integers on gloo, say) are left out with a note, as long as one remains."""
+    plans, refused = [], []
+    for run in translation.runs:
+        try:
+            plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
+        except UsageFault as exc:
+            if len(translation.runs) == 1 or "--op" not in exc.message and "--dtype" not in exc.message:
+                raise
+            refused.append(f"{run[run.index('--dtype') + 1]} {run[run.index('--op') + 1]}")
+    if not plans:
+        raise UsageFault("no type and op of -d/-o runs on this backend")
+    if refused:
+        translation.notes.append(f"left out (the backend has no such reduction): {', '.join(dict.fromkeys(refused))}")
+    return plans
+
