@@ -34,7 +34,7 @@ from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, re
 from commbench.backends.gpu import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
-from commbench.launch import LaunchInfo
+from commbench.launch import LaunchInfo, peer_wait_s
 from commbench.topology import Topology
 
 MAX_WORLD = 1024  # one block of the barrier kernel has a thread per rank
@@ -167,7 +167,7 @@ class IpcCudaBackend(CudaBackend):
         world, device = self.world_size, self._devices[self.rank]
         base = self._flags_memory.ptr
         args = (self._peer_flags, np.uint64(base), np.uint64(base + 8 * world), np.int32(self.rank),
-                np.int32(world), np.uint64(int(self.timeout_s * 1e9)), np.uint64(base + 8 * (world + 1)))
+                np.int32(world), np.uint64(int(peer_wait_s(self.timeout_s) * 1e9)), np.uint64(base + 8 * (world + 1)))
         kernel = K.function("schedule_round.cu", "rank_barrier", device)
         return launch_on(device, kernel, (1,), (max(32, -(-world // 32) * 32),), args, self._streams[device])
 

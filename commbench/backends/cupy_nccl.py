@@ -42,7 +42,7 @@ from commbench.backends.gpu import (
     wait_until_done,
 )
 from commbench.collectives import DType
-from commbench.launch import LaunchInfo
+from commbench.launch import LaunchInfo, peer_wait_s
 
 NCCL_DTYPES = {"float32": "NCCL_FLOAT32", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",
                "float64": "NCCL_FLOAT64", "int32": "NCCL_INT32", "int8": "NCCL_INT8", "uint8": "NCCL_UINT8",
@@ -206,7 +206,7 @@ class CupyBackend(Backend):
         if self.comm is None:
             raise RuntimeError("the NCCL communicator was aborted after an earlier fault")
         try:
-            done = wait_until_done(list(work), self.timeout_s, self.comm.check_async_error)
+            done = wait_until_done(list(work), peer_wait_s(self.timeout_s), self.comm.check_async_error)
         except RuntimeError:  # NcclError (a peer's failure seen by NCCL), or a CUDA error
             self._abort()
             raise
