@@ -12,10 +12,11 @@ from commbench.bench import SweepConfig, run_sweep
 from commbench.launch import LaunchInfo
 
 
-@pytest.fixture
-def sweeps(tmp_path):
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
     """A sim sweep timed by a preset, read as if measured (a fit describes it exactly), and the
     same points with times drawn at random (nothing describes them)."""
+    tmp_path = tmp_path_factory.mktemp("fit-quality")
     sim = tmp_path / "sim.jsonl"
     cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=tuple(1 << k for k in range(10, 26)),
                       algorithm="ring",
