@@ -180,7 +180,8 @@ class SweepSummary(Record):
 
 @dataclass(frozen=True)
 class StepRecord(Record):
-    """One step of a proxy, train or predicted run as it ends (rank 0's view)."""
+    """One step of a proxy, train or predicted run as it ends: the figures of the step's slowest
+    rank (what a synchronous job waits for), and every rank's in `ranks_us`."""
     RECORD: ClassVar[str] = "step"
     run_id: str
     step: int  # from 1
@@ -191,6 +192,8 @@ class StepRecord(Record):
     step_us: float | None
     samples_per_s: float | None  # all ranks
     telemetry: dict[str, float] | None = None  # --monitor: this step's hardware averages
+    slowest_rank: int | None = None  # whose figures these are (None: one rank, or an older file)
+    ranks_us: list[list[float | None]] | None = None  # per rank: compute, comm, exposed_comm, step (us)
     schema: int = SCHEMA_VERSION
 
 

@@ -58,7 +58,10 @@ class RankContext:
         if self.monitor is not None:
             self.monitor.start()
             lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
-        self.log.header(record, [what, *lines])
+        rows = ("each row, the median and the JSON: a step's slowest rank (what a synchronous job waits for; "
+                "every rank's figures in the JSON, step.ranks_us)" if world > 1 else "one rank")
+        self.log.header(record, [what, *lines, f"{self.cfg.warmup_steps} warm-up step(s), then {self.cfg.steps} "
+                                               f"measured; {rows}"])
         if self.monitor is not None:
             self.monitor.mark()
 
@@ -68,13 +71,22 @@ class RankContext:
         return f"cap {self.cfg.bucket_mb:g} MiB" if self.cfg.bucket_mb else "DDP default: 25 MiB, first 1 MiB"
 
     def record(self, index: int, values: dict[str, float | None]) -> None:
-        self.rows.append([np.nan if values[k] is None else values[k]
-                          for k in ("compute_us", "comm_us", "exposed_comm_us", "step_us")])
+        """After each step, on every rank: the step's figures of every rank go to rank 0, which prints
+        and writes the slowest rank's (the row, the summary and the JSON mean the same step)."""
+        own = [np.nan if values[k] is None else values[k] for k in METRICS]
+        self.rows.append(own)
+        gathered = self.backend.gather(np.array(own, dtype=float)) if self.backend.world_size > 1 else None
+        extra: dict[str, Any] = {}
+        if gathered is not None:
+            slowest = int(np.nanargmax(gathered[:, 3])) if not np.isnan(gathered[:, 3]).all() else 0
+            values = {k: (None if np.isnan(v) else float(v)) for k, v in zip(METRICS, gathered[slowest])}
+            extra = {"slowest_rank": slowest,
+                     "ranks_us": [[None if np.isnan(v) else float(v) for v in row] for row in gathered]}
         if self.monitor is not None:  # this step's hardware averages, then a window for the next
-            values = {**values, "telemetry": self.monitor.window()}
+            extra["telemetry"] = self.monitor.window()
             self.monitor.mark()
         if self.log:
-            self.log.step(index + 1, index < self.cfg.warmup_steps, values)
+            self.log.step(index + 1, index < self.cfg.warmup_steps, {**values, **extra})
 
     def finish(self, status: str = "ok", error: str | None = None) -> None:
         rows = np.array(self.rows, dtype=float).reshape(-1, 4)

@@ -74,7 +74,9 @@ class StepLog:
 
             print(f"# {summary_line(result.telemetry)}")
         print(f"# median {_ms(result.compute_us_p50):>12} {_ms(result.comm_us_p50):>10} "
-              f"{_ms(result.exposed_comm_us_p50):>12} {_ms(result.step_us_p50):>10} {result.samples_per_s:>11.1f}")
+              f"{_ms(result.exposed_comm_us_p50):>12} {_ms(result.step_us_p50):>10} {result.samples_per_s:>11.1f}"
+              + (f"   (of {result.steps} measured step{'s' if result.steps != 1 else ''}: a sample, not a "
+                 f"distribution)" if result.steps < 3 else ""))
         print(f"# p90    {_ms(result.compute_us_p90):>12} {_ms(result.comm_us_p90):>10} "
               f"{_ms(result.exposed_comm_us_p90):>12} {_ms(result.step_us_p90):>10}", flush=True)
 
