@@ -58,3 +58,11 @@ def test_a_range_names_its_bound():
     with pytest.raises(Exception, match=r"--x 11: must be at most 10"):
         O.Range(1, 10).check("--x", 11)
     O.Range(1, 10).check("--x", 10)  # the bound itself is allowed
+
+
+def test_a_predicted_proxy_lays_ranks_on_the_hardwares_nodes(capsys):
+    """32 GPUs of dgx-a100 are 4 nodes of 8, said in a note, not one 32-GPU node in silence."""
+    assert cli.main(["proxy", "resnet18", "--backend", "sim", "-N", "32", "--hw", "dgx-a100", "--tflops", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "predicting 4 x 8 ranks" in out and "on 4x8 (32 ranks)" in out
+    assert cli.main(["proxy", "resnet18", "--backend", "sim", "-N", "12", "--hw", "dgx-a100", "--tflops", "1"]) == 2

@@ -180,8 +180,7 @@ def _plan(options: dict) -> job.Plan:
     _, info = find_job(options["launcher"])
     joined = info is not None
     if predicted:
-        world = nodes * per_node if nodes else (options["nprocs"] or 2)
-        return replace(_sim_plan(options, nodes or 1, per_node if nodes else world, None), launch=info)
+        return replace(_predicted_layout(options), launch=info)
     if joined:
         if nodes and info.world_size != nodes * per_node:
             return replace(_sim_plan(options, nodes, per_node, f"the job has {info.world_size} rank(s), not the "
@@ -194,6 +193,37 @@ def _plan(options: dict) -> job.Plan:
         return _sim_plan(options, nodes, per_node, f"this host is not a job of {nodes} x {per_node} ranks")
     world = options["nprocs"] or (_local_gpus() or 2)
     return job.Plan("spawn", world, None, 1, world)
+
+
+def _predicted_layout(options: dict) -> job.Plan:
+    """--backend sim: nodes of the hardware's own size unless --gpus-per-node says otherwise; --nodes,
+    or --nprocs ranks laid out on such nodes. The layout is said in one note: 32 GPUs of dgx-a100 are
+    4 x 8, never one 32-GPU node in silence."""
+    hw = _hardware(options)
+    per_node = options["gpus_per_node"] or hw.ranks_per_node
+    if options["nodes"]:
+        nodes = options["nodes"]
+    else:
+        world = options["nprocs"] or 2
+        per_node = min(per_node, world)
+        if world % per_node:
+            raise UsageFault(f"--nprocs {world} does not fill nodes of {per_node} GPU(s) ({hw.name}); give "
+                             f"--nodes N --gpus-per-node G")
+        nodes = world // per_node
+    plan = _sim_plan(options, nodes, per_node, None)
+    return replace(plan, note=f"predicting {nodes} x {per_node} ranks ({nodes} node(s) of {per_node}) with the "
+                              f"cost model of {options['hw']} (kind: predicted, nothing measured)")
+
+
+def _hardware(options: dict):
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+
+    if not options["hw"]:
+        raise UsageFault("--backend sim predicts with the cost model: give --hw PRESET|FILE")
+    try:
+        return load_hardware(options["hw"])
+    except HardwareError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> job.Plan:
