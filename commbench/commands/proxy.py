@@ -84,13 +84,14 @@ def proxy_command(**options) -> None:
     reports compute, communication, exposed communication and step time.
     """
     from commbench import job
-    from commbench.commands.proxy_plan import make_config
+    from commbench.commands.proxy_plan import make_config, say_note
 
     cfg, plan = make_config(options)
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.proxies.run import predict_proxy
 
         check_writable(cfg.json_path)
+        say_note(plan)
         sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
     try:
         code = _launch("proxy", cfg, plan)
@@ -134,8 +135,10 @@ def _usage(call):
 
 def _launch(name: str, cfg, plan) -> int:
     from commbench import job
+    from commbench.commands.proxy_plan import say_note
 
     check_writable(cfg.json_path)
+    say_note(plan)
     return job.run(name, cfg, plan, sys.argv)
 
 

@@ -91,8 +91,6 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
                       monitor=bool(options.get("monitor")),
                       trust_profile_code=bool(options.get("trust_profile_code")))
-    if plan.note and plan.lead:
-        print(f"commbench: note: {plan.note}", flush=True)
     return cfg, plan
 
 
@@ -241,3 +239,9 @@ def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> job.
     note = f"{why}: predicting {nodes} x {per_node} ranks with the cost model of {options['hw']} " \
            f"(kind: predicted, nothing measured)" if why else None
     return job.Plan("local", nodes * per_node, None, nodes, per_node, note)
+
+
+def say_note(plan: job.Plan) -> None:
+    """The plan's note (why a run is predicted, its layout), once, when the run goes ahead."""
+    if plan.note and plan.lead:
+        print(f"commbench: note: {plan.note}", flush=True)
