@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from commbench import collectives as C
+from commbench.analysis import report_steps as R
 from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
@@ -161,10 +162,7 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
         ax_bw.set_title(f"{collective}: bus bandwidth (mean time)")
         ax_t.set_title(f"{collective}: time, mean (line) and p10-p90 of the iterations (band)")
         ax_bw.legend(fontsize=7, loc="best")
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"{collective}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = R.save_png(fig, out_dir, f"{collective}.png")
         files.append(path)
     return files
 
@@ -205,10 +203,7 @@ def plot_prediction(series: list[Series], out_dir: str) -> str | None:
                  f"max {100 * errors.max():.0f}%")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "predicted_vs_measured.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = R.save_png(fig, out_dir, "predicted_vs_measured.png")
     return path
 
 
@@ -256,8 +251,6 @@ def read_all(paths: list[str], warn=None) -> list[dict]:
 
 def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
     """Write the PNGs and index.md of records read by read_all; returns (index path, png paths)."""
-    from commbench.analysis import report_steps as R
-
     series = collect_series(records) + (model_series(records, hw) if hw is not None else [])
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)

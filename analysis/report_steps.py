@@ -54,10 +54,7 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
     ax.set_xlabel("step time, median (ms)")
     ax.set_title("Training step: compute, overlapped and exposed communication")
     ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "proxy_steps.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, out_dir, "proxy_steps.png")
     return path
 
 
@@ -89,10 +86,7 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
     for ax in (ax_t, ax_l):
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "scaling.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, out_dir, "scaling.png")
     return path
 
 
@@ -121,10 +115,7 @@ def plot_acc_ratio(records: list[dict], out_dir: str) -> str | None:
            " throughput", title="Speed-up of the candidate over the baseline (ACSpeed-style)", xlim=(0, 1.05))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, title="cluster size")
-    fig.tight_layout()
-    path = os.path.join(out_dir, "acc_ratio.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, out_dir, "acc_ratio.png")
     return path
 
 
@@ -150,3 +141,14 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
                          f"{r['samples_per_s']:.1f} | {r['linearity']:.3f} | {acc} |")
         lines.append("")
     return lines
+
+
+def save_png(fig, out_dir: str, name: str) -> str:
+    """Lay out, write and close one figure as out_dir/name; its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
