@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
+JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # names a job's shared memory when no spawn id does (an emulated cluster)
 WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 DEFAULT_PORT = 29500
@@ -270,18 +271,20 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         finally:
             os.close(watch_read)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        return _supervise(procs, grace_s, stop_s)
+        return supervise(procs, grace_s, stop_s)
     except KeyboardInterrupt:
-        _interrupt(procs, stop_s)
+        interrupt(procs, stop_s)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         return 130
     finally:
-        _stop(procs, signal.SIGKILL, wait_s=0.0)  # none is left, unless this process itself is failing
+        stop_all(procs)  # none is left, unless this process itself is failing
         os.close(watch_write)
         remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
-def _supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> int:
+def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> int:
+    """Wait for the ranks (or a node's launchers); when one fails, give the rest `grace_s` to report,
+    then stop them; the job's exit code."""
     failed_at = None
     while True:
         # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
@@ -299,7 +302,7 @@ def _supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> 
         time.sleep(POLL_S)
 
 
-def _interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
+def interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
     """Ctrl-C: a terminal signals the whole process group, so the ranks have their SIGINT already;
     this one reaches ranks that had none (a SIGINT sent to this process only), and a rank acts on
     the first it gets only. Ranks then have INTERRUPT_WAIT_S to write their summaries."""
@@ -314,6 +317,11 @@ def _interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
         _stop(procs, signal.SIGTERM, wait_s=stop_s)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Kill whatever is still running of `procs`, at once."""
+    _stop(procs, signal.SIGKILL, wait_s=0.0)
 
 
 def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> list[int]:

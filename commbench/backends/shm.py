@@ -42,7 +42,7 @@ from commbench.backends.base import BackendError, OutOfMemory
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DType
-from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
+from commbench.launch import JOB_TAG_VAR, SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
 from commbench.schedule import Schedule, hazards
 from commbench.topology import Topology
 
@@ -96,7 +96,8 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         self._wait_s = peer_wait_s(timeout_s)  # as the control plane's: the rest is for stopping the job
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self._spin = SPIN_CHECKS if launch.local_world_size <= cores else OVERSUBSCRIBED_SPIN_CHECKS
-        self.job = self.control.broadcast_object(os.environ.get(SPAWN_VAR) or uuid.uuid4().hex[:10])  # rank 0's tag
+        self.job = self.control.broadcast_object(  # rank 0's tag
+            os.environ.get(SPAWN_VAR) or os.environ.get(JOB_TAG_VAR) or uuid.uuid4().hex[:10])
         self._own: dict[int, _Segment] = {}
         self._peers: dict[tuple[int, int], _Segment] = {}
         self._seq = 0
