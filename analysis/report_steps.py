@@ -16,45 +16,111 @@ def _plt():
     return plt
 
 
+PARTS = ("compute alone", "compute overlapped with communication", "exposed communication", "other")
+COLOURS = ("#4c72b0", "#8fbc8f", "#c44e52", "#dd8452")
+COMM, COMM_COLOUR = "communication (allreduces in flight)", "#8172b3"
+MIN_MS = 1e-6  # below a nanosecond a part is rounding, drawn as 0
+
+
 def step_rows(records: list[dict]) -> list[dict]:
-    """One row per proxy/train/predicted summary: label and the step split in milliseconds."""
+    """One row per proxy/train/predicted summary: its label, the medians of its columns (ms), and the
+    split of its median step (the measured step whose time is the median, the lower of the two middle
+    ones for an even count): compute alone, overlapped, exposed, other, adding up to that step."""
+    steps: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("record") == "step" and not r.get("warmup"):
+            steps[(r.get("_file"), r.get("run_id"))].append(r)
     rows = []
     for r in (r for r in records if r.get("record") == "proxy" and r.get("status", "ok") == "ok"):
-        step = r["step_us_p50"] / 1e3
         label = f"{r['model']} {r['kind']}, {r['world_size']} ranks, {r['backend']}/{r['library']}, batch {r['batch']}"
-        if r.get("compute_us_p50") is None:  # real training: the step alone
-            rows.append({"label": label, "step_ms": step, "parts": None})
-            continue
-        compute, comm = r["compute_us_p50"] / 1e3, (r.get("comm_us_p50") or 0) / 1e3
-        exposed = max(0.0, (r.get("exposed_comm_us_p50") or 0) / 1e3)
-        overlapped = min(max(0.0, comm - exposed), compute)
-        rows.append({"label": label, "step_ms": step,
-                     "parts": (compute - overlapped, overlapped, exposed)})
+        medians = {k: _ms(r.get(f"{k}_us_p50")) for k in ("compute", "comm", "exposed_comm", "other", "step")}
+        rows.append({"label": label, "file": r.get("_file") or "", "step_ms": medians["step"], "medians": medians,
+                     **_median_step(r, steps.get((r.get("_file"), r.get("run_id")), []))})
+    files = {row["label"]: {other["file"] for other in rows if other["label"] == row["label"]} for row in rows}
+    for row in rows:  # two runs of one setup: named by their files
+        if len(files[row["label"]]) > 1:
+            row["label"] += f", {os.path.basename(row['file'])}"
     return rows
 
 
-def plot_steps(rows: list[dict], out_dir: str) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(11, 0.6 * len(rows) + 1.6))
-    colours = ("#4c72b0", "#8fbc8f", "#c44e52")
-    names = ("compute alone", "compute with communication overlapped", "exposed communication")
+def _median_step(summary: dict, steps: list[dict]) -> dict:
+    """The split of the run's median step: {'parts': (alone, overlapped, exposed, other) ms or None
+    (real training: a step is not split), 'comm_ms', 'split_ms' (the step split), 'derived'}.
+    A file written before `other` existed measured exposed as step - compute: it is capped at the
+    step's communication here and the rest shown as other (derived: True)."""
+    timed = sorted((s for s in steps if s.get("step_us") is not None), key=lambda s: s["step_us"])
+    step = timed[(len(timed) - 1) // 2] if timed else {k: summary.get(f"{k}_p50") for k in
+                                                        ("compute_us", "comm_us", "exposed_comm_us", "other_us",
+                                                         "step_us")}
+    if step.get("compute_us") is None or step.get("step_us") is None:
+        return {"parts": None, "comm_ms": None, "split_ms": _ms(step.get("step_us"))}
+    compute, comm, total = _ms(step["compute_us"]), _ms(step.get("comm_us")) or 0.0, _ms(step["step_us"])
+    exposed = max(0.0, _ms(step.get("exposed_comm_us")) or 0.0)
+    derived = step.get("other_us") is None
+    if derived:
+        exposed = min(exposed, comm)
+    other = max(0.0, total - compute - exposed) if derived or not timed else _ms(step["other_us"])
+    overlapped = min(max(0.0, comm - exposed), compute)
+    return {"parts": (compute - overlapped, overlapped, exposed, other), "comm_ms": comm, "split_ms": total,
+            "derived": derived}
+
+
+def _ms(value_us: float | None) -> float | None:
+    return None if value_us is None else value_us / 1e3
+
+
+def _plot_small_parts(ax, rows: list[dict]) -> None:
+    """Per split row: communication, exposed communication and other (ms) as bars on a log axis,
+    each with its value; a zero is written, not drawn."""
+    values = [v for row in rows if row["parts"] for v in (row["comm_ms"], *row["parts"][2:]) if v >= MIN_MS]
     for y, row in enumerate(rows):
         if row["parts"] is None:
-            ax.barh(y, row["step_ms"], color="#999999", label="real training step" if y == 0 else None)
             continue
-        left = 0.0
-        for part, colour, name in zip(row["parts"], colours, names):
-            ax.barh(y, part, left=left, color=colour, label=name)
-            left += part
+        for offset, value, colour in zip((-0.27, 0.0, 0.27), (row["comm_ms"], *row["parts"][2:]),
+                                         (COMM_COLOUR, *COLOURS[2:])):
+            if value >= MIN_MS:
+                ax.barh(y + offset, value, height=0.25, color=colour)
+            ax.text(max(value, min(values, default=1.0) / 3), y + offset, f" {value:.3g}" if value >= MIN_MS else " 0",
+                    va="center", fontsize=6.5)
+    if values:
+        ax.set_xlim(min(values) / 3, max(values) * 4)
+    ax.set(xscale="log", xlabel="ms (log)", title="Communication, exposed and other (ms, log)")
+
+
+def plot_steps(rows: list[dict], out_dir: str) -> str:
+    """Left: each run's median step as shares of it (100%), so a 2 ms step reads as well as a 2 s one,
+    its time written at the end. Right: its communication, exposed communication and other time on a
+    log axis, where a bar of 1% of the step is as readable as the step itself."""
+    plt = _plt()
+    fig, (ax, ax_ms) = plt.subplots(1, 2, figsize=(14, 0.62 * len(rows) + 2.0), sharey=True,
+                                    gridspec_kw={"width_ratios": (3, 2)})
+    for y, row in enumerate(rows):
+        if row["parts"] is None:
+            ax.barh(y, 100.0, color="#999999", label="real training step (not split)")
+            ax.text(101, y, f"{row['split_ms']:.4g} ms", va="center", fontsize=8)
+            continue
+        left, total = 0.0, sum(row["parts"]) or 1.0
+        for part, colour, name in zip(row["parts"], COLOURS, PARTS):
+            share = 100.0 * part / total
+            ax.barh(y, share, left=left, color=colour, label=name)
+            if share >= 6:
+                ax.text(left + share / 2, y, f"{share:.0f}%", ha="center", va="center", fontsize=7, color="white")
+            left += share
+        ax.text(101, y, f"{row['split_ms']:.4g} ms" + (" *" if row.get("derived") else ""), va="center", fontsize=8)
+    _plot_small_parts(ax_ms, rows)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+    from matplotlib.patches import Patch
+
+    unique[COMM] = Patch(color=COMM_COLOUR)
+    fig.legend(unique.values(), unique.keys(), fontsize=8, loc="lower center", ncol=6, frameon=False)
     ax.set_yticks(range(len(rows)), [row["label"] for row in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("step time, median (ms)")
-    ax.set_title("Training step: compute, overlapped and exposed communication")
+    ax.set(xlim=(0, 118), xlabel="share of the median step (%); its time at the right",
+           title="Median step: compute + exposed communication + other")
+    ax_ms.grid(True, axis="x", which="both", alpha=0.3)
     ax.grid(True, axis="x", alpha=0.3)
-    path = save_png(fig, out_dir, "proxy_steps.png")
+    path = save_png(fig, out_dir, "proxy_steps.png", rect=(0, 0.07, 1, 1))
     return path
 
 
@@ -123,12 +189,18 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
     """Markdown tables of the steps and the scaling points."""
     lines = []
     if rows:
-        lines += ["## Training steps", "", "| run | step (ms) | compute alone | overlapped | exposed comm |",
-                  "|---|---|---|---|---|"]
+        lines += ["## Training steps", "", "Medians over the measured steps (ms), each column its own; a step "
+                  "is compute + exposed communication + other (docs/proxies.md).", "",
+                  "| run | step | compute | comm | exposed comm | other |", "|---|---|---|---|---|---|"]
         for row in rows:
-            parts = row["parts"] or (None, None, None)
-            cells = " | ".join("-" if p is None else f"{p:.2f}" for p in parts)
-            lines.append(f"| {row['label']} | {row['step_ms']:.2f} | {cells} |")
+            cells = " | ".join("-" if row["medians"][k] is None else f"{row['medians'][k]:.2f}"
+                               for k in ("step", "compute", "comm", "exposed_comm", "other"))
+            mark = " \\*" if row.get("derived") else ""
+            lines.append(f"| {row['label']}{mark} | {cells} |")
+        if any(row.get("derived") for row in rows):
+            lines.append("\n\\* written before commbench measured exposed communication apart: its exposed column "
+                         "is step - compute, as then computed; the chart caps it at the step's communication and "
+                         "draws the rest as other.")
         lines.append("")
     scaling = [r for r in records if r.get("record") == "scaling"]
     if scaling:
@@ -143,11 +215,12 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
     return lines
 
 
-def save_png(fig, out_dir: str, name: str) -> str:
-    """Lay out, write and close one figure as out_dir/name; its path."""
+def save_png(fig, out_dir: str, name: str, rect: tuple[float, float, float, float] | None = None) -> str:
+    """Lay out (within `rect` of the figure: room for a legend below), write and close one figure as
+    out_dir/name; its path."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     path = os.path.join(out_dir, name)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -193,7 +193,8 @@ class StepRecord(Record):
     samples_per_s: float | None  # all ranks
     telemetry: dict[str, float] | None = None  # --monitor: this step's hardware averages
     slowest_rank: int | None = None  # whose figures these are (None: one rank, or an older file)
-    ranks_us: list[list[float | None]] | None = None  # per rank: compute, comm, exposed_comm, step (us)
+    ranks_us: list[list[float | None]] | None = None  # per rank: compute, comm, exposed_comm, step, other (us)
+    other_us: float | None = None  # step - compute - exposed_comm (None: train, or an older file)
     schema: int = SCHEMA_VERSION
 
 
@@ -225,6 +226,8 @@ class ProxyResult(Record):
     step_us_p50: float
     step_us_p90: float
     samples_per_s: float  # all ranks, from the median step
+    other_us_p50: float | None = None  # None: train, or an older file
+    other_us_p90: float | None = None
     status: str = "ok"
     error: str | None = None
     telemetry: dict[str, float] | None = None  # --monitor: averages over the whole run (rank 0's host)

@@ -14,7 +14,7 @@ from commbench.job import EXIT_OK, JobFault
 from commbench.job import run_rank as run_rank_frame
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
-from commbench.proxies.steps import METRICS, ProxyResult, StepLog, summarize
+from commbench.proxies.steps import METRICS, STEP, ProxyResult, StepLog, summarize
 from commbench.proxies.timeline import ComputeTimeout
 
 
@@ -73,12 +73,12 @@ class RankContext:
     def record(self, index: int, values: dict[str, float | None]) -> None:
         """After each step, on every rank: the step's figures of every rank go to rank 0, which prints
         and writes the slowest rank's (the row, the summary and the JSON mean the same step)."""
-        own = [np.nan if values[k] is None else values[k] for k in METRICS]
+        own = [np.nan if values.get(k) is None else values[k] for k in METRICS]
         self.rows.append(own)
         gathered = self.backend.gather(np.array(own, dtype=float)) if self.backend.world_size > 1 else None
         extra: dict[str, Any] = {}
         if gathered is not None:
-            slowest = int(np.nanargmax(gathered[:, 3])) if not np.isnan(gathered[:, 3]).all() else 0
+            slowest = int(np.nanargmax(gathered[:, STEP])) if not np.isnan(gathered[:, STEP]).all() else 0
             values = {k: (None if np.isnan(v) else float(v)) for k, v in zip(METRICS, gathered[slowest])}
             extra = {"slowest_rank": slowest,
                      "ranks_us": [[None if np.isnan(v) else float(v) for v in row] for row in gathered]}
@@ -89,12 +89,12 @@ class RankContext:
             self.log.step(index + 1, index < self.cfg.warmup_steps, {**values, **extra})
 
     def finish(self, status: str = "ok", error: str | None = None) -> None:
-        rows = np.array(self.rows, dtype=float).reshape(-1, 4)
+        rows = np.array(self.rows, dtype=float).reshape(-1, len(METRICS))
         if status == "ok":  # every rank's steps; per step, the whole row of its slowest rank
             gathered = self.backend.gather(rows.ravel())
             if gathered is not None:
-                ranks = gathered.reshape(self.backend.world_size, -1, 4)
-                slowest = ranks[:, :, 3].argmax(axis=0)
+                ranks = gathered.reshape(self.backend.world_size, -1, len(METRICS))
+                slowest = ranks[:, :, STEP].argmax(axis=0)
                 rows = ranks[slowest, np.arange(ranks.shape[1])]
         if self.backend.rank != 0:
             return
@@ -127,8 +127,8 @@ def summary_from_records(records: list[dict[str, Any]], error: str) -> ProxyResu
     header = records[0]
     if "summary_fields" not in header:
         return None
-    rows = np.array([[np.nan if step[k] is None else step[k] for k in METRICS]
-                     for step in records if step.get("record") == "step"], dtype=float).reshape(-1, 4)
+    rows = np.array([[np.nan if step.get(k) is None else step[k] for k in METRICS]
+                     for step in records if step.get("record") == "step"], dtype=float).reshape(-1, len(METRICS))
     return summary_of(header["summary_fields"], rows, header.get("run_id", ""), "failed", error)
 
 

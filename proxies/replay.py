@@ -7,7 +7,8 @@ real model here, or from FLOPs at --tflops, or zero), and each bucket's allreduc
 handed to a communication thread when its last gradient is ready, as DDP's Reducer
 hands buckets to its process group. The thread runs the allreduces one after another
 and times each; the step ends when the backward and the last allreduce are done, plus
-the optimizer.
+the optimizer. A step splits into the replayed compute, the exposed communication (the wait
+after the backward while an allreduce is in flight) and other (the rest: see StepTimes).
 
 `run_proxy` is the `proxy` job of commbench/job.py; its rank frame (backend, header,
 per-step records, summary) is proxies/context.py, shared with `train`.
@@ -69,13 +70,18 @@ def _replay_steps(ctx: RankContext) -> None:
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
                       f"optimizer {update / 1e3:.2f} ms; allreduces launched as gradients are ready, "
-                      f"overlapping the backward"],
+                      f"overlapping the backward",
+                      "step = compute + exposed + other: exposed is the wait after the backward while an allreduce "
+                      "is in flight (at most comm); other is the rest (the compute's wall time past its "
+                      + ("CPU time: descheduled, or sharing a core with the communication)" if cpu_compute else
+                         "own: a late wake-up, a thread hand-off)")],
               {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update}})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
         times = run_step(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
-                           "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us})
+                           "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
+                           "other_us": times.other_us})
 
 
 def run_proxy(cfg, launch, argv: list[str]) -> int:

@@ -58,14 +58,15 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                 f"allreduce {algorithm} from the cost model; compute {label}"])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
-                        "step_us": t.step_us})
+                        "step_us": t.step_us, "other_us": t.other_us})
     log.summary(ProxyResult(kind="predicted", model=profile.name, backend="model", library=hw.name, device="-",
                             world_size=topo.world, nnodes=topo.nodes, batch=batch, bucket_mb=cfg.bucket_mb,
                             bucketing=cfg.bucketing, buckets=len(pred.buckets), gradient_bytes=profile.nbytes,
                             compute=label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
                             compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
                             exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
-                            step_us_p50=t.step_us, step_us_p90=t.step_us,
+                            step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
+                            other_us_p90=t.other_us,
                             samples_per_s=t.samples_per_s(batch * topo.world), run_id=log.run_id))
     return 0
 

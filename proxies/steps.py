@@ -2,9 +2,11 @@
 row on stdout, and a summary (median and p90 over the steps after warm-up). The record
 types themselves (StepRecord, ProxyResult) live in commbench.results with the others.
 
-Per-step records are rank 0's view (flushed as they come, so a crash loses nothing);
-the summary takes, for every step, the slowest rank, since a synchronous data-parallel
-step is as slow as its slowest rank.
+Each step's figures are its slowest rank's (a synchronous data-parallel step is as slow as
+its slowest rank): the row, the JSON step record (written and flushed by rank 0 as the step
+ends, so a crash loses nothing) and the summary alike. A step splits exactly into compute,
+exposed communication (measured, never more than the communication) and other (the rest of
+its wall time: descheduled, or compute slowed by its core's other work); see StepTimes.
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from commbench.results import ProxyResult, ResultSink, StepRecord, new_run_id
 
 __all__ = ["METRICS", "ProxyResult", "StepLog", "summarize"]  # ProxyResult lives in commbench.results
 
-METRICS = ("compute_us", "comm_us", "exposed_comm_us", "step_us")
+METRICS = ("compute_us", "comm_us", "exposed_comm_us", "step_us", "other_us")  # other last: older files lack it
+STEP = METRICS.index("step_us")
+COLUMNS = (("compute_us", "compute(ms)", 12), ("comm_us", "comm(ms)", 10), ("exposed_comm_us", "exposed(ms)", 12),
+           ("other_us", "other(ms)", 10), ("step_us", "step(ms)", 10))  # the table, left to right
 
 
 def summarize(step_rows: np.ndarray) -> dict[str, float | None]:
-    """(steps x 4) array of METRICS (NaN where unknown) -> p50/p90 of each."""
+    """(steps x METRICS) array (NaN where unknown) -> p50/p90 of each."""
     out: dict[str, float | None] = {}
     for column, name in enumerate(METRICS):
         values = step_rows[:, column] if len(step_rows) else np.empty(0)
@@ -47,15 +52,15 @@ class StepLog:
             self.sink.header({"run_id": self.run_id, **record})
         for line in lines:
             print(f"# {line}", flush=True)
-        print(f"# {'step':>6} {'compute(ms)':>12} {'comm(ms)':>10} {'exposed(ms)':>12} {'step(ms)':>10} "
-              f"{'samples/s':>11}", flush=True)
+        titles = " ".join(f"{title:>{width}}" for _, title, width in COLUMNS)
+        print(f"# {'step':>6} {titles} {'samples/s':>11}", flush=True)
 
     def step(self, index: int, warmup: bool, values: dict[str, Any]) -> None:
         if not self.lead:
             return
         step_us = values["step_us"]
         rate = self.samples / (step_us * 1e-6) if step_us else float("nan")
-        cells = " ".join(f"{_ms(values.get(m)):>{w}}" for m, w in zip(METRICS, (12, 10, 12, 10)))
+        cells = " ".join(f"{_ms(values.get(name)):>{width}}" for name, _, width in COLUMNS)
         print(f"  {index:>6} {cells} {rate:>11.1f}{'  (warm-up)' if warmup else ''}", flush=True)
         if self.sink:
             self.sink.write(StepRecord(run_id=self.run_id, step=index, warmup=warmup, **values,
@@ -73,12 +78,17 @@ class StepLog:
             from commbench.telemetry import summary_line
 
             print(f"# {summary_line(result.telemetry)}")
-        print(f"# median {_ms(result.compute_us_p50):>12} {_ms(result.comm_us_p50):>10} "
-              f"{_ms(result.exposed_comm_us_p50):>12} {_ms(result.step_us_p50):>10} {result.samples_per_s:>11.1f}"
+        print(f"# median {_cells(result, 'p50')} {result.samples_per_s:>11.1f}"
               + (f"   (of {result.steps} measured step{'s' if result.steps != 1 else ''}: a sample, not a "
                  f"distribution)" if result.steps < 3 else ""))
-        print(f"# p90    {_ms(result.compute_us_p90):>12} {_ms(result.comm_us_p90):>10} "
-              f"{_ms(result.exposed_comm_us_p90):>12} {_ms(result.step_us_p90):>10}", flush=True)
+        print(f"# p90    {_cells(result, 'p90')}", flush=True)
+        if result.compute_us_p50 is not None and result.steps > 1:
+            print("# each column's own median and p90: a step's columns add up (compute + exposed + other = step), "
+                  "their medians need not", flush=True)
+
+
+def _cells(result: ProxyResult, stat: str) -> str:
+    return " ".join(f"{_ms(getattr(result, f'{name}_{stat}')):>{width}}" for name, _, width in COLUMNS)
 
 
 def _ms(value_us: float | None) -> str:

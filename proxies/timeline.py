@@ -44,11 +44,19 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepTimes:
-    compute_us: float  # forward + backward + optimizer
+    """One step's split: step = compute + exposed communication + other, exactly.
+
+    exposed_comm_us is measured, not inferred: the time the step waited, its backward done,
+    with an allreduce in flight; so it never exceeds comm_us. other_us is the rest of the
+    step's wall time: the replayed compute running longer than its own duration (the rank
+    descheduled on a loaded host, or sharing its core with the communication threads), and
+    the hand-offs between them. It is 0 in the pure timeline."""
+    compute_us: float  # forward + backward + optimizer, as replayed (CPU time on a CPU)
     comm_us: float  # time with at least one allreduce launched and not yet done
-    exposed_comm_us: float  # step - compute: communication the backward did not hide
+    exposed_comm_us: float  # communication the backward did not hide: <= comm_us
     step_us: float
     comm_intervals: tuple[tuple[float, float], ...] = ()  # (start, end) of each allreduce
+    other_us: float = 0.0  # step - compute - exposed: neither computing nor waiting for communication
 
     def samples_per_s(self, samples: int) -> float:
         return samples / (self.step_us * 1e-6) if self.step_us > 0 else math.inf
@@ -79,13 +87,15 @@ def overlap(plan: StepPlan, comm_us: Sequence[float]) -> StepTimes:
         free_at = start + duration
         intervals.append((start, free_at))
     step = max(backward_end, free_at) + plan.optimizer_us
-    return StepTimes(plan.compute_us, busy_us(intervals), step - plan.compute_us, step, tuple(intervals))
+    return StepTimes(plan.compute_us, busy_us(intervals), max(0.0, free_at - backward_end), step, tuple(intervals))
 
 
-def busy_us(intervals: Sequence[tuple[float, float]]) -> float:
-    """Length of the union of (start, end) intervals: time with communication in flight."""
+def busy_us(intervals: Sequence[tuple[float, float]], within: tuple[float, float] = (-math.inf, math.inf)) -> float:
+    """Length of the union of (start, end) intervals, clipped to `within`: time with communication in flight."""
     total, reach = 0.0, -math.inf
-    for start, end in sorted(intervals):
+    low, high = within
+    clipped = [(max(start, low), min(end, high)) for start, end in intervals]
+    for start, end in sorted((start, end) for start, end in clipped if end > start):
         if end > reach:
             total += end - max(start, reach)
             reach = end
@@ -183,9 +193,14 @@ def run_step(plan: StepPlan, clock: Clock, channel: Channel) -> StepTimes:
         clock.compute_until(plan.forward_us + ready)
         channel.launch(bucket)
     clock.compute_until(plan.forward_us + plan.backward_us)
+    backward_done = clock.now_us()
     intervals = channel.wait_all()
+    waited = clock.now_us()
     clock.begin()
     clock.compute_until(plan.optimizer_us)
     step = clock.now_us() - t0
-    return StepTimes(plan.compute_us, busy_us(intervals), step - plan.compute_us, step,
-                     tuple((start - t0, end - t0) for start, end in intervals))
+    # exposed: the wait after the backward, counted only while an allreduce was in flight
+    exposed = busy_us(intervals, within=(backward_done, waited))
+    return StepTimes(plan.compute_us, busy_us(intervals), exposed, step,
+                     tuple((start - t0, end - t0) for start, end in intervals),
+                     other_us=max(0.0, step - plan.compute_us - exposed))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
 from conftest import commbench
 
 
@@ -20,8 +21,15 @@ def test_rows_summary_and_json_agree(tmp_path):
         assert len(step["ranks_us"]) == 2
         assert step["step_us"] == max(rank[3] for rank in step["ranks_us"])
         assert step["ranks_us"][step["slowest_rank"]][3] == step["step_us"]
+        # the split adds up, and exposed communication is communication that was measured
+        assert step["compute_us"] + step["exposed_comm_us"] + step["other_us"] == pytest.approx(step["step_us"])
+        assert step["exposed_comm_us"] <= step["comm_us"] and step["other_us"] >= 0
+        for compute, comm, exposed, whole, other in step["ranks_us"]:
+            assert exposed <= comm and compute + exposed + other == pytest.approx(whole)
     measured = [s["step_us"] for s in steps if not s["warmup"]]
     assert summary["steps"] == 3 and summary["step_us_p50"] == statistics.median(measured)
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ")]
-    assert [float(row[4]) for row in rows] == [round(s["step_us"] / 1e3, 2) for s in steps]
+    assert [float(row[5]) for row in rows] == [round(s["step_us"] / 1e3, 2) for s in steps]
+    assert [float(row[4]) for row in rows] == [round(s["other_us"] / 1e3, 2) for s in steps]
+    assert summary["other_us_p50"] == statistics.median(s["other_us"] for s in steps if not s["warmup"])
     assert "1 warm-up step(s), then 3 measured" in proc.stdout

@@ -73,8 +73,51 @@ def test_executed_step_matches_the_pure_timeline(durations):
     expected = overlap(PLAN, durations)
     assert executed.step_us == pytest.approx(expected.step_us)
     assert executed.exposed_comm_us == pytest.approx(expected.exposed_comm_us)
+    assert executed.other_us == pytest.approx(0.0, abs=1e-9)
     flat = [t for pair in executed.comm_intervals for t in pair]
     assert flat == pytest.approx([t for pair in expected.comm_intervals for t in pair])
+
+
+class LateClock(FakeClock):
+    """A rank descheduled while it computes: the `call`-th wait for compute progress `at_us` returns
+    `late_us` of wall time after that compute is done."""
+
+    def __init__(self, late_us, at_us, call=1):
+        super().__init__()
+        self.late_us, self.at_us, self.calls_left = late_us, at_us, call
+
+    def compute_until(self, progress_us):
+        super().compute_until(progress_us)
+        if progress_us == self.at_us:
+            self.calls_left -= 1
+            if self.calls_left == 0:  # wall time passes, compute makes no progress (a CpuClock's view)
+                self.t += self.late_us
+                self.base += self.late_us
+
+
+@pytest.mark.parametrize("durations", [[30.0, 30.0, 20.0], [100.0, 100.0, 50.0], [1.0, 2.0, 3.0]])
+def test_time_descheduled_is_other_not_exposed_communication(durations):
+    """The wall time a late compute adds is neither compute nor communication: exposed stays within
+    the communication measured, and step = compute + exposed + other exactly."""
+    pure = overlap(PLAN, durations)
+    # late in the forward: everything after moves; the split is the pure one plus 5 ms of other
+    clock = LateClock(late_us=5000.0, at_us=PLAN.forward_us)
+    t = run_step(PLAN, clock, FakeChannel(clock, durations))
+    assert t.exposed_comm_us == pytest.approx(pure.exposed_comm_us) and t.other_us == pytest.approx(5000.0)
+    assert t.step_us == pytest.approx(pure.step_us + 5000.0)
+    # late after the last launch, before the wait (the backward's end is reached twice: at the last
+    # bucket's launch, then before the wait): the allreduces end while the rank is away, none is waited for
+    clock = LateClock(late_us=5000.0, at_us=PLAN.forward_us + PLAN.backward_us, call=2)
+    t = run_step(PLAN, clock, FakeChannel(clock, durations))
+    assert t.exposed_comm_us == 0.0 and t.comm_us == pytest.approx(sum(durations))
+    assert t.other_us == pytest.approx(5000.0) and t.step_us == pytest.approx(PLAN.compute_us + 5000.0)
+    assert t.compute_us + t.exposed_comm_us + t.other_us == pytest.approx(t.step_us)
+
+
+def test_pure_timeline_has_no_other_time():
+    for durations in ([30.0, 30.0, 20.0], [100.0, 100.0, 50.0]):
+        t = overlap(PLAN, durations)
+        assert t.other_us == 0.0 and t.compute_us + t.exposed_comm_us == t.step_us
 
 
 def test_bucket_ready_times_follow_backward_flops():

@@ -1,0 +1,58 @@
+"""`commbench report`'s step breakdown: each run's median step split into compute, overlapped and
+exposed communication and other, adding up to that step; an older file's exposed (then step -
+compute) capped at its communication; runs of one setup named by their files."""
+from __future__ import annotations
+
+import pytest
+
+from commbench.analysis.report_steps import index_lines, plot_steps, step_rows
+
+
+def _summary(source, run_id="r", kind="proxy", **medians):
+    return {"record": "proxy", "kind": kind, "model": "resnet18", "world_size": 2, "backend": "torch",
+            "library": "gloo", "batch": 16, "status": "ok", "run_id": run_id, "_file": source,
+            **{f"{k}_p50": v for k, v in medians.items()}}
+
+
+def _step(source, index, compute, comm, exposed, step, other="absent", run_id="r"):
+    record = {"record": "step", "run_id": run_id, "step": index, "warmup": False, "compute_us": compute,
+              "comm_us": comm, "exposed_comm_us": exposed, "step_us": step, "_file": source}
+    if other != "absent":
+        record["other_us"] = other
+    return record
+
+
+def test_the_bars_are_the_median_step_and_add_up_to_it():
+    steps = [_step("a.jsonl", i, 1000.0, comm, exposed, 1000.0 + exposed + other, other)
+             for i, (comm, exposed, other) in enumerate([(50.0, 10.0, 5.0), (80.0, 30.0, 900.0), (60.0, 20.0, 7.0)])]
+    (row,) = step_rows([*steps, _summary("a.jsonl", compute_us=1000.0, comm_us=60.0, exposed_comm_us=20.0,
+                                         other_us=7.0, step_us=1027.0)])
+    alone, overlapped, exposed, other = row["parts"]
+    assert row["split_ms"] == pytest.approx(1.027)  # the middle step of 1.015, 1.027, 1.930 ms
+    assert (exposed, other, overlapped) == pytest.approx((0.020, 0.007, 0.040))  # overlapped = comm - exposed
+    assert alone + overlapped + exposed + other == pytest.approx(row["split_ms"])
+    assert row["derived"] is False
+
+
+def test_an_older_file_caps_exposed_at_the_communication_and_calls_the_rest_other():
+    # written when exposed was step - compute: 500 us of a descheduled rank counted as communication
+    step = _step("old.jsonl", 1, 1000.0, 60.0, 560.0, 1560.0)
+    (row,) = step_rows([step, _summary("old.jsonl", compute_us=1000.0, comm_us=60.0, exposed_comm_us=560.0,
+                                       step_us=1560.0)])
+    alone, overlapped, exposed, other = row["parts"]
+    assert exposed == pytest.approx(0.060) and other == pytest.approx(0.500) and overlapped == 0.0
+    assert row["derived"] is True
+    assert any(line.startswith("| resnet18 proxy") and "\\*" in line for line in index_lines([row], []))
+
+
+def test_training_is_not_split_and_two_runs_of_one_setup_are_named_by_file(tmp_path):
+    records = [_summary(name, run_id=name, compute_us=1000.0, comm_us=50.0, exposed_comm_us=10.0, other_us=0.0,
+                        step_us=1010.0) for name in ("before.jsonl", "after.jsonl")]
+    records.append(_summary("t.jsonl", kind="train", step_us=900.0))
+    rows = step_rows(records)
+    assert [row["label"].rsplit(", ", 1)[-1] for row in rows[:2]] == ["before.jsonl", "after.jsonl"]
+    assert rows[2]["parts"] is None and rows[2]["split_ms"] == pytest.approx(0.9)
+    # no step records: the summary's medians stand in, other the rest of the median step
+    assert sum(rows[0]["parts"]) == pytest.approx(1.010)
+    path = plot_steps(rows, str(tmp_path))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
