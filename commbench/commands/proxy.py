@@ -81,7 +81,8 @@ def proxy_command(**options) -> None:
     MODEL is a profile name (`commbench profiles list`) or a profile file. Each step
     emulates forward and backward, starts each bucket's allreduce when its last
     gradient is ready (overlapped with the rest of the backward, as DDP does), and
-    reports compute, communication, exposed communication and step time.
+    reports compute, communication, exposed communication (the wait for it after the
+    backward), other (the rest of the step) and step time: step = compute + exposed + other.
     """
     from commbench import job
     from commbench.commands.proxy_plan import make_config, say_note
