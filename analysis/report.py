@@ -5,7 +5,8 @@ For every collective: bus bandwidth against size (log x) and time against size
 points solid, predicted ones (`kind: predicted`, or the `--hw` model's prediction
 of each measured setup) dashed. index.md lists the setups with their headline
 numbers and links the PNGs. Proxy, train and scaling records get their own plots
-(report_steps.py): the step breakdown, scaling curves and the acc_ratio scatter.
+(report_steps.py): the step breakdown, scaling curves and the acc_ratio scatter;
+compare records (compare --json) the before/after chart (report_compare.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from commbench import collectives as C
 from commbench.analysis import report_steps as R
+from commbench.analysis.report_compare import plot_compare
 from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
@@ -242,10 +244,10 @@ def read_all(paths: list[str], warn=None) -> list[dict]:
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
     result, an ok proxy summary or a scaling point."""
     records = [{**r, "_file": p} for p in paths for r in read_records(p, warn)]
-    drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] == "scaling"
+    drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] in ("scaling", "compare")
                    or r["record"] == "proxy" and r.get("status", "ok") == "ok" for r in records)
     if not drawable:
-        raise ReportError("no timed result, proxy or scaling records in " + ", ".join(paths))
+        raise ReportError("no timed result, proxy, scaling or compare records in " + ", ".join(paths))
     return records
 
 
@@ -258,7 +260,8 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -
     pngs += [p for p in (plot_prediction(series, out_dir),) if p]
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
-    pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir)) if p]
+    pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
+                         plot_compare(records, out_dir)) if p]
     return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs
 
 

@@ -174,6 +174,7 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
 Examples:
   commbench compare base.jsonl new.jsonl                      # busbw, regressions beyond 5% fail
   commbench compare base.jsonl new.jsonl --metric time --threshold 10 --json cmp.jsonl
+  commbench compare base.jsonl new.jsonl --plot before_after.png   # both runs against size, the noise band
 
 \b
 Exit codes: 0 no regression, 1 at least one regression, 2 bad input (a file missing or without
@@ -187,7 +188,11 @@ result records, no point in common, --threshold <= 0).
               help="busbw_gbps (higher is better) or time_us (lower is better).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write one JSON line per point (record: compare).")
-def compare_command(base: str, new: str, threshold: float, metric: str, json_path: str | None) -> None:
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="Draw base and new against size, the band inside which no change is called, the verdicts "
+                   "(commbench report draws the same from --json's file).")
+def compare_command(base: str, new: str, threshold: float, metric: str, json_path: str | None,
+                    plot_path: str | None) -> None:
     """Compare two sweeps point by point; exit 1 on any regression (a CI check).
 
     Result records are matched on collective, backend, library, algorithm, dtype, op,
@@ -201,7 +206,9 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
         comparison = K.compare(K.load(base, warn), new_records, metric, threshold, (base, new))
     except K.CompareError as exc:
         raise UsageFault(str(exc)) from exc
-    check_outputs(("--json", json_path), inputs=(base, new))
+    if plot_path and not plot_path.lower().endswith(".png"):
+        raise UsageFault(f"--plot {plot_path}: the chart is a PNG; give a file name ending in .png")
+    check_outputs(("--json", json_path), ("--plot", plot_path), inputs=(base, new))
     setup = K.describe_setup(comparison)
     click.echo(f"# commbench compare: {base} (base) vs {new} (new){': ' + setup if setup else ''}")
     for line in K.format_table(comparison):
@@ -212,11 +219,27 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
             K.write_jsonl(comparison, json_path)
         except OutputError as exc:
             raise UsageFault(str(exc)) from exc
+    if plot_path:
+        _plot_comparison(K, comparison, plot_path, (base, new))
     wrong = sum(1 for r in new_records if r.get("record") == "result" and r.get("wrong"))
     if wrong:
         click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
     if comparison.regressions or wrong:
         sys.exit(1)
+
+
+def _plot_comparison(K, comparison, plot_path: str, names: tuple[str, str]) -> None:
+    import os
+
+    from commbench.analysis.report_compare import plot_compare
+
+    records = [K.to_record(point, comparison).to_dict() for point in comparison.points]
+    try:
+        plot_compare(records, os.path.dirname(os.path.abspath(plot_path)), os.path.basename(plot_path),
+                     (os.path.basename(names[0]), os.path.basename(names[1])))
+    except OSError as exc:
+        raise UsageFault(f"cannot write {plot_path}: {exc.strerror or exc}") from exc
+    click.echo(f"# wrote {plot_path}")
 
 
 @click.command("predict-scaling", epilog="""
