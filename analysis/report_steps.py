@@ -137,6 +137,8 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
         return None
     plt = _plt()
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(13, 5))
+    measured = measured_runs(records)
+    drawn: set[tuple] = set()
     for i, ((model, hw, algorithm, batch, _), points) in enumerate(sorted(curves.items())):
         colour = plt.cm.tab10(i % 10)
         gpus = [p["gpus"] for p in points]
@@ -145,15 +147,60 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
         ax_t.plot(gpus, rate, "o-", ms=3, color=colour, label=f"{model} on {hw}, {algorithm}, batch {batch}")
         ax_t.plot(gpus, [g * one for g in gpus], ":", color=colour, alpha=0.7)
         ax_l.plot(gpus, [p["linearity"] for p in points], "o-", ms=3, color=colour, label=f"{model}, {algorithm}")
+        for key, runs in measured.items():
+            if key[:2] == (model, batch) and key not in drawn:
+                drawn.add(key)
+                _draw_measured(ax_t, ax_l, key, runs, colour)
     ax_t.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="throughput (samples/s, all GPUs)",
-             title="Predicted throughput (dotted: ideal, N x 1 GPU)")
+             title="Throughput: predicted (line; dotted: ideal, N x 1 GPU)"
+                   + (", measured (markers)" if drawn else ""))
     ax_l.set(xscale="log", xlabel="GPUs", ylabel="linearity = throughput(N) / (N x throughput(1))",
-             title="Predicted scaling linearity", ylim=(0, 1.05))
+             title="Scaling linearity" + (" (measured: where its own 1-rank run exists)" if drawn else ""),
+             ylim=(0, 1.05))
+    import matplotlib
+
+    ticks = sorted({p["gpus"] for points in curves.values() for p in points}
+                   | {r["world_size"] for key in drawn for r in measured[key]})
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _pos: f"{value:g}")
     for ax in (ax_t, ax_l):
         ax.grid(True, which="both", alpha=0.3)
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8, rotation=45 if len(ticks) > 8 else 0)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax_t.yaxis.set_major_formatter(plain)
+    ax_t.yaxis.set_minor_formatter(plain if ax_t.get_ylim()[1] < 10 * ax_t.get_ylim()[0] else
+                                   matplotlib.ticker.NullFormatter())
     ax_t.legend(fontsize=8)
     path = save_png(fig, out_dir, "scaling.png")
     return path
+
+
+MEASURED_MARKERS = {"train": ("X", "real DDP training"), "proxy": ("D", "proxy replay")}
+
+
+def measured_runs(records: list[dict]) -> dict[tuple, list[dict]]:
+    """Measured runs (train and proxy summaries, status ok) that a predicted scaling curve can be set
+    beside: (model, batch, kind, backend, library) -> the runs, by world size."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("record") == "proxy" and r.get("kind") in MEASURED_MARKERS and r.get("status", "ok") == "ok" \
+                and r.get("samples_per_s"):
+            runs[(r["model"], r["batch"], r["kind"], r["backend"], r["library"])].append(r)
+    return {key: sorted(points, key=lambda p: p["world_size"]) for key, points in runs.items()}
+
+
+def _draw_measured(ax_t, ax_l, key: tuple, runs: list[dict], colour) -> None:
+    """A measured setup's throughput at each world size (markers, no line: separate runs); its linearity
+    against its own 1-rank run where the files hold one."""
+    _, _, kind, backend, library = key
+    marker, what = MEASURED_MARKERS[kind]
+    label = f"measured: {what}, {backend}/{library}"
+    ax_t.scatter([r["world_size"] for r in runs], [r["samples_per_s"] for r in runs], marker=marker, s=45,
+                 facecolors="none" if kind == "proxy" else colour, edgecolors=colour, zorder=3, label=label)
+    one = next((r["samples_per_s"] for r in runs if r["world_size"] == 1), None)
+    if one:
+        ax_l.scatter([r["world_size"] for r in runs], [r["samples_per_s"] / (r["world_size"] * one) for r in runs],
+                     marker=marker, s=45, facecolors="none" if kind == "proxy" else colour, edgecolors=colour,
+                     zorder=3, label=label)
 
 
 def plot_acc_ratio(records: list[dict], out_dir: str) -> str | None:

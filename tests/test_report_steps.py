@@ -56,3 +56,20 @@ def test_training_is_not_split_and_two_runs_of_one_setup_are_named_by_file(tmp_p
     assert sum(rows[0]["parts"]) == pytest.approx(1.010)
     path = plot_steps(rows, str(tmp_path))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_measured_runs_stand_beside_the_predicted_curve_of_their_model_and_batch(tmp_path):
+    from commbench.analysis.report_steps import measured_runs, plot_scaling
+
+    curve = [{"record": "scaling", "model": "resnet18", "hardware": "hw", "algorithm": "nccl", "batch": 8,
+              "compute": "c", "gpus": g, "samples_per_s": 12.0 * g * 0.95, "speedup": g * 0.95, "linearity": 0.95}
+             for g in (1, 2, 4)]
+    runs = [_summary(f"t{n}.jsonl", kind="train", step_us=1e6) | {"world_size": n, "batch": 8,
+                                                                   "samples_per_s": 10.0 * n * (1 if n == 1 else 0.7)}
+            for n in (1, 2)]
+    other_batch = _summary("p.jsonl", compute_us=1.0, step_us=2.0) | {"samples_per_s": 5.0}  # batch 16: not beside
+    found = measured_runs([*curve, *runs, other_batch])
+    assert [r["world_size"] for r in found[("resnet18", 8, "train", "torch", "gloo")]] == [1, 2]
+    assert ("resnet18", 16, "proxy", "torch", "gloo") in found  # measured, but no curve of batch 16 in the files
+    path = plot_scaling([*curve, *runs, other_batch], str(tmp_path))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
