@@ -19,26 +19,22 @@ Each round gives two statistics per method, computed for both by the same functi
   p50   each call's maximum over ranks, then the median over calls: commbench's p50_us.
 
 Both methods use the same N and the same warm-up count (chosen once per size by the
-rule in method.py, which is commbench's adaptive rule). The two alternate for
---rounds rounds (bare first in rounds 1, 3, 5..., commbench first in rounds 2, 4,
-6...) so that drift in the machine's speed falls on both alike; each column is the
-median over rounds and ratio = commbench / bare. Target: |ratio - 1| <= 5% at
->= 64 KiB and <= 10% below (slower or faster: either way the harness would
-misreport). noise = (max - min) / median over rounds, the larger of the two methods'.
-Verdict, for the mean and for the p50 separately:
+rule in method.py, which is commbench's adaptive rule). Each round is one pair of the
+paired method (method.py): bare then commbench in rounds 1, 3, 5..., commbench then
+bare in rounds 2, 4, 6... (ABBA), and each pair gives ratio = commbench / bare. The
+columns are the median over rounds of each method, the median pair ratio and the
+interquartile range (IQR) of the pair ratios. Target: |ratio - 1| <= 5% at >= 64 KiB
+and <= 10% below (slower or faster: either way the harness would misreport). Verdict,
+for the mean and for the p50 separately, on the IQR of the pair ratios:
 
-  FAIL   |ratio - 1| exceeds the target and the noise: a difference larger than the
-         round-to-round variation of either method, which the machine does not explain;
-  noisy  not FAIL, but the noise exceeds the target: one method alone moves from round
-         to round by more than the tolerance, so this run can neither show nor rule
-         out an overhead of that size (a ratio inside the target is then as likely
-         luck as evidence, so it is not called a pass);
-  pass   |ratio - 1| and the noise both within the target.
+  pass   the whole IQR lies within the target;
+  FAIL   the whole IQR lies outside it (on one side);
+  noisy  the IQR crosses an edge of the target: this run can neither show nor rule
+         out an overhead of that size.
 
 On a small VM the 2-rank gloo time is mostly the time a sleeping vCPU takes to wake
-when its peer's data arrives: per-call times are heavy-tailed, even bimodal, and the
-mean moves by tens of percent between rounds, so "noisy" is the expected verdict
-there. The p50 ignores the tail but not the bimodality. Section 2 measures the
+when its peer's data arrives: per-call times are heavy-tailed, even bimodal, so the
+pair ratios scatter too and "noisy" is a common verdict there. Section 2 measures the
 harness's cost without that noise.
 
 Section 2, "loop overhead", 1 rank. A world-size-1 gloo process group in one process:
@@ -277,48 +273,37 @@ def _overhead_rank(rank: int, world: int, port: int, outbox, sizes: list[int], r
 STATISTICS = {"mean": "time_us", "p50": "p50_us"}  # name in this report: commbench's field
 
 
-def judge(ratio: float, noise: float, limit: float) -> str:
-    """FAIL: off by more than the target and the noise; noisy: the noise alone exceeds the target; else pass."""
-    off = abs(ratio - 1)
-    if off > limit and off > noise:
-        return "FAIL"
-    if noise > limit:
-        return "noisy"
-    return "pass"
-
-
 def summarize_size(raw: dict) -> dict:
-    """Per statistic: medians over rounds, the ratio, the noise and the verdict, for one size."""
+    """Per statistic: medians over rounds, the paired ratio (median, IQR, every pair's) and the verdict."""
     limit = LARGE_LIMIT if raw["nbytes"] >= LARGE_FROM_NBYTES else SMALL_LIMIT
     row = {**raw, "limit": limit}
     for stat in STATISTICS:
         bare_rounds, ours_rounds = raw[f"bare_{stat}_rounds_us"], raw[f"commbench_{stat}_rounds_us"]
-        bare, ours = method.median(bare_rounds), method.median(ours_rounds)
-        ratio, noise = ours / bare, max(_spread(bare_rounds), _spread(ours_rounds))
-        row.update({f"bare_{stat}_us": bare, f"commbench_{stat}_us": ours, f"{stat}_ratio": ratio,
-                    f"{stat}_diff_us": ours - bare, f"{stat}_noise": noise,
-                    f"{stat}_verdict": judge(ratio, noise, limit)})
+        pairs = method.PairedRatio.of_times(list(zip(bare_rounds, ours_rounds)))
+        diffs = [ours - bare for bare, ours in zip(bare_rounds, ours_rounds)]
+        row.update({f"bare_{stat}_us": method.median(bare_rounds), f"commbench_{stat}_us": method.median(ours_rounds),
+                    f"{stat}_ratio": pairs.median, f"{stat}_ratio_q1": pairs.q1, f"{stat}_ratio_q3": pairs.q3,
+                    f"{stat}_pair_ratios": list(pairs.ratios), f"{stat}_diff_us": method.median(diffs),
+                    f"{stat}_noise": pairs.spread,
+                    f"{stat}_verdict": method.judge_within(pairs, 1 - limit, 1 + limit)})
     return row
 
 
-def _spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / method.median(values)
-
-
 HEADERS = ["size", "iters", *(h for stat in STATISTICS for h in (
-    f"bare {stat}_us", f"cb {stat}_us", f"{stat} cb/bare", f"{stat} noise %", f"{stat} verdict")), "target %"]
+    f"bare {stat}_us", f"cb {stat}_us", f"{stat} cb/bare [IQR]", f"{stat} verdict")), "target %"]
 
 
 def table_row(row: dict) -> list[object]:
     cells: list[object] = [format_size(row["nbytes"]), row["iters"]]
     for stat in STATISTICS:
-        cells += [row[f"bare_{stat}_us"], row[f"commbench_{stat}_us"], method.ratio_text(row[f"{stat}_ratio"]),
-                  f"{100 * row[f'{stat}_noise']:.1f}", row[f"{stat}_verdict"]]
+        cells += [row[f"bare_{stat}_us"], row[f"commbench_{stat}_us"],
+                  f"{row[f'{stat}_ratio']:.3f} [{row[f'{stat}_ratio_q1']:.3f}-{row[f'{stat}_ratio_q3']:.3f}]",
+                  row[f"{stat}_verdict"]]
     return cells + [f"+-{100 * row['limit']:.0f}"]
 
 
 LOOP_HEADERS = ["size", "iters", *(h for stat in STATISTICS for h in (
-    f"bare {stat}_us", f"cb {stat}_us", f"{stat} diff_us", f"{stat} cb/bare", f"{stat} noise %",
+    f"bare {stat}_us", f"cb {stat}_us", f"{stat} diff_us", f"{stat} cb/bare", f"{stat} IQR/median %",
     f"{stat} diff % 2-rank"))]
 
 
@@ -416,11 +401,11 @@ def _print_verdicts(rows: list[dict]) -> None:
     for stat in STATISTICS:
         verdicts = [row[f"{stat}_verdict"] for row in rows]
         counts.append(f"{stat}: " + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "noisy")))
-    print(f"# {len(rows)} sizes; {'; '.join(counts)} (target |ratio - 1| <= 5% at >= 64 KiB, 10% below)")
+    print(f"# {len(rows)} sizes; {'; '.join(counts)} (target |ratio - 1| <= 5% at >= 64 KiB, 10% below, judged "
+          "on the IQR of the pair ratios)")
     if any(row[f"{stat}_verdict"] == "noisy" for row in rows for stat in STATISTICS):
-        print("# noisy: one method's own round-to-round spread (noise) exceeds the target and the ratio is off by "
-              "no more than that noise: this run cannot decide either way (the 1-rank loop overhead isolates the "
-              "harness's own cost)")
+        print("# noisy: the IQR of the pair ratios crosses an edge of the target: this run cannot decide either way "
+              "(the 1-rank loop overhead isolates the harness's own cost)")
 
 
 def _print_loop_summary(rows: list[dict]) -> None:
@@ -428,7 +413,7 @@ def _print_loop_summary(rows: list[dict]) -> None:
     for stat in STATISTICS:
         diffs = [row[f"{stat}_diff_us"] for row in rows]
         shares = [abs(row[f"{stat}_diff_of_2rank"]) for row in rows if f"{stat}_diff_of_2rank" in row]
-        parts.append(f"{stat} {min(diffs):+.2f} to {max(diffs):+.2f} us"
+        parts.append(f"{stat} {min(diffs):+.2f} to {max(diffs):+.2f} us (median of the pair differences per size)"
                      + (f" (at most {100 * max(shares):.2f}% of the 2-rank bare {stat})" if shares else ""))
     print(f"# commbench - bare per call over these sizes: {'; '.join(parts)}; negative: commbench measured less")
 

@@ -11,6 +11,16 @@ difference in the tools, not in how long or how often each was timed:
 - a barrier, then the iterations back to back, each timed with time.perf_counter;
 - time_us = each rank's mean per iteration, then the maximum over ranks.
 
+Comparisons between tools are **paired** (ARCHITECTURE.md): this VM changes speed for
+tens of seconds at a time, so medians of separate per-tool rounds compare machine states,
+not tools. Per size, the two tools of a comparison run in short slots alternating
+A B, B A, A B, ... (`abba_orders`); each pair gives one ratio (B's time / A's time,
+taken within seconds of each other); the figure reported is the median of the pair
+ratios and its spread is their interquartile range (`PairedRatio`). A target is judged
+on that spread (`judge_at_least`, `judge_within`): pass when the whole IQR meets it,
+FAIL when the whole IQR misses it, noisy when the IQR straddles it. With one pair the
+IQR is that one ratio and the verdict is a plain comparison.
+
 Bandwidth follows nccl-tests' doc/PERFORMANCE.md: algbw = bytes / time / 1e9
 (GB/s), busbw = algbw * 2(n-1)/n for allreduce, through commbench.collectives'
 one definition (tests/test_collectives.py pins its values).
@@ -22,6 +32,8 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 from commbench.bench import timed_calls, warmup_calls
 from commbench.collectives import bandwidths_gbps
@@ -43,6 +55,108 @@ def allreduce_bandwidths_gbps(nbytes: int, time_us: float, world: int) -> tuple[
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+# ---------------------------------------------------------------- paired comparisons
+
+DEFAULT_PAIRS = 6
+
+
+def abba_orders(pairs: int) -> list[bool]:
+    """For each pair, whether A runs first: A B, B A, A B, ... (over two pairs each tool runs first and
+    second once, so a drift in the machine's speed within a pair falls on both alike)."""
+    return [index % 2 == 0 for index in range(pairs)]
+
+
+def run_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], pairs: int) -> list[tuple[float, float]]:
+    """(A's time, B's time) per pair, the two slots of each pair back to back in ABBA order."""
+    out = []
+    for a_first in abba_orders(pairs):
+        if a_first:
+            a = measure_a()
+            b = measure_b()
+        else:
+            b = measure_b()
+            a = measure_a()
+        out.append((a, b))
+    return out
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3), inclusive method (with one value, that value three times)."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """The ratios of one comparison at one size, one per pair, and what is reported of them."""
+    ratios: tuple[float, ...]
+
+    @classmethod
+    def of_times(cls, pairs: list[tuple[float, float]]) -> PairedRatio:
+        """ratio = B's time / A's time per pair (above 1: A is faster)."""
+        return cls(tuple(b / a for a, b in pairs if a > 0 and b > 0 and not math.isnan(a + b)))
+
+    @property
+    def median(self) -> float:
+        return quartiles(list(self.ratios))[1]
+
+    @property
+    def q1(self) -> float:
+        return quartiles(list(self.ratios))[0]
+
+    @property
+    def q3(self) -> float:
+        return quartiles(list(self.ratios))[2]
+
+    @property
+    def spread(self) -> float:
+        """The IQR relative to the median ((q3 - q1) / median)."""
+        q1, mid, q3 = quartiles(list(self.ratios))
+        return (q3 - q1) / mid if self.ratios and mid else math.nan
+
+    def to_json(self) -> dict:
+        return {"ratios": list(self.ratios), "median": self.median, "q1": self.q1, "q3": self.q3,
+                "iqr_over_median": self.spread, "pairs": len(self.ratios)}
+
+    def text(self) -> str:
+        """"1.62 [1.50-1.71]": the median and the IQR of the pair ratios."""
+        if not self.ratios:
+            return "n/a"
+        return f"{self.median:.3g} [{self.q1:.3g}-{self.q3:.3g}]"
+
+
+def judge_at_least(ratio: PairedRatio, target: float) -> str:
+    """pass: the whole IQR of the pair ratios is >= target; FAIL: the whole IQR is below it; noisy: it
+    straddles the target (this run cannot decide); n/a: no pair measured."""
+    if not ratio.ratios:
+        return "n/a"
+    if ratio.q1 >= target:
+        return "pass"
+    if ratio.q3 < target:
+        return "FAIL"
+    return "noisy"
+
+
+def judge_within(ratio: PairedRatio, low: float, high: float) -> str:
+    """pass: the whole IQR lies in [low, high]; FAIL: the whole IQR lies outside it, on one side;
+    noisy: the IQR crosses an edge."""
+    if not ratio.ratios:
+        return "n/a"
+    if low <= ratio.q1 and ratio.q3 <= high:
+        return "pass"
+    if ratio.q3 < low or ratio.q1 > high:
+        return "FAIL"
+    return "noisy"
+
+
+def verdict_counts(verdicts: list[str]) -> str:
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "noisy", "n/a") if verdicts.count(v))
 
 
 class Table:

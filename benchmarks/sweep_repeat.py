@@ -6,8 +6,9 @@ Runs the real command line, `commbench sweep --sizes 1K-1G --json runI.jsonl`
 (harness_overhead.bare_run_rank: 2 fresh local gloo ranks, in-place float32 sum
 allreduce, warm-up and iteration counts chosen by commbench's own adaptive rule with
 the same --min-time, --iters, --warmup and --nprocs as given in --cli-args) at the
-sizes >= --spread-from. The runs interleave: commbench run 1, bare run 1, commbench
-run 2, bare run 2, ... so both see the same machine at the same times. It reports:
+sizes >= --spread-from. The runs interleave in pairs, in ABBA order (method.py):
+commbench run 1, bare run 1, bare run 2, commbench run 2, ... so both see the same
+machine at the same times. It reports:
 
 - the wall time of each commbench run, against the target of under 120 s (2-core
   machine); the bare runs' wall times are shown too, with no target;
@@ -24,7 +25,10 @@ verdict on each commbench point is:
          in the same interleaved runs, spread as much or more: the variation belongs to
          the machine, and this run cannot show whether commbench adds any.
 
-With 2 runs each spread is one pair of numbers: a single slow vCPU wake-up pattern
+Beside the spreads, each pair of runs gives one ratio per size, commbench's in-place
+busbw / the bare loop's, reported as the median and interquartile range over pairs
+(in --json with every pair's value): the paired view of whether commbench measures
+what a bare loop measures. With 2 runs each spread is one pair of numbers: a single slow vCPU wake-up pattern
 can move it by tens of percent; more runs (--runs 4) make the comparison firmer.
 
 Each commbench run's table goes to runI.log and its results to runI.jsonl in
@@ -193,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f", --warmup {options.warmup}" if options.warmup is not None else "")
           + f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; runs interleaved", flush=True)
     walls, busbw_runs, bare_runs, bare_busbw_runs = [], [], [], []
-    for index in range(1, args.runs + 1):
+
+    def commbench_run(index: int) -> None:
         json_path = os.path.join(args.out_dir, f"run{index}.jsonl")
         log_path = os.path.join(args.out_dir, f"run{index}.log")
         wall_s, code = run_cli_sweep(args.sizes, json_path, log_path, extra)
@@ -204,12 +209,19 @@ def main(argv: list[str] | None = None) -> int:
         walls.append({"run": index, "wall_s": wall_s, "exit_code": code, "points": len(results),
                       "passed": verdict == "pass"})
         busbw_runs.append(busbw_by_point(results))
+
+    def bare_run(index: int) -> None:
         if sizes:
             bare_wall_s, bare_rows, error = run_bare(sizes, options, args.timeout)
             print(f"run {index} bare:      wall {bare_wall_s:.1f} s, {len(bare_rows)} sizes"
                   + (f": failed: {error}" if error else ""), flush=True)
             bare_runs.append({"run": index, "wall_s": bare_wall_s, "error": error, "sizes": bare_rows})
             bare_busbw_runs.append({(row["nbytes"], BARE): row["busbw_gbps"] for row in bare_rows})
+
+    for index, commbench_first in enumerate(method.abba_orders(args.runs), start=1):
+        for run in ((commbench_run, bare_run) if commbench_first else (bare_run, commbench_run)):
+            run(index)
+    pair_rows = paired_rows(busbw_runs, bare_busbw_runs, sizes)
     rows = spread_rows(busbw_runs, spread_from, args.max_spread)
     bare_rows = spread_rows(bare_busbw_runs, spread_from, args.max_spread) if bare_busbw_runs else []
     bare_spread = {row["nbytes"]: row["spread"] for row in bare_rows}
@@ -217,10 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         row["bare_spread"] = bare_spread.get(row["nbytes"])
         row["verdict"] = judge(row, row["bare_spread"], args.max_spread)
     _print_spread(rows, bare_rows, args)
+    if pair_rows:
+        print("\n# paired: commbench in-place busbw / bare busbw, per pair of runs: median [q1-q3] (pairs)")
+        for row in pair_rows:
+            print(f"#   {format_size(row['nbytes'])}: {row['ratio_text']} ({len(row['ratios'])})")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:
             json.dump({"benchmark": "sweep_repeat", "command": " ".join(sys.argv), "config": vars(args),
                        "bare_options": vars(options), "runs": walls, "bare_runs": bare_runs, "spread": rows,
+                       "paired": pair_rows,
                        "bare_spread": [{k: v for k, v in row.items() if k != "passed"} for row in bare_rows]},
                       handle, indent=1)
         print(f"# wrote {args.json_path}")
@@ -256,6 +273,20 @@ def _print_spread(rows: list[dict], bare_rows: list[dict], args: argparse.Namesp
     if "noisy" in verdicts:
         print("# noisy: commbench's spread exceeds the target, but the bare loop, in the same interleaved runs, "
               "spread as much or more: the machine varies that much; this run cannot tell whether commbench adds to it")
+
+
+def paired_rows(busbw_runs: list[dict], bare_busbw_runs: list[dict], sizes: list[int]) -> list[dict]:
+    """Per size: the ratio commbench in-place busbw / bare busbw of each pair of runs, median and IQR."""
+    out = []
+    for nbytes in sizes:
+        ratios = tuple(ours[(nbytes, "in-place")] / bare[(nbytes, BARE)]
+                       for ours, bare in zip(busbw_runs, bare_busbw_runs)
+                       if (nbytes, "in-place") in ours and (nbytes, BARE) in bare and bare[(nbytes, BARE)] > 0)
+        if ratios:
+            pair = method.PairedRatio(ratios)
+            out.append({"nbytes": nbytes, "ratios": list(ratios), "median": pair.median, "q1": pair.q1,
+                        "q3": pair.q3, "ratio_text": pair.text()})
+    return out
 
 
 def _percent(value: float | None) -> str:
