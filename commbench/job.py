@@ -5,8 +5,9 @@ A command validates its options into a frozen config and a `Plan`: spawn local r
 join the job a launcher started (torchrun, srun, mpirun), or run every rank in this
 process (sim, cuda's virtual and peer modes, a predicted proxy). `run` carries the plan
 out. Every rank runs one job function (`JOBS`) inside `run_rank`, which maps exceptions
-to the documented exit codes once for all jobs, and every spawned rank enters through
-`python -m commbench.job`. launch.py holds the launchers' variables and the supervisor.
+to the documented exit codes once for all jobs, and every rank commbench starts (itself, or
+through torchrun on an emulated cluster) enters through `python -m commbench.job`. launch.py
+holds the launchers' variables and the supervisor; emulate.py the emulated cluster.
 
 Exit codes: 0 ok, 1 wrong results, 2 bad input (or a model too large for memory),
 3 a rank failed (died, hung past the timeout, out of memory while measuring), 130
@@ -88,12 +89,14 @@ class JobFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Plan:
-    mode: str  # spawn (local ranks), join (a launcher's job), local (every rank in this process)
+    mode: str  # spawn (local ranks), join (a launcher's job), local (every rank in this process),
+    #            emulate (nodes x ranks_per_node ranks on an emulated cluster of this host, emulate.py)
     world: int
     launch: LaunchInfo | None = None  # when joining: who this process is
     nodes: int = 1
     ranks_per_node: int = 1
     note: str | None = None  # said once before running (e.g. why a proxy is predicted)
+    link_bps: int = 0  # emulate: each node's link rate (bit/s)
 
     @property
     def lead(self) -> bool:
@@ -122,9 +125,18 @@ def launcher_of(launcher_option: str = "auto", env: Mapping[str, str] | None = N
 
 def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
     """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s)."""
-    if plan.mode == "spawn":
+    if plan.mode in ("spawn", "emulate"):
         payload = json.dumps({"job": job, "config": cfg.to_json(), "argv": list(argv)})
-        code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
+        if plan.mode == "spawn":
+            code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
+        else:
+            from commbench.emulate import EmulateError, run_job
+
+            try:
+                code = run_job(plan.nodes, plan.ranks_per_node, plan.link_bps, {JOB_VAR: payload}, cfg.timeout_s)
+            except EmulateError as exc:
+                print(f"commbench: error: {exc}", file=sys.stderr)
+                return EXIT_FAULT
         if code != EXIT_OK and cfg.json_path:
             close_records(job, cfg.json_path)
         return code
@@ -306,7 +318,7 @@ def main() -> None:
         cfg = config_class.from_json(payload["config"])
         if WATCHDOG_VAR in os.environ:
             watch_spawner(int(os.environ[WATCHDOG_VAR]), stop_margin_s(cfg.timeout_s))
-        code = function(cfg, from_environment(os.environ, "spawn"), payload["argv"])
+        code = function(cfg, from_environment(os.environ, detect_launcher(os.environ) or "spawn"), payload["argv"])
     except KeyboardInterrupt:  # before the rank's frame started, or after it ended
         code = EXIT_INTERRUPTED
     exit_now(code)

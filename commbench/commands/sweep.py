@@ -5,7 +5,9 @@ import sys
 
 import click
 
+from commbench.commands import layout
 from commbench.commands.common import UsageFault, check_outputs, find_job
+from commbench.commands.emulate import emulate_options, emulated_shape
 
 SWEEP_EXAMPLES = """
 \b
@@ -17,6 +19,7 @@ Examples:
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m commbench sweep --sizes 1K-1G
   srun -N 4 --ntasks-per-node 8 commbench sweep --sizes 1K-1G
   mpirun -np 16 -x MASTER_ADDR=node01 commbench sweep --sizes 1K-1G
+  commbench sweep --emulate 2x2 --link 1gbit --backend hybrid    # 2 emulated nodes, 1 Gbit/s links (root)
   commbench sweep --backend cuda -N 8 --sizes 1K-256M      # commbench's kernels, 8 virtual ranks on one GPU
   torchrun --nproc-per-node 8 -m commbench sweep --backend cupy --graph --monitor
 
@@ -68,8 +71,11 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
               help="Sample GPU (NVML: utilisation, memory, power, SM clock, PCIe, NVLink) and host (CPU, memory, "
                    "NIC) telemetry on rank 0's host; per-point averages in the JSON, a summary line at the end.")
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
-              help="Nodes x ranks per node for the algorithms, e.g. 8x8 [default: the launcher's layout, "
-                   "or one node].")
+              help="Nodes x ranks per node for the algorithms, e.g. 8x8; spawned here, that many ranks [default: "
+                   "the launcher's layout, or one node].")
+@click.option("--nodes", type=int, default=None, help="Nodes: --nodes N --gpus-per-node G is --topology NxG.")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node [default with --nodes: --nprocs / N, or local GPUs, or 1].")
 @click.option("--hw", default=None, metavar="FILE|PRESET",
               help="sim: time each call with the cost model of this hardware (from `commbench fit`, or a preset).")
 @click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
@@ -96,6 +102,7 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
               help="Write one CSV row per point.")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
               help="Stop if a rank dies or no collective completes within this long.")
+@emulate_options
 def sweep(**options) -> None:
     """Benchmark collectives across message sizes (nccl-tests-style table, checked results).
 
@@ -114,7 +121,12 @@ def plan_sweep(options: dict):
     from commbench import job
 
     _check_counts(options)
-    cls, request = _backend(options, job.launcher_of(options["launcher"]))
+    options = layout.for_sweep(options, joined=job.launcher_of(options["launcher"]) is not None)
+    shape = emulated_shape(options, {"--nprocs": options["nprocs"], "--topology": options["topology"],
+                                     "--launcher": options["launcher"] != "auto"})
+    cls, request = _backend(options, "torchrun" if shape else job.launcher_of(options["launcher"]))
+    if shape:
+        return _emulated(options, cls, request, *shape)
     if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
         cfg, world = _sweep_config(options, cls, request, world=None)
         return cfg, job.Plan("local", world)
@@ -135,6 +147,17 @@ def _spawn_or_join(options: dict, cls, request):
                    f"{info.world_size} rank(s)", err=True)
     cfg, world = _sweep_config(options, cls, request, world=info.world_size, local_ranks=info.local_world_size)
     return cfg, job.Plan("join", world, info)
+
+
+def _emulated(options: dict, cls, request, nodes: int, ranks: int, link_bps: int):
+    """(SweepConfig, Plan) for ranks on an emulated cluster: torchrun starts them, node by node."""
+    from commbench import job
+
+    if cls.in_process(request):
+        raise UsageFault(f"--backend {cls.name} runs every rank in this process: nothing to run on an emulated "
+                         f"cluster (try --backend torch, p2p or hybrid)")
+    cfg, world = _sweep_config(options, cls, request, world=nodes * ranks, local_ranks=nodes * ranks)
+    return cfg, job.Plan("emulate", world, None, nodes, ranks, link_bps=link_bps)
 
 
 def _backend(options: dict, launcher: str | None):

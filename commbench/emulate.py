@@ -1,0 +1,475 @@
+"""An emulated cluster on one Linux host: nodes in network namespaces, joined by rate-limited links.
+
+Layout of a cluster `TAG` of N nodes (docs/emulation.md):
+- one network namespace per node, `cbemu-TAG-nI`, holding one interface, `cbnic`, with the
+  address 198.18.0.(I+1)/24 (198.18.0.0/15 is reserved for network benchmarking, RFC 2544);
+- one namespace for the switch, `cbemu-TAG-sw`, holding a bridge and one port `pI` per node;
+  node I's `cbnic` and the switch's `pI` are the two ends of one veth pair (the node's cable);
+- `tc tbf` at the link rate on both ends: on `cbnic` (what the node's NIC sends) and on `pI`
+  (what the switch sends the node: what its NIC receives). There is no added delay: this kernel
+  has no netem, so a link has a rate and veth's own (microsecond) latency.
+Nothing is created in, or changed of, the host's own network namespace.
+
+Each cluster has a state file under STATE_DIR, written before anything is created, that names
+its owner: the commbench process of an `--emulate` run (the cluster goes when it ends), or none
+for `commbench emulate up` (kept until `down`). `clean` removes every cluster whose owner has died,
+and any `cbemu-` namespace that no state file accounts for, with the processes still inside,
+and the shared-memory segments of its runs.
+
+Ranks run in their node's namespace under the real launcher: one torchrun agent per node
+(`--nnodes N --node-rank I`, c10d rendezvous at node 0's address), each starting the job's
+ranks, which use `cbnic` for gloo (GLOO_SOCKET_IFNAME) and find their node from torchrun, as on a
+cluster. Ranks of one node share memory (hybrid, shm); ranks of different nodes only the link.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from commbench.files import UnreadableFile, read_small
+from commbench.launch import JOB_TAG_VAR, interrupt, remove_segments, stop_all, stop_margin_s, supervise
+
+PREFIX = "cbemu-"
+STATE_DIR = os.environ.get("COMMBENCH_EMULATE_STATE", "/run/commbench/emulate")
+NIC = "cbnic"  # every node's interface, inside its own namespace
+SUBNET = "198.18.0."  # node I is SUBNET + (I + 1), /24, in every cluster (each has its own switch)
+RDZV_PORT = 29400  # torchrun's c10d rendezvous, on node 0's address (inside the cluster only)
+MAX_NODES = 64
+MIN_RATE_BPS, MAX_RATE_BPS = 1_000_000, 100_000_000_000
+UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+TBF_LATENCY_MS = 100  # tbf's queue: what a link holds at its rate before it drops (TCP backs off then)
+GSO_BYTES = 65536 + 1500  # a veth hands tbf segments of up to 64 KiB (GSO): the bucket must hold one
+CAP_NET_ADMIN = 12
+_STDERR_PASS_VAR = "COMMBENCH_EMULATE_VERBOSE"  # set: the launchers' own log lines are shown too
+
+
+class EmulateError(RuntimeError):
+    """The cluster cannot be built or used (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    tag: str
+    nodes: int
+    ranks_per_node: int
+    rate_bps: int
+    owner_pid: int | None = None  # None: kept until `commbench emulate down`
+    owner_start: int | None = None  # the owner's start time (clock ticks since boot): pids are reused
+    created: float = 0.0
+
+    @property
+    def switch(self) -> str:
+        return f"{PREFIX}{self.tag}-sw"
+
+    def node(self, index: int) -> str:
+        return f"{PREFIX}{self.tag}-n{index}"
+
+    @staticmethod
+    def address(index: int) -> str:
+        return f"{SUBNET}{index + 1}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.node(i) for i in range(self.nodes)] + [self.switch]
+
+    @property
+    def shape(self) -> str:
+        return f"{self.nodes}x{self.ranks_per_node}"
+
+    def alive(self) -> bool:
+        """Kept on purpose (no owner), or its owner still runs."""
+        return self.owner_pid is None or _start_time(self.owner_pid) == self.owner_start
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'NODESxRANKS' -> (nodes, ranks per node), or EmulateError."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text or "")
+    if not match:
+        raise EmulateError(f"--emulate {text!r}: expected NODESxRANKS, e.g. 2x2 (2 nodes of 2 ranks)")
+    nodes, ranks = int(match.group(1)), int(match.group(2))
+    if not 1 <= nodes <= MAX_NODES:
+        raise EmulateError(f"--emulate {text}: 1 to {MAX_NODES} nodes")
+    if ranks < 1:
+        raise EmulateError(f"--emulate {text}: at least 1 rank per node")
+    return nodes, ranks
+
+
+def parse_rate(text: str) -> int:
+    """A link rate in tc's units (100mbit, 1gbit, 2.5gbit; SI: 1gbit = 1e9 bit/s) -> bit/s."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text or "")
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in UNITS:
+        raise EmulateError(f"--link {text!r}: expected a rate such as 100mbit, 1gbit or 2.5gbit")
+    rate = int(float(match.group(1)) * UNITS[unit])
+    if not MIN_RATE_BPS <= rate <= MAX_RATE_BPS:
+        raise EmulateError(f"--link {text}: between {rate_text(MIN_RATE_BPS)} and {rate_text(MAX_RATE_BPS)}")
+    return rate
+
+
+def rate_text(bps: float) -> str:
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bps >= UNITS[unit]:
+            return f"{bps / UNITS[unit]:g}{unit}"
+    return f"{bps:g}bit"
+
+
+# ------------------------------------------------------------------------------ privileges
+
+def require_privileges() -> None:
+    """One line naming what is missing: the `ip` or `tc` command (iproute2), or root/CAP_NET_ADMIN."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise EmulateError(f"--emulate needs {' and '.join(missing)} (iproute2: apt-get install iproute2), "
+                           f"not found on PATH")
+    if os.geteuid() != 0 and not _has_capability(CAP_NET_ADMIN):
+        raise EmulateError("--emulate needs root or CAP_NET_ADMIN to create network namespaces "
+                           "(run as root, e.g. sudo, or in a container with --cap-add NET_ADMIN)")
+
+
+def _has_capability(bit: int) -> bool:
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+# -------------------------------------------------------------------------- build and remove
+
+def create(nodes: int, ranks_per_node: int, rate_bps: int, owned: bool = True) -> Cluster:
+    """Build a cluster (its state file first, so that a crash half-way leaves nothing `clean` misses)."""
+    require_privileges()
+    me = os.getpid()
+    cluster = Cluster(uuid.uuid4().hex[:8], nodes, ranks_per_node, rate_bps, me if owned else None,
+                      _start_time(me) if owned else None, round(time.time(), 3))
+    _write_state(cluster)
+    try:
+        _ip("netns", "add", cluster.switch)
+        _ip("-n", cluster.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", cluster.switch, "link", "set", "br0", "up")
+        for i in range(nodes):
+            ns, port = cluster.node(i), f"p{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", NIC, "netns", ns, "type", "veth", "peer", "name", port, "netns", cluster.switch)
+            _ip("-n", ns, "addr", "add", f"{cluster.address(i)}/24", "dev", NIC)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", NIC, "up")
+            _ip("-n", cluster.switch, "link", "set", port, "master", "br0")
+            _ip("-n", cluster.switch, "link", "set", port, "up")
+            _shape(ns, NIC, rate_bps)  # the node's NIC sends
+            _shape(cluster.switch, port, rate_bps)  # the switch sends to the node: its NIC receives
+    except BaseException:
+        destroy(cluster)
+        raise
+    return cluster
+
+
+def tbf_burst_bytes(rate_bps: int) -> int:
+    """The token bucket: one GSO segment at least (a veth passes up to 64 KiB at once; a smaller
+    bucket never lets such a segment through), and 1 ms at the rate at higher rates, so that the
+    timer's granularity does not hold the link below its rate (docs/emulation.md measures both)."""
+    return max(GSO_BYTES, rate_bps // 8 // 1000)
+
+
+def _shape(ns: str, dev: str, rate_bps: int) -> None:
+    _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bps}bit",
+          "burst", str(tbf_burst_bytes(rate_bps)), "latency", f"{TBF_LATENCY_MS}ms"])
+
+
+def destroy(cluster: Cluster) -> None:
+    """Stop whatever still runs inside the cluster, remove its namespaces (their links go with them),
+    its runs' shared memory and its state file. Safe to call on a half-built or half-removed cluster."""
+    _kill_inside(cluster.namespaces)
+    for ns in cluster.namespaces:
+        if ns in namespaces():
+            _run(["ip", "netns", "del", ns], check=False)
+    remove_segments(cluster.tag)
+    try:
+        os.unlink(_state_path(cluster.tag))
+    except FileNotFoundError:
+        pass
+
+
+def _kill_inside(names: Sequence[str]) -> None:
+    """SIGTERM, then SIGKILL a second later, to every process in these namespaces."""
+    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+        pids = [pid for ns in names if ns in namespaces() for pid in _pids(ns)]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+            time.sleep(0.05)
+
+
+def _pids(ns: str) -> list[int]:
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(pid) for pid in out.split() if pid.isdigit() and int(pid) != os.getpid()]
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+# ----------------------------------------------------------------------------- find and clean
+
+def namespaces() -> list[str]:
+    """Every cbemu- network namespace on this host."""
+    if shutil.which("ip") is None:
+        return []
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def clusters() -> list[Cluster]:
+    """Every cluster a state file describes, and one for each set of cbemu- namespaces without one
+    (a run killed between creating them and writing... never: the state is written first; kept for
+    state files removed by hand)."""
+    found: dict[str, Cluster] = {}
+    if os.path.isdir(STATE_DIR):
+        for name in sorted(os.listdir(STATE_DIR)):
+            if name.endswith(".json"):
+                cluster = _read_state(os.path.join(STATE_DIR, name))
+                if cluster is not None:
+                    found[cluster.tag] = cluster
+    for ns in namespaces():
+        match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
+        if match and match.group(1) not in found:  # nobody owns it: -1 is no process
+            tag = match.group(1)
+            count = sum(1 for other in namespaces() if other.startswith(f"{PREFIX}{tag}-n"))
+            found[tag] = Cluster(tag, count, 0, 0, owner_pid=-1, owner_start=None)
+    return list(found.values())
+
+
+def find(tag: str) -> Cluster:
+    for cluster in clusters():
+        if cluster.tag == tag:
+            return cluster
+    raise EmulateError(f"no emulated cluster {tag!r} (`commbench emulate status` lists them)")
+
+
+def clean() -> list[Cluster]:
+    """Remove every cluster whose owner is gone; the removed ones."""
+    gone = [cluster for cluster in clusters() if not cluster.alive()]
+    for cluster in gone:
+        destroy(cluster)
+    return gone
+
+
+def _state_path(tag: str) -> str:
+    return os.path.join(STATE_DIR, f"{tag}.json")
+
+
+def _write_state(cluster: Cluster) -> None:
+    os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
+    path = _state_path(cluster.tag)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(asdict(cluster), handle)
+    os.replace(path + ".tmp", path)
+
+
+def _read_state(path: str) -> Cluster | None:
+    """A state file, parsed as JSON and checked field by field (a damaged one is skipped, not trusted)."""
+    try:
+        data = json.loads(read_small(path, 4096, "a cluster's state"))
+        tag = data["tag"]
+        if not (isinstance(tag, str) and re.fullmatch(r"[0-9a-f]{1,32}", tag)):
+            return None
+        ints = {key: data.get(key) for key in ("nodes", "ranks_per_node", "rate_bps", "owner_pid", "owner_start")}
+        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()):
+            return None
+        return Cluster(tag, ints["nodes"] or 0, ints["ranks_per_node"] or 0, ints["rate_bps"] or 0,
+                       ints["owner_pid"], ints["owner_start"], float(data.get("created") or 0.0))
+    except (UnreadableFile, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------- commands run
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if check and result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise EmulateError(f"`{' '.join(argv)}` failed: {detail[-1] if detail else f'exit {result.returncode}'}")
+    return result
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+# --------------------------------------------------------------------------------- running ranks
+
+def host_ceiling_bps(nbytes: int = 32 << 20) -> float:
+    """What this host's kernel moves through a socket pair in one direction (bit/s): an upper bound
+    of what its veth links carry, whatever rate they are given. Measured in well under a second."""
+    left, right = socket.socketpair()
+    chunk = bytearray(1 << 20)
+    try:
+        def drain() -> None:
+            view, got = memoryview(bytearray(1 << 20)), 0
+            while got < nbytes:
+                n = right.recv_into(view)
+                if not n:
+                    return
+                got += n
+
+        reader = threading.Thread(target=drain, daemon=True)
+        start = time.perf_counter()
+        reader.start()
+        for _ in range(nbytes // len(chunk)):
+            left.sendall(chunk)
+        reader.join(timeout=10)
+        return nbytes * 8 / (time.perf_counter() - start)
+    finally:
+        left.close()
+        right.close()
+
+
+def cpu_bound_warning(cluster: Cluster, ceiling_bps: float) -> str | None:
+    """A note when the links could carry more than this host can push: every node sends at the link
+    rate at once (a ring), and every byte crosses two veths and the bridge."""
+    offered = cluster.nodes * cluster.rate_bps
+    if cluster.nodes > 1 and offered > ceiling_bps / 2:
+        return (f"{cluster.nodes} links of {rate_text(cluster.rate_bps)} could carry {rate_text(offered)} at once; "
+                f"this host moves about {rate_text(ceiling_bps)} through its kernel: above half that, "
+                f"the run measures the host's CPU, not the links (docs/emulation.md)")
+    return None
+
+
+def node_env(cluster: Cluster, base: dict[str, str] | None = None) -> dict[str, str]:
+    """What a node's launcher and ranks get: sockets on the node's link, not loopback; one thread
+    per rank (ranks share this host's cores); the cluster's tag for shared memory it can remove."""
+    env = dict(os.environ if base is None else base)
+    env.update(GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC, TP_SOCKET_IFNAME=NIC, **{JOB_TAG_VAR: cluster.tag})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)  # this host's own launcher variables mean nothing inside the cluster
+    return env
+
+
+def torchrun_argv(cluster: Cluster, index: int, timeout_s: float, target: Sequence[str]) -> list[str]:
+    """Node `index`'s launch: torchrun in the node's namespace, c10d rendezvous served by node 0."""
+    join_s = max(10, int(timeout_s))
+    return ["ip", "netns", "exec", cluster.node(index), sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(cluster.nodes), "--nproc-per-node", str(cluster.ranks_per_node),
+            "--local-addr", cluster.address(index),  # what the ranks are told to meet at (not the host name)
+            "--rdzv-backend", "c10d",  # node ranks are the rendezvous' order, as on a cluster (no --node-rank)
+            "--rdzv-endpoint", f"{cluster.address(0)}:{RDZV_PORT}", "--rdzv-id", cluster.tag,
+            # node 0 serves the rendezvous: torchrun knows an address as its own only when the host name resolves to it
+            "--rdzv-conf", f"join_timeout={join_s},read_timeout={join_s},is_host={int(index == 0)}",
+            "--max-restarts", "0", "--monitor-interval", "0.1", *target]
+
+
+def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout_s: float) -> int:
+    """Run `target` (torchrun's program and its arguments) on every node; the job's exit code.
+    Supervised as a local spawn is (launch.py): a failed node gets the others stopped after a
+    grace period, Ctrl-C gives ranks time to write their summaries. Each launcher dies with this
+    process (PR_SET_PDEATHSIG), and the launchers' own log lines and tracebacks are kept off the
+    terminal (the ranks say what went wrong in one line); COMMBENCH_EMULATE_VERBOSE=1 shows them."""
+    grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
+    procs: list[subprocess.Popen] = []
+    filters: list[threading.Thread] = []
+    verbose = bool(os.environ.get(_STDERR_PASS_VAR))
+    try:
+        for index in range(cluster.nodes):
+            proc = subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
+                                    stderr=None if verbose else subprocess.PIPE, preexec_fn=_die_with_parent)
+            procs.append(proc)
+            if not verbose:
+                filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
+                filters[-1].start()
+        code = supervise(procs, grace_s, stop_s + 30.0)  # torchrun stops its ranks before it ends
+    except KeyboardInterrupt:
+        interrupt(procs, stop_s + 30.0)
+        print("commbench: interrupted; results already written are kept", file=sys.stderr)
+        code = 130
+    finally:
+        stop_all(procs)
+        for thread in filters:
+            thread.join(timeout=2.0)
+    return code
+
+
+_LAUNCHER_LINE = re.compile(r"^(?:[DIWEF]\d{4} \d\d:\d\d:\d\d|\[[DIWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS)")
+
+
+def _filter_stderr(stream) -> None:
+    """Pass the ranks' lines through; drop torchrun's own log lines, and its closing traceback
+    (a ChildFailedError report, after the ranks have said what failed)."""
+    in_traceback = False
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        if line.startswith("commbench:") or not (in_traceback or _LAUNCHER_LINE.match(line)):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    stream.close()
+
+
+def _die_with_parent() -> None:
+    """In the launcher's process before exec: SIGTERM when commbench dies (torchrun then stops its ranks)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
+    """One run on a cluster of its own: remove what killed runs left, build, launch `python -m
+    commbench.job` (the job in `job_env`) on every node, tear down whatever happens; the exit code.
+    SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed."""
+    gone = clean()
+    if gone:
+        print(f"commbench: note: removed {len(gone)} emulated cluster(s) left by runs that died "
+              f"({', '.join(c.tag for c in gone)})", file=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
+    cluster = None
+    try:
+        cluster = create(nodes, ranks_per_node, rate_bps)
+        note = cpu_bound_warning(cluster, host_ceiling_bps())
+        if note:
+            print(f"commbench: warning: {note}", file=sys.stderr)
+        env = dict(node_env(cluster), **job_env)
+        return launch(cluster, ["-m", "commbench.job"], env, timeout_s)
+    finally:
+        if cluster is not None:
+            destroy(cluster)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_term(_signum: int, _frame) -> None:
+    raise KeyboardInterrupt
