@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import sys
 import time
 import uuid
@@ -23,7 +24,7 @@ from commbench import collectives as C
 from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
-from commbench.launch import LaunchInfo
+from commbench.launch import EMULATED_VAR, LaunchInfo
 from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
@@ -288,6 +289,8 @@ class Sweep:
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
                            f"{world} rank{'s' if world != 1 else ''} on {len(hosts)} host(s), "
                            f"launcher {launch.launcher}")
+        if os.environ.get(EMULATED_VAR):
+            self.table.comment(f"emulated cluster: {os.environ[EMULATED_VAR]}")
         self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from commbench.files import UnreadableFile, read_small
-from commbench.launch import JOB_TAG_VAR, interrupt, remove_segments, stop_all, stop_margin_s, supervise
+from commbench.launch import EMULATED_VAR, JOB_TAG_VAR, interrupt, remove_segments, stop_all, stop_margin_s, supervise
 
 PREFIX = "cbemu-"
 STATE_DIR = os.environ.get("COMMBENCH_EMULATE_STATE", "/run/commbench/emulate")
@@ -374,7 +374,11 @@ def node_env(cluster: Cluster, base: dict[str, str] | None = None) -> dict[str, 
     """What a node's launcher and ranks get: sockets on the node's link, not loopback; one thread
     per rank (ranks share this host's cores); the cluster's tag for shared memory it can remove."""
     env = dict(os.environ if base is None else base)
-    env.update(GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC, TP_SOCKET_IFNAME=NIC, **{JOB_TAG_VAR: cluster.tag})
+    env.update(GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC, TP_SOCKET_IFNAME=NIC, **{
+        JOB_TAG_VAR: cluster.tag,
+        EMULATED_VAR: f"{cluster.nodes} node(s) x {cluster.ranks_per_node} rank(s), each node's link "
+                      f"{rate_text(cluster.rate_bps)} both ways (tc tbf, no added delay), one torchrun per node, "
+                      f"cluster {cluster.tag} (docs/emulation.md)"})
     env.setdefault("OMP_NUM_THREADS", "1")
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                  "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID"):

@@ -42,7 +42,8 @@ def _cpu_model() -> str:
 # Variables that change how a collective runs: NCCL's and gloo's tuning, torch's distributed
 # switches, the fabric libraries NCCL and MPI load, and which devices and threads a rank sees.
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_GLOO_", "UCX_", "FI_", "OMPI_MCA_",
-                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT")
+                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
+                "COMMBENCH_EMULATED")
 
 
 def communication_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
