@@ -46,11 +46,15 @@ class HybridBackend(ShmBackend):
         members = topology.node_ranks(topology.node_of(self.rank))
         # every rank's host, everywhere
         hosts = self.control.broadcast_object(self.gather_objects(socket.gethostname()))
+        self._host_ranks = hosts.count(hosts[self.rank])  # every rank of the job on this host shares its cores
         apart = [r for r in members if hosts[r] != hosts[self.rank]]
         if apart:
             raise BackendError(f"--topology {topology} puts rank {self.rank} and rank {apart[0]} on one node, but "
                                f"they run on {hosts[self.rank]} and {hosts[apart[0]]}")
         return members
+
+    def _ranks_on_host(self, launch: LaunchInfo) -> int:
+        return self._host_ranks
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> HybridBackend:
