@@ -84,34 +84,45 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
 Examples:
   commbench predict --hw dgx-a100 -c allreduce --sizes 1K-1G --topology 16x8 --algorithm ring
   commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x4 --algorithm auto --json pred.jsonl
+  commbench predict --hw dgx-a100 --nodes 4 --gpus-per-node 8    # = --topology 4x8; --nodes 4 alone: 4 x 8 too
 """)
 @click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
 @click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
 @click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
 @click.option("--factor", "-f", type=float, default=None)
 @click.option("--dtype", "-d", default="float32", show_default=True)
-@click.option("--topology", "-T", required=True, metavar="NODESxRANKS")
+@click.option("--nodes", type=int, default=None, help="Nodes to predict [default: 1 with --gpus-per-node].")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node [default with --nodes: the hardware's ranks per node].")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="Short for --nodes NODES --gpus-per-node RANKS. One of the two forms is required.")
 @click.option("--algorithm", "-A", default="auto", show_default=True)
 @click.option("--root", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the predictions as JSON Lines (kind: predicted).")
-def predict_command(hw_spec, collective_names, sizes, factor, dtype, topology, algorithm, root, json_path) -> None:
+def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
+                    json_path) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
     from commbench.analysis.predict import predict
+    from commbench.commands import layout as L
     from commbench.results import OutputError, ResultSink
     from commbench.sizes import SizeError, parse_sizes
     from commbench.table import Table
-    from commbench.topology import TopologyError, parse_layout
+    from commbench.topology import Topology, TopologyError
 
+    said = L.settle(topology, nodes, gpus_per_node)
+    if not said.given:
+        raise UsageFault("give the scale to predict: --topology NODESxRANKS, or --nodes N --gpus-per-node G")
     try:
         hw = load_hardware(hw_spec)
         _warn_poor(hw, hw_spec)
         size_list = parse_sizes(sizes, factor)
         names = C.resolve_collectives(collective_names)
         dt = C.resolve_dtype(dtype)
-        topo = parse_layout(topology)
+        said = L.complete(said, None, hw.ranks_per_node)
+        topo = Topology(said.nodes, said.per_node)
         if not 0 <= root < topo.world:
             raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
         check_outputs(("--json", json_path))
@@ -242,18 +253,26 @@ def _plot_comparison(K, comparison, plot_path: str, names: tuple[str, str]) -> N
     click.echo(f"# wrote {plot_path}")
 
 
+DEFAULT_GPUS = "1,8,16,32,64,128,256,512,1000"
+
+
 @click.command("predict-scaling", epilog="""
 \b
 Examples:
   commbench predict-scaling resnet50 --hw dgx1-v100-4ib --gpus 1,8,16 --batch 32 --throughput-1gpu 329
   commbench predict-scaling bert-large --hw dgx-a100 --gpus 8,64,512,1000 --gpus-per-node 8 --batch 4 \\
       --precision amp --baseline nccl --candidate hier --json scaling.jsonl
+  commbench predict-scaling resnet50 --hw dgx-a100 --nodes 1,2,4,8 --gpus-per-node 8 --tflops 100   # 8..64 GPUs
 """)
 @click.argument("model")
 @click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
-@click.option("--gpus", default="1,8,16,32,64,128,256,512,1000", show_default=True, metavar="N,N,...",
-              help="GPU counts to predict.")
+@click.option("--gpus", default=None, metavar="N,N,...",
+              help=f"GPU counts to predict [default: {DEFAULT_GPUS}, unless --nodes or --topology says the scale].")
+@click.option("--nodes", default=None, metavar="N,N,...",
+              help="Node counts to predict instead of --gpus: N x --gpus-per-node GPUs each.")
 @click.option("--gpus-per-node", type=int, default=None, help="[default: the hardware's ranks per node]")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="One layout: short for --nodes NODES --gpus-per-node RANKS.")
 @click.option("--batch", type=int, default=None, help="Samples per GPU per step [default: the profile's].")
 @click.option("--throughput-1gpu", type=float, default=None, metavar="SAMPLES/S",
               help="Measured 1-GPU training throughput without DDP at --batch: sets the compute time per step.")
@@ -269,8 +288,8 @@ Examples:
 @click.option("--candidate", default=None, metavar="ALGORITHM")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
-def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
-                            bucket_mb, baseline, candidate, json_path) -> None:
+def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, tflops,
+                            precision, algorithm, bucket_mb, baseline, candidate, json_path) -> None:
     """Predict a model's data-parallel step time, throughput and linearity from 1 to N GPUs.
 
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
@@ -278,8 +297,9 @@ def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughp
     """
     from commbench.results import OutputError, ResultSink, new_run_id
 
+    scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path))
-    run = _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
+    run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
                        bucket_mb, baseline, candidate)
     records = run.records(new_run_id())
     for line in _scaling_table(run, records):
@@ -293,7 +313,27 @@ def predict_scaling_command(model, hw_spec, gpus, gpus_per_node, batch, throughp
         click.echo(f"# wrote {json_path}")
 
 
-def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops, precision, algorithm, bucket_mb,
+def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | None, topology: str | None):
+    """(scale, GPUs per node or None) from the three ways to say it: scale is ("gpus", counts) or ("nodes",
+    counts), the GPUs of a node count made once the hardware's node size is known. --nodes or --topology
+    beside --gpus, or a --topology that --nodes/--gpus-per-node contradict, is one line."""
+    from commbench.commands import layout as L
+
+    if gpus is not None and (nodes is not None or topology is not None):
+        raise UsageFault(f"--gpus and {'--nodes' if nodes is not None else '--topology'} both say the scale: give "
+                         f"one (--nodes N,... counts nodes of --gpus-per-node GPUs)")
+    node_counts = _counts("--nodes", nodes, "node", MAX_GPUS) if nodes is not None else None
+    if node_counts and len(node_counts) > 1 and topology is not None:
+        raise UsageFault(f"--topology {topology} and --nodes {nodes} disagree: say the scale once ({L.SHORT_FORM})")
+    said = L.settle(topology, node_counts[0] if node_counts else None, gpus_per_node)
+    if topology is not None:
+        node_counts = [said.nodes]
+    if node_counts is not None:
+        return ("nodes", node_counts), said.per_node
+    return ("gpus", _counts("--gpus", gpus or DEFAULT_GPUS, "GPU", MAX_GPUS)), said.per_node
+
+
+def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, algorithm, bucket_mb,
                  baseline, candidate):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S
@@ -320,11 +360,16 @@ def _scaling_run(model, hw_spec, gpus, gpus_per_node, batch, throughput, tflops,
     for name in names:
         if name not in ALGORITHMS:
             raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
-    counts = _gpu_counts(gpus)
+    per_node = gpus_per_node or hw.ranks_per_node
+    kind, counts = scale
+    if kind == "nodes":
+        counts = [n * per_node for n in counts]
+        if max(counts) > MAX_GPUS:
+            raise UsageFault(f"--nodes {max(counts) // per_node} x {per_node} GPUs: at most {MAX_GPUS:,d} GPUs")
     batch = batch or profile.default_batch
     forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
     try:
-        return S.scaling_run(profile, hw, counts, gpus_per_node or hw.ranks_per_node, batch, forward, backward, names,
+        return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, names,
                              bucket_mb, baseline, candidate, label)
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
@@ -340,15 +385,16 @@ def _warn_poor(hw, spec: str | None) -> None:
 MAX_GPUS = 1 << 20  # predict-scaling's layouts and closed forms stay exact and fast up to here
 
 
-def _gpu_counts(text: str) -> list[int]:
+def _counts(flag: str, text: str, what: str, most: int) -> list[int]:
+    """A comma list of `what` (GPU, node) counts, each at least 1 and at most `most`, or one line."""
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise UsageFault(f"--gpus {text!r}: expected a comma list of GPU counts, e.g. 1,8,16") from exc
+        raise UsageFault(f"{flag} {text!r}: expected a comma list of {what} counts, e.g. 1,8,16") from exc
     if not counts or min(counts) < 1:
-        raise UsageFault(f"--gpus {text!r}: GPU counts must be at least 1")
-    if max(counts) > MAX_GPUS:
-        raise UsageFault(f"--gpus {text!r}: at most {MAX_GPUS:,d} GPUs")
+        raise UsageFault(f"{flag} {text!r}: {what} counts must be at least 1")
+    if max(counts) > most:
+        raise UsageFault(f"{flag} {text!r}: at most {most:,d} {what}s")
     return counts
 
 
