@@ -417,7 +417,7 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
             if not verbose:
                 filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
                 filters[-1].start()
-        code = supervise(procs, grace_s, stop_s + 30.0)  # torchrun stops its ranks before it ends
+        code = supervise(procs, grace_s, stop_s + 30.0, "node")  # torchrun stops its ranks before it ends
     except KeyboardInterrupt:
         interrupt(procs, stop_s + 30.0)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)

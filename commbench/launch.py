@@ -283,7 +283,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
-def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> int:
+def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what: str = "rank") -> int:
     """Wait for the ranks (or a node's launchers); when one fails, give the rest `grace_s` to report,
     then stop them; the job's exit code."""
     failed_at = None
@@ -291,15 +291,15 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float) -> i
         # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
         codes = [proc.poll() for proc in procs]
         if None not in codes:
-            return _job_exit_code(procs, [])
+            return _job_exit_code(procs, [], what)
         if failed_at is None and any(code not in (None, 0) for code in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s)
             for rank in stopped:
-                print(f"commbench: rank {rank} was still running {grace_s:.2g} s after another rank failed; "
+                print(f"commbench: {what} {rank} was still running {grace_s:.2g} s after another {what} failed; "
                       f"stopped it", file=sys.stderr)
-            return _job_exit_code(procs, stopped)
+            return _job_exit_code(procs, stopped, what)
         time.sleep(POLL_S)
 
 
@@ -348,7 +348,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int]) -> int:
+def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str = "rank") -> int:
     """The most telling exit code: bad input (2) or a fault (3) beats wrong results (1)."""
     codes = [p.returncode for p in procs]
     for rank, code in enumerate(codes):
@@ -357,7 +357,7 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int]) -> int:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            print(f"commbench: rank {rank} was killed by {name}", file=sys.stderr)
+            print(f"commbench: {what} {rank} was killed by {name}", file=sys.stderr)
     if all(c == 0 for c in codes):
         return 0
     positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count

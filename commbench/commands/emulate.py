@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import time
 
 import click
@@ -148,10 +147,8 @@ def _describe(cluster) -> None:
 
     for i in range(cluster.nodes):
         click.echo(f"  node {i}: namespace {cluster.node(i)}, {E.NIC} {cluster.address(i)}")
-    python = shlex.quote(sys.executable)
-    click.echo("  launch on it (one line per node, e.g. in separate shells):")
+    click.echo("  launch on it (one line per node, e.g. in separate shells; node 0 serves the rendezvous):")
     for i in range(cluster.nodes):
-        click.echo(f"    ip netns exec {cluster.node(i)} env GLOO_SOCKET_IFNAME={E.NIC} OMP_NUM_THREADS=1 "
-                   f"{python} -m torch.distributed.run --nnodes {cluster.nodes} --nproc-per-node "
-                   f"{cluster.ranks_per_node} --node-rank {i} --rdzv-backend c10d --rdzv-endpoint "
-                   f"{cluster.address(0)}:{E.RDZV_PORT} --rdzv-id {cluster.tag} -m commbench sweep")
+        argv = E.torchrun_argv(cluster, i, 300.0, ["-m", "commbench", "sweep"])
+        ns_exec, program = argv[:4], argv[4:]  # ip netns exec NS | python -m torch.distributed.run ...
+        click.echo(f"    {shlex.join(ns_exec)} env GLOO_SOCKET_IFNAME={E.NIC} OMP_NUM_THREADS=1 {shlex.join(program)}")
