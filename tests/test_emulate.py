@@ -29,7 +29,7 @@ def host_links() -> str:
     """The host namespace's interfaces and qdiscs: an emulated cluster must not change them."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
-    return "\n".join(sorted(line.split(":", 2)[1] + line.split(">", 1)[0][-40:] for line in links.splitlines())) + qdiscs
+    return "\n".join(sorted(links.splitlines())) + qdiscs
 
 
 def in_node(cluster, index, code, timeout=20):
