@@ -12,7 +12,7 @@ import sys
 import click
 
 from commbench import __version__
-from commbench.commands import emulate, model, nccltests, proxy, selftest, sweep
+from commbench.commands import check, emulate, model, nccltests, proxy, selftest, sweep
 from commbench.commands.common import EXIT_USAGE
 
 
@@ -24,7 +24,8 @@ def cli() -> None:
 
 for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
                 proxy.profiles_group, model.fit_command, model.predict_command, model.predict_scaling_command,
-                model.report_command, model.compare_command, selftest.selftest_command, emulate.emulate_group):
+                model.report_command, model.compare_command, selftest.selftest_command, check.check_command,
+                emulate.emulate_group):
     cli.add_command(command)
 
 

@@ -1,0 +1,125 @@
+"""A prediction checked against the user's own run: `commbench check RUN.jsonl --hw HW.json`.
+
+For each measured point of a sweep (a result record) the cost model predicts the same call
+(its collective, size, dtype, ranks, nodes and schedule: fit.predict_records); for each proxy
+replay (a proxy record of kind proxy) it predicts the same step (its model, batch, buckets and
+compute on its nodes x ranks: scaling.predict_step). Each row gives measured, predicted and the
+error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
+median and largest |error| over all rows and over the points of at least 64 KiB (where issue
+targets are set: small calls are latency, which the model fits least well).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from commbench.analysis.costmodel import Hardware, with_topology
+from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, predict_records, setup_of
+from commbench.sizes import format_size
+from commbench.topology import Topology
+
+LARGE_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str  # sweep or proxy
+    setup: str  # backend/algorithm, ranks, nodes (sweep) or model, backend, layout (proxy)
+    what: str  # collective and size, or "step" / "comm"
+    nbytes: int  # the call's size; a proxy step: its gradients
+    measured_us: float
+    predicted_us: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1.0
+
+    def to_json(self) -> dict:
+        return {"record": "check", "kind": self.kind, "setup": self.setup, "what": self.what, "nbytes": self.nbytes,
+                "measured_us": self.measured_us, "predicted_us": self.predicted_us, "error": self.error}
+
+
+def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
+    """(rows, notes): every point of `records` the model can predict, and one note per kind it cannot."""
+    notes: list[str] = []
+    rows = _sweep_rows(records, hw, notes) + _proxy_rows(records, hw, notes)
+    return rows, notes
+
+
+def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
+    measured = [r for r in records if r.get("record") == "result" and r.get("kind", "measured") == "measured"
+                and r.get("time_us") and r.get("backend") not in ("sim", "model")]
+    usable = [r for r in measured if r["collective"] in LIBRARY_ALGORITHM]
+    if len(usable) < len(measured):
+        notes.append(f"{len(measured) - len(usable)} point(s) of collectives the model has no schedule for: left out")
+    rows = []
+    for r in usable:
+        try:
+            (predicted,) = predict_records([r], hw)
+        except FitError as exc:
+            notes.append(str(exc))
+            continue
+        what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
+        nodes = int(r.get("nnodes") or 1)
+        setup = f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+        rows.append(Row("sweep", setup, what.strip(), int(r["nbytes"]), float(r["time_us"]), float(predicted)))
+    return rows
+
+
+def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
+    from commbench.analysis.scaling import predict_step
+    from commbench.proxies.profile import ProfileError, load_profile
+    from commbench.proxies.timeline import flops_times_us
+
+    headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
+    rows = []
+    for r in records:
+        if r.get("record") != "proxy" or r.get("kind") != "proxy" or r.get("status", "ok") != "ok":
+            if r.get("record") == "proxy" and r.get("kind") == "train":
+                notes.append(f"train run of {r.get('model')}: real compute is not split from communication in its "
+                             f"records; check the proxy replay of the same setup instead")
+            continue
+        cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+        try:
+            profile = load_profile(r["model"])
+        except (ProfileError, ValueError) as exc:
+            notes.append(f"{r['model']}: {exc}")
+            continue
+        nodes = int(r.get("nnodes") or 1)
+        world = int(r["world_size"])
+        topo = Topology(nodes, world // nodes) if world % nodes == 0 else Topology(1, world)
+        batch = int(r["batch"])
+        if cfg.get("compute") == "flops" and cfg.get("tflops"):
+            forward, backward = flops_times_us(profile, batch, float(cfg["tflops"]))
+        elif r.get("compute_us_p50"):  # measured compute: split as the profile's FLOPs are
+            total = profile.forward_flops + profile.backward_flops
+            share = profile.forward_flops / total if total else 1 / 3
+            forward, backward = r["compute_us_p50"] * share, r["compute_us_p50"] * (1 - share)
+        else:
+            forward = backward = 0.0
+        algorithm = cfg.get("algorithm") if r.get("backend") not in ("torch", None) else None
+        if algorithm in (None, "auto"):
+            algorithm = LIBRARY_ALGORITHM["allreduce"]
+        pred = predict_step(profile, batch, topo, with_topology(hw, topo), forward, backward, 0.0, r.get("bucket_mb"),
+                            r.get("bucketing") or "ddp", algorithm)
+        setup = f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}"
+        rows.append(Row("proxy", setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
+                        float(pred.times.step_us)))
+        if r.get("comm_us_p50"):
+            rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
+                            float(pred.times.comm_us)))
+    return rows
+
+
+def summary(rows: list[Row]) -> dict:
+    """Median and largest |error|, over every row and over sweep points >= 64 KiB and proxy steps."""
+    def stats(chosen: list[Row]) -> dict:
+        errors = np.abs([r.error for r in chosen])
+        return {"rows": len(chosen), "median_abs_error": float(np.median(errors)) if len(chosen) else None,
+                "max_abs_error": float(errors.max()) if len(chosen) else None,
+                "optimistic": sum(1 for r in chosen if r.error < 0)}
+
+    return {"record": "check_summary", "all": stats(rows),
+            "sweep_64k_up": stats([r for r in rows if r.kind == "sweep" and r.nbytes >= LARGE_BYTES]),
+            "proxy_steps": stats([r for r in rows if r.kind == "proxy" and r.what == "step"])}

@@ -1,0 +1,83 @@
+"""`commbench check`: the cost model's prediction of the user's own runs, row by row, with the error."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from commbench.commands.common import UsageFault, check_outputs
+
+CHECK_EXAMPLES = """
+\b
+Examples:
+  commbench sweep --backend shm --sizes 1K-256M --json shm.jsonl
+  commbench fit shm.jsonl -o shm-hw.json
+  commbench sweep --backend shm -N 4 --sizes 1K-256M --json shm4.jsonl
+  commbench check shm4.jsonl --hw shm-hw.json              # the 2-rank fit, checked on 4 ranks
+  commbench check p.jsonl --hw hw.json --max-error 10     # a proxy replay's step; exit 1 beyond 10%
+
+\b
+Exit codes: 0 checked (and, with --max-error, the median |error| within it), 1 median |error|
+above --max-error, 2 bad input (no file, no point the model can predict).
+"""
+
+
+@click.command("check", epilog=CHECK_EXAMPLES)
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET",
+              help="The cost model to check: a `commbench fit` output or a preset.")
+@click.option("--max-error", type=float, default=None, metavar="PERCENT",
+              help="Exit 1 when the median |error| over the rows exceeds this.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write one check record per row and a check_summary record (JSON Lines).")
+def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None, json_path: str | None) -> None:
+    """Predict every measured point of sweep and proxy runs with the cost model, and print predicted
+    against measured with the error per row (predicted / measured - 1: negative = optimistic), and
+    the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps)."""
+    from commbench.analysis import check as K
+    from commbench.analysis import report as R
+    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.commands.model import _warn_poor
+    from commbench.results import RecordError
+
+    if max_error is not None and not 0 < max_error < 1e6:
+        raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
+    check_outputs(("--json", json_path))
+    try:
+        hw = load_hardware(hw_spec)
+        _warn_poor(hw, hw_spec)
+        records = R.read_all(list(files))
+    except (HardwareError, RecordError, R.ReportError) as exc:
+        raise UsageFault(str(exc)) from exc
+    rows, notes = K.check(records, hw)
+    for note in notes:
+        click.echo(f"# note: {note}")
+    if not rows:
+        raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result) or proxy "
+                         f"replay records")
+    _table(rows, hw.name)
+    summary = K.summary(rows)
+    for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps")):
+        part = summary[key]
+        if part["rows"]:
+            click.echo(f"# {label:<24} {part['rows']:>5} row(s): median |error| "
+                       f"{100 * part['median_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%, "
+                       f"{part['optimistic']} optimistic (predicted faster than measured)")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row.to_json()) + "\n")
+            handle.write(json.dumps({**summary, "hardware": hw.name}) + "\n")
+    if max_error is not None and summary["all"]["median_abs_error"] * 100 > max_error:
+        click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
+                   f"{max_error:g}%")
+        raise SystemExit(1)
+
+
+def _table(rows, hw_name: str) -> None:
+    click.echo(f"# predicted by {hw_name}; error = predicted / measured - 1")
+    width = max(len(r.setup) for r in rows)
+    click.echo(f"#{'setup':>{width - 1}}  {'point':<26} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8}")
+    for r in rows:
+        click.echo(f"{r.setup:>{width}}  {r.what:<26} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
+                   f"{100 * r.error:>+7.1f}%")

@@ -1,0 +1,97 @@
+"""`commbench check`: the cost model's prediction of a user's own sweep and proxy runs, row by row."""
+import json
+
+import pytest
+from conftest import commbench
+
+from commbench.analysis import check as K
+from commbench.results import read_records
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A small shm sweep, a model fitted on it, and a proxy replay with FLOP-rate compute."""
+    folder = tmp_path_factory.mktemp("check")
+    sweep, hw, proxy = folder / "s.jsonl", folder / "hw.json", folder / "p.jsonl"
+    out = commbench("sweep", "--backend", "shm", "--sizes", "4K-1M", "-f", "16", "--min-time", "0.02",
+                    "--json", str(sweep))
+    assert out.returncode == 0, out.stderr
+    out = commbench("fit", str(sweep), "-o", str(hw), "--accept-poor-fit")
+    assert out.returncode == 0, out.stderr
+    out = commbench("proxy", "tts_angular", "--nprocs", "2", "--batch", "1", "--compute", "flops", "--tflops", "0.05",
+                    "--steps", "3", "--warmup-steps", "1", "--json", str(proxy))
+    assert out.returncode == 0, out.stderr
+    return sweep, hw, proxy
+
+
+def test_errors_are_predicted_over_measured(runs):
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, proxy = runs
+    hw = load_hardware(str(hw_path))
+    records = read_records(str(sweep)) + read_records(str(proxy))
+    rows, _ = K.check(records, hw)
+    assert {r.kind for r in rows} == {"sweep", "proxy"}
+    # measured set to exactly twice the prediction: every error is -50%, every row optimistic
+    doubled = []
+    predicted = {(r.kind, r.what, r.setup): r.predicted_us for r in rows}
+    for r in records:
+        if r["record"] == "result":
+            row = next(x for x in rows if x.kind == "sweep" and x.nbytes == r["nbytes"]
+                       and x.what.endswith(r["placement"]))
+            r = {**r, "time_us": 2 * row.predicted_us}
+        elif r["record"] == "proxy":
+            step = next(v for (kind, what, _), v in predicted.items() if kind == "proxy" and what == "step")
+            comm = next(v for (kind, what, _), v in predicted.items() if kind == "proxy" and what == "comm")
+            r = {**r, "step_us_p50": 2 * step, "comm_us_p50": 2 * comm}
+        doubled.append(r)
+    again, _ = K.check(doubled, hw)
+    assert len(again) == len(rows)
+    assert all(r.error == pytest.approx(-0.5) for r in again)
+    summary = K.summary(again)
+    assert summary["all"]["median_abs_error"] == pytest.approx(0.5)
+    assert summary["all"]["optimistic"] == len(again)
+    assert summary["proxy_steps"]["rows"] == 1
+    assert summary["sweep_64k_up"]["rows"] == sum(1 for r in again if r.kind == "sweep" and r.nbytes >= 64 << 10)
+
+
+def test_check_prints_rows_and_summary_and_writes_json(runs, tmp_path):
+    sweep, hw, proxy = runs
+    out = commbench("check", str(sweep), str(proxy), "--hw", str(hw), "--json", str(tmp_path / "c.jsonl"))
+    assert out.returncode == 0, out.stderr
+    results = [r for r in read_records(str(sweep)) if r["record"] == "result"]
+    lines = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    rows = [r for r in lines if r["record"] == "check"]
+    assert len([r for r in rows if r["kind"] == "sweep"]) == len(results)
+    assert [r["what"] for r in rows if r["kind"] == "proxy"] == ["step", "comm"]
+    assert lines[-1]["record"] == "check_summary"
+    assert "median |error|" in out.stdout and "proxy steps" in out.stdout
+    for row in rows:
+        assert row["error"] == pytest.approx(row["predicted_us"] / row["measured_us"] - 1)
+
+
+def test_max_error_fails_a_poor_prediction(runs):
+    sweep, hw, _ = runs
+    out = commbench("check", str(sweep), "--hw", str(hw), "--max-error", "0.0001")
+    assert out.returncode == 1
+    assert "above --max-error" in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--hw", "dgx-a100", "/nonexistent.jsonl"], "no such file"),
+    (["--hw", "no-such-preset", "S"], "no-such-preset"),
+    (["--hw", "dgx-a100", "--max-error", "0", "S"], "--max-error"),
+])
+def test_bad_input_is_one_line(runs, args, message):
+    sweep = str(runs[0])
+    out = commbench("check", *[sweep if a == "S" else a for a in args])
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_nothing_predictable_is_refused(runs, tmp_path):
+    sweep, hw, _ = runs
+    only_header = tmp_path / "h.jsonl"
+    only_header.write_text(sweep.read_text().splitlines()[0] + "\n")
+    out = commbench("check", str(only_header), "--hw", str(hw))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
