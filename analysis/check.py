@@ -6,7 +6,9 @@ replay (a proxy record of kind proxy) it predicts the same step (its model, batc
 compute on its nodes x ranks: scaling.predict_step). Each row gives measured, predicted and the
 error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
 median and largest |error| over all rows and over the points of at least 64 KiB (where issue
-targets are set: small calls are latency, which the model fits least well).
+targets are set: small calls are latency, which the model fits least well). A model from `fit`
+carries bootstrap resamples: each row then has its 80% interval, and the summary the coverage,
+the share of measured values inside their interval (80% is what an honest interval gives).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench.analysis.costmodel import Hardware, with_topology
-from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, predict_records, setup_of
+from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, interval_us, predict_records, setup_of
 from commbench.sizes import format_size
 from commbench.topology import Topology
 
@@ -30,14 +32,23 @@ class Row:
     nbytes: int  # the call's size; a proxy step: its gradients
     measured_us: float
     predicted_us: float
+    interval_us: tuple[float, float] | None = None  # the prediction's 80% interval (a fitted model's)
 
     @property
     def error(self) -> float:
         return self.predicted_us / self.measured_us - 1.0
 
+    @property
+    def inside(self) -> bool | None:
+        """Whether the measured time falls inside the prediction's interval (None: no interval)."""
+        if self.interval_us is None:
+            return None
+        return self.interval_us[0] <= self.measured_us <= self.interval_us[1]
+
     def to_json(self) -> dict:
         return {"record": "check", "kind": self.kind, "setup": self.setup, "what": self.what, "nbytes": self.nbytes,
-                "measured_us": self.measured_us, "predicted_us": self.predicted_us, "error": self.error}
+                "measured_us": self.measured_us, "predicted_us": self.predicted_us, "error": self.error,
+                "interval_us": list(self.interval_us) if self.interval_us else None, "inside": self.inside}
 
 
 def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
@@ -60,10 +71,12 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         except FitError as exc:
             notes.append(str(exc))
             continue
+        interval = interval_us(hw, lambda variant, r=r: predict_records([r], variant)[0])
         what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
         nodes = int(r.get("nnodes") or 1)
         setup = f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
-        rows.append(Row("sweep", setup, what.strip(), int(r["nbytes"]), float(r["time_us"]), float(predicted)))
+        rows.append(Row("sweep", setup, what.strip(), int(r["nbytes"]), float(r["time_us"]), float(predicted),
+                        interval))
     return rows
 
 
@@ -101,14 +114,18 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         algorithm = cfg.get("algorithm") if r.get("backend") not in ("torch", None) else None
         if algorithm in (None, "auto"):
             algorithm = LIBRARY_ALGORITHM["allreduce"]
-        pred = predict_step(profile, batch, topo, with_topology(hw, topo), forward, backward, 0.0, r.get("bucket_mb"),
-                            r.get("bucketing") or "ddp", algorithm)
+        def step(variant: Hardware, topo=topo, profile=profile, batch=batch, fb=(forward, backward), r=r,
+                 algorithm=algorithm):
+            return predict_step(profile, batch, topo, with_topology(variant, topo), *fb, 0.0, r.get("bucket_mb"),
+                                r.get("bucketing") or "ddp", algorithm).times
+
+        pred = step(hw)
         setup = f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}"
         rows.append(Row("proxy", setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
-                        float(pred.times.step_us)))
+                        float(pred.step_us), interval_us(hw, lambda v, step=step: step(v).step_us)))
         if r.get("comm_us_p50"):
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
-                            float(pred.times.comm_us)))
+                            float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us)))
     return rows
 
 
@@ -116,9 +133,11 @@ def summary(rows: list[Row]) -> dict:
     """Median and largest |error|, over every row and over sweep points >= 64 KiB and proxy steps."""
     def stats(chosen: list[Row]) -> dict:
         errors = np.abs([r.error for r in chosen])
+        judged = [r.inside for r in chosen if r.inside is not None]
         return {"rows": len(chosen), "median_abs_error": float(np.median(errors)) if len(chosen) else None,
                 "max_abs_error": float(errors.max()) if len(chosen) else None,
-                "optimistic": sum(1 for r in chosen if r.error < 0)}
+                "optimistic": sum(1 for r in chosen if r.error < 0),
+                "coverage": sum(judged) / len(judged) if judged else None}  # share inside the 80% interval
 
     return {"record": "check_summary", "all": stats(rows),
             "sweep_64k_up": stats([r for r in rows if r.kind == "sweep" and r.nbytes >= LARGE_BYTES]),

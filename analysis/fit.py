@@ -138,13 +138,77 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
         if distinct and cost6 < 0.8 * base_cost and cost6 < cost:  # the best boundary of those that help
             x, cost, active, cache = x6, cost6, active6, int(threshold)
     predicted = a @ x[:5]
+    design = a
     if cache is not None:  # small working sets move their intra bytes at the cache bandwidth
         predicted = predicted + np.where(ws <= cache, a[:, 3] * (x[5] - x[3]), 0.0)
+        design = np.column_stack([a, np.where(ws <= cache, a[:, 3], 0.0)])
+        design[ws <= cache, 3] = 0.0
         # The data place the boundary between the largest working set inside and the smallest
         # outside; without more, take the geometric midpoint rather than either end (the lower
         # end would call every size in between out of the cache).
         cache = math.isqrt(cache * int(ws[(a[:, 3] > 0) & (ws > cache)].min()))  # Python ints: no overflow
-    return _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
+    hw = _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
+    hw.meta["uncertainty"] = _bootstrap(design, y, x, predicted)
+    return hw
+
+
+# Prediction intervals (docs/model.md, "Uncertainty"): the fit is repeated on resamples of its
+# points (drawn with replacement, a fixed seed: the same sweep gives the same file), and each
+# resample's figures cost the prediction again; each of those times is then multiplied by
+# (1 + r) for every relative residual r of the fit (measured / predicted - 1), so the interval
+# holds both the figures' uncertainty and the scatter of single points around the model.
+BOOTSTRAP_RESAMPLES = 60
+BOOTSTRAP_SEED = 20261123
+INTERVAL = (10.0, 90.0)  # percentiles: an 80% interval
+
+
+def _bootstrap(design: np.ndarray, y: np.ndarray, x: np.ndarray, predicted: np.ndarray) -> dict:
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    columns = len(x)
+    resamples = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        idx = rng.integers(0, len(y), len(y))
+        xb, _, active = _solve(design[idx], y[idx])
+        xb = np.where(active | (np.arange(columns) == 0), xb, x)  # a column this resample lacks keeps the fit's
+        resamples.append([float(v) for v in xb])
+    residuals = y / predicted - 1.0
+    return {"method": f"bootstrap: {BOOTSTRAP_RESAMPLES} resamples of the points (seed {BOOTSTRAP_SEED}), "
+                      f"times the fit's relative residuals; interval p{INTERVAL[0]:g}-p{INTERVAL[1]:g}",
+            "columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us", "us_per_byte_intra", "us_per_byte_inter",
+                        "us_per_byte_cache"][:columns],
+            "resamples": resamples, "relative_residuals": [float(r) for r in residuals]}
+
+
+def variants(hw: Hardware) -> list[Hardware]:
+    """The hardware of each bootstrap resample of the fit (empty for a preset or an older file)."""
+    unc = hw.meta.get("uncertainty") or {}
+    out = []
+    for values in unc.get("resamples") or []:
+        fields = dict(zip(unc.get("columns") or [], values))
+        intra, inter = hw.intra, hw.inter
+        if fields.get("us_per_byte_intra", 0) > 0 and hw.meta.get("levels_fitted", {}).get("intra"):
+            intra = replace(intra, bw_gbps=1.0 / fields["us_per_byte_intra"] / 1e3,
+                            latency_us=fields.get("alpha_intra_us", intra.latency_us))
+        if fields.get("us_per_byte_cache", 0) > 0 and intra.cache_bytes:
+            intra = replace(intra, cache_bw_gbps=1.0 / fields["us_per_byte_cache"] / 1e3)
+        if fields.get("us_per_byte_inter", 0) > 0 and hw.meta.get("levels_fitted", {}).get("inter"):
+            inter = replace(inter, bw_gbps=1.0 / fields["us_per_byte_inter"] / 1e3,
+                            latency_us=fields.get("alpha_inter_us", inter.latency_us))
+        out.append(replace(hw, intra=intra, inter=inter,
+                           per_call_overhead_us=fields.get("overhead_us", hw.per_call_overhead_us)))
+    return out
+
+
+def interval_us(hw: Hardware, cost) -> tuple[float, float] | None:
+    """The 80% interval of a prediction: `cost(hardware) -> us` evaluated on every resample, spread by
+    the fit's residuals. None when `hw` holds no resamples (a preset, or a file fitted before them)."""
+    hardware = variants(hw)
+    residuals = np.asarray((hw.meta.get("uncertainty") or {}).get("relative_residuals") or [0.0])
+    if not hardware:
+        return None
+    times = np.array([cost(v) for v in hardware])
+    low, high = np.percentile(np.outer(times, 1.0 + residuals), INTERVAL)
+    return float(low), float(high)
 
 
 def _solve(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:

@@ -2,9 +2,12 @@
 costed round by round (costmodel.schedule_us), written as Result records of kind `predicted`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from commbench import algorithms
 from commbench import collectives as C
 from commbench.analysis.costmodel import Hardware, schedule_us
+from commbench.analysis.fit import interval_us
 from commbench.results import Result, point_result
 from commbench.topology import Topology
 
@@ -24,9 +27,11 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
         return None
     schedule = algorithms.build(collective, algorithm, topo, plan.count, plan.nbytes, root)
     time_us = schedule_us(schedule, topo, hw, dtype.itemsize)
-    return point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
-                        placement="in-place", nnodes=topo.nodes, backend="model", library=hw.name, device="-",
-                        time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted")
+    interval = interval_us(hw, lambda variant: schedule_us(schedule, topo, variant, dtype.itemsize))
+    result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
+                          placement="in-place", nnodes=topo.nodes, backend="model", library=hw.name, device="-",
+                          time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted")
+    return replace(result, interval_us=list(interval)) if interval else result
 
 
 def predict(hw: Hardware, collectives: list[str], sizes: list[int], dtype: C.DType, topo: Topology,

@@ -89,6 +89,7 @@ class Result(Record):
     schema: int = SCHEMA_VERSION
     # the times the percentiles come from, as pack_times keeps them; last, so CSV columns keep their places
     iteration_times_us: list[float] | dict[str, Any] | None = None
+    interval_us: list[float] | None = None  # kind predicted, from a fit: the 80% interval [low, high] (docs/model.md)
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]

@@ -80,6 +80,8 @@ class Table:
         noisy = any(r is not None and is_noisy(r) for r in results.values())
         self.noisy_rows += noisy
         mark = f" {NOISY_MARK}" if noisy else ""
+        if first.interval_us:  # a prediction from a fit: its 80% interval (docs/model.md)
+            mark += f"  [{_fmt_time(first.interval_us[0]).strip()}-{_fmt_time(first.interval_us[1]).strip()}]"
         self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
                     f"{algo:>12s}".rstrip() + mark)
 

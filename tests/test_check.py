@@ -95,3 +95,56 @@ def test_nothing_predictable_is_refused(runs, tmp_path):
     only_header.write_text(sweep.read_text().splitlines()[0] + "\n")
     out = commbench("check", str(only_header), "--hw", str(hw))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_interval_collapses_on_data_the_model_describes_exactly(runs):
+    """Times that are the model's own predictions: every resample fits the same figures and every
+    residual is zero, so the 80% interval is the prediction itself."""
+    from commbench.analysis import fit as F
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, _ = runs
+    hw0 = load_hardware(str(hw_path))
+    records = read_records(str(sweep))
+    results = [r for r in records if r["record"] == "result"]
+    exact = [{**r, "time_us": float(F.predict_records([r], hw0)[0])} if r["record"] == "result" else r
+             for r in records]
+    hw1 = F.fit(exact)
+    assert len(F.variants(hw1)) == F.BOOTSTRAP_RESAMPLES
+    for r in results:
+        predicted = F.predict_records([r], hw1)[0]
+        low, high = F.interval_us(hw1, lambda v, r=r: F.predict_records([r], v)[0])
+        assert low == pytest.approx(predicted, rel=1e-2) and high == pytest.approx(predicted, rel=1e-2)  # solver tolerance
+
+
+def test_interval_widens_with_the_scatter_and_coverage_is_reported(runs, tmp_path):
+    from commbench.analysis import fit as F
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, _ = runs
+    hw = load_hardware(str(hw_path))
+    residuals = hw.meta["uncertainty"]["relative_residuals"]
+    r = next(r for r in read_records(str(sweep)) if r["record"] == "result" and r["placement"] == "in-place")
+    low, high = F.interval_us(hw, lambda v: F.predict_records([r], v)[0])
+    predicted = F.predict_records([r], hw)[0]
+    assert low <= predicted * (1 + max(residuals)) and high >= predicted * (1 + min(residuals)) - 1e-9
+    assert low < high
+    out = commbench("check", str(sweep), "--hw", str(hw_path), "--json", str(tmp_path / "c.jsonl"))
+    lines = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    rows = [x for x in lines if x["record"] == "check"]
+    assert all(x["interval_us"] and x["inside"] == (x["interval_us"][0] <= x["measured_us"] <= x["interval_us"][1])
+               for x in rows)
+    assert lines[-1]["all"]["coverage"] == pytest.approx(sum(x["inside"] for x in rows) / len(rows))
+    assert "inside the 80% interval" in out.stdout
+
+
+def test_predict_prints_and_writes_the_interval(runs, tmp_path):
+    _, hw_path, _ = runs
+    out = commbench("predict", "--hw", str(hw_path), "-T", "1x2", "--sizes", "64K,1M", "--json",
+                    str(tmp_path / "p.jsonl"))
+    assert out.returncode == 0, out.stderr
+    assert "80% interval" in out.stdout
+    results = [r for r in read_records(str(tmp_path / "p.jsonl")) if r["record"] == "result"]
+    assert results and all(r["interval_us"][0] <= r["interval_us"][1] for r in results)
+    preset = commbench("predict", "--hw", "dgx-a100", "-T", "1x8", "--sizes", "1M")
+    assert "interval" not in preset.stdout  # a preset has no resamples: no interval is made up

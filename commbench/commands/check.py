@@ -60,9 +60,10 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps")):
         part = summary[key]
         if part["rows"]:
+            coverage = "" if part["coverage"] is None else f", {100 * part['coverage']:.0f}% inside the 80% interval"
             click.echo(f"# {label:<24} {part['rows']:>5} row(s): median |error| "
                        f"{100 * part['median_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%, "
-                       f"{part['optimistic']} optimistic (predicted faster than measured)")
+                       f"{part['optimistic']} optimistic{coverage}")
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
             for row in rows:
@@ -77,7 +78,12 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
 def _table(rows, hw_name: str) -> None:
     click.echo(f"# predicted by {hw_name}; error = predicted / measured - 1")
     width = max(len(r.setup) for r in rows)
-    click.echo(f"#{'setup':>{width - 1}}  {'point':<26} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8}")
+    intervals = any(r.interval_us for r in rows)
+    extra = f"  {'80% interval (us)':>23}" if intervals else ""
+    click.echo(f"#{'setup':>{width - 1}}  {'point':<26} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8}{extra}")
     for r in rows:
+        interval = ""
+        if r.interval_us:
+            interval = f"  {r.interval_us[0]:>10.1f}-{r.interval_us[1]:<10.1f} {'in' if r.inside else 'OUT'}"
         click.echo(f"{r.setup:>{width}}  {r.what:<26} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
-                   f"{100 * r.error:>+7.1f}%")
+                   f"{100 * r.error:>+7.1f}%{interval}")
