@@ -133,6 +133,9 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         raise UsageFault(str(exc)) from exc
     table = Table(["in-place"], show_algorithm=True)
     table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
+    if any(r.interval_us for r in results):
+        table.comment("[low-high] after a row: its 80% interval in us (the fit's bootstrap resamples and residuals, "
+                      "docs/model.md)")
     try:
         with ResultSink(json_path) as sink:  # a full disk: the rows and lines before it stay, then one line
             for name in names:
