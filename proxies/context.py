@@ -4,6 +4,7 @@ frame's (commbench/job.py): whatever happens, the summary says what was measured
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -12,6 +13,7 @@ import numpy as np
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, JobFault
 from commbench.job import run_rank as run_rank_frame
+from commbench.launch import EMULATED_VAR
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
 from commbench.proxies.steps import METRICS, STEP, ProxyResult, StepLog, summarize
@@ -58,6 +60,8 @@ class RankContext:
         if self.monitor is not None:
             self.monitor.start()
             lines = [*lines, *([self.monitor.note] if self.monitor.note else [])]
+        if os.environ.get(EMULATED_VAR):
+            lines = [*lines, f"emulated cluster: {os.environ[EMULATED_VAR]}"]
         rows = ("each row, the median and the JSON: a step's slowest rank (what a synchronous job waits for; "
                 "every rank's figures in the JSON, step.ranks_us)" if world > 1 else "one rank")
         self.log.header(record, [what, *lines, f"{self.cfg.warmup_steps} warm-up step(s), then {self.cfg.steps} "
