@@ -16,6 +16,7 @@ import pytest
 from conftest import clean_env, commbench, results_of
 
 from commbench import emulate as E
+from commbench.results import read_records
 
 ROOT_REASON = None
 if os.geteuid() != 0:
@@ -275,3 +276,14 @@ def test_a_killed_commbench_is_cleaned_by_the_next_clean(tmp_path):
     out = commbench("emulate", "clean", timeout=60)
     assert out.returncode == 0 and tag in out.stdout
     assert _gone(tag)
+
+
+@needs_root
+def test_proxy_runs_across_emulated_nodes(tmp_path):
+    out = commbench("proxy", "tts_angular", "--emulate", "2x1", "--link", "1gbit", "--batch", "1", "--compute", "flops",
+                    "--tflops", "0.05", "--steps", "2", "--warmup-steps", "1", "--timeout", "60", "--json",
+                    str(tmp_path / "p.jsonl"), timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "# emulated cluster: 2 node(s) x 1 rank(s)" in out.stdout
+    summary = [r for r in read_records(str(tmp_path / "p.jsonl")) if r["record"] == "proxy"][-1]
+    assert summary["status"] == "ok" and summary["world_size"] == 2 and summary["nnodes"] == 2
