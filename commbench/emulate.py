@@ -245,9 +245,9 @@ def namespaces() -> list[str]:
 
 
 def clusters() -> list[Cluster]:
-    """Every cluster a state file describes, and one for each set of cbemu- namespaces without one
-    (a run killed between creating them and writing... never: the state is written first; kept for
-    state files removed by hand)."""
+    """Every cluster a state file describes, and one, owned by nobody, for each tag of cbemu-
+    namespaces without a state file (the state is written before any namespace is made, so only a
+    state file removed by hand leaves such namespaces; `clean` then removes them)."""
     found: dict[str, Cluster] = {}
     if os.path.isdir(STATE_DIR):
         for name in sorted(os.listdir(STATE_DIR)):
