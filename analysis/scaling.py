@@ -9,9 +9,11 @@ timeline with modelled communication (docs/model.md).
 `allreduce_us` costs an allreduce by the table's entry (commbench/algorithms.py): its
 closed form where it has one (ring and hier: O(ranks per node) work at any world size,
 pinned to the full schedules by tests), else its full schedule. `nccl`
-(algorithms.LIBRARY) is the ring as NCCL runs it between nodes: one ring per NIC of a
-node (NCCL's channels), each carrying its share of the buffer, so that a node's NICs all
-carry traffic; on one node, or with one NIC, it is the ring.
+(algorithms.LIBRARY) is what NCCL would run: its own choice of ring or tree, protocol and
+channels, timed by its own tuning model (analysis/nccl_tuning.py, NCCL 2.20.3), which a
+step records per bucket. `nccl-ring` is how `nccl` was costed before: the ring with one
+channel per NIC of a node, each carrying its share of the buffer (on one node, or with one
+NIC, the ring).
 """
 from __future__ import annotations
 
@@ -19,13 +21,15 @@ from dataclasses import dataclass
 
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
+from commbench.analysis import nccl_tuning
 from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import StepTimes, overlap, plan_step
 from commbench.topology import Topology
 
-ALGORITHMS = (LIBRARY, *algorithms.available("allreduce", gpu=True))  # what a prediction can cost
+LIBRARY_RING = "nccl-ring"  # the library's ring, one channel per NIC: `nccl` before NCCL's tuning model
+ALGORITHMS = (LIBRARY, LIBRARY_RING, *algorithms.available("allreduce", gpu=True))  # what a prediction can cost
 # Costing an algorithm without a closed form builds its whole schedule: twoshot on 1,000 GPUs took
 # 4.4 s per bucket on the 2-core CI machine (2026-11-23); 256 GPUs keep a prediction within seconds.
 FULL_SCHEDULE_MAX_RANKS = 256
@@ -37,6 +41,8 @@ def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, a
     if topo.world == 1 or count == 0:
         return 0.0
     if algorithm == LIBRARY:
+        return library_choice(hw, topo, nbytes, itemsize).time_us
+    if algorithm == LIBRARY_RING:
         channels = (hw.inter.links_per_node or 1) if topo.nodes > 1 else 1
         return phases_us(algorithms.ring_allreduce_phases(topo, count, channels), hw, itemsize)
     name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
@@ -47,11 +53,44 @@ def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, a
     return algorithm_us(hw, topo, "allreduce", name, count, itemsize)
 
 
+def library_choice(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4) -> nccl_tuning.NcclChoice | None:
+    """What NCCL runs for one allreduce of `nbytes` per rank, with its time (None: one rank or no element)."""
+    count = nbytes // itemsize
+    if topo.world == 1 or count == 0:
+        return None
+    return nccl_tuning.allreduce(hw, topo, count * itemsize)
+
+
 @dataclass(frozen=True)
 class StepPrediction:
     times: StepTimes
     buckets: list[B.Bucket]
     bucket_comm_us: list[float]
+    bucket_choices: list[nccl_tuning.NcclChoice | None] | None = None  # `nccl`: what NCCL runs per bucket
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """What NCCL runs for the buckets of one size in a step."""
+    nbytes: int
+    buckets: int
+    algorithm: str
+    protocol: str
+    channels: int
+    time_us: float
+
+
+def size_choices(pred: StepPrediction) -> tuple[SizeChoice, ...] | None:
+    """The step's NCCL choices, one per distinct bucket size in bucket order (None: not `nccl`)."""
+    if pred.bucket_choices is None:
+        return None
+    by_size: dict[int, list] = {}
+    for bucket, choice in zip(pred.buckets, pred.bucket_choices):
+        if choice is None:
+            continue
+        by_size.setdefault(bucket.nbytes, [0, choice])[0] += 1
+    return tuple(SizeChoice(nbytes, n, c.algorithm, c.protocol, c.channels, c.time_us)
+                 for nbytes, (n, c) in by_size.items())
 
 
 def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
@@ -62,6 +101,10 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
     plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us)
     from commbench.collectives import resolve_dtype
 
+    if algorithm == LIBRARY and topo.world > 1:
+        choices = [library_choice(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize) for b in buckets]
+        comm = [c.time_us if c else 0.0 for c in choices]
+        return StepPrediction(overlap(plan, comm), buckets, comm, choices)
     comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]
     return StepPrediction(overlap(plan, comm), buckets, comm)
 
@@ -86,6 +129,7 @@ class ScalingPoint:
     samples_per_s: float  # all GPUs
     speedup: float  # vs the same setup's 1-GPU throughput
     linearity: float  # throughput(N) / (N x throughput(1))
+    nccl_choices: tuple[SizeChoice, ...] | None = None  # `nccl` on 2+ GPUs: what NCCL runs per bucket size
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -120,5 +164,6 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
         rate = batch * gpus / (t.step_us * 1e-6)
         base = base or rate
         points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
-                                   t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base)))
+                                   t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
+                                   size_choices(pred)))
     return points[1:]

@@ -34,12 +34,12 @@ def test_the_library_ring_uses_every_nic_between_nodes():
     topo = Topology(2, 4)
     chunk = 8_000_000 / 8  # bytes per rank per step
     one = allreduce_us(HW, topo, 8_000_000, 4, "ring")
-    two = allreduce_us(HW, topo, 8_000_000, 4, "nccl")
+    two = allreduce_us(HW, topo, 8_000_000, 4, "nccl-ring")  # `nccl` before NCCL's tuning model
     # per step: the inter-node link is the bottleneck; one ring on one NIC vs 2 channels on 2 NICs
     assert one == pytest.approx(3 + 14 * (5 + chunk / 1e4))
     assert two == pytest.approx(3 + 14 * (5 + chunk / 2 / 1e4))
-    assert allreduce_us(HW, Topology(1, 8), 8_000_000, 4, "nccl") == allreduce_us(HW, Topology(1, 8), 8_000_000, 4,
-                                                                                 "ring")
+    assert allreduce_us(HW, Topology(1, 8), 8_000_000, 4, "nccl-ring") == allreduce_us(HW, Topology(1, 8), 8_000_000,
+                                                                                      4, "ring")
 
 
 def _toy_profile():

@@ -283,8 +283,9 @@ Examples:
 @click.option("--precision", type=click.Choice(["fp32", "amp"]), default="fp32", show_default=True,
               help="Which of the hardware's device_tflops to use when neither rate is given (a peak: optimistic).")
 @click.option("--algorithm", "-A", default="nccl", show_default=True,
-              help="nccl (the library's ring, one channel per NIC between nodes, as DDP's NCCL runs it) or one "
-                   "of commbench's schedules: ring, hier, tree, rhd, oneshot, binomial, twoshot.")
+              help="nccl (what DDP's NCCL runs: ring or tree, LL/LL128/Simple and channels by NCCL 2.20.3's own "
+                   "tuning model), nccl-ring (the library's ring, one channel per NIC) or one of commbench's "
+                   "schedules: ring, hier, tree, rhd, oneshot, binomial, twoshot.")
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
 @click.option("--baseline", default=None, metavar="ALGORITHM",
               help="With --candidate: acc_ratio = candidate / baseline.")
@@ -413,4 +414,12 @@ def _scaling_table(run, records) -> list[str]:
                      f"{r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} {r.samples_per_s / r.gpus:>8.1f} "
                      f"{r.speedup:>8.2f} {r.linearity:>9.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
+    chosen = [r for r in records if getattr(r, "nccl_choices", None)]
+    if chosen:
+        lines.append("# nccl: what NCCL 2.20.3's tuning model runs per bucket size (size x buckets "
+                     "algorithm/protocol channels), docs/model.md")
+    for r in chosen:
+        lines.append(f"#   {r.gpus:>6} GPUs: " + "; ".join(
+            f"{c['nbytes'] / (1 << 20):.4g} MiB x{c['buckets']} {c['algorithm']}/{c['protocol']} {c['channels']}ch"
+            for c in r.nccl_choices))
     return lines
