@@ -168,7 +168,7 @@ def _bootstrap(design: np.ndarray, y: np.ndarray, x: np.ndarray, predicted: np.n
     resamples = []
     for _ in range(BOOTSTRAP_RESAMPLES):
         idx = rng.integers(0, len(y), len(y))
-        xb, _, active = _solve(design[idx], y[idx])
+        xb, active = _refit(design[idx], y[idx], x)
         xb = np.where(active | (np.arange(columns) == 0), xb, x)  # a column this resample lacks keeps the fit's
         resamples.append([float(v) for v in xb])
     residuals = y / predicted - 1.0
@@ -177,6 +177,30 @@ def _bootstrap(design: np.ndarray, y: np.ndarray, x: np.ndarray, predicted: np.n
             "columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us", "us_per_byte_intra", "us_per_byte_inter",
                         "us_per_byte_cache"][:columns],
             "resamples": resamples, "relative_residuals": [float(r) for r in residuals]}
+
+
+def _refit(a: np.ndarray, y: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fit's loss (soft-L1 on relative errors, f_scale 0.05, every unknown >= 0) minimised again on a
+    resample, from the full fit's figures, by iteratively reweighted non-negative least squares: the
+    same minimum as _solve's, at about a hundredth of the cost (60 resamples in tens of milliseconds)."""
+    from scipy.optimize import nnls
+
+    active = _identifiable(a)
+    idx = np.flatnonzero(active)
+    typical = np.array([1.0, 1.0, 1.0, 1e-4, 1e-4, 1e-4][:a.shape[1]])[idx]
+    scaled = a[:, idx] / y[:, None] * typical  # relative residual = scaled @ z - 1, z in typical units
+    z = start[idx] / typical
+    for _ in range(20):
+        residual = scaled @ z - 1.0
+        weight = np.sqrt(1.0 / np.sqrt(1.0 + (residual / 0.05) ** 2))  # soft-L1's IRLS weight, square-rooted
+        new, _ = nnls(scaled * weight[:, None], weight)
+        converged = np.allclose(new, z, rtol=1e-6, atol=1e-12)
+        z = new
+        if converged:
+            break
+    x = np.array(start, dtype=float)
+    x[idx] = z * typical
+    return x, active
 
 
 def variants(hw: Hardware) -> list[Hardware]:
@@ -211,14 +235,16 @@ def interval_us(hw: Hardware, cost) -> tuple[float, float] | None:
     return float(low), float(high)
 
 
-def _solve(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
-    """Robust least squares on relative errors over the identifiable columns: (x, cost, active)."""
+def _solve(a: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray]:
+    """Robust least squares on relative errors over the identifiable columns: (x, cost, active).
+    `start`: where to begin (a resample of the points starts from the full fit's figures)."""
     from scipy.optimize import least_squares
 
     active = _identifiable(a)
     idx = np.flatnonzero(active)
     typical = np.array([1.0, 1.0, 1.0, 1e-4, 1e-4, 1e-4][:a.shape[1]])[idx]  # us, us, us, us/byte (10 GB/s)
-    result = least_squares(lambda z: (a[:, idx] @ z - y) / y, typical, bounds=(0, np.inf), loss="soft_l1",
+    x0 = typical if start is None else np.maximum(start[idx], 1e-12)  # strictly inside the bounds
+    result = least_squares(lambda z: (a[:, idx] @ z - y) / y, x0, bounds=(0, np.inf), loss="soft_l1",
                            f_scale=0.05, x_scale=typical)
     x = np.zeros(a.shape[1])
     x[idx] = result.x
