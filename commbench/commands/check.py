@@ -45,7 +45,6 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     check_outputs(("--json", json_path))
     try:
         hw = load_hardware(hw_spec)
-        _warn_poor(hw, hw_spec)
         records = R.read_all(list(files))
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc
@@ -55,6 +54,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     if not rows:
         raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result) or proxy "
                          f"replay records")
+    _warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
     _table(rows, hw.name)
     summary = K.summary(rows)
     for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps")):
