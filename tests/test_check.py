@@ -114,7 +114,8 @@ def test_interval_collapses_on_data_the_model_describes_exactly(runs):
     for r in results:
         predicted = F.predict_records([r], hw1)[0]
         low, high = F.interval_us(hw1, lambda v, r=r: F.predict_records([r], v)[0])
-        assert low == pytest.approx(predicted, rel=1e-2) and high == pytest.approx(predicted, rel=1e-2)  # solver tolerance
+        assert low == pytest.approx(predicted, rel=1e-2)  # the solver's tolerance
+        assert high == pytest.approx(predicted, rel=1e-2)
 
 
 def test_interval_widens_with_the_scatter_and_coverage_is_reported(runs, tmp_path):
