@@ -169,10 +169,20 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
     return files
 
 
-def plot_prediction(series: list[Series], out_dir: str) -> str | None:
-    """Predicted against measured time, every point of every setup both exist for, with the line of
-    perfect prediction and +-25%; the title gives the median and largest error."""
-    pairs = []
+def _proxy_pairs(records: list[dict], hw) -> list[tuple[str, float, float]]:
+    """(label, measured, predicted) of each proxy replay's median step, as `commbench check` predicts it."""
+    if hw is None:
+        return []
+    from commbench.analysis.check import check
+
+    rows, _ = check([r for r in records if r.get("record") in ("header", "proxy")], hw)
+    return [(f"{r.setup} (step)", r.measured_us, r.predicted_us) for r in rows if r.what == "step"]
+
+
+def plot_prediction(series: list[Series], out_dir: str, extra: list[tuple[str, float, float]] = ()) -> str | None:
+    """Predicted against measured time, every point of every setup both exist for (and `extra`: proxy
+    steps), with the line of perfect prediction and +-25%; the title gives the median and largest error."""
+    pairs = list(extra)
     for s in series:
         if s.kind != MEASURED:
             continue
@@ -199,8 +209,9 @@ def plot_prediction(series: list[Series], out_dir: str) -> str | None:
     line = np.array([low, high])
     ax.plot(line, line, "k-", lw=1, label="predicted = measured")
     ax.fill_between(line, line / 1.25, line * 1.25, color="grey", alpha=0.15, label="+-25%")
-    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured time per call (us)",
-           ylabel="predicted time per call (us)",
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high),
+           xlabel="measured time (us): a call, or a proxy's median step",
+           ylabel="predicted time (us)",
            title=f"prediction vs measurement: median |error| {100 * np.median(errors):.1f}%, "
                  f"max {100 * errors.max():.0f}%")
     ax.grid(True, which="major", alpha=0.3)
@@ -257,7 +268,7 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)
     pngs = plot(series, out_dir) if series else []
-    pngs += [p for p in (plot_prediction(series, out_dir),) if p]
+    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
