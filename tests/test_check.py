@@ -149,3 +149,23 @@ def test_predict_prints_and_writes_the_interval(runs, tmp_path):
     assert results and all(r["interval_us"][0] <= r["interval_us"][1] for r in results)
     preset = commbench("predict", "--hw", "dgx-a100", "-T", "1x8", "--sizes", "1M")
     assert "interval" not in preset.stdout  # a preset has no resamples: no interval is made up
+
+
+def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatch):
+    from commbench.analysis import report as R
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, proxy = runs
+    drawn = {}
+    real = R.plot_prediction
+
+    def spy(series, out_dir, extra=()):
+        drawn["extra"] = list(extra)
+        return real(series, out_dir, extra)
+
+    monkeypatch.setattr(R, "plot_prediction", spy)
+    _, pngs = R.report([str(sweep), str(proxy)], str(tmp_path / "rep"), load_hardware(str(hw_path)))
+    assert any(p.endswith("predicted_vs_measured.png") for p in pngs)
+    (label, measured, predicted), = drawn["extra"]
+    summary = [r for r in read_records(str(proxy)) if r["record"] == "proxy"][-1]
+    assert "tts_angular" in label and measured == summary["step_us_p50"] and predicted > 0
