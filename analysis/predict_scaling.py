@@ -23,14 +23,6 @@ LONGEST_STEP_S = 86400.0  # a day: a compute step longer than this comes from a 
 
 
 @dataclass(frozen=True)
-class ScalingChoiceRecord(ScalingRecord):
-    """A `scaling` record that also says, for `nccl` rows, what NCCL runs per bucket size: a list of
-    {nbytes, buckets, algorithm, protocol, channels, time_us} (NCCL 2.20.3's tuning model,
-    analysis/nccl_tuning.py). Readers that know only ScalingRecord drop the field."""
-    nccl_choices: tuple[dict, ...] | None = None
-
-
-@dataclass(frozen=True)
 class ScalingRun:
     profile: Profile
     hw: Hardware
@@ -40,16 +32,16 @@ class ScalingRun:
     baseline: str | None
     candidate: str | None
 
-    def records(self, run_id: str = "") -> list[ScalingChoiceRecord]:
+    def records(self, run_id: str = "") -> list[ScalingRecord]:
         """One record per algorithm and GPU count; the candidate's carry acc_ratio = its throughput / the baseline's."""
         base = self.curves.get(self.baseline) if self.baseline else None
         out = []
         for name, points in self.curves.items():
             for i, point in enumerate(points):
                 acc = point.samples_per_s / base[i].samples_per_s if base and name == self.candidate else None
-                out.append(ScalingChoiceRecord(model=self.profile.name, hardware=self.hw.name, batch=self.batch,
-                                               compute=self.compute_label, **point.to_dict(), acc_ratio=acc,
-                                               baseline=self.baseline, candidate=self.candidate, run_id=run_id))
+                out.append(ScalingRecord(model=self.profile.name, hardware=self.hw.name, batch=self.batch,
+                                         compute=self.compute_label, **point.to_dict(), acc_ratio=acc,
+                                         baseline=self.baseline, candidate=self.candidate, run_id=run_id))
         return out
 
 

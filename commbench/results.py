@@ -274,6 +274,9 @@ class ScalingRecord(Record):
     acc_ratio: float | None = None  # the candidate's throughput / the baseline's (candidate rows only)
     baseline: str | None = None
     candidate: str | None = None
+    # `nccl` rows on 2+ GPUs: what NCCL runs per bucket size, [{nbytes, buckets, algorithm, protocol, channels,
+    # time_us}] (NCCL 2.20.3's tuning model, analysis/nccl_tuning.py)
+    nccl_choices: list[dict] | tuple[dict, ...] | None = None
     kind: str = "predicted"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
