@@ -15,6 +15,7 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   shm    commbench's shared-memory backend (ShmBackend: algorithm auto) through the call
          the harness prepares (backend.prepare); once per size commbench's own
          bench.measure_point also runs it with the result check on (wrong counted);
+  oneshot  the shm backend with --algorithm oneshot (auto picks ring on 2 ranks);
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
@@ -54,7 +55,7 @@ import numpy as np
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "p2p", "torch", "gloo", "mpi", "bound", "bound4k")
+TOOLS = ("shm", "oneshot", "p2p", "torch", "gloo", "mpi", "bound", "bound4k")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SLOT_ITERS = 3  # at 256 MiB a gloo call takes ~0.15 s: 3 calls keep a slot under a second
 
@@ -157,7 +158,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "p2p", "torch", "gloo"}:
+        if tools & {"shm", "oneshot", "p2p", "torch", "gloo"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -167,6 +168,13 @@ class Tools:
     def slot(self, tool: str, nbytes: int) -> Slot:
         count = nbytes // 4
         return getattr(self, f"_{tool}")(count)
+
+    def _oneshot(self, count: int) -> Slot:
+        self.shm.algorithm = "oneshot"
+        try:
+            return self._shm(count)
+        finally:
+            self.shm.algorithm = "auto"
 
     def _shm(self, count: int) -> Slot:
         from commbench import collectives as C
@@ -407,11 +415,13 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
     return records
 
 
-def add_pair_options(parser: argparse.ArgumentParser) -> None:
-    """The options every paired comparison script takes."""
-    parser.add_argument("--pairs", type=int, default=method.DEFAULT_PAIRS,
+def add_pair_options(parser: argparse.ArgumentParser, slot_time_s: float = 0.05,
+                     pairs: int = method.DEFAULT_PAIRS) -> None:
+    """The options every paired comparison script takes (a script whose tools are noisy per call, as
+    gloo is here, asks for longer slots)."""
+    parser.add_argument("--pairs", type=int, default=pairs,
                         help="ABBA pairs of slots per comparison and size [default: %(default)s]")
-    parser.add_argument("--slot-time", type=float, default=0.05, metavar="SECONDS",
+    parser.add_argument("--slot-time", type=float, default=slot_time_s, metavar="SECONDS",
                         help="time budget of one slot's timed calls (commbench's adaptive rule; at least "
                              f"{MIN_SLOT_ITERS} calls) [default: %(default)s]")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",

@@ -18,7 +18,10 @@ values in --json. Verdict on torch:gloo (commbench measures gloo within 5% at >=
 crosses the edge. Without MPI the mpi tool is skipped with one line, the ranks are local
 processes. The harness's own cost per call, without gloo's noise: harness_overhead.py.
 
-Run from the repository root (about 1 minute with the defaults on 2 cores):
+Slots last 0.2 s here (0.05 s in shm_vs_peers.py): a gloo call takes 0.4-8 ms on this
+machine, heavy-tailed, so a short slot holds too few calls for its mean to settle.
+
+Run from the repository root (about 2-3 minutes with the defaults on 2 cores):
 
     python benchmarks/peers_cpu.py --json out/peers_cpu.json
     python benchmarks/peers_cpu.py --sizes 1K,64K --pairs 2
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mpi-args", default="", metavar="ARGS", help="extra mpirun options, one quoted string")
     parser.add_argument("--out-dir", default="out/peers_cpu", help="the ranks' JSON lines [default: %(default)s]")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the summary and every pair here")
-    paired.add_pair_options(parser)
+    paired.add_pair_options(parser, slot_time_s=0.2, pairs=10)  # gloo's calls are heavy-tailed: longer slots
     args = parser.parse_args(argv)
     args.check = False  # no shm here
     try:

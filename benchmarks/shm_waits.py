@@ -56,7 +56,7 @@ class LegacyShm:
 
     def wait(self, peer: int, epoch: int) -> None:
         ctl, slot = self.ctl, peer * LINE
-        checks, started, pause, spin = 0, None, 1e-6, self.b._spin
+        checks, started, pause, spin = 0, None, 1e-6, self.b._spin_budget  # the fixed spin of before
         while ctl[slot] < epoch:
             checks += 1
             if checks < spin:
