@@ -335,15 +335,14 @@ ONESHOT_MAX_RANKS = 8
 
 
 def choose(collective: str, topo: Topology, nbytes: int) -> str:
-    """The `auto` rule: for small allreduce, oneshot on 3-8 ranks and rhd on more; hier
-    across nodes; ring otherwise (always on 2 ranks, where ring's two steps move half the
-    data oneshot does); the only algorithm for other collectives."""
+    """The `auto` rule: for small allreduce, oneshot on 2-8 ranks and rhd on more; hier
+    across nodes; ring otherwise; the only algorithm for other collectives (docs/algorithms.md)."""
     table = ALGORITHMS.get(collective)
     if not table:
         raise KeyError(collective)
     if collective != "allreduce":
         return next(iter(table))
-    if nbytes <= ONESHOT_MAX_BYTES and topo.world > 2:
+    if nbytes <= ONESHOT_MAX_BYTES and topo.world > 1:
         return "oneshot" if topo.world <= ONESHOT_MAX_RANKS else "rhd"
     if topo.nodes > 1 and topo.ranks_per_node > 1:
         return "hier"
