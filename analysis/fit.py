@@ -51,6 +51,16 @@ def setup_of(record: dict) -> str:
     return "/".join(str(x) for x in (record["backend"], record["library"], record.get("algorithm") or "-"))
 
 
+def _backend_of(setup: str) -> str:
+    return setup.rsplit("/", 1)[0]
+
+
+def _name(chosen: list[dict]) -> str:
+    """backend/library/algorithm, the algorithms joined by + when `auto` chose several."""
+    algorithms = sorted({r.get("algorithm") or "-" for r in chosen})
+    return f"{_backend_of(setup_of(chosen[0]))}/{'+'.join(algorithms)}"
+
+
 def schedule_for(record: dict) -> tuple[Topology, Schedule]:
     """The topology and schedule a result record ran (FitError, naming the point, when none models it)."""
     world, nodes = int(record["world_size"]), int(record.get("nnodes") or 1)
@@ -147,7 +157,7 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
         # outside; without more, take the geometric midpoint rather than either end (the lower
         # end would call every size in between out of the cache).
         cache = math.isqrt(cache * int(ws[(a[:, 3] > 0) & (ws > cache)].min()))  # Python ints: no overflow
-    hw = _hardware(x, active, pts, predicted, y, setup or setup_of(chosen[0]), base, cache)
+    hw = _hardware(x, active, pts, predicted, y, setup or _name(chosen), base, cache)
     hw.meta["uncertainty"] = _bootstrap(design, y, x, predicted)
     return hw
 
@@ -260,13 +270,16 @@ def _cache_thresholds(ws: np.ndarray, a: np.ndarray) -> list[int]:
 
 
 def _select(results: list[dict], setup: str | None) -> list[dict]:
+    """The points to fit: all of one backend/library (whatever algorithms `auto` chose per size: each
+    point is rebuilt as the schedule that ran it, and the link figures are the same), or `setup`:
+    BACKEND/LIBRARY/ALGORITHM, or BACKEND/LIBRARY for all of its algorithms."""
     setups = Counter(setup_of(r) for r in results)
     if setup is None:
-        if len(setups) > 1:
+        if len({_backend_of(s) for s in setups}) > 1:
             listing = ", ".join(f"{s} ({n} points)" for s, n in setups.most_common())
             raise FitError(f"the results hold several setups: {listing}; choose one with --setup")
         return results
-    chosen = [r for r in results if setup_of(r) == setup]
+    chosen = [r for r in results if setup in (setup_of(r), _backend_of(setup_of(r)))]
     if not chosen:
         raise FitError(f"no measured points for setup {setup!r}; found: {', '.join(setups) or 'none'}")
     return chosen

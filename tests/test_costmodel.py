@@ -153,9 +153,13 @@ def test_fit_errors_name_what_is_missing():
         F.fit([{"record": "header"}])
     mixed = _synthetic(HW, [2], [1024, 4096, 8192], algorithm="ring") + \
         _synthetic(HW, [2], [1024, 4096, 8192], algorithm="oneshot")
-    with pytest.raises(F.FitError, match="several setups"):
-        F.fit(mixed)
+    whole = F.fit(mixed)  # one backend whose algorithms differ (auto): fitted whole
+    assert whole.meta["points"] == 6 and whole.name == "fit:shm/shm/oneshot+ring"
     assert F.fit(mixed, setup="shm/shm/ring").meta["points"] == 3
+    assert F.fit(mixed, setup="shm/shm").meta["points"] == 6
+    two_backends = mixed + _synthetic(HW, [2], [1024, 4096, 8192], algorithm="ring", backend="p2p")
+    with pytest.raises(F.FitError, match="several setups"):
+        F.fit(two_backends)
 
 
 def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
@@ -167,7 +171,8 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     assert sweep.returncode == 0, sweep.stderr
     fitted = commbench("fit", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "hw.json"))
     assert fitted.returncode == 0, fitted.stderr
-    assert "fitted shm/shm/ring: 4 points" in fitted.stdout and "inter level not fitted" in fitted.stdout
+    # auto ran oneshot up to 64 KiB and ring above: one backend, fitted whole
+    assert "fitted shm/shm/oneshot+ring: 4 points" in fitted.stdout and "inter level not fitted" in fitted.stdout
     ranged = commbench("fit", str(tmp_path / "m.jsonl"), "--sizes", "64K-4M", "-o", str(tmp_path / "hw2.json"))
     assert ranged.returncode == 0 and "3 points" in ranged.stdout, ranged.stderr
     hw = M.load_hardware(str(tmp_path / "hw.json"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -42,7 +43,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
 
     if max_error is not None and not 0 < max_error < 1e6:
         raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
-    check_outputs(("--json", json_path))
+    check_outputs(("--json", json_path), inputs=[*files, *([hw_spec] if os.path.exists(hw_spec) else [])])
     try:
         hw = load_hardware(hw_spec)
         records = R.read_all(list(files))
