@@ -18,7 +18,8 @@ Examples:
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
 @click.option("--setup", default=None, metavar="BACKEND/LIBRARY/ALGORITHM",
-              help="Which measured setup to fit when the files hold several (the error lists them).")
+              help="Which measured setup to fit when the files hold several (the error lists them); "
+                   "BACKEND/LIBRARY takes all of its algorithms (one run with --algorithm auto fits whole).")
 @click.option("--base", default=None, metavar="PRESET|FILE",
               help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
 @click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
