@@ -17,7 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench.analysis.costmodel import Hardware, with_topology
-from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, interval_us, predict_records, setup_of
+from commbench.analysis.fit import (
+    LIBRARY_ALGORITHM,
+    FitError,
+    interval_us,
+    predict_records,
+    schedule_for,
+    schedule_interval_us,
+    setup_of,
+)
+from commbench.collectives import DTYPES
 from commbench.sizes import format_size
 from commbench.topology import Topology
 
@@ -71,7 +80,8 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         except FitError as exc:
             notes.append(str(exc))
             continue
-        interval = interval_us(hw, lambda variant, r=r: predict_records([r], variant)[0])
+        topo, schedule = schedule_for(r)
+        interval = schedule_interval_us(hw, schedule, topo, DTYPES[r["dtype"]].itemsize, float(predicted))
         what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
         nodes = int(r.get("nnodes") or 1)
         setup = f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
@@ -101,7 +111,11 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             continue
         nodes = int(r.get("nnodes") or 1)
         world = int(r["world_size"])
-        topo = Topology(nodes, world // nodes) if world % nodes == 0 else Topology(1, world)
+        if not r.get("step_us_p50") or r["step_us_p50"] <= 0 or nodes < 1 or world % nodes:
+            notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
+                         f"record; left out")
+            continue
+        topo = Topology(nodes, world // nodes)
         batch = int(r["batch"])
         if cfg.get("compute") == "flops" and cfg.get("tflops"):
             forward, backward = flops_times_us(profile, batch, float(cfg["tflops"]))
@@ -121,11 +135,15 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
 
         pred = step(hw)
         setup = f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}"
+        levels = hw.meta.get("levels_fitted") or {}
+        measured = (topo.ranks_per_node == 1 or levels.get("intra")) and (topo.nodes == 1 or levels.get("inter"))
         rows.append(Row("proxy", setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
-                        float(pred.step_us), interval_us(hw, lambda v, step=step: step(v).step_us)))
+                        float(pred.step_us), interval_us(hw, lambda v, step=step: step(v).step_us) if measured
+                        else None))
         if r.get("comm_us_p50"):
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
-                            float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us)))
+                            float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us) if measured
+                            else None))
     return rows
 
 

@@ -184,9 +184,8 @@ def _bootstrap(design: np.ndarray, y: np.ndarray, x: np.ndarray, predicted: np.n
     residuals = y / predicted - 1.0
     return {"method": f"bootstrap: {BOOTSTRAP_RESAMPLES} resamples of the points (seed {BOOTSTRAP_SEED}), "
                       f"times the fit's relative residuals; interval p{INTERVAL[0]:g}-p{INTERVAL[1]:g}",
-            "columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us", "us_per_byte_intra", "us_per_byte_inter",
-                        "us_per_byte_cache"][:columns],
-            "resamples": resamples, "relative_residuals": [float(r) for r in residuals]}
+            "columns": list(COLUMNS[:columns]), "fit": [float(v) for v in x], "resamples": resamples,
+            "relative_residuals": [float(r) for r in residuals]}
 
 
 def _refit(a: np.ndarray, y: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,36 +212,99 @@ def _refit(a: np.ndarray, y: np.ndarray, start: np.ndarray) -> tuple[np.ndarray,
     return x, active
 
 
+COLUMNS = ("overhead_us", "alpha_intra_us", "alpha_inter_us", "us_per_byte_intra", "us_per_byte_inter",
+           "us_per_byte_cache")
+
+
+def uncertainty(hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(figures of the fit, resamples x columns, relative residuals) from `meta.uncertainty`, None when
+    the file has none (a preset, a fit from before 2026-11-23). A block that is not what fit writes
+    is a HardwareError, one line: a prediction never rests on a damaged interval."""
+    from commbench.analysis.costmodel import HardwareError
+
+    block = hw.meta.get("uncertainty")
+    if block is None:
+        return None
+    try:
+        columns = list(block["columns"])
+        if not 5 <= len(columns) <= len(COLUMNS) or columns != list(COLUMNS[:len(columns)]):
+            raise ValueError("unknown columns")
+        fitted = np.array(block["fit"], dtype=float)
+        resamples = np.array(block["resamples"], dtype=float)
+        residuals = np.array(block["relative_residuals"], dtype=float)
+        if fitted.shape != (len(columns),) or resamples.ndim != 2 or resamples.shape[1] != len(columns) \
+                or not len(resamples) or residuals.ndim != 1 or not len(residuals):
+            raise ValueError("shapes")
+        if not (np.isfinite(fitted).all() and np.isfinite(resamples).all() and np.isfinite(residuals).all()) \
+                or (fitted < 0).any() or (resamples < 0).any() or (residuals <= -1).any():
+            raise ValueError("values")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HardwareError(f"{hw.name}: meta.uncertainty is not what `commbench fit` writes ({exc}); fit again, "
+                            f"or remove the block to predict without intervals") from None
+    return fitted, resamples, residuals
+
+
+def schedule_interval_us(hw: Hardware, schedule: Schedule, topo: Topology, itemsize: int,
+                         central_us: float) -> tuple[float, float] | None:
+    """The 80% interval of `central_us`, the cost model's time of `schedule`. The fit's model is linear
+    in its figures (time = features . figures), so each resample's time is that of the fit scaled by
+    features . resample / features . fit; each is then spread by the fit's residuals. None without
+    resamples, or when the schedule crosses a level the fit did not measure (its figures were copied
+    or given, not fitted: no interval would say how uncertain they are)."""
+    parsed = uncertainty(hw)
+    if parsed is None:
+        return None
+    fitted, resamples, residuals = parsed
+    f = features(schedule, topo, itemsize)
+    levels = hw.meta.get("levels_fitted") or {}
+    if (f[1] or f[3]) and not levels.get("intra") or (f[2] or f[4]) and not levels.get("inter"):
+        return None
+    vector = np.zeros(len(fitted))
+    vector[:5] = f
+    if len(fitted) > 5 and hw.intra.cache_bytes and working_set_bytes(schedule.count, itemsize, topo) \
+            <= hw.intra.cache_bytes:
+        vector[5], vector[3] = vector[3], 0.0
+    base = float(vector @ fitted)
+    if base <= 0:
+        return None
+    return _spread(central_us * (resamples @ vector) / base, residuals)
+
+
+def _spread(times: np.ndarray, residuals: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(np.outer(times, 1.0 + residuals), INTERVAL)
+    return float(low), float(high)
+
+
 def variants(hw: Hardware) -> list[Hardware]:
-    """The hardware of each bootstrap resample of the fit (empty for a preset or an older file)."""
-    unc = hw.meta.get("uncertainty") or {}
+    """The hardware of each bootstrap resample of the fit (empty without resamples); a level the fit
+    did not measure keeps its figures."""
+    parsed = uncertainty(hw)
+    if parsed is None:
+        return []
+    levels = hw.meta.get("levels_fitted") or {}
     out = []
-    for values in unc.get("resamples") or []:
-        fields = dict(zip(unc.get("columns") or [], values))
+    for values in parsed[1]:
+        fields = dict(zip(COLUMNS, values))
         intra, inter = hw.intra, hw.inter
-        if fields.get("us_per_byte_intra", 0) > 0 and hw.meta.get("levels_fitted", {}).get("intra"):
+        if fields["us_per_byte_intra"] > 0 and levels.get("intra"):
             intra = replace(intra, bw_gbps=1.0 / fields["us_per_byte_intra"] / 1e3,
-                            latency_us=fields.get("alpha_intra_us", intra.latency_us))
+                            latency_us=fields["alpha_intra_us"])
         if fields.get("us_per_byte_cache", 0) > 0 and intra.cache_bytes:
             intra = replace(intra, cache_bw_gbps=1.0 / fields["us_per_byte_cache"] / 1e3)
-        if fields.get("us_per_byte_inter", 0) > 0 and hw.meta.get("levels_fitted", {}).get("inter"):
+        if fields["us_per_byte_inter"] > 0 and levels.get("inter"):
             inter = replace(inter, bw_gbps=1.0 / fields["us_per_byte_inter"] / 1e3,
-                            latency_us=fields.get("alpha_inter_us", inter.latency_us))
-        out.append(replace(hw, intra=intra, inter=inter,
-                           per_call_overhead_us=fields.get("overhead_us", hw.per_call_overhead_us)))
+                            latency_us=fields["alpha_inter_us"])
+        out.append(replace(hw, intra=intra, inter=inter, per_call_overhead_us=fields["overhead_us"]))
     return out
 
 
 def interval_us(hw: Hardware, cost) -> tuple[float, float] | None:
-    """The 80% interval of a prediction: `cost(hardware) -> us` evaluated on every resample, spread by
-    the fit's residuals. None when `hw` holds no resamples (a preset, or a file fitted before them)."""
+    """The 80% interval of a prediction that is not one schedule (a proxy's step): `cost(hardware) ->
+    us` on every resample's hardware, spread by the fit's residuals. None without resamples."""
     hardware = variants(hw)
-    residuals = np.asarray((hw.meta.get("uncertainty") or {}).get("relative_residuals") or [0.0])
     if not hardware:
         return None
-    times = np.array([cost(v) for v in hardware])
-    low, high = np.percentile(np.outer(times, 1.0 + residuals), INTERVAL)
-    return float(low), float(high)
+    return _spread(np.array([cost(v) for v in hardware]), uncertainty(hw)[2])
 
 
 def _solve(a: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray]:

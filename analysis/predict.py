@@ -7,7 +7,7 @@ from dataclasses import replace
 from commbench import algorithms
 from commbench import collectives as C
 from commbench.analysis.costmodel import Hardware, schedule_us
-from commbench.analysis.fit import interval_us
+from commbench.analysis.fit import schedule_interval_us
 from commbench.results import Result, point_result
 from commbench.topology import Topology
 
@@ -27,7 +27,7 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
         return None
     schedule = algorithms.build(collective, algorithm, topo, plan.count, plan.nbytes, root)
     time_us = schedule_us(schedule, topo, hw, dtype.itemsize)
-    interval = interval_us(hw, lambda variant: schedule_us(schedule, topo, variant, dtype.itemsize))
+    interval = schedule_interval_us(hw, schedule, topo, dtype.itemsize, time_us)
     result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
                           placement="in-place", nnodes=topo.nodes, backend="model", library=hw.name, device="-",
                           time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted")

@@ -172,3 +172,31 @@ def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatc
     (label, measured, predicted), = drawn["extra"]
     summary = [r for r in read_records(str(proxy)) if r["record"] == "proxy"][-1]
     assert "tts_angular" in label and measured == summary["step_us_p50"] and predicted > 0
+
+
+@pytest.mark.parametrize("block", ["junk", {"columns": None}, {"columns": list(range(5))},
+                                   {"columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us",
+                                                "us_per_byte_intra", "us_per_byte_inter"],
+                                    "fit": [1, 1, 1, 1, 1], "resamples": [["x", 1, 1, 1, 1]],
+                                    "relative_residuals": [0.0]}])
+def test_a_damaged_interval_block_is_one_line(runs, tmp_path, block):
+    sweep, hw_path, _ = runs
+    data = json.loads(hw_path.read_text())
+    data["meta"]["uncertainty"] = block
+    damaged = tmp_path / "hw.json"
+    damaged.write_text(json.dumps(data))
+    for args in (["predict", "--hw", str(damaged), "-T", "1x2", "--sizes", "1M"],
+                 ["check", str(sweep), "--hw", str(damaged)]):
+        out = commbench(*args)
+        assert out.returncode == 2, out.stderr
+        assert "meta.uncertainty" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_no_interval_where_the_fit_measured_no_link(runs):
+    """A one-node fit says nothing of the link between nodes: predictions that cross it get no interval."""
+    _, hw_path, _ = runs
+    out = commbench("predict", "--hw", str(hw_path), "-T", "2x2", "--sizes", "1M", "-A", "ring")
+    assert out.returncode == 0, out.stderr
+    assert "interval" not in out.stdout
+    inside = commbench("predict", "--hw", str(hw_path), "-T", "1x4", "--sizes", "1M", "-A", "ring")
+    assert "80% interval" in inside.stdout

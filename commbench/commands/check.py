@@ -38,6 +38,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.analysis.fit import uncertainty
     from commbench.commands.model import _warn_poor
     from commbench.results import RecordError
 
@@ -46,6 +47,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     check_outputs(("--json", json_path), inputs=[*files, *([hw_spec] if os.path.exists(hw_spec) else [])])
     try:
         hw = load_hardware(hw_spec)
+        uncertainty(hw)  # a damaged interval block: one line here, not a traceback per row
         records = R.read_all(list(files))
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc

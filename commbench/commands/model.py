@@ -106,6 +106,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+    from commbench.analysis.fit import uncertainty
     from commbench.analysis.predict import predict
     from commbench.commands import layout as L
     from commbench.results import OutputError, ResultSink
@@ -118,6 +119,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         raise UsageFault("give the scale to predict: --topology NODESxRANKS, or --nodes N --gpus-per-node G")
     try:
         hw = load_hardware(hw_spec)
+        uncertainty(hw)  # its intervals' block, checked: one line, not a traceback per row
         _warn_poor(hw, hw_spec)
         size_list = parse_sizes(sizes, factor)
         names = C.resolve_collectives(collective_names)
