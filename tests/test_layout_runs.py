@@ -1,0 +1,22 @@
+"""--nodes/--gpus-per-node and --topology on sweep, which runs ranks: the two forms say the same, and
+values that disagree (with each other or with --nprocs) are one line, exit 2."""
+from __future__ import annotations
+
+import pytest
+from test_layout import check_refused, check_the_two_forms_say_the_same
+
+SWEEP = ["sweep", "--backend", "sim", "--hw", "dgx-a100", "--sizes", "1K", "--placement", "in-place"]
+
+
+@pytest.mark.parametrize("command, says", [(SWEEP, "topology 2x4), 8 ranks")])
+def test_the_two_forms_say_the_same(capsys, command, says):
+    check_the_two_forms_say_the_same(capsys, command, says)
+
+
+@pytest.mark.parametrize("command, extra, message", [
+    (SWEEP, ["--nodes", "2", "--gpus-per-node", "2", "-N", "3"], "--nodes 2 --gpus-per-node 2 is 4 ranks but "
+                                                                 "--nprocs 3"),
+    (SWEEP, ["-T", "2x2", "--nodes", "3"], "--topology 2x2 and --nodes 3 disagree"),
+])
+def test_disagreeing_values_are_one_line_and_exit_2(capsys, command, extra, message):
+    check_refused(capsys, command, extra, message)
