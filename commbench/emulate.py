@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -39,7 +41,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from commbench.files import UnreadableFile, read_small
-from commbench.launch import EMULATED_VAR, JOB_TAG_VAR, interrupt, remove_segments, stop_all, stop_margin_s, supervise
+from commbench.launch import (
+    EMULATED_VAR,
+    EXIT_DIR_VAR,
+    JOB_TAG_VAR,
+    interrupt,
+    remove_segments,
+    stop_all,
+    stop_margin_s,
+    supervise,
+)
 
 PREFIX = "cbemu-"
 STATE_DIR = os.environ.get("COMMBENCH_EMULATE_STATE", "/run/commbench/emulate")
@@ -51,7 +62,7 @@ MIN_RATE_BPS, MAX_RATE_BPS = 1_000_000, 100_000_000_000
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 TBF_LATENCY_MS = 100  # tbf's queue: what a link holds at its rate before it drops (TCP backs off then)
 GSO_BYTES = 65536 + 1500  # a veth hands tbf segments of up to 64 KiB (GSO): the bucket must hold one
-CAP_NET_ADMIN = 12
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 _STDERR_PASS_VAR = "COMMBENCH_EMULATE_VERBOSE"  # set: the launchers' own log lines are shown too
 
 
@@ -90,7 +101,9 @@ class Cluster:
 
     def alive(self) -> bool:
         """Kept on purpose (no owner), or its owner still runs."""
-        return self.owner_pid is None or _start_time(self.owner_pid) == self.owner_start
+        if self.owner_pid is None:
+            return True
+        return self.owner_pid > 0 and _start_time(self.owner_pid) == self.owner_start
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -123,21 +136,32 @@ def parse_rate(text: str) -> int:
 def rate_text(bps: float) -> str:
     for unit in ("tbit", "gbit", "mbit", "kbit"):
         if bps >= UNITS[unit]:
-            return f"{bps / UNITS[unit]:g}{unit}"
+            return f"{bps / UNITS[unit]:.4g}{unit}"
     return f"{bps:g}bit"
 
 
 # ------------------------------------------------------------------------------ privileges
 
-def require_privileges() -> None:
-    """One line naming what is missing: the `ip` or `tc` command (iproute2), or root/CAP_NET_ADMIN."""
+def require_privileges(what: str = "--emulate") -> None:
+    """One line naming what is missing: the `ip` or `tc` command (iproute2), root's rights over
+    network namespaces (CAP_NET_ADMIN for links, CAP_SYS_ADMIN for `ip netns`' mounts), or a
+    writable STATE_DIR."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
-        raise EmulateError(f"--emulate needs {' and '.join(missing)} (iproute2: apt-get install iproute2), "
+        raise EmulateError(f"{what} needs {' and '.join(missing)} (iproute2: apt-get install iproute2), "
                            f"not found on PATH")
-    if os.geteuid() != 0 and not _has_capability(CAP_NET_ADMIN):
-        raise EmulateError("--emulate needs root or CAP_NET_ADMIN to create network namespaces "
-                           "(run as root, e.g. sudo, or in a container with --cap-add NET_ADMIN)")
+    lacking = [name for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+               if not _has_capability(bit)]
+    if lacking:
+        raise EmulateError(f"{what} needs root to create network namespaces ({' and '.join(lacking)} missing: "
+                           f"run as root, e.g. sudo, or in a container with --cap-add NET_ADMIN --cap-add "
+                           f"SYS_ADMIN)")
+    try:
+        os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise EmulateError(f"{what} keeps its clusters' state in {STATE_DIR}: {exc.strerror or exc}") from None
+    if not os.access(STATE_DIR, os.W_OK):
+        raise EmulateError(f"{what} keeps its clusters' state in {STATE_DIR}, which this user cannot write")
 
 
 def _has_capability(bit: int) -> bool:
@@ -159,7 +183,10 @@ def create(nodes: int, ranks_per_node: int, rate_bps: int, owned: bool = True) -
     me = os.getpid()
     cluster = Cluster(uuid.uuid4().hex[:8], nodes, ranks_per_node, rate_bps, me if owned else None,
                       _start_time(me) if owned else None, round(time.time(), 3))
-    _write_state(cluster)
+    try:
+        _write_state(cluster)
+    except OSError as exc:
+        raise EmulateError(f"cannot write the cluster's state in {STATE_DIR}: {exc.strerror or exc}") from None
     try:
         _ip("netns", "add", cluster.switch)
         _ip("-n", cluster.switch, "link", "add", "br0", "type", "bridge")
@@ -248,18 +275,19 @@ def clusters() -> list[Cluster]:
     """Every cluster a state file describes, and one, owned by nobody, for each tag of cbemu-
     namespaces without a state file (the state is written before any namespace is made, so only a
     state file removed by hand leaves such namespaces; `clean` then removes them)."""
-    found: dict[str, Cluster] = {}
+    listed = namespaces()  # before the state files: a cluster's state is written before its namespaces, so
+    found: dict[str, Cluster] = {}  # any namespace seen here has a state file by the time they are read
     if os.path.isdir(STATE_DIR):
         for name in sorted(os.listdir(STATE_DIR)):
             if name.endswith(".json"):
                 cluster = _read_state(os.path.join(STATE_DIR, name))
                 if cluster is not None:
                     found[cluster.tag] = cluster
-    for ns in namespaces():
+    for ns in listed:
         match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
         if match and match.group(1) not in found:  # nobody owns it: -1 is no process
             tag = match.group(1)
-            count = sum(1 for other in namespaces() if other.startswith(f"{PREFIX}{tag}-n"))
+            count = sum(1 for other in listed if other.startswith(f"{PREFIX}{tag}-n"))
             found[tag] = Cluster(tag, count, 0, 0, owner_pid=-1, owner_start=None)
     return list(found.values())
 
@@ -301,8 +329,12 @@ def _read_state(path: str) -> Cluster | None:
         ints = {key: data.get(key) for key in ("nodes", "ranks_per_node", "rate_bps", "owner_pid", "owner_start")}
         if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()):
             return None
+        created = float(data.get("created") or 0.0)
+        if not (0 <= (ints["nodes"] or 0) <= MAX_NODES and 0 <= (ints["ranks_per_node"] or 0) <= 1 << 16
+                and 0 <= (ints["rate_bps"] or 0) <= MAX_RATE_BPS and math.isfinite(created)):
+            return None
         return Cluster(tag, ints["nodes"] or 0, ints["ranks_per_node"] or 0, ints["rate_bps"] or 0,
-                       ints["owner_pid"], ints["owner_start"], float(data.get("created") or 0.0))
+                       ints["owner_pid"], ints["owner_start"], created)
     except (UnreadableFile, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -416,13 +448,12 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
     filters: list[threading.Thread] = []
     verbose = bool(os.environ.get(_STDERR_PASS_VAR))
     try:
-        for index in range(cluster.nodes):
-            proc = subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
-                                    stderr=None if verbose else subprocess.PIPE, preexec_fn=_die_with_parent)
-            procs.append(proc)
-            if not verbose:
-                filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
-                filters[-1].start()
+        for index in range(cluster.nodes):  # every fork before any thread of this process starts
+            procs.append(subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
+                                          stderr=None if verbose else subprocess.PIPE, preexec_fn=_die_with_parent))
+        for proc in procs if not verbose else ():
+            filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
+            filters[-1].start()
         code = supervise(procs, grace_s, stop_s + 30.0, "node")  # torchrun stops its ranks before it ends
     except KeyboardInterrupt:
         interrupt(procs, stop_s + 30.0)
@@ -435,7 +466,8 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
     return code
 
 
-_LAUNCHER_LINE = re.compile(r"^(?:[DIWEF]\d{4} \d\d:\d\d:\d\d|\[[DIWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS)")
+_LAUNCHER_LINE = re.compile(r"^(?:[DIWEF]\d{4} \d\d:\d\d:\d\d|\[[DIWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS|"
+                            r"--- Logging error ---|Exception raised from |frame #\d+: |<omitting python frames>)")
 
 
 def _filter_stderr(stream) -> None:
@@ -452,10 +484,12 @@ def _filter_stderr(stream) -> None:
     stream.close()
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child of a fork only calls it
+
+
 def _die_with_parent() -> None:
     """In the launcher's process before exec: SIGTERM when commbench dies (torchrun then stops its ranks)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
@@ -467,18 +501,45 @@ def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, s
         print(f"commbench: note: removed {len(gone)} emulated cluster(s) left by runs that died "
               f"({', '.join(c.tag for c in gone)})", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
-    cluster = None
+    cluster, exits = None, None
     try:
         cluster = create(nodes, ranks_per_node, rate_bps)
-        note = cpu_bound_warning(cluster, host_ceiling_bps())
+        note = cpu_bound_warning(cluster, max(host_ceiling_bps() for _ in range(3)))  # a reading can catch a busy core
         if note:
             print(f"commbench: warning: {note}", file=sys.stderr)
-        env = dict(node_env(cluster), **job_env)
-        return launch(cluster, ["-m", "commbench.job"], env, timeout_s)
+        exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
+        env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
+        return ranks_exit_code(launch(cluster, ["-m", "commbench.job"], env, timeout_s), exits,
+                               nodes * ranks_per_node)
     finally:
         if cluster is not None:
             destroy(cluster)
+        if exits:
+            shutil.rmtree(exits, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
+
+
+def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
+    """The job's exit code from its ranks' own (job.report_exit), as a local spawn's is: torchrun ends
+    with 1 whatever failed. A rank that left none died (killed, or out of memory): a fault, said once."""
+    codes = {}
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name), encoding="ascii") as handle:
+                codes[int(name.removeprefix("rank"))] = int(handle.read())
+        except (OSError, ValueError):
+            continue
+    missing = [rank for rank in range(world) if rank not in codes]
+    positive = [code for code in codes.values() if code > 0]
+    if launchers == 130 or 130 in positive:
+        return 130
+    if launchers == 0 and not positive:
+        return 0
+    if missing:
+        print(f"commbench: rank(s) {', '.join(map(str, missing))} ended without an exit code "
+              f"(killed, or out of memory)", file=sys.stderr)
+        return max([3, *positive])
+    return max(positive) if positive else 3
 
 
 def _interrupt_on_term(_signum: int, _frame) -> None:

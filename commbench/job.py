@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from commbench.launch import (
+    EXIT_DIR_VAR,
     SPAWN_VAR,
     WATCHDOG_VAR,
     LaunchInfo,
@@ -321,7 +322,20 @@ def main() -> None:
         code = function(cfg, from_environment(os.environ, detect_launcher(os.environ) or "spawn"), payload["argv"])
     except KeyboardInterrupt:  # before the rank's frame started, or after it ended
         code = EXIT_INTERRUPTED
+    report_exit(code)
     exit_now(code)
+
+
+def report_exit(code: int) -> None:
+    """Under a launcher that commbench started (emulate.py), leave this rank's exit code where the
+    spawner reads it: torchrun only says whether a node's ranks all succeeded."""
+    folder = os.environ.get(EXIT_DIR_VAR)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"rank{int(os.environ.get('RANK', '0'))}"), "w", encoding="ascii") as f:
+                f.write(str(code))
+        except (OSError, ValueError):
+            pass
 
 
 if __name__ == "__main__":

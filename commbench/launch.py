@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
+EXIT_DIR_VAR = "COMMBENCH_EXIT_DIR"  # where each rank of an emulated run leaves its exit code
 JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # names a job's shared memory when no spawn id does (an emulated cluster)
 WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...

@@ -64,6 +64,7 @@ class Backend(ABC):
     has_cuda_modes: bool = False  # --cuda-mode: where the ranks' buffers live
     uses_hw: bool = False  # --hw: calls timed by the cost model instead of measured
     launches_async: bool = False  # a call returns a work handle before the data moved (DDP-like overlap)
+    one_host: bool = False  # every rank maps every other's memory: one node only (shm)
     default_sizes: str = "1K-64M"  # the sweep's sizes when --sizes is not given
     max_virtual_ranks: int | None = None  # ranks one process can step through (sim), None: no such limit
 

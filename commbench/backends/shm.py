@@ -102,6 +102,7 @@ class _Segment:
 
 class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
+    one_host = True
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)

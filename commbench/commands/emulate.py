@@ -116,7 +116,7 @@ def down_command(tags: tuple[str, ...], everything: bool) -> None:
     from commbench import emulate as E
 
     try:
-        E.require_privileges()
+        E.require_privileges("commbench emulate down")
         targets = E.clusters() if everything else [E.find(tag) for tag in tags]
     except E.EmulateError as exc:
         raise UsageFault(str(exc)) from exc
@@ -133,7 +133,7 @@ def clean_command() -> None:
     from commbench import emulate as E
 
     try:
-        E.require_privileges()
+        E.require_privileges("commbench emulate clean")
     except E.EmulateError as exc:
         raise UsageFault(str(exc)) from exc
     gone = E.clean()

@@ -156,6 +156,9 @@ def _emulated(options: dict, cls, request, nodes: int, ranks: int, link_bps: int
     if cls.in_process(request):
         raise UsageFault(f"--backend {cls.name} runs every rank in this process: nothing to run on an emulated "
                          f"cluster (try --backend torch, p2p or hybrid)")
+    if cls.one_host and nodes > 1:
+        raise UsageFault(f"--backend {cls.name} needs every rank on one host: --emulate {nodes}x{ranks} has "
+                         f"{nodes} nodes (try --backend hybrid: shared memory inside a node)")
     cfg, world = _sweep_config(options, cls, request, world=nodes * ranks, local_ranks=nodes * ranks)
     return cfg, job.Plan("emulate", world, None, nodes, ranks, link_bps=link_bps)
 
