@@ -10,6 +10,7 @@ import sys
 import click
 
 from commbench.commands.common import UsageFault, check_writable
+from commbench.commands.emulate import emulate_options
 
 PROXY_EXAMPLES = """
 \b
@@ -27,6 +28,7 @@ Exit codes: 0 ok, 2 bad input (or a model too large for memory), 3 a rank failed
 
 def _common(fn):
     """Options `proxy` and `train` share."""
+    fn = emulate_options(fn)
     options = [
         click.argument("model"),
         click.option("--batch", type=int, default=None, help="Samples per rank per step [default: the profile's]."),
@@ -71,6 +73,8 @@ def _common(fn):
 @click.option("--nodes", type=int, default=None, help="Replay at NODES x --gpus-per-node ranks (see --local, --hw).")
 @click.option("--gpus-per-node", type=int, default=None,
               help="Ranks per node with --nodes [default: local GPUs, or 1].")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="Short for --nodes NODES --gpus-per-node RANKS.")
 @click.option("--local", "spawn_local", is_flag=True, help="With --nodes: spawn all NODES x GPUS ranks on this host.")
 @click.option("--hw", default=None, metavar="FILE|PRESET",
               help="Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.")

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from commbench import job
 from commbench.commands.common import UsageFault, find_job
+from commbench.commands.emulate import emulated_shape
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
 
@@ -37,7 +38,7 @@ def _check_ranks(options: dict, plan: job.Plan) -> None:
     from commbench.backends import BackendConfig, BackendError, backend_class
     from commbench.commands import options as O
 
-    if plan.mode == "spawn":
+    if plan.mode in ("spawn", "emulate"):  # an emulated cluster's ranks all run on this host too
         O.check_local_ranks(plan.world, options.get("oversubscribe", False))
     if plan.mode == "local":  # predicted: the cost model takes the library's allreduce or any table entry
         from commbench.algorithms import LIBRARY, available
@@ -61,6 +62,7 @@ def _check_ranks(options: dict, plan: job.Plan) -> None:
 def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     """Everything that can be checked before a rank starts, as (config, plan)."""
     _check_numbers(options)
+    options = _settle_layout(options)
     try:
         profile = load_profile(options["model"])
     except ProfileError as exc:
@@ -92,6 +94,19 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       monitor=bool(options.get("monitor")),
                       trust_profile_code=bool(options.get("trust_profile_code")))
     return cfg, plan
+
+
+def _settle_layout(options: dict) -> dict:
+    """--topology NxG folded into --nodes/--gpus-per-node, a part not given taken from --nprocs; values
+    that disagree are one line (commands/layout.py)."""
+    from commbench.commands import layout as L
+
+    if options.get("emulate") and options.get("topology"):
+        raise UsageFault("--emulate NODESxRANKS sets the job's layout and launch: drop --topology")
+    said = L.settle(options.get("topology"), options["nodes"], options["gpus_per_node"], options["nprocs"])
+    if said.given and options["nprocs"] is not None:
+        said = L.complete(said, options["nprocs"], 1)
+    return {**options, "nodes": said.nodes, "gpus_per_node": said.per_node}
 
 
 def _check_validate(plan: job.Plan, bucketing: str, compute: str, backend: str) -> None:
@@ -174,6 +189,17 @@ def _plan(options: dict) -> job.Plan:
         predicted = backend_class(backend).kind == "predicted"  # sim: the cost model, no ranks
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
+    shape = emulated_shape(options, {"--nodes": nodes, "--gpus-per-node": options["gpus_per_node"],
+                                     "--nprocs": options["nprocs"], "--launcher": options["launcher"] != "auto",
+                                     "--local": options.get("spawn_local"), "--hw": options.get("hw")})
+    if shape:
+        if predicted:
+            raise UsageFault(f"--backend {backend} predicts the run with the cost model: nothing to run on an "
+                             f"emulated cluster (try --backend torch or hybrid)")
+        if backend_class(backend).one_host and shape[0] > 1:
+            raise UsageFault(f"--backend {backend} needs every rank on one host: --emulate {options['emulate']} has "
+                             f"{shape[0]} nodes (try --backend hybrid: shared memory inside a node)")
+        return job.Plan("emulate", shape[0] * shape[1], None, shape[0], shape[1], link_bps=shape[2])
     per_node = options["gpus_per_node"] or (_local_gpus() or 1)
     _, info = find_job(options["launcher"])
     joined = info is not None
