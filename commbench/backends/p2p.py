@@ -59,7 +59,10 @@ def make_poster(ops: list[tuple[bool, torch.Tensor, int]], library: str) -> Call
     """Post (is_send, tensor, peer) requests in order. gloo: straight on the process group
     (dist.batch_isend_irecv costs ~30-100 us more per round there and gloo gains nothing
     from it); NCCL must group a round's sends and receives, or ranks that send to each
-    other first would wait forever."""
+    other first would wait forever. Receives are posted before sends: gloo posting a send first
+    ran a two-member exchange one direction after the other (half the link each way, measured
+    on an emulated cluster: docs/emulation.md)."""
+    ops = sorted(ops, key=lambda op: op[0])  # receives (False) first, each kind in its order
     if library == "gloo":
         group = dist.group.WORLD
         calls = [((group.send if is_send else group.recv), [tensor], peer) for is_send, tensor, peer in ops]

@@ -325,9 +325,11 @@ class _HeldStderr:
 
 
 def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
-    """Each rank sends to the next rank and receives from the previous one, as nccl-tests' sendrecv."""
+    """Each rank sends to the next rank and receives from the previous one, as nccl-tests' sendrecv.
+    The receive is posted first: with the send first, gloo ran the two directions one after the
+    other (half the link each way between two emulated nodes, docs/emulation.md)."""
     def call() -> None:
-        ops = [dist.P2POp(dist.isend, send, peer_next), dist.P2POp(dist.irecv, recv, peer_prev)]
+        ops = [dist.P2POp(dist.irecv, recv, peer_prev), dist.P2POp(dist.isend, send, peer_next)]
         for request in dist.batch_isend_irecv(ops):
             request.wait()
     return call
