@@ -57,9 +57,11 @@ def _replay_steps(ctx: RankContext) -> None:
         buffers.append(backend.alloc(bucket.nbytes // dtype.itemsize, dtype))
         backend.fill(buffers[-1], 0.0)  # zeros stay zeros: no overflow, no denormals, whatever the steps
     backend.barrier()  # every rank's buffers exist before any rank prepares (shm maps its peers' segments)
-    # A CPU's compute is replayed as CPU time (spinning: it competes with gloo for the cores, as
-    # real compute does); a GPU's, or a multi-threaded CPU measurement, as wall time (sleeping).
-    cpu_compute = backend.device == "cpu" and (label != "measured")
+    # This CPU's own compute, measured as CPU time, is replayed as CPU time (spinning: it competes
+    # with gloo for the cores, as real compute does). A GPU's, a multi-threaded CPU measurement, or
+    # --compute flops (a device of that rate: its compute leaves the host CPU free, as on the GPU
+    # nodes an emulated cluster stands for) are replayed as wall time (sleeping).
+    cpu_compute = backend.device == "cpu" and label.endswith("(CPU time)")
     limit_s = peer_wait_s(cfg.timeout_s)  # compute longer than peers wait for it ends the run (ComputeTimeout)
     clock = CpuClock(limit_s) if cpu_compute else SleepClock(limit_s)
     if backend.launches_async:  # as DDP's Reducer: the library queues the calls
