@@ -32,7 +32,10 @@ def step_rows(records: list[dict]) -> list[dict]:
             steps[(r.get("_file"), r.get("run_id"))].append(r)
     rows = []
     for r in (r for r in records if r.get("record") == "proxy" and r.get("status", "ok") == "ok"):
-        label = f"{r['model']} {r['kind']}, {r['world_size']} ranks, {r['backend']}/{r['library']}, batch {r['batch']}"
+        nodes = r.get("nnodes") or 1
+        layout = f"{nodes}x{r['world_size'] // nodes}" if nodes > 1 and r["world_size"] % nodes == 0 else ""
+        label = (f"{r['model']} {r['kind']}, {r['world_size']} ranks{f' ({layout})' if layout else ''}, "
+                 f"{r['backend']}/{r['library']}, batch {r['batch']}")
         medians = {k: _ms(r.get(f"{k}_us_p50")) for k in ("compute", "comm", "exposed_comm", "other", "step")}
         rows.append({"label": label, "file": r.get("_file") or "", "step_ms": medians["step"], "medians": medians,
                      **_median_step(r, steps.get((r.get("_file"), r.get("run_id")), []))})
@@ -80,11 +83,15 @@ def _plot_small_parts(ax, rows: list[dict]) -> None:
                                          (COMM_COLOUR, *COLOURS[2:])):
             if value >= MIN_MS:
                 ax.barh(y + offset, value, height=0.25, color=colour)
-            ax.text(max(value, min(values, default=1.0) / 3), y + offset, f" {value:.3g}" if value >= MIN_MS else " 0",
+            ax.text(max(value, min(values, default=1.0) / 3), y + offset, f" {value:.4g}" if value >= MIN_MS else " 0",
                     va="center", fontsize=6.5)
     if values:
         ax.set_xlim(min(values) / 3, max(values) * 4)
-    ax.set(xscale="log", xlabel="ms (log)", title="Communication, exposed and other (ms, log)")
+    ax.set(xscale="log", xlabel="ms (log)", title="Median step's parts (ms)")
+    import matplotlib.ticker
+
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels ran into each other
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _pos: f"{value:g}"))
 
 
 def plot_steps(rows: list[dict], out_dir: str) -> str:

@@ -15,7 +15,7 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   shm    commbench's shared-memory backend (ShmBackend: algorithm auto) through the call
          the harness prepares (backend.prepare); once per size commbench's own
          bench.measure_point also runs it with the result check on (wrong counted);
-  oneshot  the shm backend with --algorithm oneshot (auto picks ring on 2 ranks);
+  oneshot  the shm backend with --algorithm oneshot (auto picks it up to 64 KiB since 2026-11-23);
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;

@@ -51,10 +51,11 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
     log = StepLog(cfg.json_path, True, batch * topo.world)
+    ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
                 "buckets": B.describe(pred.buckets)},
-               [f"predicted {profile.name} on {topo} ({topo.world} ranks) of {hw.name}: {len(pred.buckets)} bucket(s), "
+               [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}: {len(pred.buckets)} bucket(s), "
                 f"allreduce {algorithm} from the cost model; compute {label}"])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,

@@ -80,7 +80,7 @@ class StepLog:
             print(f"# {summary_line(result.telemetry)}")
         print(f"# median {_cells(result, 'p50')} {result.samples_per_s:>11.1f}"
               + (f"   (of {result.steps} measured step{'s' if result.steps != 1 else ''}: a sample, not a "
-                 f"distribution)" if result.steps < 3 else ""))
+                 f"distribution)" if result.steps < 3 and result.kind != "predicted" else ""))
         print(f"# p90    {_cells(result, 'p90')}", flush=True)
         if result.compute_us_p50 is not None and result.steps > 1:
             print("# each column's own median and p90: a step's columns add up (compute + exposed + other = step), "

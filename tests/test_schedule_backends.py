@@ -109,7 +109,7 @@ def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
     (["--backend", "shm", "--algorithm", "tree", "-c", "allgather"], "no algorithm 'tree' for allgather"),
     (["--backend", "sim", "--algorithm", "spiral"], "no algorithm 'spiral' for allreduce"),
     (["--backend", "shm", "-c", "alltoall"], "no algorithm for alltoall"),
-    (["--backend", "sim", "--nprocs", "8", "--topology", "3x3"], "has 9 ranks but the job has 8"),
+    (["--backend", "sim", "--nprocs", "8", "--topology", "3x3"], "--topology 3x3 is 9 ranks but --nprocs 8"),
     (["--backend", "shm", "--nprocs", "4", "--topology", "2by2"], "bad --topology"),
     (["--backend", "torch", "--algorithm", "ring"], "--algorithm/--topology"),
     (["--backend", "shm", "--device", "cuda"], "runs on the CPU"),

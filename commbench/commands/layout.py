@@ -99,8 +99,19 @@ def for_sweep(options: dict, joined: bool) -> dict:
     if not said.given:
         return options
     said = complete(said, world, local_gpus() or 1)
-    return {**options, "topology": said.spec(),
-            "nprocs": options.get("nprocs") if joined or world is not None else said.nodes * said.per_node}
+    nprocs = options.get("nprocs") if joined or world is not None else said.nodes * said.per_node
+    if not _runs_schedules(options.get("backend")):  # a library lays out its own ranks: the layout says how many
+        return {**options, "topology": None, "nprocs": nprocs}
+    return {**options, "topology": said.spec(), "nprocs": nprocs}
+
+
+def _runs_schedules(backend: str | None) -> bool:
+    from commbench.backends import BackendError, backend_class
+
+    try:
+        return backend_class(backend or "torch").runs_schedules
+    except BackendError:
+        return True  # an unknown backend is refused later, in one line, by the backend check
 
 
 def local_gpus() -> int:

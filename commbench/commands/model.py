@@ -135,7 +135,8 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     except (HardwareError, SizeError, TopologyError, ValueError) as exc:
         raise UsageFault(str(exc)) from exc
     table = Table(["in-place"], show_algorithm=True)
-    table.comment(f"commbench predict: {hw.name} on {topo} ({topo.world} ranks), predicted by the cost model")
+    ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
+    table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
     if any(r.interval_us for r in results):
         table.comment("[low-high] after a row: its 80% interval in us (the fit's bootstrap resamples and residuals, "
                       "docs/model.md)")

@@ -42,8 +42,9 @@ def _check_ranks(options: dict, plan: job.Plan) -> None:
         O.check_local_ranks(plan.world, options.get("oversubscribe", False))
     if plan.mode == "local":  # predicted: the cost model takes the library's allreduce or any table entry
         from commbench.algorithms import LIBRARY, available
+        from commbench.analysis.scaling import LIBRARY_RING
 
-        known = [LIBRARY, *available("allreduce", gpu=True)]
+        known = [LIBRARY, LIBRARY_RING, *available("allreduce", gpu=True)]
         if options["algorithm"] not in ("auto", *known):
             raise UsageFault(f"no algorithm {options['algorithm']!r} for allreduce; available: {', '.join(known)}, "
                              f"auto")
