@@ -18,8 +18,7 @@ ADAPTIVE = ["--min-time", "0.02"]  # adaptive counts: thousands of waits per poi
 
 
 @pytest.mark.parametrize("backend,args", [
-    ("shm", ["--sizes", "1K,16K,256K,1M"]),
-    ("shm", ["--algorithm", "ring", "--sizes", "4K,1M", "-c", "allreduce", "-c", "allgather"]),
+    ("shm", ["--sizes", "1K,16K,256K,1M", "-c", "allreduce", "-c", "allgather"]),  # oneshot, ring; ring
     ("hybrid", ["--topology", f"2x{OVERSUBSCRIBED // 2}", "--algorithm", "hier", "--sizes", "1K,256K"]),
 ])
 def test_oversubscribed_sweep_completes_checked(tmp_path, clean_shm, backend, args):  # noqa: F811
