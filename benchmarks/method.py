@@ -194,3 +194,16 @@ def fail(message: str, code: int = 2) -> None:
     """End the script with one line on stderr (errors a user can cause: bad sizes, missing tools)."""
     print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def json_safe(value):
+    """`value` for json.dump: NaN as null, PairedRatio as its dict, keys as strings (the scripts' JSON)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, PairedRatio):
+        return json_safe(value.to_json())
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

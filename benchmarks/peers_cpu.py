@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -73,18 +72,6 @@ def print_report(rows: list[dict], pairs: int) -> None:
           "of a bare loop, judged on the IQR of the pair ratios)")
 
 
-def _no_nan(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, method.PairedRatio):
-        return _no_nan(value.to_json())
-    if isinstance(value, dict):
-        return {str(k): _no_nan(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_no_nan(v) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="bytes per rank [default: %(default)s]")
@@ -116,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
         with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(_no_nan({"benchmark": "peers_cpu", "command": " ".join(sys.argv), "config": vars(args),
+            json.dump(method.json_safe({"benchmark": "peers_cpu", "command": " ".join(sys.argv), "config": vars(args),
                                "comparisons": compare, "mpi_skipped": missing, "wall_s": wall_s, "rows": rows,
                                "records": records}), handle, indent=1)
         print(f"# wrote {args.json_path}")

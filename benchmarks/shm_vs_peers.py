@@ -152,18 +152,6 @@ def print_report(rows: list[dict], checks: list[dict], pairs: int) -> None:
               f"shm {row['shm_time_us']:.0f} us")
 
 
-def _no_nan(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, method.PairedRatio):
-        return _no_nan(value.to_json())
-    if isinstance(value, dict):
-        return {str(k): _no_nan(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_no_nan(v) for v in value]
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=DEFAULT_SIZES,
@@ -215,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
         with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(_no_nan({"benchmark": "shm_vs_peers", "command": " ".join(sys.argv), "world_size": WORLD,
+            json.dump(method.json_safe({"benchmark": "shm_vs_peers", "command": " ".join(sys.argv), "world_size": WORLD,
                                "config": vars(args), "comparisons": compare, "mpi_skipped": missing,
                                "mpi_transport": transport, "cpus": os.cpu_count(), "wall_s": wall_s,
                                "method": "paired slots, ABBA; ratio = B time_us / A time_us per pair; median and "
