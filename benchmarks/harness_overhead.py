@@ -54,7 +54,6 @@ Run from the repository root (about 1.5 minutes with the defaults on 2 cores):
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import queue
@@ -419,12 +418,9 @@ def _print_loop_summary(rows: list[dict]) -> None:
 
 
 def _write_json(args: argparse.Namespace, rows: list[dict], loop_rows: list[dict]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-    with open(args.json_path, "w", encoding="utf-8") as handle:
-        json.dump({"benchmark": "harness_overhead", "command": " ".join(sys.argv), "world_size": WORLD,
-                   "config": vars(args), "torch": torch.__version__, "statistics": STATISTICS, "rows": rows,
-                   "loop_overhead": {"world_size": 1, "iters": args.loop_iters, "rows": loop_rows}},
-                  handle, indent=1)
+    method.write_json(args.json_path, "harness_overhead", args, world_size=WORLD, torch=torch.__version__,
+                      statistics=STATISTICS, rows=rows,
+                      loop_overhead={"world_size": 1, "iters": args.loop_iters, "rows": loop_rows})
     print(f"# wrote {args.json_path}")
 
 

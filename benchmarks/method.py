@@ -207,3 +207,14 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def write_json(path: str, benchmark: str, args, **fields) -> None:
+    """A script's JSON: its name, command line and options, then `fields` (json_safe), the folder made."""
+    import json
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(json_safe({"benchmark": benchmark, "command": " ".join(sys.argv), "config": vars(args), **fields}),
+                  handle, indent=1)

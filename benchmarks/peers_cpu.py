@@ -29,7 +29,6 @@ Run from the repository root (about 2-3 minutes with the defaults on 2 cores):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -101,11 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.perf_counter() - started
     print(f"# wall time {wall_s:.0f} s")
     if args.json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(method.json_safe({"benchmark": "peers_cpu", "command": " ".join(sys.argv), "config": vars(args),
-                               "comparisons": compare, "mpi_skipped": missing, "wall_s": wall_s, "rows": rows,
-                               "records": records}), handle, indent=1)
+        method.write_json(args.json_path, "peers_cpu", args, comparisons=compare, mpi_skipped=missing,
+                          wall_s=wall_s, rows=rows, records=records)
         print(f"# wrote {args.json_path}")
     return 0
 

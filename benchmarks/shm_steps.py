@@ -20,8 +20,6 @@ Target (issue 13): step_us <= 0.5 us.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -116,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         method.fail(str(exc), code=3)
     print(f"# {method.verdict_counts([r['verdict'] for r in rows])}; wall {time.perf_counter() - started:.0f} s")
     if args.json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump({"benchmark": "shm_steps", "command": " ".join(sys.argv), "config": vars(args), "rows": rows,
-                       "numpy": np.__version__}, handle, indent=1)
+        method.write_json(args.json_path, "shm_steps", args, rows=rows, numpy=np.__version__)
     return 0
 
 

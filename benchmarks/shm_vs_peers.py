@@ -41,7 +41,6 @@ Run from the repository root (about 2-3 minutes with the defaults on 2 cores):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -201,14 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.perf_counter() - started
     print(f"# wall time {wall_s:.0f} s")
     if args.json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(method.json_safe({"benchmark": "shm_vs_peers", "command": " ".join(sys.argv), "world_size": WORLD,
-                               "config": vars(args), "comparisons": compare, "mpi_skipped": missing,
-                               "mpi_transport": transport, "cpus": os.cpu_count(), "wall_s": wall_s,
-                               "method": "paired slots, ABBA; ratio = B time_us / A time_us per pair; median and "
-                                         "IQR of the pair ratios; verdicts on the IQR (method.py)",
-                               "rows": rows, "verdicts": checks, "records": records}), handle, indent=1)
+        method.write_json(args.json_path, "shm_vs_peers", args, world_size=WORLD, comparisons=compare,
+                          mpi_skipped=missing, mpi_transport=transport, cpus=os.cpu_count(), wall_s=wall_s,
+                          method="paired slots, ABBA; ratio = B time_us / A time_us per pair; median and IQR of "
+                                 "the pair ratios; verdicts on the IQR (method.py)",
+                          rows=rows, verdicts=checks, records=records)
         print(f"# wrote {args.json_path}")
     return 0
 

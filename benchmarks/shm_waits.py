@@ -22,7 +22,6 @@ target >= 1: 4 ranks on 2 cores no slower than gloo on the same ranks).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -204,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         method.fail(str(exc), code=3)
     print(f"# wall {time.perf_counter() - started:.0f} s")
     if args.json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump({"benchmark": "shm_waits", "command": " ".join(sys.argv), "config": vars(args),
-                       "sections": sections}, handle, indent=1)
+        method.write_json(args.json_path, "shm_waits", args, sections=sections)
     return 0
 
 
