@@ -1,7 +1,7 @@
 """A prediction checked against the user's own run: `commbench check RUN.jsonl --hw HW.json`.
 
 For each measured point of a sweep (a result record) the cost model predicts the same call
-(its collective, size, dtype, ranks, nodes and schedule: fit.predict_records); for each proxy
+(its collective, size, dtype, ranks, nodes and schedule, costed as fit.predict_records does); for each proxy
 replay (a proxy record of kind proxy) it predicts the same step (its model, batch, buckets and
 compute on its nodes x ranks: scaling.predict_step). Each row gives measured, predicted and the
 error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, with_topology
+from commbench.analysis.costmodel import Hardware, schedule_us, with_topology
 from commbench.analysis.fit import (
     LIBRARY_ALGORITHM,
     FitError,
     interval_us,
-    predict_records,
     schedule_for,
     schedule_interval_us,
     setup_of,
@@ -76,12 +75,13 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     rows = []
     for r in usable:
         try:
-            (predicted,) = predict_records([r], hw)
+            topo, schedule = schedule_for(r)  # built once: the prediction and its interval cost the same schedule
         except FitError as exc:
             notes.append(str(exc))
             continue
-        topo, schedule = schedule_for(r)
-        interval = schedule_interval_us(hw, schedule, topo, DTYPES[r["dtype"]].itemsize, float(predicted))
+        itemsize = DTYPES[r["dtype"]].itemsize
+        predicted = schedule_us(schedule, topo, hw, itemsize)  # as fit.predict_records costs a record
+        interval = schedule_interval_us(hw, schedule, topo, itemsize, float(predicted))
         what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
         nodes = int(r.get("nnodes") or 1)
         setup = f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")

@@ -223,10 +223,11 @@ def _shape(ns: str, dev: str, rate_bps: int) -> None:
 def destroy(cluster: Cluster) -> None:
     """Stop whatever still runs inside the cluster, remove its namespaces (their links go with them),
     its runs' shared memory and its state file. Safe to call on a half-built or half-removed cluster."""
-    _kill_inside(cluster.namespaces)
-    for ns in cluster.namespaces:
-        if ns in namespaces():
-            _run(["ip", "netns", "del", ns], check=False)
+    listed = set(namespaces())
+    present = [ns for ns in cluster.namespaces if ns in listed]
+    _kill_inside(present)
+    for ns in present:
+        _run(["ip", "netns", "del", ns], check=False)
     remove_segments(cluster.tag)
     try:
         os.unlink(_state_path(cluster.tag))
@@ -235,9 +236,9 @@ def destroy(cluster: Cluster) -> None:
 
 
 def _kill_inside(names: Sequence[str]) -> None:
-    """SIGTERM, then SIGKILL a second later, to every process in these namespaces."""
+    """SIGTERM, then SIGKILL a second later, to every process in these (existing) namespaces."""
     for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
-        pids = [pid for ns in names if ns in namespaces() for pid in _pids(ns)]
+        pids = [pid for ns in names for pid in _pids(ns)]
         for pid in pids:
             try:
                 os.kill(pid, sig)
