@@ -75,6 +75,10 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
         fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
         click.echo(f"#   {name:5s} {level.bw_gbps:10.3f} GB/s  {level.latency_us:9.3f} us/step  ({fitted})")
     click.echo(f"#   per-call overhead {hw.per_call_overhead_us:.3f} us")
+    where = meta.get("measured_on")
+    if where:
+        cores = f"a host of {where['cpus']} cores" if where["cpus"] else "a host of unknown cores"
+        click.echo(f"#   measured on {where['device']}: at most {where['ranks_per_host']} rank(s) on {cores}")
     for note in meta["notes"]:
         click.echo(f"#   note: {note}")
     click.echo(f"# wrote {output}")
@@ -106,7 +110,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
-    from commbench.analysis.fit import uncertainty
+    from commbench.analysis.fit import oversubscription, uncertainty
     from commbench.analysis.predict import predict
     from commbench.commands import layout as L
     from commbench.results import OutputError, ResultSink
@@ -128,6 +132,9 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         topo = Topology(said.nodes, said.per_node)
         if not 0 <= root < topo.world:
             raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
+        refused = oversubscription(hw, topo.ranks_per_node)  # CPU ranks beyond the fitted host's cores
+        if refused:
+            raise UsageFault(refused)
         check_outputs(("--json", json_path))
         results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
     except KeyError as exc:
@@ -137,6 +144,9 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     table = Table(["in-place"], show_algorithm=True)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
+    if hw.meta.get("fitted_from") and "measured_on" not in hw.meta:
+        table.comment(f"note: {hw_spec} does not say which host it was fitted on (a fit from before meta.measured_on): "
+                      f"CPU ranks beyond that host's cores are predicted as if each had its own (docs/model.md)")
     if any(r.interval_us for r in results):
         table.comment("[low-high] after a row: its 80% interval in us (the fit's bootstrap resamples and residuals, "
                       "docs/model.md)")
