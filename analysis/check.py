@@ -9,6 +9,8 @@ median and largest |error| over all rows and over the points of at least 64 KiB 
 targets are set: small calls are latency, which the model fits least well). A model from `fit`
 carries bootstrap resamples: each row then has its 80% interval, and the summary the coverage,
 the share of measured values inside their interval (80% is what an honest interval gives).
+A run whose CPU ranks outnumber its host's cores (its header says both) is oversubscribed:
+the model has no notion of cores, so its rows are marked and left out of the summary.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from commbench.analysis.fit import (
     LIBRARY_ALGORITHM,
     FitError,
     interval_us,
+    run_loads,
     schedule_for,
     schedule_interval_us,
     setup_of,
@@ -41,6 +44,7 @@ class Row:
     measured_us: float
     predicted_us: float
     interval_us: tuple[float, float] | None = None  # the prediction's 80% interval (a fitted model's)
+    oversubscribed: str | None = None  # "N ranks on C cores": CPU ranks beyond their host's cores (not judged)
 
     @property
     def error(self) -> float:
@@ -56,7 +60,8 @@ class Row:
     def to_json(self) -> dict:
         return {"record": "check", "kind": self.kind, "setup": self.setup, "what": self.what, "nbytes": self.nbytes,
                 "measured_us": self.measured_us, "predicted_us": self.predicted_us, "error": self.error,
-                "interval_us": list(self.interval_us) if self.interval_us else None, "inside": self.inside}
+                "interval_us": list(self.interval_us) if self.interval_us else None, "inside": self.inside,
+                "oversubscribed": self.oversubscribed}
 
 
 def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
@@ -66,13 +71,20 @@ def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
     return rows, notes
 
 
+def _marked(setup: str, record: dict, loads: dict) -> tuple[str, str | None]:
+    """The row's setup and its oversubscription ("N ranks on C cores"), from its run's header."""
+    load = loads.get(record.get("run_id"))
+    over = load.oversubscribed if load is not None else None
+    return (f"{setup}, oversubscribed: {over}" if over else setup), over
+
+
 def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
     measured = [r for r in records if r.get("record") == "result" and r.get("kind", "measured") == "measured"
                 and r.get("time_us") and r.get("backend") not in ("sim", "model")]
     usable = [r for r in measured if r["collective"] in LIBRARY_ALGORITHM]
     if len(usable) < len(measured):
         notes.append(f"{len(measured) - len(usable)} point(s) of collectives the model has no schedule for: left out")
-    rows = []
+    rows, loads = [], run_loads(records)
     for r in usable:
         try:
             topo, schedule = schedule_for(r)  # built once: the prediction and its interval cost the same schedule
@@ -84,9 +96,10 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         interval = schedule_interval_us(hw, schedule, topo, itemsize, float(predicted))
         what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
         nodes = int(r.get("nnodes") or 1)
-        setup = f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+        setup, over = _marked(f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else ""),
+                              r, loads)
         rows.append(Row("sweep", setup, what.strip(), int(r["nbytes"]), float(r["time_us"]), float(predicted),
-                        interval))
+                        interval, over))
     return rows
 
 
@@ -96,7 +109,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     from commbench.proxies.timeline import flops_times_us
 
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
-    rows = []
+    rows, loads = [], run_loads(records)
     for r in records:
         if r.get("record") != "proxy" or r.get("kind") != "proxy" or r.get("status", "ok") != "ok":
             if r.get("record") == "proxy" and r.get("kind") == "train":
@@ -134,21 +147,25 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
                                 r.get("bucketing") or "ddp", algorithm).times
 
         pred = step(hw)
-        setup = f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}"
+        setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
         levels = hw.meta.get("levels_fitted") or {}
         measured = (topo.ranks_per_node == 1 or levels.get("intra")) and (topo.nodes == 1 or levels.get("inter"))
         rows.append(Row("proxy", setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
                         float(pred.step_us), interval_us(hw, lambda v, step=step: step(v).step_us) if measured
-                        else None))
+                        else None, over))
         if r.get("comm_us_p50"):
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
                             float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us) if measured
-                            else None))
+                            else None, over))
     return rows
 
 
-def summary(rows: list[Row]) -> dict:
-    """Median and largest |error|, over every row and over sweep points >= 64 KiB and proxy steps."""
+def summary(rows: list[Row], include_oversubscribed: bool = False) -> dict:
+    """Median and largest |error|, over every row and over sweep points >= 64 KiB and proxy steps; rows of
+    oversubscribed runs left out (counted in `oversubscribed_left_out`) unless `include_oversubscribed`."""
+    left_out = 0 if include_oversubscribed else sum(1 for r in rows if r.oversubscribed)
+    rows = rows if include_oversubscribed else [r for r in rows if not r.oversubscribed]
+
     def stats(chosen: list[Row]) -> dict:
         errors = np.abs([r.error for r in chosen])
         judged = [r.inside for r in chosen if r.inside is not None]
@@ -157,6 +174,6 @@ def summary(rows: list[Row]) -> dict:
                 "optimistic": sum(1 for r in chosen if r.error < 0),
                 "coverage": sum(judged) / len(judged) if judged else None}  # share inside the 80% interval
 
-    return {"record": "check_summary", "all": stats(rows),
+    return {"record": "check_summary", "oversubscribed_left_out": left_out, "all": stats(rows),
             "sweep_64k_up": stats([r for r in rows if r.kind == "sweep" and r.nbytes >= LARGE_BYTES]),
             "proxy_steps": stats([r for r in rows if r.kind == "proxy" and r.what == "step"])}

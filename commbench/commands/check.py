@@ -15,11 +15,13 @@ Examples:
   commbench fit shm.jsonl -o shm-hw.json
   commbench sweep --backend shm -N 4 --sizes 1K-256M --json shm4.jsonl
   commbench check shm4.jsonl --hw shm-hw.json              # the 2-rank fit, checked on 4 ranks
+                                      # (on fewer than 4 cores: rows marked oversubscribed, not judged)
   commbench check p.jsonl --hw hw.json --max-error 10     # a proxy replay's step; exit 1 beyond 10%
 
 \b
 Exit codes: 0 checked (and, with --max-error, the median |error| within it), 1 median |error|
-above --max-error, 2 bad input (no file, no point the model can predict).
+above --max-error, 2 bad input (no file, no point the model can predict; with --max-error, no
+row left to judge once oversubscribed runs are left out).
 """
 
 
@@ -31,10 +33,15 @@ above --max-error, 2 bad input (no file, no point the model can predict).
               help="Exit 1 when the median |error| over the rows exceeds this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write one check record per row and a check_summary record (JSON Lines).")
-def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None, json_path: str | None) -> None:
+@click.option("--include-oversubscribed", is_flag=True,
+              help="Count rows of runs with more CPU ranks on a host than its cores in the summary (marked and "
+                   "left out by default: the model has no notion of cores).")
+def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None, json_path: str | None,
+                  include_oversubscribed: bool) -> None:
     """Predict every measured point of sweep and proxy runs with the cost model, and print predicted
     against measured with the error per row (predicted / measured - 1: negative = optimistic), and
-    the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps)."""
+    the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps). Rows of runs whose
+    CPU ranks outnumber their host's cores are marked oversubscribed and left out of the summary."""
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -59,7 +66,14 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
                          f"replay records")
     _warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
     _table(rows, hw.name)
-    summary = K.summary(rows)
+    summary = K.summary(rows, include_oversubscribed)
+    over = sum(1 for r in rows if r.oversubscribed)
+    if over:
+        verdict = ("counted in the summary (--include-oversubscribed), though the model has no notion of cores"
+                   if include_oversubscribed else "left out of the summary: the model has no notion of cores "
+                   "(--include-oversubscribed counts them)")
+        click.echo(f"# note: {over} row(s) of runs with more CPU ranks on a host than its cores, marked "
+                   f"oversubscribed: {verdict}")
     for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps")):
         part = summary[key]
         if part["rows"]:
@@ -72,6 +86,9 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
             for row in rows:
                 handle.write(json.dumps(row.to_json()) + "\n")
             handle.write(json.dumps({**summary, "hardware": hw.name}) + "\n")
+    if max_error is not None and not summary["all"]["rows"]:
+        raise UsageFault("--max-error: no row to judge, every one is of an oversubscribed run (more CPU ranks on a "
+                         "host than its cores); --include-oversubscribed judges them anyway")
     if max_error is not None and summary["all"]["median_abs_error"] * 100 > max_error:
         click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
                    f"{max_error:g}%")
