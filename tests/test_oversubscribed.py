@@ -191,3 +191,19 @@ def test_model_accuracy_reports_oversubscribed_sweeps_apart(tmp_path):
     assert "| 65.0% | 70.0% | 0% | no: oversubscribed, 4 ranks on 2 cores (refused by the model) |" in row
     line = MA.target_line([np.array([0.05, -0.02])], ["shm-ring-4 (4 ranks on 2 cores)"])
     assert "median 3.5% over the 2 points of 1 judged row(s), met" in line and "shm-ring-4 (4 ranks" in line
+
+
+def test_a_proxy_replay_on_more_ranks_than_cores_is_marked():
+    from commbench.proxies.profile import load_profile
+
+    gradients = load_profile("tts_angular").nbytes
+    rows = []
+    for run_id, world in (("p2", 2), ("p4", 4)):
+        proxy = {"record": "proxy", "kind": "proxy", "status": "ok", "run_id": run_id, "model": "tts_angular",
+                 "backend": "shm", "world_size": world, "nnodes": 1, "batch": 1, "step_us_p50": 1000.0,
+                 "comm_us_p50": 500.0, "gradient_bytes": gradients, "bucket_mb": None, "bucketing": "ddp"}
+        rows += K.check([header(run_id, world, 2), proxy], TRUTH)[0]
+    four = "4 ranks on 2 cores"
+    marks = [(r.what, r.oversubscribed) for r in rows]
+    assert marks == [("step", None), ("comm", None), ("step", four), ("comm", four)]
+    assert K.summary(rows)["proxy_steps"]["rows"] == 1
