@@ -28,29 +28,32 @@ from commbench.proxies.timeline import CpuClock, SleepClock, flops_times_us, pla
 # ---------------------------------------------------------------- the proxy body
 
 
-def compute_times(ctx: RankContext) -> tuple[float, float, float, str]:
-    """(forward, backward, optimizer) microseconds per step and a label saying where they come from."""
+def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
+    """(forward, backward, optimizer, DDP's own work) microseconds per step and a label saying where
+    they come from."""
     cfg, profile = ctx.cfg, ctx.profile
     if cfg.compute == "none":
-        return 0.0, 0.0, 0.0, "none"
+        return 0.0, 0.0, 0.0, 0.0, "none"
     if cfg.compute == "flops":
         forward, backward = flops_times_us(profile, ctx.batch, cfg.tflops)
-        return forward, backward, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
+        return forward, backward, 0.0, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
     import torch
 
     from commbench.proxies.train import measure_compute
 
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     measured, cpu_time = measure_compute(profile, ctx.batch, device, cfg.amp, ctx.launch.local_world_size,
-                                         ready=ctx.backend.barrier, trust_code=cfg.trust_profile_code)
-    forward, backward, update = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
-    return float(forward), float(backward), float(update), "measured" + (" (CPU time)" if cpu_time else "")
+                                         ready=ctx.backend.barrier, trust_code=cfg.trust_profile_code,
+                                         bucket_mb=cfg.bucket_mb)
+    forward, backward, update, ddp = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
+    return (float(forward), float(backward), float(update), float(ddp),
+            "measured" + (" (CPU time)" if cpu_time else ""))
 
 
 def _replay_steps(ctx: RankContext) -> None:
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
-    forward, backward, update, label = compute_times(ctx)
-    plan = plan_step(profile, ctx.buckets, forward, backward, update)
+    forward, backward, update, ddp, label = compute_times(ctx)
+    plan = plan_step(profile, ctx.buckets, forward, backward, update, ddp)
     buffers = []
     for bucket in ctx.buckets:
         dtype = C.resolve_dtype(bucket.dtype)
@@ -71,13 +74,14 @@ def _replay_steps(ctx: RankContext) -> None:
         ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms; allreduces launched as gradients are ready, "
-                      f"overlapping the backward",
+                      f"optimizer {update / 1e3:.2f} ms, DDP's own work {ddp / 1e3:.2f} ms (measured at 1 rank: half "
+                      f"with the backward, half after the last allreduce); allreduces launched as gradients are "
+                      f"ready, overlapping the backward",
                       "step = compute + exposed + other: exposed is the wait after the backward while an allreduce "
                       "is in flight (at most comm); other is the rest (the compute's wall time past its "
                       + ("CPU time: descheduled, or sharing a core with the communication)" if cpu_compute else
                          "own: a late wake-up, a thread hand-off)")],
-              {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update}})
+              {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update, "ddp": ddp}})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
         times = run_step(plan, clock, ctx.channel)

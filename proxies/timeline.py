@@ -63,9 +63,16 @@ class StepTimes:
 
 
 def plan_step(profile: Profile, buckets: Sequence[Bucket], forward_us: float, backward_us: float,
-              optimizer_us: float = 0.0) -> StepPlan:
+              optimizer_us: float = 0.0, ddp_us: float = 0.0) -> StepPlan:
     """Bucket ready times: the backward's duration shared out by backward FLOPs, so a bucket is
-    ready when the FLOPs done before its last gradient have run."""
+    ready when the FLOPs done before its last gradient have run.
+
+    `ddp_us` is DDP's own work per step (measured at 1 rank: train.measure_compute). It is two equal
+    copies of the gradients, so half of it runs with the backward (each gradient copied into its
+    bucket by DDP's hook as it is ready: the backward, and every bucket's readiness, stretch) and half
+    after the last allreduce (the buckets copied back into the gradients), before the optimizer."""
+    backward_us += ddp_us / 2
+    optimizer_us += ddp_us / 2
     total = profile.backward_flops
     ready = tuple(backward_us * (b.ready_flops / total if total > 0 else 1.0) for b in buckets)
     return StepPlan(forward_us, backward_us, optimizer_us, ready, tuple(b.nbytes for b in buckets))

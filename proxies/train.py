@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
@@ -45,11 +46,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
         self.wrapped = self.model  # DistributedDataParallel once wrap() is called
 
-    def wrap(self, bucket_mb: float | None, device_ids: list[int] | None) -> None:
+    def wrap(self, bucket_mb: float | None, device_ids: list[int] | None, process_group: Any = None) -> None:
         import torch
 
         self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
-                                                                 bucket_cap_mb=bucket_mb)
+                                                                 bucket_cap_mb=bucket_mb, process_group=process_group)
 
     def forward(self):
         import torch
@@ -105,17 +106,62 @@ class Trainer:
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
 
+    def step_time_us(self, repeats: int = 5) -> float:
+        """Median time of `repeats` whole steps after one warm-up, on phase_times_us's clock."""
+        clock = time.thread_time if self.cpu_timed() else time.perf_counter
+        times = []
+        for _ in range(repeats + 1):
+            t0 = clock()
+            self.step()
+            times.append(clock() - t0)
+        return float(np.median(times[1:]) * 1e6)
+
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
-                    ready: Callable[[], None] = lambda: None,
-                    trust_code: bool = False) -> tuple[tuple[float, float, float], bool]:
-    """The real model's (forward, backward, optimizer) microseconds per step here, and whether they are
-    CPU time: refused up front if it cannot fit; `ready` runs between building and timing (a barrier,
-    so that every rank measures at once, sharing the host as in training)."""
+                    ready: Callable[[], None] = lambda: None, trust_code: bool = False,
+                    bucket_mb: float | None = None) -> tuple[tuple[float, float, float, float], bool]:
+    """The real model's (forward, backward, optimizer, DDP's own work) microseconds per step here, and
+    whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
+    timing (a barrier, so that every rank measures at once, sharing the host as in training).
+
+    DDP's own work is what wrapping the model in DDP adds to a step where no traffic leaves the
+    rank: the same model's whole step in DDP on a process group of this rank alone, minus its step
+    without DDP (medians of 5 steps each, never below 0). It holds DDP's copies of the gradients into
+    and out of its buckets, its hooks and its calls (docs/model.md, "Terms the model counts")."""
     check_memory(profile, local_ranks, getattr(device, "type", device))
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
     ready()
-    return trainer.phase_times_us(repeats=5), trainer.cpu_timed()
+    phases = trainer.phase_times_us(repeats=5)
+    plain, cpu_time = trainer.step_time_us(repeats=5), trainer.cpu_timed()
+    kind = getattr(device, "type", device)
+    with one_rank_group(kind) as group:
+        trainer.wrap(bucket_mb, [device.index] if kind == "cuda" else None, group)
+        try:
+            in_ddp = trainer.step_time_us(repeats=5)
+        finally:  # DDP's Reducer goes before the group does
+            trainer.wrapped = trainer.model = trainer.optimizer = None
+            del trainer
+            gc.collect()
+    return (*phases, max(0.0, in_ddp - plain)), cpu_time
+
+
+@contextmanager
+def one_rank_group(device_type: str):
+    """A torch.distributed process group of this rank alone (gloo on a CPU, NCCL on a GPU): a subgroup
+    of the default group when there is one (every rank of it must call this, as every proxy rank does),
+    else a group of one made here and destroyed after."""
+    import torch.distributed as dist
+
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if dist.is_initialized():
+        group, _ = dist.new_subgroups(group_size=1, backend=backend)
+        yield group
+        return
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield None
+    finally:
+        dist.destroy_process_group()
 
 
 def model_for(profile: Profile, trust_code: bool = False) -> BuiltModel:

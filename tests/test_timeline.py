@@ -130,6 +130,21 @@ def test_bucket_ready_times_follow_backward_flops():
     assert plan.bucket_nbytes == (1 << 20,) * 3 and plan.compute_us == 1010.0
 
 
+def test_ddp_own_work_is_half_with_the_backward_and_half_after_the_last_allreduce():
+    tensors = (TensorSpec("a", (1 << 18,), "float32", 100.0, 2), TensorSpec("b", (1 << 18,), "float32", 40.0, 1),
+               TensorSpec("c", (1 << 18,), "float32", 10.0, 0))
+    profile = Profile("toy", tensors, 50.0, 100.0, (1,), "samples", 1)
+    buckets = assign(profile, mode="none")
+    plain = plan_step(profile, buckets, forward_us=10.0, backward_us=1000.0, optimizer_us=5.0)
+    ddp = plan_step(profile, buckets, forward_us=10.0, backward_us=1000.0, optimizer_us=5.0, ddp_us=200.0)
+    assert ddp.compute_us == plain.compute_us + 200.0
+    assert ddp.backward_us == 1100.0 and ddp.optimizer_us == 105.0
+    assert ddp.bucket_ready_us == (110.0, 440.0, 1100.0)  # the copies into buckets stretch the backward evenly
+    # the copy back runs after the last allreduce: a bucket finishing after the backward is followed by it in full
+    late = overlap(ddp, [10.0, 10.0, 400.0])
+    assert late.step_us == 10.0 + 1100.0 + 400.0 + 105.0
+
+
 def test_busy_time_is_the_union_of_intervals():
     from commbench.proxies.timeline import busy_us
 
