@@ -250,6 +250,47 @@ def phases_us(phases: Phases, hw: Hardware, itemsize: int) -> float:
                                          for rnd, repeats in phases.rounds)
 
 
+def variants_us(form: Phases | Schedule, topo: Topology, hws: list[Hardware], itemsize: int) -> list[float]:
+    """phases_us (a Phases) or schedule_us (a Schedule on `topo`) of one call on each of `hws`, hardware
+    that differs only in its figures (latency, bandwidth, cache bandwidth, overhead: a fit's bootstrap
+    variants), the same numbers at a fraction of the cost: what the rounds load is found once, not per
+    hardware. A round's busiest resource on a level is the one with the most bytes (a level's resources
+    share its latency and bandwidth), so each round costs max over its levels of latency + bytes / bw."""
+    import numpy as np
+
+    first = hws[0]
+    if any(h.inter.links_per_node != first.inter.links_per_node or h.reduce_gbps != first.reduce_gbps
+           or h.intra.cache_bytes != first.intra.cache_bytes or h.inter.cache_bytes != first.inter.cache_bytes
+           for h in hws):
+        raise ValueError("variants_us: hardware that differs in more than its figures")
+    if isinstance(form, Phases):
+        topo, rounds = form.topology, form.rounds
+    else:
+        rounds = tuple((rnd, 1) for rnd in form.rounds)
+    seen = [in_cache(h, working_set_bytes(form.count, itemsize, topo)) for h in hws]
+    figures = {inter: (np.array([(h.inter if inter else h.intra).latency_us for h in seen]),
+                       np.array([(h.inter if inter else h.intra).bw_gbps for h in seen])) for inter in (False, True)}
+    total = np.zeros(len(hws))
+    for rnd, repeats in rounds:
+        loads = link_loads(rnd, topo, itemsize, shared_nics=first.inter.links_per_node is not None)
+        if not loads:
+            continue
+        busiest: dict[bool, float] = {}
+        for key, (inter, load, largest) in loads.items():
+            nbytes = max(load / first.inter.links_per_node, largest) if key[0].startswith("nic") else load
+            busiest[inter] = max(busiest.get(inter, 0.0), nbytes)
+        rnd_us = np.max([figures[inter][0] + nbytes / (figures[inter][1] * 1e3) for inter, nbytes in busiest.items()],
+                        axis=0)
+        reduced: dict[int, float] = {}
+        for t in rnd:
+            if t.reduce:
+                reduced[t.dst] = reduced.get(t.dst, 0.0) + t.count * itemsize
+        if reduced and first.reduce_gbps:
+            rnd_us = rnd_us + max(reduced.values()) / (first.reduce_gbps * 1e3)
+        total = total + repeats * rnd_us
+    return [float(v) for v in np.array([h.per_call_overhead_us for h in seen]) + total]
+
+
 def algorithm_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, count: int, itemsize: int,
                  root: int = 0) -> float:
     """One call of a table algorithm: by the entry's closed form where it has one (O(ranks per

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
-from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us
+from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
+from commbench.analysis.fit import uncertainty
+from commbench.analysis.intervals import levels_fitted, partial_interval_us
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
-from commbench.proxies.timeline import StepTimes, overlap, plan_step
+from commbench.proxies.timeline import StepTimes, overlap, plan_step, steps_us
+from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
 
 LIBRARY_RING = "nccl-ring"  # the library's ring, one channel per NIC: `nccl` before NCCL's tuning model
@@ -43,14 +48,40 @@ def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, a
     if algorithm == LIBRARY:
         return library_choice(hw, topo, nbytes, itemsize).time_us
     if algorithm == LIBRARY_RING:
-        channels = (hw.inter.links_per_node or 1) if topo.nodes > 1 else 1
-        return phases_us(algorithms.ring_allreduce_phases(topo, count, channels), hw, itemsize)
+        return phases_us(_allreduce_form(hw, topo, count, algorithm), hw, itemsize)
     name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
+    _allreduce_form(hw, topo, count, name, build=False)  # refuses a full schedule past its reach
+    return algorithm_us(hw, topo, "allreduce", name, count, itemsize)
+
+
+def _allreduce_form(hw: Hardware, topo: Topology, count: int, name: str, build: bool = True) -> Phases | Schedule:
+    """What allreduce_us costs for `name` (not `nccl`, not `auto`): its closed form, or its full schedule."""
+    if name == LIBRARY_RING:
+        channels = (hw.inter.links_per_node or 1) if topo.nodes > 1 else 1
+        return algorithms.ring_allreduce_phases(topo, count, channels)
     entry = algorithms.entry("allreduce", name)
     if entry.phases is None and topo.world > FULL_SCHEDULE_MAX_RANKS:
         raise ValueError(f"{name} has no closed form and is costed from its full schedule, whose work grows as "
                          f"ranks^2: at most {FULL_SCHEDULE_MAX_RANKS} GPUs (ring, hier and nccl scale further)")
-    return algorithm_us(hw, topo, "allreduce", name, count, itemsize)
+    if not build:
+        return None
+    return entry.phases(topo, count) if entry.phases is not None else entry.schedule(topo, count, 0)
+
+
+def _variant_comm_us(hws: list[Hardware], topo: Topology, buckets: list[B.Bucket], algorithm: str) -> np.ndarray:
+    """(variants x buckets): each bucket's allreduce on each of `hws` (a fit's bootstrap variants), its rounds
+    built once (costmodel.variants_us): the numbers allreduce_us gives on each, 60 variants in the time of a few."""
+    from commbench.collectives import resolve_dtype
+
+    out = np.zeros((len(hws), len(buckets)))
+    for j, b in enumerate(buckets):
+        itemsize = resolve_dtype(b.dtype).itemsize
+        count = b.nbytes // itemsize
+        if topo.world == 1 or count == 0:
+            continue
+        name = algorithms.choose("allreduce", topo, b.nbytes) if algorithm == "auto" else algorithm
+        out[:, j] = variants_us(_allreduce_form(hws[0], topo, count, name), topo, hws, itemsize)
+    return out
 
 
 def library_choice(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4) -> nccl_tuning.NcclChoice | None:
@@ -109,6 +140,27 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
     return StepPrediction(overlap(plan, comm), buckets, comm)
 
 
+def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float,
+                     backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
+                     bucketing: str = "ddp", algorithm: str = LIBRARY) -> tuple[float, float] | None:
+    """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
+    costed on every bootstrap resample of the fit, times (1 + r) for each relative residual r of the fit
+    (one r for all of a step's buckets), through the same overlap timeline; compute is as given, not
+    spread. None: no resamples (a preset), a link level of `topo` the fit did not measure
+    (intervals.levels_fitted), or `nccl`, whose calls NCCL's tuning model times with NCCL's own latency
+    constants, which no fit measured (only its bandwidths come from the file)."""
+    if algorithm == LIBRARY or not levels_fitted(hw, topo) or uncertainty(hw) is None:
+        return None
+    buckets = B.assign(profile, bucket_mb, bucketing)
+    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us)
+
+    def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
+        comm = _variant_comm_us([with_topology(v, topo) for v in hardware], topo, buckets, algorithm)
+        return steps_us(plan, (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets)))
+
+    return partial_interval_us(hw, steps)
+
+
 # ---------------------------------------------------------------- scaling curves
 
 
@@ -130,6 +182,12 @@ class ScalingPoint:
     speedup: float  # vs the same setup's 1-GPU throughput
     linearity: float  # throughput(N) / (N x throughput(1))
     nccl_choices: tuple[SizeChoice, ...] | None = None  # `nccl` on 2+ GPUs: what NCCL runs per bucket size
+    # A fitted hardware file: the step's 80% interval (step_interval_us), and the throughput and linearity at its
+    # ends (the 1-GPU step they are measured against has no communication: nothing of it is uncertain). None:
+    # no interval (a preset, a level the fit did not measure, `nccl`).
+    step_interval_us: tuple[float, float] | None = None
+    samples_per_s_interval: tuple[float, float] | None = None
+    linearity_interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -163,7 +221,12 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
         t = pred.times
         rate = batch * gpus / (t.step_us * 1e-6)
         base = base or rate
+        step = step_interval_us(profile, batch, topo, replace(hw, ranks_per_node=topo.ranks_per_node), forward_us,
+                                backward_us, optimizer_us, bucket_mb, bucketing, algorithm) if gpus in gpu_counts \
+            else None
+        rates = (batch * gpus / (step[1] * 1e-6), batch * gpus / (step[0] * 1e-6)) if step else None
         points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
                                    t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
-                                   size_choices(pred)))
+                                   size_choices(pred), step, rates,
+                                   (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None))
     return points[1:]

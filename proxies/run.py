@@ -30,7 +30,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     if not plan.lead:
         return 0
     from commbench.analysis.costmodel import load_hardware, with_topology
-    from commbench.analysis.scaling import predict_step
+    from commbench.analysis.scaling import predict_step, step_interval_us
     from commbench.proxies.steps import ProxyResult, StepLog
     from commbench.proxies.timeline import flops_times_us
     from commbench.topology import Topology
@@ -50,13 +50,16 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
         label = "none"
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
+    interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
+                                algorithm)
     log = StepLog(cfg.json_path, True, batch * topo.world)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
-                "buckets": B.describe(pred.buckets)},
+                "buckets": B.describe(pred.buckets), "step_interval_us": list(interval) if interval else None},
                [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}: {len(pred.buckets)} bucket(s), "
-                f"allreduce {algorithm} from the cost model; compute {label}"])
+                f"allreduce {algorithm} from the cost model; compute {label}", *_interval_lines(hw, topo, algorithm,
+                                                                                                interval)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us})
@@ -68,8 +71,29 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                             exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
                             step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
                             other_us_p90=t.other_us,
-                            samples_per_s=t.samples_per_s(batch * topo.world), run_id=log.run_id))
+                            samples_per_s=t.samples_per_s(batch * topo.world), run_id=log.run_id,
+                            step_interval_us=list(interval) if interval else None))
+    if interval:
+        print(f"# step 80% interval: {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
+              f"{t.step_us / 1e3:.2f} ms)", flush=True)
     return 0
+
+
+def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None) -> list[str]:
+    """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
+    from commbench.analysis.intervals import levels_fitted
+
+    if interval:
+        return ["step 80% interval: the communication costed on the fit's bootstrap resamples times its relative "
+                "residuals, compute as given (docs/model.md, Uncertainty)"]
+    if hw.meta.get("uncertainty") is None:
+        return []  # a preset, or a fit from before intervals: nothing to say
+    if algorithm == LIBRARY:
+        return [f"no step interval: {LIBRARY}'s calls are timed with NCCL's own latency constants, which no fit "
+                f"measured (--algorithm ring or hier for one)"]
+    if not levels_fitted(hw, topo):
+        return [f"no step interval: {topo} crosses a link level the fit of {hw.name} did not measure"]
+    return []
 
 
 def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float]:

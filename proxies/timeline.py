@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from commbench.proxies.buckets import Bucket
 from commbench.proxies.profile import Profile
 
@@ -95,6 +97,17 @@ def overlap(plan: StepPlan, comm_us: Sequence[float]) -> StepTimes:
         intervals.append((start, free_at))
     step = max(backward_end, free_at) + plan.optimizer_us
     return StepTimes(plan.compute_us, busy_us(intervals), max(0.0, free_at - backward_end), step, tuple(intervals))
+
+
+def steps_us(plan: StepPlan, comm_us: np.ndarray) -> np.ndarray:
+    """overlap's step time for many sets of communication times at once: row k of `comm_us`
+    (samples x buckets) gives bucket i's allreduce comm_us[k, i]; the same arithmetic, one pass over
+    the buckets (a prediction's interval costs the step for thousands of resampled times)."""
+    comm = np.atleast_2d(np.asarray(comm_us, dtype=float))
+    free_at = np.zeros(comm.shape[0])
+    for i, ready in enumerate(plan.bucket_ready_us[:comm.shape[1]]):
+        free_at = np.maximum(plan.forward_us + ready, free_at) + comm[:, i]
+    return np.maximum(plan.forward_us + plan.backward_us, free_at) + plan.optimizer_us
 
 
 def busy_us(intervals: Sequence[tuple[float, float]], within: tuple[float, float] = (-math.inf, math.inf)) -> float:

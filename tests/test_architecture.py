@@ -20,7 +20,7 @@ FLOORS = {
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
         "commbench.proxies"],
     2: ["commbench.analysis.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
-        "commbench.analysis.scaling", "commbench.analysis.nccl_tuning",
+        "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.models*"],

@@ -417,17 +417,24 @@ def _counts(flag: str, text: str, what: str, most: int) -> list[int]:
 
 
 def _scaling_table(run, records) -> list[str]:
-    """The table printed on stdout, one line per record."""
+    """The table printed on stdout, one line per record; with a fitted hardware file, the step's 80%
+    interval beside the step."""
+    intervals = any(r.step_interval_us for r in records)
+    cells = [_interval_ms(r.step_interval_us) for r in records]
+    width = max([len("step 80%(ms)"), *map(len, cells)])
     lines = [f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, nothing measured): "
              f"batch {run.batch} per GPU, compute from {run.compute_label}",
-             f"# {'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} {'comm(ms)':>9} {'exposed(ms)':>11} "
-             f"{'samples/s':>11} {'per GPU':>8} {'speedup':>8} {'linearity':>9}"
+             f"# {'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} "
+             + (f"{'step 80%(ms)':>{width}} " if intervals else "")
+             + f"{'comm(ms)':>9} {'exposed(ms)':>11} {'samples/s':>11} {'per GPU':>8} {'speedup':>8} {'linearity':>9}"
              + (f" {'acc_ratio':>9}" if run.baseline else "")]
-    for r in records:
-        lines.append(f"  {r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} {r.comm_us / 1e3:>9.2f} "
-                     f"{r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} {r.samples_per_s / r.gpus:>8.1f} "
-                     f"{r.speedup:>8.2f} {r.linearity:>9.3f}"
+    for r, cell in zip(records, cells):
+        lines.append(f"  {r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} "
+                     + (f"{cell:>{width}} " if intervals else "")
+                     + f"{r.comm_us / 1e3:>9.2f} {r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} "
+                     f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
+    lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
     chosen = [r for r in records if getattr(r, "nccl_choices", None)]
     if chosen:
         lines.append("# nccl: what NCCL 2.20.3's tuning model runs per bucket size (size x buckets "
@@ -436,4 +443,31 @@ def _scaling_table(run, records) -> list[str]:
         lines.append(f"#   {r.gpus:>6} GPUs: " + "; ".join(
             f"{c['nbytes'] / (1 << 20):.4g} MiB x{c['buckets']} {c['algorithm']}/{c['protocol']} {c['channels']}ch"
             for c in r.nccl_choices))
+    return lines
+
+
+def _interval_ms(interval) -> str:
+    return f"[{interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f}]" if interval else "-"
+
+
+def _fitted(hw) -> bool:
+    return hw.meta.get("uncertainty") is not None
+
+
+def _interval_notes(run, records) -> list[str]:
+    """What the interval column means, and why a row of a fitted file has none."""
+    from commbench.algorithms import LIBRARY
+
+    lines = []
+    if any(r.step_interval_us for r in records):
+        lines.append("# step 80%(ms): the step's 80% interval, its communication costed on the fit's bootstrap "
+                     "resamples times its relative residuals, compute as given (docs/model.md, Uncertainty)")
+    if any(r.algorithm == LIBRARY for r in records):
+        lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
+                     f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")
+    levels = run.hw.meta.get("levels_fitted") or {}
+    unmeasured = [name for name in ("intra", "inter") if not levels.get(name)]
+    if any(r.step_interval_us is None and r.algorithm != LIBRARY for r in records) and unmeasured:
+        lines.append(f"# -: no interval where the layout crosses the {' and '.join(unmeasured)} level, which the fit "
+                     f"did not measure")
     return lines
