@@ -1,0 +1,199 @@
+"""80% intervals of predicted training steps (predict-scaling, proxy --backend sim): the interval is the
+prediction when the fit is exact, contains it and has a width when the data scatter, is absent where
+nothing was fitted (a preset, an unmeasured level, `nccl`), and is printed and written by both commands."""
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import commbench
+
+from commbench.analysis import fit as F
+from commbench.analysis.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
+from commbench.analysis.intervals import levels_fitted
+from commbench.analysis.scaling import predict_scaling, predict_step, step_interval_us
+from commbench.proxies.profile import load_profile
+from commbench.proxies.timeline import overlap, plan_step, steps_us
+from commbench.results import ProxyResult, ScalingRecord, read_records
+from commbench.topology import Link, Topology
+
+TRUE_HW = Hardware("truth", 2, Link("intra", 20.0, 2.0), Link("inter", 5.0, 10.0), None, 5.0)
+
+
+def _records(layouts, scatter: float) -> list[dict]:
+    """Result records of allreduces whose times are TRUE_HW's predictions, each off by up to `scatter`
+    (a fixed pattern: the same records every run)."""
+    out = []
+    for nodes, per_node, names in layouts:
+        for k in range(12, 25, 2):
+            for name in names:
+                nbytes = 1 << k
+                out.append({"record": "result", "kind": "measured", "collective": "allreduce", "backend": "shm",
+                            "library": "shm", "device": "cuda", "dtype": "float32", "op": "sum", "root": None,
+                            "placement": "in-place", "world_size": nodes * per_node, "nnodes": nodes,
+                            "requested_nbytes": nbytes, "nbytes": nbytes, "count": nbytes // 4, "algorithm": name,
+                            "time_us": 1.0, "wrong": 0})
+    for i, r in enumerate(out):
+        r["time_us"] = float(F.predict_records([r], TRUE_HW)[0]) * (1 + scatter * math.sin(1.7 * i))
+    return out
+
+
+ONE_NODE = [(1, 2, ("ring", "oneshot"))]
+TWO_LEVELS = ONE_NODE + [(2, 2, ("ring", "hier"))]
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return F.fit(_records(TWO_LEVELS, 0.15))
+
+
+def _exact(hw: Hardware) -> Hardware:
+    """`hw` with an uncertainty block whose 60 resamples are all the fit and whose residuals are all zero."""
+    fit = [hw.per_call_overhead_us, hw.intra.latency_us, hw.inter.latency_us, 1 / (hw.intra.bw_gbps * 1e3),
+           1 / (hw.inter.bw_gbps * 1e3)]
+    block = {"method": "test", "columns": list(F.COLUMNS[:5]), "fit": fit, "resamples": [fit] * 60,
+             "relative_residuals": [0.0] * 9}
+    return replace(hw, meta={"levels_fitted": {"intra": True, "inter": True}, "uncertainty": block})
+
+
+def test_steps_us_is_overlaps_step():
+    profile = load_profile("bert-large")
+    from commbench.proxies import buckets as B
+
+    plan = plan_step(profile, B.assign(profile, None, "ddp"), 1e4, 2e4, 50.0)
+    comm = np.random.default_rng(1).uniform(0, 3e3, (7, len(plan.bucket_nbytes)))
+    assert steps_us(plan, comm).tolist() == [overlap(plan, row).step_us for row in comm]
+
+
+@pytest.mark.parametrize("topo", [Topology(1, 4), Topology(2, 4), Topology(3, 2)])
+def test_variants_us_is_each_hardwares_own_cost(topo):
+    from commbench import algorithms
+
+    base = Hardware("v", topo.ranks_per_node, Link("intra", 50.0, 1.5, cache_bytes=1 << 20, cache_bw_gbps=90.0),
+                    Link("inter", 8.0, 6.0, links_per_node=2), None, 4.0)
+    hws = [replace(base, intra=replace(base.intra, bw_gbps=40.0 + i, latency_us=1.0 + i / 10, cache_bw_gbps=80.0 + i),
+                   inter=replace(base.inter, bw_gbps=6.0 + i / 3, latency_us=5.0 + i), per_call_overhead_us=3.0 + i)
+           for i in range(5)]
+    for count in (1 << 10, 1 << 16, 3_000_001):
+        forms = [algorithms.ring_allreduce_phases(topo, count, 2), algorithms.entry("allreduce", "hier").phases(topo,
+                                                                                                             count)]
+        for form in forms:
+            assert variants_us(form, topo, hws, 4) == [phases_us(form, h, 4) for h in hws]
+        schedule = algorithms.build("allreduce", "rhd", topo, count, count * 4, 0)
+        assert variants_us(schedule, topo, hws, 4) == [schedule_us(schedule, topo, h, 4) for h in hws]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "hier", "nccl-ring"])
+def test_the_interval_is_the_prediction_when_every_resample_agrees_and_no_point_scatters(algorithm):
+    hw = _exact(TRUE_HW)
+    profile = load_profile("resnet50")
+    for topo in (Topology(1, 2), Topology(2, 2)):
+        step = predict_step(profile, 8, topo, replace(hw, ranks_per_node=topo.ranks_per_node), 3e4, 6e4,
+                            algorithm=algorithm).times.step_us
+        low, high = step_interval_us(profile, 8, topo, replace(hw, ranks_per_node=topo.ranks_per_node), 3e4, 6e4,
+                                     algorithm=algorithm)
+        assert low == pytest.approx(step, rel=1e-12) and high == pytest.approx(step, rel=1e-12)
+    for point in predict_scaling(profile, hw, [2, 4], 2, 8, 3e4, 6e4, algorithm=algorithm):
+        assert point.step_interval_us == pytest.approx((point.step_us, point.step_us), rel=1e-12)
+        assert point.linearity_interval == pytest.approx((point.linearity, point.linearity), rel=1e-12)
+
+
+def test_a_fitted_interval_holds_the_prediction_and_has_a_width(fitted):
+    assert fitted.meta["levels_fitted"] == {"intra": True, "inter": True}
+    profile = load_profile("resnet50")
+    for algorithm in ("ring", "hier"):
+        points = predict_scaling(profile, fitted, [2, 4, 8], 2, 8, 3e3, 6e3, algorithm=algorithm)
+        for p in points:
+            low, high = p.step_interval_us
+            assert low <= p.step_us <= high and high - low > 1e-3 * p.step_us, (algorithm, p.gpus)
+            assert p.samples_per_s_interval[0] <= p.samples_per_s <= p.samples_per_s_interval[1]
+            assert p.linearity_interval[0] <= p.linearity <= p.linearity_interval[1]
+    # compute is given, not spread: with 0.9 s of it and tens of ms of communication, the interval is as wide
+    # as the communication's spread, not as the 15% scatter of the fit's points on the whole step
+    for p in predict_scaling(profile, fitted, [2, 4], 2, 8, 3e5, 6e5, algorithm="ring"):
+        low, high = p.step_interval_us
+        assert low <= p.step_us <= high and 0 < high - low < min(p.comm_us, 0.02 * p.step_us)
+
+
+def test_no_interval_without_resamples_an_unmeasured_level_or_for_nccl(fitted):
+    profile = load_profile("resnet50")
+    preset = load_hardware("dgx-a100")
+    assert all(p.step_interval_us is None and p.samples_per_s_interval is None and p.linearity_interval is None
+               for p in predict_scaling(profile, preset, [8, 16], 8, 8, 3e3, 6e3, algorithm="ring"))
+    assert all(p.step_interval_us is None for p in predict_scaling(profile, fitted, [2, 4], 2, 8, 3e3, 6e3,
+                                                                   algorithm="nccl"))
+    one_node = F.fit(_records(ONE_NODE, 0.15))
+    assert levels_fitted(one_node, Topology(1, 2)) and not levels_fitted(one_node, Topology(2, 2))
+    two, four = predict_scaling(profile, one_node, [2, 4], 2, 8, 3e3, 6e3, algorithm="ring")
+    assert two.step_interval_us is not None and four.step_interval_us is None
+
+
+@pytest.fixture(scope="module")
+def hw_file(fitted, tmp_path_factory):
+    path = tmp_path_factory.mktemp("intervals") / "hw.json"
+    fitted.save(str(path))
+    return path
+
+
+def test_predict_scaling_prints_and_writes_the_interval(hw_file, tmp_path):
+    out = tmp_path / "s.jsonl"
+    proc = commbench("predict-scaling", "resnet50", "--hw", str(hw_file), "--gpus", "2,4", "--gpus-per-node", "2",
+                     "--batch", "8", "--tflops", "1", "--baseline", "nccl", "--candidate", "ring", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "step 80%(ms)" in proc.stdout and "nccl: no interval" in proc.stdout
+    records = [ScalingRecord.from_dict(r) for r in read_records(str(out))]
+    for r in records:
+        line = next(x for x in proc.stdout.splitlines() if x.split()[:2] == [r.algorithm, str(r.gpus)])
+        if r.algorithm == "nccl":
+            assert r.step_interval_us is None and " - " in line
+        else:
+            low, high = r.step_interval_us
+            assert low <= r.step_us <= high and low < high
+            assert f"[{low / 1e3:.2f}-{high / 1e3:.2f}]" in line
+            assert r.samples_per_s_interval[0] <= r.samples_per_s <= r.samples_per_s_interval[1]
+    preset = commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8", "--tflops", "100", "-A",
+                       "ring", "--json", str(tmp_path / "p.jsonl"))
+    assert preset.returncode == 0, preset.stderr
+    assert "80%" not in preset.stdout and "interval" not in preset.stdout  # no resamples: none made up
+    [record] = read_records(str(tmp_path / "p.jsonl"))
+    assert record["step_interval_us"] is None and record["linearity_interval"] is None
+
+
+def test_proxy_sim_prints_and_writes_the_interval(hw_file, tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = commbench("proxy", "resnet50", "--backend", "sim", "--hw", str(hw_file), "--nodes", "2", "--gpus-per-node",
+                     "2", "--batch", "8", "--compute", "flops", "--tflops", "1", "--algorithm", "ring", "--json",
+                     str(out))
+    assert proc.returncode == 0, proc.stderr
+    records = read_records(str(out))
+    summary = ProxyResult.from_dict(records[-1])
+    low, high = summary.step_interval_us
+    assert low <= summary.step_us_p50 <= high and low < high
+    assert records[0]["step_interval_us"] == [low, high]  # the header says it too
+    assert f"# step 80% interval: {low / 1e3:.2f}-{high / 1e3:.2f} ms" in proc.stdout
+    nccl = commbench("proxy", "resnet50", "--backend", "sim", "--hw", str(hw_file), "--nodes", "1", "--gpus-per-node",
+                     "2", "--batch", "8", "--compute", "flops", "--tflops", "1", "--json", str(tmp_path / "n.jsonl"))
+    assert nccl.returncode == 0, nccl.stderr
+    assert "no step interval: nccl" in nccl.stdout
+    assert read_records(str(tmp_path / "n.jsonl"))[-1]["step_interval_us"] is None
+    preset = commbench("proxy", "resnet50", "--backend", "sim", "--hw", "dgx-a100", "--nodes", "2",
+                       "--gpus-per-node", "8", "--tflops", "100", "--algorithm", "ring", "--json",
+                       str(tmp_path / "d.jsonl"))
+    assert preset.returncode == 0, preset.stderr
+    assert "interval" not in preset.stdout
+    assert read_records(str(tmp_path / "d.jsonl"))[-1]["step_interval_us"] is None
+
+
+def test_files_from_before_the_intervals_still_read():
+    summary = {"kind": "predicted", "model": "m", "backend": "model", "library": "x", "device": "-", "world_size": 2,
+               "nnodes": 1, "batch": 1, "bucket_mb": None, "bucketing": "ddp", "buckets": 1, "gradient_bytes": 4,
+               "compute": "none", "steps": 1, "warmup_steps": 0, "compute_us_p50": 0.0, "compute_us_p90": 0.0,
+               "comm_us_p50": 1.0, "comm_us_p90": 1.0, "exposed_comm_us_p50": 1.0, "exposed_comm_us_p90": 1.0,
+               "step_us_p50": 1.0, "step_us_p90": 1.0, "samples_per_s": 2e6}
+    assert ProxyResult.from_dict(summary).step_interval_us is None
+    scaling = {"model": "m", "hardware": "h", "batch": 1, "compute": "c", "gpus": 2, "nodes": 1, "gpus_per_node": 2,
+               "algorithm": "ring", "step_us": 1.0, "compute_us": 0.0, "comm_us": 1.0, "exposed_comm_us": 1.0,
+               "samples_per_s": 2e6, "speedup": 2.0, "linearity": 1.0}
+    assert ScalingRecord.from_dict(scaling).step_interval_us is None
+    assert json.dumps(ScalingRecord.from_dict(scaling).to_dict())  # written as it was read
