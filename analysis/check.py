@@ -37,7 +37,7 @@ LARGE_BYTES = 64 << 10
 
 @dataclass(frozen=True)
 class Row:
-    kind: str  # sweep or proxy
+    kind: str  # sweep, proxy (a replay) or train (real DDP training, its compute taken from its replay)
     setup: str  # backend/algorithm, ranks, nodes (sweep) or model, backend, layout (proxy)
     what: str  # collective and size, or "step" / "comm"
     nbytes: int  # the call's size; a proxy step: its gradients
@@ -104,17 +104,20 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
 
 
 def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
-    from commbench.analysis.scaling import predict_step
+    """A row per proxy replay (kind proxy) and per real training run (kind train) whose compute is known:
+    a replay's own measured split (its header's compute_split_us, DDP's own work included), its --tflops,
+    or its median compute split as the profile's FLOPs are; a training run takes the split of a proxy
+    replay of the same setup in the same files (`proxy --validate` writes both)."""
+    from commbench.analysis.intervals import levels_fitted
+    from commbench.analysis.scaling import predict_step, step_interval_us
     from commbench.proxies.profile import ProfileError, load_profile
-    from commbench.proxies.timeline import flops_times_us
 
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
+    splits = {_setup_key(r): (headers.get(r.get("run_id")) or {}).get("compute_split_us")
+              for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"}
     rows, loads = [], run_loads(records)
     for r in records:
-        if r.get("record") != "proxy" or r.get("kind") != "proxy" or r.get("status", "ok") != "ok":
-            if r.get("record") == "proxy" and r.get("kind") == "train":
-                notes.append(f"train run of {r.get('model')}: real compute is not split from communication in its "
-                             f"records; check the proxy replay of the same setup instead")
+        if r.get("record") != "proxy" or r.get("kind") not in ("proxy", "train") or r.get("status", "ok") != "ok":
             continue
         cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
         try:
@@ -128,40 +131,66 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
                          f"record; left out")
             continue
+        split = _compute_split(r, cfg, profile, splits.get(_setup_key(r)) if r["kind"] == "train" else
+                               (headers.get(r.get("run_id")) or {}).get("compute_split_us"))
+        if split is None:
+            notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
+                         f"files to take its compute from (`proxy --validate` writes both); left out")
+            continue
         topo = Topology(nodes, world // nodes)
         batch = int(r["batch"])
-        if cfg.get("compute") == "flops" and cfg.get("tflops"):
-            forward, backward = flops_times_us(profile, batch, float(cfg["tflops"]))
-        elif r.get("compute_us_p50"):  # measured compute: split as the profile's FLOPs are
-            total = profile.forward_flops + profile.backward_flops
-            share = profile.forward_flops / total if total else 1 / 3
-            forward, backward = r["compute_us_p50"] * share, r["compute_us_p50"] * (1 - share)
-        else:
-            forward = backward = 0.0
         algorithm = cfg.get("algorithm") if r.get("backend") not in ("torch", None) else None
         if algorithm in (None, "auto"):
             algorithm = LIBRARY_ALGORITHM["allreduce"]
-        def step(variant: Hardware, topo=topo, profile=profile, batch=batch, fb=(forward, backward), r=r,
-                 algorithm=algorithm):
-            return predict_step(profile, batch, topo, with_topology(variant, topo), *fb, 0.0, r.get("bucket_mb"),
-                                r.get("bucketing") or "ddp", algorithm).times
+
+        def step(variant: Hardware, topo=topo, profile=profile, batch=batch, split=split, r=r, algorithm=algorithm):
+            return predict_step(profile, batch, topo, with_topology(variant, topo), *split[:3], r.get("bucket_mb"),
+                                r.get("bucketing") or "ddp", algorithm, ddp_us=split[3]).times
 
         pred = step(hw)
+        kind = "train" if r["kind"] == "train" else "proxy"
         setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
-        levels = hw.meta.get("levels_fitted") or {}
-        measured = (topo.ranks_per_node == 1 or levels.get("intra")) and (topo.nodes == 1 or levels.get("inter"))
-        rows.append(Row("proxy", setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
-                        float(pred.step_us), interval_us(hw, lambda v, step=step: step(v).step_us) if measured
-                        else None, over))
-        if r.get("comm_us_p50"):
+        measured = levels_fitted(hw, topo)
+        # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
+        interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+                                    r.get("bucketing") or "ddp", algorithm, split[3])
+        rows.append(Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
+                        float(pred.step_us), interval, over))
+        if kind == "proxy" and r.get("comm_us_p50"):
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
                             float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us) if measured
                             else None, over))
     return rows
 
 
+def _setup_key(r: dict) -> tuple:
+    return (r.get("model"), r.get("batch"), r.get("world_size"), r.get("nnodes") or 1, r.get("backend"),
+            r.get("bucket_mb"), r.get("bucketing") or "ddp")
+
+
+def _compute_split(r: dict, cfg: dict, profile, measured: dict | None) -> tuple[float, float, float, float] | None:
+    """(forward, backward, optimizer, DDP's own work) microseconds of a run's step, or None (a training run
+    with no replay to take it from)."""
+    from commbench.proxies.timeline import flops_times_us
+
+    if isinstance(measured, dict) and all(isinstance(measured.get(k), (int, float))
+                                          for k in ("forward", "backward", "optimizer")):
+        ddp = measured.get("ddp")
+        return (float(measured["forward"]), float(measured["backward"]), float(measured["optimizer"]),
+                float(ddp) if isinstance(ddp, (int, float)) else 0.0)  # older replays did not measure DDP's work
+    if r["kind"] == "train":
+        return None
+    if cfg.get("compute") == "flops" and cfg.get("tflops"):
+        return (*flops_times_us(profile, int(r["batch"]), float(cfg["tflops"])), 0.0, 0.0)
+    if r.get("compute_us_p50"):  # measured compute without its split: split as the profile's FLOPs are
+        total = profile.forward_flops + profile.backward_flops
+        share = profile.forward_flops / total if total else 1 / 3
+        return r["compute_us_p50"] * share, r["compute_us_p50"] * (1 - share), 0.0, 0.0
+    return 0.0, 0.0, 0.0, 0.0
+
+
 def summary(rows: list[Row], include_oversubscribed: bool = False) -> dict:
-    """Median and largest |error|, over every row and over sweep points >= 64 KiB and proxy steps; rows of
+    """Median and largest |error|, over every row, sweep points >= 64 KiB, proxy steps and training steps; rows of
     oversubscribed runs left out (counted in `oversubscribed_left_out`) unless `include_oversubscribed`."""
     left_out = 0 if include_oversubscribed else sum(1 for r in rows if r.oversubscribed)
     rows = rows if include_oversubscribed else [r for r in rows if not r.oversubscribed]
@@ -176,4 +205,5 @@ def summary(rows: list[Row], include_oversubscribed: bool = False) -> dict:
 
     return {"record": "check_summary", "oversubscribed_left_out": left_out, "all": stats(rows),
             "sweep_64k_up": stats([r for r in rows if r.kind == "sweep" and r.nbytes >= LARGE_BYTES]),
-            "proxy_steps": stats([r for r in rows if r.kind == "proxy" and r.what == "step"])}
+            "proxy_steps": stats([r for r in rows if r.kind == "proxy" and r.what == "step"]),
+            "train_steps": stats([r for r in rows if r.kind == "train"])}

@@ -31,6 +31,8 @@ class ScalingRun:
     curves: dict[str, list[ScalingPoint]]  # algorithm -> points, in the order asked for
     baseline: str | None
     candidate: str | None
+    ddp_us: float = 0.0  # DDP's own work per step, as given
+    stragglers: bool = False  # steps wait for the expected slowest of N ranks (a 1-rank run's distribution)
 
     def records(self, run_id: str = "") -> list[ScalingRecord]:
         """One record per algorithm and GPU count; the candidate's carry acc_ratio = its throughput / the baseline's."""
@@ -84,12 +86,14 @@ def check_compute_us(forward_us: float, backward_us: float, label: str) -> None:
 
 def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                 forward_us: float, backward_us: float, algorithms: list[str], bucket_mb: float | None = None,
-                baseline: str | None = None, candidate: str | None = None, compute_label: str = "") -> ScalingRun:
+                baseline: str | None = None, candidate: str | None = None, compute_label: str = "",
+                ddp_us: float = 0.0, step_ratios=None) -> ScalingRun:
     """Every algorithm's curve over `gpu_counts` (weak scaling: `batch` per GPU) with DDP's buckets on
-    nodes of `gpus_per_node`. ScalingError: a GPU count that does not fill whole nodes, or a compute
-    time `check_compute_us` refuses."""
+    nodes of `gpus_per_node`, DDP's own work `ddp_us` per step and, given a 1-rank run's `step_ratios`, the
+    expected slowest of N ranks (analysis/stragglers.py). ScalingError: a GPU count that does not fill whole
+    nodes, or a compute time `check_compute_us` refuses."""
     check_compute_us(forward_us, backward_us, compute_label)
     node_hw = replace(hw, ranks_per_node=gpus_per_node)
     curves = {name: predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us, backward_us, 0.0,
-                                    bucket_mb, "ddp", name) for name in dict.fromkeys(algorithms)}
-    return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate)
+                                    bucket_mb, "ddp", name, ddp_us, step_ratios) for name in dict.fromkeys(algorithms)}
+    return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, step_ratios is not None)

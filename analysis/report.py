@@ -170,13 +170,15 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
 
 
 def _proxy_pairs(records: list[dict], hw) -> list[tuple[str, float, float]]:
-    """(label, measured, predicted) of each proxy replay's median step, as `commbench check` predicts it."""
+    """(label, measured, predicted) of each proxy replay's and training run's median step, as `commbench check`
+    predicts it."""
     if hw is None:
         return []
     from commbench.analysis.check import check
 
     rows, _ = check([r for r in records if r.get("record") in ("header", "proxy")], hw)
-    return [(f"{r.setup} (step)", r.measured_us, r.predicted_us) for r in rows if r.what == "step"]
+    return [(f"{r.setup} ({'training' if r.kind == 'train' else 'replay'} step)", r.measured_us, r.predicted_us)
+            for r in rows if r.what == "step"]
 
 
 def plot_prediction(series: list[Series], out_dir: str, extra: list[tuple[str, float, float]] = ()) -> str | None:

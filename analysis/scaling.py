@@ -126,23 +126,36 @@ def size_choices(pred: StepPrediction) -> tuple[SizeChoice, ...] | None:
 
 def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
                  optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
-                 algorithm: str = LIBRARY) -> StepPrediction:
-    """One data-parallel step on `topo`: compute as given, each bucket's allreduce from the model."""
+                 algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0) -> StepPrediction:
+    """One data-parallel step on `topo`: compute as given, DDP's own work (`ddp_us`, measured at 1 rank) as
+    timeline.plan_step places it, each bucket's allreduce from the model, and `straggler_us` (the expected
+    slowest rank's delay: analysis/stragglers.py) added to the step."""
     buckets = B.assign(profile, bucket_mb, bucketing)
-    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us)
+    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)
     from commbench.collectives import resolve_dtype
 
     if algorithm == LIBRARY and topo.world > 1:
         choices = [library_choice(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize) for b in buckets]
         comm = [c.time_us if c else 0.0 for c in choices]
-        return StepPrediction(overlap(plan, comm), buckets, comm, choices)
+        return StepPrediction(_late(overlap(plan, comm), straggler_us), buckets, comm, choices)
     comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]
-    return StepPrediction(overlap(plan, comm), buckets, comm)
+    return StepPrediction(_late(overlap(plan, comm), straggler_us), buckets, comm)
+
+
+def _late(times: StepTimes, straggler_us: float) -> StepTimes:
+    """The step waiting `straggler_us` longer for its slowest rank (counted as other: neither compute nor
+    communication of the rank that waits)."""
+    if not straggler_us:
+        return times
+    from dataclasses import replace
+
+    return replace(times, step_us=times.step_us + straggler_us, other_us=times.other_us + straggler_us)
 
 
 def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float,
                      backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
-                     bucketing: str = "ddp", algorithm: str = LIBRARY) -> tuple[float, float] | None:
+                     bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
+                     straggler_us: float = 0.0) -> tuple[float, float] | None:
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
     costed on every bootstrap resample of the fit, times (1 + r) for each relative residual r of the fit
     (one r for all of a step's buckets), through the same overlap timeline; compute is as given, not
@@ -152,11 +165,11 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
     if algorithm == LIBRARY or not levels_fitted(hw, topo) or uncertainty(hw) is None:
         return None
     buckets = B.assign(profile, bucket_mb, bucketing)
-    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us)
+    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
         comm = _variant_comm_us([with_topology(v, topo) for v in hardware], topo, buckets, algorithm)
-        return steps_us(plan, (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets)))
+        return steps_us(plan, (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets))) + straggler_us
 
     return partial_interval_us(hw, steps)
 
@@ -188,6 +201,7 @@ class ScalingPoint:
     step_interval_us: tuple[float, float] | None = None
     samples_per_s_interval: tuple[float, float] | None = None
     linearity_interval: tuple[float, float] | None = None
+    straggler_us: float = 0.0  # the expected slowest rank's delay in the step (a --jitter-from run's steps)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -209,24 +223,34 @@ def layout(gpus: int, gpus_per_node: int) -> Topology:
 
 def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                     forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
-                    bucketing: str = "ddp", algorithm: str = LIBRARY) -> list[ScalingPoint]:
-    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU)."""
+                    bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
+                    step_ratios: np.ndarray | None = None) -> list[ScalingPoint]:
+    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU). `ddp_us`:
+    DDP's own work per step (measured at 1 rank); `step_ratios`: a 1-rank run's step times over their
+    median, whose expected maximum over N ranks delays every step of N (analysis/stragglers.py)."""
     from dataclasses import replace
 
-    points, base = [], None
+    from commbench.analysis.stragglers import expected_max
+
+    points, base, one_step = [], None, None
     for gpus in [1, *gpu_counts]:
         topo = layout(gpus, gpus_per_node)
-        pred = predict_step(profile, batch, topo, replace(hw, ranks_per_node=topo.ranks_per_node), forward_us,
-                            backward_us, optimizer_us, bucket_mb, bucketing, algorithm)
+        late = 0.0
+        if step_ratios is not None and gpus > 1:
+            late = max(0.0, one_step * (expected_max(step_ratios, gpus) - 1.0))
+        node_hw = replace(hw, ranks_per_node=topo.ranks_per_node)
+        pred = predict_step(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb, bucketing,
+                            algorithm, ddp_us, late)
         t = pred.times
+        one_step = one_step or t.step_us
         rate = batch * gpus / (t.step_us * 1e-6)
         base = base or rate
-        step = step_interval_us(profile, batch, topo, replace(hw, ranks_per_node=topo.ranks_per_node), forward_us,
-                                backward_us, optimizer_us, bucket_mb, bucketing, algorithm) if gpus in gpu_counts \
-            else None
+        step = step_interval_us(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb,
+                                bucketing, algorithm, ddp_us, late) if gpus in gpu_counts else None
         rates = (batch * gpus / (step[1] * 1e-6), batch * gpus / (step[0] * 1e-6)) if step else None
         points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
                                    t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
                                    size_choices(pred), step, rates,
-                                   (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None))
+                                   (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
+                                   late))
     return points[1:]

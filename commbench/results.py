@@ -288,6 +288,7 @@ class ScalingRecord(Record):
     step_interval_us: list[float] | tuple[float, float] | None = None
     samples_per_s_interval: list[float] | tuple[float, float] | None = None
     linearity_interval: list[float] | tuple[float, float] | None = None
+    straggler_us: float = 0.0  # the step's expected wait for its slowest rank (predict-scaling --jitter-from)
 
 
 @dataclass(frozen=True)

@@ -201,3 +201,33 @@ def test_no_interval_where_the_fit_measured_no_link(runs):
     # 1x2, not 1x4: on a host of fewer than 4 cores, predict refuses 4 CPU ranks per node
     inside = commbench("predict", "--hw", str(hw_path), "-T", "1x2", "--sizes", "1M", "-A", "ring")
     assert "80% interval" in inside.stdout
+
+
+def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_work(runs):
+    """A train record beside a replay of the same setup (what `proxy --validate` writes) is predicted with the
+    replay's header split, DDP's own work included; without such a replay it is named and left out."""
+    from commbench.analysis.costmodel import load_hardware, with_topology
+    from commbench.analysis.scaling import predict_step
+    from commbench.proxies.profile import load_profile
+    from commbench.topology import Topology
+
+    _, hw_path, proxy = runs
+    hw = load_hardware(str(hw_path))
+    records = read_records(str(proxy))
+    split = {"forward": 3000.0, "backward": 6000.0, "optimizer": 500.0, "ddp": 2000.0}
+    records = [{**r, "compute_split_us": split} if r["record"] == "header" else r for r in records]
+    replay = next(r for r in records if r["record"] == "proxy")
+    train = {**replay, "kind": "train", "run_id": "t", "step_us_p50": 50_000.0, "compute_us_p50": None}
+    rows, notes = K.check(records + [train], hw)
+    by_kind = {r.kind: r for r in rows if r.what == "step"}
+    topo = Topology(1, 2)
+    expected = predict_step(load_profile("tts_angular"), 1, topo, with_topology(hw, topo), 3000.0, 6000.0, 500.0,
+                            replay.get("bucket_mb"), "ddp", K.LIBRARY_ALGORITHM["allreduce"], ddp_us=2000.0)
+    assert by_kind["train"].predicted_us == pytest.approx(expected.times.step_us)
+    assert by_kind["proxy"].predicted_us == pytest.approx(expected.times.step_us)  # same setup, same prediction
+    assert expected.times.compute_us == pytest.approx(11_500.0)  # DDP's own work counted in the step
+    assert by_kind["train"].measured_us == 50_000.0
+    assert K.summary(rows)["train_steps"]["rows"] == 1
+    alone, notes = K.check([r for r in records if r["record"] != "proxy"] + [train], hw)
+    assert not [r for r in alone if r.kind == "train"]
+    assert any("no proxy replay of the same setup" in n for n in notes)

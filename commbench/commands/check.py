@@ -17,6 +17,8 @@ Examples:
   commbench check shm4.jsonl --hw shm-hw.json              # the 2-rank fit, checked on 4 ranks
                                       # (on fewer than 4 cores: rows marked oversubscribed, not judged)
   commbench check p.jsonl --hw hw.json --max-error 10     # a proxy replay's step; exit 1 beyond 10%
+  commbench proxy resnet50 -N 2 --validate --json v.jsonl && commbench check v.jsonl v.train.jsonl --hw hw.json
+                                      # real DDP training too, its compute taken from the replay beside it
 
 \b
 Exit codes: 0 checked (and, with --max-error, the median |error| within it), 1 median |error|
@@ -40,7 +42,8 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
                   include_oversubscribed: bool) -> None:
     """Predict every measured point of sweep and proxy runs with the cost model, and print predicted
     against measured with the error per row (predicted / measured - 1: negative = optimistic), and
-    the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps). Rows of runs whose
+    the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps; training steps, predicted
+    with the compute of a replay of the same setup in the same files). Rows of runs whose
     CPU ranks outnumber their host's cores are marked oversubscribed and left out of the summary."""
     from commbench.analysis import check as K
     from commbench.analysis import report as R
@@ -62,8 +65,8 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     for note in notes:
         click.echo(f"# note: {note}")
     if not rows:
-        raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result) or proxy "
-                         f"replay records")
+        raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result), proxy "
+                         f"replay, or training records beside a replay of the same setup")
     _warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
     _table(rows, hw.name)
     summary = K.summary(rows, include_oversubscribed)
@@ -74,7 +77,8 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
                    "(--include-oversubscribed counts them)")
         click.echo(f"# note: {over} row(s) of runs with more CPU ranks on a host than its cores, marked "
                    f"oversubscribed: {verdict}")
-    for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps")):
+    for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps"),
+                       ("train_steps", "training steps")):
         part = summary[key]
         if part["rows"]:
             coverage = "" if part["coverage"] is None else f", {100 * part['coverage']:.0f}% inside the 80% interval"

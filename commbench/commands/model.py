@@ -292,7 +292,14 @@ Examples:
               help="One layout: short for --nodes NODES --gpus-per-node RANKS.")
 @click.option("--batch", type=int, default=None, help="Samples per GPU per step [default: the profile's].")
 @click.option("--throughput-1gpu", type=float, default=None, metavar="SAMPLES/S",
-              help="Measured 1-GPU training throughput without DDP at --batch: sets the compute time per step.")
+              help="Measured 1-GPU training throughput at --batch: sets the compute time per step. Measured in DDP "
+                   "on 1 GPU it holds DDP's own work; measured without DDP, give that work as --ddp-ms.")
+@click.option("--ddp-ms", type=float, default=0.0, show_default=True, metavar="MS",
+              help="DDP's own work per step, measured at 1 GPU: its step in DDP minus without (proxy's header says "
+                   "it on this host). Half stretches the backward, half follows the last allreduce.")
+@click.option("--jitter-from", type=click.Path(dir_okay=False), default=None, metavar="RUN.jsonl",
+              help="A 1-rank proxy or train run's step records: every step of N GPUs waits for the slowest of N "
+                   "ranks drawn from their distribution (stragglers; docs/model.md).")
 @click.option("--tflops", type=float, default=None, help="Achieved device rate (1e12 FLOP/s) for the profile's FLOPs.")
 @click.option("--precision", type=click.Choice(["fp32", "amp"]), default="fp32", show_default=True,
               help="Which of the hardware's device_tflops to use when neither rate is given (a peak: optimistic).")
@@ -306,8 +313,9 @@ Examples:
 @click.option("--candidate", default=None, metavar="ALGORITHM")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
-def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, tflops,
-                            precision, algorithm, bucket_mb, baseline, candidate, json_path) -> None:
+def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, ddp_ms,
+                            jitter_from, tflops, precision, algorithm, bucket_mb, baseline, candidate,
+                            json_path) -> None:
     """Predict a model's data-parallel step time, throughput and linearity from 1 to N GPUs.
 
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
@@ -318,7 +326,7 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path))
     run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
-                       bucket_mb, baseline, candidate)
+                       bucket_mb, baseline, candidate, ddp_ms, jitter_from)
     records = run.records(new_run_id())
     for line in _scaling_table(run, records):
         click.echo(line)
@@ -352,7 +360,7 @@ def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | Non
 
 
 def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, algorithm, bucket_mb,
-                 baseline, candidate):
+                 baseline, candidate, ddp_ms=0.0, jitter_from=None):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -371,7 +379,15 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
              "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb),
              "--throughput-1gpu": (O.Range(0, 1e12, low_open=True), throughput),
-             "--tflops": (O.Range(0, 1e9, low_open=True), tflops)})
+             "--tflops": (O.Range(0, 1e9, low_open=True), tflops), "--ddp-ms": (O.Range(0, 86400e3), ddp_ms)})
+    ratios = None
+    if jitter_from:
+        from commbench.analysis.stragglers import JitterError, load_ratios
+
+        try:
+            ratios = load_ratios(jitter_from)
+        except JitterError as exc:
+            raise UsageFault(str(exc)) from exc
     if not throughput and not tflops and not S.peak_tflops(hw, precision):
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     names = list(dict.fromkeys([baseline, candidate] if baseline else [algorithm]))
@@ -388,7 +404,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
     try:
         return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, names,
-                             bucket_mb, baseline, candidate, label)
+                             bucket_mb, baseline, candidate, label, ddp_ms * 1e3, ratios)
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
 
@@ -435,6 +451,13 @@ def _scaling_table(run, records) -> list[str]:
                      f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
+    lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
+                 " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))
+    if run.stragglers:
+        lines.append("# stragglers (--jitter-from): each step waits for the expected slowest of N ranks: "
+                     + ", ".join(f"{r.gpus} GPUs +{r.straggler_us / 1e3:.2f} ms" for r in records
+                                 if r.algorithm == records[0].algorithm)
+                     + " (a lower bound where N exceeds the steps measured: none longer than the longest)")
     chosen = [r for r in records if getattr(r, "nccl_choices", None)]
     if chosen:
         lines.append("# nccl: what NCCL 2.20.3's tuning model runs per bucket size (size x buckets "
