@@ -39,19 +39,21 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     batch = cfg.batch or profile.default_batch
     topo = Topology(plan.nodes, plan.ranks_per_node)
     hw = with_topology(load_hardware(cfg.hw), topo)
+    ddp = 0.0
     if cfg.compute == "flops":
         forward, backward, update, label = (*flops_times_us(profile, batch, cfg.tflops), 0.0,
                                             f"flops at {cfg.tflops:g} TFLOP/s")
     elif cfg.compute == "measured":
-        forward, backward, update = _measure_here(profile, batch, cfg)
-        label = "measured on this host"
+        forward, backward, update, ddp = _measure_here(profile, batch, cfg)
+        label = f"measured on this host (DDP's own work {ddp / 1e3:.2f} ms, measured at 1 rank)"
     else:
         forward = backward = update = 0.0
         label = "none"
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
-    pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm)
+    pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm,
+                        ddp)
     interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
-                                algorithm)
+                                algorithm, ddp)
     log = StepLog(cfg.json_path, True, batch * topo.world)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
@@ -96,14 +98,14 @@ def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, f
     return []
 
 
-def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float]:
+def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float, float]:
     import torch
 
     from commbench.proxies.train import measure_compute
 
     try:
         return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
-                               trust_code=cfg.trust_profile_code)[0][:3]
+                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb)[0]
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

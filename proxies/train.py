@@ -106,15 +106,16 @@ class Trainer:
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
 
-    def step_time_us(self, repeats: int = 5) -> float:
-        """Median time of `repeats` whole steps after one warm-up, on phase_times_us's clock."""
+    def step_time_us(self, repeats: int = 5, warmup: int = 2) -> float:
+        """The shortest of `repeats` whole steps after `warmup` (DDP rebuilds its buckets in its second), on
+        phase_times_us's clock: the least a step costs, which a busy host can only lengthen."""
         clock = time.thread_time if self.cpu_timed() else time.perf_counter
         times = []
-        for _ in range(repeats + 1):
+        for _ in range(repeats + warmup):
             t0 = clock()
             self.step()
             times.append(clock() - t0)
-        return float(np.median(times[1:]) * 1e6)
+        return float(min(times[warmup:]) * 1e6)
 
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
@@ -126,7 +127,8 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
 
     DDP's own work is what wrapping the model in DDP adds to a step where no traffic leaves the
     rank: the same model's whole step in DDP on a process group of this rank alone, minus its step
-    without DDP (medians of 5 steps each, never below 0). It holds DDP's copies of the gradients into
+    without DDP (the shortest of 5 steps each, after 2 warm-ups: the least each costs, which other work on
+    the host can only lengthen; never below 0). It holds DDP's copies of the gradients into
     and out of its buckets, its hooks and its calls (docs/model.md, "Terms the model counts")."""
     check_memory(profile, local_ranks, getattr(device, "type", device))
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
