@@ -120,29 +120,30 @@ def coverage(records: list[dict], hw) -> float:
     return float(np.mean(inside))
 
 
-def proxy_rows(proxy_dir: str, hw) -> list[str]:
-    """Predicted step (gloo fit + each run's measured compute) vs the replay and the real training."""
-    from commbench.analysis.scaling import predict_step
-    from commbench.proxies.profile import load_profile
+def proxy_rows(proxy_dir: str, hw) -> tuple[list[str], dict[str, list[float]]]:
+    """Predicted step (this fit + each run's own measured compute split, DDP's own work included) against the
+    replay and the real training, as `commbench check` predicts both; and the errors per kind."""
+    from commbench.analysis.check import check
     from commbench.results import read_records
-    from commbench.topology import Topology
 
-    rows = []
+    rows, errors = [], {"proxy": [], "train": []}
     for name in sorted(f for f in os.listdir(proxy_dir) if f.endswith(".jsonl") and ".train." not in f):
         records = read_records(os.path.join(proxy_dir, name))
-        header = next((r for r in records if r.get("record") == "header"), None)
-        proxy = next((r for r in records if r.get("record") == "proxy"), None)
-        check = next((r for r in records if r.get("record") == "validate"), None)
-        if not (header and proxy and check and "compute_split_us" in header):
+        twin = os.path.join(proxy_dir, name[:-6] + ".train.jsonl")
+        records += read_records(twin) if os.path.exists(twin) else []
+        header = next((r for r in records if r.get("record") == "header" and "compute_split_us" in r), None)
+        found = {r.kind: r for r in check(records, hw)[0] if r.what == "step"}
+        if not (header and "proxy" in found and "train" in found):
             continue
-        split, cfg = header["compute_split_us"], header["config"]
-        pred = predict_step(load_profile(proxy["model"]), proxy["batch"], Topology(1, proxy["world_size"]), hw,
-                            split["forward"], split["backward"], split["optimizer"], cfg["bucket_mb"],
-                            cfg["bucketing"], "ring")
-        p, replay, real = pred.times.step_us / 1e3, proxy["step_us_p50"] / 1e3, check["train_step_us"] / 1e3
-        rows.append(f"| {proxy['model']} | {proxy['batch']} | {p:.1f} | {replay:.1f} | {real:.1f} | "
-                    f"{100 * (p / replay - 1):+.1f}% | {100 * (p / real - 1):+.1f}% |")
-    return rows
+        replay, train = found["proxy"], found["train"]
+        errors["proxy"].append(replay.error)
+        errors["train"].append(train.error)
+        split = header["compute_split_us"]
+        rows.append(f"| {name[:-6]} | {split.get('ddp', 0) / 1e3:.1f} | {replay.predicted_us / 1e3:.1f} | "
+                    f"{replay.measured_us / 1e3:.1f} | {train.predicted_us / 1e3:.1f} | "
+                    f"{train.measured_us / 1e3:.1f} | "
+                    f"{100 * replay.error:+.1f}% | {100 * train.error:+.1f}% |")
+    return rows, errors
 
 
 def plot(groups: dict[str, tuple[np.ndarray, np.ndarray]], path: str) -> None:
@@ -216,10 +217,17 @@ def main() -> int:
             json.dump(hw.to_dict(), handle, indent=1, default=float)
     plot(groups, os.path.join(args.out, "predicted_vs_measured.png"))
     if args.proxy:
-        print("\n| model | batch/rank | predicted step (ms) | proxy replay (ms) | real training (ms) | "
-              "vs replay | vs training |\n|---|---|---|---|---|---|---|")
-        for row in proxy_rows(args.proxy, fits["gloo"]):
+        print("\n| run | DDP's own work (ms, measured at 1 rank) | predicted replay (ms) | proxy replay (ms) | "
+              "predicted training (ms) | real training (ms) | vs replay | vs training |\n" + "|---" * 8 + "|")
+        rows, errs = proxy_rows(args.proxy, fits["gloo"])
+        for row in rows:
             print(row)
+        for kind, values in errs.items():
+            if values:
+                absolute = np.abs(values)
+                print(f"\n{kind} steps: median |error| {100 * np.median(absolute):.1f}%, "
+                      f"max {100 * absolute.max():.1f}% "
+                      f"(target <= 5% and <= 10%), {sum(e < 0 for e in values)} of {len(values)} optimistic")
     return 0
 
 
