@@ -287,12 +287,8 @@ class BucketLoop:
     have asked it to stop (the stop flag rides in each bucket's last element, so both ranks stop after the
     same call and neither hangs)."""
 
-    def __init__(self, group, nbytes: int, world: int):
-        import torch
-
-        per = BUCKET_BYTES // 4
-        count = max(1, nbytes // 4)
-        self.buckets = [torch.ones(min(per, count - i) + 1) for i in range(0, count, per)]
+    def __init__(self, group, buckets: list, world: int):
+        self.buckets = buckets  # made once per model and reused, as DDP's are (no allocation in the timed window)
         self.group, self.world, self.stop = group, world, threading.Event()
         self.calls, self.busy_s = 0, 0.0
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -340,6 +336,8 @@ def _two_ranks(rank: int, world: int, port: int, outbox, args: dict) -> None:
         for name in args["contention"]:
             trainer = trainer_for(name, BATCHES[name])
             nbytes = grad_bytes(trainer)
+            per, count = BUCKET_BYTES // 4, max(1, nbytes // 4)
+            buckets = [torch.ones(min(per, count - i) + 1) for i in range(0, count, per)]
             for _ in range(2):
                 trainer.step()
             rows = []
@@ -347,7 +345,7 @@ def _two_ranks(rank: int, world: int, port: int, outbox, args: dict) -> None:
                 row = {}
                 for arm in (["alone", "comm"] if alone_first else ["comm", "alone"]):
                     loss = trainer.forward()
-                    loop = BucketLoop(comm_group, nbytes, world) if arm == "comm" else None
+                    loop = BucketLoop(comm_group, buckets, world) if arm == "comm" else None
                     dist.barrier()
                     if loop:
                         loop.start()
@@ -365,7 +363,7 @@ def _two_ranks(rank: int, world: int, port: int, outbox, args: dict) -> None:
                     dist.barrier()
                 rows.append(row)
             outbox.put(("contention", rank, name, nbytes, rows, stamp()))
-            del trainer
+            del trainer, buckets
         dist.barrier()
     finally:
         dist.destroy_process_group()
