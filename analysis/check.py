@@ -113,8 +113,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     from commbench.proxies.profile import ProfileError, load_profile
 
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
-    splits = {_setup_key(r): (headers.get(r.get("run_id")) or {}).get("compute_split_us")
-              for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"}
+    replays = {_setup_key(r): r for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"}
     rows, loads = [], run_loads(records)
     for r in records:
         if r.get("record") != "proxy" or r.get("kind") not in ("proxy", "train") or r.get("status", "ok") != "ok":
@@ -131,8 +130,14 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
                          f"record; left out")
             continue
-        split = _compute_split(r, cfg, profile, splits.get(_setup_key(r)) if r["kind"] == "train" else
-                               (headers.get(r.get("run_id")) or {}).get("compute_split_us"))
+        replay = r if r["kind"] == "proxy" else replays.get(_setup_key(r))
+        split = _compute_split(r, cfg, profile, (headers.get(replay.get("run_id")) or {}).get("compute_split_us")
+                               if replay else None)
+        load = loads.get(r.get("run_id"))
+        # CPU ranks with no spare core: the communication's threads take CPU from the compute (its replay measured how
+        # much per byte); a GPU's, or a rank with a core to spare, takes none
+        spare = load is None or load.device != "cpu" or not load.cpus or load.ranks_per_host < load.cpus
+        comm_cpu = None if spare or not replay else replay.get("comm_cpu_gbps")
         if split is None:
             notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
                          f"files to take its compute from (`proxy --validate` writes both); left out")
@@ -143,24 +148,31 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         if algorithm in (None, "auto"):
             algorithm = LIBRARY_ALGORITHM["allreduce"]
 
-        def step(variant: Hardware, topo=topo, profile=profile, batch=batch, split=split, r=r, algorithm=algorithm):
-            return predict_step(profile, batch, topo, with_topology(variant, topo), *split[:3], r.get("bucket_mb"),
-                                r.get("bucketing") or "ddp", algorithm, ddp_us=split[3]).times
-
-        pred = step(hw)
+        pred = predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+                            r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times
         kind = "train" if r["kind"] == "train" else "proxy"
         setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
         measured = levels_fitted(hw, topo)
         # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
         interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                                    r.get("bucketing") or "ddp", algorithm, split[3])
+                                    r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu)
         rows.append(Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
                         float(pred.step_us), interval, over))
         if kind == "proxy" and r.get("comm_us_p50"):
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
-                            float(pred.comm_us), interval_us(hw, lambda v, step=step: step(v).comm_us) if measured
-                            else None, over))
+                            float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
+                                                                                   algorithm, comm_cpu):
+                                                             _comm_us(v, *args)) if measured else None, over))
     return rows
+
+
+def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, algorithm: str,
+             comm_cpu: float | None) -> float:
+    """The predicted step's time with an allreduce in flight, on hardware `hw` (one resample's)."""
+    from commbench.analysis.scaling import predict_step
+
+    return predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times.comm_us
 
 
 def _setup_key(r: dict) -> tuple:

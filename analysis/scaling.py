@@ -126,10 +126,13 @@ def size_choices(pred: StepPrediction) -> tuple[SizeChoice, ...] | None:
 
 def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
                  optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
-                 algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0) -> StepPrediction:
+                 algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0,
+                 comm_cpu_gbps: float | None = None) -> StepPrediction:
     """One data-parallel step on `topo`: compute as given, DDP's own work (`ddp_us`, measured at 1 rank) as
     timeline.plan_step places it, each bucket's allreduce from the model, and `straggler_us` (the expected
-    slowest rank's delay: analysis/stragglers.py) added to the step."""
+    slowest rank's delay: analysis/stragglers.py) added to the step. `comm_cpu_gbps`: on CPU ranks with no
+    spare core, the bytes the communication library allreduces per second of the CPU it takes from the
+    compute's core (a replay measures it); each allreduce then slows the backward it overlaps."""
     buckets = B.assign(profile, bucket_mb, bucketing)
     plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)
     from commbench.collectives import resolve_dtype
@@ -137,9 +140,17 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
     if algorithm == LIBRARY and topo.world > 1:
         choices = [library_choice(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize) for b in buckets]
         comm = [c.time_us if c else 0.0 for c in choices]
-        return StepPrediction(_late(overlap(plan, comm), straggler_us), buckets, comm, choices)
+        return StepPrediction(_late(overlap(plan, comm, steal_us(buckets, comm_cpu_gbps)), straggler_us), buckets,
+                              comm, choices)
     comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]
-    return StepPrediction(_late(overlap(plan, comm), straggler_us), buckets, comm)
+    return StepPrediction(_late(overlap(plan, comm, steal_us(buckets, comm_cpu_gbps)), straggler_us), buckets, comm)
+
+
+def steal_us(buckets: list[B.Bucket], comm_cpu_gbps: float | None) -> list[float] | None:
+    """The CPU time each bucket's allreduce takes from the compute's core (None: it takes none)."""
+    if not comm_cpu_gbps:
+        return None
+    return [b.nbytes / (comm_cpu_gbps * 1e3) for b in buckets]
 
 
 def _late(times: StepTimes, straggler_us: float) -> StepTimes:
@@ -155,7 +166,7 @@ def _late(times: StepTimes, straggler_us: float) -> StepTimes:
 def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float,
                      backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                      bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                     straggler_us: float = 0.0) -> tuple[float, float] | None:
+                     straggler_us: float = 0.0, comm_cpu_gbps: float | None = None) -> tuple[float, float] | None:
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
     costed on every bootstrap resample of the fit, times (1 + r) for each relative residual r of the fit
     (one r for all of a step's buckets), through the same overlap timeline; compute is as given, not
@@ -169,7 +180,11 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
         comm = _variant_comm_us([with_topology(v, topo) for v in hardware], topo, buckets, algorithm)
-        return steps_us(plan, (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets))) + straggler_us
+        rows = (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets))
+        steal = steal_us(buckets, comm_cpu_gbps)
+        if steal is None:
+            return steps_us(plan, rows) + straggler_us
+        return np.array([overlap(plan, row, steal).step_us for row in rows]) + straggler_us  # no closed form
 
     return partial_interval_us(hw, steps)
 

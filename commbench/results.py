@@ -237,6 +237,9 @@ class ProxyResult(Record):
     schema: int = SCHEMA_VERSION
     # kind predicted from a fitted hardware file: the step's 80% interval [low, high] in us (docs/model.md)
     step_interval_us: list[float] | tuple[float, float] | None = None
+    # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
+    # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
+    comm_cpu_gbps: float | None = None
 
 
 @dataclass(frozen=True)

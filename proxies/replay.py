@@ -16,6 +16,7 @@ per-step records, summary) is proxies/context.py, shared with `train`.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -83,11 +84,18 @@ def _replay_steps(ctx: RankContext) -> None:
                          "own: a late wake-up, a thread hand-off)")],
               {"compute_split_us": {"forward": forward, "backward": backward, "optimizer": update, "ddp": ddp}})
     backend.barrier()
+    started = None
     for index in range(cfg.warmup_steps + cfg.steps):
+        if index == cfg.warmup_steps:
+            started = time.process_time(), time.thread_time()
         times = run_step(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
                            "other_us": times.other_us})
+    if backend.device == "cpu" and started is not None:  # the rank's other threads: the communication's CPU
+        comm_cpu_s = (time.process_time() - started[0]) - (time.thread_time() - started[1])
+        allreduced = sum(b.nbytes for b in ctx.buckets) * cfg.steps
+        ctx.fixed["comm_cpu_gbps"] = allreduced / comm_cpu_s / 1e9 if comm_cpu_s > 0 and allreduced else None
 
 
 def run_proxy(cfg, launch, argv: list[str]) -> int:

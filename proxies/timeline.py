@@ -86,8 +86,13 @@ def flops_times_us(profile: Profile, batch: int, tflops: float) -> tuple[float, 
     return profile.forward_flops * batch / per_us, profile.backward_flops * batch / per_us
 
 
-def overlap(plan: StepPlan, comm_us: Sequence[float]) -> StepTimes:
-    """The step when bucket i's allreduce takes comm_us[i] on a serial communication stream."""
+def overlap(plan: StepPlan, comm_us: Sequence[float], steal_us: Sequence[float] | None = None) -> StepTimes:
+    """The step when bucket i's allreduce takes comm_us[i] on a serial communication stream. `steal_us[i]`:
+    the CPU time bucket i's allreduce takes from the compute's core (a CPU rank with no spare core: the
+    library's threads copy and reduce on it), so while it runs the backward progresses at 1 - steal/comm
+    of its pace (compute_with_steal)."""
+    if steal_us is not None and any(steal_us):
+        return compute_with_steal(plan, comm_us, steal_us)
     backward_start = plan.forward_us
     backward_end = backward_start + plan.backward_us
     free_at, intervals = 0.0, []
@@ -108,6 +113,45 @@ def steps_us(plan: StepPlan, comm_us: np.ndarray) -> np.ndarray:
     for i, ready in enumerate(plan.bucket_ready_us[:comm.shape[1]]):
         free_at = np.maximum(plan.forward_us + ready, free_at) + comm[:, i]
     return np.maximum(plan.forward_us + plan.backward_us, free_at) + plan.optimizer_us
+
+
+def compute_with_steal(plan: StepPlan, comm_us: Sequence[float], steal_us: Sequence[float]) -> StepTimes:
+    """overlap's step when each allreduce also takes CPU from the backward: an event walk over bucket
+    readiness (in backward progress) and allreduce ends, the backward's pace 1 - steal/comm while one
+    runs. What it takes shows as other time: compute + exposed + other = step, as measured."""
+    backward, n = plan.backward_us, len(plan.bucket_ready_us)
+    t, progress, ready_next, queue, intervals = plan.forward_us, 0.0, 0, [], []
+    active: tuple[float, float] | None = None  # (end, share of the core it takes)
+    while True:
+        rate = 1.0 - active[1] if active else 1.0
+        goal = min(plan.bucket_ready_us[ready_next] if ready_next < n else backward, backward)
+        t_goal = t + (goal - progress) / rate if rate > 0 else math.inf
+        t_end = active[0] if active else math.inf
+        if t_goal <= t_end:
+            t, progress = t_goal, goal
+        else:
+            t, progress = t_end, progress + (t_end - t) * rate
+        if active and t >= active[0]:
+            active = None
+        while ready_next < n and plan.bucket_ready_us[ready_next] <= progress:
+            queue.append(ready_next)
+            ready_next += 1
+        if active is None and queue:
+            i = queue.pop(0)
+            intervals.append((t, t + comm_us[i]))
+            active = (t + comm_us[i], min(1.0, steal_us[i] / comm_us[i]) if comm_us[i] > 0 else 0.0)
+        if progress >= backward and ready_next >= n:
+            break
+    backward_end = t
+    free_at = active[0] if active else t
+    for i in queue:  # the rest run back to back after the backward
+        intervals.append((free_at, free_at + comm_us[i]))
+        free_at += comm_us[i]
+    free_at = max(free_at, backward_end)
+    step = free_at + plan.optimizer_us
+    exposed = max(0.0, free_at - backward_end)
+    return StepTimes(plan.compute_us, busy_us(intervals), exposed, step, tuple(intervals),
+                     other_us=max(0.0, step - plan.compute_us - exposed))
 
 
 def busy_us(intervals: Sequence[tuple[float, float]], within: tuple[float, float] = (-math.inf, math.inf)) -> float:

@@ -215,7 +215,8 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     hw = load_hardware(str(hw_path))
     records = read_records(str(proxy))
     split = {"forward": 3000.0, "backward": 6000.0, "optimizer": 500.0, "ddp": 2000.0}
-    records = [{**r, "compute_split_us": split} if r["record"] == "header" else r for r in records]
+    records = [{**r, "compute_split_us": split} if r["record"] == "header" else
+               {**r, "comm_cpu_gbps": None} if r["record"] == "proxy" else r for r in records]
     replay = next(r for r in records if r["record"] == "proxy")
     train = {**replay, "kind": "train", "run_id": "t", "step_us_p50": 50_000.0, "compute_us_p50": None}
     rows, notes = K.check(records + [train], hw)
@@ -228,6 +229,14 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     assert expected.times.compute_us == pytest.approx(11_500.0)  # DDP's own work counted in the step
     assert by_kind["train"].measured_us == 50_000.0
     assert K.summary(rows)["train_steps"]["rows"] == 1
+    # the replay measured its communication's CPU, and its 2 ranks had no spare core (2 cores): both rows then
+    # count what the allreduces take from the backward, as other time
+    busy = [{**r, "ranks": [{**e, "cpus": 2} for e in r["ranks"]]} if r["record"] == "header" else
+            {**r, "comm_cpu_gbps": 1e-4} if r["record"] == "proxy" else r for r in records]
+    train_header = {**next(r for r in busy if r["record"] == "header"), "run_id": "t", "kind": "train"}
+    slowed = {r.kind: r for r in K.check(busy + [train_header, train], hw)[0] if r.what == "step"}
+    assert slowed["train"].predicted_us > by_kind["train"].predicted_us
+    assert slowed["proxy"].predicted_us == pytest.approx(slowed["train"].predicted_us)
     alone, notes = K.check([r for r in records if r["record"] != "proxy"] + [train], hw)
     assert not [r for r in alone if r.kind == "train"]
     assert any("no proxy replay of the same setup" in n for n in notes)

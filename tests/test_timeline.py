@@ -166,3 +166,28 @@ def test_a_failed_allreduce_reaches_the_step():
     channel.launch(0)  # the channel is usable again: nothing of the failed step is left queued
     assert len(channel.wait_all()) == 1
     channel.close()
+
+
+def test_communication_taking_cpu_from_the_backward_slows_it_by_its_share():
+    from commbench.proxies.timeline import compute_with_steal
+
+    plan = StepPlan(forward_us=10.0, backward_us=100.0, optimizer_us=5.0, bucket_ready_us=(20.0, 100.0),
+                    bucket_nbytes=(1, 1))
+    # nothing taken: the same step as overlap's, to the microsecond
+    for comm in ([30.0, 10.0], [200.0, 50.0], [0.0, 0.0]):
+        plain, walked = overlap(plan, comm), compute_with_steal(plan, comm, [0.0, 0.0])
+        assert walked.step_us == pytest.approx(plain.step_us) and walked.exposed_comm_us == pytest.approx(
+            plain.exposed_comm_us) and _flat(walked.comm_intervals) == pytest.approx(_flat(plain.comm_intervals))
+    # bucket 0 (ready at 30 us) runs 40 us and takes half a core: the backward does 20 us of work in those 40,
+    # so it ends at 30 + 40 + 60 = 130 instead of 110; bucket 1 then runs 130-140, the optimizer to 145
+    t = overlap(plan, [40.0, 10.0], [20.0, 0.0])
+    assert _flat(t.comm_intervals) == pytest.approx([30.0, 70.0, 130.0, 140.0])
+    assert t.step_us == pytest.approx(145.0) and t.exposed_comm_us == pytest.approx(10.0)
+    assert t.other_us == pytest.approx(20.0)  # what the allreduce took from the compute
+    assert t.compute_us + t.exposed_comm_us + t.other_us == pytest.approx(t.step_us)
+    # a whole core taken: the backward stops while bucket 0 runs
+    assert overlap(plan, [40.0, 10.0], [40.0, 0.0]).step_us == pytest.approx(10 + 20 + 40 + 80 + 10 + 5)
+
+
+def _flat(intervals) -> list[float]:
+    return [x for pair in intervals for x in pair]
