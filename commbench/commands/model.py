@@ -88,7 +88,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
 \b
 Examples:
   commbench predict --hw dgx-a100 -c allreduce --sizes 1K-1G --topology 16x8 --algorithm ring
-  commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x4 --algorithm auto --json pred.jsonl
+  commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x2 --algorithm auto --json pred.jsonl
   commbench predict --hw dgx-a100 --nodes 4 --gpus-per-node 8    # = --topology 4x8; --nodes 4 alone: 4 x 8 too
 """)
 @click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
@@ -276,7 +276,7 @@ DEFAULT_GPUS = "1,8,16,32,64,128,256,512,1000"
 @click.command("predict-scaling", epilog="""
 \b
 Examples:
-  commbench predict-scaling resnet50 --hw dgx1-v100-4ib --gpus 1,8,16 --batch 32 --throughput-1gpu 329
+  commbench predict-scaling resnet50 --hw dgx1-v100-4ib --gpus 1,8,16 --batch 32 --throughput-1gpu 329 --ddp-ms 3
   commbench predict-scaling bert-large --hw dgx-a100 --gpus 8,64,512,1000 --gpus-per-node 8 --batch 4 \\
       --precision amp --baseline nccl --candidate hier --json scaling.jsonl
   commbench predict-scaling resnet50 --hw dgx-a100 --nodes 1,2,4,8 --gpus-per-node 8 --tflops 100   # 8..64 GPUs
