@@ -113,7 +113,15 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     from commbench.proxies.profile import ProfileError, load_profile
 
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
-    replays = {_setup_key(r): r for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"}
+    replays: dict[tuple, dict] = {}  # a training run's twin: a replay of its setup whose compute was measured
+    for r in records:
+        cfg = ((headers.get(r.get("run_id")) or {}).get("config") or {})
+        if r.get("record") == "proxy" and r.get("kind") == "proxy" and r.get("status", "ok") == "ok" \
+                and cfg.get("compute") == "measured":
+            if _setup_key(r, headers) in replays:
+                notes.append(f"several measured replays of {r['model']} b{r.get('batch')} on {r.get('world_size')} "
+                             f"ranks: a training run of that setup takes the last one's compute")
+            replays[_setup_key(r, headers)] = r
     rows, loads = [], run_loads(records)
     for r in records:
         if r.get("record") != "proxy" or r.get("kind") not in ("proxy", "train") or r.get("status", "ok") != "ok":
@@ -130,7 +138,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
                          f"record; left out")
             continue
-        replay = r if r["kind"] == "proxy" else replays.get(_setup_key(r))
+        replay = r if r["kind"] == "proxy" else replays.get(_setup_key(r, headers))
         split = _compute_split(r, cfg, profile, (headers.get(replay.get("run_id")) or {}).get("compute_split_us")
                                if replay else None)
         load = loads.get(r.get("run_id"))
@@ -175,9 +183,11 @@ def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, 
                         r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times.comm_us
 
 
-def _setup_key(r: dict) -> tuple:
+def _setup_key(r: dict, headers: dict) -> tuple:
+    """What a training run and its replay share (`proxy --validate` runs both alike)."""
+    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
     return (r.get("model"), r.get("batch"), r.get("world_size"), r.get("nnodes") or 1, r.get("backend"),
-            r.get("bucket_mb"), r.get("bucketing") or "ddp")
+            r.get("library"), r.get("device"), r.get("bucket_mb"), r.get("bucketing") or "ddp", bool(cfg.get("amp")))
 
 
 def _compute_split(r: dict, cfg: dict, profile, measured: dict | None) -> tuple[float, float, float, float] | None:

@@ -148,7 +148,7 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
 
 def steal_us(buckets: list[B.Bucket], comm_cpu_gbps: float | None) -> list[float] | None:
     """The CPU time each bucket's allreduce takes from the compute's core (None: it takes none)."""
-    if not comm_cpu_gbps:
+    if not comm_cpu_gbps or not comm_cpu_gbps > 0:  # none measured, or a damaged figure: nothing taken
         return None
     return [b.nbytes / (comm_cpu_gbps * 1e3) for b in buckets]
 

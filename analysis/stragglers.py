@@ -32,7 +32,12 @@ def step_ratios(records: Sequence[dict]) -> np.ndarray:
     """The measured steps of a 1-rank run (proxy or train) after warm-up, each over their median. On more
     ranks every step already waits for the slowest rank (its records hold the maximum, not one rank's
     own time), so those runs are refused."""
-    worlds = {r.get("world_size") for r in records if r.get("record") in ("proxy", "header") and "world_size" in r}
+    runs = {r.get("run_id") for r in records if r.get("record") == "step"}
+    if len(runs) > 1:
+        raise JitterError(f"steps of {len(runs)} runs: give one run's records (their medians differ, pooled they "
+                          f"would read as jitter)")
+    worlds = {r.get("world_size") for r in records if r.get("record") == "proxy"}
+    worlds |= {len(r["ranks"]) for r in records if r.get("record") == "header" and isinstance(r.get("ranks"), list)}
     if worlds - {1, None}:
         raise JitterError(f"a run of {max(w for w in worlds if w)} ranks: its steps already wait for the slowest "
                           f"rank; give a 1-rank run's steps (proxy or train -N 1)")

@@ -55,7 +55,7 @@ def communication_variables(environ: dict[str, str] | None = None) -> dict[str, 
 def local_environment(device_name: str) -> dict[str, Any]:
     """What this process runs on; the harness gathers it from every rank."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
-            "cpus": os.cpu_count(), "env": communication_variables()}
+            "cpus": usable_cpus(), "env": communication_variables()}
 
 
 def software_versions() -> dict[str, Any]:
@@ -81,3 +81,12 @@ def _nvidia_driver() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None
+
+
+def usable_cpus() -> int | None:
+    """The cores this process may run on (its affinity: a container or taskset may allow fewer than the
+    host has), else the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()

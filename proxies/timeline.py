@@ -120,11 +120,12 @@ def compute_with_steal(plan: StepPlan, comm_us: Sequence[float], steal_us: Seque
     readiness (in backward progress) and allreduce ends, the backward's pace 1 - steal/comm while one
     runs. What it takes shows as other time: compute + exposed + other = step, as measured."""
     backward, n = plan.backward_us, len(plan.bucket_ready_us)
+    ready = [min(r, backward) for r in plan.bucket_ready_us]  # a profile's rounding may put the last past the end
     t, progress, ready_next, queue, intervals = plan.forward_us, 0.0, 0, [], []
     active: tuple[float, float] | None = None  # (end, share of the core it takes)
     while True:
         rate = 1.0 - active[1] if active else 1.0
-        goal = min(plan.bucket_ready_us[ready_next] if ready_next < n else backward, backward)
+        goal = min(ready[ready_next] if ready_next < n else backward, backward)
         t_goal = t + (goal - progress) / rate if rate > 0 else math.inf
         t_end = active[0] if active else math.inf
         if t_goal <= t_end:
@@ -133,7 +134,7 @@ def compute_with_steal(plan: StepPlan, comm_us: Sequence[float], steal_us: Seque
             t, progress = t_end, progress + (t_end - t) * rate
         if active and t >= active[0]:
             active = None
-        while ready_next < n and plan.bucket_ready_us[ready_next] <= progress:
+        while ready_next < n and ready[ready_next] <= progress:
             queue.append(ready_next)
             ready_next += 1
         if active is None and queue:

@@ -106,16 +106,33 @@ class Trainer:
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
 
-    def step_time_us(self, repeats: int = 5, warmup: int = 2) -> float:
-        """The shortest of `repeats` whole steps after `warmup` (DDP rebuilds its buckets in its second), on
-        phase_times_us's clock: the least a step costs, which a busy host can only lengthen."""
+    def ddp_work_us(self, pairs: int = 6, warmup: int = 2) -> float:
+        """DDP's own work per step (after wrap): steps in DDP against steps under DDP's no_sync() (the same
+        model, forward and optimizer; no bucket copies, no allreduce), interleaved in pairs whose order
+        alternates (A B, B A, ...), after `warmup` of each (DDP rebuilds its buckets in its second step);
+        the shortest of each kind, on phase_times_us's clock, one minus the other, never below 0. The
+        shortest, because a busy host only lengthens a step (even its CPU time: caches, memory); the
+        interleaving, so that both kinds see the same host."""
         clock = time.thread_time if self.cpu_timed() else time.perf_counter
-        times = []
-        for _ in range(repeats + warmup):
+        ddp = self.wrapped
+
+        def timed(sync: bool) -> float:
             t0 = clock()
-            self.step()
-            times.append(clock() - t0)
-        return float(min(times[warmup:]) * 1e6)
+            if sync:
+                self.step()
+            else:
+                with ddp.no_sync():
+                    self.step()
+            return clock() - t0
+
+        for _ in range(warmup):
+            timed(True)
+            timed(False)
+        took: dict[bool, list[float]] = {True: [], False: []}
+        for pair in range(pairs):
+            for sync in ((True, False) if pair % 2 == 0 else (False, True)):
+                took[sync].append(timed(sync))
+        return max(0.0, (min(took[True]) - min(took[False])) * 1e6)
 
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
@@ -125,39 +142,40 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
     timing (a barrier, so that every rank measures at once, sharing the host as in training).
 
-    DDP's own work is what wrapping the model in DDP adds to a step where no traffic leaves the
-    rank: the same model's whole step in DDP on a process group of this rank alone, minus its step
-    without DDP (the shortest of 5 steps each, after 2 warm-ups: the least each costs, which other work on
-    the host can only lengthen; never below 0). It holds DDP's copies of the gradients into
-    and out of its buckets, its hooks and its calls (docs/model.md, "Terms the model counts")."""
+    DDP's own work is what DDP adds to a step where no traffic leaves the rank: the model in DDP on a
+    process group of this rank alone, its steps against steps under no_sync(), paired
+    (Trainer.ddp_work_us). It holds DDP's copies of the gradients into and out of its buckets, its
+    hooks and its calls (docs/model.md, "Terms the model counts")."""
     check_memory(profile, local_ranks, getattr(device, "type", device))
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
     ready()
-    phases = trainer.phase_times_us(repeats=5)
-    plain, cpu_time = trainer.step_time_us(repeats=5), trainer.cpu_timed()
+    phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
     kind = getattr(device, "type", device)
     with one_rank_group(kind) as group:
         trainer.wrap(bucket_mb, [device.index] if kind == "cuda" else None, group)
         try:
-            in_ddp = trainer.step_time_us(repeats=5)
+            ddp = trainer.ddp_work_us()
         finally:  # DDP's Reducer goes before the group does
             trainer.wrapped = trainer.model = trainer.optimizer = None
             del trainer
             gc.collect()
-    return (*phases, max(0.0, in_ddp - plain)), cpu_time
+    return (*phases, ddp), cpu_time
 
 
 @contextmanager
 def one_rank_group(device_type: str):
-    """A torch.distributed process group of this rank alone (gloo on a CPU, NCCL on a GPU): a subgroup
-    of the default group when there is one (every rank of it must call this, as every proxy rank does),
-    else a group of one made here and destroyed after."""
+    """A torch.distributed process group of this rank alone (gloo on a CPU, NCCL on a GPU), destroyed
+    after: a group of the default group's ranks made by this rank only (no collective, no waiting for
+    peers) when there is one, else a world of one made here."""
     import torch.distributed as dist
 
     backend = "nccl" if device_type == "cuda" else "gloo"
     if dist.is_initialized():
-        group, _ = dist.new_subgroups(group_size=1, backend=backend)
-        yield group
+        group = dist.new_group([dist.get_rank()], backend=backend, use_local_synchronization=True)
+        try:
+            yield group
+        finally:
+            dist.destroy_process_group(group)
         return
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:

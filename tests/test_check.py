@@ -215,7 +215,8 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     hw = load_hardware(str(hw_path))
     records = read_records(str(proxy))
     split = {"forward": 3000.0, "backward": 6000.0, "optimizer": 500.0, "ddp": 2000.0}
-    records = [{**r, "compute_split_us": split} if r["record"] == "header" else
+    records = [{**r, "compute_split_us": split, "config": {**r["config"], "compute": "measured"}}
+               if r["record"] == "header" else
                {**r, "comm_cpu_gbps": None} if r["record"] == "proxy" else r for r in records]
     replay = next(r for r in records if r["record"] == "proxy")
     train = {**replay, "kind": "train", "run_id": "t", "step_us_p50": 50_000.0, "compute_us_p50": None}

@@ -34,6 +34,8 @@ def test_ratios_are_a_one_rank_runs_steps_over_their_median_without_warm_up():
 
 @pytest.mark.parametrize("records, message", [
     (_steps(2, [1.0] * 8), "already wait for the slowest"),
+    ([{"record": "header", "ranks": [{}, {}]}] + _steps(1, [1.0] * 8)[1:], "already wait for the slowest"),
+    (_steps(1, [1.0] * 8) + [{"record": "step", "run_id": "other", "warmup": False, "step_us": 2.0}], "2 runs"),
     (_steps(1, [1.0] * 3), "at least 5"),
 ])
 def test_unusable_records_are_one_line(records, message):

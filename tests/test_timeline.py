@@ -191,3 +191,11 @@ def test_communication_taking_cpu_from_the_backward_slows_it_by_its_share():
 
 def _flat(intervals) -> list[float]:
     return [x for pair in intervals for x in pair]
+
+
+def test_a_bucket_ready_a_hair_after_the_backward_still_ends_the_walk():
+    from commbench.proxies.timeline import compute_with_steal
+
+    plan = StepPlan(10.0, 100.0, 5.0, (50.0, 100.0 * (1 + 1e-10)), (1, 1))  # profile rounding past the end
+    t = compute_with_steal(plan, [10.0, 10.0], [5.0, 5.0])
+    assert t.step_us == pytest.approx(10 + 105 + 10 + 5, rel=1e-6)

@@ -109,5 +109,6 @@ def _table(rows, hw_name: str) -> None:
         interval = ""
         if r.interval_us:
             interval = f"  {r.interval_us[0]:>10.1f}-{r.interval_us[1]:<10.1f} {'in' if r.inside else 'OUT'}"
-        click.echo(f"{r.setup:>{width}}  {r.what:<26} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
+        what = f"{r.what} (training)" if r.kind == "train" else r.what
+        click.echo(f"{r.setup:>{width}}  {what:<26} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
                    f"{100 * r.error:>+7.1f}%{interval}")
