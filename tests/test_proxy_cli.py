@@ -60,6 +60,15 @@ def test_validate_runs_both_and_reports_the_error(tmp_path):
     assert (train["model"], train["batch"], train["world_size"], train["buckets"]) == \
         (proxy["model"], proxy["batch"], proxy["world_size"], proxy["buckets"])
     assert train["step_us_p50"] > 0 and train["samples_per_s"] > 0
+    # the replay measured DDP's own work at 1 rank and its communication's CPU, and ran the work in its steps
+    (header,) = records(out, "header")
+    split = header["compute_split_us"]
+    assert split["ddp"] >= 0 and proxy["comm_cpu_gbps"] > 0
+    assert proxy["compute_us_p50"] == pytest.approx(sum(split[k] for k in ("forward", "backward", "optimizer", "ddp")))
+    # and `commbench check` predicts both runs from the replay's split, the training row named as such
+    out_check = commbench("check", str(out), str(out).replace(".jsonl", ".train.jsonl"), "--hw", "dgx-a100")
+    assert out_check.returncode == 0, out_check.stderr
+    assert "step (training)" in out_check.stdout and "training steps" in out_check.stdout
 
 
 def test_nodes_beyond_the_job_predict_with_the_model(tmp_path):
