@@ -145,7 +145,10 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         # CPU ranks with no spare core: the communication's threads take CPU from the compute (its replay measured how
         # much per byte); a GPU's, or a rank with a core to spare, takes none
         spare = load is None or load.device != "cpu" or not load.cpus or load.ranks_per_host < load.cpus
-        comm_cpu = None if spare or not replay else replay.get("comm_cpu_gbps")
+        # ... and only a compute that runs on the CPU (measured here): a --compute flops replay sleeps, as a GPU's would
+        spun = replay is not None and ((headers.get(replay.get("run_id")) or {}).get("config") or {}).get(
+            "compute") == "measured"
+        comm_cpu = replay.get("comm_cpu_gbps") if spun and not spare else None
         if split is None:
             notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
                          f"files to take its compute from (`proxy --validate` writes both); left out")
