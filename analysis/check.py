@@ -7,7 +7,7 @@ compute on its nodes x ranks: scaling.predict_step). Each row gives measured, pr
 error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
 median and largest |error| over all rows and over the points of at least 64 KiB (where issue
 targets are set: small calls are latency, which the model fits least well). A model from `fit`
-carries bootstrap resamples: each row then has its 80% interval, and the summary the coverage,
+carries its leave-one-out refits (intervals.py): each row then has its 80% interval, and the summary the coverage,
 the share of measured values inside their interval (80% is what an honest interval gives).
 A run whose CPU ranks outnumber its host's cores (its header says both) is oversubscribed:
 the model has no notion of cores, so its rows are marked and left out of the summary.
@@ -19,15 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from commbench.analysis.costmodel import Hardware, schedule_us, with_topology
-from commbench.analysis.fit import (
-    LIBRARY_ALGORITHM,
-    FitError,
-    interval_us,
-    run_loads,
-    schedule_for,
-    schedule_interval_us,
-    setup_of,
-)
+from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, run_loads, schedule_for, setup_of
+from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
 from commbench.collectives import DTYPES
 from commbench.sizes import format_size
 from commbench.topology import Topology
@@ -108,7 +101,6 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     a replay's own measured split (its header's compute_split_us, DDP's own work included), its --tflops,
     or its median compute split as the profile's FLOPs are; a training run takes the split of a proxy
     replay of the same setup in the same files (`proxy --validate` writes both)."""
-    from commbench.analysis.intervals import levels_fitted
     from commbench.analysis.scaling import predict_step, step_interval_us
     from commbench.proxies.profile import ProfileError, load_profile
 

@@ -252,7 +252,7 @@ def phases_us(phases: Phases, hw: Hardware, itemsize: int) -> float:
 
 def variants_us(form: Phases | Schedule, topo: Topology, hws: list[Hardware], itemsize: int) -> list[float]:
     """phases_us (a Phases) or schedule_us (a Schedule on `topo`) of one call on each of `hws`, hardware
-    that differs only in its figures (latency, bandwidth, cache bandwidth, overhead: a fit's bootstrap
+    that differs only in its figures (latency, bandwidth, cache bandwidth, overhead: a fit's resampled
     variants), the same numbers at a fraction of the cost: what the rounds load is found once, not per
     hardware. A round's busiest resource on a level is the one with the most bytes (a level's resources
     share its latency and bandwidth), so each round costs max over its levels of latency + bytes / bw."""

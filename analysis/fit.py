@@ -139,7 +139,8 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
     ws = np.array([p.working_set for p in pts])
     x, cost, active = _solve(a, y)
     base_cost, cache = cost, None
-    for threshold in _cache_thresholds(ws, a):
+    llc = host_cache_bytes(chosen, records)
+    for threshold in _cache_thresholds(ws, a, llc):
         small = ws <= threshold
         split = np.column_stack([a, np.where(small, a[:, 3], 0.0)])
         split[small, 3] = 0.0
@@ -154,10 +155,14 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
         design = np.column_stack([a, np.where(ws <= cache, a[:, 3], 0.0)])
         design[ws <= cache, 3] = 0.0
         # The data place the boundary between the largest working set inside and the smallest
-        # outside; without more, take the geometric midpoint rather than either end (the lower
-        # end would call every size in between out of the cache).
-        cache = math.isqrt(cache * int(ws[(a[:, 3] > 0) & (ws > cache)].min()))  # Python ints: no overflow
+        # outside: at the hosts' last-level cache when it lies there (measured, from sysfs), else at
+        # the geometric midpoint rather than either end (the lower end would call every size in
+        # between out of the cache).
+        above = int(ws[(a[:, 3] > 0) & (ws > cache)].min())
+        cache = llc if llc and cache <= llc < above else math.isqrt(cache * above)  # Python ints: no overflow
     hw = _hardware(x, active, pts, predicted, y, setup or _name(chosen), base, cache)
+    if cache is not None and cache == llc:
+        hw.meta["notes"].append(f"cache boundary at the hosts' last-level cache ({llc} bytes, from their run headers)")
     where = measured_on(chosen, records)
     if where is not None:
         hw.meta["measured_on"] = where
@@ -165,7 +170,12 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
             hw.meta["notes"].append(f"the fitted points ran {where['ranks_per_host']} CPU ranks on a host of "
                                     f"{where['cpus']} cores (oversubscribed): the figures hold that contention, "
                                     f"at that many ranks only")
-    hw.meta["uncertainty"] = _bootstrap(design, y, x, predicted)
+    block = _jackknife(design, y, x)
+    if block["resamples"]:
+        hw.meta["uncertainty"] = block
+    else:
+        hw.meta["notes"].append("no prediction intervals: no point could be left out of the fit without leaving a "
+                                "figure unpinned")
     return hw
 
 
@@ -272,36 +282,44 @@ def oversubscription(hw: Hardware, ranks_per_node: int) -> str | None:
             f"per node, or fit a sweep measured at this many ranks")
 
 
-# Prediction intervals (docs/model.md, "Uncertainty"): the fit is repeated on resamples of its
-# points (drawn with replacement, a fixed seed: the same sweep gives the same file), and each
-# resample's figures cost the prediction again; each of those times is then multiplied by
-# (1 + r) for every relative residual r of the fit (measured / predicted - 1), so the interval
-# holds both the figures' uncertainty and the scatter of single points around the model.
-BOOTSTRAP_RESAMPLES = 60
-BOOTSTRAP_SEED = 20261123
-INTERVAL = (10.0, 90.0)  # percentiles: an 80% interval
+# Prediction intervals (docs/model.md, "Uncertainty"): a jackknife+ (Barber, Candes, Ramdas and
+# Tibshirani, "Predictive inference with the jackknife+", Annals of Statistics 49(1), 2021) on log time.
+# The fit is repeated once without each point, and that point's error against the fit that did not
+# see it is its leave-one-out residual; analysis/intervals.py costs a prediction on each of those fits,
+# spreads it by the left-out point's residual and takes finite-sample order statistics. Until
+# 2026-11-25 the file held 60 bootstrap fits and the fit's in-sample residuals: with 5-8 points and 3-5
+# figures a fit follows its own points, so those residuals understated the error on points it did not
+# see (17-60% inside an "80%" interval, docs/model.md); such files are still read as they were meant.
+INTERVAL = (10.0, 90.0)  # percentiles of an old bootstrap block: an 80% interval
+INTERVAL_LEVEL = 0.8
+JACKKNIFE = "jackknife+"
 
 
-def _bootstrap(design: np.ndarray, y: np.ndarray, x: np.ndarray, predicted: np.ndarray) -> dict:
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    columns = len(x)
-    resamples = []
-    for _ in range(BOOTSTRAP_RESAMPLES):
-        idx = rng.integers(0, len(y), len(y))
-        xb, active = _refit(design[idx], y[idx], x)
-        xb = np.where(active | (np.arange(columns) == 0), xb, x)  # a column this resample lacks keeps the fit's
-        resamples.append([float(v) for v in xb])
-    residuals = y / predicted - 1.0
-    return {"method": f"bootstrap: {BOOTSTRAP_RESAMPLES} resamples of the points (seed {BOOTSTRAP_SEED}), "
-                      f"times the fit's relative residuals; interval p{INTERVAL[0]:g}-p{INTERVAL[1]:g}",
-            "columns": list(COLUMNS[:columns]), "fit": [float(v) for v in x], "resamples": resamples,
-            "relative_residuals": [float(r) for r in residuals]}
+def _jackknife(design: np.ndarray, y: np.ndarray, x: np.ndarray) -> dict:
+    """The fit without each point in turn (its figures) and that point's relative error against it. The
+    cache boundary stays where the whole fit put it (the one choice not made again). A point whose removal
+    leaves a fitted figure without data has no residual (its refit would only copy the figure)."""
+    resamples, residuals = [], []
+    needed = _identifiable(design)
+    for left_out in range(len(y)):
+        keep = np.arange(len(y)) != left_out
+        figures, active = _refit(design[keep], y[keep], x)
+        predicted = float(design[left_out] @ figures)
+        # a point that alone pins a figure (the one point beyond a cache boundary) cannot be predicted
+        # without it, and one no other point's figures can cost: neither says anything of the error
+        if predicted > 0 and not (needed[1:] & ~active[1:]).any():
+            resamples.append([float(v) for v in figures])
+            residuals.append(float(y[left_out] / predicted - 1.0))
+    return {"method": f"{JACKKNIFE}: the fit without each point, and that point's relative error against it; "
+                      f"interval {INTERVAL_LEVEL:.0%} from finite-sample order statistics on log time",
+            "pairing": JACKKNIFE, "columns": list(COLUMNS[:len(x)]), "fit": [float(v) for v in x],
+            "resamples": resamples, "relative_residuals": residuals}
 
 
 def _refit(a: np.ndarray, y: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fit's loss (soft-L1 on relative errors, f_scale 0.05, every unknown >= 0) minimised again on a
-    resample, from the full fit's figures, by iteratively reweighted non-negative least squares: the
-    same minimum as _solve's, at about a hundredth of the cost (60 resamples in tens of milliseconds)."""
+    subset of the points, from the full fit's figures, by iteratively reweighted non-negative least squares:
+    the same minimum as _solve's, at about a hundredth of the cost (one refit per point in milliseconds)."""
     from scipy.optimize import nnls
 
     active = _identifiable(a)
@@ -326,97 +344,6 @@ COLUMNS = ("overhead_us", "alpha_intra_us", "alpha_inter_us", "us_per_byte_intra
            "us_per_byte_cache")
 
 
-def uncertainty(hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(figures of the fit, resamples x columns, relative residuals) from `meta.uncertainty`, None when
-    the file has none (a preset, a fit from before 2026-11-23). A block that is not what fit writes
-    is a HardwareError, one line: a prediction never rests on a damaged interval."""
-    from commbench.analysis.costmodel import HardwareError
-
-    block = hw.meta.get("uncertainty")
-    if block is None:
-        return None
-    try:
-        columns = list(block["columns"])
-        if not 5 <= len(columns) <= len(COLUMNS) or columns != list(COLUMNS[:len(columns)]):
-            raise ValueError("unknown columns")
-        fitted = np.array(block["fit"], dtype=float)
-        resamples = np.array(block["resamples"], dtype=float)
-        residuals = np.array(block["relative_residuals"], dtype=float)
-        if fitted.shape != (len(columns),) or resamples.ndim != 2 or resamples.shape[1] != len(columns) \
-                or not len(resamples) or residuals.ndim != 1 or not len(residuals):
-            raise ValueError("shapes")
-        if not (np.isfinite(fitted).all() and np.isfinite(resamples).all() and np.isfinite(residuals).all()) \
-                or (fitted < 0).any() or (resamples < 0).any() or (residuals <= -1).any():
-            raise ValueError("values")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HardwareError(f"{hw.name}: meta.uncertainty is not what `commbench fit` writes ({exc}); fit again, "
-                            f"or remove the block to predict without intervals") from None
-    return fitted, resamples, residuals
-
-
-def schedule_interval_us(hw: Hardware, schedule: Schedule, topo: Topology, itemsize: int,
-                         central_us: float) -> tuple[float, float] | None:
-    """The 80% interval of `central_us`, the cost model's time of `schedule`. The fit's model is linear
-    in its figures (time = features . figures), so each resample's time is that of the fit scaled by
-    features . resample / features . fit; each is then spread by the fit's residuals. None without
-    resamples, or when the schedule crosses a level the fit did not measure (its figures were copied
-    or given, not fitted: no interval would say how uncertain they are)."""
-    parsed = uncertainty(hw)
-    if parsed is None:
-        return None
-    fitted, resamples, residuals = parsed
-    f = features(schedule, topo, itemsize)
-    levels = hw.meta.get("levels_fitted") or {}
-    if (f[1] or f[3]) and not levels.get("intra") or (f[2] or f[4]) and not levels.get("inter"):
-        return None
-    vector = np.zeros(len(fitted))
-    vector[:5] = f
-    if len(fitted) > 5 and hw.intra.cache_bytes and working_set_bytes(schedule.count, itemsize, topo) \
-            <= hw.intra.cache_bytes:
-        vector[5], vector[3] = vector[3], 0.0
-    base = float(vector @ fitted)
-    if base <= 0:
-        return None
-    return _spread(central_us * (resamples @ vector) / base, residuals)
-
-
-def _spread(times: np.ndarray, residuals: np.ndarray) -> tuple[float, float]:
-    low, high = np.percentile(np.outer(times, 1.0 + residuals), INTERVAL)
-    return float(low), float(high)
-
-
-def variants(hw: Hardware) -> list[Hardware]:
-    """The hardware of each bootstrap resample of the fit (empty without resamples); a level the fit
-    did not measure keeps its figures."""
-    parsed = uncertainty(hw)
-    if parsed is None:
-        return []
-    levels = hw.meta.get("levels_fitted") or {}
-    out = []
-    for values in parsed[1]:
-        fields = dict(zip(COLUMNS, values))
-        intra, inter = hw.intra, hw.inter
-        if fields["us_per_byte_intra"] > 0 and levels.get("intra"):
-            intra = replace(intra, bw_gbps=1.0 / fields["us_per_byte_intra"] / 1e3,
-                            latency_us=fields["alpha_intra_us"])
-        if fields.get("us_per_byte_cache", 0) > 0 and intra.cache_bytes:
-            intra = replace(intra, cache_bw_gbps=1.0 / fields["us_per_byte_cache"] / 1e3)
-        if fields["us_per_byte_inter"] > 0 and levels.get("inter"):
-            inter = replace(inter, bw_gbps=1.0 / fields["us_per_byte_inter"] / 1e3,
-                            latency_us=fields["alpha_inter_us"])
-        out.append(replace(hw, intra=intra, inter=inter, per_call_overhead_us=fields["overhead_us"]))
-    return out
-
-
-def interval_us(hw: Hardware, cost) -> tuple[float, float] | None:
-    """The 80% interval of a prediction that is not one schedule (a proxy's step): `cost(hardware) ->
-    us` on every resample's hardware, spread by the fit's residuals. None without resamples."""
-    hardware = variants(hw)
-    if not hardware:
-        return None
-    return _spread(np.array([cost(v) for v in hardware]), uncertainty(hw)[2])
-
-
 def _solve(a: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray]:
     """Robust least squares on relative errors over the identifiable columns: (x, cost, active).
     `start`: where to begin (a resample of the points starts from the full fit's figures)."""
@@ -433,12 +360,32 @@ def _solve(a: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> tup
     return x, float(result.cost), active
 
 
-def _cache_thresholds(ws: np.ndarray, a: np.ndarray) -> list[int]:
+def _cache_thresholds(ws: np.ndarray, a: np.ndarray, llc: int | None = None) -> list[int]:
     """Working-set sizes to try as the cache boundary: at least 2 intra points on each side (the
-    regime beyond adds one unknown, its bandwidth)."""
+    regime beyond adds one unknown, its bandwidth); and where the hosts' last-level cache `llc` is known,
+    the largest working set within it, with 1 point beyond enough (the host, not the data, says where
+    the boundary is: seen here, a 2-rank shm sweep turns at 32 MiB, this VM's L3, with one fitted size
+    beyond it, 2026-11-25)."""
     intra = a[:, 3] > 0
     sizes = np.unique(ws[intra])
-    return [int(t) for t in sizes if (ws[intra] <= t).sum() >= 2 and (ws[intra] > t).sum() >= 2]
+    inside = {int(t): int((ws[intra] <= t).sum()) for t in sizes}
+    found = [t for t, n in inside.items() if n >= 2 and intra.sum() - n >= 2]
+    within = [t for t in inside if llc and t <= llc]
+    if within and inside[max(within)] >= 2 and intra.sum() - inside[max(within)] >= 1 and max(within) not in found:
+        found.append(max(within))
+    return found
+
+
+def host_cache_bytes(chosen: list[dict], records: list[dict]) -> int | None:
+    """The smallest last-level cache that the hosts of `chosen`'s runs report (their headers' `ranks`,
+    `llc_bytes`), None when no header says or the points were simulated (they ran on no host)."""
+    if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
+        return None
+    runs = {r.get("run_id") for r in chosen}
+    sizes = [e.get("llc_bytes") for h in records if h.get("record") == "header" and h.get("run_id") in runs
+             for e in (h.get("ranks") if isinstance(h.get("ranks"), list) else []) if isinstance(e, dict)]
+    sizes = [s for s in sizes if type(s) is int and s > 0]
+    return min(sizes) if sizes else None
 
 
 def _select(results: list[dict], setup: str | None) -> list[dict]:

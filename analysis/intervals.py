@@ -1,22 +1,89 @@
-"""Prediction intervals of what is more than one modelled call (docs/model.md, "Uncertainty"): the
-rule of which layouts a fit can give an interval for, and the interval of a prediction of which
-only a part is the cost model's (a training step: its compute is given, its communication modelled).
+"""Prediction intervals (docs/model.md, "Uncertainty"): reading a fit's `meta.uncertainty`, the 80%
+interval of one modelled call, and of a prediction of which only a part is modelled (a training step:
+its compute is given, its communication modelled); and which layouts a fit can give an interval for.
 
-A fit (analysis/fit.py) keeps bootstrap resamples of its figures and its relative residuals
-(measured / predicted - 1). fit.interval_us multiplies a whole prediction by (1 + r) for each
-residual r; that is right for one collective, wrong for a step whose compute the fit never saw:
-a step of 1.9 s with 3 ms of communication would get the collectives' +-10% scatter on all of its
-1.9 s. Here `cost(hardware, factors)` applies the factors (1 + r) to the modelled part alone.
+`commbench fit` (analysis/fit.py) writes a jackknife+ block: the fit's figures without each point in
+turn, and that point's relative error against them (its leave-one-out residual). A prediction is
+costed on each of those fits, t_i, and spread on log time by residual r_i: low_i = t_i exp(-e_i),
+high_i = t_i exp(e_i) with e_i = |ln(1 + r_i)|; the interval is the
+floor(a (n + 1))-th smallest low and the ceil((1 - a)(n + 1))-th smallest high, a = 0.2 (Barber et
+al., Annals of Statistics 2021: at least 1 - 2a of new points inside whatever the model's errors,
+about 1 - a in practice). With fewer than 9 points the order statistics are the smallest and largest.
+A block from before 2026-11-25 (bootstrap fits and in-sample residuals, no `pairing`) is read as it
+was written: every fit with every residual, the 10th to 90th percentile.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware
-from commbench.analysis.fit import INTERVAL, uncertainty, variants
+from commbench.analysis.costmodel import Hardware, HardwareError, working_set_bytes
+from commbench.analysis.fit import COLUMNS, INTERVAL, INTERVAL_LEVEL, JACKKNIFE, features
+from commbench.schedule import Schedule
 from commbench.topology import Topology
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """A fit's uncertainty block, checked: its figures, the resampled figures (one row per resample) and
+    the relative residuals; `paired`: resample i goes with residual i (jackknife+), else every resample
+    goes with every residual (an old bootstrap block)."""
+    fit: np.ndarray
+    resamples: np.ndarray
+    residuals: np.ndarray
+    paired: bool
+
+    def factors(self) -> np.ndarray:
+        """resamples x k factors for the modelled time on each resample: (low, high) per left-out point, or
+        (1 + r) for every residual r."""
+        if self.paired:
+            spread = np.exp(np.abs(np.log1p(self.residuals)))
+            return np.column_stack([1.0 / spread, spread])
+        return np.tile(1.0 + self.residuals, (len(self.resamples), 1))
+
+    def bounds(self, times: np.ndarray) -> tuple[float, float]:
+        """The interval of predictions costed as `factors()` lays them out (resamples x k)."""
+        times = np.asarray(times, dtype=float)
+        if not self.paired:
+            low, high = np.percentile(times, INTERVAL)
+            return float(low), float(high)
+        n, alpha = len(times), 1.0 - INTERVAL_LEVEL
+        k_low = min(n, max(1, math.floor(alpha * (n + 1))))
+        k_high = min(n, max(1, math.ceil((1.0 - alpha) * (n + 1))))
+        return float(np.sort(times[:, 0])[k_low - 1]), float(np.sort(times[:, 1])[k_high - 1])
+
+
+def uncertainty(hw: Hardware) -> Uncertainty | None:
+    """`hw`'s uncertainty block, None when the file has none (a preset, a fit from before 2026-11-23). A
+    block that is not what fit writes is a HardwareError, one line: a prediction never rests on a
+    damaged interval."""
+    block = hw.meta.get("uncertainty")
+    if block is None:
+        return None
+    try:
+        columns = list(block["columns"])
+        if not 5 <= len(columns) <= len(COLUMNS) or columns != list(COLUMNS[:len(columns)]):
+            raise ValueError("unknown columns")
+        fitted = np.array(block["fit"], dtype=float)
+        resamples = np.array(block["resamples"], dtype=float)
+        residuals = np.array(block["relative_residuals"], dtype=float)
+        paired = block.get("pairing") == JACKKNIFE
+        if block.get("pairing", JACKKNIFE) != JACKKNIFE:
+            raise ValueError("unknown pairing")
+        if fitted.shape != (len(columns),) or resamples.ndim != 2 or resamples.shape[1] != len(columns) \
+                or not len(resamples) or residuals.ndim != 1 or not len(residuals) \
+                or paired and len(residuals) != len(resamples):
+            raise ValueError("shapes")
+        if not (np.isfinite(fitted).all() and np.isfinite(resamples).all() and np.isfinite(residuals).all()) \
+                or (fitted < 0).any() or (resamples < 0).any() or (residuals <= -1).any():
+            raise ValueError("values")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise HardwareError(f"{hw.name}: meta.uncertainty is not what `commbench fit` writes ({exc}); fit again, "
+                            f"or remove the block to predict without intervals") from None
+    return Uncertainty(fitted, resamples, residuals, paired)
 
 
 def levels_fitted(hw: Hardware, topo: Topology) -> bool:
@@ -28,16 +95,71 @@ def levels_fitted(hw: Hardware, topo: Topology) -> bool:
     return bool((topo.ranks_per_node == 1 or levels.get("intra")) and (topo.nodes == 1 or levels.get("inter")))
 
 
+def schedule_interval_us(hw: Hardware, schedule: Schedule, topo: Topology, itemsize: int,
+                         central_us: float) -> tuple[float, float] | None:
+    """The 80% interval of `central_us`, the cost model's time of `schedule`. The fit's model is linear
+    in its figures (time = features . figures), so each resample's time is that of the fit scaled by
+    features . resample / features . fit. None without resamples, or when the schedule crosses a level
+    the fit did not measure (its figures were copied or given, not fitted: no interval would say how
+    uncertain they are)."""
+    parsed = uncertainty(hw)
+    if parsed is None:
+        return None
+    f = features(schedule, topo, itemsize)
+    levels = hw.meta.get("levels_fitted") or {}
+    if (f[1] or f[3]) and not levels.get("intra") or (f[2] or f[4]) and not levels.get("inter"):
+        return None
+    vector = np.zeros(len(parsed.fit))
+    vector[:5] = f
+    if len(parsed.fit) > 5 and hw.intra.cache_bytes and working_set_bytes(schedule.count, itemsize, topo) \
+            <= hw.intra.cache_bytes:
+        vector[5], vector[3] = vector[3], 0.0
+    base = float(vector @ parsed.fit)
+    if base <= 0:
+        return None
+    times = central_us * (parsed.resamples @ vector) / base
+    return parsed.bounds(times[:, None] * parsed.factors())
+
+
+def variants(hw: Hardware) -> list[Hardware]:
+    """The hardware of each resample of the fit (empty without resamples); a level the fit did not
+    measure keeps its figures."""
+    parsed = uncertainty(hw)
+    if parsed is None:
+        return []
+    levels = hw.meta.get("levels_fitted") or {}
+    out = []
+    for values in parsed.resamples:
+        fields = dict(zip(COLUMNS, values))
+        intra, inter = hw.intra, hw.inter
+        if fields["us_per_byte_intra"] > 0 and levels.get("intra"):
+            intra = replace(intra, bw_gbps=1.0 / fields["us_per_byte_intra"] / 1e3,
+                            latency_us=fields["alpha_intra_us"])
+        if fields.get("us_per_byte_cache", 0) > 0 and intra.cache_bytes:
+            intra = replace(intra, cache_bw_gbps=1.0 / fields["us_per_byte_cache"] / 1e3)
+        if fields["us_per_byte_inter"] > 0 and levels.get("inter"):
+            inter = replace(inter, bw_gbps=1.0 / fields["us_per_byte_inter"] / 1e3,
+                            latency_us=fields["alpha_inter_us"])
+        out.append(replace(hw, intra=intra, inter=inter, per_call_overhead_us=fields["overhead_us"]))
+    return out
+
+
+def interval_us(hw: Hardware, cost: Callable[[Hardware], float]) -> tuple[float, float] | None:
+    """The 80% interval of a prediction that is not one schedule but wholly modelled: `cost(hardware) ->
+    us` on every resample's hardware. None without resamples."""
+    return partial_interval_us(hw, lambda hardware, factors: np.array([cost(v) for v in hardware])[:, None]
+                               * factors)
+
+
 def partial_interval_us(hw: Hardware, cost: Callable[[list[Hardware], np.ndarray], np.ndarray]) \
         -> tuple[float, float] | None:
-    """The 80% interval of a prediction of which only a part is modelled: `cost(hardware, factors)` gives
-    the prediction on every resample's hardware (all at once: it may cost them together) for each factor
-    (1 + r) of the fit's relative residuals r, the factor applied to the modelled part alone (any shape:
-    resamples x factors). The percentiles are taken over every resample x residual, as fit.interval_us
-    takes them. None without resamples (a preset)."""
+    """The 80% interval of a prediction of which only a part is modelled: `cost(hardware, factors)` gives,
+    for resample i's hardware and each of its factors (resamples x k, Uncertainty.factors), the
+    prediction with the factor applied to the modelled part alone (one shape: resamples x k). None
+    without resamples (a preset)."""
     hardware = variants(hw)
     if not hardware:
         return None
-    times = np.asarray(cost(hardware, 1.0 + uncertainty(hw)[2]), dtype=float)
-    low, high = np.percentile(times, INTERVAL)
-    return float(low), float(high)
+    parsed = uncertainty(hw)
+    times = np.asarray(cost(hardware, parsed.factors()), dtype=float).reshape(len(hardware), -1)
+    return parsed.bounds(times)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from commbench import algorithms
 from commbench import collectives as C
 from commbench.analysis.costmodel import Hardware, schedule_us
-from commbench.analysis.fit import schedule_interval_us
+from commbench.analysis.intervals import schedule_interval_us
 from commbench.results import Result, point_result
 from commbench.topology import Topology
 

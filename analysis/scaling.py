@@ -25,8 +25,7 @@ from commbench import algorithms
 from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
 from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
-from commbench.analysis.fit import uncertainty
-from commbench.analysis.intervals import levels_fitted, partial_interval_us
+from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import StepTimes, overlap, plan_step, steps_us
@@ -69,8 +68,9 @@ def _allreduce_form(hw: Hardware, topo: Topology, count: int, name: str, build: 
 
 
 def _variant_comm_us(hws: list[Hardware], topo: Topology, buckets: list[B.Bucket], algorithm: str) -> np.ndarray:
-    """(variants x buckets): each bucket's allreduce on each of `hws` (a fit's bootstrap variants), its rounds
-    built once (costmodel.variants_us): the numbers allreduce_us gives on each, 60 variants in the time of a few."""
+    """(variants x buckets): each bucket's allreduce on each of `hws` (a fit's resampled variants), its
+    rounds built once (costmodel.variants_us): the numbers allreduce_us gives on each, dozens of variants
+    in the time of a few."""
     from commbench.collectives import resolve_dtype
 
     out = np.zeros((len(hws), len(buckets)))
@@ -168,8 +168,8 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
                      bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
                      straggler_us: float = 0.0, comm_cpu_gbps: float | None = None) -> tuple[float, float] | None:
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
-    costed on every bootstrap resample of the fit, times (1 + r) for each relative residual r of the fit
-    (one r for all of a step's buckets), through the same overlap timeline; compute is as given, not
+    costed on every resample of the fit (intervals.Uncertainty: the fit without each point), times that
+    resample's factors (one for all of a step's buckets), through the same overlap timeline; compute is as given, not
     spread. None: no resamples (a preset), a link level of `topo` the fit did not measure
     (intervals.levels_fitted), or `nccl`, whose calls NCCL's tuning model times with NCCL's own latency
     constants, which no fit measured (only its bandwidths come from the file)."""
@@ -180,7 +180,7 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
         comm = _variant_comm_us([with_topology(v, topo) for v in hardware], topo, buckets, algorithm)
-        rows = (comm[:, None, :] * factors[None, :, None]).reshape(-1, len(buckets))
+        rows = (comm[:, None, :] * factors[:, :, None]).reshape(-1, len(buckets))  # each resample its own factors
         steal = steal_us(buckets, comm_cpu_gbps)
         if steal is None:
             return steps_us(plan, rows) + straggler_us

@@ -47,7 +47,8 @@ def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, 
 
 
 def results(paths: list[str]) -> list[dict]:
-    """Each point's record with the median time_us of its repeated runs (runs interleaved across setups)."""
+    """Each point's record with the median time_us of its repeated runs (runs interleaved across setups),
+    after the first run's header (the hosts it ran on: cores, last-level cache)."""
     from commbench.results import read_records
 
     by_size: dict[int, list[dict]] = {}
@@ -55,8 +56,9 @@ def results(paths: list[str]) -> list[dict]:
         for r in read_records(path):
             if r.get("record") == "result" and r.get("time_us"):
                 by_size.setdefault(r["nbytes"], []).append(r)
-    return [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs])))
-            for _, runs in sorted(by_size.items())]
+    first = [r for r in read_records(paths[0]) if r.get("record") == "header"][:1]
+    return first + [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs])))
+                    for _, runs in sorted(by_size.items())]
 
 
 def oversubscribed(paths: list[str]) -> str | None:
@@ -97,9 +99,11 @@ def target_line(judged: list[np.ndarray], left_out: list[str]) -> str:
 def fit_on(records: list[dict]):
     from commbench.analysis import fit as F
 
-    sizes = sorted({r["nbytes"] for r in records})
-    chosen = [r for r in records if sizes.index(r["nbytes"]) % 2 == 0]  # every other size: x4 steps
-    return F.fit(chosen), {r["nbytes"] for r in chosen}
+    points = [r for r in records if r.get("record") == "result"]
+    headers = [r for r in records if r.get("record") == "header"]
+    sizes = sorted({r["nbytes"] for r in points})
+    chosen = [r for r in points if sizes.index(r["nbytes"]) % 2 == 0]  # every other size: x4 steps
+    return F.fit(headers + chosen), {r["nbytes"] for r in chosen}
 
 
 def errors(records: list[dict], hw) -> np.ndarray:
@@ -111,7 +115,8 @@ def errors(records: list[dict], hw) -> np.ndarray:
 
 def coverage(records: list[dict], hw) -> float:
     """The share of measured points inside their prediction's 80% interval (docs/model.md, Uncertainty)."""
-    from commbench.analysis.fit import interval_us, predict_records
+    from commbench.analysis.fit import predict_records
+    from commbench.analysis.intervals import interval_us
 
     inside = []
     for r in records:
@@ -195,7 +200,8 @@ def main() -> int:
         hw, fit_sizes = fit_on(data[fit_name])
         fits[family] = hw
         for name in (n for n in paths if n.startswith(family)):
-            records = [r for r in data[name] if not (name == fit_name and r["nbytes"] in fit_sizes)]
+            records = [r for r in data[name] if r.get("record") == "result"
+                       and not (name == fit_name and r["nbytes"] in fit_sizes)]
             err = errors(records, hw)
             label = f"{name} (other sizes)" if name == fit_name else name
             over = oversubscribed(paths[name])

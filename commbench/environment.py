@@ -55,7 +55,7 @@ def communication_variables(environ: dict[str, str] | None = None) -> dict[str, 
 def local_environment(device_name: str) -> dict[str, Any]:
     """What this process runs on; the harness gathers it from every rank."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
-            "cpus": usable_cpus(), "env": communication_variables()}
+            "cpus": usable_cpus(), "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
 
 
 def software_versions() -> dict[str, Any]:
@@ -81,6 +81,32 @@ def _nvidia_driver() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None
+
+
+def last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of the CPU's last-level data cache (the highest level of index*/: Data or Unified), from
+    sysfs; None where it does not say. `commbench fit` places a CPU sweep's cache boundary there when the
+    data put it between the same two sizes (docs/model.md, Caches)."""
+    best: tuple[int, int] | None = None
+    try:
+        entries = sorted(os.listdir(sysfs))
+    except OSError:
+        return None
+    for entry in (e for e in entries if e.startswith("index")):
+        try:
+            with open(os.path.join(sysfs, entry, "type"), encoding="utf-8") as handle:
+                kind = handle.read().strip()
+            with open(os.path.join(sysfs, entry, "level"), encoding="utf-8") as handle:
+                level = int(handle.read().strip())
+            with open(os.path.join(sysfs, entry, "size"), encoding="utf-8") as handle:
+                text = handle.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        digits, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
+        if kind in ("Data", "Unified") and digits.isdigit() and int(digits) > 0 and (best is None or level > best[0]):
+            best = (level, int(digits) * unit)
+    return best[1] if best else None
 
 
 def usable_cpus() -> int | None:

@@ -86,8 +86,8 @@ def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, f
     from commbench.analysis.intervals import levels_fitted
 
     if interval:
-        return ["step 80% interval: the communication costed on the fit's bootstrap resamples times its relative "
-                "residuals, compute as given (docs/model.md, Uncertainty)"]
+        return ["step 80% interval: the communication costed on the fit without each of its points, spread by "
+                "that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
     if hw.meta.get("uncertainty") is None:
         return []  # a preset, or a fit from before intervals: nothing to say
     if algorithm == LIBRARY:

@@ -1,6 +1,7 @@
 """`commbench check`: the cost model's prediction of a user's own sweep and proxy runs, row by row."""
 import json
 
+import numpy as np
 import pytest
 from conftest import commbench
 
@@ -101,6 +102,7 @@ def test_interval_collapses_on_data_the_model_describes_exactly(runs):
     """Times that are the model's own predictions: every resample fits the same figures and every
     residual is zero, so the 80% interval is the prediction itself."""
     from commbench.analysis import fit as F
+    from commbench.analysis import intervals as I
     from commbench.analysis.costmodel import load_hardware
 
     sweep, hw_path, _ = runs
@@ -113,26 +115,41 @@ def test_interval_collapses_on_data_the_model_describes_exactly(runs):
                 "placement": "in-place", "time_us": 1.0} for k in range(12, 25, 2) for name in ("ring", "oneshot")]
     results = [{**r, "time_us": float(F.predict_records([r], hw0)[0])} for r in results]  # 14 exact points
     hw1 = F.fit(results)
-    assert len(F.variants(hw1)) == F.BOOTSTRAP_RESAMPLES
+    assert len(I.variants(hw1)) == len(results)  # one refit without each point
     for r in results:
         predicted = F.predict_records([r], hw1)[0]
-        low, high = F.interval_us(hw1, lambda v, r=r: F.predict_records([r], v)[0])
+        low, high = I.interval_us(hw1, lambda v, r=r: F.predict_records([r], v)[0])
         assert low == pytest.approx(predicted, rel=1e-2)  # the solver's tolerance
         assert high == pytest.approx(predicted, rel=1e-2)
 
 
-def test_interval_widens_with_the_scatter_and_coverage_is_reported(runs, tmp_path):
+def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_reported(runs, tmp_path):
+    """Residual i is point i's error against the fit that left it out (resample i), and the interval is the
+    order statistics of those fits' predictions spread by their own point's error on log time."""
+    import math
+
     from commbench.analysis import fit as F
+    from commbench.analysis import intervals as I
     from commbench.analysis.costmodel import load_hardware
 
     sweep, hw_path, _ = runs
     hw = load_hardware(str(hw_path))
-    residuals = hw.meta["uncertainty"]["relative_residuals"]
-    r = next(r for r in read_records(str(sweep)) if r["record"] == "result" and r["placement"] == "in-place")
-    low, high = F.interval_us(hw, lambda v: F.predict_records([r], v)[0])
-    predicted = F.predict_records([r], hw)[0]
-    assert low <= predicted * (1 + max(residuals)) and high >= predicted * (1 + min(residuals)) - 1e-9
-    assert low < high
+    block = hw.meta["uncertainty"]
+    assert block["pairing"] == "jackknife+"
+    points = F.usable(read_records(str(sweep)))
+    refits = I.variants(hw)
+    assert len(refits) == len(block["relative_residuals"]) == len(points)
+    for point, refit, residual in zip(points, refits, block["relative_residuals"]):
+        assert residual == pytest.approx(point["time_us"] / F.predict_records([point], refit)[0] - 1, rel=1e-9)
+    r = points[0]
+    times = np.array([F.predict_records([r], v)[0] for v in refits])
+    spread = np.exp(np.abs(np.log1p(block["relative_residuals"])))
+    n = len(times)
+    k_low, k_high = max(1, math.floor(0.2 * (n + 1))), min(n, math.ceil(0.8 * (n + 1)))
+    low, high = I.interval_us(hw, lambda v: F.predict_records([r], v)[0])
+    assert low == pytest.approx(np.sort(times / spread)[k_low - 1])
+    assert high == pytest.approx(np.sort(times * spread)[k_high - 1])
+    assert low < F.predict_records([r], hw)[0] < high
     out = commbench("check", str(sweep), "--hw", str(hw_path), "--json", str(tmp_path / "c.jsonl"))
     lines = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     rows = [x for x in lines if x["record"] == "check"]
@@ -178,6 +195,14 @@ def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatc
                                    {"columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us",
                                                 "us_per_byte_intra", "us_per_byte_inter"],
                                     "fit": [1, 1, 1, 1, 1], "resamples": [["x", 1, 1, 1, 1]],
+                                    "relative_residuals": [0.0]},
+                                   {"columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us",
+                                                "us_per_byte_intra", "us_per_byte_inter"], "pairing": "made-up",
+                                    "fit": [1, 1, 1, 1, 1], "resamples": [[1, 1, 1, 1, 1]],
+                                    "relative_residuals": [0.0]},
+                                   {"columns": ["overhead_us", "alpha_intra_us", "alpha_inter_us",
+                                                "us_per_byte_intra", "us_per_byte_inter"], "pairing": "jackknife+",
+                                    "fit": [1, 1, 1, 1, 1], "resamples": [[1, 1, 1, 1, 1]] * 2,
                                     "relative_residuals": [0.0]}])
 def test_a_damaged_interval_block_is_one_line(runs, tmp_path, block):
     sweep, hw_path, _ = runs

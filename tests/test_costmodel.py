@@ -139,6 +139,31 @@ def test_fit_finds_a_cache_regime_and_predicts_across_it():
     assert plain.intra.cache_bytes is None  # no cache regime where the data show none
 
 
+def test_fit_puts_the_cache_boundary_at_the_hosts_last_level_cache():
+    """A sweep with one fitted size beyond the cache: from the data alone no boundary is tried (a regime
+    needs 2 points beyond), and the lone point is left as an outlier; with the hosts' last-level cache in
+    the run header the fit tries it there, finds both bandwidths and writes that size. In the jackknife
+    the lone point has no residual: without it nothing pins the bandwidth beyond the cache."""
+    llc = 32 << 20
+    truth = M.Hardware("truth", 2, Link("shm", 10.0, 1.5, cache_bytes=llc, cache_bw_gbps=40.0), Link("shm", 10.0, 1.5))
+    points = _synthetic(truth, [2], [1 << k for k in range(16, 27, 2)], algorithm="ring", noise=0.01)
+    for r in points:
+        r["run_id"] = "r1"
+    header = {"record": "header", "run_id": "r1", "ranks": [{"host": "h", "device": "cpu", "cpus": 2,
+                                                            "llc_bytes": llc}] * 2}
+    blind = F.fit(points)
+    assert blind.intra.cache_bytes is None
+    hw = F.fit([header] + points)
+    assert hw.intra.cache_bytes == llc
+    assert hw.intra.bw_gbps == pytest.approx(10.0, rel=0.05) and hw.intra.cache_bw_gbps == pytest.approx(40, rel=0.05)
+    assert any("last-level cache" in note for note in hw.meta["notes"])
+    errors = F.predict_records(points, hw) / [r["time_us"] for r in points] - 1
+    assert np.abs(errors).max() < 0.03
+    block = hw.meta["uncertainty"]
+    assert len(block["resamples"]) == len(block["relative_residuals"]) == len(points) - 1  # the 64 MiB point: none
+    assert np.abs(block["relative_residuals"]).max() < 0.05
+
+
 def test_fit_is_robust_to_an_outlier_and_fits_the_inter_level():
     truth = M.Hardware("truth", 2, Link("nvlink", 100.0, 2.0), Link("ib", 10.0, 8.0))
     records = _synthetic(truth, [4, 8], [1 << k for k in range(12, 27, 2)], algorithm="hier", nnodes=2, noise=0.01)

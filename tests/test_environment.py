@@ -14,3 +14,26 @@ def test_only_communication_variables_are_recorded():
 def test_the_header_of_a_rank_carries_them(monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
     assert local_environment("cpu")["env"]["NCCL_DEBUG"] == "INFO"
+
+
+def _cache_dir(root, entries):
+    for name, (level, kind, size) in entries.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "type").write_text(f"{kind}\n")
+        (folder / "size").write_text(f"{size}\n")
+    return str(root)
+
+
+def test_the_last_level_cache_is_the_highest_data_level(tmp_path):
+    from commbench.environment import last_level_cache_bytes
+
+    sysfs = _cache_dir(tmp_path / "a", {"index0": (1, "Data", "48K"), "index1": (1, "Instruction", "32K"),
+                                        "index2": (2, "Unified", "1024K"), "index3": (3, "Unified", "32768K")})
+    assert last_level_cache_bytes(sysfs) == 32 << 20
+    only_instructions = _cache_dir(tmp_path / "b", {"index0": (1, "Data", "48K"), "index1": (2, "Instruction", "2M")})
+    assert last_level_cache_bytes(only_instructions) == 48 << 10
+    assert last_level_cache_bytes(_cache_dir(tmp_path / "c", {"index0": (3, "Unified", "lots")})) is None
+    assert last_level_cache_bytes(str(tmp_path / "missing")) is None
+    assert "llc_bytes" in local_environment("cpu")

@@ -21,12 +21,12 @@ from commbench.topology import Link, Topology
 TRUE_HW = Hardware("truth", 2, Link("intra", 20.0, 2.0), Link("inter", 5.0, 10.0), None, 5.0)
 
 
-def _records(layouts, scatter: float) -> list[dict]:
+def _records(layouts, scatter: float, powers=range(12, 25, 2), phase: float = 0.0) -> list[dict]:
     """Result records of allreduces whose times are TRUE_HW's predictions, each off by up to `scatter`
     (a fixed pattern: the same records every run)."""
     out = []
     for nodes, per_node, names in layouts:
-        for k in range(12, 25, 2):
+        for k in powers:
             for name in names:
                 nbytes = 1 << k
                 out.append({"record": "result", "kind": "measured", "collective": "allreduce", "backend": "shm",
@@ -35,7 +35,7 @@ def _records(layouts, scatter: float) -> list[dict]:
                             "requested_nbytes": nbytes, "nbytes": nbytes, "count": nbytes // 4, "algorithm": name,
                             "time_us": 1.0, "wrong": 0})
     for i, r in enumerate(out):
-        r["time_us"] = float(F.predict_records([r], TRUE_HW)[0]) * (1 + scatter * math.sin(1.7 * i))
+        r["time_us"] = float(F.predict_records([r], TRUE_HW)[0]) * (1 + scatter * math.sin(1.7 * i + phase))
     return out
 
 
@@ -197,3 +197,19 @@ def test_files_from_before_the_intervals_still_read():
                "samples_per_s": 2e6, "speedup": 2.0, "linearity": 1.0}
     assert ScalingRecord.from_dict(scaling).step_interval_us is None
     assert json.dumps(ScalingRecord.from_dict(scaling).to_dict())  # written as it was read
+
+
+def test_jackknife_intervals_hold_points_the_fit_did_not_see():
+    """Fitted on a scattered sweep, asked for the sizes in between measured with another scatter pattern:
+    at least 60% of them inside their 80% interval (the jackknife+'s guarantee is 1 - 2 x 20%), and every
+    interval holds its prediction."""
+    from commbench.analysis.intervals import interval_us
+
+    hw = F.fit(_records(TWO_LEVELS, 0.15))
+    unseen = _records(TWO_LEVELS, 0.15, powers=range(13, 24, 2), phase=0.9)
+    inside = []
+    for r in unseen:
+        low, high = interval_us(hw, lambda v, r=r: F.predict_records([r], v)[0])
+        assert low <= F.predict_records([r], hw)[0] <= high
+        inside.append(low <= r["time_us"] <= high)
+    assert np.mean(inside) >= 0.6

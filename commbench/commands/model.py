@@ -110,7 +110,8 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
-    from commbench.analysis.fit import oversubscription, uncertainty
+    from commbench.analysis.fit import oversubscription
+    from commbench.analysis.intervals import uncertainty
     from commbench.analysis.predict import predict
     from commbench.commands import layout as L
     from commbench.results import OutputError, ResultSink
@@ -148,8 +149,8 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         table.comment(f"note: {hw_spec} does not say which host it was fitted on (a fit from before meta.measured_on): "
                       f"CPU ranks beyond that host's cores are predicted as if each had its own (docs/model.md)")
     if any(r.interval_us for r in results):
-        table.comment("[low-high] after a row: its 80% interval in us (the fit's bootstrap resamples and residuals, "
-                      "docs/model.md)")
+        table.comment("[low-high] after a row: its 80% interval in us (jackknife+: the fit without each point, "
+                      "spread by that point's error; docs/model.md)")
     try:
         with ResultSink(json_path) as sink:  # a full disk: the rows and lines before it stay, then one line
             for name in names:
@@ -483,8 +484,9 @@ def _interval_notes(run, records) -> list[str]:
 
     lines = []
     if any(r.step_interval_us for r in records):
-        lines.append("# step 80%(ms): the step's 80% interval, its communication costed on the fit's bootstrap "
-                     "resamples times its relative residuals, compute as given (docs/model.md, Uncertainty)")
+        lines.append("# step 80%(ms): the step's 80% interval, its communication costed on the fit without "
+                     "each of its points, spread by that point's error (jackknife+), compute as given "
+                     "(docs/model.md, Uncertainty)")
     if any(r.algorithm == LIBRARY for r in records):
         lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")
