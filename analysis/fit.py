@@ -171,11 +171,12 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
                                     f"{where['cpus']} cores (oversubscribed): the figures hold that contention, "
                                     f"at that many ranks only")
     block = _jackknife(design, y, x)
-    if block["resamples"]:
+    if len(block["resamples"]) >= JACKKNIFE_MIN_POINTS:
         hw.meta["uncertainty"] = block
     else:
-        hw.meta["notes"].append("no prediction intervals: no point could be left out of the fit without leaving a "
-                                "figure unpinned")
+        hw.meta["notes"].append(f"no prediction intervals: {len(block['resamples'])} point(s) could be left out of "
+                                f"the fit without leaving a figure unpinned; a jackknife+ 80% interval needs "
+                                f"{JACKKNIFE_MIN_POINTS} (fewer leave its upper end unbounded)")
     return hw
 
 
@@ -229,7 +230,7 @@ def run_loads(records: list[dict]) -> dict:
     """Each run id's HostLoad, from its header record (runs without one are absent)."""
     out = {}
     for r in records:
-        if r.get("record") == "header" and r.get("run_id") is not None:
+        if r.get("record") == "header" and isinstance(r.get("run_id"), str):
             load = host_load(r)
             if load is not None:
                 out[r["run_id"]] = load
@@ -293,6 +294,7 @@ def oversubscription(hw: Hardware, ranks_per_node: int) -> str | None:
 INTERVAL = (10.0, 90.0)  # percentiles of an old bootstrap block: an 80% interval
 INTERVAL_LEVEL = 0.8
 JACKKNIFE = "jackknife+"
+JACKKNIFE_MIN_POINTS = 4  # below, ceil(0.8 (n + 1)) > n: the paper's upper end is unbounded
 
 
 def _jackknife(design: np.ndarray, y: np.ndarray, x: np.ndarray) -> dict:
@@ -381,8 +383,9 @@ def host_cache_bytes(chosen: list[dict], records: list[dict]) -> int | None:
     `llc_bytes`), None when no header says or the points were simulated (they ran on no host)."""
     if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
         return None
-    runs = {r.get("run_id") for r in chosen}
-    sizes = [e.get("llc_bytes") for h in records if h.get("record") == "header" and h.get("run_id") in runs
+    runs = {r.get("run_id") for r in chosen if isinstance(r.get("run_id"), str)}
+    sizes = [e.get("llc_bytes") for h in records if h.get("record") == "header"
+             and isinstance(h.get("run_id"), str) and h["run_id"] in runs
              for e in (h.get("ranks") if isinstance(h.get("ranks"), list) else []) if isinstance(e, dict)]
     sizes = [s for s in sizes if type(s) is int and s > 0]
     return min(sizes) if sizes else None

@@ -8,7 +8,8 @@ costed on each of those fits, t_i, and spread on log time by residual r_i: low_i
 high_i = t_i exp(e_i) with e_i = |ln(1 + r_i)|; the interval is the
 floor(a (n + 1))-th smallest low and the ceil((1 - a)(n + 1))-th smallest high, a = 0.2 (Barber et
 al., Annals of Statistics 2021: at least 1 - 2a of new points inside whatever the model's errors,
-about 1 - a in practice). With fewer than 9 points the order statistics are the smallest and largest.
+about 1 - a in practice). With fewer than 9 points the order statistics are the smallest and largest;
+below 4 the paper's upper bound is unbounded, so `fit` writes no interval then.
 A block from before 2026-11-25 (bootstrap fits and in-sample residuals, no `pairing`) is read as it
 was written: every fit with every residual, the 10th to 90th percentile.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import numpy as np
 
@@ -50,9 +52,10 @@ class Uncertainty:
         if not self.paired:
             low, high = np.percentile(times, INTERVAL)
             return float(low), float(high)
-        n, alpha = len(times), 1.0 - INTERVAL_LEVEL
-        k_low = min(n, max(1, math.floor(alpha * (n + 1))))
-        k_high = min(n, max(1, math.ceil((1.0 - alpha) * (n + 1))))
+        n = len(times)
+        tail = Fraction(1) - Fraction(INTERVAL_LEVEL).limit_denominator(1000)  # exact: 1 - 0.8 is 0.1999... in floats
+        k_low = min(n, max(1, math.floor(tail * (n + 1))))
+        k_high = min(n, max(1, math.ceil((1 - tail) * (n + 1))))
         return float(np.sort(times[:, 0])[k_low - 1]), float(np.sort(times[:, 1])[k_high - 1])
 
 

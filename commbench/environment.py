@@ -104,7 +104,8 @@ def last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") ->
             continue
         units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         digits, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
-        if kind in ("Data", "Unified") and digits.isdigit() and int(digits) > 0 and (best is None or level > best[0]):
+        whole = digits.isascii() and digits.isdigit() and int(digits) > 0
+        if kind in ("Data", "Unified") and whole and (best is None or level > best[0]):
             best = (level, int(digits) * unit)
     return best[1] if best else None
 

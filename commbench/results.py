@@ -286,7 +286,7 @@ class ScalingRecord(Record):
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
-    # a fitted hardware file (its bootstrap resamples): the step's 80% interval [low, high] in us, and the
+    # a fitted hardware file (its jackknife+ refits): the step's 80% interval [low, high] in us, and the
     # throughput and linearity at its ends; null for a preset, a level the fit did not measure, or `nccl`
     step_interval_us: list[float] | tuple[float, float] | None = None
     samples_per_s_interval: list[float] | tuple[float, float] | None = None

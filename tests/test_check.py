@@ -14,7 +14,7 @@ def runs(tmp_path_factory):
     """A small shm sweep, a model fitted on it, and a proxy replay with FLOP-rate compute."""
     folder = tmp_path_factory.mktemp("check")
     sweep, hw, proxy = folder / "s.jsonl", folder / "hw.json", folder / "p.jsonl"
-    out = commbench("sweep", "--backend", "shm", "--sizes", "4K-1M", "-f", "16", "--min-time", "0.02",
+    out = commbench("sweep", "--backend", "shm", "--sizes", "4K-1M", "-f", "4", "--min-time", "0.02",
                     "--json", str(sweep))
     assert out.returncode == 0, out.stderr
     out = commbench("fit", str(sweep), "-o", str(hw), "--accept-poor-fit")
@@ -126,7 +126,6 @@ def test_interval_collapses_on_data_the_model_describes_exactly(runs):
 def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_reported(runs, tmp_path):
     """Residual i is point i's error against the fit that left it out (resample i), and the interval is the
     order statistics of those fits' predictions spread by their own point's error on log time."""
-    import math
 
     from commbench.analysis import fit as F
     from commbench.analysis import intervals as I
@@ -145,7 +144,7 @@ def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_r
     times = np.array([F.predict_records([r], v)[0] for v in refits])
     spread = np.exp(np.abs(np.log1p(block["relative_residuals"])))
     n = len(times)
-    k_low, k_high = max(1, math.floor(0.2 * (n + 1))), min(n, math.ceil(0.8 * (n + 1)))
+    k_low, k_high = max(1, (n + 1) // 5), min(n, -(-4 * (n + 1) // 5))  # floor(0.2 (n+1)), ceil(0.8 (n+1)), exact
     low, high = I.interval_us(hw, lambda v: F.predict_records([r], v)[0])
     assert low == pytest.approx(np.sort(times / spread)[k_low - 1])
     assert high == pytest.approx(np.sort(times * spread)[k_high - 1])

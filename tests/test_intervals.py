@@ -213,3 +213,33 @@ def test_jackknife_intervals_hold_points_the_fit_did_not_see():
         assert low <= F.predict_records([r], hw)[0] <= high
         inside.append(low <= r["time_us"] <= high)
     assert np.mean(inside) >= 0.6
+
+
+@pytest.mark.parametrize("n, k_low, k_high", [(4, 1, 4), (9, 2, 8), (14, 3, 12), (19, 4, 16), (20, 4, 17)])
+def test_jackknife_bounds_are_the_exact_order_statistics(n, k_low, k_high):
+    """floor(0.2 (n + 1))-th smallest low, ceil(0.8 (n + 1))-th smallest high, with no float rounding (1 - 0.8
+    is 0.1999... in floats, which at n = 9, 14, 19 would take one order statistic lower)."""
+    from commbench.analysis.intervals import Uncertainty
+
+    times = np.column_stack([np.arange(1.0, n + 1), 100 + np.arange(1.0, n + 1)])[::-1]  # any order
+    parsed = Uncertainty(np.ones(5), np.ones((n, 5)), np.zeros(n), paired=True)
+    assert parsed.bounds(times) == (float(k_low), 100.0 + k_high)
+
+
+def test_no_interval_from_fewer_than_four_points():
+    """Three points: the jackknife+'s upper end would be unbounded, so the fit writes no interval and says why."""
+    from commbench.analysis.intervals import uncertainty
+
+    hw = F.fit(_records([(1, 2, ("ring",))], 0.1, powers=range(12, 18, 2)))
+    assert hw.meta["points"] == 3 and uncertainty(hw) is None
+    assert any("no prediction intervals" in note for note in hw.meta["notes"])
+
+
+def test_a_damaged_header_does_not_stop_a_fit():
+    """Headers are free-form: one whose run_id is a list, or whose ranks are not a list, is passed over."""
+    points = _records(ONE_NODE, 0.05)
+    for r in points:
+        r["run_id"] = "r1"
+    headers = [{"record": "header", "run_id": ["r1"], "ranks": [{"llc_bytes": 1 << 20}]},
+               {"record": "header", "run_id": "r1", "ranks": "junk"}]
+    assert F.fit(headers + points).meta["points"] == len(points)
