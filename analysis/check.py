@@ -155,13 +155,13 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
                             r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times
         kind = "train" if r["kind"] == "train" else "proxy"
         setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
-        measured = levels_fitted(hw, topo)
+        measured = levels_fitted(hw, topo) and topo.world > 1  # one rank: no communication modelled, no interval
         # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
         interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
                                     r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu)
         rows.append(Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
                         float(pred.step_us), interval, over))
-        if kind == "proxy" and r.get("comm_us_p50"):
+        if kind == "proxy" and r.get("comm_us_p50") and topo.world > 1:  # one rank communicates nothing
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
                             float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
                                                                                    algorithm, comm_cpu):

@@ -170,10 +170,11 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
     costed on every resample of the fit (intervals.Uncertainty: the fit without each point), times that
     resample's factors (one for all of a step's buckets), through the same overlap timeline; compute is as given, not
-    spread. None: no resamples (a preset), a link level of `topo` the fit did not measure
+    spread. None: one rank (nothing modelled: an interval of zero width would only say that the compute
+    was given), no resamples (a preset), a link level of `topo` the fit did not measure
     (intervals.levels_fitted), or `nccl`, whose calls NCCL's tuning model times with NCCL's own latency
     constants, which no fit measured (only its bandwidths come from the file)."""
-    if algorithm == LIBRARY or not levels_fitted(hw, topo) or uncertainty(hw) is None:
+    if algorithm == LIBRARY or topo.world == 1 or not levels_fitted(hw, topo) or uncertainty(hw) is None:
         return None
     buckets = B.assign(profile, bucket_mb, bucketing)
     plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)

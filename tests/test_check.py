@@ -265,3 +265,18 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     alone, notes = K.check([r for r in records if r["record"] != "proxy"] + [train], hw)
     assert not [r for r in alone if r.kind == "train"]
     assert any("no proxy replay of the same setup" in n for n in notes)
+
+
+def test_a_one_rank_replay_has_a_step_row_without_interval_and_no_comm_row(runs, tmp_path):
+    """One rank communicates nothing: its step is its given compute (no interval: a zero-width one would only
+    say so), and no comm row (the replay's hand-off time against a modelled 0 would read -100%)."""
+    from commbench.analysis.costmodel import load_hardware
+
+    _, hw_path, _ = runs
+    one = tmp_path / "one.jsonl"
+    out = commbench("proxy", "tts_angular", "--nprocs", "1", "--batch", "1", "--compute", "flops", "--tflops", "0.05",
+                    "--steps", "3", "--warmup-steps", "1", "--json", str(one))
+    assert out.returncode == 0, out.stderr
+    rows, _ = K.check(read_records(str(one)), load_hardware(str(hw_path)))
+    assert [(r.kind, r.what) for r in rows] == [("proxy", "step")]
+    assert rows[0].interval_us is None and rows[0].inside is None
