@@ -412,6 +412,10 @@ def predict_mode(args: argparse.Namespace) -> dict:
     for setup, layout in (("torch", "4x1"), ("hybrid-hier", "2x2")):
         files = sorted(os.path.join(args.out, f) for f in os.listdir(args.out)
                        if f.startswith(f"fvh-{layout}-{setup}-") and f.endswith(".jsonl"))
+        if not files:  # flat-vs-hier ran without this layout: its runs stay unpredicted (check predicts them)
+            print(f"# fit {setup}: no {layout} sweeps in {args.out} (flat-vs-hier --layouts); its runs not predicted",
+                  flush=True)
+            continue
         header = next(iter(records(files[0], "header")), {}) if files else {}
         first = next(iter(records(files[0], "result")), {}) if files else {}
         spec = f"{header.get('backend')}/{header.get('library')}/{first.get('algorithm') or '-'}"
@@ -428,13 +432,16 @@ def predict_mode(args: argparse.Namespace) -> dict:
         path = os.path.join(args.out, f"predict-{model}-{layout}-{setup}.jsonl")
         if os.path.exists(path):
             os.unlink(path)
+        if setup not in fits:
+            rows[key] = None
+            continue
         run([*COMMBENCH, "proxy", model, "--backend", "sim", "--hw", fits[setup], "-T", layout, "--algorithm",
              "ring" if setup == "torch" else "hier", "--compute", "flops", "--tflops", tflops[model],
              "--steps", "3", "--warmup-steps", "1", "--json", path], 300)
         guess = next(iter(records(path, "proxy")), None)
         rows[key] = guess and {k: guess[k] for k in ("step_us_p50", "samples_per_s", "world_size")}
     scaling = {}
-    for model in tflops:
+    for model in tflops if "torch" in fits else []:
         path = os.path.join(args.out, f"scaling-{model}.jsonl")
         if os.path.exists(path):
             os.unlink(path)
