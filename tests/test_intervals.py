@@ -138,14 +138,15 @@ def hw_file(fitted, tmp_path_factory):
 
 def test_predict_scaling_prints_and_writes_the_interval(hw_file, tmp_path):
     out = tmp_path / "s.jsonl"
-    proc = commbench("predict-scaling", "resnet50", "--hw", str(hw_file), "--gpus", "2,4", "--gpus-per-node", "2",
+    proc = commbench("predict-scaling", "resnet50", "--hw", str(hw_file), "--gpus", "1,2,4", "--gpus-per-node", "2",
                      "--batch", "8", "--tflops", "1", "--baseline", "nccl", "--candidate", "ring", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "step 80%(ms)" in proc.stdout and "nccl: no interval" in proc.stdout
+    assert "1 GPU: no interval" in proc.stdout and "crosses" not in proc.stdout  # both levels fitted: 1 GPU is why
     records = [ScalingRecord.from_dict(r) for r in read_records(str(out))]
     for r in records:
         line = next(x for x in proc.stdout.splitlines() if x.split()[:2] == [r.algorithm, str(r.gpus)])
-        if r.algorithm == "nccl":
+        if r.algorithm == "nccl" or r.gpus == 1:
             assert r.step_interval_us is None and " - " in line
         else:
             low, high = r.step_interval_us

@@ -492,7 +492,9 @@ def _interval_notes(run, records) -> list[str]:
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")
     levels = run.hw.meta.get("levels_fitted") or {}
     unmeasured = [name for name in ("intra", "inter") if not levels.get(name)]
-    if any(r.step_interval_us is None and r.algorithm != LIBRARY for r in records) and unmeasured:
+    if any(r.step_interval_us is None and r.algorithm != LIBRARY and r.gpus > 1 for r in records) and unmeasured:
         lines.append(f"# -: no interval where the layout crosses the {' and '.join(unmeasured)} level, which the fit "
                      f"did not measure")
+    if run.hw.meta.get("uncertainty") and any(r.gpus == 1 for r in records):
+        lines.append("# 1 GPU: no interval (no communication to spread: its step is the compute as given)")
     return lines
