@@ -7,8 +7,8 @@ compute on its nodes x ranks: scaling.predict_step). Each row gives measured, pr
 error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
 median and largest |error| over all rows and over the points of at least 64 KiB (where issue
 targets are set: small calls are latency, which the model fits least well). A model from `fit`
-carries its leave-one-out refits (intervals.py): each row then has its 80% interval, and the summary the coverage,
-the share of measured values inside their interval (80% is what an honest interval gives).
+carries its leave-one-out refits (intervals.py): each row then has its 80% interval, and the
+summary the coverage, the share of measured values inside their interval (80% is what an honest interval gives).
 A run whose CPU ranks outnumber its host's cores (its header says both) is oversubscribed:
 the model has no notion of cores, so its rows are marked and left out of the summary.
 """
@@ -155,7 +155,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
                             r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times
         kind = "train" if r["kind"] == "train" else "proxy"
         setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
-        measured = levels_fitted(hw, topo) and topo.world > 1  # one rank: no communication modelled, no interval
+        measured = levels_fitted(hw, topo)
         # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
         interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
                                     r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu)

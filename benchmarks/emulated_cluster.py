@@ -416,8 +416,8 @@ def predict_mode(args: argparse.Namespace) -> dict:
             print(f"# fit {setup}: no {layout} sweeps in {args.out} (flat-vs-hier --layouts); its runs not predicted",
                   flush=True)
             continue
-        header = next(iter(records(files[0], "header")), {}) if files else {}
-        first = next(iter(records(files[0], "result")), {}) if files else {}
+        header = next(iter(records(files[0], "header")), {})
+        first = next(iter(records(files[0], "result")), {})
         spec = f"{header.get('backend')}/{header.get('library')}/{first.get('algorithm') or '-'}"
         out = os.path.join(args.out, f"fit-{setup}.json")
         code, last = run([*COMMBENCH, "fit", *files, "--setup", spec, "--sizes", args.sizes, "-o", out], 120)

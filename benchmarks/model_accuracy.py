@@ -52,11 +52,13 @@ def results(paths: list[str]) -> list[dict]:
     from commbench.results import read_records
 
     by_size: dict[int, list[dict]] = {}
+    first: list[dict] = []
     for path in paths:
         for r in read_records(path):
             if r.get("record") == "result" and r.get("time_us"):
                 by_size.setdefault(r["nbytes"], []).append(r)
-    first = [r for r in read_records(paths[0]) if r.get("record") == "header"][:1]
+            elif r.get("record") == "header" and not first:
+                first.append(r)
     return first + [dict(runs[0], time_us=float(np.median([r["time_us"] for r in runs])))
                     for _, runs in sorted(by_size.items())]
 
