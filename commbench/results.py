@@ -240,6 +240,8 @@ class ProxyResult(Record):
     # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
     # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
     comm_cpu_gbps: float | None = None
+    setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
+    knobs: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ to every rank (as JSON in the environment of spawned ranks)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from commbench.backends.base import BackendConfig
 
@@ -29,6 +30,8 @@ class ProxyConfig:
     timeout_s: float = 300.0
     monitor: bool = False
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
+    setup: str = "ddp"  # proxies/setups.py
+    knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -36,6 +39,14 @@ class ProxyConfig:
     @classmethod
     def from_json(cls, text: str) -> ProxyConfig:
         return cls(**json.loads(text))
+
+    def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
+        """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""
+        from commbench.proxies.setups import Layout, settle
+
+        knobs = {**self.knobs, **({"bucket_mb": self.bucket_mb} if self.bucket_mb is not None else {})}
+        layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
+        return settle(self.setup, knobs, layout)
 
     def backend_config(self, world: int) -> BackendConfig:
         """What a Backend's `create` reads (device, library, topology, timeout)."""

@@ -28,6 +28,7 @@ class RankContext:
         self.profile = load_profile(cfg.model)
         self.batch = cfg.batch or self.profile.default_batch
         self.buckets = B.assign(self.profile, cfg.bucket_mb, cfg.bucketing)
+        self.choice = cfg.choice(launch.nnodes, launch.world_size // max(1, launch.nnodes), backend.device)
         self.rows: list[list[float]] = []
         self.log: StepLog | None = None
         self.compute = "-"
@@ -48,7 +49,8 @@ class RankContext:
                       "library": self.backend.library, "device": self.backend.device, "world_size": world,
                       "nnodes": self.launch.nnodes, "batch": self.batch, "bucket_mb": self.cfg.bucket_mb,
                       "bucketing": self.cfg.bucketing, "buckets": len(self.buckets),
-                      "gradient_bytes": profile.nbytes, "compute": compute, "warmup_steps": self.cfg.warmup_steps}
+                      "gradient_bytes": profile.nbytes, "compute": compute, "warmup_steps": self.cfg.warmup_steps,
+                      "setup": self.choice.name, "knobs": dict(self.choice.knobs)}
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}

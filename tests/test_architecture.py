@@ -24,6 +24,7 @@ FLOORS = {
         "commbench.analysis.stragglers",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
+        "commbench.proxies.setups", "commbench.proxies.comm_plan",
         "commbench.proxies.models*"],
     3: ["commbench.launch", "commbench.emulate", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry",

@@ -11,6 +11,7 @@ import click
 
 from commbench.commands.common import UsageFault, check_writable
 from commbench.commands.emulate import emulate_options
+from commbench.commands.setup_flags import setup_options
 
 PROXY_EXAMPLES = """
 \b
@@ -28,7 +29,7 @@ Exit codes: 0 ok, 2 bad input (or a model too large for memory), 3 a rank failed
 
 def _common(fn):
     """Options `proxy` and `train` share."""
-    fn = emulate_options(fn)
+    fn = setup_options(emulate_options(fn))
     options = [
         click.argument("model"),
         click.option("--batch", type=int, default=None, help="Samples per rank per step [default: the profile's]."),

@@ -10,6 +10,7 @@ from dataclasses import replace
 from commbench import job
 from commbench.commands.common import UsageFault, find_job
 from commbench.commands.emulate import emulated_shape
+from commbench.commands.setup_flags import given_knobs, settle_setup
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
 
@@ -83,6 +84,10 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if options.get("validate"):
         _check_validate(plan, bucketing, compute, options["backend"])
     device = _device(options)
+    choice = settle_setup(options.get("setup") or "ddp", options, plan.nodes, plan.ranks_per_node,
+                          "cpu" if device == "cpu" else "cuda")
+    if choice.name != "ddp" and bucketing != "ddp":
+        raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
     json_path = options["json_path"]
     if options.get("validate") and not json_path:  # both runs' records, compared; proxy_command removes the folder
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
@@ -93,7 +98,8 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
                       hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
                       monitor=bool(options.get("monitor")),
-                      trust_profile_code=bool(options.get("trust_profile_code")))
+                      trust_profile_code=bool(options.get("trust_profile_code")), setup=choice.name,
+                      knobs={k: v for k, v in given_knobs(options).items() if k != "bucket_mb"})
     return cfg, plan
 
 

@@ -1,0 +1,54 @@
+"""The training-setup options, spelled alike on `proxy`, `train` and `predict-scaling`:
+`--setup NAME` and one flag per knob of proxies/setups.py (a knob the setup does not take is
+one line and exit 2)."""
+from __future__ import annotations
+
+import click
+
+from commbench.commands.common import UsageFault
+
+SETUP_HELP = ("Training setup (docs/setups.md): ddp, ddp-fp16, ddp-bf16, apex, horovod, zero1, zero2, fsdp-full, "
+              "fsdp-grad-op, fsdp-hybrid.")
+
+
+def knob_options(prefix: str = "") -> list:
+    """One click option per setup knob except --bucket-mb (which the commands already have)."""
+    from commbench.proxies.setups import KNOBS
+
+    out = []
+    for knob in KNOBS.values():
+        if knob.name == "bucket_mb":
+            continue
+        flag = "--" + prefix + knob.name.replace("_", "-")
+        kind = click.Choice(list(knob.choices)) if knob.choices else knob.kind
+        default = "" if knob.default is None else f" [setup's default: {knob.default}]"
+        out.append(click.option(flag, knob.name, type=kind, default=None, help=knob.help.capitalize() + default))
+    return out
+
+
+def setup_options(fn):
+    """--setup and the knobs."""
+    options = [click.option("--setup", "setup", default="ddp", show_default=True, metavar="NAME", help=SETUP_HELP),
+               *knob_options()]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def given_knobs(options: dict) -> dict:
+    """The knobs given on the command line (bucket_mb included), by knob name."""
+    from commbench.proxies.setups import KNOBS
+
+    return {name: options.get(name) for name in KNOBS if options.get(name) is not None}
+
+
+def settle_setup(name: str, options: dict, nodes: int | None = None, ranks_per_node: int | None = None,
+                 device: str = "cuda"):
+    """The setup with its knobs checked against the layout (when known): a Choice, or one line and exit 2."""
+    from commbench.proxies.setups import Layout, SetupError, settle
+
+    layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
+    try:
+        return settle(name, given_knobs(options), layout)
+    except SetupError as exc:
+        raise UsageFault(str(exc)) from exc
