@@ -353,11 +353,12 @@ def _fsdp(reshard: bool):
         for micro in range(ctx.k):
             sync = micro == ctx.k - 1
             starts = []  # forward: unit i's all-gather issued `prefetch` units early, needed at its start
-            for j, (name, _, f, _) in enumerate(units):
+            for name, _, f, _ in units:
                 starts.append(ctx.run("forward", c.forward_us * f / flops_f + own_f, micro, name)[0])
             for j, (name, _, _, _) in enumerate(units):  # every micro-step: each unit is resharded after its backward
                 issue_at = starts[max(0, j - prefetch)] if j > 0 else starts[0]
-                ctx.issue("allgather", nbytes[name], dtype[name], group, issue_at, starts[j], f"{name or 'root'} forward")
+                ctx.issue("allgather", nbytes[name], dtype[name], group, issue_at, starts[j],
+                          f"{name or 'root'} forward")
             back = list(reversed(units))
             bstarts, bends = [], []
             for name, _, _, b in back:
