@@ -151,38 +151,64 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         if algorithm in (None, "auto"):
             algorithm = LIBRARY_ALGORITHM["allreduce"]
 
+        try:
+            choice = _choice(r, topo)
+        except ValueError as exc:
+            notes.append(f"{r['model']}: {exc}; left out")
+            continue
+        device = "cpu" if r.get("device") == "cpu" else "cuda"
         pred = predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                            r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times
+                            r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
+                            choice=choice, device=device).times
         kind = "train" if r["kind"] == "train" else "proxy"
-        setup, over = _marked(f"{r['model']} b{batch}, {r['backend']}/{algorithm}, {topo}", r, loads)
+        named = "" if choice.name == "ddp" else f" {choice.name}"
+        setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
         measured = levels_fitted(hw, topo)
         # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
         interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                                    r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu)
+                                    r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu,
+                                    choice=choice, device=device)
         rows.append(Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
                         float(pred.step_us), interval, over))
         if kind == "proxy" and r.get("comm_us_p50") and topo.world > 1:  # one rank communicates nothing
             rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
                             float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
-                                                                                   algorithm, comm_cpu):
+                                                                                   algorithm, comm_cpu, choice, device):
                                                              _comm_us(v, *args)) if measured else None, over))
     return rows
 
 
 def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, algorithm: str,
-             comm_cpu: float | None) -> float:
-    """The predicted step's time with an allreduce in flight, on hardware `hw` (one resample's)."""
+             comm_cpu: float | None, choice, device: str) -> float:
+    """The predicted step's time with a call in flight, on hardware `hw` (one resample's)."""
     from commbench.analysis.scaling import predict_step
 
     return predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu).times.comm_us
+                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
+                        choice=choice, device=device).times.comm_us
+
+
+def _choice(r: dict, topo: Topology):
+    """The record's training setup with its knobs (older records: DDP with their bucket_mb); ValueError: a setup or
+    knob this commbench does not know."""
+    from commbench.proxies.setups import Layout, settle
+
+    knobs = r.get("knobs") if isinstance(r.get("knobs"), dict) else {}
+    knobs = {**knobs, "bucket_mb": r.get("bucket_mb")}
+    name = r.get("setup") if isinstance(r.get("setup"), str) else "ddp"
+    from commbench.proxies.setups import SETUPS
+
+    takes = SETUPS[name].knobs + tuple(k for k, _ in SETUPS[name].fixed) if name in SETUPS else ()
+    return settle(name, {k: v for k, v in knobs.items() if k in takes and k not in dict(SETUPS[name].fixed)},
+                  Layout(topo.nodes, topo.ranks_per_node))
 
 
 def _setup_key(r: dict, headers: dict) -> tuple:
     """What a training run and its replay share (`proxy --validate` runs both alike)."""
     cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
     return (r.get("model"), r.get("batch"), r.get("world_size"), r.get("nnodes") or 1, r.get("backend"),
-            r.get("library"), r.get("device"), r.get("bucket_mb"), r.get("bucketing") or "ddp", bool(cfg.get("amp")))
+            r.get("library"), r.get("device"), r.get("bucket_mb"), r.get("bucketing") or "ddp", bool(cfg.get("amp")),
+            r.get("setup") or "ddp", repr(sorted((r.get("knobs") or {}).items())))
 
 
 def _compute_split(r: dict, cfg: dict, profile, measured: dict | None) -> tuple[float, float, float, float] | None:

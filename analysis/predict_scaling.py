@@ -84,16 +84,34 @@ def check_compute_us(forward_us: float, backward_us: float, label: str) -> None:
                            f"a day ({LONGEST_STEP_S:g} s)")
 
 
+def curve_label(setup: str, algorithm: str, setups: list[str], algorithms: list[str]) -> str:
+    """How a curve is named in the table, the records' baseline/candidate and acc_ratio: its algorithm when one
+    setup is predicted, its setup when one algorithm is, else setup/algorithm."""
+    if len(set(setups)) == 1:
+        return algorithm
+    if len(set(algorithms)) == 1:
+        return setup
+    return f"{setup}/{algorithm}"
+
+
 def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                 forward_us: float, backward_us: float, algorithms: list[str], bucket_mb: float | None = None,
                 baseline: str | None = None, candidate: str | None = None, compute_label: str = "",
-                ddp_us: float = 0.0, step_ratios=None) -> ScalingRun:
-    """Every algorithm's curve over `gpu_counts` (weak scaling: `batch` per GPU) with DDP's buckets on
-    nodes of `gpus_per_node`, DDP's own work `ddp_us` per step and, given a 1-rank run's `step_ratios`, the
-    expected slowest of N ranks (analysis/stragglers.py). ScalingError: a GPU count that does not fill whole
-    nodes, or a compute time `check_compute_us` refuses."""
+                ddp_us: float = 0.0, step_ratios=None, choices: list | None = None) -> ScalingRun:
+    """A curve per (setup, algorithm) pair over `gpu_counts` (weak scaling: `batch` per GPU) on nodes of
+    `gpus_per_node`: `choices[i]` (proxies.setups.Choice; None: DDP with `bucket_mb`) costed by `algorithms[i]`
+    (one algorithm and no choices: DDP), the setup's own work `ddp_us` per step and, given a 1-rank run's
+    `step_ratios`, the expected slowest of N ranks (analysis/stragglers.py). `baseline`/`candidate` name curves
+    (curve_label). ScalingError: a GPU count that does not fill whole nodes, or a compute time
+    `check_compute_us` refuses."""
     check_compute_us(forward_us, backward_us, compute_label)
     node_hw = replace(hw, ranks_per_node=gpus_per_node)
-    curves = {name: predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us, backward_us, 0.0,
-                                    bucket_mb, "ddp", name, ddp_us, step_ratios) for name in dict.fromkeys(algorithms)}
+    choices = choices or [None] * len(algorithms)
+    setups = [c.name if c is not None else "ddp" for c in choices]
+    curves = {}
+    for choice, name, setup in zip(choices, algorithms, setups):
+        label = curve_label(setup, name, setups, algorithms)
+        if label not in curves:
+            curves[label] = predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us,
+                                            backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice)
     return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, step_ratios is not None)

@@ -26,9 +26,10 @@ from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
 from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
-from commbench.proxies import buckets as B
+from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
-from commbench.proxies.timeline import StepTimes, overlap, plan_step, steps_us
+from commbench.proxies.setups import Choice, Compute, Layout, settle
+from commbench.proxies.timeline import StepTimes
 from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
 
@@ -67,21 +68,61 @@ def _allreduce_form(hw: Hardware, topo: Topology, count: int, name: str, build: 
     return entry.phases(topo, count) if entry.phases is not None else entry.schedule(topo, count, 0)
 
 
-def _variant_comm_us(hws: list[Hardware], topo: Topology, buckets: list[B.Bucket], algorithm: str) -> np.ndarray:
-    """(variants x buckets): each bucket's allreduce on each of `hws` (a fit's resampled variants), its
-    rounds built once (costmodel.variants_us): the numbers allreduce_us gives on each, dozens of variants
-    in the time of a few."""
+def group_topology(topo: Topology, group: str) -> Topology:
+    """The ranks a call of `group` spans (comm_plan.GROUPS): all, one node's, or one rank per node. A cross-node
+    call stands for the node's ranks_per_node calls at once, each on its shard: together they carry the full
+    bytes through the node's links, which one call of the full bytes on one rank per node costs."""
+    return {"world": topo, "node": Topology(1, topo.ranks_per_node), "cross": Topology(topo.nodes, 1)}[group]
+
+
+def _form(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> Phases | Schedule | None:
+    """What a call costs as (None: nothing to do): an allreduce by `algorithm`'s form, an all-gather or a
+    reduce-scatter by the ring (NCCL runs both as rings; so do commbench's schedules)."""
     from commbench.collectives import resolve_dtype
 
-    out = np.zeros((len(hws), len(buckets)))
-    for j, b in enumerate(buckets):
-        itemsize = resolve_dtype(b.dtype).itemsize
-        count = b.nbytes // itemsize
-        if topo.world == 1 or count == 0:
-            continue
-        name = algorithms.choose("allreduce", topo, b.nbytes) if algorithm == "auto" else algorithm
-        out[:, j] = variants_us(_allreduce_form(hws[0], topo, count, name), topo, hws, itemsize)
+    group = group_topology(topo, comm.group)
+    count = comm.nbytes // resolve_dtype(comm.dtype).itemsize
+    if group.world == 1 or count == 0:
+        return None
+    if comm.collective != "allreduce":
+        return algorithms.entry(comm.collective, "ring").phases(group, count)
+    name = LIBRARY_RING if algorithm == LIBRARY else algorithm
+    name = algorithms.choose("allreduce", group, comm.nbytes) if name == "auto" else name
+    return _allreduce_form(hw, group, count, name)
+
+
+def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algorithm: str) -> np.ndarray:
+    """(variants x calls): each call of the plan on each of `hws` (a fit's resampled variants), its rounds
+    built once per distinct call (costmodel.variants_us): the numbers comm_us gives on each."""
+    from commbench.collectives import resolve_dtype
+
+    out = np.zeros((len(hws), len(plan.comms)))
+    done: dict[tuple, np.ndarray] = {}
+    for j, comm in enumerate(plan.comms):
+        key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
+        if key not in done:
+            form = _form(hws[0], topo, comm, algorithm)
+            group = group_topology(topo, comm.group)
+            done[key] = (np.zeros(len(hws)) if form is None else
+                         np.array(variants_us(form, group, [with_topology(v, group) for v in hws],
+                                              resolve_dtype(comm.dtype).itemsize)))
+        out[:, j] = done[key]
     return out
+
+
+def comm_us(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> tuple[float, nccl_tuning.NcclChoice | None]:
+    """One call's predicted time on `topo` (its group's ranks), and what NCCL runs for it (`nccl` allreduces)."""
+    from commbench.collectives import resolve_dtype
+
+    group = group_topology(topo, comm.group)
+    itemsize = resolve_dtype(comm.dtype).itemsize
+    if comm.collective == "allreduce":
+        if algorithm == LIBRARY:
+            choice = library_choice(with_topology(hw, group), group, comm.nbytes, itemsize)
+            return (choice.time_us if choice else 0.0), choice
+        return allreduce_us(with_topology(hw, group), group, comm.nbytes, itemsize, algorithm), None
+    form = _form(hw, topo, comm, algorithm)
+    return (0.0 if form is None else phases_us(form, with_topology(hw, group), itemsize)), None
 
 
 def library_choice(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4) -> nccl_tuning.NcclChoice | None:
@@ -95,9 +136,13 @@ def library_choice(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4)
 @dataclass(frozen=True)
 class StepPrediction:
     times: StepTimes
-    buckets: list[B.Bucket]
-    bucket_comm_us: list[float]
-    bucket_choices: list[nccl_tuning.NcclChoice | None] | None = None  # `nccl`: what NCCL runs per bucket
+    plan: CommPlan
+    comm_us: list[float]  # per call of the plan
+    choices: list[nccl_tuning.NcclChoice | None] | None = None  # `nccl`: what NCCL runs per allreduce
+
+    @property
+    def calls(self) -> int:
+        return len(self.plan.comms)
 
 
 @dataclass(frozen=True)
@@ -112,45 +157,57 @@ class SizeChoice:
 
 
 def size_choices(pred: StepPrediction) -> tuple[SizeChoice, ...] | None:
-    """The step's NCCL choices, one per distinct bucket size in bucket order (None: not `nccl`)."""
-    if pred.bucket_choices is None:
+    """The step's NCCL choices, one per distinct allreduce size in issue order (None: not `nccl`)."""
+    if pred.choices is None:
         return None
     by_size: dict[int, list] = {}
-    for bucket, choice in zip(pred.buckets, pred.bucket_choices):
+    for comm, choice in zip(pred.plan.comms, pred.choices):
         if choice is None:
             continue
-        by_size.setdefault(bucket.nbytes, [0, choice])[0] += 1
+        by_size.setdefault(comm.nbytes, [0, choice])[0] += 1
     return tuple(SizeChoice(nbytes, n, c.algorithm, c.protocol, c.channels, c.time_us)
                  for nbytes, (n, c) in by_size.items())
+
+
+def step_plan(profile: Profile, topo: Topology, forward_us: float, backward_us: float, optimizer_us: float = 0.0,
+              bucket_mb: float | None = None, bucketing: str = "ddp", ddp_us: float = 0.0,
+              choice: Choice | None = None, device: str = "cuda") -> CommPlan:
+    """The step's plan by `choice` (None: DDP with `bucket_mb`), its own work `ddp_us` (measured at 1 rank)."""
+    if choice is None:
+        choice = settle("ddp", {"bucket_mb": bucket_mb})
+    return choice.plan(profile, Compute(forward_us, backward_us, optimizer_us, ddp_us),
+                       Layout(topo.nodes, topo.ranks_per_node, device), bucketing)
 
 
 def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
                  optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
                  algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0,
-                 comm_cpu_gbps: float | None = None) -> StepPrediction:
-    """One data-parallel step on `topo`: compute as given, DDP's own work (`ddp_us`, measured at 1 rank) as
-    timeline.plan_step places it, each bucket's allreduce from the model, and `straggler_us` (the expected
-    slowest rank's delay: analysis/stragglers.py) added to the step. `comm_cpu_gbps`: on CPU ranks with no
-    spare core, the bytes the communication library allreduces per second of the CPU it takes from the
-    compute's core (a replay measures it); each allreduce then slows the backward it overlaps."""
-    buckets = B.assign(profile, bucket_mb, bucketing)
-    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)
-    from commbench.collectives import resolve_dtype
+                 comm_cpu_gbps: float | None = None, choice: Choice | None = None,
+                 device: str = "cuda") -> StepPrediction:
+    """One data-parallel step on `topo` in the setup `choice` (None: DDP with `bucket_mb`): compute as given per
+    micro-step, the setup's own work (`ddp_us`, measured at 1 rank) where the setup places it, each call from the
+    model, and `straggler_us` (the expected slowest rank's delay: analysis/stragglers.py) added to the step.
+    `comm_cpu_gbps`: on CPU ranks with no spare core, the bytes the communication library moves per second of
+    the CPU it takes from the compute's core (a replay measures it); each call then slows the compute it
+    overlaps."""
+    plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
+                     device)
+    costs = {}
+    for comm in plan.comms:
+        key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
+        if key not in costs:
+            costs[key] = comm_us(hw, topo, comm, algorithm)
+    pairs = [costs[(c.collective, c.group, c.nbytes, c.dtype)] for c in plan.comms]
+    comm = [t for t, _ in pairs]
+    choices = [c for _, c in pairs] if algorithm == LIBRARY and topo.world > 1 else None
+    return StepPrediction(_late(simulate(plan, comm, steal_us(plan, comm_cpu_gbps)), straggler_us), plan, comm, choices)
 
-    if algorithm == LIBRARY and topo.world > 1:
-        choices = [library_choice(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize) for b in buckets]
-        comm = [c.time_us if c else 0.0 for c in choices]
-        return StepPrediction(_late(overlap(plan, comm, steal_us(buckets, comm_cpu_gbps)), straggler_us), buckets,
-                              comm, choices)
-    comm = [allreduce_us(hw, topo, b.nbytes, resolve_dtype(b.dtype).itemsize, algorithm) for b in buckets]
-    return StepPrediction(_late(overlap(plan, comm, steal_us(buckets, comm_cpu_gbps)), straggler_us), buckets, comm)
 
-
-def steal_us(buckets: list[B.Bucket], comm_cpu_gbps: float | None) -> list[float] | None:
-    """The CPU time each bucket's allreduce takes from the compute's core (None: it takes none)."""
+def steal_us(plan: CommPlan, comm_cpu_gbps: float | None) -> list[float] | None:
+    """The CPU time each call takes from the compute's core (None: it takes none), by its bytes."""
     if not comm_cpu_gbps or not comm_cpu_gbps > 0:  # none measured, or a damaged figure: nothing taken
         return None
-    return [b.nbytes / (comm_cpu_gbps * 1e3) for b in buckets]
+    return [c.nbytes / (comm_cpu_gbps * 1e3) for c in plan.comms]
 
 
 def _late(times: StepTimes, straggler_us: float) -> StepTimes:
@@ -166,26 +223,28 @@ def _late(times: StepTimes, straggler_us: float) -> StepTimes:
 def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float,
                      backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                      bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                     straggler_us: float = 0.0, comm_cpu_gbps: float | None = None) -> tuple[float, float] | None:
-    """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each bucket's allreduce
-    costed on every resample of the fit (intervals.Uncertainty: the fit without each point), times that
-    resample's factors (one for all of a step's buckets), through the same overlap timeline; compute is as given, not
-    spread. None: one rank (nothing modelled: an interval of zero width would only say that the compute
-    was given), no resamples (a preset), a link level of `topo` the fit did not measure
-    (intervals.levels_fitted), or `nccl`, whose calls NCCL's tuning model times with NCCL's own latency
-    constants, which no fit measured (only its bandwidths come from the file)."""
+                     straggler_us: float = 0.0, comm_cpu_gbps: float | None = None, choice: Choice | None = None,
+                     device: str = "cuda") -> tuple[float, float] | None:
+    """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each call costed on every
+    resample of the fit (intervals.Uncertainty: the fit without each point), times that resample's factors (one
+    for all of a step's calls), through the same timeline; compute is as given, not spread. None: one rank
+    (nothing modelled: an interval of zero width would only say that the compute was given), no resamples (a
+    preset), a link level of `topo` the fit did not measure (intervals.levels_fitted), or `nccl`, whose calls
+    NCCL's tuning model times with NCCL's own latency constants, which no fit measured (only its bandwidths
+    come from the file)."""
     if algorithm == LIBRARY or topo.world == 1 or not levels_fitted(hw, topo) or uncertainty(hw) is None:
         return None
-    buckets = B.assign(profile, bucket_mb, bucketing)
-    plan = plan_step(profile, buckets, forward_us, backward_us, optimizer_us, ddp_us)
+    plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
+                     device)
+    n = len(plan.comms)
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
-        comm = _variant_comm_us([with_topology(v, topo) for v in hardware], topo, buckets, algorithm)
-        rows = (comm[:, None, :] * factors[:, :, None]).reshape(-1, len(buckets))  # each resample its own factors
-        steal = steal_us(buckets, comm_cpu_gbps)
+        comm = _variant_comm_us(hardware, topo, plan, algorithm)
+        rows = (comm[:, None, :] * factors[:, :, None]).reshape(-1, n)  # each resample its own factors
+        steal = steal_us(plan, comm_cpu_gbps)
         if steal is None:
-            return steps_us(plan, rows) + straggler_us
-        return np.array([overlap(plan, row, steal).step_us for row in rows]) + straggler_us  # no closed form
+            return simulate_many(plan, rows) + straggler_us
+        return np.array([simulate(plan, row, steal).step_us for row in rows]) + straggler_us  # no closed form
 
     return partial_interval_us(hw, steps)
 
@@ -218,6 +277,8 @@ class ScalingPoint:
     samples_per_s_interval: tuple[float, float] | None = None
     linearity_interval: tuple[float, float] | None = None
     straggler_us: float = 0.0  # the expected slowest rank's delay in the step (a --jitter-from run's steps)
+    setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs
+    knobs: dict | None = None
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -240,14 +301,17 @@ def layout(gpus: int, gpus_per_node: int) -> Topology:
 def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                     forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                     bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                    step_ratios: np.ndarray | None = None) -> list[ScalingPoint]:
-    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU). `ddp_us`:
-    DDP's own work per step (measured at 1 rank); `step_ratios`: a 1-rank run's step times over their
-    median, whose expected maximum over N ranks delays every step of N (analysis/stragglers.py)."""
+                    step_ratios: np.ndarray | None = None, choice: Choice | None = None) -> list[ScalingPoint]:
+    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU and micro-step)
+    in the setup `choice` (None: DDP with `bucket_mb`). `ddp_us`: the setup's own work per step (measured at 1
+    rank); `step_ratios`: a 1-rank run's step times over their median, whose expected maximum over N ranks
+    delays every step of N (analysis/stragglers.py)."""
     from dataclasses import replace
 
     from commbench.analysis.stragglers import expected_max
 
+    choice = choice or settle("ddp", {"bucket_mb": bucket_mb})
+    samples = batch * dict(choice.knobs).get("accumulate", 1)  # per GPU per optimizer step
     points, base, one_step = [], None, None
     for gpus in [1, *gpu_counts]:
         topo = layout(gpus, gpus_per_node)
@@ -256,17 +320,17 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
             late = max(0.0, one_step * (expected_max(step_ratios, gpus) - 1.0))
         node_hw = replace(hw, ranks_per_node=topo.ranks_per_node)
         pred = predict_step(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb, bucketing,
-                            algorithm, ddp_us, late)
+                            algorithm, ddp_us, late, choice=choice)
         t = pred.times
         one_step = one_step or t.step_us
-        rate = batch * gpus / (t.step_us * 1e-6)
+        rate = samples * gpus / (t.step_us * 1e-6)
         base = base or rate
         step = step_interval_us(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb,
-                                bucketing, algorithm, ddp_us, late) if gpus in gpu_counts else None
-        rates = (batch * gpus / (step[1] * 1e-6), batch * gpus / (step[0] * 1e-6)) if step else None
+                                bucketing, algorithm, ddp_us, late, choice=choice) if gpus in gpu_counts else None
+        rates = (samples * gpus / (step[1] * 1e-6), samples * gpus / (step[0] * 1e-6)) if step else None
         points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
                                    t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
                                    size_choices(pred), step, rates,
                                    (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
-                                   late))
+                                   late, choice.name, dict(choice.knobs)))
     return points[1:]

@@ -284,6 +284,8 @@ class ScalingRecord(Record):
     # `nccl` rows on 2+ GPUs: what NCCL runs per bucket size, [{nbytes, buckets, algorithm, protocol, channels,
     # time_us}] (NCCL 2.20.3's tuning model, analysis/nccl_tuning.py)
     nccl_choices: list[dict] | tuple[dict, ...] | None = None
+    setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
+    knobs: dict | None = None
     kind: str = "predicted"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)

@@ -28,6 +28,7 @@ class _Waiter:
         self.pending: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.launched = 0
+        self.finished: list = []  # results taken from `done` so far in this step (wait_for)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -47,15 +48,22 @@ class _Waiter:
         self.launched += 1
         self.pending.put(item)
 
-    def wait_all(self) -> list[tuple[float, float]]:
-        intervals, error = [], None
-        for _ in range(self.launched):
+    def wait_for(self, count: int) -> None:
+        """Block until the first `count` items launched this step are done (they finish in launch order)."""
+        while len(self.finished) < min(count, self.launched):
             item = self.done.get()
+            self.finished.append(item)
             if isinstance(item, BaseException):
-                error = error or item
-            else:
-                intervals.append(item)
-        self.launched = 0
+                raise item
+
+    def wait_all(self) -> list[tuple[float, float]]:
+        error = next((item for item in self.finished if isinstance(item, BaseException)), None)
+        for _ in range(self.launched - len(self.finished)):
+            item = self.done.get()
+            error = error or (item if isinstance(item, BaseException) else None)
+            self.finished.append(item)
+        intervals = [item for item in self.finished if not isinstance(item, BaseException)]
+        self.launched, self.finished = 0, []
         if error is not None:
             raise error
         return intervals
@@ -81,6 +89,9 @@ class ThreadChannel:
     def launch(self, bucket: int) -> None:
         self.waiter.submit(bucket)
 
+    def wait_for(self, count: int) -> None:
+        self.waiter.wait_for(count)
+
     def wait_all(self) -> list[tuple[float, float]]:
         return self.waiter.wait_all()
 
@@ -91,11 +102,14 @@ class ThreadChannel:
 class WorkChannel:
     """torch.distributed: async allreduce at launch, as DDP; a waiter thread times completions."""
 
-    def __init__(self, buffers: list[Any], clock: SleepClock, device: Any = None):
+    def __init__(self, buffers: list[Any], clock: SleepClock, device: Any = None,
+                 issue: list[Callable[[], Any]] | None = None):
+        """`issue[i]()` launches call i and returns its work (default: an allreduce of buffers[i])."""
         import torch
         import torch.distributed as dist
 
         self.buffers, self.clock, self.dist = buffers, clock, dist
+        self.issue = issue or [lambda b=b: dist.all_reduce(b, async_op=True) for b in buffers]
         on_gpu = device is not None and getattr(device, "type", device) == "cuda"
         self.sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
         init = (lambda: torch.cuda.set_device(device)) if on_gpu else None
@@ -109,7 +123,10 @@ class WorkChannel:
 
     def launch(self, bucket: int) -> None:
         start = self.clock.now_us()
-        self.waiter.submit((start, self.dist.all_reduce(self.buffers[bucket], async_op=True)))
+        self.waiter.submit((start, self.issue[bucket]()))
+
+    def wait_for(self, count: int) -> None:
+        self.waiter.wait_for(count)
 
     def wait_all(self) -> list[tuple[float, float]]:
         return self.waiter.wait_all()

@@ -76,7 +76,7 @@ class CommPlan:
         return out
 
 
-def _points(plan: CommPlan) -> list[tuple[float, list[int], list[int]]]:
+def points(plan: CommPlan) -> list[tuple[float, list[int], list[int]]]:
     """(progress, calls issued there, calls waited for there) in progress order; the end last."""
     end = plan.compute_us
     at: dict[float, tuple[list[int], list[int]]] = {}
@@ -94,7 +94,7 @@ def simulate_many(plan: CommPlan, comm_us: np.ndarray) -> np.ndarray:
     free = np.zeros(comm.shape[0])
     ends = np.zeros_like(comm)
     progress = 0.0
-    for x, issued, waited in _points(plan):
+    for x, issued, waited in points(plan):
         t = t + (x - progress)
         progress = x
         for i in issued:
@@ -113,7 +113,7 @@ def simulate(plan: CommPlan, comm_us: Sequence[float], steal_us: Sequence[float]
         return _simulate_steal(plan, comm_us, steal_us)
     t = free = progress = exposed = 0.0
     intervals: list[tuple[float, float]] = [(0.0, 0.0)] * len(plan.comms)
-    for x, issued, waited in _points(plan):
+    for x, issued, waited in points(plan):
         t += x - progress
         progress = x
         for i in issued:
@@ -148,7 +148,7 @@ def _simulate_steal(plan: CommPlan, comm_us: Sequence[float], steal_us: Sequence
         active = None
         start_next(now)
 
-    for x, issued, waited in _points(plan):
+    for x, issued, waited in points(plan):
         while progress < x:  # compute towards x, at the pace the running call leaves it
             rate = 1.0 - share[active] if active is not None else 1.0
             t_x = t + (x - progress) / rate if rate > 0 else math.inf

@@ -23,8 +23,19 @@ import numpy as np
 from commbench import collectives as C
 from commbench.launch import peer_wait_s
 from commbench.proxies.channels import ThreadChannel, WorkChannel
+from commbench.proxies.comm_plan import CommPlan, points
 from commbench.proxies.context import RankContext, run_rank
-from commbench.proxies.timeline import CpuClock, SleepClock, flops_times_us, plan_step, run_step
+from commbench.proxies.run import describe_calls
+from commbench.proxies.setups import Compute, Layout
+from commbench.proxies.timeline import (
+    CpuClock,
+    SleepClock,
+    StepTimes,
+    busy_us,
+    flops_times_us,
+    plan_step,
+    run_step,
+)
 
 # ---------------------------------------------------------------- the proxy body
 
@@ -54,6 +65,8 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 
 
 def _replay_steps(ctx: RankContext) -> None:
+    if ctx.choice.name != "ddp":
+        return _replay_setup(ctx)
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, ddp, label = compute_times(ctx)
     plan = plan_step(profile, ctx.buckets, forward, backward, update, ddp)
@@ -103,3 +116,130 @@ def _replay_steps(ctx: RankContext) -> None:
 def run_proxy(cfg, launch, argv: list[str]) -> int:
     """The `proxy` job on this rank; returns the exit code."""
     return run_rank(cfg, launch, argv, _replay_steps, kind="proxy")
+
+
+# ---------------------------------------------------------------- any setup (proxies/setups.py)
+
+
+def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
+    """Execute one step of `plan`: compute emulated on `clock` up to each point, calls issued on `channel` where
+    the plan issues them, and the compute waiting where the plan needs a call done. exposed: the time spent
+    waiting (a call in flight each time: the channel returns once it is done)."""
+    t0 = clock.now_us()
+    clock.begin()
+    exposed = 0.0
+    launched = 0
+    for x, issued, waited in points(plan):
+        clock.compute_until(x)
+        for i in issued:
+            channel.launch(i)
+            launched += 1
+        if waited:
+            before = clock.now_us()
+            channel.wait_for(max(waited) + 1)  # calls finish in issue order
+            exposed += clock.now_us() - before
+            clock.rebase(x)
+    before = clock.now_us()
+    intervals = channel.wait_all()
+    exposed += clock.now_us() - before
+    step = clock.now_us() - t0
+    return StepTimes(plan.compute_us, busy_us(intervals), exposed, step,
+                     tuple((start - t0, end - t0) for start, end in intervals),
+                     other_us=max(0.0, step - plan.compute_us - exposed))
+
+
+def _replay_setup(ctx: RankContext) -> None:
+    """The proxy of any setup but plain DDP: its plan (proxies/setups.py) executed with torch.distributed calls on
+    the groups it names (world, a node's ranks, one rank per node), or commbench's schedules (allreduces only)."""
+    cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
+    forward, backward, update, own, label = compute_times(ctx)
+    layout = Layout(ctx.launch.nnodes, backend.world_size // ctx.launch.nnodes, backend.device)
+    plan = ctx.choice.plan(profile, Compute(forward, backward, update, own), layout)
+    issue = _torch_calls(plan, backend, layout) if backend.launches_async else None
+    backend.barrier()
+    cpu_compute = backend.device == "cpu" and label.endswith("(CPU time)")
+    limit_s = peer_wait_s(cfg.timeout_s)
+    clock = CpuClock(limit_s) if cpu_compute else SleepClock(limit_s)
+    if issue is not None:
+        ctx.channel = WorkChannel([], clock, None, issue)
+    else:
+        calls = [backend.prepare(c.collective, *_buffers(backend, c, layout), "sum", 0, c.collective == "allreduce")
+                 for c in plan.comms]
+        ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
+    sys.setswitchinterval(1e-4)
+    by = ", ".join(f"{n} {c}{'' if g == 'world' else ' (' + g + ')'} ({b / 2**20:.1f} MiB)"
+                   for (c, g), (n, b) in plan.bytes_by().items())
+    ctx.start(label, [f"setup {ctx.choice.name} ({', '.join(f'{k} {v}' for k, v in ctx.choice.knobs if v is not None)}"
+                      f"): per step {by or 'no calls'}; compute per micro-step ({label}): forward {forward / 1e3:.2f} "
+                      f"ms, backward {backward / 1e3:.2f} ms, optimizer {update / 1e3:.2f} ms, the setup's own work "
+                      f"{own / 1e3:.2f} ms (measured at 1 rank)",
+                      "step = compute + exposed + other: exposed is the time the compute waited for a call in flight; "
+                      "other is the rest"], {"compute_split_us": {"forward": forward, "backward": backward,
+                                                                  "optimizer": update, "ddp": own},
+                                              "calls": describe_calls(plan)})
+    backend.barrier()
+    for index in range(cfg.warmup_steps + cfg.steps):
+        times = run_plan(plan, clock, ctx.channel)
+        ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
+                           "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
+                           "other_us": times.other_us})
+
+
+def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:
+    """torch.distributed's async call per call of the plan, on its group (gloo or NCCL), buffers shared between
+    calls of one shape (they run in issue order; their data stays zeros)."""
+    import torch.distributed as dist
+
+    groups = _groups(layout)
+    # torch 2.14 names them *_single (the *_tensor names warn); older torch has only the *_tensor ones
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    shapes: dict[tuple, tuple] = {}
+    out = []
+    for comm in plan.comms:
+        key = (comm.collective, comm.nbytes, comm.dtype, comm.group)
+        if key not in shapes:
+            shapes[key] = _buffers(backend, comm, layout)
+        send, recv = shapes[key]
+        group = groups[comm.group]
+        if comm.collective == "allreduce":
+            out.append(lambda b=recv, g=group: dist.all_reduce(b, group=g, async_op=True))
+        elif comm.collective == "allgather":
+            out.append(lambda s=send, r=recv, g=group: gather(r, s, group=g, async_op=True))
+        else:
+            out.append(lambda s=send, r=recv, g=group: scatter(r, s, group=g, async_op=True))
+    return out
+
+
+def _groups(layout: Layout) -> dict:
+    """world, this rank's node and this rank's cross-node group: every rank makes every group, in one order."""
+    import torch.distributed as dist
+
+    rank, per = dist.get_rank(), layout.ranks_per_node
+    groups = {"world": None}
+    if layout.nodes > 1 and per > 1:
+        for node in range(layout.nodes):
+            group = dist.new_group(list(range(node * per, (node + 1) * per)))
+            if rank // per == node:
+                groups["node"] = group
+        for local in range(per):
+            group = dist.new_group([local + node * per for node in range(layout.nodes)])
+            if rank % per == local:
+                groups["cross"] = group
+    else:  # one node (node = world) or one rank per node (cross = world)
+        groups["node"] = groups["cross"] = None
+    return groups
+
+
+def _buffers(backend, comm, layout: Layout) -> tuple:
+    """(send, recv) of a call: an allreduce in place, an all-gather from its shard, a reduce-scatter to it."""
+    dtype = C.resolve_dtype(comm.dtype)
+    size = {"world": layout.world, "node": layout.ranks_per_node, "cross": layout.nodes}[comm.group]
+    count = comm.nbytes // dtype.itemsize // size * size
+    full = backend.alloc(count, dtype)
+    backend.fill(full, 0.0)
+    if comm.collective == "allreduce":
+        return full, full
+    shard = backend.alloc(count // size, dtype)
+    backend.fill(shard, 0.0)
+    return (shard, full) if comm.collective == "allgather" else (full, shard)

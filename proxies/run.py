@@ -50,35 +50,47 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
         forward = backward = update = 0.0
         label = "none"
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
+    choice = cfg.choice(topo.nodes, topo.ranks_per_node)
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm,
-                        ddp)
+                        ddp, choice=choice)
     interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
-                                algorithm, ddp)
-    log = StepLog(cfg.json_path, True, batch * topo.world)
+                                algorithm, ddp, choice=choice)
+    samples = batch * choice.get("accumulate") * topo.world
+    log = StepLog(cfg.json_path, True, samples)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
-                "buckets": B.describe(pred.buckets), "step_interval_us": list(interval) if interval else None},
-               [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}: {len(pred.buckets)} bucket(s), "
-                f"allreduce {algorithm} from the cost model; compute {label}", *_interval_lines(hw, topo, algorithm,
-                                                                                                interval)])
+                "calls": describe_calls(pred.plan), "setup": choice.name, "knobs": dict(choice.knobs),
+                "step_interval_us": list(interval) if interval else None},
+               [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}, setup {choice.name}: {pred.calls} call(s) "
+                f"per step, allreduce {algorithm} from the cost model; compute {label}",
+                *_interval_lines(hw, topo, algorithm, interval)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us})
     log.summary(ProxyResult(kind="predicted", model=profile.name, backend="model", library=hw.name, device="-",
                             world_size=topo.world, nnodes=topo.nodes, batch=batch, bucket_mb=cfg.bucket_mb,
-                            bucketing=cfg.bucketing, buckets=len(pred.buckets), gradient_bytes=profile.nbytes,
+                            bucketing=cfg.bucketing, buckets=pred.calls, gradient_bytes=profile.nbytes,
                             compute=label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
                             compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
                             exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
                             step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
                             other_us_p90=t.other_us,
-                            samples_per_s=t.samples_per_s(batch * topo.world), run_id=log.run_id,
-                            step_interval_us=list(interval) if interval else None))
+                            samples_per_s=t.samples_per_s(samples), run_id=log.run_id,
+                            step_interval_us=list(interval) if interval else None, setup=choice.name,
+                            knobs=dict(choice.knobs)))
     if interval:
         print(f"# step 80% interval: {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
               f"{t.step_us / 1e3:.2f} ms)", flush=True)
     return 0
+
+
+def describe_calls(plan) -> dict:
+    """A step's calls as the header keeps them: per (collective, group), calls and bytes, and each call's size."""
+    return {"by_collective": [{"collective": c, "group": g, "calls": n, "nbytes": b}
+                              for (c, g), (n, b) in plan.bytes_by().items()],
+            "calls": [{"collective": c.collective, "group": c.group, "nbytes": c.nbytes, "dtype": c.dtype,
+                       "label": c.label} for c in plan.comms]}
 
 
 def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None) -> list[str]:

@@ -84,6 +84,11 @@ class Setup:
     trains_as: str  # how `commbench train` runs it for real: ddp, fsdp, or "" (not here)
     fixed: tuple[tuple[str, Any], ...] = ()  # knob values the entry sets itself (fsdp-hybrid's shard group)
 
+    @property
+    def allreduce_only(self) -> bool:
+        """Every call a world allreduce (commbench's own schedules can replay it)."""
+        return self.trains_as == "ddp" or self.name == "horovod"
+
 
 @dataclass(frozen=True)
 class Compute:
@@ -122,8 +127,9 @@ class Choice:
     def to_dict(self) -> dict[str, Any]:
         return {"setup": self.name, "knobs": dict(self.knobs)}
 
-    def plan(self, profile: Profile, compute: Compute, layout: Layout) -> CommPlan:
-        ctx = _Context(profile, compute, layout, dict(self.knobs))
+    def plan(self, profile: Profile, compute: Compute, layout: Layout, bucketing: str = "ddp") -> CommPlan:
+        """The step's compute and calls; `bucketing` none or single: the proxy's DDP without buckets, or with one."""
+        ctx = _Context(profile, compute, layout, dict(self.knobs), bucketing)
         phases, comms = self.setup.build(profile, dict(self.knobs), ctx)
         plan = CommPlan(tuple(phases), tuple(sorted(comms, key=lambda c: c.ready_us)))
         plan.check()
@@ -182,8 +188,10 @@ def _check_layout(name: str, values: dict[str, Any], layout: Layout) -> None:
 class _Context:
     """Progress bookkeeping while a setup lays out its step: phases end to end from 0."""
 
-    def __init__(self, profile: Profile, compute: Compute, layout: Layout, knobs: dict[str, Any]):
+    def __init__(self, profile: Profile, compute: Compute, layout: Layout, knobs: dict[str, Any],
+                 bucketing: str = "ddp"):
         self.profile, self.compute, self.layout, self.knobs = profile, compute, layout, knobs
+        self.bucketing = bucketing
         self.phases: list[Phase] = []
         self.comms: list[Comm] = []
         self.k = knobs.get("accumulate", 1)
@@ -231,7 +239,7 @@ def _bucketed(ctx: _Context, buckets: list[B.Bucket], collective: str = "allredu
 
 
 def _ddp(profile: Profile, knobs: dict[str, Any], ctx: _Context, scale: float = 1.0, dtype: str | None = None):
-    _bucketed(ctx, B.assign(profile, knobs.get("bucket_mb")), scale=scale, dtype=dtype)
+    _bucketed(ctx, B.assign(profile, knobs.get("bucket_mb"), ctx.bucketing), scale=scale, dtype=dtype)
     ctx.run("optimizer", ctx.compute.optimizer_us, ctx.k - 1)
     return ctx.phases, ctx.comms
 

@@ -207,6 +207,10 @@ class SleepClock:
     def begin(self) -> None:
         self.base_us = self.wall_base_us = self.now_us()
 
+    def rebase(self, progress_us: float) -> None:
+        """Compute progress is `progress_us` now (after a wait that did no compute)."""
+        self.base_us = self.now_us() - progress_us
+
     def check(self, progress_us: float) -> None:
         """Refuse progress beyond the limit (NaN included: a profile with infinite FLOPs)."""
         if not progress_us <= self.limit_us:
@@ -238,6 +242,9 @@ class CpuClock(SleepClock):
     def begin(self) -> None:
         self.base_us = time.thread_time() * 1e6
         self.wall_base_us = self.now_us()
+
+    def rebase(self, progress_us: float) -> None:
+        self.base_us = time.thread_time() * 1e6 - progress_us
 
     def compute_until(self, progress_us: float) -> None:
         self.check(progress_us)

@@ -7,6 +7,7 @@ import sys
 import click
 
 from commbench.commands.common import UsageFault, check_directory, check_outputs, warn
+from commbench.commands.setup_flags import setup_options
 
 
 @click.command("fit", epilog="""
@@ -312,11 +313,15 @@ Examples:
 @click.option("--baseline", default=None, metavar="ALGORITHM",
               help="With --candidate: acc_ratio = candidate / baseline.")
 @click.option("--candidate", default=None, metavar="ALGORITHM")
+@setup_options
+@click.option("--baseline-setup", default=None, metavar="NAME",
+              help="With --candidate-setup: acc_ratio between two training setups (each with the knobs given).")
+@click.option("--candidate-setup", default=None, metavar="NAME")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
 def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, ddp_ms,
                             jitter_from, tflops, precision, algorithm, bucket_mb, baseline, candidate,
-                            json_path) -> None:
+                            json_path, setup, baseline_setup, candidate_setup, **knobs) -> None:
     """Predict a model's data-parallel step time, throughput and linearity from 1 to N GPUs.
 
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
@@ -326,8 +331,10 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
 
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path))
-    run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, algorithm,
-                       bucket_mb, baseline, candidate, ddp_ms, jitter_from)
+    pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
+                    {**knobs, "bucket_mb": bucket_mb})
+    run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, pairs,
+                       bucket_mb, ddp_ms, jitter_from)
     records = run.records(new_run_id())
     for line in _scaling_table(run, records):
         click.echo(line)
@@ -360,8 +367,45 @@ def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | Non
     return ("gpus", _counts("--gpus", gpus or DEFAULT_GPUS, "GPU", MAX_GPUS)), said.per_node
 
 
-def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, algorithm, bucket_mb,
-                 baseline, candidate, ddp_ms=0.0, jitter_from=None):
+def _curves(setup: str, algorithm: str, baseline: str | None, candidate: str | None, baseline_setup: str | None,
+            candidate_setup: str | None, knobs: dict) -> dict:
+    """The (setup, algorithm) pairs to predict and the curves acc_ratio compares: --baseline/--candidate pick two
+    algorithms, --baseline-setup/--candidate-setup two setups (both: two setup/algorithm pairs)."""
+    from commbench.commands.setup_flags import settle_setup
+
+    if (baseline is None) != (candidate is None):
+        raise UsageFault("--baseline and --candidate go together (acc_ratio = candidate / baseline)")
+    if (baseline_setup is None) != (candidate_setup is None):
+        raise UsageFault("--baseline-setup and --candidate-setup go together (acc_ratio = candidate / baseline)")
+    if baseline_setup and setup != "ddp":
+        raise UsageFault("--setup with --baseline-setup/--candidate-setup: give the two setups only")
+    names = [baseline_setup, candidate_setup] if baseline_setup else [setup]
+    algorithms = [baseline, candidate] if baseline else [algorithm]
+    if baseline_setup and baseline:
+        pairs = [(names[0], algorithms[0]), (names[1], algorithms[1])]
+    else:
+        pairs = [(n, a) for n in names for a in algorithms]
+    for knob, value in knobs.items():  # a knob none of them takes is one line (settle_setup names what they take)
+        if value is not None and not any(_takes(n, knob) for n, _ in pairs):
+            settle_setup(pairs[0][0], {knob: value})
+    chosen = [settle_setup(n, {k: v for k, v in knobs.items() if _takes(n, k)}) for n, _ in pairs]
+    from commbench.analysis.predict_scaling import curve_label
+
+    setups, algs = [n for n, _ in pairs], [a for _, a in pairs]
+    labels = [curve_label(n, a, setups, algs) for n, a in pairs]
+    two = len(pairs) == 2 and (baseline or baseline_setup)
+    return {"choices": chosen, "algorithms": algs, "baseline": labels[0] if two else None,
+            "candidate": labels[1] if two else None}
+
+
+def _takes(setup: str, knob: str) -> bool:
+    from commbench.proxies.setups import SETUPS
+
+    return setup in SETUPS and knob in SETUPS[setup].knobs
+
+
+def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, pairs, bucket_mb,
+                 ddp_ms=0.0, jitter_from=None):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -373,8 +417,6 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
         _warn_poor(hw, hw_spec)
     except (ProfileError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
-    if (baseline is None) != (candidate is None):
-        raise UsageFault("--baseline and --candidate go together (acc_ratio = candidate / baseline)")
     from commbench.commands import options as O
 
     O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
@@ -391,8 +433,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             raise UsageFault(str(exc)) from exc
     if not throughput and not tflops and not S.peak_tflops(hw, precision):
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
-    names = list(dict.fromkeys([baseline, candidate] if baseline else [algorithm]))
-    for name in names:
+    for name in dict.fromkeys(pairs["algorithms"]):
         if name not in ALGORITHMS:
             raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
     per_node = gpus_per_node or hw.ranks_per_node
@@ -404,8 +445,9 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     batch = batch or profile.default_batch
     forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
     try:
-        return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, names,
-                             bucket_mb, baseline, candidate, label, ddp_ms * 1e3, ratios)
+        return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, pairs["algorithms"],
+                             bucket_mb, pairs["baseline"], pairs["candidate"], label, ddp_ms * 1e3, ratios,
+                             pairs["choices"])
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
 
@@ -437,16 +479,20 @@ def _scaling_table(run, records) -> list[str]:
     """The table printed on stdout, one line per record; with a fitted hardware file, the step's 80%
     interval beside the step."""
     intervals = any(r.step_interval_us for r in records)
+    setups = len({r.setup for r in records}) > 1 or any(r.setup != "ddp" for r in records)
+    swidth = max([5, *(len(r.setup) for r in records)])
     cells = [_interval_ms(r.step_interval_us) for r in records]
     width = max([len("step 80%(ms)"), *map(len, cells)])
     lines = [f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, nothing measured): "
              f"batch {run.batch} per GPU, compute from {run.compute_label}",
-             f"# {'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} "
+             "# " + (f"{'setup':>{swidth}} " if setups else "")
+             + f"{'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} "
              + (f"{'step 80%(ms)':>{width}} " if intervals else "")
              + f"{'comm(ms)':>9} {'exposed(ms)':>11} {'samples/s':>11} {'per GPU':>8} {'speedup':>8} {'linearity':>9}"
              + (f" {'acc_ratio':>9}" if run.baseline else "")]
     for r, cell in zip(records, cells):
-        lines.append(f"  {r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} "
+        lines.append("  " + (f"{r.setup:>{swidth}} " if setups else "")
+                     + f"{r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} "
                      + (f"{cell:>{width}} " if intervals else "")
                      + f"{r.comm_us / 1e3:>9.2f} {r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} "
                      f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f}"
@@ -454,6 +500,12 @@ def _scaling_table(run, records) -> list[str]:
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
     lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
                  " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))
+    for r in records:
+        if r.setup != "ddp" or setups:
+            knobs = ", ".join(f"{k} {v}" for k, v in (r.knobs or {}).items() if v is not None)
+            line = f"# setup {r.setup}: {knobs or 'defaults'} (docs/setups.md)"
+            if line not in lines:
+                lines.append(line)
     if run.stragglers:
         lines.append("# stragglers (--jitter-from): each step waits for the expected slowest of N ranks: "
                      + ", ".join(f"{r.gpus} GPUs +{r.straggler_us / 1e3:.2f} ms" for r in records

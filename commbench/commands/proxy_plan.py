@@ -88,6 +88,9 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                           "cpu" if device == "cpu" else "cuda")
     if choice.name != "ddp" and bucketing != "ddp":
         raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
+    if plan.mode != "local" and options["backend"] != "torch" and not choice.setup.allreduce_only:
+        raise UsageFault(f"setup {choice.name} issues all-gathers and reduce-scatters on groups of ranks: replay it "
+                         f"on --backend torch (commbench's schedules replay the allreduce setups)")
     json_path = options["json_path"]
     if options.get("validate") and not json_path:  # both runs' records, compared; proxy_command removes the folder
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
