@@ -128,11 +128,11 @@ def _profile():
 
 def test_a_step_records_what_nccl_runs_per_bucket():
     pred = predict_step(_profile(), 1, Topology(2, 8), DGX, 1000.0, 1000.0, bucketing="none", algorithm="nccl")
-    assert [b.nbytes for b in pred.buckets] == [KIB, 16 * MIB]
-    assert [c.label for c in pred.bucket_choices] == ["tree/LL", "ring/LL128"]
-    assert pred.bucket_comm_us == [c.time_us for c in pred.bucket_choices]
+    assert [c.nbytes for c in pred.plan.comms] == [KIB, 16 * MIB]
+    assert [c.label for c in pred.choices] == ["tree/LL", "ring/LL128"]
+    assert pred.comm_us == [c.time_us for c in pred.choices]
     assert predict_step(_profile(), 1, Topology(2, 8), DGX, 1000.0, 1000.0, bucketing="none",
-                        algorithm="ring").bucket_choices is None
+                        algorithm="ring").choices is None
 
 
 def test_predict_scaling_says_what_the_nccl_baseline_ran(tmp_path):

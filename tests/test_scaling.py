@@ -52,7 +52,7 @@ def test_predicted_step_exact_values():
     pred = predict_step(_toy_profile(), 1, topo, HW, forward_us=1000.0, backward_us=1000.0, algorithm="ring",
                         bucketing="none")
     comm = 6 + 1.5 * 1e6 / 1e5 + 3  # each 1 MB bucket
-    assert pred.bucket_comm_us == pytest.approx([comm, comm])
+    assert pred.comm_us == pytest.approx([comm, comm])
     # w1 ready at 500 us into the backward (t=1500), w2 at the end (t=2000): the last allreduce ends 2000 + comm
     assert pred.times.step_us == pytest.approx(2000 + comm)
     assert pred.times.exposed_comm_us == pytest.approx(comm)
