@@ -273,6 +273,9 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -
     pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
+    from commbench.analysis.report_timeline import plot_timeline
+
+    pngs += [p for p in (plot_timeline(records, out_dir, hw),) if p]
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
                          plot_compare(records, out_dir)) if p]
     return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs

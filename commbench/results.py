@@ -197,6 +197,7 @@ class StepRecord(Record):
     ranks_us: list[list[float | None]] | None = None  # per rank: compute, comm, exposed_comm, step, other (us)
     other_us: float | None = None  # step - compute - exposed_comm (None: train, or an older file)
     schema: int = SCHEMA_VERSION
+    calls_us: list[list[float]] | None = None  # a replay: rank 0's calls, [start, end] from the step's start
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class RankContext:
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}
-        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0, self.batch * world)
+        self.log = StepLog(self.cfg.json_path, self.backend.rank == 0,
+                           self.batch * world * self.choice.get("accumulate"))
         if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
             from commbench.telemetry import run_monitor
 
@@ -76,9 +77,10 @@ class RankContext:
             return {"none": "one per tensor", "single": "one bucket"}[self.cfg.bucketing]
         return f"cap {self.cfg.bucket_mb:g} MiB" if self.cfg.bucket_mb else "DDP default: 25 MiB, first 1 MiB"
 
-    def record(self, index: int, values: dict[str, float | None]) -> None:
+    def record(self, index: int, values: dict[str, float | None], lead_only: dict[str, Any] | None = None) -> None:
         """After each step, on every rank: the step's figures of every rank go to rank 0, which prints
-        and writes the slowest rank's (the row, the summary and the JSON mean the same step)."""
+        and writes the slowest rank's (the row, the summary and the JSON mean the same step). `lead_only`:
+        rank 0's own figures, written as they are (its calls' start and end, calls_us)."""
         own = [np.nan if values.get(k) is None else values[k] for k in METRICS]
         self.rows.append(own)
         gathered = self.backend.gather(np.array(own, dtype=float)) if self.backend.world_size > 1 else None
@@ -92,7 +94,7 @@ class RankContext:
             extra["telemetry"] = self.monitor.window()
             self.monitor.mark()
         if self.log:
-            self.log.step(index + 1, index < self.cfg.warmup_steps, {**values, **extra})
+            self.log.step(index + 1, index < self.cfg.warmup_steps, {**values, **extra, **(lead_only or {})})
 
     def finish(self, status: str = "ok", error: str | None = None) -> None:
         rows = np.array(self.rows, dtype=float).reshape(-1, len(METRICS))
@@ -122,7 +124,8 @@ def summary_of(fixed: dict[str, Any], rows: np.ndarray, run_id: str, status: str
     stats = summarize(measured)
     step = stats["step_us_p50"] or 0.0
     return ProxyResult(**fixed, steps=len(measured), status=status, error=error, telemetry=telemetry, run_id=run_id,
-                       samples_per_s=fixed["batch"] * fixed["world_size"] / (step * 1e-6) if step else 0.0,
+                       samples_per_s=fixed["batch"] * fixed["world_size"] * (fixed.get("knobs") or {}).get(
+                           "accumulate", 1) / (step * 1e-6) if step else 0.0,
                        **{k: v for k, v in stats.items() if not k.startswith("step_us")},
                        step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0)
 

@@ -106,7 +106,7 @@ def _replay_steps(ctx: RankContext) -> None:
         times = run_step(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
-                           "other_us": times.other_us})
+                           "other_us": times.other_us}, {"calls_us": [list(i) for i in times.comm_intervals]})
     if backend.device == "cpu" and started is not None:  # the rank's other threads: the communication's CPU
         comm_cpu_s = (time.process_time() - started[0]) - (time.thread_time() - started[1])
         allreduced = sum(b.nbytes for b in ctx.buckets) * cfg.steps
@@ -176,13 +176,15 @@ def _replay_setup(ctx: RankContext) -> None:
                       "step = compute + exposed + other: exposed is the time the compute waited for a call in flight; "
                       "other is the rest"], {"compute_split_us": {"forward": forward, "backward": backward,
                                                                   "optimizer": update, "ddp": own},
-                                              "calls": describe_calls(plan)})
+                                              "calls": describe_calls(plan),
+                                              "phases": [[p.name, p.unit, p.micro_step, p.start_us, p.end_us]
+                                                         for p in plan.phases]})
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
         times = run_plan(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
-                           "other_us": times.other_us})
+                           "other_us": times.other_us}, {"calls_us": [list(i) for i in times.comm_intervals]})
 
 
 def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:

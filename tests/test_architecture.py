@@ -32,7 +32,8 @@ FLOORS = {
         "commbench.proxies.train", "commbench.proxies.run", "commbench.proxies.steps", "commbench.proxies.channels",
         "commbench.proxies.extract"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
-        "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare"],
+        "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare",
+        "commbench.analysis.report_timeline"],
 }
 
 

@@ -1,0 +1,88 @@
+"""`commbench report`'s timeline.png: one proxy replay's step drawn as it ran beside the step the model
+predicts for it. Per run (a replay whose steps record their calls, calls_us): the setup's compute phases as
+planned (proxies/setups.py), rank 0's calls in its median step as measured, and, with --hw, the calls as the
+cost model times them on the same plan (analysis/scaling.predict_step), coloured by collective."""
+from __future__ import annotations
+
+import statistics
+
+COLOURS = {"allreduce": "tab:blue", "allgather": "tab:green", "reduce_scatter": "tab:orange"}
+PHASE_COLOURS = {"forward": "0.75", "backward": "0.55", "optimizer": "0.35", "own": "0.9"}
+MAX_RUNS = 4
+
+
+def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
+    """(header, summary, median step) of each replay whose steps carry calls_us."""
+    headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
+    out = []
+    for summary in (r for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"):
+        steps = [r for r in records if r.get("record") == "step" and r.get("run_id") == summary.get("run_id")
+                 and not r.get("warmup") and isinstance(r.get("calls_us"), list) and r.get("step_us")]
+        header = headers.get(summary.get("run_id"))
+        if steps and header and isinstance(header.get("compute_split_us"), dict):
+            middle = statistics.median_low([s["step_us"] for s in steps])
+            out.append((header, summary, next(s for s in steps if s["step_us"] == middle)))
+    return out[:MAX_RUNS]
+
+
+def _plan_and_prediction(header: dict, summary: dict, hw):
+    """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals."""
+    from commbench.analysis.check import _choice
+    from commbench.analysis.costmodel import with_topology
+    from commbench.analysis.scaling import predict_step, step_plan
+    from commbench.proxies.profile import load_profile
+    from commbench.topology import Topology
+
+    split = header["compute_split_us"]
+    profile = load_profile(summary["model"])
+    nodes = int(summary.get("nnodes") or 1)
+    topo = Topology(nodes, int(summary["world_size"]) // nodes)
+    choice = _choice(summary, topo)
+    device = "cpu" if summary.get("device") == "cpu" else "cuda"
+    compute = (float(split["forward"]), float(split["backward"]), float(split["optimizer"]))
+    plan = step_plan(profile, topo, *compute, summary.get("bucket_mb"), summary.get("bucketing") or "ddp",
+                     float(split.get("ddp") or 0.0), choice, device)
+    predicted = None
+    if hw is not None:
+        algorithm = (header.get("config") or {}).get("algorithm")
+        algorithm = "ring" if algorithm in (None, "auto") or summary.get("backend") == "torch" else algorithm
+        predicted = predict_step(profile, int(summary["batch"]), topo, with_topology(hw, topo), *compute,
+                                 summary.get("bucket_mb"), summary.get("bucketing") or "ddp", algorithm,
+                                 float(split.get("ddp") or 0.0), choice=choice, device=device).times
+    return plan, predicted
+
+
+def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
+    """timeline.png of up to MAX_RUNS replays (None: no replay recorded its calls)."""
+    from commbench.analysis.report_steps import _plt, save_png
+
+    runs = timeline_runs(records)
+    if not runs:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.3 * len(runs)), squeeze=False)
+    for ax, (header, summary, step) in zip(axes[:, 0], runs):
+        plan, predicted = _plan_and_prediction(header, summary, hw)
+        lanes = [("compute (plan)", [(p.start_us, p.end_us, PHASE_COLOURS.get(p.name, "0.6")) for p in plan.phases])]
+        kinds = [c.collective for c in plan.comms]
+        lanes.append(("calls measured", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
+                                          zip(step["calls_us"], kinds)]))
+        if predicted is not None:
+            lanes.append(("calls predicted", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
+                                               zip(predicted.comm_intervals, kinds)]))
+        for row, (_, bars) in enumerate(lanes):
+            ax.broken_barh([(s / 1e3, max(e - s, 0.0) / 1e3) for s, e, _ in bars], (row - 0.35, 0.7),
+                           facecolors=[c for _, _, c in bars], edgecolor="white", linewidth=0.3)
+        ax.axvline(step["step_us"] / 1e3, color="black", linewidth=1)
+        if predicted is not None:
+            ax.axvline(predicted.step_us / 1e3, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(lanes)), [name for name, _ in lanes])
+        ax.invert_yaxis()
+        ax.set_title(f"{summary['model']} {summary.get('setup') or 'ddp'}, {summary['world_size']} ranks on "
+                     f"{summary.get('nnodes') or 1} node(s): median step {step['step_us'] / 1e3:.1f} ms measured"
+                     + (f", {predicted.step_us / 1e3:.1f} ms predicted (dashed)" if predicted is not None else ""),
+                     fontsize=9)
+        ax.set_xlabel("ms from the step's start (rank 0)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
+    fig.legend(handles, list(COLOURS), loc="lower center", ncol=3, fontsize=8)
+    return save_png(fig, out_dir, "timeline.png", rect=(0, 0.06, 1, 1))
