@@ -8,14 +8,14 @@ import statistics
 
 COLOURS = {"allreduce": "tab:blue", "allgather": "tab:green", "reduce_scatter": "tab:orange"}
 PHASE_COLOURS = {"forward": "0.75", "backward": "0.55", "optimizer": "0.35", "own": "0.9"}
-MAX_RUNS = 4
+MAX_RUNS = 10
 
 
 def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
-    """(header, summary, median step) of each replay whose steps carry calls_us."""
+    """(header, summary, median step) of each replay (or sim proxy) whose steps carry calls_us."""
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
     out = []
-    for summary in (r for r in records if r.get("record") == "proxy" and r.get("kind") == "proxy"):
+    for summary in (r for r in records if r.get("record") == "proxy" and r.get("kind") in ("proxy", "predicted")):
         steps = [r for r in records if r.get("record") == "step" and r.get("run_id") == summary.get("run_id")
                  and not r.get("warmup") and isinstance(r.get("calls_us"), list) and r.get("step_us")]
         header = headers.get(summary.get("run_id"))
@@ -26,7 +26,8 @@ def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
 
 
 def _plan_and_prediction(header: dict, summary: dict, hw):
-    """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals."""
+    """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals (a sim proxy's
+    own calls are predicted already: none more)."""
     from commbench.analysis.check import _choice
     from commbench.analysis.costmodel import with_topology
     from commbench.analysis.scaling import predict_step, step_plan
@@ -43,7 +44,7 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     plan = step_plan(profile, topo, *compute, summary.get("bucket_mb"), summary.get("bucketing") or "ddp",
                      float(split.get("ddp") or 0.0), choice, device)
     predicted = None
-    if hw is not None:
+    if hw is not None and summary.get("kind") == "proxy":
         algorithm = (header.get("config") or {}).get("algorithm")
         algorithm = "ring" if algorithm in (None, "auto") or summary.get("backend") == "torch" else algorithm
         predicted = predict_step(profile, int(summary["batch"]), topo, with_topology(hw, topo), *compute,
@@ -65,7 +66,8 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
         plan, predicted = _plan_and_prediction(header, summary, hw)
         lanes = [("compute (plan)", [(p.start_us, p.end_us, PHASE_COLOURS.get(p.name, "0.6")) for p in plan.phases])]
         kinds = [c.collective for c in plan.comms]
-        lanes.append(("calls measured", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
+        measured = "calls predicted" if summary.get("kind") == "predicted" else "calls measured"
+        lanes.append((measured, [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
                                           zip(step["calls_us"], kinds)]))
         if predicted is not None:
             lanes.append(("calls predicted", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
@@ -79,7 +81,8 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
         ax.set_yticks(range(len(lanes)), [name for name, _ in lanes])
         ax.invert_yaxis()
         ax.set_title(f"{summary['model']} {summary.get('setup') or 'ddp'}, {summary['world_size']} ranks on "
-                     f"{summary.get('nnodes') or 1} node(s): median step {step['step_us'] / 1e3:.1f} ms measured"
+                     f"{summary.get('nnodes') or 1} node(s): median step {step['step_us'] / 1e3:.1f} ms "
+                     + ("predicted" if summary.get("kind") == "predicted" else "measured")
                      + (f", {predicted.step_us / 1e3:.1f} ms predicted (dashed)" if predicted is not None else ""),
                      fontsize=9)
         ax.set_xlabel("ms from the step's start (rank 0)")

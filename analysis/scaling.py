@@ -77,7 +77,8 @@ def group_topology(topo: Topology, group: str) -> Topology:
 
 def _form(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> Phases | Schedule | None:
     """What a call costs as (None: nothing to do): an allreduce by `algorithm`'s form, an all-gather or a
-    reduce-scatter by the ring (NCCL runs both as rings; so do commbench's schedules)."""
+    reduce-scatter by the ring (NCCL runs both as rings, so do commbench's schedules); the library's (`nccl`,
+    `nccl-ring`) with one channel per NIC of a node across nodes, as `nccl-ring` costs its allreduce."""
     from commbench.collectives import resolve_dtype
 
     group = group_topology(topo, comm.group)
@@ -85,7 +86,8 @@ def _form(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> Phases | 
     if group.world == 1 or count == 0:
         return None
     if comm.collective != "allreduce":
-        return algorithms.entry(comm.collective, "ring").phases(group, count)
+        channels = (hw.inter.links_per_node or 1) if algorithm in (LIBRARY, LIBRARY_RING) and group.nodes > 1 else 1
+        return algorithms.entry(comm.collective, "ring").phases(group, count, channels)
     name = LIBRARY_RING if algorithm == LIBRARY else algorithm
     name = algorithms.choose("allreduce", group, comm.nbytes) if name == "auto" else name
     return _allreduce_form(hw, group, count, name)

@@ -240,12 +240,12 @@ def ring_allreduce_phases(topo: Topology, count: int, channels: int = 1) -> Phas
     return _ring_phases(topo, count, (True, False), channels)
 
 
-def ring_allgather_phases(topo: Topology, count: int) -> Phases:
-    return _ring_phases(topo, count, (False,))
+def ring_allgather_phases(topo: Topology, count: int, channels: int = 1) -> Phases:
+    return _ring_phases(topo, count, (False,), channels)
 
 
-def ring_reduce_scatter_phases(topo: Topology, count: int) -> Phases:
-    return _ring_phases(topo, count, (True,))
+def ring_reduce_scatter_phases(topo: Topology, count: int, channels: int = 1) -> Phases:
+    return _ring_phases(topo, count, (True,), channels)
 
 
 def hier_allreduce_phases(topo: Topology, count: int) -> Phases:

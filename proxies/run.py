@@ -59,6 +59,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     log = StepLog(cfg.json_path, True, samples)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
+                "compute_split_us": {"forward": forward, "backward": backward, "optimizer": update, "ddp": ddp},
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
                 "calls": describe_calls(pred.plan), "setup": choice.name, "knobs": dict(choice.knobs),
                 "step_interval_us": list(interval) if interval else None},
@@ -67,7 +68,8 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                 *_interval_lines(hw, topo, algorithm, interval)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
-                        "step_us": t.step_us, "other_us": t.other_us})
+                        "step_us": t.step_us, "other_us": t.other_us,
+                        "calls_us": [list(i) for i in t.comm_intervals]})
     log.summary(ProxyResult(kind="predicted", model=profile.name, backend="model", library=hw.name, device="-",
                             world_size=topo.world, nnodes=topo.nodes, batch=batch, bucket_mb=cfg.bucket_mb,
                             bucketing=cfg.bucketing, buckets=pred.calls, gradient_bytes=profile.nbytes,
