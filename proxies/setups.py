@@ -16,9 +16,9 @@ Where each behaviour comes from (docs/setups.md cites the lines):
 - `apex`: APEX's apex.parallel.DistributedDataParallel: allreduces of `message_size` elements
   (10,000,000 by default) in gradient-arrival order, no small first bucket; NVIDIA's BERT
   pretraining script sets 250,000,000, one allreduce after the backward.
-- `horovod`: Horovod's tensor fusion: every `cycle_ms` (HOROVOD_CYCLE_TIME, 5 ms by default) the
-  gradients ready by then are fused into buffers of at most `fusion_mb` (HOROVOD_FUSION_THRESHOLD,
-  64 MiB) and allreduced.
+- `horovod`: Horovod's tensor fusion: every `cycle_ms` (HOROVOD_CYCLE_TIME) the gradients ready
+  by then are fused into buffers of at most `fusion_mb` (HOROVOD_FUSION_THRESHOLD) and allreduced;
+  1 ms and 128 MiB by default since Horovod 0.21.0 (5 ms and 64 MiB before).
 - `zero1`, `zero2`: DeepSpeed ZeRO stages 1 and 2: gradients reduce-scattered (stage 1 after the
   backward, at the accumulation boundary; stage 2 in buckets as they are ready, every
   micro-step), the optimizer on each rank's shard, the updated parameters all-gathered
@@ -64,8 +64,10 @@ KNOBS = {k.name: k for k in (
     Knob("accumulate", int, 1, "micro-steps per optimizer step; gradients are synchronised in the last one", minimum=1),
     Knob("bucket_mb", float, None, "DDP bucket_cap_mb (default: DDP's 25 MiB with a 1 MiB first bucket)"),
     Knob("message_size", int, 10_000_000, "APEX message_size: elements per allreduce", minimum=1),
-    Knob("fusion_mb", float, 64.0, "Horovod HOROVOD_FUSION_THRESHOLD, MiB"),
-    Knob("cycle_ms", float, 5.0, "Horovod HOROVOD_CYCLE_TIME, ms"),
+    Knob("fusion_mb", float, 128.0, "Horovod HOROVOD_FUSION_THRESHOLD, MiB (64 before Horovod 0.21)"),
+    Knob("cycle_ms", float, 1.0, "Horovod HOROVOD_CYCLE_TIME, ms (5 before Horovod 0.21)"),
+    Knob("overlap_comm", str, "false", "DeepSpeed overlap_comm: reduce-scatters beside the backward (true) or "
+         "blocking it (false, DeepSpeed's default for stages 1 and 2)", choices=("false", "true")),
     Knob("bucket_elements", int, 500_000_000, "DeepSpeed reduce_bucket_size / allgather_bucket_size, elements",
          minimum=1),
     Knob("prefetch", int, None, "FSDP all-gathers issued ahead in the forward (default: 1 on GPUs, 0 on CPUs)",
@@ -304,7 +306,8 @@ def _zero(stage: int):
                 total = profile.backward_flops
                 for b in buckets:
                     ready = start + (end - start) * (b.ready_flops / total if total > 0 else 1.0)
-                    ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, ready, end, f"bucket {b.index} (m{micro})")
+                    needed = end if knobs["overlap_comm"] == "true" else ready  # blocking: the backward waits
+                    ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, ready, needed, f"bucket {b.index} (m{micro})")
         else:  # stage 1: the gradients reduce-scattered once, at the accumulation boundary
             for micro in range(ctx.k):
                 ctx.run("forward", c.forward_us, micro)
@@ -403,7 +406,7 @@ SETUPS = {s.name: s for s in (
     Setup("zero1", "DeepSpeed ZeRO-1: reduce-scatter after the backward, all-gather after the optimizer",
           ("accumulate", "bucket_elements"), _zero(1), ""),
     Setup("zero2", "DeepSpeed ZeRO-2: reduce-scatter as gradients are ready, all-gather after the optimizer",
-          ("accumulate", "bucket_elements"), _zero(2), ""),
+          ("accumulate", "bucket_elements", "overlap_comm"), _zero(2), ""),
     Setup("fsdp-full", "FSDP2 FULL_SHARD: all-gather per unit in forward and backward, reduce-scatter per unit",
           ("accumulate", "prefetch", "shard_group"), _fsdp(True), "fsdp"),
     Setup("fsdp-grad-op", "FSDP2 SHARD_GRAD_OP: all-gather per unit in the forward, reduce-scatter per unit",
