@@ -15,8 +15,9 @@ import pytest
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
 from commbench.proxies.setups import Compute, Layout, settle
+from commbench.results import read_records
 
-from conftest import clean_env, commbench, results_of
+from conftest import clean_env, commbench
 
 SPEC = "transformers:GPT2LMHeadModel:n_layer=2,n_embd=30,n_head=2,vocab_size=101,n_positions=33"
 CASES = {  # name: (model, setup, knobs, nodes, ranks per node)
@@ -36,6 +37,7 @@ CASES = {  # name: (model, setup, knobs, nodes, ranks per node)
     "resnet18 fsdp-full": ("resnet18", "fsdp-full", {"prefetch": 1}, 1, 2),
 }
 WARMUP_STEPS = 3
+OWN_WORK = ("ddp-fp16", "fsdp-full", "fsdp-hybrid")  # measure_compute's own work of the setup, at one rank
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def profiles():
 
 def _trace_mode(calls, labels):
     """A TorchDispatchMode recording each c10d collective: (collective, larger per-rank buffer in bytes,
-    dtype, group label)."""
+    dtype, group: its label in `labels` by group name, else its size)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -62,10 +64,10 @@ def _trace_mode(calls, labels):
                     if tensors:
                         buffers.append((sum(t.numel() * t.element_size() for t in tensors), str(tensors[0].dtype)))
                     elif isinstance(arg, torch.ScriptObject) and group is None and "ProcessGroup" in str(arg._type()):
-                        group = torch._C._distributed_c10d.ProcessGroup.unbox(arg).group_name
+                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(arg)
+                        group = labels.get(pg.group_name, f"{pg.size()} rank(s)")
                 nbytes, dtype = max(buffers)
-                calls.append((names.get(func._opname, func._opname), nbytes, dtype.replace("torch.", ""),
-                              labels.get(group, group)))
+                calls.append((names.get(func._opname, func._opname), nbytes, dtype.replace("torch.", ""), group))
             return func(*args, **(kwargs or {}))
     return Trace()
 
@@ -87,7 +89,7 @@ def _rank(rank, port, profiles, out):
     import torch
     import torch.distributed as dist
 
-    from commbench.proxies.train import Trainer
+    from commbench.proxies.train import Trainer, measure_compute
     from commbench.proxies.train_setups import apply
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -116,6 +118,12 @@ def _rank(rank, port, profiles, out):
                 out.put((case, steps, list(blocking), running.what, buffer_bytes))
             trainer.wrapped = trainer.model = trainer.optimizer = running = None
             dist.barrier()
+        for name in OWN_WORK:  # at one rank, on a group of this rank alone inside the 2-rank job
+            calls = []
+            with _trace_mode(calls, {}):
+                measured = measure_compute(profiles["gpt2-tiny"], 2, "cpu", choice=settle(name, {}))
+            if rank == 0:
+                out.put((f"own {name}", measured, calls))
     finally:
         dist.destroy_process_group()
 
@@ -136,7 +144,7 @@ def traced(profiles):
             p.start()
         results = {}
         try:
-            while len(results) < len(CASES):
+            while len(results) < len(CASES) + len(OWN_WORK):
                 case, *result = out.get(timeout=240)
                 results[case] = result
         except queue.Empty:
@@ -175,6 +183,17 @@ def test_a_step_issues_the_plans_calls_exactly(profiles, traced, case):
     assert broadcast == (buffer_bytes if CASES[case][1] == "ddp" else 0)
 
 
+@pytest.mark.parametrize("name", OWN_WORK)
+def test_own_work_is_measured_at_one_rank(traced, name):
+    """measure_compute(choice=...) inside a 2-rank job: the setup on a group of this rank alone, so none of its
+    calls leaves the rank (FSDP on a 1-rank mesh copies instead of gathering; DDP's hook allreduces on the 1-rank
+    group, and DDP broadcasts its parameters when built and its bucket layout when it rebuilds it)."""
+    (times, cpu_time), calls = traced[f"own {name}"]
+    assert len(times) == 4 and all(t >= 0 and t == t for t in times) and times[0] > 0 and cpu_time
+    assert all(c[3] == "1 rank(s)" for c in calls), calls
+    assert any(c[0] == "allreduce" for c in calls) == (name == "ddp-fp16"), calls
+
+
 def test_the_cases_cover_what_differs(profiles, traced):
     """The cases are not vacuous: several buckets, padding, halved bytes, both HSDP groups, buffers."""
     calls = {case: result[0][0] for case, result in traced.items()}
@@ -211,12 +230,13 @@ def test_train_runs_fsdp_full_end_to_end(tmp_path):
                      "--warmup-steps", "1", "--batch", "2", "--json", str(path), timeout=300)
     assert done.returncode == 0, done.stderr
     assert "fsdp-full: FSDP2 fully_shard on 8 unit(s) and the root, reshard_after_forward=True" in done.stdout
-    results, records = results_of(path)
-    header = records[0]
-    assert header["summary_fields"]["setup"] == "fsdp-full"
-    assert results[-1]["setup"] == "fsdp-full" and results[-1]["status"] == "ok"
-    assert set(results[-1]["knobs"]) == {"accumulate", "prefetch", "shard_group"}
-    assert len([r for r in records if r.get("record") == "step"]) == 3
+    records = read_records(str(path))
+    assert records[0]["summary_fields"]["setup"] == "fsdp-full"
+    summary = [r for r in records if r["record"] == "proxy"]
+    assert len(summary) == 1 and summary[0]["kind"] == "train" and summary[0]["status"] == "ok"
+    assert summary[0]["setup"] == "fsdp-full"
+    assert summary[0]["knobs"] == {"accumulate": 1, "prefetch": None, "shard_group": "world"}
+    assert len([r for r in records if r["record"] == "step"]) == 3
 
 
 @pytest.mark.parametrize("args, says", [
@@ -235,8 +255,13 @@ def test_train_refuses_in_one_line(args, says):
     assert "rank" not in done.stdout.lower()
 
 
-def test_a_shard_group_of_a_node_must_divide_the_ranks():
-    from commbench.proxies.setups import SetupError
-
-    with pytest.raises(SetupError, match="does not divide 5 ranks"):
-        settle("fsdp-full", {"shard_group": "node"}, Layout(1, 2, "cpu")._replace_world(5))
+@pytest.mark.parametrize("setup", [["--setup", "fsdp-full", "--shard-group", "node"], ["--setup", "fsdp-hybrid"]])
+def test_shards_of_a_node_must_divide_the_ranks(setup, port):
+    """Rank 0 of a torchrun job of 5 ranks with 2 on this node (nodes of unequal size): refused before any
+    rendezvous."""
+    env = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="5", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port))
+    done = commbench("train", "resnet18", "--steps", "1", *setup, env=env, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "shards span a node of 2 ranks, which does not divide 5 ranks" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
