@@ -27,10 +27,12 @@ Where each behaviour comes from (docs/setups.md cites the lines):
   each unit of the profile sharded: FULL_SHARD (reshard_after_forward=True: all-gather per unit
   in the forward and again in the backward), SHARD_GRAD_OP (False: in the forward only), and
   HYBRID_SHARD (sharded within a node, the gradient shards allreduced across nodes); a
-  reduce-scatter per unit after its backward; the root's parameters stay gathered between the
-  forward and the backward. `prefetch`: all-gathers issued ahead of the forward (a GPU's CPU runs
-  ahead of its kernels, so one; CPU ranks issue each when they reach it, none); the backward
-  prefetches one unit (FSDP2's default).
+  reduce-scatter per unit after its backward (the root's last: FSDP2 runs it in its final callback);
+  the root's parameters stay gathered between the forward and the backward. Each parameter's first
+  dimension is padded to a multiple of the shard group (`sharded_nbytes`). `prefetch`: all-gathers
+  issued ahead of the forward (a GPU's CPU runs ahead of its kernels, so one; CPU ranks issue each
+  when they reach it, none); the backward prefetches one unit (FSDP2's default). On CPUs (gloo)
+  every FSDP call blocks where it is issued.
 """
 from __future__ import annotations
 
@@ -351,13 +353,8 @@ def sharded_nbytes(profile: Profile, members: list[int], shards: int) -> int:
 
 
 def _fsdp(reshard: bool):
-    """FSDP2's step, call for call as torch 2.14.1 issues it (tests/test_setups_torch.py): per micro-step, each
-    unit's all-gather at its forward (`prefetch` units early: all at the root's start for the first ones); in
-    the backward, with `reshard`, each unit but the root gathered again, one unit ahead (the first at its own
-    start); with gradient sync (the last micro-step), each unit's reduce-scatter after its backward, the root's
-    last (FSDP2 runs it in its final callback), and across nodes the allreduce of the reduced shard. On GPUs the
-    calls run on FSDP's own streams: an all-gather is needed by its unit's compute, a reduce-scatter by the step's
-    end. On CPUs every call blocks where it is issued (async_op=False, no streams): needed where ready."""
+    """FSDP2's step as torch 2.14.1 issues it, call for call (tests/test_setups_torch.py). On a CPU every call
+    blocks where it is issued (async_op=False, no streams): needed where ready."""
     def build(profile: Profile, knobs: dict[str, Any], ctx: _Context):
         c, group, layout = ctx.compute, ctx.shard_group(), ctx.layout
         units = units_of(profile)

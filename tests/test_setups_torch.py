@@ -11,13 +11,12 @@ import os
 import queue
 
 import pytest
+from conftest import clean_env, commbench
 
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
 from commbench.proxies.setups import Compute, Layout, settle
 from commbench.results import read_records
-
-from conftest import clean_env, commbench
 
 SPEC = "transformers:GPT2LMHeadModel:n_layer=2,n_embd=30,n_head=2,vocab_size=101,n_positions=33"
 CASES = {  # name: (model, setup, knobs, nodes, ranks per node)
@@ -42,7 +41,9 @@ OWN_WORK = ("ddp-fp16", "fsdp-full", "fsdp-hybrid")  # measure_compute's own wor
 
 @pytest.fixture(scope="module")
 def profiles():
-    return {"gpt2-tiny": extract(SPEC, (16,), name="gpt2-tiny", default_batch=2), "resnet18": extract("torchvision:resnet18", (3, 32, 32), name="resnet18-32px", default_batch=2)}
+    """A small GPT-2, and resnet18 on 32x32 images (batch norms: buffers)."""
+    return {"gpt2-tiny": extract(SPEC, (16,), name="gpt2-tiny", default_batch=2),
+            "resnet18": extract("torchvision:resnet18", (3, 32, 32), name="resnet18-32px", default_batch=2)}
 
 
 def _trace_mode(calls, labels):
