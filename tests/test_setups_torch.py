@@ -266,3 +266,11 @@ def test_shards_of_a_node_must_divide_the_ranks(setup, port):
     assert done.returncode == 2, done.stderr
     assert "shards span a node of 2 ranks, which does not divide 5 ranks" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_validate_refuses_a_setup_that_does_not_train():
+    """`proxy --validate` trains too: the same one line before any rank starts."""
+    done = commbench("proxy", "resnet18", "--nprocs", "2", "--steps", "1", "--setup", "zero2", "--validate",
+                     timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "setup zero2 does not train here" in done.stderr and len(done.stderr.strip().splitlines()) == 1
