@@ -234,12 +234,13 @@ def _train_steps(ctx) -> None:
     torch.manual_seed(1234 + backend.rank)
     trainer = Trainer(profile, ctx.batch, device, cfg.amp, trust_code=cfg.trust_profile_code)
     layout = Layout(launch.nnodes, launch.world_size // max(1, launch.nnodes), backend.device)
+    model_name = type(trainer.model).__name__  # before fully_shard renames the class (FSDP<name>)
     try:
         running = train_setups.apply(trainer, ctx.choice, layout, profile,
                                      [device.index] if backend.device == "cuda" else None)
         micro = f", {running.accumulate} micro-steps per step" if running.accumulate > 1 else ""
         ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
-            f"real training, setup {running.what}{micro}: {type(trainer.model).__name__}, SGD momentum {MOMENTUM}, "
+            f"real training, setup {running.what}{micro}: {model_name}, SGD momentum {MOMENTUM}, "
             f"synthetic inputs, {'amp fp16' if trainer.amp else 'fp32'}"])
         for index in range(cfg.warmup_steps + cfg.steps):
             t0 = time.perf_counter()

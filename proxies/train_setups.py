@@ -128,7 +128,9 @@ def _mesh(choice: Choice, layout: Layout, device: Any, group):
         shape = (layout.nodes, layout.ranks_per_node)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
         return mesh, f"{shape[0]}x{shape[1]} (replicated across nodes, sharded within a node)"
-    return init_device_mesh(device_type, (layout.world,), mesh_dim_names=("shard",)), f"{layout.world} (sharded)"
+    one_node = " (shards of a node: one node, nothing replicated)" if dict(choice.knobs).get("shard_group") == "node" \
+        else " (sharded)"
+    return init_device_mesh(device_type, (layout.world,), mesh_dim_names=("shard",)), f"{layout.world}{one_node}"
 
 
 def own_work_us(trainer, choice: Choice, profile, group, device_ids=None, pairs: int = 6,

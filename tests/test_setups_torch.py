@@ -231,6 +231,7 @@ def test_train_runs_fsdp_full_end_to_end(tmp_path):
                      "--warmup-steps", "1", "--batch", "2", "--json", str(path), timeout=300)
     assert done.returncode == 0, done.stderr
     assert "fsdp-full: FSDP2 fully_shard on 8 unit(s) and the root, reshard_after_forward=True" in done.stdout
+    assert ": ResNet, SGD momentum" in done.stdout  # the model's own class, not FSDPResNet
     records = read_records(str(path))
     assert records[0]["summary_fields"]["setup"] == "fsdp-full"
     summary = [r for r in records if r["record"] == "proxy"]
