@@ -27,10 +27,12 @@ Where each behaviour comes from (docs/setups.md cites the lines):
   each unit of the profile sharded: FULL_SHARD (reshard_after_forward=True: all-gather per unit
   in the forward and again in the backward), SHARD_GRAD_OP (False: in the forward only), and
   HYBRID_SHARD (sharded within a node, the gradient shards allreduced across nodes); a
-  reduce-scatter per unit after its backward; the root's parameters stay gathered between the
-  forward and the backward. `prefetch`: all-gathers issued ahead of the forward (a GPU's CPU runs
-  ahead of its kernels, so one; CPU ranks issue each when they reach it, none); the backward
-  prefetches one unit (FSDP2's default).
+  reduce-scatter per unit after its backward (the root's last: FSDP2 runs it in its final callback);
+  the root's parameters stay gathered between the forward and the backward. Each parameter's first
+  dimension is padded to a multiple of the shard group (`sharded_nbytes`). `prefetch`: all-gathers
+  issued ahead of the forward (a GPU's CPU runs ahead of its kernels, so one; CPU ranks issue each
+  when they reach it, none); the backward prefetches one unit (FSDP2's default). On CPUs (gloo)
+  every FSDP call blocks where it is issued.
 """
 from __future__ import annotations
 
@@ -349,44 +351,57 @@ def units_of(profile: Profile) -> list[tuple[str, list[int], float, float]]:
     return [(n, groups[n], backward[n] * share, backward[n]) for n in names]
 
 
+def sharded_nbytes(profile: Profile, members: list[int], shards: int) -> int:
+    """A unit's all-gather output and reduce-scatter input (bytes per rank): FSDP2 pads each parameter's first
+    dimension to a multiple of the shard group's size (fully_shard's `_get_dim0_padded_size`) and gathers and
+    reduce-scatters the unit's parameters as one flat buffer."""
+    total = 0
+    for i in members:
+        t = profile.tensors[i]
+        shape = t.shape or (1,)
+        total += math.ceil(shape[0] / shards) * shards * math.prod(shape[1:]) * DTYPE_BYTES[t.dtype]
+    return total
+
+
 def _fsdp(reshard: bool):
+    """FSDP2's step as torch 2.14.1 issues it, call for call (tests/test_setups_torch.py). On a CPU every call
+    blocks where it is issued (async_op=False, no streams): needed where ready."""
     def build(profile: Profile, knobs: dict[str, Any], ctx: _Context):
         c, group, layout = ctx.compute, ctx.shard_group(), ctx.layout
         units = units_of(profile)
         shards = ctx.group_size(group)
-        nbytes = {name: sum(profile.tensors[i].nbytes for i in members) for name, members, _, _ in units}
+        cpu = layout.device == "cpu"
+        nbytes = {name: sharded_nbytes(profile, members, shards) for name, members, _, _ in units}
         dtype = {name: profile.tensors[members[0]].dtype for name, members, _, _ in units}
         flops_f = sum(u[2] for u in units) or 1.0
         flops_b = sum(u[3] for u in units) or 1.0
         prefetch = knobs.get("prefetch")
-        prefetch = (0 if layout.device == "cpu" else 1) if prefetch is None else prefetch
+        prefetch = (0 if cpu else 1) if prefetch is None else prefetch
         own_f = c.own_us / 2 / ctx.k / max(1, len(units))
+
+        def issue(collective: str, name: str, ready: float, needed: float, what: str, group_: str = group,
+                  size: int | None = None) -> None:
+            ctx.issue(collective, nbytes[name] if size is None else size, dtype[name], group_, ready,
+                      ready if cpu else needed, f"{name or 'root'} {what}")
+
         for micro in range(ctx.k):
-            sync = micro == ctx.k - 1
-            starts = []  # forward: unit i's all-gather issued `prefetch` units early, needed at its start
-            for name, _, f, _ in units:
-                starts.append(ctx.run("forward", c.forward_us * f / flops_f + own_f, micro, name)[0])
-            for j, (name, _, _, _) in enumerate(units):  # every micro-step: each unit is resharded after its backward
-                issue_at = starts[max(0, j - prefetch)] if j > 0 else starts[0]
-                ctx.issue("allgather", nbytes[name], dtype[name], group, issue_at, starts[j],
-                          f"{name or 'root'} forward")
+            starts = [ctx.run("forward", c.forward_us * f / flops_f + own_f, micro, name)[0]
+                      for name, _, f, _ in units]
+            for j, (name, _, _, _) in enumerate(units):  # each unit is resharded after its backward
+                issue("allgather", name, starts[max(0, j - prefetch)], starts[j], "forward")
             back = list(reversed(units))
-            bstarts, bends = [], []
-            for name, _, _, b in back:
-                s, e = ctx.run("backward", c.backward_us * b / flops_b + own_f, micro, name)
-                bstarts.append(s)
-                bends.append(e)
+            spans = [ctx.run("backward", c.backward_us * b / flops_b + own_f, micro, name) for name, _, _, b in back]
             for j, (name, _, _, _) in enumerate(back):
-                if reshard and name != "":  # gathered again for the backward, one unit ahead
-                    issue_at = bstarts[max(0, j - 1)]
-                    ctx.issue("allgather", nbytes[name], dtype[name], group, issue_at, bstarts[j],
-                              f"{name or 'root'} backward")
-                if sync:
-                    ctx.issue("reduce_scatter", nbytes[name], dtype[name], group, bends[j], math.inf,
-                              f"{name or 'root'} gradients")
+                start, end = spans[j]
+                if reshard and j == 0 and name != "":
+                    issue("allgather", name, start, start, "backward")
+                if reshard and j + 1 < len(back) and back[j + 1][0] != "":  # the next unit, prefetched
+                    issue("allgather", back[j + 1][0], start, spans[j + 1][0], "backward")
+                if micro == ctx.k - 1:
+                    issue("reduce_scatter", name, end, math.inf, "gradients")
                     if group == "node":
-                        ctx.issue("allreduce", math.ceil(nbytes[name] / shards), dtype[name], "cross", bends[j],
-                                  math.inf, f"{name or 'root'} gradient shard across nodes")
+                        issue("allreduce", name, end, math.inf, "gradient shard across nodes", "cross",
+                              nbytes[name] // shards)
         ctx.run("optimizer", c.optimizer_us / shards, ctx.k - 1)
         return ctx.phases, ctx.comms
     return build

@@ -42,7 +42,7 @@ class Trainer:
         self.model = built.module.to(device)
         self.model.train()
         self.args, self.kwargs = built.make_inputs(batch, device)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        self.new_optimizer()
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
         self.wrapped = self.model  # DistributedDataParallel once wrap() is called
 
@@ -51,6 +51,12 @@ class Trainer:
 
         self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
                                                                  bucket_cap_mb=bucket_mb, process_group=process_group)
+
+    def new_optimizer(self) -> None:
+        """SGD over the model's parameters as they are now (after FSDP replaced them)."""
+        import torch
+
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
 
     def forward(self):
         import torch
@@ -106,60 +112,36 @@ class Trainer:
         forward, backward, update = np.median(np.array(rows[1:]) * 1e6, axis=0)
         return float(forward), float(backward), float(update)
 
-    def ddp_work_us(self, pairs: int = 6, warmup: int = 2) -> float:
-        """DDP's own work per step (after wrap): steps in DDP against steps under DDP's no_sync() (the same
-        model, forward and optimizer; no bucket copies, no allreduce), interleaved in pairs whose order
-        alternates (A B, B A, ...), after `warmup` of each (DDP rebuilds its buckets in its second step);
-        the shortest of each kind, on phase_times_us's clock, one minus the other, never below 0. The
-        shortest, because a busy host only lengthens a step (even its CPU time: caches, memory); the
-        interleaving, so that both kinds see the same host."""
-        clock = time.thread_time if self.cpu_timed() else time.perf_counter
-        ddp = self.wrapped
-
-        def timed(sync: bool) -> float:
-            t0 = clock()
-            if sync:
-                self.step()
-            else:
-                with ddp.no_sync():
-                    self.step()
-            return clock() - t0
-
-        for _ in range(warmup):
-            timed(True)
-            timed(False)
-        took: dict[bool, list[float]] = {True: [], False: []}
-        for pair in range(pairs):
-            for sync in ((True, False) if pair % 2 == 0 else (False, True)):
-                took[sync].append(timed(sync))
-        return max(0.0, (min(took[True]) - min(took[False])) * 1e6)
-
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
                     ready: Callable[[], None] = lambda: None, trust_code: bool = False,
-                    bucket_mb: float | None = None) -> tuple[tuple[float, float, float, float], bool]:
-    """The real model's (forward, backward, optimizer, DDP's own work) microseconds per step here, and
+                    bucket_mb: float | None = None, choice=None) -> tuple[tuple[float, float, float, float], bool]:
+    """The real model's (forward, backward, optimizer, the setup's own work) microseconds per step here, and
     whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
     timing (a barrier, so that every rank measures at once, sharing the host as in training).
 
-    DDP's own work is what DDP adds to a step where no traffic leaves the rank: the model in DDP on a
-    process group of this rank alone, its steps against steps under no_sync(), paired
-    (Trainer.ddp_work_us). It holds DDP's copies of the gradients into and out of its buckets, its
-    hooks and its calls (docs/model.md, "Terms the model counts")."""
-    check_memory(profile, local_ranks, getattr(device, "type", device))
+    The setup's own work (`choice`, a proxies.setups.Choice; default ddp with `bucket_mb`) is what it adds
+    to a step where no traffic leaves the rank, on a process group of this rank alone
+    (train_setups.own_work_us): DDP's copies of the gradients into and out of its buckets, its hooks and
+    its calls (docs/model.md, "Terms the model counts"); FSDP's copies in and out of its all-gather and
+    reduce-scatter buffers and its DTensor parameters."""
+    from commbench.proxies import train_setups
+    from commbench.proxies.setups import settle
+
+    choice = choice or settle("ddp", {"bucket_mb": bucket_mb})
+    kind = getattr(device, "type", device)
+    check_memory(profile, local_ranks * (2 if choice.setup.trains_as == "fsdp" else 1), kind)
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
     ready()
     phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
-    kind = getattr(device, "type", device)
     with one_rank_group(kind) as group:
-        trainer.wrap(bucket_mb, [device.index] if kind == "cuda" else None, group)
         try:
-            ddp = trainer.ddp_work_us()
+            own = train_setups.own_work_us(trainer, choice, profile, group, [device.index] if kind == "cuda" else None)
         finally:  # DDP's Reducer goes before the group does
             trainer.wrapped = trainer.model = trainer.optimizer = None
             del trainer
             gc.collect()
-    return (*phases, ddp), cpu_time
+    return (*phases, own), cpu_time
 
 
 @contextmanager
@@ -239,25 +221,34 @@ def run_train(cfg, launch, argv: list[str]) -> int:
 
 
 def _train_steps(ctx) -> None:
-    """Build the model, wrap it in DDP, run and log the steps (called by context.run_rank)."""
+    """Build the model, wrap it as the setup says (train_setups.apply), run and log the steps (called by
+    context.run_rank)."""
     import torch
 
-    backend, profile, cfg = ctx.backend, ctx.profile, ctx.cfg
-    check_memory(profile, ctx.launch.local_world_size, backend.device)
+    from commbench.proxies import train_setups
+    from commbench.proxies.setups import Layout
+
+    backend, profile, cfg, launch = ctx.backend, ctx.profile, ctx.cfg, ctx.launch
+    check_memory(profile, launch.local_world_size, backend.device)
     device = torch.device(backend.device, torch.cuda.current_device()) if backend.device == "cuda" else "cpu"
     torch.manual_seed(1234 + backend.rank)
     trainer = Trainer(profile, ctx.batch, device, cfg.amp, trust_code=cfg.trust_profile_code)
-    trainer.wrap(cfg.bucket_mb, [device.index] if backend.device == "cuda" else None)
-    ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
-        f"real DDP training: {type(trainer.model).__name__}, SGD momentum {MOMENTUM}, synthetic inputs, "
-        f"{'amp fp16' if trainer.amp else 'fp32'}"])
+    layout = Layout(launch.nnodes, launch.world_size // max(1, launch.nnodes), backend.device)
+    model_name = type(trainer.model).__name__  # before fully_shard renames the class (FSDP<name>)
     try:
+        running = train_setups.apply(trainer, ctx.choice, layout, profile,
+                                     [device.index] if backend.device == "cuda" else None)
+        micro = f", {running.accumulate} micro-steps per step" if running.accumulate > 1 else ""
+        ctx.start(compute="real" + (" (amp)" if trainer.amp else ""), lines=[
+            f"real training, setup {running.what}{micro}: {model_name}, SGD momentum {MOMENTUM}, "
+            f"synthetic inputs, {'amp fp16' if trainer.amp else 'fp32'}"])
         for index in range(cfg.warmup_steps + cfg.steps):
             t0 = time.perf_counter()
-            trainer.step()
+            running.step()
             ctx.record(index, {"compute_us": None, "comm_us": None, "exposed_comm_us": None,
                                "step_us": (time.perf_counter() - t0) * 1e6})
     finally:  # DDP's Reducer must go before its process group does (else it can abort at exit)
         trainer.wrapped = trainer.model = trainer.optimizer = None
+        running = None
         del trainer
         gc.collect()

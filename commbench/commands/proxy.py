@@ -118,9 +118,9 @@ Examples:
 @_common
 @click.option("--amp", is_flag=True, help="Mixed precision (fp16 autocast with a grad scaler) on GPU.")
 def train_command(**options) -> None:
-    """Train MODEL for real with torch DDP (random weights, synthetic data) and time each step."""
+    """Train MODEL for real as --setup says (torch DDP or FSDP2; random weights, synthetic data) and time each step."""
     options.update(backend="torch", algorithm="auto", nodes=None, gpus_per_node=None, spawn_local=False, hw=None,
-                   compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False)
+                   compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False, train=True)
     from commbench import job
     from commbench.commands.proxy_plan import make_config
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from commbench import job
 from commbench.commands.common import UsageFault, find_job
 from commbench.commands.emulate import emulated_shape
-from commbench.commands.setup_flags import given_knobs, settle_setup
+from commbench.commands.setup_flags import check_trainable, given_knobs, settle_setup
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
 
@@ -85,7 +85,9 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
         _check_validate(plan, bucketing, compute, options["backend"])
     device = _device(options)
     choice = settle_setup(options.get("setup") or "ddp", options, plan.nodes, plan.ranks_per_node,
-                          "cpu" if device == "cpu" else "cuda")
+                          "cpu" if device == "cpu" else "cuda", plan.world)
+    if options.get("train") or options.get("validate"):
+        check_trainable(choice)
     if choice.name != "ddp" and bucketing != "ddp":
         raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
     if plan.mode != "local" and options["backend"] != "torch" and not choice.setup.allreduce_only:

@@ -43,12 +43,35 @@ def given_knobs(options: dict) -> dict:
 
 
 def settle_setup(name: str, options: dict, nodes: int | None = None, ranks_per_node: int | None = None,
-                 device: str = "cuda"):
-    """The setup with its knobs checked against the layout (when known): a Choice, or one line and exit 2."""
+                 device: str = "cuda", world: int | None = None):
+    """The setup with its knobs checked against the layout (when known; `world`: the job's ranks, which nodes of
+    unequal size make other than nodes x ranks per node): a Choice, or one line and exit 2."""
     from commbench.proxies.setups import Layout, SetupError, settle
 
     layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
     try:
-        return settle(name, given_knobs(options), layout)
+        choice = settle(name, given_knobs(options), layout)
     except SetupError as exc:
         raise UsageFault(str(exc)) from exc
+    if layout and world and world != layout.world and dict(choice.knobs).get("shard_group") == "node":
+        raise UsageFault(f"setup {name}: shards span a node of {ranks_per_node} ranks, which does not divide "
+                         f"{world} ranks")
+    return choice
+
+
+# what `train` runs instead of a setup it cannot run here (Setup.trains_as "")
+TRAINS_INSTEAD = {
+    "zero1": "DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (every gradient "
+             "reduce-scattered and every parameter all-gathered once a step, per unit)",
+    "zero2": "DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (ZeRO-2's FSDP "
+             "form, SHARD_GRAD_OP)",
+    "horovod": "Horovod is not installed here; the nearest that trains here: --setup ddp (gradient buckets "
+               "allreduced as they are ready)",
+}
+
+
+def check_trainable(choice) -> None:
+    """`train` (and `proxy --validate`) run a setup for real: one line and exit 2 for one they cannot."""
+    if not choice.setup.trains_as:
+        raise UsageFault(f"setup {choice.name} does not train here: "
+                         f"{TRAINS_INSTEAD.get(choice.name, 'no real form of it runs in commbench train')}")
