@@ -41,9 +41,10 @@ class RankContext:
         self.compute = compute
         environment = self.backend.gather_objects(local_environment(self.backend.device))
         profile, world = self.profile, self.backend.world_size
+        grouped = (f"in {len(self.buckets)} bucket(s) ({self._bucket_text()})" if self.choice.name == "ddp" else
+                   f"in setup {self.choice.name}")
         what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
-                f"{profile.nbytes / 2**20:.1f} MiB of gradients in {len(self.buckets)} bucket(s) "
-                f"({self._bucket_text()}), batch {self.batch} per rank, {world} rank(s), "
+                f"{profile.nbytes / 2**20:.1f} MiB of gradients {grouped}, batch {self.batch} per rank, {world} rank(s), "
                 f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
         self.fixed = {"kind": self.kind, "model": profile.name, "backend": self.backend.name,
                       "library": self.backend.library, "device": self.backend.device, "world_size": world,
