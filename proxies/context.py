@@ -44,7 +44,8 @@ class RankContext:
         grouped = (f"in {len(self.buckets)} bucket(s) ({self._bucket_text()})" if self.choice.name == "ddp" else
                    f"in setup {self.choice.name}")
         what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
-                f"{profile.nbytes / 2**20:.1f} MiB of gradients {grouped}, batch {self.batch} per rank, {world} rank(s), "
+                f"{profile.nbytes / 2**20:.1f} MiB of gradients {grouped}, batch {self.batch} per rank, "
+                f"{world} rank(s), "
                 f"backend {self.backend.name} ({self.backend.library} on {self.backend.device})")
         self.fixed = {"kind": self.kind, "model": profile.name, "backend": self.backend.name,
                       "library": self.backend.library, "device": self.backend.device, "world_size": world,
