@@ -188,7 +188,7 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
 
 def _units_summary(profile: Profile) -> str:
     if not profile.units:
-        return "# sharding units: none in this profile (schema 1; `commbench profiles extract` adds them)"
+        return "# sharding units: none in this profile (a schema 1 file; `commbench profiles extract` adds them)"
     largest = max(profile.units, key=profile.unit_nbytes)
     return (f"# sharding units: {len(profile.units)}, the largest {largest.name or '(root)'} with "
             f"{profile.unit_nbytes(largest) / 2**20:.1f} MiB (profiles show --units lists them)")
