@@ -41,6 +41,13 @@ class ModelSpec:
 # models' DEFAULT_TRAIN_BSIZE and example inputs (files named in each `batch_source`).
 _TB = "pytorch/benchmark torchbenchmark/models/{}/__init__.py DEFAULT_TRAIN_BSIZE"
 _HF = "pytorch/benchmark torchbenchmark/util/framework/huggingface/model_factory.py (train_max_length)"
+# The LLM-shaped models: a published config's hyper-parameters on the transformers class (random weights),
+# with the tokens per sample and per-GPU batch of a published training setup.
+_DS_GPT2 = ("microsoft/DeepSpeedExamples Megatron-LM/scripts/ds_pretrain_gpt2.sh: --batch-size 8 --seq-length 1024 "
+            "per GPU (its GPT-2 345M script)")
+_TITAN = "pytorch/torchtitan train_configs/{}.toml: batch_size {} (per rank), seq_len {} (FSDP)"
+_LLAMA2 = ("hidden_size={},intermediate_size={},num_hidden_layers={},num_attention_heads={},vocab_size=32000,"
+           "max_position_embeddings=4096,rms_norm_eps=1e-05,tie_word_embeddings=false")
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("alexnet", "torchvision:alexnet", (3, 224, 224), "images", 128, _TB.format("alexnet")),
     ModelSpec("resnet18", "torchvision:resnet18", (3, 224, 224), "images", 16, _TB.format("resnet18")),
@@ -67,6 +74,25 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
               (512,), "sequences", 4, _TB.format("hf_Bart") + "; " + _HF,
               note="facebook/bart-base's hyper-parameters (its config.json) on BartConfig"),
     ModelSpec("gpt2", "transformers:GPT2LMHeadModel", (512,), "sequences", 4, _TB.format("hf_GPT2") + "; " + _HF),
+    ModelSpec("gpt2-xl", "transformers:GPT2LMHeadModel:n_layer=48,n_embd=1600,n_head=25,n_positions=1024,"
+              "vocab_size=50257", (1024,), "sequences", 8, _DS_GPT2,
+              note="GPT-2 XL (1558M; Radford et al. 2019, Table 2: 48 layers, d_model 1600; openai-community/gpt2-xl "
+                   "config.json: n_head 25, n_positions 1024, vocab 50257); 1024 tokens, its context"),
+    ModelSpec("llama-1b", "transformers:LlamaForCausalLM:hidden_size=2048,intermediate_size=5632,num_hidden_layers=22,"
+              "num_attention_heads=32,num_key_value_heads=4,vocab_size=32000,max_position_embeddings=2048,"
+              "rms_norm_eps=1e-05,tie_word_embeddings=false", (2048,), "sequences", 8,
+              "jzhang38/TinyLlama pretrain/tinyllama.py: micro_batch_size 8 of 2048 tokens per GPU (FSDP, "
+              "auto_wrap_policy={Block})",
+              note="TinyLlama-1.1B's config.json (TinyLlama/TinyLlama-1.1B-Chat-v1.0): hidden 2048, "
+                   "22 layers, 32 heads, 4 key-value heads, intermediate 5632, vocab 32000"),
+    ModelSpec("llama-7b", "transformers:LlamaForCausalLM:" + _LLAMA2.format(4096, 11008, 32, 32), (2048,), "sequences",
+              8, _TITAN.format("llama2_7b", 8, 2048),
+              note="Llama 2 7B's config.json (meta-llama/Llama-2-7b-hf; Touvron et al. 2023): hidden 4096, 32 layers, "
+                   "32 heads, intermediate 11008, vocab 32000, context 4096"),
+    ModelSpec("llama-13b", "transformers:LlamaForCausalLM:" + _LLAMA2.format(5120, 13824, 40, 40), (4096,),
+              "sequences", 2, _TITAN.format("llama2_13b", 2, 4096),
+              note="Llama 2 13B's config.json (meta-llama/Llama-2-13b-hf; Touvron et al. 2023): hidden 5120, "
+                   "40 layers, 40 heads, intermediate 13824, vocab 32000, context 4096"),
     ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 10,
               _TB.format("speech_transformer") + " declares 32, but its frame-budget batching of a 10-utterance "
               "training set gives 10 per step (pytorch/benchmark issue #1560)"),

@@ -4,9 +4,11 @@ A profile lists every trainable parameter tensor in registration order (name,
 shape, dtype) with the backward FLOPs per sample that have run when its gradient
 becomes ready (`ready_flops`) and its position in gradient-ready order
 (`ready_index`), plus the forward and backward FLOPs per sample, the input shape,
-the sample unit, a default batch and where the model came from. Profiles ship as
-JSON in proxies/profiles/ and are built by extract.py; nothing in this module
-needs torch.
+the sample unit, a default batch and where the model came from. Schema 2 adds the
+model's sharding units (`units`): the modules an FSDP wrapping policy wraps, each
+with its parameter tensors and the forward and backward FLOPs spent in it, in the
+order the forward runs them. Profiles ship as JSON in proxies/profiles/ and are
+built by extract.py; nothing in this module needs torch.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from typing import Any
 from commbench import files
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # schema 1: no units
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -46,6 +49,18 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class UnitSpec:
+    """One sharding unit: the module FSDP wraps (its path, as `model.get_submodule(name)` finds it;
+    "" is the root module with the parameters no wrapped module holds), the indices of its parameter
+    tensors in Profile.tensors, and the FLOPs per sample its own forward and backward run (a nested
+    unit's FLOPs are the nested unit's; FLOPs outside every wrapped module are the root's)."""
+    name: str
+    tensors: tuple[int, ...]
+    forward_flops: float
+    backward_flops: float
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     tensors: tuple[TensorSpec, ...]  # registration order (model.parameters())
@@ -55,6 +70,7 @@ class Profile:
     sample_unit: str  # images, sequences, utterances
     default_batch: int
     source: dict[str, Any] = field(default_factory=dict)  # package, version, constructor, reference
+    units: tuple[UnitSpec, ...] = ()  # sharding units in forward execution order; () if not extracted
 
     @property
     def parameters(self) -> int:
@@ -64,6 +80,10 @@ class Profile:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
+    def unit_nbytes(self, unit: UnitSpec) -> int:
+        """The bytes of a unit's parameters (what FSDP all-gathers for it, unsharded)."""
+        return sum(self.tensors[i].nbytes for i in unit.tensors)
+
     def ready_order(self) -> list[int]:
         """Tensor indices in the order their gradients become ready in backward."""
         return sorted(range(len(self.tensors)), key=lambda i: self.tensors[i].ready_index)
@@ -71,26 +91,30 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tensors"] = [[t.name, list(t.shape), t.dtype, t.ready_flops, t.ready_index] for t in self.tensors]
-        return {"schema": SCHEMA_VERSION, "parameters": self.parameters, "tensor_fields":
-                ["name", "shape", "dtype", "ready_flops", "ready_index"], **out}
+        out["units"] = [[u.name, list(u.tensors), u.forward_flops, u.backward_flops] for u in self.units]
+        return {"schema": SCHEMA_VERSION, "parameters": self.parameters, "tensor_fields": list(TENSOR_FIELDS),
+                "unit_fields": list(UNIT_FIELDS), **out}
 
     def save(self, path: str) -> None:
-        """Readable JSON: the header fields indented, one line per tensor."""
+        """Readable JSON: the header fields indented, one line per tensor and per unit."""
         data = self.to_dict()
-        tensors = data.pop("tensors")
+        lists = {key: data.pop(key) for key in ("tensors", "units")}
         head = json.dumps(data, indent=1)[:-2]  # without the closing brace
-        rows = ",\n".join("  " + json.dumps(row) for row in tensors)
+        body = ",\n".join(f' "{key}": [' + ",".join(f"\n  {json.dumps(row)}" for row in rows)
+                          + ("\n ]" if rows else "]") for key, rows in lists.items())
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(f'{head},\n "tensors": [\n{rows}\n ]\n}}\n')
+            handle.write(f"{head},\n{body}\n}}\n")
 
 
 REQUIRED = ("name", "tensors", "forward_flops", "backward_flops", "input_shape", "sample_unit", "default_batch")
 TENSOR_FIELDS = ("name", "shape", "dtype", "ready_flops", "ready_index")
+UNIT_FIELDS = ("name", "tensors", "forward_flops", "backward_flops")
 
 # What a profile file may hold: generous beyond any model trained to date, and finite, so that what is
 # built from a profile (buckets, the replay's timeline, a prediction) stays finite too.
 MAX_FILE_BYTES = 256 * 2**20
 MAX_TENSORS = 1_000_000
+MAX_UNITS = MAX_TENSORS
 MAX_PARAMETERS = 10**14  # 100 T parameters
 MAX_TENSOR_DIMS = 8
 MAX_FLOPS = 1e21  # per sample, forward or backward
@@ -107,8 +131,10 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise ProfileError(f"{origin}: missing field(s) {', '.join(missing)}")
-    if data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ProfileError(f"{origin}: schema {_brief(data['schema'])}; this commbench reads schema {SCHEMA_VERSION}")
+    schema = data.get("schema", SCHEMA_VERSION)
+    if type(schema) is not int or schema not in READABLE_SCHEMAS:
+        raise ProfileError(f"{origin}: schema {_brief(data['schema'])}; this commbench reads schema "
+                           f"{' and '.join(map(str, READABLE_SCHEMAS))}")
     forward = _number(data["forward_flops"], "forward_flops", origin, MAX_FLOPS)
     backward = _number(data["backward_flops"], "backward_flops", origin, MAX_FLOPS)
     batch = _integer(data["default_batch"], "default_batch", origin, 1, MAX_BATCH)
@@ -128,8 +154,9 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
     stated = data.get("parameters", total)
     if type(stated) is not int or stated != total:
         raise ProfileError(f"{origin}: 'parameters' says {_brief(stated)} but the tensors hold {total}")
+    units = _units(data.get("units", []), tensors, forward, backward, origin)
     return Profile(_text(data["name"], "name", origin), tensors, forward, backward, shape,
-                   _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin))
+                   _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin), units)
 
 
 def _list(value: Any, name: str, origin: str) -> list:
@@ -207,6 +234,56 @@ def _tensor(entry: Any, i: int, origin: str, backward_flops: float) -> TensorSpe
         raise ProfileError(f"{where} ({name}): ready_flops {ready:g} is more than the backward's {backward_flops:g}")
     index = _integer(ready_index, f"tensors[{i}] ({name}) ready_index", origin, 0, MAX_TENSORS)
     return TensorSpec(name, dims, dtype, ready, index)
+
+
+def _units(value: Any, tensors: tuple[TensorSpec, ...], forward: float, backward: float,
+           origin: str) -> tuple[UnitSpec, ...]:
+    """The sharding units: each tensor in exactly one unit, names once each, and FLOPs that add up to the
+    profile's (an empty list: no units, as schema 1 files)."""
+    entries = _list(value, "units", origin)
+    if len(entries) > MAX_UNITS:
+        raise ProfileError(f"{origin}: {len(entries)} units; a profile holds at most {MAX_UNITS:,d}")
+    units = tuple(_unit(entry, k, origin, len(tensors)) for k, entry in enumerate(entries))
+    if not units:
+        return units
+    owner: dict[int, str] = {}
+    names: set[str] = set()
+    for unit in units:
+        if unit.name in names:
+            raise ProfileError(f"{origin}: unit {unit.name!r} is listed twice")
+        names.add(unit.name)
+        for index in unit.tensors:
+            if index in owner:
+                where = "twice in unit" if owner[index] == unit.name else f"in two units, {owner[index]!r} and"
+                raise ProfileError(f"{origin}: tensors[{index}] ({tensors[index].name}) is {where} {unit.name!r}")
+            owner[index] = unit.name
+    orphans = [t.name for i, t in enumerate(tensors) if i not in owner]
+    if orphans:
+        more = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
+        raise ProfileError(f"{origin}: tensor {orphans[0]}{more} in no unit; every tensor belongs to one unit")
+    for key, total in (("forward_flops", forward), ("backward_flops", backward)):
+        summed = sum(getattr(u, key) for u in units)
+        if not math.isclose(summed, total, rel_tol=1e-6, abs_tol=1.0):
+            raise ProfileError(f"{origin}: the units' {key} add up to {summed:g}, the profile's {key} is {total:g}")
+    return units
+
+
+def _unit(entry: Any, k: int, origin: str, tensor_count: int) -> UnitSpec:
+    where = f"{origin}: units[{k}]"
+    if isinstance(entry, dict):
+        entry = [entry.get(key) for key in UNIT_FIELDS]
+    if not isinstance(entry, (list, tuple)) or len(entry) != 4 or None in entry:
+        raise ProfileError(f"{where}: expected [{', '.join(UNIT_FIELDS)}]")
+    name, members, forward, backward = entry
+    if name != "":  # "" is the root module
+        name = _text(name, f"units[{k}] name", origin)
+    members = _list(members, f"units[{k}] ({name!r}) tensors", origin)
+    for index in members:
+        if type(index) is not int or not 0 <= index < tensor_count:
+            raise ProfileError(f"{where} ({name!r}): tensor index {_brief(index)} is not one of the profile's "
+                               f"tensors (0..{tensor_count - 1})")
+    return UnitSpec(name, tuple(members), _number(forward, f"units[{k}] ({name!r}) forward_flops", origin, MAX_FLOPS),
+                    _number(backward, f"units[{k}] ({name!r}) backward_flops", origin, MAX_FLOPS))
 
 
 # ---------------------------------------------------------------- finding profiles

@@ -163,7 +163,8 @@ def report_validation(cfg: ProxyConfig, train_cfg: ProxyConfig, show_paths: bool
 # ---------------------------------------------------------------- profiles
 
 
-def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: str, as_json: bool) -> str:
+def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: str, as_json: bool,
+                 show_units: bool = False) -> str:
     try:
         profile = load_profile(model)
         layout = B.assign(profile, bucket_mb, mode)
@@ -181,6 +182,8 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
             lines.append(f"  {b.index:>6} {b.nbytes:>14,d} {b.nbytes / 2**20:>9.3f} {len(b.tensors):>8}  "
                          f"{first} .. {last}")
         return "\n".join(lines)
+    if show_units:
+        return _units_table(profile, as_json)
     if as_json:
         return json.dumps(profile.to_dict())
     lines = [f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors "
@@ -188,6 +191,7 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
              f"{profile.backward_flops / 1e9:.3f} GFLOP backward per sample",
              f"# input {'x'.join(map(str, profile.input_shape))} per sample ({profile.sample_unit}), "
              f"default batch {profile.default_batch}",
+             _units_summary(profile),
              *(f"# {key}: {value}" for key, value in profile.source.items()),
              f"# {'tensor':48s} {'shape':>20s} {'dtype':>9s} {'ready at':>9s}"]
     for t in profile.tensors:
@@ -196,8 +200,30 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
     return "\n".join(lines)
 
 
+def _units_summary(profile: Profile) -> str:
+    if not profile.units:
+        return "# sharding units: none in this profile (a schema 1 file; `commbench profiles extract` adds them)"
+    largest = max(profile.units, key=profile.unit_nbytes)
+    return (f"# sharding units: {len(profile.units)}, the largest {largest.name or '(root)'} with "
+            f"{profile.unit_nbytes(largest) / 2**20:.1f} MiB (profiles show --units lists them)")
+
+
+def _units_table(profile: Profile, as_json: bool) -> str:
+    """The sharding units in forward order: tensors, bytes and FLOPs per sample (`profiles show --units`)."""
+    rows = [{"unit": u.name, "tensors": len(u.tensors), "nbytes": profile.unit_nbytes(u),
+             "forward_flops": u.forward_flops, "backward_flops": u.backward_flops} for u in profile.units]
+    if as_json:
+        return json.dumps({"model": profile.name, "wrapping": profile.source.get("units"), "units": rows})
+    lines = [_units_summary(profile), f"# wrapping: {profile.source.get('units', 'not recorded')}",
+             f"# {'unit':40s} {'tensors':>8s} {'MiB':>10s} {'GFLOP fwd':>11s} {'GFLOP bwd':>11s}"]
+    for row in rows:
+        lines.append(f"  {row['unit'] or '(root)':40s} {row['tensors']:>8d} {row['nbytes'] / 2**20:>10.3f} "
+                     f"{row['forward_flops'] / 1e9:>11.4f} {row['backward_flops'] / 1e9:>11.4f}")
+    return "\n".join(lines)
+
+
 def extract_profile(spec: str, input_shape: str | None, name: str | None, batch: int | None,
-                    unit: str | None) -> Profile:
+                    unit: str | None, wrap: str | None = None) -> Profile:
     from commbench.proxies.extract import extract
 
     try:
@@ -207,7 +233,7 @@ def extract_profile(spec: str, input_shape: str | None, name: str | None, batch:
     if batch is not None and batch < 1:
         raise ProxyUsageError(f"--batch {batch}: must be at least 1")
     try:
-        return extract(spec, shape, name, batch, unit)
+        return extract(spec, shape, name, batch, unit, tuple(filter(None, (wrap or "").split(","))))
     except ModelError as exc:
         raise ProxyUsageError(str(exc)) from exc
     except (RuntimeError, TypeError, ValueError) as exc:  # the model rejected the inputs (a bad --input-shape)

@@ -90,6 +90,16 @@ def test_profile_file_errors_name_the_problem(tmp_path):
         load_profile("nosuch")
 
 
+def test_a_schema_1_profile_still_loads_without_units(tmp_path):
+    data = load_profile("resnet18").to_dict()
+    old = {key: value for key, value in data.items() if key not in ("units", "unit_fields")}
+    old["source"] = {key: value for key, value in old["source"].items() if key != "units"}
+    profile = load_profile(_write(tmp_path, dict(old, schema=1)))
+    assert profile.units == () and profile.tensors == load_profile("resnet18").tensors
+    with pytest.raises(ProfileError, match="schema 3; this commbench reads schema 1 and 2"):
+        load_profile(_write(tmp_path, dict(old, schema=3)))
+
+
 def test_save_and_load_round_trip(tmp_path):
     profile = load_profile("bert-base")
     path = str(tmp_path / "b.json")

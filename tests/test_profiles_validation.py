@@ -25,6 +25,12 @@ def _tensor(good, index, position, value):
     return _with(good, tensors=tensors)
 
 
+def _unit(good, index, position, value):
+    units = [list(row) for row in good["units"]]
+    units[index][position] = value
+    return _with(good, units=units)
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda g: _with(g, backward_flops=1e400), r"'backward_flops' is inf; it must be a finite number"),
     (lambda g: _with(g, forward_flops=-1.0), r"'forward_flops' is -1.0"),
@@ -37,7 +43,8 @@ def _tensor(good, index, position, value):
     (lambda g: _with(g, input_shape=[3, "224"]), r"'input_shape' is '224'"),
     (lambda g: _with(g, input_shape=[1] * 9), r"'input_shape' has 9 dimensions; at most 8"),
     (lambda g: _with(g, input_shape=[3, 0]), r"'input_shape' is 0"),
-    (lambda g: _with(g, schema=2), r"schema 2; this commbench reads schema 1"),
+    (lambda g: _with(g, schema=3), r"schema 3; this commbench reads schema 1 and 2"),
+    (lambda g: _with(g, schema=True), r"schema True; this commbench reads schema 1 and 2"),
     (lambda g: _with(g, name="\x1b]0;owned\x07"), r"'name' holds control characters"),
     (lambda g: _with(g, name=""), r"'name' must be a non-empty string"),
     (lambda g: _with(g, sample_unit=["images"]), r"'sample_unit' must be a non-empty string"),
@@ -54,6 +61,22 @@ def _tensor(good, index, position, value):
     (lambda g: _tensor(g, 0, 4, True), r"ready_index' is True"),
     (lambda g: _tensor(g, 0, 0, "w\nx"), r"'tensors\[0\] name' holds control characters"),
     (lambda g: _with(g, parameters=True), r"'parameters' says True"),
+    (lambda g: _with(g, units="layers"), r"'units' must be a list"),
+    (lambda g: _with(g, units=[["layers.0"]]),
+     r"units\[0\]: expected \[name, tensors, forward_flops, backward_flops\]"),
+    (lambda g: _unit(g, 0, 1, [0, 1, 99]), r"units\[0\] \('layers.0'\): tensor index 99 is not one of the "
+                                           r"profile's tensors \(0..14\)"),
+    (lambda g: _unit(g, 0, 1, [0, 1.5]), r"tensor index 1.5 is not one of"),
+    (lambda g: _unit(g, 1, 1, [5, 6, 7, 8, 9, 0]), r"tensors\[0\] \(layers.0.lstm.weight_ih_l0\) is in two units, "
+                                                   r"'layers.0' and 'layers.1'"),
+    (lambda g: _unit(g, 0, 1, [0, 0, 1, 2, 3, 4]), r"tensors\[0\] \(layers.0.lstm.weight_ih_l0\) is twice in unit"),
+    (lambda g: _unit(g, 0, 1, [1, 2, 3, 4]), r"tensor layers.0.lstm.weight_ih_l0 in no unit; every tensor belongs"),
+    (lambda g: _unit(g, 0, 1, []), r"tensor layers.0.lstm.weight_ih_l0 and 4 more in no unit"),
+    (lambda g: _unit(g, 1, 0, "layers.0"), r"unit 'layers.0' is listed twice"),
+    (lambda g: _unit(g, 0, 0, "layers\x1b[2J"), r"'units\[0\] name' holds control characters"),
+    (lambda g: _unit(g, 0, 2, -1.0), r"'units\[0\] \('layers.0'\) forward_flops' is -1.0"),
+    (lambda g: _unit(g, 2, 3, float("nan")), r"'units\[2\] \('layers.2'\) backward_flops' is nan"),
+    (lambda g: _unit(g, 2, 3, 0.0), r"the units' backward_flops add up to .*, the profile's backward_flops is"),
 ])
 def test_a_bad_field_is_one_line_naming_it(good, change, message):
     with pytest.raises(ProfileError, match=message) as caught:
@@ -61,10 +84,16 @@ def test_a_bad_field_is_one_line_naming_it(good, change, message):
     assert str(caught.value).startswith("p.json: ") and "\n" not in str(caught.value)
 
 
+def test_too_many_units(good, monkeypatch):
+    monkeypatch.setattr(profile_module, "MAX_UNITS", 2)  # the real bound, 1,000,000, the same way
+    with pytest.raises(ProfileError, match="p.json: 3 units; a profile holds at most 2"):
+        profile_from_dict(good, "p.json")
+
+
 def test_every_shipped_profile_passes(good):
     from commbench.proxies.profile import shipped
 
-    assert len([load_profile(name) for name in shipped()]) == 16
+    assert len([load_profile(name) for name in shipped()]) == 20
     assert profile_from_dict(good, "x").name == "tts_angular"
 
 

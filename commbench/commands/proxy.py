@@ -196,16 +196,18 @@ def profiles_list(as_json: bool) -> None:
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's].")
 @click.option("--no-bucketing", is_flag=True)
 @click.option("--single-bucket", is_flag=True)
+@click.option("--units", "show_units", is_flag=True, help="The sharding units (FSDP wrapping), in forward order.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, as_json) -> None:
-    """A profile's summary and tensors, or with --buckets its DDP bucket layout."""
+def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, show_units, as_json) -> None:
+    """A profile's summary and tensors, with --buckets its DDP bucket layout, with --units its sharding units."""
     from commbench.commands import options as O
     from commbench.commands.proxy_plan import bucketing_mode
     from commbench.proxies import run as R
 
     O.check({"--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb)})
     try:
-        text = R.show_profile(model, show_buckets, bucket_mb, bucketing_mode(no_bucketing, single_bucket), as_json)
+        text = R.show_profile(model, show_buckets, bucket_mb, bucketing_mode(no_bucketing, single_bucket), as_json,
+                              show_units)
     except R.ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
     click.echo(text)
@@ -218,7 +220,9 @@ def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, a
 @click.option("--name", default=None, help="The profile's name [default: from SPEC].")
 @click.option("--batch", "default_batch", type=int, default=None, help="The profile's default batch.")
 @click.option("--unit", "sample_unit", default=None, help="What a sample is: images, sequences, ...")
-def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit) -> None:
+@click.option("--wrap", default=None, metavar="CLASS[,CLASS...]",
+              help="Classes whose modules are sharding units [default: the model family's FSDP wrapping].")
+def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit, wrap) -> None:
     """Build a profile from a model definition (random weights; nothing is downloaded).
 
     \b
@@ -230,10 +234,10 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
 
     check_writable(output)
     try:
-        profile = R.extract_profile(spec, input_shape, name, default_batch, sample_unit)
+        profile = R.extract_profile(spec, input_shape, name, default_batch, sample_unit, wrap)
     except R.ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
     profile.save(output)
     click.echo(f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors, "
                f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
-               f"backward per sample; wrote {os.path.abspath(output)}")
+               f"backward per sample, {len(profile.units)} sharding unit(s); wrote {os.path.abspath(output)}")
