@@ -125,8 +125,11 @@ def schedule_interval_us(hw: Hardware, schedule: Schedule, topo: Topology, items
 
 
 def variants(hw: Hardware) -> list[Hardware]:
-    """The hardware of each resample of the fit (empty without resamples); a level the fit did not
-    measure keeps its figures."""
+    """The hardware of each resample of the fit (empty without resamples): exactly the figures that
+    resample's residual was computed with. A level the fit did not measure keeps its figures; a fitted
+    bandwidth whose resample is 0 us per byte (a refit in which that level's bytes cost nothing, as a
+    non-negative fit may find on a noisy sweep) is an infinite bandwidth, not the fit's own: keeping
+    the fit's would pair the resample's residual with other figures than the ones it came from."""
     parsed = uncertainty(hw)
     if parsed is None:
         return []
@@ -135,16 +138,19 @@ def variants(hw: Hardware) -> list[Hardware]:
     for values in parsed.resamples:
         fields = dict(zip(COLUMNS, values))
         intra, inter = hw.intra, hw.inter
-        if fields["us_per_byte_intra"] > 0 and levels.get("intra"):
-            intra = replace(intra, bw_gbps=1.0 / fields["us_per_byte_intra"] / 1e3,
-                            latency_us=fields["alpha_intra_us"])
-        if fields.get("us_per_byte_cache", 0) > 0 and intra.cache_bytes:
-            intra = replace(intra, cache_bw_gbps=1.0 / fields["us_per_byte_cache"] / 1e3)
-        if fields["us_per_byte_inter"] > 0 and levels.get("inter"):
-            inter = replace(inter, bw_gbps=1.0 / fields["us_per_byte_inter"] / 1e3,
-                            latency_us=fields["alpha_inter_us"])
+        if levels.get("intra"):
+            intra = replace(intra, bw_gbps=_gbps(fields["us_per_byte_intra"]), latency_us=fields["alpha_intra_us"])
+        if "us_per_byte_cache" in fields and intra.cache_bytes:
+            intra = replace(intra, cache_bw_gbps=_gbps(fields["us_per_byte_cache"]))
+        if levels.get("inter"):
+            inter = replace(inter, bw_gbps=_gbps(fields["us_per_byte_inter"]), latency_us=fields["alpha_inter_us"])
         out.append(replace(hw, intra=intra, inter=inter, per_call_overhead_us=fields["overhead_us"]))
     return out
+
+
+def _gbps(us_per_byte: float) -> float:
+    """A fitted figure in us per byte as GB/s (0 us per byte: bytes cost nothing, an infinite bandwidth)."""
+    return 1.0 / us_per_byte / 1e3 if us_per_byte > 0 else math.inf
 
 
 def interval_us(hw: Hardware, cost: Callable[[Hardware], float]) -> tuple[float, float] | None:

@@ -194,11 +194,14 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     sweep = commbench("sweep", "--backend", "shm", "--sizes", "4K,64K,1M,4M", "--placement", "in-place",
                       "--iters", "20", "--warmup", "3", "--json", str(tmp_path / "m.jsonl"))
     assert sweep.returncode == 0, sweep.stderr
-    fitted = commbench("fit", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "hw.json"))
+    # --accept-poor-fit: a loaded machine can put the median point past 25% (30% seen, 2026-11-25); the
+    # refusal is test_fit_quality's, and what this test checks (predict and sim agree) holds either way
+    fitted = commbench("fit", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "hw.json"), "--accept-poor-fit")
     assert fitted.returncode == 0, fitted.stderr
     # auto ran oneshot up to 64 KiB and ring above: one backend, fitted whole
     assert "fitted shm/shm/oneshot+ring: 4 points" in fitted.stdout and "inter level not fitted" in fitted.stdout
-    ranged = commbench("fit", str(tmp_path / "m.jsonl"), "--sizes", "64K-4M", "-o", str(tmp_path / "hw2.json"))
+    ranged = commbench("fit", str(tmp_path / "m.jsonl"), "--sizes", "64K-4M", "-o", str(tmp_path / "hw2.json"),
+                       "--accept-poor-fit")
     assert ranged.returncode == 0 and "3 points" in ranged.stdout, ranged.stderr
     hw = M.load_hardware(str(tmp_path / "hw.json"))
     assert hw.intra.bw_gbps > 0 and hw.meta["points"] == 4
