@@ -24,6 +24,7 @@ import numpy as np
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
+from commbench.analysis.calibration import FIT_PROVENANCE
 from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
 from commbench.proxies import buckets as B
@@ -218,6 +219,7 @@ class ScalingPoint:
     samples_per_s_interval: tuple[float, float] | None = None
     linearity_interval: tuple[float, float] | None = None
     straggler_us: float = 0.0  # the expected slowest rank's delay in the step (a --jitter-from run's steps)
+    interval_source: str | None = None  # where the interval comes from: "fit resamples" or "corpus calibration"
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -268,5 +270,5 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
                                    t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
                                    size_choices(pred), step, rates,
                                    (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
-                                   late))
+                                   late, FIT_PROVENANCE if step else None))
     return points[1:]

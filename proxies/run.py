@@ -50,18 +50,23 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
         forward = backward = update = 0.0
         label = "none"
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
+    hw, late, terms = _evidence_terms(hw, profile, batch, topo, (forward, backward, update, ddp), cfg)
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm,
-                        ddp)
+                        ddp, late)
     interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
-                                algorithm, ddp)
+                                algorithm, ddp, late)
+    source = "fit resamples" if interval else None
+    if interval is None and topo.world > 1:
+        interval, source = _corpus_interval(profile, batch, hw, (forward, backward, update, ddp), cfg, pred)
     log = StepLog(cfg.json_path, True, batch * topo.world)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
-                "buckets": B.describe(pred.buckets), "step_interval_us": list(interval) if interval else None},
+                "buckets": B.describe(pred.buckets), "step_interval_us": list(interval) if interval else None,
+                "interval_source": source},
                [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}: {len(pred.buckets)} bucket(s), "
-                f"allreduce {algorithm} from the cost model; compute {label}", *_interval_lines(hw, topo, algorithm,
-                                                                                                interval)])
+                f"allreduce {algorithm} from the cost model; compute {label}",
+                *_interval_lines(hw, topo, algorithm, interval, source), *(f"without a fit: {t}" for t in terms)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us})
@@ -74,20 +79,56 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                             step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
                             other_us_p90=t.other_us,
                             samples_per_s=t.samples_per_s(batch * topo.world), run_id=log.run_id,
-                            step_interval_us=list(interval) if interval else None))
+                            step_interval_us=list(interval) if interval else None, interval_source=source))
     if interval:
-        print(f"# step 80% interval: {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
+        print(f"# step 80% interval ({source}): {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
               f"{t.step_us / 1e3:.2f} ms)", flush=True)
     return 0
 
 
-def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None) -> list[str]:
+def _evidence_terms(hw: Any, profile: Profile, batch: int, topo: Any, compute: tuple, cfg: ProxyConfig):
+    """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
+    fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
+    from commbench.analysis.predict_scaling import evidence_terms
+    from commbench.analysis.scaling import predict_step
+    from commbench.analysis.stragglers import expected_max
+    from commbench.topology import Topology
+
+    hw, ratios, terms = evidence_terms(hw, None)
+    if ratios is None or topo.world == 1:
+        return hw, 0.0, terms
+    one = predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
+                       cfg.bucketing, LIBRARY, compute[3])
+    return hw, max(0.0, one.times.step_us * (expected_max(ratios, topo.world) - 1.0)), terms
+
+
+def _corpus_interval(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, pred: Any):
+    """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
+    step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
+    from commbench.analysis.calibration import CORPUS_PROVENANCE, load_calibration
+    from commbench.analysis.scaling import predict_step
+    from commbench.topology import Topology
+
+    calibration = load_calibration()
+    if calibration is None:
+        return None, None
+    one = predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
+                       cfg.bucketing, LIBRARY, compute[3])
+    interval = calibration.step_interval_us(one.times.step_us, pred.times.step_us)
+    return (interval, CORPUS_PROVENANCE) if interval else (None, None)
+
+
+def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None,
+                    source: str | None = None) -> list[str]:
     """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
     from commbench.analysis.intervals import levels_fitted
 
+    if source == "corpus calibration":
+        return ["step 80% interval: corpus calibration (no fit): split conformal on the linearity errors of the "
+                "published corpus (analysis/corpus/, docs/model.md), against this step's compute on one rank"]
     if interval:
-        return ["step 80% interval: the communication costed on the fit without each of its points, spread by "
-                "that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
+        return ["step 80% interval (fit resamples): the communication costed on the fit without each of its points, "
+                "spread by that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
     if hw.meta.get("uncertainty") is None:
         return []  # a preset, or a fit from before intervals: nothing to say
     if algorithm == LIBRARY:
