@@ -138,7 +138,7 @@ def corpus_interval(point: ScalingPoint, batch: int, calibration: C.Calibration)
     """`point` with the corpus calibration's 80% interval of its linearity, and the throughput and step at its
     ends, where it has none from a fit (1 GPU: nothing to spread). A linearity interval reaching 0 leaves the
     step's upper end unbounded: no step interval then."""
-    if point.gpus == 1 or point.step_interval_us is not None:
+    if point.gpus == 1 or point.step_interval_us is not None or not point.linearity > 0:
         return point
     low, high = calibration.linearity_interval(point.linearity)
     one_gpu = point.samples_per_s / (point.gpus * point.linearity)

@@ -95,3 +95,21 @@ def test_a_damaged_calibration_is_one_line(tmp_path):
     with pytest.raises(C.CalibrationError) as info:
         C.load_calibration(str(path))
     assert "\n" not in str(info.value)
+
+
+def test_terms_apply_to_a_preset_and_never_to_a_fitted_file():
+    from dataclasses import replace
+
+    from commbench.analysis.costmodel import load_hardware
+    from commbench.analysis.predict_scaling import evidence_terms
+    from commbench.analysis.scale_terms import DEFAULT_STEP_CV, default_step_ratios
+
+    preset = load_hardware("dgx-a100")
+    hw, ratios, said = evidence_terms(preset, None)
+    assert hw.inter.bw_gbps == pytest.approx(25.0 * 24 / 25)  # HDR: 24 GB/s of nccl-tests busbw per NIC
+    assert len(said) == 2 and "nccl issue #412" in said[0] and "CV 0.25%" in said[1]
+    assert np.median(ratios) == pytest.approx(1.0) and np.std(ratios) == pytest.approx(DEFAULT_STEP_CV.value, rel=0.02)
+    measured = default_step_ratios(0.05)
+    assert evidence_terms(preset, measured)[1] is measured  # a measured distribution is kept, not replaced
+    fitted = replace(preset, meta={"levels_fitted": {"intra": True, "inter": True}})
+    assert evidence_terms(fitted, None) == (fitted, None, ())  # measured bandwidths and steps: nothing added

@@ -498,12 +498,12 @@ def _interval_notes(run, records) -> list[str]:
     corpus = [r for r in records if r.interval_source == "corpus calibration"]
     if corpus and run.calibration:
         low, high = run.calibration.bounds()
+        each = ", ".join(f"{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-{r.linearity_interval[1]:.3f}]" for r in corpus)
         lines.append(f"# step 80%(ms) corpus: corpus calibration, not a fit: split conformal on the linearity errors "
                      f"of {len(run.calibration.residuals)} published rows from {len(set(run.calibration.sources))} "
                      f"sources (analysis/corpus/, docs/model.md): linearity {100 * low:+.1f} to {100 * high:+.1f} "
-                     f"points (the corpus's errors added to the prediction: it may lie beside it, the model having been "
-                     f"optimistic on published runs); linearity 80%: " + ", ".join(f"{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-"
-                                                            f"{r.linearity_interval[1]:.3f}]" for r in corpus))
+                     f"points (the corpus's errors added to the prediction: it may lie beside it, the model having "
+                     f"been optimistic on published runs); linearity 80%: {each}")
     if any(r.algorithm == LIBRARY and not r.step_interval_us and r.gpus > 1 for r in records):
         lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")
