@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from commbench.algorithms import LIBRARY
+from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
@@ -55,7 +56,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                         ddp, late)
     interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
                                 algorithm, ddp, late)
-    source = "fit resamples" if interval else None
+    source = FIT_PROVENANCE if interval else None
     if interval is None and topo.world > 1:
         interval, source = _corpus_interval(profile, batch, hw, (forward, backward, update, ddp), cfg, pred)
     log = StepLog(cfg.json_path, True, batch * topo.world)
@@ -105,7 +106,7 @@ def _evidence_terms(hw: Any, profile: Profile, batch: int, topo: Any, compute: t
 def _corpus_interval(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, pred: Any):
     """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
     step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
-    from commbench.analysis.calibration import CORPUS_PROVENANCE, load_calibration
+    from commbench.analysis.calibration import load_calibration
     from commbench.analysis.scaling import predict_step
     from commbench.topology import Topology
 
@@ -123,7 +124,7 @@ def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, f
     """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
     from commbench.analysis.intervals import levels_fitted
 
-    if source == "corpus calibration":
+    if source == CORPUS_PROVENANCE:
         return ["step 80% interval: corpus calibration (no fit): split conformal on the linearity errors of the "
                 "published corpus (analysis/corpus/, docs/model.md), against this step's compute on one rank"]
     if interval:
