@@ -16,13 +16,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     # analysis/ and proxies/ install as commbench.analysis and commbench.proxies (no top-level
-    # `analysis` or `proxies` module); presets and model profiles ship as data. The CUDA kernels
+    # `analysis` or `proxies` module); presets, the published corpus and its calibration, and model
+    # profiles ship as data. The CUDA kernels
     # in cuda/ ship as commbench/cuda/*.cu (data, no __init__.py: a top-level `cuda` package would
     # shadow NVIDIA's `cuda` namespace that CuPy imports).
     packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis", "commbench.proxies",
                                                                      "commbench.proxies.models", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
-    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md"],
+    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md", "corpus/*.json", "corpus/README.md"],
                   "commbench.proxies": ["profiles/*.json"], "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
     install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],

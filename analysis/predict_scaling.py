@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from commbench.analysis import calibration as C
+from commbench.analysis import scale_terms as T
 from commbench.analysis.costmodel import Hardware
 from commbench.analysis.scaling import ScalingError, ScalingPoint, predict_scaling
 from commbench.proxies.profile import Profile
@@ -33,6 +35,8 @@ class ScalingRun:
     candidate: str | None
     ddp_us: float = 0.0  # DDP's own work per step, as given
     stragglers: bool = False  # steps wait for the expected slowest of N ranks (a 1-rank run's distribution)
+    terms: tuple[str, ...] = ()  # the published-evidence terms applied to a hardware without a fit, as said
+    calibration: C.Calibration | None = None  # the corpus calibration that gave intervals without a fit
 
     def records(self, run_id: str = "") -> list[ScalingRecord]:
         """One record per algorithm and GPU count; the candidate's carry acc_ratio = its throughput / the baseline's."""
@@ -102,10 +106,13 @@ def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_
     `gpus_per_node`: `choices[i]` (proxies.setups.Choice; None: DDP with `bucket_mb`) costed by `algorithms[i]`
     (one algorithm and no choices: DDP), the setup's own work `ddp_us` per step and, given a 1-rank run's
     `step_ratios`, the expected slowest of N ranks (analysis/stragglers.py). `baseline`/`candidate` name curves
-    (curve_label). ScalingError: a GPU count that does not fill whole nodes, or a compute time
-    `check_compute_us` refuses."""
+    (curve_label). A hardware without a fit gets the terms of analysis/scale_terms.py that the published corpus
+    keeps, and every point of 2+ GPUs without a fit's interval gets the corpus calibration's. ScalingError: a GPU
+    count that does not fill whole nodes, or a compute time `check_compute_us` refuses."""
     check_compute_us(forward_us, backward_us, compute_label)
-    node_hw = replace(hw, ranks_per_node=gpus_per_node)
+    measured = step_ratios is not None
+    used, step_ratios, terms = evidence_terms(hw, step_ratios)
+    node_hw = replace(used, ranks_per_node=gpus_per_node)
     choices = choices or [None] * len(algorithms)
     setups = [c.name if c is not None else "ddp" for c in choices]
     curves = {}
@@ -114,4 +121,46 @@ def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_
         if label not in curves:
             curves[label] = predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us,
                                             backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice)
-    return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, step_ratios is not None)
+    calibration = C.load_calibration()
+    if calibration is not None:
+        curves = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
+                         for p in points] for name, points in curves.items()}
+    return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, measured, terms,
+                      calibration)
+
+
+def unfitted(hw: Hardware) -> bool:
+    """No link level of `hw` was measured (a preset or a hand-written file)."""
+    return not any((hw.meta.get("levels_fitted") or {}).values())
+
+
+def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[str, ...]]:
+    """(hardware, step ratios, what was applied): for a hardware without a fit, the terms the published corpus
+    keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency, and stragglers from the published
+    step-time distribution unless a measured one is given. A fitted file is used as it is."""
+    if not unfitted(hw):
+        return hw, step_ratios, ()
+    said = []
+    evidence = T.nic_efficiency(hw) if "nic" in T.KEPT else None
+    if evidence:
+        hw = T.delivered(hw)
+        said.append(f"NICs at {100 * evidence.value:.1f}% of their line rate ({evidence.source})")
+    if step_ratios is None and "stragglers" in T.KEPT:
+        step_ratios = T.default_step_ratios()
+        said.append(f"stragglers: the expected slowest of N ranks, steps normal with CV "
+                    f"{100 * T.DEFAULT_STEP_CV.value:.2f}% ({T.DEFAULT_STEP_CV.source}; --jitter-from for your own)")
+    return hw, step_ratios, tuple(said)
+
+
+def corpus_interval(point: ScalingPoint, batch: int, calibration: C.Calibration) -> ScalingPoint:
+    """`point` with the corpus calibration's 80% interval of its linearity, and the throughput and step at its
+    ends, where it has none from a fit (1 GPU: nothing to spread). A linearity interval reaching 0 leaves the
+    step's upper end unbounded: no step interval then."""
+    if point.gpus == 1 or point.step_interval_us is not None or not point.linearity > 0:
+        return point
+    low, high = calibration.linearity_interval(point.linearity)
+    one_gpu = point.samples_per_s / (point.gpus * point.linearity)
+    rates = (low * point.gpus * one_gpu, high * point.gpus * one_gpu)
+    step = (batch * point.gpus / rates[1] * 1e6, batch * point.gpus / rates[0] * 1e6) if rates[0] > 0 else None
+    return replace(point, step_interval_us=step, samples_per_s_interval=rates, linearity_interval=(low, high),
+                   interval_source=C.CORPUS_PROVENANCE)

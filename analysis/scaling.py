@@ -24,6 +24,7 @@ import numpy as np
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
+from commbench.analysis.calibration import FIT_PROVENANCE
 from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
@@ -279,6 +280,7 @@ class ScalingPoint:
     samples_per_s_interval: tuple[float, float] | None = None
     linearity_interval: tuple[float, float] | None = None
     straggler_us: float = 0.0  # the expected slowest rank's delay in the step (a --jitter-from run's steps)
+    interval_source: str | None = None  # where the interval comes from: "fit resamples" or "corpus calibration"
     setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs
     knobs: dict | None = None
 
@@ -334,5 +336,5 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
                                    t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
                                    size_choices(pred), step, rates,
                                    (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
-                                   late, choice.name, dict(choice.knobs)))
+                                   late, FIT_PROVENANCE if step else None, choice.name, dict(choice.knobs)))
     return points[1:]

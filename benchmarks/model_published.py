@@ -1,51 +1,65 @@
-"""Published data-parallel training tables against `commbench predict-scaling`.
+"""Published data-parallel scaling results (analysis/corpus/published.json) against commbench's prediction.
 
-Each table's 1-GPU throughput sets the compute time (so its 1-GPU row is the input, not a
-prediction); the model then predicts the other rows from a hardware preset and the
-model's profile. Nothing is tuned to these tables: the presets' figures come from their
-own public sources (analysis/presets/README.md).
+Every row is predicted from its hardware as the source describes it (the corpus's `systems`), its model's
+gradient profile, its batch and its setup as the source's own code states it, and its reference
+throughput (the 1-GPU row, or the source's smallest count where it gives only whole nodes: then the
+compute is the one that reproduces that count's throughput). Nothing is fitted to the corpus: the terms
+that grow with the node count come from their own evidence (analysis/scale_terms.py), and the ablation
+below switches each off to show what it does. Error = predicted - published linearity, in points
+(positive: the model is optimistic).
 
-Two inputs, side by side (docs/model.md, "Terms the model counts"):
-- `no ddp`: the 1-GPU run without DDP (what the model took before 2026-11-23);
-- `1 GPU DDP`: the 1-GPU run with DDP, where the table gives one: it holds DDP's own work
-  per step (copying gradients into and out of buckets, hooks, launches), measured by the
-  table itself at 1 GPU, where no traffic leaves the GPU. That is the per-step term
-  measured at 1 rank that the model adds to its timeline (on this host the proxy measures it).
+Intervals: split-conformal on the residuals, leave-one-source-out (analysis/calibration.py): each
+source's rows get the 80% interval calibrated on the other sources' rows only.
 
-Tables (per-GPU throughput, images/s):
-- PyTorch's DDP benchmark, pytorch/pytorch benchmarks/distributed/ddp/README.md: ResNet-50,
-  ResNet-101, ResNeXt-50 32x4d and ResNeXt-101 32x8d, batch 32 per GPU, DGX-1 V100
-  machines with 4x 100 Gb/s InfiniBand each ("1M/8G" = 1 machine, 8 GPUs; p50 rows);
-  `no ddp` and `1M/1G` are its two 1-GPU rows.
-- NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md
-  (commit 291f0d02, pytorch-21.03 container): ResNet-50 v1.5 (torchvision's resnet50
-  layout), DGX-1 16GB (FP32 batch 112, AMP 256 per GPU) and DGX A100 80GB (TF32 and AMP,
-  batch 256), 1 and 8 GPUs; batches from PyTorch/Classification/ConvNets/configs.yml. These
-  tables have no 1-GPU DDP row: both inputs are the 1-GPU row.
+    python benchmarks/model_published.py [--out DIR] [--json FILE] [--write-calibration]
 
-    python benchmarks/model_published.py [--out DIR]   # DIR keeps the ResNeXt profiles it extracts
+DIR keeps the profiles it extracts (torchvision ResNeXt, transformers Transformer-XL); --write-calibration
+writes analysis/corpus/calibration.json from the kept model's residuals (every source).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, replace
+from unittest import mock
 
-# (source, model, preset, batch, gpus-per-node, no-ddp 1-GPU, 1-GPU DDP or None, {gpus: per-GPU images/s})
-TABLES = [
-    ("PyTorch DDP benchmark", "resnet50", "dgx1-v100-4ib", 32, 8, 329, 319, {2: 310, 4: 310, 8: 307, 16: 306}),
-    ("PyTorch DDP benchmark", "resnet101", "dgx1-v100-4ib", 32, 8, 197, 187, {2: 182, 4: 182, 8: 179, 16: 178}),
-    ("PyTorch DDP benchmark", "resnext50_32x4d", "dgx1-v100-4ib", 32, 8, 220, 217,
-     {2: 209, 4: 208, 8: 204, 16: 203}),
-    ("PyTorch DDP benchmark", "resnext101_32x8d", "dgx1-v100-4ib", 32, 8, 77, 75, {2: 73, 4: 72, 8: 71, 16: 71}),
-    ("NVIDIA DLE, DGX-1 FP32", "resnet50", "dgx1-v100", 112, 8, 367, None, {8: 2855 / 8}),
-    ("NVIDIA DLE, DGX-1 AMP", "resnet50", "dgx1-v100", 256, 8, 1200, None, {8: 8322 / 8}),
-    ("NVIDIA DLE, DGX A100 TF32", "resnet50", "dgx-a100", 256, 8, 938, None, {8: 7248 / 8}),
-    ("NVIDIA DLE, DGX A100 AMP", "resnet50", "dgx-a100", 256, 8, 2470, None, {8: 16621 / 8}),
-]
-EXTRACTED = {"resnext50_32x4d", "resnext101_32x8d"}  # torchvision models without a shipped profile
+# Models without a shipped profile, and how `commbench profiles extract` builds them: torchvision's ResNeXt,
+# and Transformer-XL at the sizes of NVIDIA's wt103_base.yaml / wt103_large.yaml (proxies/models/transformer_xl.py).
+EXTRACTED = {
+    "resnext50_32x4d": "torchvision:resnext50_32x4d",
+    "resnext101_32x8d": "torchvision:resnext101_32x8d",
+    "transfo-xl-base": "commbench.proxies.models.transformer_xl:build",
+    "transfo-xl-large": "commbench.proxies.models.transformer_xl_large:build",
+}
+
+
+@dataclass(frozen=True)
+class Terms:
+    """Which terms that grow with the node count a prediction counts."""
+    nic: bool = True  # NICs at nccl-tests' busbw for their class, not the line rate
+    hop_latency: bool = True  # NCCL's per-hop latency across nodes (its tuning constants)
+    stragglers: bool = True  # the expected slowest of N ranks, default step-time distribution
+    congestion: bool = True  # 1 / blocking factor where the source says its fabric blocks
+
+    def label(self) -> str:
+        on = [name for name in ("nic", "hop_latency", "stragglers", "congestion") if getattr(self, name)]
+        return "+".join(on) or "none"
+
+
+ALL = Terms()
+# What predict-scaling applies without a fit (analysis/scale_terms.KEPT, NCCL's hop latency built in): congestion
+# is left out, no corpus source saying its fabric blocks (it changes no row).
+KEPT = replace(ALL, congestion=False)
+ABLATIONS = {"all terms": ALL, "kept (predict-scaling's)": KEPT, "without NIC efficiency": replace(ALL, nic=False),
+             "without per-hop latency": replace(ALL, hop_latency=False),
+             "without stragglers": replace(ALL, stragglers=False),
+             "without congestion": replace(ALL, congestion=False),
+             "none": Terms(False, False, False, False)}
 
 
 def profile_of(model: str, out: str):
@@ -56,50 +70,147 @@ def profile_of(model: str, out: str):
     path = os.path.join(out, f"{model}.json")
     if not os.path.exists(path):
         os.makedirs(out, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "commbench", "profiles", "extract", f"torchvision:{model}", "-o", path],
-                       check=True, stdout=subprocess.DEVNULL)
+        command = [sys.executable, "-m", "commbench", "profiles", "extract", EXTRACTED[model], "-o", path, "--name",
+                   model]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return load_profile(path)
 
 
-def predicted_rates(profile, hw, batch: int, per_node: int, one_gpu: float, counts: list[int]) -> dict:
-    """{gpus: (per-GPU images/s, exposed comm us)} with the compute of a 1-GPU run at `one_gpu` images/s."""
-    from commbench.analysis.predict_scaling import compute_us
+@contextlib.contextmanager
+def hop_latency(enabled: bool):
+    """NCCL's per-hop network latency as its tuning model has it, or zero (the ablation)."""
+    from commbench.analysis import nccl_tuning
+
+    if enabled:
+        yield
+        return
+    zero = {"tree": (0.0, 0.0, 0.0), "ring": (0.0, 0.0, 0.0)}
+    with mock.patch.dict(nccl_tuning.HOP_LATENCY_US, {"net": zero}):
+        nccl_tuning.allreduce_table.cache_clear()
+        try:
+            yield
+        finally:
+            nccl_tuning.allreduce_table.cache_clear()
+
+
+def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
+    """The row's linearity (against its reference count) as commbench predicts it with `terms`."""
+    from commbench.analysis.published import scaling_options
+    from commbench.analysis.scale_terms import default_step_ratios, delivered
     from commbench.analysis.scaling import predict_scaling
 
-    forward, backward, _ = compute_us(profile, hw, batch, one_gpu, None, "fp32")
-    return {p.gpus: (p.samples_per_s / p.gpus, p.exposed_comm_us)
-            for p in predict_scaling(profile, hw, counts, per_node, batch, forward, backward)}
+    system = corpus.systems[row.system]
+    hw = replace(system.hardware, ranks_per_node=row.gpus_per_node)
+    blocking = system.oversubscription if terms.congestion else None
+    hw = delivered(hw, terms.nic, blocking)
+    options = scaling_options(corpus.setup(row), profile.parameters)
+    ratios = default_step_ratios() if terms.stragglers else None
+    share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
+
+    def rate(gpus: int, step_us: float) -> float:
+        point = predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
+                                step_us * (1 - share), 0.0, options["bucket_mb"], options["bucketing"],
+                                step_ratios=ratios)[0]
+        return point.samples_per_s
+
+    with hop_latency(terms.hop_latency):
+        step = row.batch * row.base_gpus / row.base_rate * 1e6  # the reference's step, all of it compute
+        if row.base_gpus > 1:  # the compute that reproduces the reference count's throughput
+            low, high = step * 0.2, step
+            for _ in range(40):
+                middle = (low + high) / 2
+                low, high = (middle, high) if rate(row.base_gpus, middle) > row.base_rate else (low, middle)
+            step = (low + high) / 2
+        return rate(row.gpus, step) / (row.gpus / row.base_gpus * row.base_rate)
+
+
+def summary(errors: list[float]) -> str:
+    absolute = [abs(e) for e in errors]
+    optimistic = sum(e > 0 for e in errors)
+    return (f"median |error| {100 * statistics.median(absolute):.3f} points, "
+            f"mean {100 * statistics.mean(absolute):.3f}, max {100 * max(absolute):.2f}, "
+            f"{optimistic} of {len(errors)} optimistic ({100 * optimistic / len(errors):.0f}%)")
+
+
+def predict_all(corpus, profiles, terms: Terms) -> list[float]:
+    """Predicted linearity of every row, in corpus order."""
+    return [predicted_linearity(corpus, row, profiles[row.model], terms) for row in corpus.rows]
 
 
 def main() -> int:
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.analysis import calibration as C
+    from commbench.analysis.published import load_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/published", help="where extracted profiles are kept")
+    parser.add_argument("--json", default=None, help="write every row's prediction and interval here")
+    parser.add_argument("--write-calibration", action="store_true",
+                        help=f"write {os.path.relpath(C.CALIBRATION_PATH)} from the kept model's residuals")
     args = parser.parse_args()
-    print("| source | model | preset | batch/GPU | GPUs | published (img/s per GPU) | predicted from no ddp | error | "
-          "predicted from 1 GPU DDP | error | exposed comm (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"no ddp": [], "1 GPU DDP": []}
-    for source, model, preset, batch, per_node, no_ddp, ddp1, table in TABLES:
-        profile, hw = profile_of(model, args.out), load_hardware(preset)
-        counts = sorted(table)
-        before = predicted_rates(profile, hw, batch, per_node, no_ddp, counts)
-        after = predicted_rates(profile, hw, batch, per_node, ddp1 or no_ddp, counts)
-        for gpus in counts:
-            published = table[gpus]
-            cells = []
-            for name, rates in (("no ddp", before), ("1 GPU DDP", after)):
-                error = rates[gpus][0] / published - 1
-                errors[name].append(error)
-                cells += [f"{rates[gpus][0]:.0f}", f"{100 * error:+.1f}%"]
-            print(f"| {source} | {model} | {preset} | {batch} | {gpus} | {published:.0f} | {' | '.join(cells)} | "
-                  f"{after[gpus][1] / 1e3:.2f} |")
-    for name, values in errors.items():
-        absolute = [abs(e) for e in values]
-        print(f"\nfrom {name}: median |error| {100 * statistics.median(absolute):.1f}%, "
-              f"max {100 * max(absolute):.1f}%, "
-              f"{sum(e > 0 for e in values)} of {len(values)} rows optimistic (predicted faster)")
+    corpus = load_corpus()
+    profiles = {model: profile_of(model, args.out) for model in dict.fromkeys(r.model for r in corpus.rows)}
+    print(f"# {len(corpus.rows)} rows from {len(corpus.sources)} sources, "
+          f"{min(r.gpus for r in corpus.rows)}-{max(r.gpus for r in corpus.rows)} GPUs\n")
+    print("## Ablation (each term from its own evidence; nothing fitted, so every figure is out of source)\n")
+    results = {name: predict_all(corpus, profiles, terms) for name, terms in ABLATIONS.items()}
+    for name, predicted in results.items():
+        errors = [p - row.linearity for p, row in zip(predicted, corpus.rows)]
+        print(f"- {name}: {summary(errors)}")
+    kept = results["kept (predict-scaling's)"]
+    residuals: dict[str, list[float]] = {}
+    for p, row in zip(kept, corpus.rows):
+        residuals.setdefault(row.source, []).append(row.linearity - p)
+    loso = C.leave_one_source_out(residuals)
+    print_rows(corpus, kept, loso)
+    report_intervals(corpus, kept, loso)
+    if args.json:
+        write_json(args.json, corpus, kept, loso)
+    if args.write_calibration:
+        flat = [(row.source, row.linearity - p) for p, row in zip(kept, corpus.rows)]
+        C.save_calibration(C.Calibration(tuple(r for _, r in flat), tuple(s for s, _ in flat), C.LEVEL,
+                                         "python benchmarks/model_published.py --write-calibration",
+                                         f"predict-scaling, nccl, terms {KEPT.label()} (analysis/scale_terms.py)"))
+        print(f"\nwrote {C.CALIBRATION_PATH}")
     return 0
+
+
+def print_rows(corpus, predicted: list[float], loso: dict) -> None:
+    print("\n## Every row (the kept terms; interval: leave-one-source-out split conformal, 80%)\n")
+    print("| source | model | system | precision | batch/GPU | GPUs (nodes) | published linearity | predicted | "
+          "error (points) | 80% interval | inside |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for p, row in zip(predicted, corpus.rows):
+        low, high = loso[row.source]
+        inside = p + low <= row.linearity <= p + high
+        print(f"| {row.source} | {row.model} | {row.system} | {row.precision} | {row.batch} | {row.gpus} "
+              f"({row.nodes}) | {row.linearity:.3f} | {p:.3f} | {100 * (p - row.linearity):+.2f} | "
+              f"[{p + low:.3f}, {p + high:.3f}] | {'yes' if inside else 'no'} |")
+
+
+def report_intervals(corpus, predicted: list[float], loso: dict) -> None:
+    inside, widths = [], []
+    print("\n## Leave-one-source-out, per source\n")
+    for source in corpus.sources:
+        rows = [(p, row) for p, row in zip(predicted, corpus.rows) if row.source == source]
+        low, high = loso[source]
+        hits = [p + low <= row.linearity <= p + high for p, row in rows]
+        errors = [p - row.linearity for p, row in rows]
+        inside += hits
+        widths += [high - low] * len(rows)
+        print(f"- {source} ({len(rows)} rows): {summary(errors)}; interval offsets [{100 * low:+.2f}, "
+              f"{100 * high:+.2f}] points, {sum(hits)} of {len(rows)} inside")
+    errors = [p - row.linearity for p, row in zip(predicted, corpus.rows)]
+    print(f"\nall rows: {summary(errors)}")
+    print(f"80% intervals: {sum(inside)} of {len(inside)} inside ({100 * sum(inside) / len(inside):.0f}%), "
+          f"median width {100 * statistics.median(widths):.2f} points")
+
+
+def write_json(path: str, corpus, predicted: list[float], loso: dict) -> None:
+    out = [{"source": row.source, "model": row.model, "system": row.system, "precision": row.precision,
+            "batch": row.batch, "gpus": row.gpus, "base_gpus": row.base_gpus, "published_linearity": row.linearity,
+            "predicted_linearity": p, "interval": [p + loso[row.source][0], p + loso[row.source][1]]}
+           for p, row in zip(predicted, corpus.rows)]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(out, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -236,8 +236,10 @@ class ProxyResult(Record):
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
-    # kind predicted from a fitted hardware file: the step's 80% interval [low, high] in us (docs/model.md)
+    # kind predicted: the step's 80% interval [low, high] in us (docs/model.md), from a fitted hardware file's
+    # resamples or, without a fit, the published corpus's calibration; interval_source says which
     step_interval_us: list[float] | tuple[float, float] | None = None
+    interval_source: str | None = None
     # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
     # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
     comm_cpu_gbps: float | None = None
@@ -297,6 +299,7 @@ class ScalingRecord(Record):
     samples_per_s_interval: list[float] | tuple[float, float] | None = None
     linearity_interval: list[float] | tuple[float, float] | None = None
     straggler_us: float = 0.0  # the step's expected wait for its slowest rank (predict-scaling --jitter-from)
+    interval_source: str | None = None  # "fit resamples" (the fit's jackknife+) or "corpus calibration" (no fit)
 
 
 @dataclass(frozen=True)

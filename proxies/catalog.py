@@ -103,7 +103,9 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
 
 # commbench's own definitions (proxies/models/), the code a profile may name without --trust-profile-code.
 OWN_DEFINITIONS = frozenset({spec.constructor for spec in CATALOG.values() if spec.constructor.startswith("commbench.")}
-                            | {"commbench.proxies.models.unet:build_bilinear"})
+                            | {"commbench.proxies.models.unet:build_bilinear",
+                               "commbench.proxies.models.transformer_xl:build",
+                               "commbench.proxies.models.transformer_xl_large:build"})
 # A library's registered model by a plain name: no hub prefix (timm's hf-hub:, local-dir:), no path, and
 # transformers' config overrides numbers or booleans only (a string field can name code to fetch and run).
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from commbench.algorithms import LIBRARY
+from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
@@ -51,10 +52,14 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
         label = "none"
     algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
+    hw, late, terms = _evidence_terms(hw, profile, batch, topo, (forward, backward, update, ddp), cfg, choice)
     pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm,
-                        ddp, choice=choice)
+                        ddp, late, choice=choice)
     interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
-                                algorithm, ddp, choice=choice)
+                                algorithm, ddp, late, choice=choice)
+    source = FIT_PROVENANCE if interval else None
+    if interval is None and topo.world > 1:
+        interval, source = _corpus_interval(profile, batch, hw, (forward, backward, update, ddp), cfg, pred, choice)
     samples = batch * choice.get("accumulate") * topo.world
     log = StepLog(cfg.json_path, True, samples)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
@@ -62,10 +67,10 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                 "compute_split_us": {"forward": forward, "backward": backward, "optimizer": update, "ddp": ddp},
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
                 "calls": describe_calls(pred.plan), "setup": choice.name, "knobs": dict(choice.knobs),
-                "step_interval_us": list(interval) if interval else None},
+                "step_interval_us": list(interval) if interval else None, "interval_source": source},
                [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}, setup {choice.name}: {pred.calls} call(s) "
                 f"per step, allreduce {algorithm} from the cost model; compute {label}",
-                *_interval_lines(hw, topo, algorithm, interval)])
+                *_interval_lines(hw, topo, algorithm, interval, source), *(f"without a fit: {t}" for t in terms)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us,
@@ -79,10 +84,10 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                             step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
                             other_us_p90=t.other_us,
                             samples_per_s=t.samples_per_s(samples), run_id=log.run_id,
-                            step_interval_us=list(interval) if interval else None, setup=choice.name,
-                            knobs=dict(choice.knobs)))
+                            step_interval_us=list(interval) if interval else None, interval_source=source,
+                            setup=choice.name, knobs=dict(choice.knobs)))
     if interval:
-        print(f"# step 80% interval: {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
+        print(f"# step 80% interval ({source}): {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
               f"{t.step_us / 1e3:.2f} ms)", flush=True)
     return 0
 
@@ -95,13 +100,52 @@ def describe_calls(plan) -> dict:
                        "label": c.label} for c in plan.comms]}
 
 
-def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None) -> list[str]:
+def _evidence_terms(hw: Any, profile: Profile, batch: int, topo: Any, compute: tuple, cfg: ProxyConfig, choice):
+    """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
+    fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
+    from commbench.analysis.predict_scaling import evidence_terms
+    from commbench.analysis.stragglers import expected_max
+
+    hw, ratios, terms = evidence_terms(hw, None)
+    if ratios is None or topo.world == 1:
+        return hw, 0.0, terms
+    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
+    return hw, max(0.0, one * (expected_max(ratios, topo.world) - 1.0)), terms
+
+
+def _one_rank_step(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, choice) -> float:
+    """The same setup's step on one rank (no communication), in us."""
+    from commbench.analysis.scaling import predict_step
+    from commbench.topology import Topology
+
+    return predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
+                        cfg.bucketing, LIBRARY, compute[3], choice=choice).times.step_us
+
+
+def _corpus_interval(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, pred: Any, choice):
+    """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
+    step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
+    from commbench.analysis.calibration import load_calibration
+
+    calibration = load_calibration()
+    if calibration is None:
+        return None, None
+    interval = calibration.step_interval_us(_one_rank_step(profile, batch, hw, compute, cfg, choice),
+                                            pred.times.step_us)
+    return (interval, CORPUS_PROVENANCE) if interval else (None, None)
+
+
+def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None,
+                    source: str | None = None) -> list[str]:
     """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
     from commbench.analysis.intervals import levels_fitted
 
+    if source == CORPUS_PROVENANCE:
+        return ["step 80% interval: corpus calibration (no fit): split conformal on the linearity errors of the "
+                "published corpus (analysis/corpus/, docs/model.md), against this step's compute on one rank"]
     if interval:
-        return ["step 80% interval: the communication costed on the fit without each of its points, spread by "
-                "that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
+        return ["step 80% interval (fit resamples): the communication costed on the fit without each of its points, "
+                "spread by that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
     if hw.meta.get("uncertainty") is None:
         return []  # a preset, or a fit from before intervals: nothing to say
     if algorithm == LIBRARY:

@@ -1,6 +1,7 @@
 """80% intervals of predicted training steps (predict-scaling, proxy --backend sim): the interval is the
-prediction when the fit is exact, contains it and has a width when the data scatter, is absent where
-nothing was fitted (a preset, an unmeasured level, `nccl`), and is printed and written by both commands."""
+prediction when the fit is exact, contains it and has a width when the data scatter, the fit gives none where
+nothing was fitted (a preset, an unmeasured level, `nccl`) and the published corpus's calibration stands in
+there, and both commands print and write it with its provenance."""
 import json
 import math
 from dataclasses import replace
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import commbench
 
+from commbench.analysis import calibration as C
 from commbench.analysis import fit as F
 from commbench.analysis.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
 from commbench.analysis.intervals import levels_fitted
@@ -143,24 +145,31 @@ def test_predict_scaling_prints_and_writes_the_interval(hw_file, tmp_path):
     proc = commbench("predict-scaling", "resnet50", "--hw", str(hw_file), "--gpus", "1,2,4", "--gpus-per-node", "2",
                      "--batch", "8", "--tflops", "1", "--baseline", "nccl", "--candidate", "ring", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "step 80%(ms)" in proc.stdout and "nccl: no interval" in proc.stdout
+    assert "step 80%(ms)" in proc.stdout and "nccl: no interval" not in proc.stdout
     assert "1 GPU: no interval" in proc.stdout and "crosses" not in proc.stdout  # both levels fitted: 1 GPU is why
     records = [ScalingRecord.from_dict(r) for r in read_records(str(out))]
     for r in records:
         line = next(x for x in proc.stdout.splitlines() if x.split()[:2] == [r.algorithm, str(r.gpus)])
-        if r.algorithm == "nccl" or r.gpus == 1:
-            assert r.step_interval_us is None and " - " in line
-        else:
-            low, high = r.step_interval_us
-            assert low <= r.step_us <= high and low < high
-            assert f"[{low / 1e3:.2f}-{high / 1e3:.2f}]" in line
-            assert r.samples_per_s_interval[0] <= r.samples_per_s <= r.samples_per_s_interval[1]
+        if r.gpus == 1:
+            assert r.step_interval_us is None and r.interval_source is None and " - " in line
+            continue
+        low, high = r.step_interval_us
+        assert low < high and r.samples_per_s_interval[0] < r.samples_per_s_interval[1]
+        # the fit's jackknife+ where it gives one (ring); NCCL's own constants have none: the corpus's calibration
+        source, word = ("corpus calibration", "corpus") if r.algorithm == "nccl" else ("fit resamples", "fit")
+        assert r.interval_source == source and f"[{low / 1e3:.2f}-{high / 1e3:.2f}] {word}" in line
+        if source == "fit resamples":
+            assert low <= r.step_us <= high
     preset = commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8", "--tflops", "100", "-A",
                        "ring", "--json", str(tmp_path / "p.jsonl"))
     assert preset.returncode == 0, preset.stderr
-    assert "80%" not in preset.stdout and "interval" not in preset.stdout  # no resamples: none made up
+    assert "corpus calibration, not a fit" in preset.stdout  # no resamples: the published corpus calibrates it
     [record] = read_records(str(tmp_path / "p.jsonl"))
-    assert record["step_interval_us"] is None and record["linearity_interval"] is None
+    assert record["interval_source"] == "corpus calibration"
+    offsets = C.bounds(C.load_calibration().residuals)  # published - predicted: the model's own bias, not centred
+    assert record["linearity_interval"] == pytest.approx([record["linearity"] + o for o in offsets])
+    low, high = record["step_interval_us"]
+    assert low == pytest.approx(record["batch"] * record["gpus"] / record["samples_per_s_interval"][1] * 1e6)
 
 
 def test_proxy_sim_prints_and_writes_the_interval(hw_file, tmp_path):
@@ -174,18 +183,21 @@ def test_proxy_sim_prints_and_writes_the_interval(hw_file, tmp_path):
     low, high = summary.step_interval_us
     assert low <= summary.step_us_p50 <= high and low < high
     assert records[0]["step_interval_us"] == [low, high]  # the header says it too
-    assert f"# step 80% interval: {low / 1e3:.2f}-{high / 1e3:.2f} ms" in proc.stdout
+    assert f"# step 80% interval (fit resamples): {low / 1e3:.2f}-{high / 1e3:.2f} ms" in proc.stdout
+    assert summary.interval_source == "fit resamples"
     nccl = commbench("proxy", "resnet50", "--backend", "sim", "--hw", str(hw_file), "--nodes", "1", "--gpus-per-node",
                      "2", "--batch", "8", "--compute", "flops", "--tflops", "1", "--json", str(tmp_path / "n.jsonl"))
     assert nccl.returncode == 0, nccl.stderr
-    assert "no step interval: nccl" in nccl.stdout
-    assert read_records(str(tmp_path / "n.jsonl"))[-1]["step_interval_us"] is None
+    assert "corpus calibration" in nccl.stdout  # no interval from the fit for nccl: the corpus's
+    assert read_records(str(tmp_path / "n.jsonl"))[-1]["interval_source"] == "corpus calibration"
     preset = commbench("proxy", "resnet50", "--backend", "sim", "--hw", "dgx-a100", "--nodes", "2",
                        "--gpus-per-node", "8", "--tflops", "100", "--algorithm", "ring", "--json",
                        str(tmp_path / "d.jsonl"))
     assert preset.returncode == 0, preset.stderr
-    assert "interval" not in preset.stdout
-    assert read_records(str(tmp_path / "d.jsonl"))[-1]["step_interval_us"] is None
+    records = read_records(str(tmp_path / "d.jsonl"))
+    low, high = records[-1]["step_interval_us"]
+    assert low < high and records[-1]["interval_source"] == "corpus calibration"
+    assert f"# step 80% interval (corpus calibration): {low / 1e3:.2f}-{high / 1e3:.2f} ms" in preset.stdout
 
 
 def test_files_from_before_the_intervals_still_read():

@@ -75,7 +75,11 @@ def test_predict_scaling_counts_ddp_work_and_the_slowest_of_n_ranks_from_a_real_
     for gpus in (8, 64):
         late = max(0.0, one * (expected_max(ratios, gpus) - 1))
         assert after[gpus]["straggler_us"] == pytest.approx(late)
-        assert after[gpus]["step_us"] >= before[gpus]["step_us"] + 5000.0 + late - 1e-6
+        # without --jitter-from a preset waits for the published default distribution's slowest rank instead
+        # (analysis/scale_terms.py): the measured run's delay replaces it, it does not add to it
+        assert 0 < before[gpus]["straggler_us"] < before[gpus]["step_us"]
+        assert after[gpus]["step_us"] >= before[gpus]["step_us"] - before[gpus]["straggler_us"] + 5000.0 + late - 1e-6
     assert after[64]["straggler_us"] >= after[8]["straggler_us"]
+    assert "steps normal with CV 0.25%" in commbench(*base).stdout  # the default is said
     bad = commbench(*base, "--jitter-from", str(tmp_path / "missing.jsonl"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -150,8 +150,12 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         table.comment(f"note: {hw_spec} does not say which host it was fitted on (a fit from before meta.measured_on): "
                       f"CPU ranks beyond that host's cores are predicted as if each had its own (docs/model.md)")
     if any(r.interval_us for r in results):
-        table.comment("[low-high] after a row: its 80% interval in us (jackknife+: the fit without each point, "
-                      "spread by that point's error; docs/model.md)")
+        table.comment("[low-high] after a row: its 80% interval in us, from the fit's resamples (jackknife+: the fit "
+                      "without each point, spread by that point's error; docs/model.md)")
+    elif hw.meta.get("uncertainty") is None:
+        table.comment("no interval: no fit resamples (a preset or a hand-written file), and the published corpus "
+                      "calibrates whole steps, not one collective: predict-scaling and proxy --backend sim give "
+                      "the corpus calibration's interval (docs/model.md)")
     try:
         with ResultSink(json_path) as sink:  # a full disk: the rows and lines before it stay, then one line
             for name in names:
@@ -478,10 +482,10 @@ def _counts(flag: str, text: str, what: str, most: int) -> list[int]:
 def _scaling_table(run, records) -> list[str]:
     """The table printed on stdout, one line per record; with a fitted hardware file, the step's 80%
     interval beside the step."""
-    intervals = any(r.step_interval_us for r in records)
+    intervals = any(r.step_interval_us or r.linearity_interval for r in records)
     setups = len({r.setup for r in records}) > 1 or any(r.setup != "ddp" for r in records)
     swidth = max([5, *(len(r.setup) for r in records)])
-    cells = [_interval_ms(r.step_interval_us) for r in records]
+    cells = [_interval_ms(r.step_interval_us) + _FROM.get(r.interval_source, "") for r in records]
     width = max([len("step 80%(ms)"), *map(len, cells)])
     lines = [f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, nothing measured): "
              f"batch {run.batch} per GPU, compute from {run.compute_label}",
@@ -498,6 +502,7 @@ def _scaling_table(run, records) -> list[str]:
                      f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
+    lines += [f"# without a fit: {term}" for term in run.terms]
     lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
                  " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))
     for r in records:
@@ -526,6 +531,9 @@ def _interval_ms(interval) -> str:
     return f"[{interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f}]" if interval else "-"
 
 
+_FROM = {"fit resamples": " fit", "corpus calibration": " corpus"}  # the interval's provenance, beside it
+
+
 def _fitted(hw) -> bool:
     return hw.meta.get("uncertainty") is not None
 
@@ -535,16 +543,26 @@ def _interval_notes(run, records) -> list[str]:
     from commbench.algorithms import LIBRARY
 
     lines = []
-    if any(r.step_interval_us for r in records):
-        lines.append("# step 80%(ms): the step's 80% interval, its communication costed on the fit without "
+    if any(r.interval_source == "fit resamples" for r in records):
+        lines.append("# step 80%(ms) fit: the step's 80% interval, its communication costed on the fit without "
                      "each of its points, spread by that point's error (jackknife+), compute as given "
                      "(docs/model.md, Uncertainty)")
-    if any(r.algorithm == LIBRARY for r in records):
+    corpus = [r for r in records if r.interval_source == "corpus calibration"]
+    if corpus and run.calibration:
+        low, high = run.calibration.bounds()
+        each = ", ".join(f"{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-{r.linearity_interval[1]:.3f}]" for r in corpus)
+        lines.append(f"# step 80%(ms) corpus: corpus calibration, not a fit: split conformal on the linearity errors "
+                     f"of {len(run.calibration.residuals)} published rows from {len(set(run.calibration.sources))} "
+                     f"sources (analysis/corpus/, docs/model.md): linearity {100 * low:+.1f} to {100 * high:+.1f} "
+                     f"points (the corpus's errors added to the prediction: it may lie beside it, the model having "
+                     f"been optimistic on published runs); linearity 80%: {each}")
+    if any(r.algorithm == LIBRARY and not r.step_interval_us and r.gpus > 1 for r in records):
         lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")
     levels = run.hw.meta.get("levels_fitted") or {}
     unmeasured = [name for name in ("intra", "inter") if not levels.get(name)]
-    if any(r.step_interval_us is None and r.algorithm != LIBRARY and r.gpus > 1 for r in records) and unmeasured:
+    if any(r.step_interval_us is None and r.algorithm != LIBRARY and r.gpus > 1 for r in records) and unmeasured \
+            and _fitted(run.hw):
         lines.append(f"# -: no interval where the layout crosses the {' and '.join(unmeasured)} level, which the fit "
                      f"did not measure")
     if run.hw.meta.get("uncertainty") and any(r.gpus == 1 for r in records):
