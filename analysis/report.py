@@ -252,32 +252,61 @@ class ReportError(ValueError):
     """The files hold nothing the report draws."""
 
 
+NOTHING_TO_DRAW = "no timed result, proxy, scaling or compare record"
+
+
+def _drawable(record: dict) -> bool:
+    return bool(record["record"] == "result" and record.get("time_us") or record["record"] in ("scaling", "compare")
+                or record["record"] == "proxy" and record.get("status", "ok") == "ok")
+
+
 def read_all(paths: list[str], warn=None) -> list[dict]:
     """Every record of the files, each line checked (results.read_records: RecordError names the file and
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
-    result, an ok proxy summary or a scaling point."""
+    result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
+    sweep of --backend sim without --hw: checked, not timed)."""
     records = [{**r, "_file": p} for p in paths for r in read_records(p, warn)]
-    drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] in ("scaling", "compare")
-                   or r["record"] == "proxy" and r.get("status", "ok") == "ok" for r in records)
-    if not drawable:
-        raise ReportError("no timed result, proxy, scaling or compare records in " + ", ".join(paths))
+    if not any(_drawable(r) for r in records):
+        raise ReportError(f"{NOTHING_TO_DRAW} in " + ", ".join(paths))
+    for path in idle_files(records, paths):
+        if warn:
+            warn(f"{path}: {NOTHING_TO_DRAW}: it adds nothing to the report")
     return records
 
 
-def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
-    """Write the PNGs and index.md of records read by read_all; returns (index path, png paths)."""
-    series = collect_series(records) + (model_series(records, hw) if hw is not None else [])
+def idle_files(records: list[dict], paths: list[str]) -> list[str]:
+    """The files of `paths` none of whose records the report draws."""
+    drawn = {r.get("_file") for r in records if _drawable(r)}
+    return [p for p in paths if p not in drawn]
+
+
+def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, warn=None) -> tuple[str, list[str]]:
+    """Write the PNGs and index.md of records read by read_all; returns (index path, png paths). With
+    `hw`, runs it does not apply to (check.applicable) are not predicted: a note each, in index.md and
+    through `warn`."""
+    notes = [f"{p}: {NOTHING_TO_DRAW}: nothing drawn from it" for p in idle_files(records, paths)]
+    series = collect_series(records)
+    if hw is not None:
+        from commbench.analysis.check import applicable
+
+        fitting, foreign = applicable(records, hw)
+        series += model_series(fitting, hw)
+        notes += [f"not predicted: {note}" for note in foreign]
+        for note in foreign:
+            if warn:
+                warn(f"not predicted: {note}")
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)
     pngs = plot(series, out_dir) if series else []
-    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]
+    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]  # check: applicable only
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
                          plot_compare(records, out_dir)) if p]
-    return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs
+    extra = [*(f"Note: {note}" for note in notes), *([""] if notes else []), *R.index_lines(steps, records)]
+    return write_index(series, pngs, out_dir, paths, extra), pngs
 
 
 def report(paths: list[str], out_dir: str, hw=None, warn=None) -> tuple[str, list[str]]:
     """Read the files, then write the PNGs and index.md; returns (index path, png paths)."""
-    return write_report(read_all(paths, warn), paths, out_dir, hw)
+    return write_report(read_all(paths, warn), paths, out_dir, hw, warn)

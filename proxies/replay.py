@@ -76,9 +76,10 @@ def _replay_steps(ctx: RankContext) -> None:
         calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
         ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
+    ddp_text = (f", DDP's own work {ddp / 1e3:.2f} ms (measured at 1 rank: half with the backward, half after the "
+                f"last allreduce)") if label.startswith("measured") else ""  # flops and none have no DDP term
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms, DDP's own work {ddp / 1e3:.2f} ms (measured at 1 rank: half "
-                      f"with the backward, half after the last allreduce); allreduces launched as gradients are "
+                      f"optimizer {update / 1e3:.2f} ms{ddp_text}; allreduces launched as gradients are "
                       f"ready, overlapping the backward",
                       "step = compute + exposed + other: exposed is the wait after the backward while an allreduce "
                       "is in flight (at most comm); other is the rest (the compute's wall time past its "

@@ -60,8 +60,9 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                 "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
                 "buckets": B.describe(pred.buckets), "step_interval_us": list(interval) if interval else None},
                [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}: {len(pred.buckets)} bucket(s), "
-                f"allreduce {algorithm} from the cost model; compute {label}", *_interval_lines(hw, topo, algorithm,
-                                                                                                interval)])
+                f"allreduce {algorithm} from the cost model; compute {label}",
+                f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
+                f"{cfg.warmup_steps} do not apply to a prediction)", *_interval_lines(hw, topo, algorithm, interval)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us})

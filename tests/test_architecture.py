@@ -21,7 +21,7 @@ FLOORS = {
         "commbench.proxies"],
     2: ["commbench.analysis.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
-        "commbench.analysis.stragglers",
+        "commbench.analysis.stragglers", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.models*"],
