@@ -34,7 +34,8 @@ class Series:
     low_us: tuple[float, ...] = ()  # p10 of the iterations (from the raw times; else the fastest)
     high_us: tuple[float, ...] = ()  # p90 of the iterations
     placement: str = "in-place"
-    setup: str = ""  # backend/library or algorithm, ranks, nodes: one colour per setup
+    setup: str = ""  # backend/library or algorithm, ranks, nodes: one colour per setup and placement
+    stat: str = "mean"  # which statistic time_us is (the records' `stat`, sweep --stat)
 
 
 def _setup(record: dict) -> str:
@@ -108,7 +109,7 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
         p50.append(float(mid))
         high.append(float(hi))
     return Series(collective, label, kind, tuple(sizes), tuple(times), tuple(busbw), tuple(p50), tuple(low),
-                  tuple(high), placement, setup)
+                  tuple(high), placement, setup, "/".join(sorted({str(p.get("stat") or "mean") for p in chosen})))
 
 
 def model_series(records: list[dict], hw) -> list[Series]:
@@ -128,7 +129,8 @@ def model_series(records: list[dict], hw) -> list[Series]:
 
 def plot(series: list[Series], out_dir: str) -> list[str]:
     """One PNG per collective: busbw and time against size; the time panel shades each measured
-    series' p10-p90 of the iterations; busbw on a log axis when it spans more than two decades."""
+    series' p10-p90 of the iterations; busbw on a log axis (any positive value), one colour per setup and
+    placement."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,11 +139,11 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
     files = []
     for collective in sorted({s.collective for s in series}):
         mine = [s for s in series if s.collective == collective]
-        setups = sorted({s.setup for s in mine})
-        colours = {setup: plt.cm.tab10(i % 10) for i, setup in enumerate(setups)}
+        lines = sorted({(s.setup, s.placement) for s in mine})  # a placement's band never shares another's colour
+        colours = {line: plt.cm.tab10(i % 10) for i, line in enumerate(lines)}
         fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
         for s in mine:
-            colour = colours[s.setup]
+            colour = colours[(s.setup, s.placement)]
             style = "--" if s.kind == PREDICTED else (":" if s.placement == "out-of-place" else "-")
             marker = None if s.kind == PREDICTED else ("o" if s.placement == "in-place" else "s")
             name = s.label + ("" if s.kind == MEASURED else " (predicted)")
@@ -158,11 +160,11 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax_t.set_yscale("log")
-        positive = [v for s in mine for v in s.busbw_gbps if v > 0]
-        if positive and max(positive) > 100 * min(positive):
+        if any(v > 0 for s in mine for v in s.busbw_gbps):  # log for every collective, so that charts compare
             ax_bw.set_yscale("log")
-        ax_bw.set_title(f"{collective}: bus bandwidth (mean time)")
-        ax_t.set_title(f"{collective}: time, mean (line) and p10-p90 of the iterations (band)")
+        stat = "/".join(sorted({s.stat for s in mine if s.kind == MEASURED})) or "predicted"
+        ax_bw.set_title(f"{collective}: bus bandwidth (of the {stat} time)")
+        ax_t.set_title(f"{collective}: time, {stat} (line) and p10-p90 of the iterations (band)")
         ax_bw.legend(fontsize=7, loc="best")
         path = R.save_png(fig, out_dir, f"{collective}.png")
         files.append(path)

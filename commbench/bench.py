@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -217,6 +218,14 @@ def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = 
     return {**summarize(gathered[:, 1:], rank_agg, stat), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
+def _oversubscribed(environment: list[dict]) -> str | None:
+    """'N ranks on a host of C cores' for the host with more ranks than cores, or None."""
+    ranks = Counter(e.get("host") for e in environment)
+    cores = {e.get("host"): e.get("cpus") for e in environment}
+    crowded = [(n, cores[h]) for h, n in ranks.items() if isinstance(cores[h], int) and 0 < cores[h] < n]
+    return f"{crowded[0][0]} ranks on a host of {crowded[0][1]} cores" if crowded else None
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -287,11 +296,15 @@ class Sweep:
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
         world = self.backend.world_size
+        where = f"{len(hosts)} host(s)" if not os.environ.get(EMULATED_VAR) else "one host's emulated nodes"
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
-                           f"{world} rank{'s' if world != 1 else ''} on {len(hosts)} host(s), "
-                           f"launcher {launch.launcher}")
+                           f"{world} rank{'s' if world != 1 else ''} on {where}, launcher {launch.launcher}")
         if os.environ.get(EMULATED_VAR):
             self.table.comment(f"emulated cluster: {os.environ[EMULATED_VAR]}")
+        crowded = _oversubscribed(environment) if self.backend.device == "cpu" else None
+        if crowded:
+            self.table.comment(f"note: {crowded} (oversubscribed): ranks take turns on the cores and the times hold "
+                               f"that contention; check and predict mark such runs")
         self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)

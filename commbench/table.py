@@ -129,8 +129,8 @@ class Progress:
     LOG_INTERVAL_S = 30.0
 
     def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.total, self.done, self.clock = total, 0, clock
+                 clock: Callable[[], float] = time.monotonic, unit: str = "points"):
+        self.total, self.done, self.clock, self.unit = total, 0, clock, unit
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.logging = enabled is None and not self.enabled
@@ -150,7 +150,7 @@ class Progress:
         eta_text = f" ETA {eta:.0f}s" if eta is not None else ""
         if self.logging and now - self._logged >= self.LOG_INTERVAL_S:
             self._logged = now
-            self.stream.write(f"commbench: {self.done}/{self.total} points, {now - self.started:.0f} s{eta_text}: "
+            self.stream.write(f"commbench: {self.done}/{self.total} {self.unit}, {now - self.started:.0f} s{eta_text}: "
                               f"{label}\n")
             self.stream.flush()
         if not self.enabled:

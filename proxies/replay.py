@@ -45,7 +45,7 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     measured, cpu_time = measure_compute(profile, ctx.batch, device, cfg.amp, ctx.launch.local_world_size,
                                          ready=ctx.backend.barrier, trust_code=cfg.trust_profile_code,
-                                         bucket_mb=cfg.bucket_mb)
+                                         bucket_mb=cfg.bucket_mb, show_progress=ctx.backend.rank == 0)
     forward, backward, update, _ = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
     # DDP's work is a difference of two noisy times, alike on every rank: the least any rank measured
     ddp = -float(ctx.backend.agree_max(np.array([-measured[3]]))[0])

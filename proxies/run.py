@@ -106,7 +106,7 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float
 
     try:
         return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
-                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb)[0]
+                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, show_progress=True)[0]
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

@@ -45,6 +45,7 @@ class Trainer:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
         self.wrapped = self.model  # DistributedDataParallel once wrap() is called
+        self.on_step: Callable[[str], None] = lambda what: None  # told before each timed step (progress)
 
     def wrap(self, bucket_mb: float | None, device_ids: list[int] | None, process_group: Any = None) -> None:
         import torch
@@ -93,6 +94,7 @@ class Trainer:
         clock = time.thread_time if self.cpu_timed() else time.perf_counter
         rows = []
         for _ in range(repeats + 1):
+            self.on_step("forward, backward, optimizer, without DDP")
             t0 = clock()
             loss = self.forward()
             self.sync()
@@ -117,6 +119,7 @@ class Trainer:
         ddp = self.wrapped
 
         def timed(sync: bool) -> float:
+            self.on_step("DDP's own work: steps in DDP against steps under no_sync()")
             t0 = clock()
             if sync:
                 self.step()
@@ -137,7 +140,8 @@ class Trainer:
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
                     ready: Callable[[], None] = lambda: None, trust_code: bool = False,
-                    bucket_mb: float | None = None) -> tuple[tuple[float, float, float, float], bool]:
+                    bucket_mb: float | None = None, show_progress: bool = False
+                    ) -> tuple[tuple[float, float, float, float], bool]:
     """The real model's (forward, backward, optimizer, DDP's own work) microseconds per step here, and
     whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
     timing (a barrier, so that every rank measures at once, sharing the host as in training).
@@ -145,11 +149,36 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     DDP's own work is what DDP adds to a step where no traffic leaves the rank: the model in DDP on a
     process group of this rank alone, its steps against steps under no_sync(), paired
     (Trainer.ddp_work_us). It holds DDP's copies of the gradients into and out of its buckets, its
-    hooks and its calls (docs/model.md, "Terms the model counts")."""
+    hooks and its calls (docs/model.md, "Terms the model counts"). `show_progress` (rank 0): a line
+    saying what is measured, then a progress line with an ETA, as a sweep's."""
+    from commbench.table import Progress
+
     check_memory(profile, local_ranks, getattr(device, "type", device))
+    if show_progress:
+        print(f"# measuring {profile.name}'s compute here first (batch {batch}, at 1 rank: {COMPUTE_STEPS} steps of "
+              f"the real model; the replay's steps follow)", flush=True)
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
+    progress = Progress(COMPUTE_STEPS, enabled=None if show_progress else False, unit="steps")
+
+    def tick(what: str) -> None:
+        progress.update(what)
+        progress.advance()
+
+    trainer.on_step = tick
     ready()
-    phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
+    try:
+        phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
+        return _with_ddp_work(trainer, phases, bucket_mb, device), cpu_time
+    finally:
+        progress.close()
+
+
+COMPUTE_STEPS = 6 + 2 * 2 + 2 * 6  # measure_compute's steps: phase_times_us(5), ddp_work_us's warm-up and pairs
+
+
+def _with_ddp_work(trainer: Trainer, phases: tuple[float, float, float], bucket_mb: float | None,
+                   device: Any) -> tuple[float, float, float, float]:
+    """(forward, backward, optimizer, DDP's own work): the model wrapped in DDP on a group of this rank."""
     kind = getattr(device, "type", device)
     with one_rank_group(kind) as group:
         trainer.wrap(bucket_mb, [device.index] if kind == "cuda" else None, group)
@@ -159,7 +188,7 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
             trainer.wrapped = trainer.model = trainer.optimizer = None
             del trainer
             gc.collect()
-    return (*phases, ddp), cpu_time
+    return (*phases, ddp)
 
 
 @contextmanager

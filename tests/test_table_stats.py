@@ -43,8 +43,8 @@ def _measured(stat: str, rank_agg: str = "max") -> Result:
     stats = bench.summarize(TIMES_US, rank_agg, stat)
     plan = C.plan("allreduce", 1 << 20, C.resolve_dtype("float32"), 2)
     return point_result(plan, dtype="float32", op="sum", placement="in-place", nnodes=1, backend="torch",
-                        library="gloo", device="cpu", time_us=stats["time_us"], per_iteration_us=stats["per_iteration_us"],
-                        rank_agg=rank_agg, wrong=0, stat=stat)
+                        library="gloo", device="cpu", time_us=stats["time_us"],
+                        per_iteration_us=stats["per_iteration_us"], rank_agg=rank_agg, wrong=0, stat=stat)
 
 
 def test_one_sample_per_iteration_the_slowest_ranks_and_every_figure_is_a_statistic_of_them():
