@@ -118,10 +118,12 @@ def _nccl_tests_hint(args: list[str]) -> str:
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True, help="Force how ranks are found; auto reads the environment.")
 @click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
-              help="Combine ranks' times (as nccl-tests -a).")
+              help="Combine ranks' times of each iteration into its one sample (nccl-tests -a averages; "
+                   "docs/metrics.md).")
 @click.option("--stat", type=click.Choice(["mean", "p50", "min"]), default="mean", show_default=True,
-              help="The table's time column (and its algbw/busbw): the mean of the timed iterations as nccl-tests "
-                   "prints, their median, or the fastest. The JSON keeps every statistic and the raw times.")
+              help="The time printed and recorded (time_us, its algbw/busbw, the footer's average): the mean of "
+                   "the per-iteration samples as nccl-tests prints, their median, or the fastest. The record names "
+                   "it (stat) and keeps the others and the raw samples.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Verify every result; any wrong element makes the run exit 1.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
