@@ -237,9 +237,9 @@ def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: li
         lines += ["| collective | setup | kind | sizes | smallest: time | largest: busbw | peak busbw |",
                   "|---|---|---|---|---|---|---|"]
         for s in series:
-            lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {s.time_us[0]:.3g} us at "
-                         f"{s.nbytes[0]} B | {s.busbw_gbps[-1]:.3g} GB/s at {s.nbytes[-1]} B | "
-                         f"{max(s.busbw_gbps):.3g} GB/s |")
+            lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {R.ms_text(s.time_us[0])} us "
+                         f"at {s.nbytes[0]} B | {R.ms_text(s.busbw_gbps[-1])} GB/s at {s.nbytes[-1]} B | "
+                         f"{R.ms_text(max(s.busbw_gbps))} GB/s |")
         lines += ["", "Solid: measured; dashed: predicted by the cost model. busbw as nccl-tests defines it "
                   "(docs/metrics.md).", ""]
     lines += list(extra)

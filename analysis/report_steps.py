@@ -73,7 +73,7 @@ def _ms(value_us: float | None) -> float | None:
 
 
 def ms_text(value_ms: float) -> str:
-    """Four significant digits, never in exponent notation (21210 ms, not 2.121e+04 ms)."""
+    """Four significant digits, never in exponent notation (21210 ms, not 2.121e+04 ms); any unit."""
     import numpy as np
 
     return np.format_float_positional(value_ms, precision=4, unique=False, fractional=False, trim="-")
