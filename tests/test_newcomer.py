@@ -137,3 +137,13 @@ def test_sweep_notes_ranks_beyond_the_hosts_cores():
     assert _oversubscribed([{"host": "a", "cpus": 2}] * 4) == "4 ranks on a host of 2 cores"
     assert _oversubscribed([{"host": "a", "cpus": 2}] * 2) is None
     assert _oversubscribed([{"host": "a", "cpus": None}] * 4) is None
+
+
+def test_an_emulated_clusters_header_does_not_say_one_host_above_its_nodes(capsys, monkeypatch):
+    from commbench.launch import EMULATED_VAR
+
+    monkeypatch.setenv(EMULATED_VAR, "2 node(s) x 1 rank(s), each node's link 1 Gbit/s")
+    code, out, _ = _run(capsys, "sweep", "--backend", "sim", "--nprocs", "2", "--sizes", "1K")
+    assert code == 0
+    assert "2 ranks on one host's emulated nodes" in out and "1 host(s)" not in out
+    assert "# emulated cluster: 2 node(s)" in out
