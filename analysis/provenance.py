@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-RECORD_FIELDS = ("backend", "library")  # the record fields a fit's points share with the runs it predicts
+# the record fields a fit's points share with the runs it predicts (stat: which statistic time_us is, sweep --stat)
+RECORD_FIELDS = ("backend", "library", "stat")
 
 
 def run_hosts(header: dict | None) -> list[str] | None:
@@ -30,7 +31,8 @@ def measured_with(chosen: list[dict], records: list[dict]) -> dict[str, Any]:
     """`meta.measured_with` of a fit of `chosen` (whose headers are among `records`): every value of
     each RECORD_FIELDS field its points hold, and their hosts (null when no header says)."""
     headers = headers_by_run(records)
-    block: dict[str, Any] = {name: sorted({str(r.get(name)) for r in chosen}) for name in RECORD_FIELDS}
+    block: dict[str, Any] = {name: sorted({str(r[name]) for r in chosen if r.get(name) is not None})
+                             for name in RECORD_FIELDS}  # a field no point holds (an older file): [], not compared
     hosts = [run_hosts(headers.get(r.get("run_id"))) for r in chosen]
     block["hosts"] = sorted({h for found in hosts if found for h in found}) or None
     return block

@@ -76,6 +76,9 @@ def test_a_run_of_another_library_or_host_is_left_out_with_both_named(runs):
                  else r for r in records]
     rows, notes = K.check(elsewhere, hw)
     assert rows == [] and any("hosts other-host" in n for n in notes)
+    medians = [{**r, "stat": "p50"} if r["record"] == "result" else r for r in records]  # a --stat p50 sweep
+    rows, notes = K.check(medians, hw)
+    assert {r.kind for r in rows} == {"proxy"} and any("stat p50" in n and "stat mean" in n for n in notes)
     same, _ = K.check(records, hw)
     assert {r.kind for r in same} == {"sweep", "proxy"}
 
