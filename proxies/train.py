@@ -160,9 +160,12 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
     progress = Progress(COMPUTE_STEPS, enabled=None if show_progress else False, unit="steps")
 
-    def tick(what: str) -> None:
+    begun = 0
+
+    def tick(what: str) -> None:  # before each step: the ones before it are done
+        nonlocal begun
+        progress.done, begun = begun, begun + 1
         progress.update(what)
-        progress.advance()
 
     trainer.on_step = tick
     ready()
