@@ -11,9 +11,13 @@ carries its leave-one-out refits (intervals.py): each row then has its 80% inter
 summary the coverage, the share of measured values inside their interval (80% is what an honest interval gives).
 A run whose CPU ranks outnumber its host's cores (its header says both) is oversubscribed:
 the model has no notion of cores, so its rows are marked and left out of the summary.
+A run measured with another backend, library or host than the fit's (provenance.py) is left
+out, with one note per run naming both.
 """
 from __future__ import annotations
 
+import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +25,7 @@ import numpy as np
 from commbench.analysis.costmodel import Hardware, schedule_us, with_topology
 from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, run_loads, schedule_for, setup_of
 from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
+from commbench.analysis.provenance import headers_by_run, mismatch
 from commbench.collectives import DTYPES
 from commbench.sizes import format_size
 from commbench.topology import Topology
@@ -60,8 +65,25 @@ class Row:
 def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
     """(rows, notes): every point of `records` the model can predict, and one note per kind it cannot."""
     notes: list[str] = []
+    records, foreign = applicable(records, hw)
     rows = _sweep_rows(records, hw, notes) + _proxy_rows(records, hw, notes)
-    return rows, notes
+    return rows, foreign + notes
+
+
+def applicable(records: list[dict], hw: Hardware) -> tuple[list[dict], list[str]]:
+    """(records, notes): the result and proxy records of runs the fit applies to (with every other
+    record), and one note per run left out, naming what it and the fit were measured with."""
+    headers, left_out = headers_by_run(records), Counter()
+    kept = []
+    for r in records:
+        why = mismatch(hw.meta, r, headers.get(r.get("run_id"))) if r.get("record") in ("result", "proxy") \
+            and r.get("kind", "measured") != "predicted" else None
+        if why:
+            left_out[(os.path.basename(str(r.get("_file") or r.get("run_id") or "?")), why)] += 1
+        else:
+            kept.append(r)
+    return kept, [f"{source}: {count} record(s) left out, {why} ({hw.name}): fit their own sweep to predict them"
+                  for (source, why), count in left_out.items()]
 
 
 def _marked(setup: str, record: dict, loads: dict) -> tuple[str, str | None]:

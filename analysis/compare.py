@@ -138,6 +138,11 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
     _check_options(metric, threshold_pct)
     m = METRICS[metric]
     base_records, new_records = list(base_records), list(new_records)
+    stats = [sorted({str(r.get("stat") or "mean") for r in side if isinstance(r, dict) and r.get("record") == "result"})
+             for side in (base_records, new_records)]
+    if stats[0] != stats[1]:  # a p50 against a mean compares two statistics, not two runs
+        raise CompareError(f"{names[0]} holds {'/'.join(stats[0])} times and {names[1]} {'/'.join(stats[1])} times "
+                           f"(sweep --stat): compare runs of one --stat")
     base_values, base_skipped = _group(base_records, m.field, names[0])
     new_values, new_skipped = _group(new_records, m.field, names[1])
     base_spread, new_spread = _spreads(base_records), _spreads(new_records)

@@ -28,6 +28,7 @@ import numpy as np
 from commbench import algorithms
 from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
 from commbench.analysis.costmodel import Hardware, link_loads, working_set_bytes
+from commbench.analysis.provenance import measured_with
 from commbench.collectives import DTYPES
 from commbench.schedule import Schedule
 from commbench.topology import Link, Topology
@@ -163,6 +164,7 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
     hw = _hardware(x, active, pts, predicted, y, setup or _name(chosen), base, cache)
     if cache is not None and cache == llc:
         hw.meta["notes"].append(f"cache boundary at the hosts' last-level cache ({llc} bytes, from their run headers)")
+    hw.meta["measured_with"] = measured_with(chosen, records)  # what it applies to (provenance.py)
     where = measured_on(chosen, records)
     if where is not None:
         hw.meta["measured_on"] = where

@@ -34,7 +34,8 @@ class Series:
     low_us: tuple[float, ...] = ()  # p10 of the iterations (from the raw times; else the fastest)
     high_us: tuple[float, ...] = ()  # p90 of the iterations
     placement: str = "in-place"
-    setup: str = ""  # backend/library or algorithm, ranks, nodes: one colour per setup
+    setup: str = ""  # backend/library or algorithm, ranks, nodes: one colour per setup and placement
+    stat: str = "mean"  # which statistic time_us is (the records' `stat`, sweep --stat)
 
 
 def _setup(record: dict) -> str:
@@ -108,7 +109,7 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
         p50.append(float(mid))
         high.append(float(hi))
     return Series(collective, label, kind, tuple(sizes), tuple(times), tuple(busbw), tuple(p50), tuple(low),
-                  tuple(high), placement, setup)
+                  tuple(high), placement, setup, "/".join(sorted({str(p.get("stat") or "mean") for p in chosen})))
 
 
 def model_series(records: list[dict], hw) -> list[Series]:
@@ -128,7 +129,8 @@ def model_series(records: list[dict], hw) -> list[Series]:
 
 def plot(series: list[Series], out_dir: str) -> list[str]:
     """One PNG per collective: busbw and time against size; the time panel shades each measured
-    series' p10-p90 of the iterations; busbw on a log axis when it spans more than two decades."""
+    series' p10-p90 of the iterations; busbw on a log axis (any positive value), one colour per setup and
+    placement."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,11 +139,11 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
     files = []
     for collective in sorted({s.collective for s in series}):
         mine = [s for s in series if s.collective == collective]
-        setups = sorted({s.setup for s in mine})
-        colours = {setup: plt.cm.tab10(i % 10) for i, setup in enumerate(setups)}
+        lines = sorted({(s.setup, s.placement) for s in mine})  # a placement's band never shares another's colour
+        colours = {line: plt.cm.tab10(i % 10) for i, line in enumerate(lines)}
         fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
         for s in mine:
-            colour = colours[s.setup]
+            colour = colours[(s.setup, s.placement)]
             style = "--" if s.kind == PREDICTED else (":" if s.placement == "out-of-place" else "-")
             marker = None if s.kind == PREDICTED else ("o" if s.placement == "in-place" else "s")
             name = s.label + ("" if s.kind == MEASURED else " (predicted)")
@@ -158,11 +160,11 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax_t.set_yscale("log")
-        positive = [v for s in mine for v in s.busbw_gbps if v > 0]
-        if positive and max(positive) > 100 * min(positive):
+        if any(v > 0 for s in mine for v in s.busbw_gbps):  # log for every collective, so that charts compare
             ax_bw.set_yscale("log")
-        ax_bw.set_title(f"{collective}: bus bandwidth (mean time)")
-        ax_t.set_title(f"{collective}: time, mean (line) and p10-p90 of the iterations (band)")
+        stat = "/".join(sorted({s.stat for s in mine if s.kind == MEASURED})) or "predicted"
+        ax_bw.set_title(f"{collective}: bus bandwidth (of the {stat} time)")
+        ax_t.set_title(f"{collective}: time, {stat} (line) and p10-p90 of the iterations (band)")
         ax_bw.legend(fontsize=7, loc="best")
         path = R.save_png(fig, out_dir, f"{collective}.png")
         files.append(path)
@@ -235,9 +237,9 @@ def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: li
         lines += ["| collective | setup | kind | sizes | smallest: time | largest: busbw | peak busbw |",
                   "|---|---|---|---|---|---|---|"]
         for s in series:
-            lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {s.time_us[0]:.3g} us at "
-                         f"{s.nbytes[0]} B | {s.busbw_gbps[-1]:.3g} GB/s at {s.nbytes[-1]} B | "
-                         f"{max(s.busbw_gbps):.3g} GB/s |")
+            lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {R.ms_text(s.time_us[0])} us "
+                         f"at {s.nbytes[0]} B | {R.ms_text(s.busbw_gbps[-1])} GB/s at {s.nbytes[-1]} B | "
+                         f"{R.ms_text(max(s.busbw_gbps))} GB/s |")
         lines += ["", "Solid: measured; dashed: predicted by the cost model. busbw as nccl-tests defines it "
                   "(docs/metrics.md).", ""]
     lines += list(extra)
@@ -252,25 +254,53 @@ class ReportError(ValueError):
     """The files hold nothing the report draws."""
 
 
+NOTHING_TO_DRAW = "no timed result, proxy, scaling or compare record"
+
+
+def _drawable(record: dict) -> bool:
+    return bool(record["record"] == "result" and record.get("time_us") or record["record"] in ("scaling", "compare")
+                or record["record"] == "proxy" and record.get("status", "ok") == "ok")
+
+
 def read_all(paths: list[str], warn=None) -> list[dict]:
     """Every record of the files, each line checked (results.read_records: RecordError names the file and
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
-    result, an ok proxy summary or a scaling point."""
+    result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
+    sweep of --backend sim without --hw: checked, not timed)."""
     records = [{**r, "_file": p} for p in paths for r in read_records(p, warn)]
-    drawable = any(r["record"] == "result" and r.get("time_us") or r["record"] in ("scaling", "compare")
-                   or r["record"] == "proxy" and r.get("status", "ok") == "ok" for r in records)
-    if not drawable:
-        raise ReportError("no timed result, proxy, scaling or compare records in " + ", ".join(paths))
+    if not any(_drawable(r) for r in records):
+        raise ReportError(f"{NOTHING_TO_DRAW} in " + ", ".join(paths))
+    for path in idle_files(records, paths):
+        if warn:
+            warn(f"{path}: {NOTHING_TO_DRAW}: it adds nothing to the report")
     return records
 
 
-def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -> tuple[str, list[str]]:
-    """Write the PNGs and index.md of records read by read_all; returns (index path, png paths)."""
-    series = collect_series(records) + (model_series(records, hw) if hw is not None else [])
+def idle_files(records: list[dict], paths: list[str]) -> list[str]:
+    """The files of `paths` none of whose records the report draws."""
+    drawn = {r.get("_file") for r in records if _drawable(r)}
+    return [p for p in paths if p not in drawn]
+
+
+def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, warn=None) -> tuple[str, list[str]]:
+    """Write the PNGs and index.md of records read by read_all; returns (index path, png paths). With
+    `hw`, runs it does not apply to (check.applicable) are not predicted: a note each, in index.md and
+    through `warn`."""
+    notes = [f"{p}: {NOTHING_TO_DRAW}: nothing drawn from it" for p in idle_files(records, paths)]
+    series = collect_series(records)
+    if hw is not None:
+        from commbench.analysis.check import applicable
+
+        fitting, foreign = applicable(records, hw)
+        series += model_series(fitting, hw)
+        notes += [f"not predicted: {note}" for note in foreign]
+        for note in foreign:
+            if warn:
+                warn(f"not predicted: {note}")
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)
     pngs = plot(series, out_dir) if series else []
-    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]
+    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]  # check: applicable only
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     from commbench.analysis.report_timeline import plot_timeline
@@ -278,9 +308,10 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None) -
     pngs += [p for p in (plot_timeline(records, out_dir, hw),) if p]
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
                          plot_compare(records, out_dir)) if p]
-    return write_index(series, pngs, out_dir, paths, R.index_lines(steps, records)), pngs
+    extra = [*(f"Note: {note}" for note in notes), *([""] if notes else []), *R.index_lines(steps, records)]
+    return write_index(series, pngs, out_dir, paths, extra), pngs
 
 
 def report(paths: list[str], out_dir: str, hw=None, warn=None) -> tuple[str, list[str]]:
     """Read the files, then write the PNGs and index.md; returns (index path, png paths)."""
-    return write_report(read_all(paths, warn), paths, out_dir, hw)
+    return write_report(read_all(paths, warn), paths, out_dir, hw, warn)

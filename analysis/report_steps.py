@@ -72,6 +72,13 @@ def _ms(value_us: float | None) -> float | None:
     return None if value_us is None else value_us / 1e3
 
 
+def ms_text(value_ms: float) -> str:
+    """Four significant digits, never in exponent notation (21210 ms, not 2.121e+04 ms); any unit."""
+    import numpy as np
+
+    return np.format_float_positional(value_ms, precision=4, unique=False, fractional=False, trim="-")
+
+
 def _plot_small_parts(ax, rows: list[dict]) -> None:
     """Per split row: communication, exposed communication and other (ms) as bars on a log axis,
     each with its value; a zero is written, not drawn."""
@@ -83,11 +90,11 @@ def _plot_small_parts(ax, rows: list[dict]) -> None:
                                          (COMM_COLOUR, *COLOURS[2:])):
             if value >= MIN_MS:
                 ax.barh(y + offset, value, height=0.25, color=colour)
-            ax.text(max(value, min(values, default=1.0) / 3), y + offset, f" {value:.4g}" if value >= MIN_MS else " 0",
-                    va="center", fontsize=6.5)
+            text = f" {ms_text(value)}" if value >= MIN_MS else " 0"
+            ax.text(max(value, min(values, default=1.0) / 3), y + offset, text, va="center", fontsize=6.5)
     if values:
         ax.set_xlim(min(values) / 3, max(values) * 4)
-    ax.set(xscale="log", xlabel="ms (log)", title="Median step's parts (ms)")
+    ax.set(xscale="log", xlabel="ms (log)", title="The median step's own parts (ms; not each column's median)")
     import matplotlib.ticker
 
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels ran into each other
@@ -104,7 +111,7 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
     for y, row in enumerate(rows):
         if row["parts"] is None:
             ax.barh(y, 100.0, color="#999999", label="real training step (not split)")
-            ax.text(101, y, f"{row['split_ms']:.4g} ms", va="center", fontsize=8)
+            ax.text(101, y, f"{ms_text(row['split_ms'])} ms", va="center", fontsize=8)
             continue
         left, total = 0.0, sum(row["parts"]) or 1.0
         for part, colour, name in zip(row["parts"], COLOURS, PARTS):
@@ -113,7 +120,8 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
             if share >= 6:
                 ax.text(left + share / 2, y, f"{share:.0f}%", ha="center", va="center", fontsize=7, color="white")
             left += share
-        ax.text(101, y, f"{row['split_ms']:.4g} ms" + (" *" if row.get("derived") else ""), va="center", fontsize=8)
+        ax.text(101, y, f"{ms_text(row['split_ms'])} ms" + (" *" if row.get("derived") else ""), va="center",
+                fontsize=8)
     _plot_small_parts(ax_ms, rows)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
@@ -124,7 +132,7 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
     ax.set_yticks(range(len(rows)), [row["label"] for row in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set(xlim=(0, 118), xlabel="share of the median step (%); its time at the right",
-           title="Median step: compute + exposed communication + other")
+           title="The median step itself: compute + exposed communication + other")
     ax_ms.grid(True, axis="x", which="both", alpha=0.3)
     ax.grid(True, axis="x", alpha=0.3)
     path = save_png(fig, out_dir, "proxy_steps.png", rect=(0, 0.07, 1, 1))
@@ -243,14 +251,15 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
     """Markdown tables of the steps and the scaling points."""
     lines = []
     if rows:
-        lines += ["## Training steps", "", "Medians over the measured steps (ms), each column its own; a step "
-                  "is compute + exposed communication + other (docs/proxies.md).", "",
+        lines += ["## Training steps", "", "Each column's own median over the measured steps (ms); a step "
+                  "is compute + exposed communication + other (docs/proxies.md), their medians need not add up.", "",
                   "| run | step | compute | comm | exposed comm | other |", "|---|---|---|---|---|---|"]
         for row in rows:
             cells = " | ".join("-" if row["medians"][k] is None else f"{row['medians'][k]:.2f}"
                                for k in ("step", "compute", "comm", "exposed_comm", "other"))
             mark = " \\*" if row.get("derived") else ""
             lines.append(f"| {row['label']}{mark} | {cells} |")
+        lines += _median_step_lines(rows)
         if any(row.get("derived") for row in rows):
             lines.append("\n\\* written before commbench measured exposed communication apart: its exposed column "
                          "is step - compute, as then computed; the chart caps it at the step's communication and "
@@ -266,6 +275,21 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {r['hardware']} | {r['algorithm']} | {r['gpus']} | "
                          f"{r['samples_per_s']:.1f} | {r['linearity']:.3f} | {acc} |")
         lines.append("")
+    return lines
+
+
+def _median_step_lines(rows: list[dict]) -> list[str]:
+    """The chart's figures: the median step's own parts (ms), which add up to that step; each column's
+    median above need not (a step with the median time is not the one with the median communication)."""
+    split = [row for row in rows if row["parts"]]
+    if not split:
+        return []
+    lines = ["", "The median step itself (proxy_steps.png draws these): its own parts, which add up to it.", "",
+             "| run | step | compute | comm | exposed comm | other |", "|---|---|---|---|---|---|"]
+    for row in split:
+        alone, overlapped, exposed, other = row["parts"]
+        lines.append(f"| {row['label']} | {row['split_ms']:.2f} | {alone + overlapped:.2f} | {row['comm_ms']:.2f} | "
+                     f"{exposed:.2f} | {other:.2f} |")
     return lines
 
 

@@ -12,11 +12,11 @@ the same process group, an in-place float32 sum allreduce at each size in two wa
              numbers.
 
 Each round gives two statistics per method, computed for both by the same function
-(bench.summarize, time = max over ranks):
+(bench.summarize: one sample per call, the slowest rank's time of that call):
 
-  mean  each rank's mean per call, then the maximum over ranks: commbench's time_us,
-        the number its busbw comes from (nccl-tests' time column);
-  p50   each call's maximum over ranks, then the median over calls: commbench's p50_us.
+  mean  the mean of those samples: commbench's time_us (--stat mean), the number its
+        busbw comes from;
+  p50   their median: commbench's p50_us.
 
 Both methods use the same N and the same warm-up count (chosen once per size by the
 rule in method.py, which is commbench's adaptive rule). Each round is one pair of the
@@ -149,14 +149,14 @@ def bare_allreduce_times_us(tensor: torch.Tensor, iters: int, warmup: int) -> np
 
 
 def bare_allreduce_stats(tensor: torch.Tensor, iters: int, warmup: int) -> dict[str, float]:
-    """The bare loop, reduced as commbench reduces its own times (bench.summarize, max over ranks):
-    time_us = each rank's mean, then the maximum over ranks; p50_us = each call's maximum over ranks,
-    then the median over calls; and the other percentiles. Every rank gets them."""
+    """The bare loop, reduced as commbench reduces its own times (bench.summarize): one sample per call,
+    the slowest rank's; time_us their mean, p50_us their median, and the other percentiles. Every rank
+    gets them."""
     return bench.summarize(gather_over_ranks(bare_allreduce_times_us(tensor, iters, warmup)), "max")
 
 
 def bare_allreduce_us(tensor: torch.Tensor, iters: int, warmup: int) -> float:
-    """The bare loop's time_us: this rank's mean per call, then the maximum over ranks (every rank gets it)."""
+    """The bare loop's time_us: the mean over calls of each call's slowest rank (every rank gets it)."""
     return bare_allreduce_stats(tensor, iters, warmup)["time_us"]
 
 
@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# harness overhead: allreduce float32 sum in-place, {WORLD} ranks, gloo on loopback, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, {args.rounds} rounds, times = median over rounds", flush=True)
-    print("# mean = each rank's mean, max over ranks (commbench time_us); p50 = each call's max over ranks, "
-          "median over calls (commbench p50_us)", flush=True)
+    print("# mean = mean over calls of each call's max over ranks (commbench time_us); p50 = their median "
+          "(commbench p50_us)", flush=True)
     rows, loop_rows = [], []
     try:
         table = method.Table(HEADERS)

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,13 +26,14 @@ from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
 from commbench.launch import EMULATED_VAR, LaunchInfo
-from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result
+from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
 from commbench.telemetry import run_monitor
 
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
 PLACEMENTS = ("out-of-place", "in-place")
+RANK_AGG_TEXT = {"max": "slowest rank's", "avg": "ranks' average", "min": "fastest rank's"}  # one sample per iteration
 
 
 
@@ -194,25 +196,34 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     return PointOutcome(times_us, warmup, wrong, telemetry)
 
 
-def summarize(all_times_us: np.ndarray, rank_agg: str) -> dict[str, float | None]:
-    """Aggregate a (ranks x iterations) time matrix: the time column as nccl-tests -a does
-    (each rank's mean, then max/avg/min over ranks), percentiles of per-iteration values."""
+def summarize(all_times_us: np.ndarray, rank_agg: str, stat: str = "mean") -> dict[str, float | None]:
+    """Aggregate a (ranks x iterations) time matrix. One sample per iteration: the ranks' times of
+    that iteration combined with `rank_agg` (max: the slowest rank's). Every figure is a statistic of
+    those samples: time_us is `stat`'s, the percentiles and mean_us the others (docs/metrics.md)."""
     if all_times_us.shape[1] == 0:  # not timed (sim without a cost model): no figure at all
         return {"time_us": None, **percentiles_us(np.empty(0)), "per_iteration_us": None}
     reduce = {"max": np.max, "avg": np.mean, "min": np.min}[rank_agg]
     per_iteration = reduce(all_times_us, axis=0)
-    return {"time_us": float(reduce(all_times_us.mean(axis=1))), **percentiles_us(per_iteration),
+    return {"time_us": statistic_us(per_iteration, stat), **percentiles_us(per_iteration),
             "per_iteration_us": per_iteration}
 
 
-def collect(backend: Backend, outcome: PointOutcome, rank_agg: str) -> dict[str, float] | None:
+def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = "mean") -> dict[str, float] | None:
     """Gather every rank's times and error count; on rank 0, the reported numbers
     (time_us, percentiles, and `wrong` summed over ranks, -1 when not checked)."""
     gathered = backend.gather(np.concatenate([[outcome.wrong], outcome.times_us]))
     if gathered is None:
         return None
     wrong = gathered[:, 0]
-    return {**summarize(gathered[:, 1:], rank_agg), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
+    return {**summarize(gathered[:, 1:], rank_agg, stat), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
+
+
+def _oversubscribed(environment: list[dict]) -> str | None:
+    """'N ranks on a host of C cores' for the host with more ranks than cores, or None."""
+    ranks = Counter(e.get("host") for e in environment)
+    cores = {e.get("host"): e.get("cpus") for e in environment}
+    crowded = [(n, cores[h]) for h, n in ranks.items() if isinstance(cores[h], int) and 0 < cores[h] < n]
+    return f"{crowded[0][0]} ranks on a host of {crowded[0][1]} cores" if crowded else None
 
 
 def _mean(values: list[float]) -> float:
@@ -233,8 +244,7 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
-        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules,
-                           stat=cfg.stat)
+        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules)
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on
@@ -264,7 +274,7 @@ class Sweep:
                 status = "wrong" if status == "ok" and wrong else status
                 busbw = _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None])
                 self.sink.summary(SweepSummary(run_id=self.run_id, status=status, error=error, points=len(self.results),
-                                               wrong=wrong, avg_busbw_gbps=busbw,
+                                               wrong=wrong, avg_busbw_gbps=busbw, stat=self.cfg.stat,
                                                telemetry=self._telemetry_summary().get("telemetry")))
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
@@ -286,11 +296,15 @@ class Sweep:
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
         world = self.backend.world_size
+        where = f"{len(hosts)} host(s)" if not os.environ.get(EMULATED_VAR) else "one host's emulated nodes"
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
-                           f"{world} rank{'s' if world != 1 else ''} on {len(hosts)} host(s), "
-                           f"launcher {launch.launcher}")
+                           f"{world} rank{'s' if world != 1 else ''} on {where}, launcher {launch.launcher}")
         if os.environ.get(EMULATED_VAR):
             self.table.comment(f"emulated cluster: {os.environ[EMULATED_VAR]}")
+        crowded = _oversubscribed(environment) if self.backend.device == "cpu" else None
+        if crowded:
+            self.table.comment(f"note: {crowded} (oversubscribed): ranks take turns on the cores and the times hold "
+                               f"that contention; check and predict mark such runs")
         self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)
@@ -307,7 +321,7 @@ class Sweep:
             return "time = the cost model's, per call"
         iters = (f"{cfg.iters} iteration{'s' if cfg.iters != 1 else ''}" if cfg.iters
                  else f"adaptive iterations ({cfg.min_time_s:g} s per point)")
-        return f"{iters}, time = {cfg.stat} of the iterations, {cfg.rank_agg} over ranks"
+        return f"{iters}, time = {cfg.stat} of the iterations, each iteration the {RANK_AGG_TEXT[cfg.rank_agg]}"
 
     def _collective(self, collective: str) -> None:
         cfg, world = self.cfg, self.backend.world_size
@@ -353,7 +367,7 @@ class Sweep:
         failed = True
         try:
             outcome = measure_point(self.backend, self.cfg, plan, placement, pattern, self.monitor)
-            stats = collect(self.backend, outcome, self.cfg.rank_agg)
+            stats = collect(self.backend, outcome, self.cfg.rank_agg, self.cfg.stat)
             failed = False
         except JobFault:
             raise
@@ -374,7 +388,8 @@ class Sweep:
                               time_us=stats["time_us"], per_iteration_us=stats["per_iteration_us"],
                               warmup=outcome.warmup, rank_agg=self.cfg.rank_agg,
                               wrong=int(stats["wrong"]) if self.cfg.check else None, run_id=self.run_id,
-                              kind=self.backend.kind, telemetry=outcome.telemetry, **self.backend.describe())
+                              kind=self.backend.kind, telemetry=outcome.telemetry, stat=self.cfg.stat,
+                              **self.backend.describe())
         self.sink.write(result)
         self.results.append(result)
         return result

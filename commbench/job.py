@@ -176,7 +176,8 @@ def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any
     busbw = [r["busbw_gbps"] for r in results if r.get("busbw_gbps") is not None]
     return SweepSummary(run_id=records[0].get("run_id", ""), status="failed", error=error, points=len(results),
                         wrong=sum(r.get("wrong") or 0 for r in results),
-                        avg_busbw_gbps=sum(busbw) / len(busbw) if busbw else 0.0)
+                        avg_busbw_gbps=sum(busbw) / len(busbw) if busbw else 0.0,
+                        stat=(records[0].get("config") or {}).get("stat", "mean"))
 
 
 def end(code: int, plan: Plan) -> None:

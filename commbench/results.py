@@ -70,8 +70,8 @@ class Result(Record):
     count: int
     warmup: int
     iters: int
-    time_us: float | None  # per-rank mean over iterations, aggregated across ranks; None: not timed
-    algbw_gbps: float | None
+    time_us: float | None  # the printed statistic (`stat`) of the per-iteration times; None: not timed
+    algbw_gbps: float | None  # of time_us
     busbw_gbps: float | None
     p50_us: float | None  # percentiles of per-iteration times (each iteration aggregated across ranks)
     p90_us: float | None
@@ -90,18 +90,31 @@ class Result(Record):
     # the times the percentiles come from, as pack_times keeps them; last, so CSV columns keep their places
     iteration_times_us: list[float] | dict[str, Any] | None = None
     interval_us: list[float] | None = None  # kind predicted, from a fit: the 80% interval [low, high] (docs/model.md)
+    stat: str = "mean"  # which statistic of the per-iteration times time_us is (sweep --stat: mean, p50, min)
+    mean_us: float | None = None  # the mean of the per-iteration times, whatever `stat` is
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
+STATS = ("mean", "p50", "min")  # the statistics a result's time_us can be (sweep --stat)
 
 
 def percentiles_us(per_iteration_us: np.ndarray) -> dict[str, float | None]:
-    """p50, p90, p99, min and max of per-iteration times (all None when nothing was timed)."""
+    """p50, p90, p99, min, max and mean of per-iteration times (all None when nothing was timed)."""
     if per_iteration_us.size == 0:
-        return dict.fromkeys(("p50_us", "p90_us", "p99_us", "min_us", "max_us"))
+        return dict.fromkeys(("p50_us", "p90_us", "p99_us", "min_us", "max_us", "mean_us"))
     p50, p90, p99 = np.percentile(per_iteration_us, [50, 90, 99])
     return {"p50_us": float(p50), "p90_us": float(p90), "p99_us": float(p99),
-            "min_us": float(per_iteration_us.min()), "max_us": float(per_iteration_us.max())}
+            "min_us": float(per_iteration_us.min()), "max_us": float(per_iteration_us.max()),
+            "mean_us": float(per_iteration_us.mean())}
+
+
+def statistic_us(per_iteration_us: np.ndarray, stat: str) -> float | None:
+    """One statistic (STATS) of per-iteration times, the samples every printed time is computed from
+    (docs/metrics.md); None when nothing was timed."""
+    values = np.asarray(per_iteration_us, dtype=float).ravel()
+    if values.size == 0:
+        return None
+    return float({"mean": np.mean, "p50": np.median, "min": np.min}[stat](values))
 
 
 def point_result(plan: C.Plan, *, dtype: str, op: str | None, placement: str, nnodes: int, backend: str,
@@ -174,9 +187,10 @@ class SweepSummary(Record):
     error: str | None  # the one-line message
     points: int
     wrong: int  # wrong elements over every point
-    avg_busbw_gbps: float  # mean over the points
+    avg_busbw_gbps: float  # mean over the points of their busbw_gbps (that of the statistic `stat`)
     telemetry: dict[str, float] | None = None  # --monitor: averages over the whole run
     schema: int = SCHEMA_VERSION
+    stat: str = "mean"  # the statistic the points' times are (sweep --stat)
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,17 @@ from typing import IO, Callable
 
 import numpy as np
 
-from commbench import collectives as C
 from commbench.results import Result
 
-STATS = ("mean", "p50", "min")  # what the time column shows (--stat); the JSON keeps them all
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
 NOISY_MARK = "~"
 
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
-                 show_algorithm: bool = False, stat: str = "mean"):
-        self.placements, self.stat = placements, stat
+                 show_algorithm: bool = False):
+        self.placements = placements
+        self.timed_as = "mean"  # the statistic of the rows' times (their records' `stat`), which the footer names
         self.noisy_rows = 0
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
         self.stream = stream or sys.stdout
@@ -71,9 +70,10 @@ class Table:
             if result.time_us is None:  # not timed (sim without a cost model)
                 cells.append(f"{'n/m':>9s} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
             else:
-                time_us, algbw, busbw = self._figures(result)
+                time_us, algbw, busbw = result.time_us, result.algbw_gbps, result.busbw_gbps  # as the record holds
                 cells.append(f"{_fmt_time(time_us):>9s} {algbw:8.2f} {busbw:8.2f} {wrong:>8s}  ")
                 self.busbw_sum += busbw
+                self.timed_as = "predicted" if result.kind == "predicted" else result.stat
                 self.busbw_points += 1
             self.wrong_total += result.wrong or 0
         algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
@@ -85,17 +85,11 @@ class Table:
         self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
                     f"{algo:>12s}".rstrip() + mark)
 
-    def _figures(self, result: Result) -> tuple[float, float, float]:
-        """(time, algbw, busbw) of the statistic the table shows."""
-        if self.stat == "mean":
-            return result.time_us, result.algbw_gbps, result.busbw_gbps
-        time_us = {"p50": result.p50_us, "min": result.min_us}[self.stat]
-        return (time_us, *C.bandwidths_gbps(result.collective, result.nbytes, result.world_size, time_us))
-
     def footer(self, checked: bool) -> None:
         if checked:
             self._print(f"# Out of bounds values : {self.wrong_total} {'OK' if self.wrong_total == 0 else 'FAILED'}")
-        average = f"{_fixed(self.busbw_sum / self.busbw_points)} GB/s" if self.busbw_points else "n/m"
+        average = f"{_fixed(self.busbw_sum / self.busbw_points)} GB/s (busbw of the {self.timed_as} times)" \
+            if self.busbw_points else "n/m"
         self._print(f"# Avg bus bandwidth    : {average}")
         if self.noisy_rows:
             self._print(f"# {NOISY_MARK} : {self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
@@ -135,8 +129,8 @@ class Progress:
     LOG_INTERVAL_S = 30.0
 
     def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.total, self.done, self.clock = total, 0, clock
+                 clock: Callable[[], float] = time.monotonic, unit: str = "points"):
+        self.total, self.done, self.clock, self.unit = total, 0, clock, unit
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.logging = enabled is None and not self.enabled
@@ -156,7 +150,7 @@ class Progress:
         eta_text = f" ETA {eta:.0f}s" if eta is not None else ""
         if self.logging and now - self._logged >= self.LOG_INTERVAL_S:
             self._logged = now
-            self.stream.write(f"commbench: {self.done}/{self.total} points, {now - self.started:.0f} s{eta_text}: "
+            self.stream.write(f"commbench: {self.done}/{self.total} {self.unit}, {now - self.started:.0f} s{eta_text}: "
                               f"{label}\n")
             self.stream.flush()
         if not self.enabled:

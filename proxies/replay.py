@@ -56,7 +56,8 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     measured, cpu_time = measure_compute(profile, ctx.batch, device, cfg.amp, ctx.launch.local_world_size,
                                          ready=ctx.backend.barrier, trust_code=cfg.trust_profile_code,
-                                         bucket_mb=cfg.bucket_mb, choice=ctx.choice)
+                                         bucket_mb=cfg.bucket_mb, choice=ctx.choice,
+                                         show_progress=ctx.backend.rank == 0)
     forward, backward, update, _ = ctx.backend.agree_max(np.array(measured))  # the slowest rank sets the pace
     # DDP's work is a difference of two noisy times, alike on every rank: the least any rank measured
     ddp = -float(ctx.backend.agree_max(np.array([-measured[3]]))[0])
@@ -89,9 +90,10 @@ def _replay_steps(ctx: RankContext) -> None:
         calls = [backend.prepare("allreduce", buffer, buffer, "sum", 0, True) for buffer in buffers]
         ctx.channel = ThreadChannel(calls, backend.synchronize, clock)
     sys.setswitchinterval(1e-4)  # the spinning main thread hands the GIL to the waiter thread within 0.1 ms
+    ddp_text = (f", DDP's own work {ddp / 1e3:.2f} ms (measured at 1 rank: half with the backward, half after the "
+                f"last allreduce)") if label.startswith("measured") else ""  # flops and none have no DDP term
     ctx.start(label, [f"compute per step ({label}): forward {forward / 1e3:.2f} ms, backward {backward / 1e3:.2f} ms, "
-                      f"optimizer {update / 1e3:.2f} ms, DDP's own work {ddp / 1e3:.2f} ms (measured at 1 rank: half "
-                      f"with the backward, half after the last allreduce); allreduces launched as gradients are "
+                      f"optimizer {update / 1e3:.2f} ms{ddp_text}; allreduces launched as gradients are "
                       f"ready, overlapping the backward",
                       "step = compute + exposed + other: exposed is the wait after the backward while an allreduce "
                       "is in flight (at most comm); other is the rest (the compute's wall time past its "

@@ -70,6 +70,8 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
                 "step_interval_us": list(interval) if interval else None, "interval_source": source},
                [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}, setup {choice.name}: {pred.calls} call(s) "
                 f"per step, allreduce {algorithm} from the cost model; compute {label}",
+                f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
+                f"{cfg.warmup_steps} do not apply to a prediction)",
                 *_interval_lines(hw, topo, algorithm, interval, source), *(f"without a fit: {t}" for t in terms)])
     t = pred.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
@@ -163,7 +165,8 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float
 
     try:
         return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
-                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice())[0]
+                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
+                               show_progress=True)[0]
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

@@ -45,6 +45,7 @@ class Trainer:
         self.new_optimizer()
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
         self.wrapped = self.model  # DistributedDataParallel once wrap() is called
+        self.on_step: Callable[[str], None] = lambda what: None  # told before each timed step (progress)
 
     def wrap(self, bucket_mb: float | None, device_ids: list[int] | None, process_group: Any = None) -> None:
         import torch
@@ -99,6 +100,7 @@ class Trainer:
         clock = time.thread_time if self.cpu_timed() else time.perf_counter
         rows = []
         for _ in range(repeats + 1):
+            self.on_step("forward, backward, optimizer, without the setup")
             t0 = clock()
             loss = self.forward()
             self.sync()
@@ -115,7 +117,8 @@ class Trainer:
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
                     ready: Callable[[], None] = lambda: None, trust_code: bool = False,
-                    bucket_mb: float | None = None, choice=None) -> tuple[tuple[float, float, float, float], bool]:
+                    bucket_mb: float | None = None, choice=None, show_progress: bool = False
+                    ) -> tuple[tuple[float, float, float, float], bool]:
     """The real model's (forward, backward, optimizer, the setup's own work) microseconds per step here, and
     whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
     timing (a barrier, so that every rank measures at once, sharing the host as in training).
@@ -124,24 +127,45 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     to a step where no traffic leaves the rank, on a process group of this rank alone
     (train_setups.own_work_us): DDP's copies of the gradients into and out of its buckets, its hooks and
     its calls (docs/model.md, "Terms the model counts"); FSDP's copies in and out of its all-gather and
-    reduce-scatter buffers and its DTensor parameters."""
+    reduce-scatter buffers and its DTensor parameters. `show_progress` (rank 0): a line saying what is
+    measured, then a progress line with an ETA, as a sweep's."""
     from commbench.proxies import train_setups
     from commbench.proxies.setups import settle
+    from commbench.table import Progress
 
     choice = choice or settle("ddp", {"bucket_mb": bucket_mb})
     kind = getattr(device, "type", device)
     check_memory(profile, local_ranks * (2 if choice.setup.trains_as == "fsdp" else 1), kind)
+    if show_progress:
+        print(f"# measuring {profile.name}'s compute here first (batch {batch}, at 1 rank: {COMPUTE_STEPS} steps of "
+              f"the real model; the replay's steps follow)", flush=True)
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
+    progress = Progress(COMPUTE_STEPS, enabled=None if show_progress else False, unit="steps")
+    begun = 0
+
+    def tick(what: str) -> None:  # before each step: the ones before it are done
+        nonlocal begun
+        progress.done, begun = begun, begun + 1
+        progress.update(what)
+
+    trainer.on_step = tick
     ready()
-    phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
-    with one_rank_group(kind) as group:
-        try:
-            own = train_setups.own_work_us(trainer, choice, profile, group, [device.index] if kind == "cuda" else None)
-        finally:  # DDP's Reducer goes before the group does
-            trainer.wrapped = trainer.model = trainer.optimizer = None
-            del trainer
-            gc.collect()
+    try:
+        phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
+        with one_rank_group(kind) as group:
+            try:
+                own = train_setups.own_work_us(trainer, choice, profile, group,
+                                               [device.index] if kind == "cuda" else None)
+            finally:  # DDP's Reducer goes before the group does
+                trainer.wrapped = trainer.model = trainer.optimizer = None
+                del trainer
+                gc.collect()
+    finally:
+        progress.close()
     return (*phases, own), cpu_time
+
+
+COMPUTE_STEPS = 6 + 2 * 2 + 2 * 6  # measure_compute's steps: phase_times_us(5), own_work_us's warm-up and pairs
 
 
 @contextmanager

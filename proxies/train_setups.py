@@ -155,6 +155,7 @@ def own_work_us(trainer, choice: Choice, profile, group, device_ids=None, pairs:
     clock = time.thread_time if trainer.cpu_timed() else time.perf_counter
 
     def timed(step) -> float:
+        trainer.on_step(f"{choice.name}'s own work: its steps against steps without it")
         t0 = clock()
         step()
         return clock() - t0

@@ -11,7 +11,7 @@ from commbench.results import read_records
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A small shm sweep, a model fitted on it, and a proxy replay with FLOP-rate compute."""
+    """A small shm sweep, a model fitted on it, and a proxy replay on shm with FLOP-rate compute."""
     folder = tmp_path_factory.mktemp("check")
     sweep, hw, proxy = folder / "s.jsonl", folder / "hw.json", folder / "p.jsonl"
     out = commbench("sweep", "--backend", "shm", "--sizes", "4K-1M", "-f", "4", "--min-time", "0.02",
@@ -19,7 +19,8 @@ def runs(tmp_path_factory):
     assert out.returncode == 0, out.stderr
     out = commbench("fit", str(sweep), "-o", str(hw), "--accept-poor-fit")
     assert out.returncode == 0, out.stderr
-    out = commbench("proxy", "tts_angular", "--nprocs", "2", "--batch", "1", "--compute", "flops", "--tflops", "0.05",
+    out = commbench("proxy", "tts_angular", "--backend", "shm", "--nprocs", "2", "--batch", "1", "--compute", "flops",
+                    "--tflops", "0.05",
                     "--steps", "3", "--warmup-steps", "1", "--json", str(proxy))
     assert out.returncode == 0, out.stderr
     return sweep, hw, proxy
@@ -54,6 +55,47 @@ def test_errors_are_predicted_over_measured(runs):
     assert summary["all"]["optimistic"] == len(again)
     assert summary["proxy_steps"]["rows"] == 1
     assert summary["sweep_64k_up"]["rows"] == sum(1 for r in again if r.kind == "sweep" and r.nbytes >= 64 << 10)
+
+
+def test_a_run_of_another_library_or_host_is_left_out_with_both_named(runs):
+    """The fit says what it was measured with (meta.measured_with); a run of another library (a gloo
+    proxy beside a shm fit), or of another host, is not predicted: one note names both."""
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, proxy = runs
+    hw = load_hardware(str(hw_path))
+    assert hw.meta["measured_with"]["backend"] == ["shm"] and hw.meta["measured_with"]["hosts"]
+    records = read_records(str(sweep)) + read_records(str(proxy))
+    gloo = [{**r, "backend": "torch", "library": "gloo", "_file": "gloo.jsonl"} if r["record"] in ("result", "proxy")
+            else r for r in records]
+    rows, notes = K.check(gloo, hw)
+    assert rows == []
+    assert any(n.startswith("gloo.jsonl:") and "backend torch, library gloo" in n and "the fit with backend shm" in n
+               for n in notes)
+    elsewhere = [{**r, "ranks": [{**rank, "host": "other-host"} for rank in r["ranks"]]} if r["record"] == "header"
+                 else r for r in records]
+    rows, notes = K.check(elsewhere, hw)
+    assert rows == [] and any("hosts other-host" in n for n in notes)
+    medians = [{**r, "stat": "p50"} if r["record"] == "result" else r for r in records]  # a --stat p50 sweep
+    rows, notes = K.check(medians, hw)
+    assert {r.kind for r in rows} == {"proxy"} and any("stat p50" in n and "stat mean" in n for n in notes)
+    same, _ = K.check(records, hw)
+    assert {r.kind for r in same} == {"sweep", "proxy"}
+
+
+def test_report_leaves_out_and_names_a_run_the_fit_does_not_apply_to(runs, tmp_path):
+    from commbench.analysis import report as R
+    from commbench.analysis.costmodel import load_hardware
+
+    sweep, hw_path, _ = runs
+    gloo = tmp_path / "gloo.jsonl"
+    gloo.write_text("".join(json.dumps({**r, "backend": "torch", "library": "gloo"}) + "\n"
+                            for r in read_records(str(sweep))))
+    warnings = []
+    index, _ = R.report([str(sweep), str(gloo)], str(tmp_path / "rep"), load_hardware(str(hw_path)), warnings.append)
+    text = open(index).read()
+    assert "not predicted: gloo.jsonl" in text and any("gloo.jsonl" in w for w in warnings)
+    assert "torch/gloo, 2 ranks | predicted" not in text and "| predicted |" in text  # shm's own run still is
 
 
 def test_check_prints_rows_and_summary_and_writes_json(runs, tmp_path):
@@ -221,7 +263,9 @@ def test_no_interval_where_the_fit_measured_no_link(runs):
     _, hw_path, _ = runs
     out = commbench("predict", "--hw", str(hw_path), "-T", "2x2", "--sizes", "1M", "-A", "ring")
     assert out.returncode == 0, out.stderr
-    assert "interval" not in out.stdout
+    assert "80% interval" not in out.stdout and "[" not in out.stdout
+    # and predict says why, as predict-scaling does
+    assert "note: 2x2 crosses the inter level, which" in out.stdout and "did not measure" in out.stdout
     # 1x2, not 1x4: on a host of fewer than 4 cores, predict refuses 4 CPU ranks per node
     inside = commbench("predict", "--hw", str(hw_path), "-T", "1x2", "--sizes", "1M", "-A", "ring")
     assert "80% interval" in inside.stdout
@@ -274,8 +318,8 @@ def test_a_one_rank_replay_has_a_step_row_without_interval_and_no_comm_row(runs,
 
     _, hw_path, _ = runs
     one = tmp_path / "one.jsonl"
-    out = commbench("proxy", "tts_angular", "--nprocs", "1", "--batch", "1", "--compute", "flops", "--tflops", "0.05",
-                    "--steps", "3", "--warmup-steps", "1", "--json", str(one))
+    out = commbench("proxy", "tts_angular", "--backend", "shm", "--nprocs", "1", "--batch", "1", "--compute", "flops",
+                    "--tflops", "0.05", "--steps", "3", "--warmup-steps", "1", "--json", str(one))
     assert out.returncode == 0, out.stderr
     rows, _ = K.check(read_records(str(one)), load_hardware(str(hw_path)))
     assert [(r.kind, r.what) for r in rows] == [("proxy", "step")]

@@ -270,3 +270,15 @@ def test_a_change_inside_the_measured_noise_is_not_a_regression():
     assert firm.points[0].verdict == "regression"
     repeated = K.compare([result(busbw=v).to_dict() for v in (10.0, 6.0, 14.0)], [result(busbw=8.0).to_dict()])
     assert repeated.points[0].verdict == "within noise"
+
+
+def test_runs_of_two_statistics_are_not_compared(tmp_path, capsys):
+    """A p50 sweep against a mean one would read the spread between the two statistics as a change
+    (issue 25): refused in one line."""
+    base = write(tmp_path / "b.jsonl", [result(1024, 10.0)])
+    new = write(tmp_path / "n.jsonl", [result(1024, 12.0, stat="p50")])
+    code, _, err = run(capsys, "compare", base, new)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "holds mean times and" in err and "p50 times (sweep --stat)" in err
+    same = write(tmp_path / "s.jsonl", [result(1024, 12.0, stat="p50")])
+    assert K.compare_files(new, same).points

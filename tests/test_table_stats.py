@@ -7,8 +7,11 @@ import io
 import subprocess
 import sys
 
+import numpy as np
+
+from commbench import bench
 from commbench import collectives as C
-from commbench.results import Result
+from commbench.results import Result, point_result, raw_times
 from commbench.table import Progress, Table
 
 
@@ -21,9 +24,9 @@ def _result(p50_us: float, p99_us: float, time_us: float = 100.0) -> Result:
                   wrong=0)
 
 
-def _rows(stat: str, result: Result) -> tuple[list[str], str]:
+def _rows(result: Result) -> tuple[list[str], str]:
     out = io.StringIO()
-    table = Table(["in-place"], stream=out, stat=stat)
+    table = Table(["in-place"], stream=out)
     table.header("allreduce")
     table.row({"in-place": result}, "float")
     table.footer(checked=True)
@@ -31,19 +34,44 @@ def _rows(stat: str, result: Result) -> tuple[list[str], str]:
     return [line.split() for line in text.splitlines() if not line.startswith("#")][0], text
 
 
-def test_the_stat_chooses_the_time_and_its_bandwidths():
-    result = _result(p50_us=40.0, p99_us=60.0)
-    mean, _ = _rows("mean", result)
-    p50, _ = _rows("p50", result)
-    fastest, _ = _rows("min", result)
-    assert [mean[5], p50[5], fastest[5]] == ["100.0", "40.00", "20.00"]
-    busbw_p50 = C.bandwidths_gbps("allreduce", 1 << 20, 2, 40.0)[1]
-    assert float(p50[7]) == round(busbw_p50, 2) and float(p50[7]) > float(mean[7])
+# two ranks x four iterations: rank 1 is slow in iterations 0 and 1, rank 0 in iterations 2 and 3
+TIMES_US = np.array([[10.0, 10.0, 50.0, 70.0],
+                     [40.0, 60.0, 10.0, 10.0]])
+
+
+def _measured(stat: str, rank_agg: str = "max") -> Result:
+    stats = bench.summarize(TIMES_US, rank_agg, stat)
+    plan = C.plan("allreduce", 1 << 20, C.resolve_dtype("float32"), 2)
+    return point_result(plan, dtype="float32", op="sum", placement="in-place", nnodes=1, backend="torch",
+                        library="gloo", device="cpu", time_us=stats["time_us"],
+                        per_iteration_us=stats["per_iteration_us"], rank_agg=rank_agg, wrong=0, stat=stat)
+
+
+def test_one_sample_per_iteration_the_slowest_ranks_and_every_figure_is_a_statistic_of_them():
+    """Each rank's mean, then the slowest (the old time) would be max(30, 30) = 30; the samples are
+    the slowest rank's per iteration (40, 60, 50, 70): their mean is 55, their median 55, min 40."""
+    mean, p50, fastest = (_measured(stat) for stat in ("mean", "p50", "min"))
+    assert list(raw_times(mean)) == [40.0, 60.0, 50.0, 70.0]
+    assert (mean.time_us, p50.time_us, fastest.time_us) == (55.0, 55.0, 40.0)
+    assert mean.time_us == raw_times(mean).mean() == mean.mean_us and p50.time_us == p50.p50_us
+    assert mean.min_us <= mean.p50_us <= mean.max_us and mean.min_us <= mean.time_us <= mean.max_us
+    assert _measured("mean", "avg").time_us == TIMES_US.mean()  # --rank-agg avg: nccl-tests' figure, exactly
+
+
+def test_the_record_holds_the_printed_statistic_and_its_bandwidths():
+    for stat in ("mean", "p50", "min"):
+        result = _measured(stat)
+        row, text = _rows(result)
+        assert result.stat == stat
+        assert float(row[5]) == round(result.time_us, 1 if result.time_us >= 100 else 2)
+        assert (result.algbw_gbps, result.busbw_gbps) == C.bandwidths_gbps("allreduce", 1 << 20, 2, result.time_us)
+        assert float(row[7]) == round(result.busbw_gbps, 2)
+        assert f"(busbw of the {stat} times)" in text
 
 
 def test_a_noisy_point_is_marked_and_explained():
-    quiet, text = _rows("mean", _result(p50_us=90.0, p99_us=150.0))
-    noisy, noisy_text = _rows("mean", _result(p50_us=50.0, p99_us=400.0))
+    quiet, text = _rows(_result(p50_us=90.0, p99_us=150.0))
+    noisy, noisy_text = _rows(_result(p50_us=50.0, p99_us=400.0))
     assert quiet[-1] != "~" and "p99 >" not in text
     assert noisy[-1] == "~" and "# ~ : 1 row(s) with p99 > 2 x p50" in noisy_text
 
@@ -53,7 +81,7 @@ def test_the_average_bus_bandwidth_is_never_in_exponent_notation():
     table = Table(["in-place"], stream=out)
     table.busbw_sum, table.busbw_points = 7.597e-05, 1
     table.footer(checked=False)
-    assert "# Avg bus bandwidth    : 0.00007597 GB/s" in out.getvalue()
+    assert "# Avg bus bandwidth    : 0.00007597 GB/s (busbw of the mean times)" in out.getvalue()
 
 
 def test_progress_has_an_eta_and_logs_where_stderr_is_no_terminal():

@@ -101,6 +101,11 @@ def for_sweep(options: dict, joined: bool) -> dict:
     said = complete(said, world, local_gpus() or 1)
     nprocs = options.get("nprocs") if joined or world is not None else said.nodes * said.per_node
     if not _runs_schedules(options.get("backend")):  # a library lays out its own ranks: the layout says how many
+        if not joined and said.nodes > 1:
+            raise UsageFault(f"layout {said.spec()}: ranks spawned here are all on this host, and --backend "
+                             f"{options.get('backend')} cannot lay them out as {said.nodes} nodes: start them with "
+                             f"a launcher (torchrun --nnodes {said.nodes}), emulate the nodes (--emulate "
+                             f"{said.spec()}), or give --nprocs {said.nodes * said.per_node} alone")
         return {**options, "topology": None, "nprocs": nprocs}
     return {**options, "topology": said.spec(), "nprocs": nprocs}
 

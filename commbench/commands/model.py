@@ -149,6 +149,13 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     if hw.meta.get("fitted_from") and "measured_on" not in hw.meta:
         table.comment(f"note: {hw_spec} does not say which host it was fitted on (a fit from before meta.measured_on): "
                       f"CPU ranks beyond that host's cores are predicted as if each had its own (docs/model.md)")
+    levels = hw.meta.get("levels_fitted")
+    crossed = [level for level, used in (("intra", topo.ranks_per_node > 1), ("inter", topo.nodes > 1))
+               if used and isinstance(levels, dict) and not levels.get(level)]
+    if crossed:  # a fit's level it did not measure: copied from the other, or taken from --base
+        table.comment(f"note: {topo} crosses the {' and '.join(crossed)} level, which {hw_spec} did not measure: "
+                      f"its figures there were copied or given (meta.notes), so these times rest on no measurement "
+                      f"and have no interval")
     if any(r.interval_us for r in results):
         table.comment("[low-high] after a row: its 80% interval in us, from the fit's resamples (jackknife+: the fit "
                       "without each point, spread by that point's error; docs/model.md)")
@@ -193,7 +200,7 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
         raise UsageFault(str(exc)) from exc
     check_directory(out_dir)
     try:
-        index, pngs = R.write_report(records, list(files), out_dir, hw)
+        index, pngs = R.write_report(records, list(files), out_dir, hw, warn)
     except FitError as exc:  # --hw: a measured point no schedule models
         raise UsageFault(str(exc)) from exc
     except OSError as exc:

@@ -153,12 +153,27 @@ def _validate(cfg, plan, keep: bool) -> int:
 
     lead = plan.lead
     if lead:
-        click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend")
+        click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend"
+                   + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
     code = _launch("train", train_cfg, plan)
     if code == 0 and lead:
         R.report_validation(cfg, train_cfg, show_paths=keep)
     return code
+
+
+def _validate_eta(cfg) -> str:
+    """How long the training will take at the replay's median step (its summary in cfg.json_path)."""
+    from commbench.results import RecordError, read_records
+
+    try:
+        summary = next((r for r in reversed(read_records(cfg.json_path)) if r.get("record") == "proxy"), None)
+    except (OSError, RecordError):
+        summary = None
+    if not summary or not summary.get("step_us_p50"):
+        return ""
+    steps = cfg.warmup_steps + cfg.steps
+    return f": {steps} steps, about {steps * summary['step_us_p50'] / 1e6:.0f} s at the replay's median step"
 
 
 # ---------------------------------------------------------------- profiles

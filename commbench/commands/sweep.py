@@ -1,6 +1,7 @@
 """`commbench sweep`: parse and validate, then run the harness (commbench/bench.py) on every rank."""
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -29,7 +30,34 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 """
 
 
-@click.command(epilog=SWEEP_EXAMPLES)
+NCCL_TESTS_ONLY = ("-e", "-i", "-g", "-t", "-z", "-G", "-C", "-m", "-p", "-R", "-r")  # nccl-tests flags sweep lacks
+SIZE_LIKE = re.compile(r"^\d+[KMGTkmgt]?$")
+
+
+class SweepCommand(click.Command):
+    """sweep's parser: an nccl-tests command line (`-b 8 -e 1M`) is answered with the two ways to run it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes `args`
+        backend_size = next((args[i + 1] for i in range(len(args) - 1)
+                             if args[i] == "-b" and SIZE_LIKE.match(args[i + 1])), None)
+        try:
+            parsed = super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if exc.option_name in NCCL_TESTS_ONLY:
+                raise click.UsageError(_nccl_tests_hint(given)) from exc
+            raise
+        if backend_size is not None:
+            raise click.UsageError(_nccl_tests_hint(given))
+        return parsed
+
+
+def _nccl_tests_hint(args: list[str]) -> str:
+    return (f"sweep does not take nccl-tests' flags (here -b is --backend): give sizes as --sizes START-END "
+            f"(e.g. --sizes 8-1M), or run them as they are: commbench nccl-tests all_reduce_perf {' '.join(args)}")
+
+
+@click.command(cls=SweepCommand, epilog=SWEEP_EXAMPLES)
 @click.option("--sizes", "-s", default=None, metavar="RANGE|LIST",
               help="Message sizes in bytes: a range START-END (binary K/M/G/T suffixes, e.g. 1K-1G) or a "
                    "comma list (1K,4K,1M). Rounded down per collective as nccl-tests does. "
@@ -90,10 +118,12 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True, help="Force how ranks are found; auto reads the environment.")
 @click.option("--rank-agg", "-a", type=click.Choice(["max", "avg", "min"]), default="max", show_default=True,
-              help="Combine ranks' times (as nccl-tests -a).")
+              help="Combine ranks' times of each iteration into its one sample (nccl-tests -a averages; "
+                   "docs/metrics.md).")
 @click.option("--stat", type=click.Choice(["mean", "p50", "min"]), default="mean", show_default=True,
-              help="The table's time column (and its algbw/busbw): the mean of the timed iterations as nccl-tests "
-                   "prints, their median, or the fastest. The JSON keeps every statistic and the raw times.")
+              help="The time printed and recorded (time_us, its algbw/busbw, the footer's average): the mean of "
+                   "the per-iteration samples as nccl-tests prints, their median, or the fastest. The record names "
+                   "it (stat) and keeps the others and the raw samples.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Verify every result; any wrong element makes the run exit 1.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
