@@ -174,7 +174,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             algorithm = LIBRARY_ALGORITHM["allreduce"]
 
         try:
-            choice = _choice(r, topo)
+            choice = setup_of_record(r, topo)
         except ValueError as exc:
             notes.append(f"{r['model']}: {exc}; left out")
             continue
@@ -210,19 +210,15 @@ def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, 
                         choice=choice, device=device).times.comm_us
 
 
-def _choice(r: dict, topo: Topology):
-    """The record's training setup with its knobs (older records: DDP with their bucket_mb); ValueError: a setup or
-    knob this commbench does not know."""
-    from commbench.proxies.setups import Layout, settle
+def setup_of_record(r: dict, topo: Topology):
+    """The record's training setup with its settled knobs (older records: DDP with their bucket_mb); ValueError
+    (SetupError): a setup or knob this commbench does not know."""
+    from commbench.proxies.setups import SETUPS, Layout, settle
 
-    knobs = r.get("knobs") if isinstance(r.get("knobs"), dict) else {}
-    knobs = {**knobs, "bucket_mb": r.get("bucket_mb")}
     name = r.get("setup") if isinstance(r.get("setup"), str) else "ddp"
-    from commbench.proxies.setups import SETUPS
-
-    takes = SETUPS[name].knobs + tuple(k for k, _ in SETUPS[name].fixed) if name in SETUPS else ()
-    return settle(name, {k: v for k, v in knobs.items() if k in takes and k not in dict(SETUPS[name].fixed)},
-                  Layout(topo.nodes, topo.ranks_per_node))
+    knobs = {**(r.get("knobs") if isinstance(r.get("knobs"), dict) else {}), "bucket_mb": r.get("bucket_mb")}
+    takes = SETUPS[name].knobs if name in SETUPS else ()  # a record keeps every knob, fixed ones too
+    return settle(name, {k: v for k, v in knobs.items() if k in takes}, Layout(topo.nodes, topo.ranks_per_node))
 
 
 def _setup_key(r: dict, headers: dict) -> tuple:

@@ -28,7 +28,7 @@ def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
 def _plan_and_prediction(header: dict, summary: dict, hw):
     """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals (a sim proxy's
     own calls are predicted already: none more)."""
-    from commbench.analysis.check import _choice
+    from commbench.analysis.check import setup_of_record
     from commbench.analysis.costmodel import with_topology
     from commbench.analysis.scaling import predict_step, step_plan
     from commbench.proxies.profile import load_profile
@@ -38,7 +38,7 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     profile = load_profile(summary["model"])
     nodes = int(summary.get("nnodes") or 1)
     topo = Topology(nodes, int(summary["world_size"]) // nodes)
-    choice = _choice(summary, topo)
+    choice = setup_of_record(summary, topo)
     device = "cpu" if summary.get("device") == "cpu" else "cuda"
     compute = (float(split["forward"]), float(split["backward"]), float(split["optimizer"]))
     plan = step_plan(profile, topo, *compute, summary.get("bucket_mb"), summary.get("bucketing") or "ddp",
