@@ -84,20 +84,29 @@ def test_bad_setups_end_in_one_line(args, message):
 
 
 def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
-    """A replay record of fsdp-full is predicted as fsdp-full (more calls than DDP's): its comm row differs from
-    what the DDP plan of the same record would predict."""
+    """A replay record of fsdp-full is predicted as fsdp-full (its own plan, more calls than DDP's), with the
+    compute split its header gives."""
     from commbench.analysis.check import check
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.analysis.costmodel import load_hardware, with_topology
+    from commbench.analysis.scaling import predict_step
+    from commbench.topology import Topology
 
     sim = tmp_path / "sim.jsonl"
     assert commbench("proxy", "bert-base", "--hw", "dgx-a100", "--nodes", "2", "--gpus-per-node", "8", "--tflops",
                      "100", "--setup", "fsdp-full", "--json", str(sim)).returncode == 0
     records = read_records(str(sim))
+    (header,) = [r for r in records if r["record"] == "header"]
     (summary,) = [r for r in records if r["record"] == "proxy"]
-    replay = {**summary, "kind": "proxy"}  # the sim's figures standing in for a replay of the same setup
-    rows, _ = check([r for r in records if r["record"] == "header"] + [replay], load_hardware("dgx-a100"))
+    replay = {**summary, "kind": "proxy", "backend": "torch"}  # the sim's record standing in for a replay
+    hw = load_hardware("dgx-a100")
+    rows, _ = check([header, replay], hw)
     step = next(r for r in rows if r.what == "step")
-    assert "fsdp-full" in step.setup and step.predicted_us == pytest.approx(summary["step_us_p50"], rel=1e-6)
-    as_ddp, _ = check([{**replay, "setup": "ddp", "knobs": None}], load_hardware("dgx-a100"))
+    split = header["compute_split_us"]
+    topo = Topology(2, 8)
+    expected = predict_step(load_profile("bert-base"), 4, topo, with_topology(hw, topo), split["forward"],
+                            split["backward"], split["optimizer"], algorithm="ring", ddp_us=split["ddp"],
+                            choice=S.settle("fsdp-full")).times.step_us
+    assert "fsdp-full" in step.setup and step.predicted_us == pytest.approx(expected, rel=1e-9)
+    as_ddp, _ = check([header, {**replay, "setup": "ddp", "knobs": None}], hw)
     assert next(r for r in as_ddp if r.what == "step").predicted_us < step.predicted_us
     json.dumps([r.to_json() for r in rows])
