@@ -29,6 +29,15 @@ def test_nccl_tests_flags_given_to_sweep_point_to_sizes_or_nccl_tests(capsys):
     assert code == 2 and "nccl-tests" not in err  # any other unknown option keeps click's own line
 
 
+def test_sweep_o_is_the_op_and_a_path_given_to_it_points_to_json(capsys):
+    """-o is nccl-tests' op in sweep but the output in fit/report: a path given to sweep's -o says so."""
+    code, _, err = _run(capsys, "sweep", "-o", "out.jsonl", "--sizes", "1K")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "-o is the reduction op" in err and "--json FILE" in err
+    code, _, err = _run(capsys, "sweep", "-o", "xor", "--sizes", "1K")
+    assert code == 2 and "--json" not in err  # a mistyped op is only a mistyped op
+
+
 def test_a_multi_node_layout_a_spawned_library_run_cannot_honour_is_refused(capsys):
     for args in (["--nodes", "2", "--nprocs", "2"], ["-T", "2x1"], ["--nodes", "2", "--gpus-per-node", "1"]):
         code, _, err = _run(capsys, "sweep", "--sizes", "1K", *args)

@@ -224,7 +224,9 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         raise UsageFault(str(exc)) from exc
     op = options["op"].lower()
     if op not in C.OPS:
-        raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}")
+        hint = ("; -o is the reduction op, as in nccl-tests: results go to --json FILE or --csv FILE"
+                if any(mark in op for mark in "./") else "")
+        raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}{hint}")
     try:
         device, library = cls.resolve_device(request)
         if world is None:
