@@ -66,7 +66,7 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 
 
 def _replay_steps(ctx: RankContext) -> None:
-    if ctx.choice.name != "ddp":
+    if ctx.choice.name != "ddp" or ctx.choice.get("accumulate") > 1:  # the plan holds the no_sync micro-steps
         return _replay_setup(ctx)
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, ddp, label = compute_times(ctx)
@@ -151,7 +151,7 @@ def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
 
 
 def _replay_setup(ctx: RankContext) -> None:
-    """The proxy of any setup but plain DDP: its plan (proxies/setups.py) executed with torch.distributed calls on
+    """The proxy of any setup but plain DDP without accumulation: its plan (proxies/setups.py) executed with torch.distributed calls on
     the groups it names (world, a node's ranks, one rank per node), or commbench's schedules (allreduces only)."""
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, own, label = compute_times(ctx)

@@ -17,15 +17,16 @@ def _records(path, kind):
     return [r for r in read_records(str(path)) if r["record"] == kind]
 
 
-def test_replay_of_fsdp_issues_the_plans_calls_and_records_its_setup(tmp_path):
+@pytest.mark.parametrize("setup", ["fsdp-grad-op", "ddp"])  # plain DDP's no_sync micro-steps too (issue 23)
+def test_replay_of_a_setup_issues_the_plans_calls_and_records_its_setup(tmp_path, setup):
     out = tmp_path / "f.jsonl"
-    proc = commbench("proxy", "resnet18", "--nprocs", "2", *FAST, "--tflops", "0.05", "--setup", "fsdp-grad-op",
+    proc = commbench("proxy", "resnet18", "--nprocs", "2", *FAST, "--tflops", "0.05", "--setup", setup,
                      "--accumulate", "2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "setup fsdp-grad-op" in proc.stdout
+    assert f"setup {setup}" in proc.stdout
     header, (summary,), steps = _records(out, "header")[0], _records(out, "proxy"), _records(out, "step")
-    assert summary["setup"] == "fsdp-grad-op" and summary["knobs"]["accumulate"] == 2
-    plan = S.settle("fsdp-grad-op", {"accumulate": 2}).plan(load_profile("resnet18"), S.Compute(1, 1),
+    assert summary["setup"] == setup and summary["knobs"]["accumulate"] == 2
+    plan = S.settle(setup, {"accumulate": 2}).plan(load_profile("resnet18"), S.Compute(1, 1),
                                                              S.Layout(1, 2, "cpu"))
     expected = [{"collective": c, "group": g, "calls": n, "nbytes": b} for (c, g), (n, b) in plan.bytes_by().items()]
     assert header["calls"]["by_collective"] == expected
