@@ -152,7 +152,8 @@ def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
 
 def _replay_setup(ctx: RankContext) -> None:
     """The proxy of any setup but plain DDP without accumulation: its plan (proxies/setups.py) executed with
-    torch.distributed calls on the groups it names (world, a node's ranks, one rank per node), or commbench's schedules (allreduces only)."""
+    torch.distributed calls on the groups it names (world, a node's ranks, one rank per node), or commbench's
+    schedules (allreduces only)."""
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, own, label = compute_times(ctx)
     layout = Layout(ctx.launch.nnodes, backend.world_size // ctx.launch.nnodes, backend.device)
