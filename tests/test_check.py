@@ -209,7 +209,8 @@ def test_predict_prints_and_writes_the_interval(runs, tmp_path):
     results = [r for r in read_records(str(tmp_path / "p.jsonl")) if r["record"] == "result"]
     assert results and all(r["interval_us"][0] <= r["interval_us"][1] for r in results)
     preset = commbench("predict", "--hw", "dgx-a100", "-T", "1x8", "--sizes", "1M")
-    assert "interval" not in preset.stdout  # a preset has no resamples: no interval is made up
+    # a preset has no resamples: no interval is made up, and the output says why there is none
+    assert "80% interval" not in preset.stdout and "# no interval: no fit resamples" in preset.stdout
 
 
 def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatch):
