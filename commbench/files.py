@@ -14,12 +14,13 @@ class UnreadableFile(ValueError):
     """The path cannot be read as an input file; the message is one line naming it."""
 
 
-def open_regular(path: str) -> BinaryIO:
-    """`path` opened for binary reading, if it is a regular file (not a FIFO, device or directory)."""
+def open_regular(path: str, writable: bool = False) -> BinaryIO:
+    """`path` opened for binary reading (and writing, `writable`: "rb+"), if it is a regular file (not a
+    FIFO, device or directory)."""
     if "\x00" in path:
         raise UnreadableFile(f"{path!r}: a file name cannot hold a NUL byte")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait for a writer
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UnreadableFile(f"{path}: no such file") from None
     except OSError as exc:
@@ -27,7 +28,7 @@ def open_regular(path: str) -> BinaryIO:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile(f"{path}: not a regular file")
-    return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "rb+" if writable else "rb")
 
 
 def read_small(path: str, max_bytes: int, what: str) -> bytes:

@@ -372,9 +372,11 @@ def test_report_into_an_unwritable_directory_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["predict", "predict-scaling", "compare", "fit"])
-def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, capsys, command):
+def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, capsys, command, monkeypatch):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
+    # /dev/full stands for a disk that fills during the run: past the up-front check, which refuses devices
+    monkeypatch.setattr("commbench.commands.common._check_existing", lambda *args: None)
     good = write_lines(tmp_path / "good.jsonl", records())
     args = {"predict": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K,1M", "--json"],
             "predict-scaling": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json"],
@@ -436,7 +438,7 @@ def test_one_path_for_two_outputs_or_an_output_over_an_input_is_refused(tmp_path
 def test_the_up_front_check_truncates_nothing_and_leaves_nothing(tmp_path):
     existing = tmp_path / "old.jsonl"
     existing.write_text("keep me\n")
-    check_writable(str(existing))
+    check_writable(str(existing), append=True)
     assert existing.read_text() == "keep me\n"
     fresh = tmp_path / "sub" / "new.jsonl"
     check_writable(str(fresh))
@@ -458,3 +460,111 @@ def test_an_immutable_file_is_refused_as_root(tmp_path, capsys):
         assert (code, err) == (2, f"commbench: error: cannot write {target}: Operation not permitted\n")
     finally:
         subprocess.run(["chattr", "-i", str(target)], capture_output=True)
+
+
+# ---------------------------------------------------------------- outputs that hold something, devices (issue 26)
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """A refusal comes before any rank: a run that got past the checks ends here, not in real ranks."""
+    from commbench import job
+
+    monkeypatch.setattr(job, "run", lambda *args, **kwargs: 0)
+
+
+def _writers(tmp_path, good, out):
+    """Every command that writes a file, as argv with its output `out`, stopping short of heavy work."""
+    return {
+        "sweep --json": ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--json", out],
+        "sweep --csv": ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--csv", out],
+        "fit -o": ["fit", good, "-o", out],
+        "predict --json": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K", "--json", out],
+        "predict-scaling --json": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json", out],
+        "check --json": ["check", good, "--hw", "dgx-a100", "--json", out],
+        "compare --json": ["compare", good, good, "--metric", "time", "--json", out],
+        "compare --plot": ["compare", good, good, "--metric", "time", "--plot", out + ".png"],
+        "profiles extract -o": ["profiles", "extract", "resnet18", "-o", out],
+        "proxy --json": ["proxy", "resnet18", "--backend", "sim", "--hw", "dgx-a100", "--tflops", "100", "--nodes",
+                         "1", "--gpus-per-node", "2", "--steps", "1", "--json", out],
+        "nccl-tests -J": ["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-J", out],
+    }
+
+
+@pytest.mark.parametrize("writer", ["sweep --json", "sweep --csv", "fit -o", "predict --json", "predict-scaling --json",
+                                    "check --json", "compare --json", "compare --plot", "profiles extract -o",
+                                    "proxy --json", "nccl-tests -J"])
+def test_an_output_that_holds_something_is_refused_and_kept(tmp_path, capsys, writer, no_ranks):
+    good = write_lines(tmp_path / "good.jsonl", records())
+    precious = tmp_path / "precious.out"
+    argv = _writers(tmp_path, str(good), str(precious))[writer]
+    target = tmp_path / "precious.out.png" if writer == "compare --plot" else precious
+    target.write_text("16 lines of results\n")
+    code, _, err = run(capsys, *argv)
+    appendable = writer in ("sweep --json", "sweep --csv", "predict --json", "predict-scaling --json", "check --json",
+                            "compare --json", "nccl-tests -J")
+    leave = "--force to overwrite it" + (" or --append to add to it" if appendable else "")
+    assert code == 2 and err.endswith(f" {target}: the file exists and is not empty; give a new name, or add "
+                                      f"{leave}\n"), err
+    assert err.count("\n") == 1 and target.read_text() == "16 lines of results\n"
+
+
+def test_report_refuses_to_overwrite_its_index(tmp_path, capsys):
+    good = write_lines(tmp_path / "good.jsonl", records())
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "index.md").write_text("my notes\n")
+    code, _, err = run(capsys, "report", good, "-o", tmp_path / "r")
+    assert code == 2 and "index.md: the file exists and is not empty" in err
+    assert (tmp_path / "r" / "index.md").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("flag", ["--force", "--append"])
+def test_force_overwrites_and_append_adds_a_run(tmp_path, capsys, flag):
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--json", out]
+    assert run(capsys, *sweep)[0] == 0
+    first = out.read_text()
+    assert run(capsys, *sweep, flag)[0] == 0
+    runs = [r for r in read_records(str(out)) if r["record"] == "header"]
+    assert len(runs) == (2 if flag == "--append" else 1) and out.read_text().startswith(first) == (flag == "--append")
+    code, _, err = run(capsys, *sweep, "--force", "--append")
+    assert (code, err) == (2, "commbench: error: --force and --append: choose one (overwrite, or add to the file)\n")
+
+
+@pytest.mark.parametrize("writer", ["sweep --json", "sweep --csv", "fit -o", "check --json", "compare --json",
+                                    "profiles extract -o", "nccl-tests -J"])
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full", "fifo", ""])
+def test_a_device_fifo_or_empty_name_is_refused_as_an_output(tmp_path, capsys, writer, device, no_ranks):
+    """`--json /dev/full` grew a sweep to 20 GB (the record closing read /dev/zero back); `--json ''` wrote nothing."""
+    if device == "fifo":
+        device = str(tmp_path / "fifo")
+        os.mkfifo(device)
+    elif device and not os.path.exists(device):
+        pytest.skip(f"no {device}")
+    good = write_lines(tmp_path / "good.jsonl", records())
+    code, _, err = run(capsys, *_writers(tmp_path, str(good), device)[writer])
+    reason = "an empty file name" if not device else "not a regular file (a device, FIFO or directory)"
+    assert code == 2 and reason in err and err.count("\n") == 1, err
+
+
+def test_the_record_closing_reads_no_device_back(tmp_path):
+    """A failed spawn closes --json's records; given /dev/zero it read the device without end (20 GB)."""
+    import sys
+
+    script = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+              "from commbench import job; job.close_records('sweep', '/dev/zero'); print('done')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr[-500:]
+
+
+def test_the_record_closing_sums_up_only_the_appended_run(tmp_path, capsys):
+    from commbench import job
+
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K,4K", "--json", out]
+    assert run(capsys, *sweep)[0] == 0
+    earlier = out.read_text().splitlines()
+    out.write_text("\n".join([*earlier, earlier[0], earlier[1]]) + "\n{\"record\": \"res")  # a second run, killed
+    job.close_records("sweep", str(out))
+    summary = read_records(str(out))[-1]
+    assert summary["record"] == "summary" and summary["status"] == "failed" and summary["points"] == 1

@@ -11,11 +11,11 @@ from __future__ import annotations
 import getopt
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.common import UsageFault, output_options
 
 BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
@@ -198,16 +198,21 @@ refused (one line, exit 2) because commbench cannot honour them.
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True)
 @click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (-g).")
+@output_options(append=True)
 @click.argument("binary", metavar="NAME_perf")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, metavar="[NCCL-TESTS FLAGS]...")
-def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flags) -> None:
-    """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench."""
+def nccl_tests_command(backend, algorithm, launcher, oversubscribe, force, append, binary, flags) -> None:
+    """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench.
+
+    -N, -d all and -o all run one sweep after another; every table's records go to the -J
+    file (each sweep's after the last), and Ctrl-C or a failed rank stops them all."""
     from commbench import job
     from commbench.commands.sweep import plan_sweep, sweep
 
     translation = translate(binary, list(flags))
     extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
-             *(["--oversubscribe"] if oversubscribe else [])]
+             *(["--oversubscribe"] if oversubscribe else []), *(["--force"] if force else []),
+             *(["--append"] if append else [])]
     if job.find_job(launcher)[1] is None:  # spawned here: -g ranks (under a launcher, the launcher's)
         extra += ["--nprocs", str(translation.local_ranks)]
     plans = _plans(translation, extra, plan_sweep, sweep)
@@ -216,8 +221,21 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flag
     lead = all(plan.lead for _, plan in plans)
     for note in translation.notes if lead else ():
         click.echo(f"# note: {note}")
-    codes = [job.run("sweep", cfg, plan, sys.argv) for cfg, plan in plans]
-    job.end(max(codes, default=0), plans[-1][1])
+    job.end(run_all(job, plans), plans[-1][1])
+
+
+STOPPING_CODES = (2, 3, 130)  # bad input, a failed rank, interrupted: the sweeps after it would not fare better
+
+
+def run_all(job, plans: list) -> int:
+    """Run the sweeps one after another, the worst exit code; a stopping one ends the series at once."""
+    code = 0
+    for cfg, plan in plans:
+        status = job.run("sweep", cfg, plan, sys.argv)
+        code = max(code, status)
+        if status in STOPPING_CODES:
+            break
+    return code
 
 
 def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
@@ -226,7 +244,10 @@ def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> lis
     plans, refused = [], []
     for run in translation.runs:
         try:
-            plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
+            cfg, plan = plan_sweep(sweep.make_context("sweep", [*run, *extra]).params)
+            if plans and cfg.json_path:  # every sweep after the first adds its records to -J's file
+                cfg = replace(cfg, append=True)
+            plans.append((cfg, plan))
         except UsageFault as exc:
             if len(translation.runs) == 1 or "--op" not in exc.message and "--dtype" not in exc.message:
                 raise
