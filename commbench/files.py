@@ -3,15 +3,44 @@ would never end), a bounded size where the whole file is read, and one error a c
 into one line. Reading a file never runs code: the readers parse JSON, nothing else."""
 from __future__ import annotations
 
+import json
 import os
 import stat
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MAX_LINE_BYTES = 64 << 20  # one JSON Lines record: the largest a results file writes is far below
 
 
 class UnreadableFile(ValueError):
     """The path cannot be read as an input file; the message is one line naming it."""
+
+
+class NotJson(ValueError):
+    """Text that is not JSON a reader can take; the message says why in a few words (no path)."""
+
+    def __init__(self, reason: str, decode_error: bool = False):
+        super().__init__(reason)
+        self.decode_error = decode_error  # bad syntax or encoding (a cut-short line is one), not a hostile value
+
+
+def parse_json(data: bytes | str) -> Any:
+    """The JSON value of `data`, or NotJson: bad UTF-8 or syntax, nesting too deep for the parser (a
+    file of 200,000 brackets), an integer of more digits than Python converts (4,300). Every reader of
+    a file the user gives goes through here, so a hostile file is one line, never a traceback."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise NotJson("not UTF-8 text", decode_error=True) from None
+    except json.JSONDecodeError as exc:
+        where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+        raise NotJson(f"not JSON ({exc.msg}, {where})", decode_error=True) from None
+    except RecursionError:
+        raise NotJson("nested deeper than a JSON reader follows") from None
+    except ValueError as exc:  # int('9' * 5000): Python refuses more than 4,300 digits
+        what = "an integer of more than 4,300 digits (Python reads no more)" if "digits" in str(exc) else \
+            "a value JSON's reader refuses"
+        raise NotJson(f"holds {what}") from None
 
 
 def open_regular(path: str, writable: bool = False) -> BinaryIO:

@@ -1,11 +1,13 @@
 """Bad input files and unwritable outputs: result files, hardware files and output paths end in
 one line (`commbench: error: ...`) and exit 2, never a traceback (issue 11). The commands run in
 this process (cli.main), so a traceback fails the test as an exception."""
+import base64
 import copy
 import errno
 import json
 import os
 import subprocess
+import zlib
 
 import pytest
 
@@ -49,6 +51,12 @@ def write_lines(path, lines):
 # ---------------------------------------------------------------- malformed result files
 
 
+def _packed(values):
+    from commbench.results import pack_times
+
+    return pack_times(list(values))
+
+
 def _without(name):
     def change(r):
         del r[name]
@@ -88,6 +96,24 @@ RESULT_CASES = {
                       "bfloat16, float64, int32, int8, uint8, int64"),
     "root outside": (_set("root", 9), "result record: root 9 is not a rank of 2"),
     "telemetry list": (_set("telemetry", [1]), "result record: telemetry must be an object or null, not a list"),
+    # hostile files (issue 26): each was a traceback, or a read without bound
+    "nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, "nested deeper than a JSON reader follows: a results file "
+                            "is JSON Lines, one record a line"),
+    "5,000 digits": ('{"record": "result", "nbytes": ' + "9" * 5000 + "}", "holds an integer of more than 4,300 "
+                     "digits (Python reads no more): a results file is JSON Lines, one record a line"),
+    "nbytes 10**300": (_set("nbytes", 10**300), "nbytes is above 2**63: no count or size of a run comes near it"),
+    "time 1e300": (_set("time_us", 1e300), "time_us is above 1e30: no count or size of a run comes near it"),
+    "packed count wrong": (_set("iteration_times_us", {**_packed(range(100, 200)), "count": 5}),
+                           "result record: iteration_times_us: more values, the record says 5"),
+    "packed bomb": (_set("iteration_times_us", {"encoding": "float32-zlib-base64", "count": 100,
+                                                "data": base64.b64encode(zlib.compress(bytes(64 << 20), 9)).decode()}),
+                    "result record: iteration_times_us: more values, the record says 100"),
+    "packed garbage": (_set("iteration_times_us", {"encoding": "float32-zlib-base64", "count": 3, "data": "!!"}),
+                       "result record: iteration_times_us: data is not float32-zlib-base64 (Only base64 data is "
+                       "allowed)"),
+    "packed count huge": (_set("iteration_times_us", {**_packed(range(100, 200)), "count": 10**12}),
+                          "result record: iteration_times_us: count must be a whole number in 1..10,000,000, not "
+                          "1000000000000"),
 }
 NON_FINITE = {"NaN": "NaN", "Infinity": "infinite", "-Infinity": "infinite", "1e999": "infinite"}
 
@@ -106,11 +132,12 @@ def _bad_results_file(tmp_path, case):
 
 def _commands(path, good, tmp_path):
     return {"fit": ["fit", path, "-o", tmp_path / "hw.json"],
+            "check": ["check", path, "--hw", "dgx-a100"],
             "report": ["report", path, "-o", tmp_path / "rep"],
             "compare": ["compare", good, path, "--metric", "time"]}
 
 
-@pytest.mark.parametrize("command", ["fit", "report", "compare"])
+@pytest.mark.parametrize("command", ["fit", "report", "compare", "check"])
 @pytest.mark.parametrize("case", sorted(RESULT_CASES))
 def test_a_malformed_result_line_is_one_line_with_file_and_line(tmp_path, capsys, case, command):
     path = _bad_results_file(tmp_path, case)
@@ -139,7 +166,8 @@ def test_a_binary_file_is_one_line(tmp_path, capsys, command):
     path.write_bytes(bytes(range(128, 256)) + bytes(range(256)) * 8)
     good = write_lines(tmp_path / "good.jsonl", records())
     code, _, err = run(capsys, *_commands(path, good, tmp_path)[command])
-    assert (code, err) == (2, f"commbench: error: {path}:1: not UTF-8 text: a results file is JSON Lines\n")
+    assert (code, err) == (2, f"commbench: error: {path}:1: not UTF-8 text: a results file is JSON Lines, one record "
+                              f"a line\n")
 
 
 def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path, capsys):
@@ -207,6 +235,9 @@ def _hw(change=None, raw=None):
     return build
 
 
+NOT_HW = "not a hardware file (expected JSON from commbench fit)"
+
+
 def _level(level, key, value):
     return _hw(lambda d: d["levels"][level].__setitem__(key, value))
 
@@ -259,9 +290,13 @@ HW_CASES = {
     "meta list": (_top("meta", [1]), "meta must be a JSON object, not a list"),
     "no intra": (_hw(lambda d: d["levels"].pop("intra")), "missing field 'levels.intra'"),
     "schema 2": (_top("schema", 2), "schema 2: this commbench reads hardware files of schema 1"),
-    "binary": (_hw(raw=bytes(range(128, 256)) * 4), "not a hardware file (not UTF-8 text; expected JSON from commbench "
+    "binary": (_hw(raw=bytes(range(128, 256)) * 4), "not UTF-8 text: not a hardware file (expected JSON from commbench "
                                                "fit)"),
-    "not JSON": (_hw(raw='{"levels": '), "not JSON (line 1 column 12: Expecting value)"),
+    "not JSON": (_hw(raw='{"levels": '), "not JSON (Expecting value, column 12): " + NOT_HW),
+    "nested": (_hw(raw="[" * 200_000 + "]" * 200_000), "nested deeper than a JSON reader follows: " + NOT_HW),
+    "5,000 digits": (_hw(raw='{"ranks_per_node": ' + "9" * 5000 + "}"),
+                     "holds an integer of more than 4,300 digits (Python reads no more): " + NOT_HW),
+    "1e308": (_level("intra", "latency_us", 1e308), "levels.intra.latency_us must be at most 1e+12, not 1e+308"),
 }
 
 
@@ -289,6 +324,7 @@ def test_a_bad_hardware_file_is_one_line_naming_the_field(tmp_path, capsys, case
 @pytest.mark.parametrize("command", ["predict", "predict-scaling", "proxy --backend sim", "sweep --backend sim",
                                      "report --hw", "fit --base"])
 @pytest.mark.parametrize("case", ["bw string", "intra list", "NaN latency", "ranks 2.7", "binary", "tflops list",
+                                  "nested", "5,000 digits", "1e308",
                                   "reduce string"])
 def test_every_command_that_reads_hardware_validates_it_alike(tmp_path, capsys, case, command):
     hw = tmp_path / "hw.json"
