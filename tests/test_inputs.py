@@ -407,7 +407,7 @@ def test_report_into_an_unwritable_directory_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", ["predict", "predict-scaling", "compare", "fit"])
+@pytest.mark.parametrize("command", ["predict", "predict-scaling", "compare", "fit", "check"])
 def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, capsys, command, monkeypatch):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
@@ -417,7 +417,7 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, ca
     args = {"predict": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K,1M", "--json"],
             "predict-scaling": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json"],
             "compare": ["compare", good, good, "--metric", "time", "--json"],
-            "fit": ["fit", good, "-o"]}[command]
+            "fit": ["fit", good, "-o"], "check": ["check", good, "--hw", "dgx-a100", "--json"]}[command]
     code, out, err = run(capsys, *args, "/dev/full")
     assert (code, err) == (2, "commbench: error: cannot write /dev/full: No space left on device\n")
     if command != "fit":  # the table went out before the file failed
