@@ -78,8 +78,8 @@ def translate(binary: str, flags: list[str]) -> Translation:
         if value is not None and (default is None or _integer(values, flag[1], 0) != int(default)):
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
     out = Translation()
-    base = ["-c", BINARIES[name], *_sizes(values), *_counts(values, out), *_rank_options(values, out)]
-    cycles = _integer(values, "N", 1)
+    base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out)]
+    cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
     for dtype in _dtypes(values.get("d", "float")):
@@ -88,28 +88,49 @@ def translate(binary: str, flags: list[str]) -> Translation:
     return out
 
 
-def _integer(values: dict, flag: str, default: int) -> int:
-    """A number as nccl-tests reads it (strtol base 0: 0x10 and 010 as C does), or one line."""
+STRTOL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+# sscanf("%lf %1s"): a decimal or hexadecimal (C99) floating number, then at most one unit letter
+SIZE = re.compile(r"\s*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+                  r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?))\s*(\S?)")
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+NON_NEGATIVE = "bicnmwNTgG"  # flags whose negative value nccl-tests would misread (a size_t, a count, a timeout)
+
+
+def _integer(values: dict, flag: str, default: int, notes: list[str] | None = None) -> int:
+    """A number as nccl-tests reads it: strtol base 0 (0x10 and 010 as C does), which stops at the first
+    character that is not a digit (-f 1.5 is 1: said in `notes`); text with no number at all, and a
+    negative count, size or timeout, are one line."""
     text = values.get(flag)
     if text is None:
         return default
-    match = re.fullmatch(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    match = STRTOL.match(text)
     if not match:
         raise UsageFault(f"-{flag} {text!r}: not an integer")
     sign, digits = match.groups()
     base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") and len(digits) > 1 else 10
-    return int(sign + digits, base)
+    value = int(sign + digits, base)
+    if value < 0 and flag in NON_NEGATIVE:
+        raise UsageFault(f"-{flag} {text}: must not be negative")
+    if match.end() < len(text) and notes is not None and text[match.end():].strip():
+        notes.append(f"-{flag} {text}: read as {value}, as nccl-tests reads it (strtol: an integer, up to the first "
+                     f"character that is not a digit)")
+    return value
 
 
 def _size(text: str, flag: str) -> int:
-    """nccl-tests' parsesize: a decimal number with an optional K, M or G (either case)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgG]?)\s*", text)
-    if not match:
+    """nccl-tests' parsesize: sscanf's %lf (decimal, or hexadecimal as 0x400) and an optional K, M or G
+    (either case); any other letter after the number is invalid, as there."""
+    match = SIZE.match(text)
+    if not match or match.group(2).lower() not in UNITS:
         raise UsageFault(f"invalid size specified for '{flag}': {text!r}")
-    return int(float(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match.group(2).lower()])
+    number = match.group(1)
+    value = float.fromhex(number) if "x" in number.lower() else float(number)
+    if value < 0 or value * UNITS[match.group(2).lower()] > 2**62:
+        raise UsageFault(f"invalid size specified for '{flag}': {text!r} (from 0 to 4 EiB)")
+    return int(value * UNITS[match.group(2).lower()])
 
 
-def _sizes(values: dict) -> list[str]:
+def _sizes(values: dict, out: Translation) -> list[str]:
     low = _size(values.get("b", "32M"), "minbytes")
     high = _size(values.get("e", "32M"), "maxbytes")
     if low > high:
@@ -117,24 +138,24 @@ def _sizes(values: dict) -> list[str]:
     if low < 1:
         raise UsageFault("-b 0: commbench's sizes start at 1 byte")
     spec = [f"{low}-{high}" if high > low else str(low)]
-    factor = _integer(values, "f", 1)
+    factor = _integer(values, "f", 1, out.notes)
     if high == low:
         return ["--sizes", *spec]
     if factor > 1:  # nccl-tests: a factor above 1 wins over the step
         return ["--sizes", *spec, "--factor", str(factor)]
-    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20))]
+    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20, out.notes))]
 
 
 def _counts(values: dict, out: Translation) -> list[str]:
-    args = ["--iters", str(_integer(values, "n", 20)), "--warmup", str(_integer(values, "w", 5))]
-    check = _integer(values, "c", 1)
+    args = ["--iters", str(_integer(values, "n", 20, out.notes)), "--warmup", str(_integer(values, "w", 5, out.notes))]
+    check = _integer(values, "c", 1, out.notes)
     if check > 1:
         raise UsageFault(f"-c {check} cannot be honoured: commbench checks one call per point (-c 0 or 1)")
     if check == 0:
         args.append("--no-check")
     if _integer(values, "p", 0):
         out.notes.append("-p 1: commbench initialises each rank in its own process; parallel init changes nothing")
-    timeout = _integer(values, "T", 0)
+    timeout = _integer(values, "T", 0, out.notes)
     if timeout > 0:
         args += ["--timeout", str(timeout)]
     graphs = _integer(values, "G", 0)
@@ -150,7 +171,7 @@ def _rank_options(values: dict, out: Translation) -> list[str]:
         raise UsageFault(f"-a {average}: commbench combines ranks by avg (1), min (2) or max (3); rank 0 alone "
                          f"(0) is not measured")
     args = ["--rank-agg", AVERAGE[average.strip()], "--root", str(_integer(values, "r", 0))]
-    gpus = _integer(values, "g", 1)
+    gpus = _integer(values, "g", 1, out.notes)
     if gpus < 1:
         raise UsageFault(f"-g {gpus}: need at least one rank")
     out.local_ranks = gpus  # without a launcher: -g ranks, as nccl-tests runs -g GPUs (1 by default)
