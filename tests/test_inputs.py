@@ -604,3 +604,28 @@ def test_the_record_closing_sums_up_only_the_appended_run(tmp_path, capsys):
     job.close_records("sweep", str(out))
     summary = read_records(str(out))[-1]
     assert summary["record"] == "summary" and summary["status"] == "failed" and summary["points"] == 1
+
+
+# ---------------------------------------------------------------- silently accepted or unclear (issue 26, item 9)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["selftest", "--timeout", "nan"], "--timeout nan: must be a finite number"),
+    (["selftest", "--timeout", "inf"], "--timeout inf: must be a finite number"),
+    (["selftest", "--timeout", "1e308"], "--timeout 1e+308: must be at most 604800"),
+    (["selftest", "--timeout", "0.001"], "--timeout 0.001: must be at least 1"),
+    (["sweep", "--sizes", "-1"], "bad --sizes '-1': sizes are positive numbers of bytes, and a range is START-END "
+                                 "with both ends (e.g. 1K-1M)"),
+    (["predict", "--hw", "dgx-a100", "-T", "1x2", "--sizes", "1K-"], "bad --sizes '1K-': sizes are positive numbers "
+                                                                     "of bytes, and a range is START-END with both "
+                                                                     "ends (e.g. 1K-1M)"),
+    (["sweep", "--sizes", "1K", "--emulate", ""], "--emulate '': empty; give NODESxRANKS"),
+    (["sweep", "--sizes", "1K", "--emulate", "2x1", "--link", ""], "--link '': empty; give a rate, e.g. 1gbit"),
+    (["sweep", "--sizes", "1K", "--json", ""], "--json '': an empty file name"),
+    (["proxy", "resnet18", "--emulate", "", "--tflops", "1"], "--emulate '': empty; give NODESxRANKS"),
+])
+def test_what_was_taken_silently_or_failed_oddly_is_one_line(capsys, no_ranks, args, message):
+    """`selftest --timeout nan` failed its checks with Python's errors (exit 1); `--sizes -1` said "bad size ''";
+    `--emulate ''` ran locally, `--link ''` took the default, `--json ''` wrote nothing."""
+    code, out, err = run(capsys, *args)
+    assert (code, err) == (2, f"commbench: error: {message}\n")
