@@ -73,7 +73,7 @@ HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", 
                    "device_tflops", "meta")  # any other top-level field (description, sources) goes to meta
 
 
-MAX_FIGURE = 1e12  # any figure of a hardware file: a latency of 11 days (us), 1e12 GB/s, 1e12 bytes of cache
+MAX_FIGURE = 1e30  # any figure of a hardware file (a poor fit writes 3e16 GB/s): its square stays finite
 
 
 def hardware_from_dict(data: Any, origin: str = "hardware file") -> Hardware:

@@ -296,7 +296,7 @@ HW_CASES = {
     "nested": (_hw(raw="[" * 200_000 + "]" * 200_000), "nested deeper than a JSON reader follows: " + NOT_HW),
     "5,000 digits": (_hw(raw='{"ranks_per_node": ' + "9" * 5000 + "}"),
                      "holds an integer of more than 4,300 digits (Python reads no more): " + NOT_HW),
-    "1e308": (_level("intra", "latency_us", 1e308), "levels.intra.latency_us must be at most 1e+12, not 1e+308"),
+    "1e308": (_level("intra", "latency_us", 1e308), "levels.intra.latency_us must be at most 1e+30, not 1e+308"),
 }
 
 
