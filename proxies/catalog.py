@@ -212,10 +212,10 @@ def _transformers(_, rest: str, shape: tuple[int, ...]) -> BuiltModel:
         raise ModelError(f"{cls.config_class.__name__} has no field {unknown[0]!r}")
     try:  # a value of the wrong kind for its field (num_hidden_layers=2.5): the config's own check, one line
         config = cls.config_class(**kwargs)
-        module = cls(config)
     except Exception as exc:  # noqa: BLE001 - transformers raises its own validation errors, not ValueError
         first = [line.strip() for line in str(exc).strip().splitlines()[:2]]
         raise ModelError(f"transformers:{rest}: {' '.join(first) if first else type(exc).__name__}") from None
+    module = cls(config)  # out of memory here is the job's to say
     seq = shape or (min(512, getattr(config, "max_position_embeddings", 512) or 512),)
     vocab = config.vocab_size
 
