@@ -273,8 +273,8 @@ def to_record(point: Point, comparison: Comparison) -> CompareRecord:
                          noise_pct=None if point.noise_pct is None else round(point.noise_pct, 6))
 
 
-def write_jsonl(comparison: Comparison, path: str) -> None:
-    with ResultSink(path) as sink:
+def write_jsonl(comparison: Comparison, path: str, append: bool = False) -> None:
+    with ResultSink(path, append=append) as sink:
         sink.write_all(to_record(point, comparison) for point in comparison.rows())
 
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench import algorithms
-from commbench.files import UnreadableFile, read_small
+from commbench.files import NotJson, UnreadableFile, parse_json, read_small
 from commbench.results import json_kind
 from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
@@ -71,6 +71,9 @@ class Hardware:
 
 HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", "per_call_overhead_us",
                    "device_tflops", "meta")  # any other top-level field (description, sources) goes to meta
+
+
+MAX_FIGURE = 1e30  # any figure of a hardware file (a poor fit writes 3e16 GB/s): its square stays finite
 
 
 def hardware_from_dict(data: Any, origin: str = "hardware file") -> Hardware:
@@ -137,13 +140,15 @@ def _number(data: dict[str, Any], key: str, prefix: str, *, positive: bool = Fal
     name = prefix + key
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HardwareError(f"{name} must be a number, not {json_kind(value)}")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise HardwareError(f"{name} must be a finite number, not {value}")
     if whole and value != int(value):
         raise HardwareError(f"{name} must be a whole number, not {value!r}")
     if value < at_least or positive and not value > 0:
         bound = "positive" if positive else f"at least {at_least:g}" if at_least else "non-negative"
         raise HardwareError(f"{name} must be {bound}, not {value!r}")
+    if value > MAX_FIGURE:  # 1e308 us of latency would print 300-digit times and overflow to inf%
+        raise HardwareError(f"{name} must be at most {MAX_FIGURE:g}, not {value:.3g}")
     return float(value) if not whole else value
 
 
@@ -163,15 +168,13 @@ def load_hardware(spec: str) -> Hardware:
     if not os.path.exists(path):
         raise HardwareError(f"no hardware file or preset {spec!r}; presets: {', '.join(presets()) or 'none'}")
     try:
-        data = json.loads(read_small(path, MAX_HARDWARE_BYTES, "a hardware file").decode("utf-8"))
+        data = parse_json(read_small(path, MAX_HARDWARE_BYTES, "a hardware file"))
+    except NotJson as exc:
+        raise HardwareError(f"{path}: {exc}: not a hardware file (expected JSON from commbench fit)") from None
     except UnreadableFile as exc:
         raise HardwareError(str(exc)) from exc
     except OSError as exc:
         raise HardwareError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise HardwareError(f"{path}: not a hardware file (not UTF-8 text; expected JSON from commbench fit)") from exc
-    except json.JSONDecodeError as exc:
-        raise HardwareError(f"{path}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from exc
     return hardware_from_dict(data, origin=path)
 
 

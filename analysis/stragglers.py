@@ -63,8 +63,9 @@ def load_ratios(path: str) -> np.ndarray:
     """step_ratios of a JSON Lines file (JitterError, one line, for a file without enough steps)."""
     try:
         records = read_records(path)
-    except (OSError, ValueError) as exc:
-        raise JitterError(f"{path}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError) as exc:  # a RecordError names the file itself
+        message = str(exc).splitlines()[0]
+        raise JitterError(message if message.startswith(path) else f"{path}: {message}") from None
     try:
         return step_ratios(records)
     except JitterError as exc:

@@ -203,7 +203,7 @@ def link_sweep(rate: str, top: str, out: str) -> tuple[int, str, dict[tuple[str,
     path = os.path.join(out, f"link-{rate}.jsonl")
     code, last = run([*COMMBENCH, "sweep", "--emulate", "2x1", "--link", rate, "-c", "sendrecv,allreduce",
                       "--sizes", f"64K-{top}", "-f", "4", "--placement", "out-of-place", "--timeout", "60",
-                      "--json", path], 600)
+                      "--json", path, "--force"], 600)
     return code, last, {(r["collective"], r["nbytes"]): r for r in records(path, "result")}
 
 
@@ -300,7 +300,7 @@ def flat_vs_hier_mode(args: argparse.Namespace) -> dict:
             path = os.path.join(args.out, f"fvh-{layout}-{setup}-{index}.jsonl")
             code, last = run([*COMMBENCH, "sweep", "--emulate", layout, "--link", args.link, *SETUPS[setup],
                               "--sizes", args.sizes, "-f", "4", "--placement", "out-of-place", "--timeout", "60",
-                              "--json", path], 900)
+                              "--json", path, "--force"], 900)
             print(f"# {layout} {setup} run {index}: exit {code} {last}", flush=True)
             for r in records(path, "result"):
                 found.setdefault(layout, {}).setdefault(setup, {}).setdefault(r["nbytes"], []).append(r["time_us"])
@@ -420,7 +420,7 @@ def predict_mode(args: argparse.Namespace) -> dict:
         first = next(iter(records(files[0], "result")), {})
         spec = f"{header.get('backend')}/{header.get('library')}/{first.get('algorithm') or '-'}"
         out = os.path.join(args.out, f"fit-{setup}.json")
-        code, last = run([*COMMBENCH, "fit", *files, "--setup", spec, "--sizes", args.sizes, "-o", out], 120)
+        code, last = run([*COMMBENCH, "fit", *files, "--setup", spec, "--sizes", args.sizes, "-o", out, "--force"], 120)
         print(f"# fit {spec} on the {layout} sweeps: exit {code} {last}", flush=True)
         fits[setup] = out
     with open(os.path.join(args.out, "acspeed.json"), encoding="utf-8") as handle:

@@ -82,7 +82,8 @@ def kernel_section(sizes: list[int], rounds: int, repeat: int) -> list[dict]:
 
 def _sweep(out_dir: Path, name: str, *args: str) -> dict[int, dict]:
     path = out_dir / f"{name}.jsonl"
-    command = [sys.executable, "-m", "commbench", "sweep", *args, "--placement", "in-place", "--json", str(path)]
+    command = [sys.executable, "-m", "commbench", "sweep", *args, "--placement", "in-place", "--json", str(path),
+               "--force"]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

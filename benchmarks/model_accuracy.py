@@ -39,7 +39,7 @@ def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, 
           run: int = 0) -> str:
     path = os.path.join(out, f"{name}.{run}.jsonl")
     cmd = [sys.executable, "-m", "commbench", "sweep", "--backend", backend, "--nprocs", str(ranks), "--sizes", SIZES,
-           "--placement", "in-place", "--min-time", str(min_time), "--json", path]
+           "--placement", "in-place", "--min-time", str(min_time), "--json", path, "--force"]
     if algorithm:
         cmd += ["--algorithm", algorithm]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

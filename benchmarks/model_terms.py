@@ -482,8 +482,9 @@ def link_experiment(out_dir: str, collectives: list[str]) -> dict:
         placement = "out-of-place" if coll == "sendrecv" else "in-place"  # sendrecv has no in-place points
         sweep = subprocess.run([sys.executable, "-m", "commbench", "sweep", "--emulate", "2x1", "--link", "1gbit",
                                 "--backend", "torch", "-c", coll, "--sizes", "1M-64M", "--placement", placement,
-                                "--json", jsonl], capture_output=True, text=True, timeout=540)
-        fit = subprocess.run([sys.executable, "-m", "commbench", "fit", jsonl, "-o", hw], capture_output=True,
+                                "--json", jsonl, "--force"], capture_output=True, text=True, timeout=540)
+        fit = subprocess.run([sys.executable, "-m", "commbench", "fit", jsonl, "-o", hw, "--force"],
+                             capture_output=True,
                              text=True, timeout=120) if sweep.returncode == 0 else None
         entry = {"start": start, "end": stamp(), "sweep_rc": sweep.returncode, "sweep_stdout": sweep.stdout[-4000:],
                  "sweep_stderr": sweep.stderr[-2000:], "fit_rc": fit.returncode if fit else None,

@@ -51,7 +51,7 @@ def fit_here(args: argparse.Namespace) -> str:
     sweep, hw = os.path.join(args.out, "sweep.jsonl"), os.path.join(args.out, "hw.json")
     if not os.path.exists(hw):
         proc = commbench("sweep", *layout_args(args), "-c", "allreduce", "-c", "allgather", "-c", "reduce_scatter",
-                         "--sizes", "64K-64M", "--factor", "4", "--json", sweep)
+                         "--sizes", "64K-64M", "--factor", "4", "--json", sweep, "--force")
         if proc.returncode != 0:
             sys.exit(f"sweep failed: {proc.stderr.strip().splitlines()[-1:]}")
         proc = commbench("fit", sweep, "-o", hw, "--accept-poor-fit")
@@ -76,7 +76,7 @@ def run_one(model: str, batch: int, name: str, extra: list[str], hw: str, args: 
     row.update(replay_ms=proxy["step_us_p50"] / 1e3, train_ms=trained["step_us_p50"] / 1e3 if trained else None)
     if trained:
         row["replay_error"] = proxy["step_us_p50"] / trained["step_us_p50"] - 1
-    proc = commbench("check", out, *( [train] if trained else []), "--hw", hw, "--json",
+    proc = commbench("check", out, *( [train] if trained else []), "--hw", hw, "--force", "--json",
                      os.path.join(args.out, f"{model}-{name}.check.jsonl"))
     if proc.returncode == 0:
         rows = [r for r in records(os.path.join(args.out, f"{model}-{name}.check.jsonl")) if r["record"] == "check"]

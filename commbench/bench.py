@@ -58,6 +58,7 @@ class SweepConfig:
     device: str = "auto"
     json_path: str | None = None
     csv_path: str | None = None
+    append: bool = False  # --append: add to --json/--csv instead of starting them anew
     timeout_s: float = 300.0
     algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
     topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
@@ -241,7 +242,7 @@ class Sweep:
         self.dtype = C.resolve_dtype(cfg.dtype)
         self.lead = backend.rank == 0
         self.run_id = uuid.uuid4().hex[:12]
-        self.sink = ResultSink(cfg.json_path, cfg.csv_path) if self.lead else None
+        self.sink = ResultSink(cfg.json_path, cfg.csv_path, cfg.append) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
         self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules)
@@ -415,7 +416,7 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
         """A fault before the sweep began (the rendezvous: a peer never came, Ctrl-C) still leaves a
         summary in --json saying so; once begun, Sweep.run writes its own."""
         if sweep is None and launch.rank == 0 and cfg.json_path:
-            with ResultSink(cfg.json_path) as sink:
+            with ResultSink(cfg.json_path, append=cfg.append) as sink:
                 sink.summary(SweepSummary(run_id=uuid.uuid4().hex[:12], status=status, error=error, points=0,
                                           wrong=0, avg_busbw_gbps=0.0))
 

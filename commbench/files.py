@@ -3,9 +3,10 @@ would never end), a bounded size where the whole file is read, and one error a c
 into one line. Reading a file never runs code: the readers parse JSON, nothing else."""
 from __future__ import annotations
 
+import json
 import os
 import stat
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MAX_LINE_BYTES = 64 << 20  # one JSON Lines record: the largest a results file writes is far below
 
@@ -14,12 +15,41 @@ class UnreadableFile(ValueError):
     """The path cannot be read as an input file; the message is one line naming it."""
 
 
-def open_regular(path: str) -> BinaryIO:
-    """`path` opened for binary reading, if it is a regular file (not a FIFO, device or directory)."""
+class NotJson(ValueError):
+    """Text that is not JSON a reader can take; the message says why in a few words (no path)."""
+
+    def __init__(self, reason: str, decode_error: bool = False):
+        super().__init__(reason)
+        self.decode_error = decode_error  # bad syntax or encoding (a cut-short line is one), not a hostile value
+
+
+def parse_json(data: bytes | str) -> Any:
+    """The JSON value of `data`, or NotJson: bad UTF-8 or syntax, nesting too deep for the parser (a
+    file of 200,000 brackets), an integer of more digits than Python converts (4,300). Every reader of
+    a file the user gives goes through here, so a hostile file is one line, never a traceback."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise NotJson("not UTF-8 text", decode_error=True) from None
+    except json.JSONDecodeError as exc:
+        where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+        raise NotJson(f"not JSON ({exc.msg}, {where})", decode_error=True) from None
+    except RecursionError:
+        raise NotJson("nested deeper than a JSON reader follows") from None
+    except ValueError as exc:  # int('9' * 5000): Python refuses more than 4,300 digits
+        what = "an integer of more than 4,300 digits (Python reads no more)" if "digits" in str(exc) else \
+            "a value JSON's reader refuses"
+        raise NotJson(f"holds {what}") from None
+
+
+def open_regular(path: str, writable: bool = False) -> BinaryIO:
+    """`path` opened for binary reading (and writing, `writable`: "rb+"), if it is a regular file (not a
+    FIFO, device or directory)."""
     if "\x00" in path:
         raise UnreadableFile(f"{path!r}: a file name cannot hold a NUL byte")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait for a writer
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UnreadableFile(f"{path}: no such file") from None
     except OSError as exc:
@@ -27,7 +57,7 @@ def open_regular(path: str) -> BinaryIO:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile(f"{path}: not a regular file")
-    return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "rb+" if writable else "rb")
 
 
 def read_small(path: str, max_bytes: int, what: str) -> bytes:

@@ -30,7 +30,7 @@ import numpy as np
 
 from commbench import collectives as C
 from commbench.environment import local_environment, software_versions  # noqa: F401 - re-exported
-from commbench.files import UnreadableFile, lines, open_regular
+from commbench.files import NotJson, UnreadableFile, lines, open_regular, parse_json
 
 SCHEMA_VERSION = 1
 RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JSON list; more are packed
@@ -155,6 +155,9 @@ def pack_times(per_iteration_us: Any) -> list[float] | dict[str, Any] | None:
     return {"encoding": RAW_TIMES_ENCODING, "count": int(values.size), "data": base64.b64encode(data).decode("ascii")}
 
 
+MAX_RAW_TIMES = 10**7  # --iters' own bound: a packed record never holds more (40 MB unpacked)
+
+
 def raw_times(record: Any) -> np.ndarray:
     """The per-iteration times (us) a result keeps, from a record dict (JSON Lines or a CSV row) or a
     Result, in iteration order; empty when it keeps none (a file written before they were kept, a point
@@ -162,17 +165,29 @@ def raw_times(record: Any) -> np.ndarray:
     packed = record.get("iteration_times_us") if isinstance(record, dict) else getattr(record, "iteration_times_us",
                                                                                           None)
     if isinstance(packed, str):  # a CSV cell holds the JSON form
-        packed = json.loads(packed) if packed.strip() else None
+        packed = parse_json(packed) if packed.strip() else None
     if packed is None:
         return np.empty(0)
     if isinstance(packed, list):
         return np.asarray(packed, dtype=float)
-    if packed.get("encoding") != RAW_TIMES_ENCODING:
-        raise ValueError(f"iteration_times_us: unknown encoding {packed.get('encoding')!r}")
-    values = np.frombuffer(zlib.decompress(base64.b64decode(packed["data"])), dtype="<f4").astype(float)
-    if values.size != packed["count"]:
-        raise ValueError(f"iteration_times_us: {values.size} values, the record says {packed['count']}")
-    return values
+    if not isinstance(packed, dict) or packed.get("encoding") != RAW_TIMES_ENCODING:
+        what = packed.get("encoding") if isinstance(packed, dict) else packed
+        raise ValueError(f"iteration_times_us: unknown encoding {what!r}")
+    count, data = packed.get("count"), packed.get("data")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RAW_TIMES:
+        raise ValueError(f"iteration_times_us: count must be a whole number in 1..{MAX_RAW_TIMES:,d}, "
+                         f"not {json_kind(count)}")
+    if not isinstance(data, str):
+        raise ValueError(f"iteration_times_us: data must be a string, not {json_kind(data)}")
+    try:  # at most what `count` values take, and one byte more to see a file that holds more
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(data, validate=True), 4 * count + 1)
+    except (ValueError, zlib.error) as exc:
+        raise ValueError(f"iteration_times_us: data is not {RAW_TIMES_ENCODING} ({exc})") from None
+    if len(raw) != 4 * count:
+        held = "more" if len(raw) > 4 * count else f"{len(raw) / 4:g}"
+        raise ValueError(f"iteration_times_us: {held} values, the record says {count}")
+    return np.frombuffer(raw, dtype="<f4").astype(float)
 
 
 # ---------------------------------------------------------------- the other record types
@@ -545,7 +560,8 @@ def check_record(record: Any) -> str | None:
         return f"not a JSON object but {json_kind(record)}: every line of a results file is one record"
     bad = _non_finite(record)
     if bad:
-        return f"{bad[0]} is {bad[1]}: only finite numbers are accepted"
+        return f"{bad[0]} is {bad[1]}: only finite numbers are accepted" if bad[1] in ("NaN", "infinite") else \
+            f"{bad[0]} is {bad[1]}: no count or size of a run comes near it"
     kind = record.get("record")
     if not isinstance(kind, str):
         return "no 'record' field naming the record type" if kind is None else \
@@ -589,16 +605,30 @@ def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
     for name, names in known:
         if record[name] not in names:
             return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
+    if isinstance(record.get("iteration_times_us"), dict):  # packed: unpacked here, bounded, so no reader fails
+        try:
+            raw_times(record)
+        except ValueError as exc:
+            return f"result record: {exc}"
     root = record.get("root")
     if root is not None and root >= record["world_size"]:
         return f"result record: root {root} is not a rank of {record['world_size']}"
     return None
 
 
+LARGEST_INTEGER = 2**63 - 1  # what a count or size is stored in (int64); beyond it, float() and numpy overflow
+LARGEST_FLOAT = 1e30  # no time, rate or size comes near; its square (a fit's sums) stays finite
+
+
 def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
-    """(field path, 'NaN' or 'infinite') of the first number that is not finite, or None."""
+    """(field path, 'NaN', 'infinite', 'above 2**63' or 'above 1e30') of the first number that is not
+    finite or too large for any count, size, time or rate, or None."""
     if isinstance(value, float) and not math.isfinite(value):
         return where or "the record", "NaN" if math.isnan(value) else "infinite"
+    if isinstance(value, int) and abs(value) > LARGEST_INTEGER:
+        return where or "the record", "above 2**63"
+    if isinstance(value, float) and abs(value) > LARGEST_FLOAT:
+        return where or "the record", "above 1e30"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         found = _non_finite(item, f"{where}.{key}" if where else str(key))
@@ -629,16 +659,13 @@ def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] 
     if not raw.strip():
         return None
     try:
-        record = json.loads(raw.decode("utf-8").rstrip("\r\n"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        if not raw.endswith(b"\n"):  # the last line, cut short
+        record = parse_json(raw.rstrip(b"\r\n"))
+    except NotJson as exc:
+        if exc.decode_error and not raw.endswith(b"\n"):  # the last line, cut short
             if warn:
                 warn(f"{path}:{number}: the last line is cut short (a run killed mid-write): skipped")
             return None
-        if isinstance(exc, UnicodeDecodeError):
-            raise RecordError(f"{path}:{number}: not UTF-8 text: a results file is JSON Lines") from exc
-        raise RecordError(f"{path}:{number}: not JSON ({exc.msg}, column {exc.colno}): "
-                          "a results file is JSON Lines, one record a line") from exc
+        raise RecordError(f"{path}:{number}: {exc}: a results file is JSON Lines, one record a line") from None
     problem = check_record(record)
     if problem:
         raise RecordError(f"{path}:{number}: {problem}")

@@ -60,6 +60,9 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | int | None =
             raise SizeError("--factor/--step apply to a range START-END, not to a single size")
         return [parse_size(spec)]
     start_text, _, end_text = spec.partition("-")
+    if not start_text.strip() or not end_text.strip():  # "-1": a negative size, or a range without an end
+        raise SizeError(f"bad --sizes {spec!r}: sizes are positive numbers of bytes, and a range is START-END "
+                        f"with both ends (e.g. 1K-1M)")
     start, end = parse_size(start_text), parse_size(end_text)
     if end < start:
         raise SizeError(f"bad size range {spec!r}: end {end} B is smaller than start {start} B")

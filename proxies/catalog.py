@@ -17,6 +17,7 @@ for (`--trust-profile-code`; `profiles extract SPEC` names the code on the comma
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -185,6 +186,9 @@ def _torchvision(_, name: str, shape: tuple[int, ...]) -> BuiltModel:
 
 
 def _timm(_, name: str, shape: tuple[int, ...]) -> BuiltModel:
+    if not _LIBRARY_NAMES["timm"].fullmatch(name):  # hf-hub:ORG/NAME, local-dir:PATH would fetch or read files
+        raise ModelError(f"timm:{name}: give a model timm registers by a plain name (no hub prefix, no path): "
+                         f"nothing is downloaded")
     timm = _import("timm")
     try:
         module = timm.create_model(name, pretrained=False)
@@ -196,18 +200,22 @@ def _timm(_, name: str, shape: tuple[int, ...]) -> BuiltModel:
 
 
 def _transformers(_, rest: str, shape: tuple[int, ...]) -> BuiltModel:
+    class_name, _, overrides = rest.partition(":")
+    kwargs = _parse_overrides(overrides)  # refused before the (slow) import
     transformers = _import("transformers")
     transformers.logging.set_verbosity_error()  # no advice about configs and loss types per model built
-    class_name, _, overrides = rest.partition(":")
     cls = getattr(transformers, class_name, None)
     if cls is None or not hasattr(cls, "config_class"):
         raise ModelError(f"transformers has no model class {class_name!r}")
-    kwargs = _parse_overrides(overrides)
     unknown = [key for key in kwargs if not hasattr(cls.config_class(), key)]
     if unknown:  # a config takes any keyword: a misspelt one would silently change nothing
         raise ModelError(f"{cls.config_class.__name__} has no field {unknown[0]!r}")
-    config = cls.config_class(**kwargs)
-    module = cls(config)
+    try:  # a value of the wrong kind for its field (num_hidden_layers=2.5): the config's own check, one line
+        config = cls.config_class(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises its own validation errors, not ValueError
+        first = [line.strip() for line in str(exc).strip().splitlines()[:2]]
+        raise ModelError(f"transformers:{rest}: {' '.join(first) if first else type(exc).__name__}") from None
+    module = cls(config)  # out of memory here is the job's to say
     seq = shape or (min(512, getattr(config, "max_position_embeddings", 512) or 512),)
     vocab = config.vocab_size
 
@@ -227,6 +235,8 @@ def _parse_overrides(text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ModelError(f"bad override {item!r}: expected key=value")
+        if not re.fullmatch(_OVERRIDE, item, re.IGNORECASE):  # a string could name code or files to fetch
+            raise ModelError(f"bad override {item!r}: a value is a number, true or false")
         for cast in (int, float):
             try:
                 out[key] = cast(value)
@@ -234,7 +244,9 @@ def _parse_overrides(text: str) -> dict[str, Any]:
             except ValueError:
                 continue
         else:
-            out[key] = {"true": True, "false": False}.get(value.lower(), value)
+            out[key] = {"true": True, "false": False}[value.lower()]
+        if isinstance(out[key], float) and not math.isfinite(out[key]):
+            raise ModelError(f"bad override {item!r}: a value must be a finite number")
     return out
 
 

@@ -5,6 +5,7 @@ commbench/commands/proxy_plan.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import replace
 from typing import Any
@@ -269,6 +270,9 @@ def _units_table(profile: Profile, as_json: bool) -> str:
     return "\n".join(lines)
 
 
+MAX_SAMPLE_ELEMENTS = 1 << 26  # one sample's input (64 Mi values: a 3x4096x4096 image is 50 Mi)
+
+
 def extract_profile(spec: str, input_shape: str | None, name: str | None, batch: int | None,
                     unit: str | None, wrap: str | None = None) -> Profile:
     from commbench.proxies.extract import extract
@@ -277,6 +281,9 @@ def extract_profile(spec: str, input_shape: str | None, name: str | None, batch:
         shape = tuple(int(d) for d in input_shape.replace("x", ",").split(",")) if input_shape else ()
     except ValueError as exc:
         raise ProxyUsageError(f"--input-shape {input_shape!r}: expected integers like 3,224,224") from exc
+    if input_shape is not None and (not shape or min(shape) < 1 or math.prod(shape) > MAX_SAMPLE_ELEMENTS):
+        raise ProxyUsageError(f"--input-shape {input_shape!r}: each dimension at least 1, at most "
+                              f"{MAX_SAMPLE_ELEMENTS:,d} elements a sample")
     if batch is not None and batch < 1:
         raise ProxyUsageError(f"--batch {batch}: must be at least 1")
     try:

@@ -218,7 +218,7 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["fit", "{tmp}/empty.jsonl", "-o", "{tmp}/hw.json"], "0 usable points"),
+    (["fit", "{tmp}/empty.jsonl", "-o", "{tmp}/fitted.json"], "0 usable points"),
     (["predict", "--hw", "nope", "--topology", "2x8"], "no hardware file or preset 'nope'"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "2by8"], "bad --topology"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "2x8", "-c", "alltoall"], "alltoall"),

@@ -1,9 +1,10 @@
 """Faults end within the timeout, lose nothing and leave nothing behind.
 
 The fault matrix: kill -9 of each rank, SIGSTOP of a rank (a hang), Ctrl-C, and the commbench
-process itself killed, on gloo, shm and proxy runs. For each: every process is gone within the
-timeout plus 1 s of slack (the slack is for this shared 2-core machine: ranks wait for a peer for
-the timeout less the stop margin, launch.peer_wait_s, and the margin covers the rest), the
+process itself killed, on gloo, shm and proxy runs, and nccl-tests mode's series of sweeps. For
+each: every process is gone within the timeout plus 1 s of slack (the slack is for this shared
+2-core machine: ranks wait for a peer for the timeout less the stop margin, launch.peer_wait_s,
+and the margin covers the rest), the
 documented exit code, every point measured before the fault still in the JSON Lines with the
 summary record last, no shared-memory segment, temporary folder or process left. The five faults
 of one backend run at once (about 20 s a backend on 2 cores): each run's fault comes when its
@@ -33,6 +34,9 @@ RUNS = {  # backend -> (command, records to wait for before the fault, pause aft
     # the pause puts the fault inside shared-memory waits, not the gloo control plane between points
     "shm": (["sweep", "--backend", "shm", "--sizes", "1M-64M", "--iters", "400", "--warmup", "2"], 2, 0.3),
     "proxy": (["proxy", "resnet18", "--nprocs", "2", "--batch", "2", "--tflops", "0.2", "--steps", "1000"], 3, 0.0),
+    # three cycles: a fault in the first must end the series, not only its sweep (issue 26)
+    "nccl-tests": (["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "64K", "-f", "2", "-n", "400", "-w", "2", "-g",
+                    "2", "-N", "3"], 2, 0.0),
 }
 FAULTS = {  # fault -> (rank it hits, exit code, summary status, what stderr says)
     "kill rank 0": (0, 3, {"failed"}, "rank 0 was killed by SIGKILL"),
@@ -44,7 +48,8 @@ FAULTS = {  # fault -> (rank it hits, exit code, summary status, what stderr say
 }
 MATRIX = {"gloo": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
           "shm": ("kill rank 0", "kill rank 1", "stop rank 1", "ctrl-c", "kill commbench"),
-          "proxy": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench")}
+          "proxy": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
+          "nccl-tests": ("kill rank 1", "stop rank 1", "ctrl-c")}
 
 
 @dataclass
@@ -89,8 +94,10 @@ def run_fault(tmp_path, backend, fault):
     folder = tmp_path / f"{backend}-{fault.replace(' ', '-')}"
     (folder / "tmp").mkdir(parents=True)
     path = folder / "r.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "commbench", *args, "--json", str(path), "--timeout",
-                             f"{TIMEOUT_S:g}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    outputs = (["-J", str(path), "-T", f"{TIMEOUT_S:g}"] if args[0] == "nccl-tests" else
+               ["--json", str(path), "--timeout", f"{TIMEOUT_S:g}"])
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", *args, *outputs], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
                             env=clean_env(TMPDIR=str(folder / "tmp")), start_new_session=True,
                             preexec_fn=default_sigint)
     outcome = Outcome(backend, fault)

@@ -56,3 +56,21 @@ def test_a_kept_poor_fit_is_marked_and_every_use_says_so(sweeps, tmp_path, capsy
     capsys.readouterr()
     assert cli.main(["predict", "--hw", str(hw), "--topology", "1x4", "--sizes", "1K"]) == 0
     assert "is a poor fit" in capsys.readouterr().err
+
+
+def test_points_read_many_times_cost_one_refit_each(sweeps, tmp_path, monkeypatch):
+    """Issue 26: a fit of 2,000 duplicated points took 9.3 s, 20,000 more than a minute: the jackknife
+    refitted once per point. Copies leave the same points behind, so one refit serves them all (and the
+    figures and intervals are the same as from one copy of each)."""
+    from commbench.analysis import fit as F
+
+    good, _ = sweeps
+    lines = good.read_text().splitlines()
+    results = [line for line in lines if '"record": "result"' in line]
+    copies = tmp_path / "copies.jsonl"
+    copies.write_text("\n".join([lines[0], *results * 25]) + "\n")
+    calls = []
+    refit = F._refit
+    monkeypatch.setattr(F, "_refit", lambda *args: calls.append(1) or refit(*args))
+    assert cli.main(["fit", str(copies), "-o", str(tmp_path / "hw.json")]) == 0
+    assert len(calls) == len(results)  # not 25 times as many

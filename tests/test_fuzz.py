@@ -10,10 +10,12 @@ with COMMBENCH_FUZZ_SEED=N, explore with COMMBENCH_FUZZ_SEED=random COMMBENCH_FU
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
 import shlex
+import zlib
 
 import click
 import pytest
@@ -29,7 +31,8 @@ SEED = random.SystemRandom().randrange(1 << 30) if _SEED == "random" else int(_S
 DOCUMENTED_EXITS = {0, 1, 2, 3, 130}
 HOSTILE = ["", "0", "-1", "1", "2.7", "nan", "inf", "-inf", "1e30", "1e-9", "99999999999999999999999", "abc",
            "x", "0x0", "3x3", "100000x100000", "1K", "1K-1G", "64-1", ",", "-", "all", "auto", "\x00", "ö",
-           "/dev/full", "/sys/x.json", "/proc/no/such/dir/f", "1,2,,3", "  ", "-5x2", "1e309", "0.0", "-0"]
+           "/dev/full", "/sys/x.json", "/proc/no/such/dir/f", "1,2,,3", "  ", "-5x2", "1e309", "0.0", "-0",
+           "/dev/zero", "sweep.jsonl", ".", "0x400", "1e308", "-1,2"]  # issue 26: a device, a file that exists
 SKIP_OPTIONS = {"--help", "--version", "--monitor"}  # --monitor samples hardware for real: not input validation
 
 
@@ -59,6 +62,17 @@ def files(tmp_path_factory):
         "hw-nan.json": '{"name": "x", "levels": {"intra": {"latency_us": NaN, "bw_gbps": -1}}}',
         "profile-inf.json": '{"name": "p", "backward_flops": Infinity, "forward_flops": 1, "tensors": []}',
         "profile-spec.json": json.dumps({"name": "p", "source": {"spec": "os:getcwd"}, "tensors": []}),
+        # issue 26: hostile files, each a traceback or an unbounded read before
+        "deep.jsonl": "[" * 200_000 + "]" * 200_000 + "\n",
+        "digits.jsonl": lines[0] + "\n" + json.dumps(result).replace('"nbytes": ', '"nbytes": ' + "9" * 5000 + ", "
+                                                                      '"was": ', 1) + "\n",
+        "huge.jsonl": lines[0] + "\n" + json.dumps({**result, "nbytes": 10**300, "time_us": 1e300}) + "\n",
+        "packed-bomb.jsonl": lines[0] + "\n" + json.dumps({**result, "iteration_times_us": {
+            "encoding": "float32-zlib-base64", "count": 100,
+            "data": base64.b64encode(zlib.compress(bytes(256 << 20), 9)).decode()}}) + "\n",
+        "hw-deep.json": "{" + '"a": {' * 100_000 + "}" * 100_001,
+        "hw-huge.json": json.dumps({"name": "x", "ranks_per_node": 10**300, "levels": {
+            "intra": {"latency_us": 1e308, "bw_gbps": 1e308}, "inter": {"latency_us": 1, "bw_gbps": 1}}}),
     }
     for name, text in bad.items():
         (folder / name).write_text(text, encoding="utf-8", errors="surrogateescape")

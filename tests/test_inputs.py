@@ -1,11 +1,13 @@
 """Bad input files and unwritable outputs: result files, hardware files and output paths end in
 one line (`commbench: error: ...`) and exit 2, never a traceback (issue 11). The commands run in
 this process (cli.main), so a traceback fails the test as an exception."""
+import base64
 import copy
 import errno
 import json
 import os
 import subprocess
+import zlib
 
 import pytest
 
@@ -49,6 +51,12 @@ def write_lines(path, lines):
 # ---------------------------------------------------------------- malformed result files
 
 
+def _packed(values):
+    from commbench.results import pack_times
+
+    return pack_times(list(values))
+
+
 def _without(name):
     def change(r):
         del r[name]
@@ -88,6 +96,24 @@ RESULT_CASES = {
                       "bfloat16, float64, int32, int8, uint8, int64"),
     "root outside": (_set("root", 9), "result record: root 9 is not a rank of 2"),
     "telemetry list": (_set("telemetry", [1]), "result record: telemetry must be an object or null, not a list"),
+    # hostile files (issue 26): each was a traceback, or a read without bound
+    "nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, "nested deeper than a JSON reader follows: a results file "
+                            "is JSON Lines, one record a line"),
+    "5,000 digits": ('{"record": "result", "nbytes": ' + "9" * 5000 + "}", "holds an integer of more than 4,300 "
+                     "digits (Python reads no more): a results file is JSON Lines, one record a line"),
+    "nbytes 10**300": (_set("nbytes", 10**300), "nbytes is above 2**63: no count or size of a run comes near it"),
+    "time 1e300": (_set("time_us", 1e300), "time_us is above 1e30: no count or size of a run comes near it"),
+    "packed count wrong": (_set("iteration_times_us", {**_packed(range(100, 200)), "count": 5}),
+                           "result record: iteration_times_us: more values, the record says 5"),
+    "packed bomb": (_set("iteration_times_us", {"encoding": "float32-zlib-base64", "count": 100,
+                                                "data": base64.b64encode(zlib.compress(bytes(64 << 20), 9)).decode()}),
+                    "result record: iteration_times_us: more values, the record says 100"),
+    "packed garbage": (_set("iteration_times_us", {"encoding": "float32-zlib-base64", "count": 3, "data": "!!"}),
+                       "result record: iteration_times_us: data is not float32-zlib-base64 (Only base64 data is "
+                       "allowed)"),
+    "packed count huge": (_set("iteration_times_us", {**_packed(range(100, 200)), "count": 10**12}),
+                          "result record: iteration_times_us: count must be a whole number in 1..10,000,000, not "
+                          "1000000000000"),
 }
 NON_FINITE = {"NaN": "NaN", "Infinity": "infinite", "-Infinity": "infinite", "1e999": "infinite"}
 
@@ -106,11 +132,12 @@ def _bad_results_file(tmp_path, case):
 
 def _commands(path, good, tmp_path):
     return {"fit": ["fit", path, "-o", tmp_path / "hw.json"],
+            "check": ["check", path, "--hw", "dgx-a100"],
             "report": ["report", path, "-o", tmp_path / "rep"],
             "compare": ["compare", good, path, "--metric", "time"]}
 
 
-@pytest.mark.parametrize("command", ["fit", "report", "compare"])
+@pytest.mark.parametrize("command", ["fit", "report", "compare", "check"])
 @pytest.mark.parametrize("case", sorted(RESULT_CASES))
 def test_a_malformed_result_line_is_one_line_with_file_and_line(tmp_path, capsys, case, command):
     path = _bad_results_file(tmp_path, case)
@@ -139,7 +166,8 @@ def test_a_binary_file_is_one_line(tmp_path, capsys, command):
     path.write_bytes(bytes(range(128, 256)) + bytes(range(256)) * 8)
     good = write_lines(tmp_path / "good.jsonl", records())
     code, _, err = run(capsys, *_commands(path, good, tmp_path)[command])
-    assert (code, err) == (2, f"commbench: error: {path}:1: not UTF-8 text: a results file is JSON Lines\n")
+    assert (code, err) == (2, f"commbench: error: {path}:1: not UTF-8 text: a results file is JSON Lines, one record "
+                              f"a line\n")
 
 
 def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path, capsys):
@@ -207,6 +235,9 @@ def _hw(change=None, raw=None):
     return build
 
 
+NOT_HW = "not a hardware file (expected JSON from commbench fit)"
+
+
 def _level(level, key, value):
     return _hw(lambda d: d["levels"][level].__setitem__(key, value))
 
@@ -259,9 +290,13 @@ HW_CASES = {
     "meta list": (_top("meta", [1]), "meta must be a JSON object, not a list"),
     "no intra": (_hw(lambda d: d["levels"].pop("intra")), "missing field 'levels.intra'"),
     "schema 2": (_top("schema", 2), "schema 2: this commbench reads hardware files of schema 1"),
-    "binary": (_hw(raw=bytes(range(128, 256)) * 4), "not a hardware file (not UTF-8 text; expected JSON from commbench "
+    "binary": (_hw(raw=bytes(range(128, 256)) * 4), "not UTF-8 text: not a hardware file (expected JSON from commbench "
                                                "fit)"),
-    "not JSON": (_hw(raw='{"levels": '), "not JSON (line 1 column 12: Expecting value)"),
+    "not JSON": (_hw(raw='{"levels": '), "not JSON (Expecting value, column 12): " + NOT_HW),
+    "nested": (_hw(raw="[" * 200_000 + "]" * 200_000), "nested deeper than a JSON reader follows: " + NOT_HW),
+    "5,000 digits": (_hw(raw='{"ranks_per_node": ' + "9" * 5000 + "}"),
+                     "holds an integer of more than 4,300 digits (Python reads no more): " + NOT_HW),
+    "1e308": (_level("intra", "latency_us", 1e308), "levels.intra.latency_us must be at most 1e+30, not 1e+308"),
 }
 
 
@@ -289,6 +324,7 @@ def test_a_bad_hardware_file_is_one_line_naming_the_field(tmp_path, capsys, case
 @pytest.mark.parametrize("command", ["predict", "predict-scaling", "proxy --backend sim", "sweep --backend sim",
                                      "report --hw", "fit --base"])
 @pytest.mark.parametrize("case", ["bw string", "intra list", "NaN latency", "ranks 2.7", "binary", "tflops list",
+                                  "nested", "5,000 digits", "1e308",
                                   "reduce string"])
 def test_every_command_that_reads_hardware_validates_it_alike(tmp_path, capsys, case, command):
     hw = tmp_path / "hw.json"
@@ -371,15 +407,17 @@ def test_report_into_an_unwritable_directory_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", ["predict", "predict-scaling", "compare", "fit"])
-def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, capsys, command):
+@pytest.mark.parametrize("command", ["predict", "predict-scaling", "compare", "fit", "check"])
+def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, capsys, command, monkeypatch):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
+    # /dev/full stands for a disk that fills during the run: past the up-front check, which refuses devices
+    monkeypatch.setattr("commbench.commands.common._check_existing", lambda *args: None)
     good = write_lines(tmp_path / "good.jsonl", records())
     args = {"predict": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K,1M", "--json"],
             "predict-scaling": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json"],
             "compare": ["compare", good, good, "--metric", "time", "--json"],
-            "fit": ["fit", good, "-o"]}[command]
+            "fit": ["fit", good, "-o"], "check": ["check", good, "--hw", "dgx-a100", "--json"]}[command]
     code, out, err = run(capsys, *args, "/dev/full")
     assert (code, err) == (2, "commbench: error: cannot write /dev/full: No space left on device\n")
     if command != "fit":  # the table went out before the file failed
@@ -436,7 +474,7 @@ def test_one_path_for_two_outputs_or_an_output_over_an_input_is_refused(tmp_path
 def test_the_up_front_check_truncates_nothing_and_leaves_nothing(tmp_path):
     existing = tmp_path / "old.jsonl"
     existing.write_text("keep me\n")
-    check_writable(str(existing))
+    check_writable(str(existing), append=True)
     assert existing.read_text() == "keep me\n"
     fresh = tmp_path / "sub" / "new.jsonl"
     check_writable(str(fresh))
@@ -458,3 +496,136 @@ def test_an_immutable_file_is_refused_as_root(tmp_path, capsys):
         assert (code, err) == (2, f"commbench: error: cannot write {target}: Operation not permitted\n")
     finally:
         subprocess.run(["chattr", "-i", str(target)], capture_output=True)
+
+
+# ---------------------------------------------------------------- outputs that hold something, devices (issue 26)
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """A refusal comes before any rank: a run that got past the checks ends here, not in real ranks."""
+    from commbench import job
+
+    monkeypatch.setattr(job, "run", lambda *args, **kwargs: 0)
+
+
+def _writers(tmp_path, good, out):
+    """Every command that writes a file, as argv with its output `out`, stopping short of heavy work."""
+    return {
+        "sweep --json": ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--json", out],
+        "sweep --csv": ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--csv", out],
+        "fit -o": ["fit", good, "-o", out],
+        "predict --json": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K", "--json", out],
+        "predict-scaling --json": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json", out],
+        "check --json": ["check", good, "--hw", "dgx-a100", "--json", out],
+        "compare --json": ["compare", good, good, "--metric", "time", "--json", out],
+        "compare --plot": ["compare", good, good, "--metric", "time", "--plot", out + ".png"],
+        "profiles extract -o": ["profiles", "extract", "resnet18", "-o", out],
+        "proxy --json": ["proxy", "resnet18", "--backend", "sim", "--hw", "dgx-a100", "--tflops", "100", "--nodes",
+                         "1", "--gpus-per-node", "2", "--steps", "1", "--json", out],
+        "nccl-tests -J": ["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-J", out],
+    }
+
+
+@pytest.mark.parametrize("writer", ["sweep --json", "sweep --csv", "fit -o", "predict --json", "predict-scaling --json",
+                                    "check --json", "compare --json", "compare --plot", "profiles extract -o",
+                                    "proxy --json", "nccl-tests -J"])
+def test_an_output_that_holds_something_is_refused_and_kept(tmp_path, capsys, writer, no_ranks):
+    good = write_lines(tmp_path / "good.jsonl", records())
+    precious = tmp_path / "precious.out"
+    argv = _writers(tmp_path, str(good), str(precious))[writer]
+    target = tmp_path / "precious.out.png" if writer == "compare --plot" else precious
+    target.write_text("16 lines of results\n")
+    code, _, err = run(capsys, *argv)
+    appendable = writer in ("sweep --json", "sweep --csv", "predict --json", "predict-scaling --json", "check --json",
+                            "compare --json", "nccl-tests -J")
+    leave = "--force to overwrite it" + (" or --append to add to it" if appendable else "")
+    assert code == 2 and err.endswith(f" {target}: the file exists and is not empty; give a new name, or add "
+                                      f"{leave}\n"), err
+    assert err.count("\n") == 1 and target.read_text() == "16 lines of results\n"
+
+
+def test_report_refuses_to_overwrite_its_index(tmp_path, capsys):
+    good = write_lines(tmp_path / "good.jsonl", records())
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "index.md").write_text("my notes\n")
+    code, _, err = run(capsys, "report", good, "-o", tmp_path / "r")
+    assert code == 2 and "index.md: the file exists and is not empty" in err
+    assert (tmp_path / "r" / "index.md").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("flag", ["--force", "--append"])
+def test_force_overwrites_and_append_adds_a_run(tmp_path, capsys, flag):
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--json", out]
+    assert run(capsys, *sweep)[0] == 0
+    first = out.read_text()
+    assert run(capsys, *sweep, flag)[0] == 0
+    runs = [r for r in read_records(str(out)) if r["record"] == "header"]
+    assert len(runs) == (2 if flag == "--append" else 1) and out.read_text().startswith(first) == (flag == "--append")
+    code, _, err = run(capsys, *sweep, "--force", "--append")
+    assert (code, err) == (2, "commbench: error: --force and --append: choose one (overwrite, or add to the file)\n")
+
+
+@pytest.mark.parametrize("writer", ["sweep --json", "sweep --csv", "fit -o", "check --json", "compare --json",
+                                    "profiles extract -o", "nccl-tests -J"])
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full", "fifo", ""])
+def test_a_device_fifo_or_empty_name_is_refused_as_an_output(tmp_path, capsys, writer, device, no_ranks):
+    """`--json /dev/full` grew a sweep to 20 GB (the record closing read /dev/zero back); `--json ''` wrote nothing."""
+    if device == "fifo":
+        device = str(tmp_path / "fifo")
+        os.mkfifo(device)
+    elif device and not os.path.exists(device):
+        pytest.skip(f"no {device}")
+    good = write_lines(tmp_path / "good.jsonl", records())
+    code, _, err = run(capsys, *_writers(tmp_path, str(good), device)[writer])
+    reason = "an empty file name" if not device else "not a regular file (a device, FIFO or directory)"
+    assert code == 2 and reason in err and err.count("\n") == 1, err
+
+
+def test_the_record_closing_reads_no_device_back(tmp_path):
+    """A failed spawn closes --json's records; given /dev/zero it read the device without end (20 GB)."""
+    import sys
+
+    script = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+              "from commbench import job; job.close_records('sweep', '/dev/zero'); print('done')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr[-500:]
+
+
+def test_the_record_closing_sums_up_only_the_appended_run(tmp_path, capsys):
+    from commbench import job
+
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K,4K", "--json", out]
+    assert run(capsys, *sweep)[0] == 0
+    earlier = out.read_text().splitlines()
+    out.write_text("\n".join([*earlier, earlier[0], earlier[1]]) + "\n{\"record\": \"res")  # a second run, killed
+    job.close_records("sweep", str(out))
+    summary = read_records(str(out))[-1]
+    assert summary["record"] == "summary" and summary["status"] == "failed" and summary["points"] == 1
+
+
+# ---------------------------------------------------------------- silently accepted or unclear (issue 26, item 9)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["selftest", "--timeout", "nan"], "--timeout nan: must be a finite number"),
+    (["selftest", "--timeout", "inf"], "--timeout inf: must be a finite number"),
+    (["selftest", "--timeout", "1e308"], "--timeout 1e+308: must be at most 604800"),
+    (["selftest", "--timeout", "0.001"], "--timeout 0.001: must be at least 1"),
+    (["sweep", "--sizes", "-1"], "bad --sizes '-1': sizes are positive numbers of bytes, and a range is START-END "
+                                 "with both ends (e.g. 1K-1M)"),
+    (["predict", "--hw", "dgx-a100", "-T", "1x2", "--sizes", "1K-"], "bad --sizes '1K-': sizes are positive numbers "
+                                                                     "of bytes, and a range is START-END with both "
+                                                                     "ends (e.g. 1K-1M)"),
+    (["sweep", "--sizes", "1K", "--emulate", ""], "--emulate '': empty; give NODESxRANKS"),
+    (["sweep", "--sizes", "1K", "--emulate", "2x1", "--link", ""], "--link '': empty; give a rate, e.g. 1gbit"),
+    (["sweep", "--sizes", "1K", "--json", ""], "--json '': an empty file name"),
+    (["proxy", "resnet18", "--emulate", "", "--tflops", "1"], "--emulate '': empty; give NODESxRANKS"),
+])
+def test_what_was_taken_silently_or_failed_oddly_is_one_line(capsys, no_ranks, args, message):
+    """`selftest --timeout nan` failed its checks with Python's errors (exit 1); `--sizes -1` said "bad size ''";
+    `--emulate ''` ran locally, `--link ''` took the default, `--json ''` wrote nothing."""
+    code, out, err = run(capsys, *args)
+    assert (code, err) == (2, f"commbench: error: {message}\n")

@@ -42,6 +42,9 @@ def test_defaults_are_nccl_tests_defaults():
     (["-a", "2"], "--rank-agg", "min"),
     (["-T", "60"], "--timeout", "60"),
     (["-J", "out.json"], "--json", "out.json"),
+    (["-b", "0x400", "-e", "0x1000", "-f", "2"], "--sizes", "1024-4096"),  # sscanf's %lf reads hexadecimal
+    (["-b", "1KB", "-e", "2m"], "--sizes", "1024-2097152"),  # one unit letter; what follows it is not read
+    (["-b", "1K", "-e", "4K", "-f", "1.5"], "--step", "1048576"),  # strtol: -f 1.5 is 1, so the step counts
 ])
 def test_flags_map_onto_the_sweep(flags, option, expected):
     assert _value(_one(*flags), option) == expected
@@ -132,3 +135,34 @@ def test_no_ngpus_spawns_one_rank(monkeypatch):
     assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K"]) == 0
     assert worlds == [1]
 
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["-T", "-1"], "-T -1: must not be negative"),
+    (["-i", "abc", "-b", "1K", "-e", "2K"], "-i 'abc': not an integer"),
+    (["-n", "-5"], "-n -5: must not be negative"),
+    (["-b", "1X"], "invalid size specified for 'minbytes': '1X'"),
+    (["-b", "-5"], "invalid size specified for 'minbytes': '-5' (from 0 to 4 EiB)"),
+    (["-e", "inf"], "invalid size specified for 'maxbytes': 'inf'"),
+])
+def test_numbers_nccl_tests_would_misread_are_refused(flags, message):
+    """Issue 26: -T -1 and -i abc were taken (strtol gives 0 for abc: a step of nothing)."""
+    with pytest.raises(UsageFault) as refused:
+        translate("all_reduce_perf", flags)
+    assert refused.value.message == message
+
+
+def test_a_factor_read_as_nccl_tests_reads_it_is_said():
+    notes = translate("all_reduce_perf", ["-b", "1K", "-e", "4K", "-f", "1.5"]).notes
+    assert notes == ["-f 1.5: read as 1, as nccl-tests reads it (strtol: an integer, up to the first character that "
+                     "is not a digit)"]
+
+
+def test_every_table_goes_to_the_json_file_and_an_interrupt_stops_the_series(monkeypatch, tmp_path, capsys):
+    """Issue 26: -N 3 kept only the last table in -J's file, and Ctrl-C ran the remaining tables."""
+    runs, codes = [], iter([0, 130, 0, 0, 0, 0])
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: runs.append((cfg.json_path, cfg.append)) or
+                        next(codes))
+    out = str(tmp_path / "n.jsonl")
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-N", "6", "-J", out]) == 130
+    assert runs == [(out, False), (out, True)]  # the second adds to the first's file; the third never starts

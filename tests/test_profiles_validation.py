@@ -180,3 +180,23 @@ def test_predict_scaling_refuses_a_step_of_no_time_or_centuries(throughput, tflo
     forward, backward, label = compute_us(profile, hw, 32, throughput, tflops, "fp32")
     with pytest.raises(ScalingError, match=r"compute per step from .*; it must be more than 0 s and at most a day"):
         scaling_run(profile, hw, [1, 8], 8, 32, forward, backward, ["ring"], compute_label=label)
+
+
+@pytest.mark.parametrize("spec,args,message", [
+    ("transformers:BertForMaskedLM:num_hidden_layers=x", [], "bad override 'num_hidden_layers=x': a value is a number, "
+                                                             "true or false"),
+    ("transformers:BertForMaskedLM:num_hidden_layers=1e999", [], "bad override 'num_hidden_layers=1e999': a value must "
+                                                                 "be a finite number"),
+    ("timm:hf-hub:x/y", [], "timm:hf-hub:x/y: give a model timm registers by a plain name (no hub prefix, no path): "
+                            "nothing is downloaded"),
+    ("resnet18", ["--input-shape", "-1,2"], "--input-shape '-1,2': each dimension at least 1, at most 67,108,864 "
+                                            "elements a sample"),
+])
+def test_extract_refuses_a_spec_it_cannot_build_in_one_line(tmp_path, capsys, spec, args, message):
+    """Issue 26: a string override was a traceback, timm's hub prefix went to the network for 30 s, and a
+    negative input shape was ignored."""
+    from commbench.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["profiles", "extract", spec, "-o", str(out), *args]) == 2
+    assert capsys.readouterr().err == f"commbench: error: {message}\n" and not out.exists()

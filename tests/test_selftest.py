@@ -93,7 +93,7 @@ def test_gpu_checks_say_why_they_are_skipped(capsys):
 
 
 @pytest.mark.parametrize("args,needle", [(["--only", "host-kernels,nope"], "no check named 'nope'; choose from "),
-                                         (["--timeout", "0"], "--timeout 0: must be positive")])
+                                         (["--timeout", "0"], "--timeout 0: must be at least 1")])
 def test_usage_errors_are_one_line_exit_2(capsys, args, needle):
     assert main(["selftest", *args]) == 2
     err = capsys.readouterr().err

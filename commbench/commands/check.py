@@ -6,7 +6,7 @@ import os
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs
+from commbench.commands.common import UsageFault, check_outputs, output_options
 
 CHECK_EXAMPLES = """
 \b
@@ -38,8 +38,9 @@ row left to judge once oversubscribed runs are left out).
 @click.option("--include-oversubscribed", is_flag=True,
               help="Count rows of runs with more CPU ranks on a host than its cores in the summary (marked and "
                    "left out by default: the model has no notion of cores).")
+@output_options(append=True)
 def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None, json_path: str | None,
-                  include_oversubscribed: bool) -> None:
+                  include_oversubscribed: bool, force: bool, append: bool) -> None:
     """Predict every measured point of sweep and proxy runs with the cost model, and print predicted
     against measured with the error per row (predicted / measured - 1: negative = optimistic), and
     the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps; training steps, predicted
@@ -54,7 +55,8 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
 
     if max_error is not None and not 0 < max_error < 1e6:
         raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
-    check_outputs(("--json", json_path), inputs=[*files, *([hw_spec] if os.path.exists(hw_spec) else [])])
+    check_outputs(("--json", json_path), inputs=[*files, *([hw_spec] if os.path.exists(hw_spec) else [])],
+                  force=force, append=append)
     try:
         hw = load_hardware(hw_spec)
         uncertainty(hw)  # a damaged interval block: one line here, not a traceback per row
@@ -86,10 +88,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
                        f"{100 * part['median_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%, "
                        f"{part['optimistic']} optimistic{coverage}")
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row.to_json()) + "\n")
-            handle.write(json.dumps({**summary, "hardware": hw.name}) + "\n")
+        _write(json_path, append, [row.to_json() for row in rows] + [{**summary, "hardware": hw.name}])
     if max_error is not None and not summary["all"]["rows"]:
         raise UsageFault("--max-error: no row to judge, every one is of an oversubscribed run (more CPU ranks on a "
                          "host than its cores); --include-oversubscribed judges them anyway")
@@ -97,6 +96,16 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
         click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
                    f"{max_error:g}%")
         raise SystemExit(1)
+
+
+def _write(path: str, append: bool, records: list[dict]) -> None:
+    """The check records, one JSON line each; a write that fails (a full disk) is one line."""
+    try:
+        with open(path, "a" if append else "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise UsageFault(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _table(rows, hw_name: str) -> None:

@@ -1,9 +1,12 @@
 """What every command shares: the usage error (one line, exit 2) and the up-front check of its
-output files: each opened for writing for real before any work starts, and no file named twice."""
+output files: each opened for writing for real before any work starts, no file named twice, no
+device (/dev/zero, /dev/full: a run's record closing would read one back without end) and no
+user's file overwritten unless `--force` (or added to, for JSON Lines, with `--append`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import stat
+from collections.abc import Callable, Iterable
 
 import click
 
@@ -14,16 +17,36 @@ class UsageFault(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def check_writable(path: str | None) -> None:
+def output_options(append: bool) -> Callable:
+    """The flags of a command that writes files: `--force` (overwrite a file that holds something)
+    and, where the output is JSON Lines (`append` True), `--append` (add this run's records to it)."""
+    def decorate(command: Callable) -> Callable:
+        if append:
+            command = click.option("--append", "append", is_flag=True,
+                                   help="Add to an output file that already holds records (JSON Lines).")(command)
+        return click.option("--force", "force", is_flag=True,
+                            help="Overwrite an output file that already holds something (refused without).")(command)
+    return decorate
+
+
+def check_writable(path: str | None, option: str = "", force: bool = False, append: bool | None = None) -> None:
     """Open `path` for writing now, as the run will later: a file that cannot be created or written
     (a read-only or immutable file, /sys or /proc, a missing directory that cannot be made) is one
     line and exit 2 here, root or not, instead of a failure after the work. Nothing is truncated: an
     existing file is opened without O_TRUNC and left as it is; a file made only for this test is
-    removed again. The file's directory is made, as the run would make it."""
-    if not path:
+    removed again. The file's directory is made, as the run would make it.
+
+    Refused too: an empty name, anything but a regular file or a new path (a device, a FIFO, a
+    directory; /dev/null, which swallows all, excepted), and a file that holds something unless
+    `force` or `append` (None: the command has no --append)."""
+    if path is None:
         return
+    named = f"{option} {path}".strip() if path else f"{option} ''".strip()
+    if not path.strip():
+        raise UsageFault(f"{named}: an empty file name")
     if "\x00" in path:
         raise UsageFault(f"cannot write {path!r}: a file name cannot hold a NUL byte")
+    _check_existing(path, named, force, append)
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -35,6 +58,21 @@ def check_writable(path: str | None) -> None:
         raise UsageFault(f"cannot write {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:  # a NUL byte in the name
         raise UsageFault(f"cannot write {path!r}: {exc}") from exc
+
+
+def _check_existing(path: str, named: str, force: bool, append: bool | None) -> None:
+    """Refuse an existing output that is not a regular file, or one that holds something (without leave)."""
+    try:
+        info = os.stat(path)
+    except OSError:  # a new path (or one the open below will name the fault of)
+        return
+    if not stat.S_ISREG(info.st_mode):
+        if os.path.realpath(path) == os.devnull:
+            return
+        raise UsageFault(f"{named}: not a regular file (a device, FIFO or directory); outputs are written to files")
+    if info.st_size and not (force or append):
+        leave = "--force to overwrite it" + (" or --append to add to it" if append is not None else "")
+        raise UsageFault(f"{named}: the file exists and is not empty; give a new name, or add {leave}")
 
 
 def _open_for_writing(path: str) -> None:
@@ -49,8 +87,11 @@ def _open_for_writing(path: str) -> None:
         os.unlink(path)
 
 
-def check_directory(path: str) -> None:
-    """The same for an output directory (report -o): made if missing, and a file can be created in it."""
+def check_directory(path: str, own_file: str, force: bool = False) -> None:
+    """The same for an output directory (report -o): made if missing, a file can be created in it, and
+    its `own_file` (report's index.md) is not overwritten unless `force`."""
+    if not path.strip():
+        raise UsageFault(f"-o {path!r}: an empty directory name")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -59,6 +100,7 @@ def check_directory(path: str) -> None:
         _open_for_writing(os.path.join(path, f".commbench-probe-{os.getpid()}"))
     except OSError as exc:
         raise UsageFault(f"cannot write in {path}: {exc.strerror or exc}") from exc
+    check_writable(os.path.join(path, own_file), "-o", force=force)
 
 
 def warn(message: str) -> None:
@@ -66,10 +108,14 @@ def warn(message: str) -> None:
     click.echo(f"commbench: warning: {message}", err=True)
 
 
-def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = ()) -> None:
+def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = (), force: bool = False,
+                  append: bool | None = None, whole: Iterable[str] = ()) -> None:
     """`outputs`: (option, path) pairs, path None when not given. Refuse a file named by two options
     (their lines would interleave) or an output that is also an input (it would be overwritten before
-    it is read), then check_writable each."""
+    it is read), then check_writable each (`force`, `append`: the command's flags, append None where
+    it has none; `whole`: options whose file --append cannot add to, such as a PNG)."""
+    if force and append:
+        raise UsageFault("--force and --append: choose one (overwrite, or add to the file)")
     read = {os.path.realpath(p) for p in inputs}
     seen: dict[str, str] = {}
     for option, path in outputs:
@@ -81,8 +127,8 @@ def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = ()) 
         if key in seen:
             raise UsageFault(f"{option} {path}: the same file as {seen[key]}; give each output a file of its own")
         seen[key] = option
-    for _, path in outputs:
-        check_writable(path)
+    for option, path in outputs:
+        check_writable(path, option, force, None if option in whole else append)
 
 
 def find_job(launcher_option: str):

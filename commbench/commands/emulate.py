@@ -45,6 +45,9 @@ def emulated_shape(options: dict, conflicts: dict[str, object]) -> tuple[int, in
     from commbench.emulate import EmulateError, parse_rate, parse_shape, require_privileges
     from commbench.launch import detect_launcher
 
+    for flag in ("emulate", "link"):  # given but empty: not the default, not "no cluster"
+        if options.get(flag) is not None and not options[flag].strip():
+            raise UsageFault(f"--{flag} '': empty; give {'NODESxRANKS' if flag == 'emulate' else 'a rate, e.g. 1gbit'}")
     if not options.get("emulate"):
         if options.get("link") is not None:
             raise UsageFault("--link sets the rate of an emulated cluster's links: give --emulate NODESxRANKS too")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_directory, check_outputs, warn
+from commbench.commands.common import UsageFault, check_directory, check_outputs, output_options, warn
 from commbench.commands.setup_flags import setup_options
 
 
@@ -28,8 +28,9 @@ Examples:
                    "where the data show one; leave out sizes you will not predict).")
 @click.option("--accept-poor-fit", is_flag=True,
               help="Write a fit that does not describe its data (R^2 < 0 or median error > 25%), marked poor.")
+@output_options(append=False)
 def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
-                size_range: str | None, accept_poor_fit: bool) -> None:
+                size_range: str | None, accept_poor_fit: bool, force: bool) -> None:
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -47,7 +48,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
         base_hw = load_hardware(base) if base else None
     except (RecordError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
-    check_outputs(("-o", output), inputs=files)
+    check_outputs(("-o", output), inputs=files, force=force)
     try:
         hw = F.fit(records, setup, base_hw)
     except F.FitError as exc:
@@ -106,8 +107,9 @@ Examples:
 @click.option("--root", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the predictions as JSON Lines (kind: predicted).")
+@output_options(append=True)
 def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
-                    json_path) -> None:
+                    json_path, force, append) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     from commbench import collectives as C
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
@@ -137,7 +139,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         refused = oversubscription(hw, topo.ranks_per_node)  # CPU ranks beyond the fitted host's cores
         if refused:
             raise UsageFault(refused)
-        check_outputs(("--json", json_path))
+        check_outputs(("--json", json_path), force=force, append=append)
         results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
     except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
@@ -164,7 +166,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
                       "calibrates whole steps, not one collective: predict-scaling and proxy --backend sim give "
                       "the corpus calibration's interval (docs/model.md)")
     try:
-        with ResultSink(json_path) as sink:  # a full disk: the rows and lines before it stay, then one line
+        with ResultSink(json_path, append=append) as sink:  # a full disk: the rows and lines before it stay
             for name in names:
                 table.header(name)
                 for result in (r for r in results if r.collective == name):
@@ -185,7 +187,8 @@ Examples:
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write.")
 @click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
               help="Also draw this cost model's prediction of every measured setup (dashed).")
-def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) -> None:
+@output_options(append=False)
+def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None, force: bool) -> None:
     """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
     from commbench.analysis import report as R
     from commbench.analysis.costmodel import HardwareError, load_hardware
@@ -198,7 +201,7 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None) ->
         records = R.read_all(list(files), warn)
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc
-    check_directory(out_dir)
+    check_directory(out_dir, "index.md", force)
     try:
         index, pngs = R.write_report(records, list(files), out_dir, hw, warn)
     except FitError as exc:  # --hw: a measured point no schedule models
@@ -232,8 +235,9 @@ result records, no point in common, --threshold <= 0).
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
               help="Draw base and new against size, the band inside which no change is called, the verdicts "
                    "(commbench report draws the same from --json's file).")
+@output_options(append=True)
 def compare_command(base: str, new: str, threshold: float, metric: str, json_path: str | None,
-                    plot_path: str | None) -> None:
+                    plot_path: str | None, force: bool, append: bool) -> None:
     """Compare two sweeps point by point; exit 1 on any regression (a CI check).
 
     Result records are matched on collective, backend, library, algorithm, dtype, op,
@@ -249,7 +253,8 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
         raise UsageFault(str(exc)) from exc
     if plot_path and not plot_path.lower().endswith(".png"):
         raise UsageFault(f"--plot {plot_path}: the chart is a PNG; give a file name ending in .png")
-    check_outputs(("--json", json_path), ("--plot", plot_path), inputs=(base, new))
+    check_outputs(("--json", json_path), ("--plot", plot_path), inputs=(base, new), force=force, append=append,
+                  whole=("--plot",))
     setup = K.describe_setup(comparison)
     click.echo(f"# commbench compare: {base} (base) vs {new} (new){': ' + setup if setup else ''}")
     for line in K.format_table(comparison):
@@ -257,7 +262,7 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
     click.echo(K.summary_line(comparison))
     if json_path:
         try:
-            K.write_jsonl(comparison, json_path)
+            K.write_jsonl(comparison, json_path, append)
         except OutputError as exc:
             raise UsageFault(str(exc)) from exc
     if plot_path:
@@ -330,9 +335,10 @@ Examples:
 @click.option("--candidate-setup", default=None, metavar="NAME")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
+@output_options(append=True)
 def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, ddp_ms,
                             jitter_from, tflops, precision, algorithm, bucket_mb, baseline, candidate,
-                            json_path, setup, baseline_setup, candidate_setup, **knobs) -> None:
+                            json_path, setup, baseline_setup, candidate_setup, force, append, **knobs) -> None:
     """Predict a model's data-parallel step time, throughput and linearity from 1 to N GPUs.
 
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
@@ -341,7 +347,7 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     from commbench.results import OutputError, ResultSink, new_run_id
 
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
-    check_outputs(("--json", json_path))
+    check_outputs(("--json", json_path), force=force, append=append)
     pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
                     {**knobs, "bucket_mb": bucket_mb})
     run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, pairs,
@@ -351,7 +357,7 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
         click.echo(line)
     if json_path:
         try:
-            with ResultSink(json_path) as sink:
+            with ResultSink(json_path, append=append) as sink:
                 sink.write_all(records)
         except OutputError as exc:
             raise UsageFault(str(exc)) from exc

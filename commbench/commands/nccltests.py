@@ -11,11 +11,11 @@ from __future__ import annotations
 import getopt
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.common import UsageFault, output_options
 
 BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
@@ -78,8 +78,8 @@ def translate(binary: str, flags: list[str]) -> Translation:
         if value is not None and (default is None or _integer(values, flag[1], 0) != int(default)):
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
     out = Translation()
-    base = ["-c", BINARIES[name], *_sizes(values), *_counts(values, out), *_rank_options(values, out)]
-    cycles = _integer(values, "N", 1)
+    base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out)]
+    cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
     for dtype in _dtypes(values.get("d", "float")):
@@ -88,28 +88,49 @@ def translate(binary: str, flags: list[str]) -> Translation:
     return out
 
 
-def _integer(values: dict, flag: str, default: int) -> int:
-    """A number as nccl-tests reads it (strtol base 0: 0x10 and 010 as C does), or one line."""
+STRTOL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+# sscanf("%lf %1s"): a decimal or hexadecimal (C99) floating number, then at most one unit letter
+SIZE = re.compile(r"\s*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+                  r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?))\s*(\S?)")
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+NON_NEGATIVE = "bicnmwNTgG"  # flags whose negative value nccl-tests would misread (a size_t, a count, a timeout)
+
+
+def _integer(values: dict, flag: str, default: int, notes: list[str] | None = None) -> int:
+    """A number as nccl-tests reads it: strtol base 0 (0x10 and 010 as C does), which stops at the first
+    character that is not a digit (-f 1.5 is 1: said in `notes`); text with no number at all, and a
+    negative count, size or timeout, are one line."""
     text = values.get(flag)
     if text is None:
         return default
-    match = re.fullmatch(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    match = STRTOL.match(text)
     if not match:
         raise UsageFault(f"-{flag} {text!r}: not an integer")
     sign, digits = match.groups()
     base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") and len(digits) > 1 else 10
-    return int(sign + digits, base)
+    value = int(sign + digits, base)
+    if value < 0 and flag in NON_NEGATIVE:
+        raise UsageFault(f"-{flag} {text}: must not be negative")
+    if match.end() < len(text) and notes is not None and text[match.end():].strip():
+        notes.append(f"-{flag} {text}: read as {value}, as nccl-tests reads it (strtol: an integer, up to the first "
+                     f"character that is not a digit)")
+    return value
 
 
 def _size(text: str, flag: str) -> int:
-    """nccl-tests' parsesize: a decimal number with an optional K, M or G (either case)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgG]?)\s*", text)
-    if not match:
+    """nccl-tests' parsesize: sscanf's %lf (decimal, or hexadecimal as 0x400) and an optional K, M or G
+    (either case); any other letter after the number is invalid, as there."""
+    match = SIZE.match(text)
+    if not match or match.group(2).lower() not in UNITS:
         raise UsageFault(f"invalid size specified for '{flag}': {text!r}")
-    return int(float(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match.group(2).lower()])
+    number = match.group(1)
+    value = float.fromhex(number) if "x" in number.lower() else float(number)
+    if value < 0 or value * UNITS[match.group(2).lower()] > 2**62:
+        raise UsageFault(f"invalid size specified for '{flag}': {text!r} (from 0 to 4 EiB)")
+    return int(value * UNITS[match.group(2).lower()])
 
 
-def _sizes(values: dict) -> list[str]:
+def _sizes(values: dict, out: Translation) -> list[str]:
     low = _size(values.get("b", "32M"), "minbytes")
     high = _size(values.get("e", "32M"), "maxbytes")
     if low > high:
@@ -117,24 +138,24 @@ def _sizes(values: dict) -> list[str]:
     if low < 1:
         raise UsageFault("-b 0: commbench's sizes start at 1 byte")
     spec = [f"{low}-{high}" if high > low else str(low)]
-    factor = _integer(values, "f", 1)
+    factor = _integer(values, "f", 1, out.notes)
     if high == low:
         return ["--sizes", *spec]
     if factor > 1:  # nccl-tests: a factor above 1 wins over the step
         return ["--sizes", *spec, "--factor", str(factor)]
-    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20))]
+    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20, out.notes))]
 
 
 def _counts(values: dict, out: Translation) -> list[str]:
-    args = ["--iters", str(_integer(values, "n", 20)), "--warmup", str(_integer(values, "w", 5))]
-    check = _integer(values, "c", 1)
+    args = ["--iters", str(_integer(values, "n", 20, out.notes)), "--warmup", str(_integer(values, "w", 5, out.notes))]
+    check = _integer(values, "c", 1, out.notes)
     if check > 1:
         raise UsageFault(f"-c {check} cannot be honoured: commbench checks one call per point (-c 0 or 1)")
     if check == 0:
         args.append("--no-check")
     if _integer(values, "p", 0):
         out.notes.append("-p 1: commbench initialises each rank in its own process; parallel init changes nothing")
-    timeout = _integer(values, "T", 0)
+    timeout = _integer(values, "T", 0, out.notes)
     if timeout > 0:
         args += ["--timeout", str(timeout)]
     graphs = _integer(values, "G", 0)
@@ -150,7 +171,7 @@ def _rank_options(values: dict, out: Translation) -> list[str]:
         raise UsageFault(f"-a {average}: commbench combines ranks by avg (1), min (2) or max (3); rank 0 alone "
                          f"(0) is not measured")
     args = ["--rank-agg", AVERAGE[average.strip()], "--root", str(_integer(values, "r", 0))]
-    gpus = _integer(values, "g", 1)
+    gpus = _integer(values, "g", 1, out.notes)
     if gpus < 1:
         raise UsageFault(f"-g {gpus}: need at least one rank")
     out.local_ranks = gpus  # without a launcher: -g ranks, as nccl-tests runs -g GPUs (1 by default)
@@ -198,16 +219,21 @@ refused (one line, exit 2) because commbench cannot honour them.
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True)
 @click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (-g).")
+@output_options(append=True)
 @click.argument("binary", metavar="NAME_perf")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, metavar="[NCCL-TESTS FLAGS]...")
-def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flags) -> None:
-    """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench."""
+def nccl_tests_command(backend, algorithm, launcher, oversubscribe, force, append, binary, flags) -> None:
+    """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench.
+
+    -N, -d all and -o all run one sweep after another; every table's records go to the -J
+    file (each sweep's after the last), and Ctrl-C or a failed rank stops them all."""
     from commbench import job
     from commbench.commands.sweep import plan_sweep, sweep
 
     translation = translate(binary, list(flags))
     extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
-             *(["--oversubscribe"] if oversubscribe else [])]
+             *(["--oversubscribe"] if oversubscribe else []), *(["--force"] if force else []),
+             *(["--append"] if append else [])]
     if job.find_job(launcher)[1] is None:  # spawned here: -g ranks (under a launcher, the launcher's)
         extra += ["--nprocs", str(translation.local_ranks)]
     plans = _plans(translation, extra, plan_sweep, sweep)
@@ -216,8 +242,21 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, binary, flag
     lead = all(plan.lead for _, plan in plans)
     for note in translation.notes if lead else ():
         click.echo(f"# note: {note}")
-    codes = [job.run("sweep", cfg, plan, sys.argv) for cfg, plan in plans]
-    job.end(max(codes, default=0), plans[-1][1])
+    job.end(run_all(job, plans), plans[-1][1])
+
+
+STOPPING_CODES = (2, 3, 130)  # bad input, a failed rank, interrupted: the sweeps after it would not fare better
+
+
+def run_all(job, plans: list) -> int:
+    """Run the sweeps one after another, the worst exit code; a stopping one ends the series at once."""
+    code = 0
+    for cfg, plan in plans:
+        status = job.run("sweep", cfg, plan, sys.argv)
+        code = max(code, status)
+        if status in STOPPING_CODES:
+            break
+    return code
 
 
 def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
@@ -226,7 +265,10 @@ def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> lis
     plans, refused = [], []
     for run in translation.runs:
         try:
-            plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
+            cfg, plan = plan_sweep(sweep.make_context("sweep", [*run, *extra]).params)
+            if plans and cfg.json_path:  # every sweep after the first adds its records to -J's file
+                cfg = replace(cfg, append=True)
+            plans.append((cfg, plan))
         except UsageFault as exc:
             if len(translation.runs) == 1 or "--op" not in exc.message and "--dtype" not in exc.message:
                 raise

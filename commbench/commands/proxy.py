@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable
+from commbench.commands.common import UsageFault, check_writable, output_options
 from commbench.commands.emulate import emulate_options
 from commbench.commands.setup_flags import setup_options
 
@@ -57,7 +57,7 @@ def _common(fn):
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return output_options(append=False)(fn)
 
 
 @click.command("proxy", epilog=PROXY_EXAMPLES)
@@ -96,13 +96,17 @@ def proxy_command(**options) -> None:
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.proxies.run import predict_proxy
 
-        check_writable(cfg.json_path)
+        check_writable(cfg.json_path, "--json", options["force"])
         say_note(plan)
         sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
+    if options["validate"] and options["json_path"]:  # the training twin's file, refused before any work
+        from commbench.proxies.run import train_twin
+
+        check_writable(train_twin(cfg).json_path, "--validate", options["force"])
     try:
-        code = _launch("proxy", cfg, plan)
+        code = _launch("proxy", cfg, plan, options["force"])
         if code == 0 and options["validate"]:
-            code = _validate(cfg, plan, keep=bool(options["json_path"]))
+            code = _validate(cfg, plan, keep=bool(options["json_path"]), force=options["force"])
     finally:
         if options["validate"] and not options["json_path"]:  # records in a folder of our own: kept with --json only
             shutil.rmtree(os.path.dirname(cfg.json_path), ignore_errors=True)
@@ -125,7 +129,7 @@ def train_command(**options) -> None:
     from commbench.commands.proxy_plan import make_config
 
     cfg, plan = make_config(options)
-    job.end(_launch("train", cfg, plan), plan)
+    job.end(_launch("train", cfg, plan, options["force"]), plan)
 
 
 def _usage(call):
@@ -139,16 +143,16 @@ def _usage(call):
         raise UsageFault(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
 
-def _launch(name: str, cfg, plan) -> int:
+def _launch(name: str, cfg, plan, force: bool) -> int:
     from commbench import job
     from commbench.commands.proxy_plan import say_note
 
-    check_writable(cfg.json_path)
+    check_writable(cfg.json_path, "--json", force)
     say_note(plan)
     return job.run(name, cfg, plan, sys.argv)
 
 
-def _validate(cfg, plan, keep: bool) -> int:
+def _validate(cfg, plan, keep: bool, force: bool) -> int:
     from commbench.proxies import run as R
 
     lead = plan.lead
@@ -156,7 +160,7 @@ def _validate(cfg, plan, keep: bool) -> int:
         click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend"
                    + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
-    code = _launch("train", train_cfg, plan)
+    code = _launch("train", train_cfg, plan, force)
     if code == 0 and lead:
         R.report_validation(cfg, train_cfg, show_paths=keep)
     return code
@@ -237,7 +241,8 @@ def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, s
 @click.option("--unit", "sample_unit", default=None, help="What a sample is: images, sequences, ...")
 @click.option("--wrap", default=None, metavar="CLASS[,CLASS...]",
               help="Classes whose modules are sharding units [default: the model family's FSDP wrapping].")
-def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit, wrap) -> None:
+@output_options(append=False)
+def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit, wrap, force) -> None:
     """Build a profile from a model definition (random weights; nothing is downloaded).
 
     \b
@@ -247,12 +252,15 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
     """
     from commbench.proxies import run as R
 
-    check_writable(output)
+    check_writable(output, "-o", force)
     try:
         profile = R.extract_profile(spec, input_shape, name, default_batch, sample_unit, wrap)
     except R.ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
-    profile.save(output)
+    try:
+        profile.save(output)
+    except OSError as exc:
+        raise UsageFault(f"cannot write {output}: {exc.strerror or exc}") from exc
     click.echo(f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors, "
                f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
                f"backward per sample, {len(profile.units)} sharding unit(s); wrote {os.path.abspath(output)}")

@@ -7,7 +7,7 @@ import sys
 import click
 
 from commbench.commands import layout
-from commbench.commands.common import UsageFault, check_outputs, find_job
+from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
 
 SWEEP_EXAMPLES = """
@@ -130,6 +130,7 @@ def _nccl_tests_hint(args: list[str]) -> str:
               help="Write JSON Lines: a header record, one record per point (flushed as measured), a summary.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one CSV row per point.")
+@output_options(append=True)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS",
               help="Stop if a rank dies or no collective completes within this long.")
 @emulate_options
@@ -239,14 +240,16 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
     _check_scale(options, cls, request, device, sizes, world, local_ranks or world)
-    check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]))
+    check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]), force=options["force"],
+                  append=options["append"])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
     cfg = bench.SweepConfig(
         collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
         placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
         backend=request.backend, torch_backend=request.torch_backend, device=device,
-        json_path=options["json_path"], csv_path=options["csv_path"], timeout_s=request.timeout_s,
+        json_path=options["json_path"], csv_path=options["csv_path"], append=options["append"],
+        timeout_s=request.timeout_s,
         algorithm=request.algorithm, topology=request.topology, nprocs=world, hw=request.hw,
         cuda_mode=request.cuda_mode, graph=request.graph, monitor=options["monitor"])
     return cfg, world
