@@ -46,6 +46,7 @@ from commbench.launch import (
     EXIT_DIR_VAR,
     JOB_TAG_VAR,
     interrupt,
+    rank_argv,
     remove_segments,
     stop_all,
     stop_margin_s,
@@ -428,7 +429,7 @@ def node_env(cluster: Cluster, base: dict[str, str] | None = None) -> dict[str, 
 def torchrun_argv(cluster: Cluster, index: int, timeout_s: float, target: Sequence[str]) -> list[str]:
     """Node `index`'s launch: torchrun in the node's namespace, c10d rendezvous served by node 0."""
     join_s = max(10, int(timeout_s))
-    return ["ip", "netns", "exec", cluster.node(index), sys.executable, "-m", "torch.distributed.run",
+    return ["ip", "netns", "exec", cluster.node(index), *rank_argv("torch.distributed.run"),
             "--nnodes", str(cluster.nodes), "--nproc-per-node", str(cluster.ranks_per_node),
             "--local-addr", cluster.address(index),  # what the ranks are told to meet at (not the host name)
             "--rdzv-backend", "c10d",  # node ranks are the rendezvous' order, as on a cluster (no --node-rank)
@@ -494,7 +495,7 @@ def _die_with_parent() -> None:
 
 
 def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
-    """One run on a cluster of its own: remove what killed runs left, build, launch `python -m
+    """One run on a cluster of its own: remove what killed runs left, build, launch `python -P -m
     commbench.job` (the job in `job_env`) on every node, tear down whatever happens; the exit code.
     SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed."""
     gone = clean()
@@ -510,8 +511,8 @@ def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, s
             print(f"commbench: warning: {note}", file=sys.stderr)
         exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
         env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
-        return ranks_exit_code(launch(cluster, ["-m", "commbench.job"], env, timeout_s), exits,
-                               nodes * ranks_per_node)
+        ranks = ["--no-python", *rank_argv("commbench.job")]  # torchrun's own `-m` would put the cwd first
+        return ranks_exit_code(launch(cluster, ranks, env, timeout_s), exits, nodes * ranks_per_node)
     finally:
         if cluster is not None:
             destroy(cluster)

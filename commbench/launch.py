@@ -245,8 +245,18 @@ def peer_wait_s(timeout_s: float) -> float:
     return timeout_s - stop_margin_s(timeout_s)
 
 
+def rank_argv(module: str) -> list[str]:
+    """How a rank (or a node's launcher) starts: `python -P -m module`. -P keeps the working directory
+    off the import path, where `-m` would put it first: a `uuid.py` in the directory the user runs
+    commbench from must not run in every rank (issue 26). Before Python 3.11 (no -P), the same by hand."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", f"import runpy, sys; del sys.path[0]; "
+                                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
 def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_s: float = 300.0) -> int:
-    """Run `python -m <module>` as `nprocs` local ranks; return the job's exit code.
+    """Run `python -P -m <module>` as `nprocs` local ranks; return the job's exit code.
 
     Ranks share this terminal (stdout/stderr are inherited, so rank 0's table and
     progress bar show directly). If a rank fails, the rest get half of the stop margin to
@@ -269,7 +279,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         try:
             for rank in range(nprocs):
                 env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=(watch_read,)))
+                procs.append(subprocess.Popen(rank_argv(module), env=env, pass_fds=(watch_read,)))
         finally:
             os.close(watch_read)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)

@@ -217,6 +217,20 @@ def test_a_checked_sweep_across_two_nodes_takes_its_nodes_from_torchrun(tmp_path
     assert not [c for c in E.clusters() if c.owner_pid is not None and not c.alive()]  # nothing left behind
 
 
+@needs_root
+def test_nodes_import_nothing_from_the_working_directory(tmp_path):
+    """Neither a node's torchrun nor its ranks run a `uuid.py` found where the user runs commbench."""
+    from test_security import plant_modules
+
+    work, marker = tmp_path / "work", tmp_path / "ran"
+    work.mkdir()
+    plant_modules(work, marker)
+    proc = subprocess.run([sys.executable, "-P", "-m", "commbench", *_sweep_args(tmp_path, "--sizes", "1K-2K")],
+                          cwd=work, capture_output=True, text=True, timeout=150, env=clean_env())
+    assert not marker.exists(), marker.read_text()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def _run_until_measuring(tmp_path, *extra):
     """A long emulated sweep started in the background; returns once its first point is written."""
     path = tmp_path / "out.jsonl"
