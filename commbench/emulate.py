@@ -24,6 +24,7 @@ cluster. Ranks of one node share memory (hybrid, shm); ranks of different nodes 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import os
@@ -239,15 +240,44 @@ def destroy(cluster: Cluster) -> None:
 def _kill_inside(names: Sequence[str]) -> None:
     """SIGTERM, then SIGKILL a second later, to every process in these (existing) namespaces."""
     for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
-        pids = [pid for ns in names for pid in _pids(ns)]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        pids = _signal_inside(names, sig)
+        if sig == signal.SIGTERM:
+            _signal_inside(names, signal.SIGCONT)
         deadline = time.monotonic() + wait_s
         while pids and time.monotonic() < deadline and any(_exists(pid) for pid in pids):
             time.sleep(0.05)
+
+
+def _stop_inside(names: Sequence[str]) -> None:
+    _signal_inside(names, signal.SIGTERM)
+    _signal_inside(names, signal.SIGCONT)  # a stopped (hung) process must run to end
+
+
+def _a_rank_failed(folder: str | None) -> bool:
+    """Whether a rank has left a non-zero exit code (job.report_exit) in `folder`."""
+    try:
+        names = os.listdir(folder) if folder else []
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(folder, name), encoding="ascii") as handle:
+                if int(handle.read()) != 0:
+                    return True
+        except (OSError, ValueError):  # being written: looked at again 50 ms later
+            continue
+    return False
+
+
+def _signal_inside(names: Sequence[str], sig: int) -> list[int]:
+    """Send `sig` to every process in these namespaces; their pids."""
+    pids = [pid for ns in names for pid in _pids(ns)]
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
 
 
 def _pids(ns: str) -> list[int]:
@@ -449,6 +479,8 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
     procs: list[subprocess.Popen] = []
     filters: list[threading.Thread] = []
     verbose = bool(os.environ.get(_STDERR_PASS_VAR))
+    wake = functools.partial(_stop_inside, cluster.namespaces)
+    failed = functools.partial(_a_rank_failed, env.get(EXIT_DIR_VAR))
     try:
         for index in range(cluster.nodes):  # every fork before any thread of this process starts
             procs.append(subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
@@ -456,13 +488,16 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
         for proc in procs if not verbose else ():
             filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
             filters[-1].start()
-        code = supervise(procs, grace_s, stop_s + 30.0, "node")  # torchrun stops its ranks before it ends
+        # As a local spawn: a rank's failure starts the grace period (torchrun may take seconds to end), then the
+        # ranks themselves are stopped (a stopped, hung rank too: torchrun would wait 30 s for it)
+        code = supervise(procs, grace_s, stop_s, "node", wake, failed)
     except KeyboardInterrupt:
-        interrupt(procs, stop_s + 30.0)
+        interrupt(procs, stop_s, wake)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         code = 130
     finally:
         stop_all(procs)
+        _signal_inside(cluster.namespaces, signal.SIGKILL)  # a rank its torchrun left holds the stderr pipe open
         for thread in filters:
             thread.join(timeout=2.0)
     return code
@@ -533,15 +568,17 @@ def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
             continue
     missing = [rank for rank in range(world) if rank not in codes]
     positive = [code for code in codes.values() if code > 0]
-    if launchers == 130 or 130 in positive:
+    if launchers == 130:
         return 130
     if launchers == 0 and not positive:
         return 0
+    # 130 from a rank of a run not interrupted: stopped after another rank failed, as a local spawn's are
+    faults = [code for code in positive if code != 130]
     if missing:
         print(f"commbench: rank(s) {', '.join(map(str, missing))} ended without an exit code "
               f"(killed, or out of memory)", file=sys.stderr)
-        return max([3, *positive])
-    return max(positive) if positive else 3
+        return max([3, *faults])
+    return max(faults) if faults else 3
 
 
 def _interrupt_on_term(_signum: int, _frame) -> None:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
@@ -294,19 +294,21 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
-def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what: str = "rank") -> int:
-    """Wait for the ranks (or a node's launchers); when one fails, give the rest `grace_s` to report,
-    then stop them; the job's exit code."""
+def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what: str = "rank",
+              wake: Callable[[], None] = lambda: None, failed: Callable[[], bool] = lambda: False) -> int:
+    """Wait for the ranks (or a node's launchers); when one fails (or `failed()`: a launcher's rank
+    said so), give the rest `grace_s` to report, then stop them (`wake`: their ranks too, see _stop);
+    the job's exit code."""
     failed_at = None
     while True:
         # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
         codes = [proc.poll() for proc in procs]
         if None not in codes:
             return _job_exit_code(procs, [], what)
-        if failed_at is None and any(code not in (None, 0) for code in codes):
+        if failed_at is None and (any(code not in (None, 0) for code in codes) or failed()):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s)
+            stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
             for rank in stopped:
                 print(f"commbench: {what} {rank} was still running {grace_s:.2g} s after another {what} failed; "
                       f"stopped it", file=sys.stderr)
@@ -314,7 +316,7 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what
         time.sleep(POLL_S)
 
 
-def interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
+def interrupt(procs: list[subprocess.Popen], stop_s: float, wake: Callable[[], None] = lambda: None) -> None:
     """Ctrl-C: a terminal signals the whole process group, so the ranks have their SIGINT already;
     this one reaches ranks that had none (a SIGINT sent to this process only), and a rank acts on
     the first it gets only. Ranks then have INTERRUPT_WAIT_S to write their summaries."""
@@ -326,7 +328,7 @@ def interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
         deadline = time.monotonic() + INTERRUPT_WAIT_S
         while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
             time.sleep(POLL_S)
-        _stop(procs, signal.SIGTERM, wait_s=stop_s)
+        _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -336,12 +338,16 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
     _stop(procs, signal.SIGKILL, wait_s=0.0)
 
 
-def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> list[int]:
-    """Signal the ranks still running (waking stopped ones), kill those that outlive `wait_s`."""
+def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float, wake: Callable[[], None] = lambda: None) -> list[int]:
+    """Signal the ranks still running (waking stopped ones), kill those that outlive `wait_s`. `wake`
+    stops the processes these started (a launcher's ranks) alike: a rank is not left to its launcher,
+    which may wait long for it (a stopped rank) or take long to end itself."""
     running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
     for rank in running:
         _signal(procs[rank], sig)
         _signal(procs[rank], signal.SIGCONT)  # a stopped (hung) process must run to handle it
+    if running:
+        wake()
     deadline = time.monotonic() + wait_s
     for rank in running:
         try:
