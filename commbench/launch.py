@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from commbench.environment import memory_limit_bytes
+
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
 EXIT_DIR_VAR = "COMMBENCH_EXIT_DIR"  # where each rank of an emulated run leaves its exit code
@@ -365,6 +367,16 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _why_killed(signum: int) -> str:
+    """SIGKILL from nobody in particular is most often the kernel's: out of memory (a container's or a
+    SLURM job's memory group has its own limit, below the host's RAM)."""
+    if signum != signal.SIGKILL:
+        return ""
+    limit = memory_limit_bytes()
+    allowed = "" if limit is None else f"; this host or its memory group allows {limit / 2**30:.1f} GiB in all"
+    return f" (by hand, or out of memory: the kernel's OOM killer sends SIGKILL{allowed})"
+
+
 def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str = "rank") -> int:
     """The most telling exit code: bad input (2) or a fault (3) beats wrong results (1)."""
     codes = [p.returncode for p in procs]
@@ -374,7 +386,7 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str 
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            print(f"commbench: {what} {rank} was killed by {name}", file=sys.stderr)
+            print(f"commbench: {what} {rank} was killed by {name}{_why_killed(-code)}", file=sys.stderr)
     if all(c == 0 for c in codes):
         return 0
     positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count
