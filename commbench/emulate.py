@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -225,8 +226,7 @@ def _shape(ns: str, dev: str, rate_bps: int) -> None:
 def destroy(cluster: Cluster) -> None:
     """Stop whatever still runs inside the cluster, remove its namespaces (their links go with them),
     its runs' shared memory and its state file. Safe to call on a half-built or half-removed cluster."""
-    listed = set(namespaces())
-    present = [ns for ns in cluster.namespaces if ns in listed]
+    present = [ns for ns in namespaces() if _tag_of(ns) == cluster.tag]  # an orphan node too (cbemu-TAG-n5 alone)
     _kill_inside(present)
     for ns in present:
         _run(["ip", "netns", "del", ns], check=False)
@@ -309,19 +309,29 @@ def clusters() -> list[Cluster]:
     state file removed by hand leaves such namespaces; `clean` then removes them)."""
     listed = namespaces()  # before the state files: a cluster's state is written before its namespaces, so
     found: dict[str, Cluster] = {}  # any namespace seen here has a state file by the time they are read
-    if os.path.isdir(STATE_DIR):
-        for name in sorted(os.listdir(STATE_DIR)):
-            if name.endswith(".json"):
-                cluster = _read_state(os.path.join(STATE_DIR, name))
-                if cluster is not None:
-                    found[cluster.tag] = cluster
+    for name in _state_names():
+        cluster = _read_state(os.path.join(STATE_DIR, name))
+        if cluster is not None and name == f"{cluster.tag}.json":  # a file is its own cluster's only
+            found[cluster.tag] = cluster
     for ns in listed:
-        match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
-        if match and match.group(1) not in found:  # nobody owns it: -1 is no process
-            tag = match.group(1)
+        tag = _tag_of(ns)
+        if tag is not None and tag not in found:  # nobody owns it: -1 is no process
             count = sum(1 for other in listed if other.startswith(f"{PREFIX}{tag}-n"))
             found[tag] = Cluster(tag, count, 0, 0, owner_pid=-1, owner_start=None)
     return list(found.values())
+
+
+def _tag_of(ns: str) -> str | None:
+    """The cluster tag of a namespace commbench makes (cbemu-TAG-sw, cbemu-TAG-nI), else None."""
+    match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
+    return match.group(1) if match else None
+
+
+def _state_names() -> list[str]:
+    try:
+        return sorted(name for name in os.listdir(STATE_DIR) if name.endswith(".json"))
+    except OSError:
+        return []
 
 
 def find(tag: str) -> Cluster:
@@ -332,11 +342,49 @@ def find(tag: str) -> Cluster:
 
 
 def clean() -> list[Cluster]:
-    """Remove every cluster whose owner is gone; the removed ones."""
-    gone = [cluster for cluster in clusters() if not cluster.alive()]
+    """Remove every cluster whose owner is gone, and what runs killed outright left: a state file that
+    is not its cluster's own (a stale or crafted copy: it never names a cluster to remove), a run's
+    exit-code folder whose cluster is gone; the clusters removed."""
+    found = clusters()
+    gone = [cluster for cluster in found if not cluster.alive()]
     for cluster in gone:
         destroy(cluster)
+    for name in _state_names():  # read again: a cluster made meanwhile has a well-formed file of its own
+        cluster = _read_state(os.path.join(STATE_DIR, name))
+        if cluster is None or name != f"{cluster.tag}.json":
+            _remove_file(os.path.join(STATE_DIR, name))
+    folders = _exit_folders()  # before the clusters: a run writes its cluster's state before its folder
+    live = {cluster.tag for cluster in clusters() if cluster.alive()}
+    for name, tag in folders:
+        if tag not in live:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
     return gone
+
+
+def _exit_folders() -> list[tuple[str, str]]:
+    """(name, tag) of this user's exit-code folders (run_job's) in the temporary folder."""
+    folder, found = tempfile.gettempdir(), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        match = re.fullmatch(r"commbench-([0-9a-f]+)-exits-[A-Za-z0-9_]+", name)
+        try:
+            info = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if match and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # not another user's, no link
+            found.append((name, match.group(1)))
+    return found
+
+
+def _remove_file(path: str) -> None:
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _state_path(tag: str) -> str:
