@@ -1,7 +1,7 @@
 """Faults end within the timeout, lose nothing and leave nothing behind.
 
 The fault matrix: kill -9 of each rank, SIGSTOP of a rank (a hang), Ctrl-C, and the commbench
-process itself killed, on gloo, shm, proxy and nccl-tests-mode runs. For each: every process is gone within the
+process itself killed, on gloo, shm and proxy runs. For each: every process is gone within the
 timeout plus 1 s of slack (the slack is for this shared 2-core machine: ranks wait for a peer for
 the timeout less the stop margin, launch.peer_wait_s, and the margin covers the rest), the
 documented exit code, every point measured before the fault still in the JSON Lines with the
@@ -33,11 +33,7 @@ RUNS = {  # backend -> (command, records to wait for before the fault, pause aft
     # the pause puts the fault inside shared-memory waits, not the gloo control plane between points
     "shm": (["sweep", "--backend", "shm", "--sizes", "1M-64M", "--iters", "400", "--warmup", "2"], 2, 0.3),
     "proxy": (["proxy", "resnet18", "--nprocs", "2", "--batch", "2", "--tflops", "0.2", "--steps", "1000"], 3, 0.0),
-    # nccl-tests' own command line (-J the JSON, -T the timeout): the same job underneath, its faults alike
-    "nccl-tests": (["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "64K", "-f", "2", "-n", "400", "-w", "2",
-                    "-g", "2"], 2, 0.0),
 }
-OUTPUT_FLAGS = {"nccl-tests": ("-J", "-T")}  # backend -> its (--json, --timeout)
 FAULTS = {  # fault -> (rank it hits, exit code, summary status, what stderr says)
     "kill rank 0": (0, 3, {"failed"}, "rank 0 was killed by SIGKILL"),
     "kill rank 1": (1, 3, {"failed"}, "rank 1 was killed by SIGKILL"),
@@ -48,8 +44,7 @@ FAULTS = {  # fault -> (rank it hits, exit code, summary status, what stderr say
 }
 MATRIX = {"gloo": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
           "shm": ("kill rank 0", "kill rank 1", "stop rank 1", "ctrl-c", "kill commbench"),
-          "proxy": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
-          "nccl-tests": ("kill rank 0", "kill rank 1", "stop rank 1", "ctrl-c", "kill commbench")}
+          "proxy": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench")}
 
 
 @dataclass
@@ -94,8 +89,7 @@ def run_fault(tmp_path, backend, fault):
     folder = tmp_path / f"{backend}-{fault.replace(' ', '-')}"
     (folder / "tmp").mkdir(parents=True)
     path = folder / "r.jsonl"
-    json_flag, timeout_flag = OUTPUT_FLAGS.get(backend, ("--json", "--timeout"))
-    proc = subprocess.Popen([sys.executable, "-m", "commbench", *args, json_flag, str(path), timeout_flag,
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", *args, "--json", str(path), "--timeout",
                              f"{TIMEOUT_S:g}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=clean_env(TMPDIR=str(folder / "tmp")), start_new_session=True,
                             preexec_fn=default_sigint)
