@@ -24,6 +24,7 @@ cluster. Ranks of one node share memory (hybrid, shm); ranks of different nodes 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,7 @@ from commbench.launch import (
     EXIT_DIR_VAR,
     JOB_TAG_VAR,
     interrupt,
+    rank_argv,
     remove_segments,
     stop_all,
     stop_margin_s,
@@ -223,8 +226,7 @@ def _shape(ns: str, dev: str, rate_bps: int) -> None:
 def destroy(cluster: Cluster) -> None:
     """Stop whatever still runs inside the cluster, remove its namespaces (their links go with them),
     its runs' shared memory and its state file. Safe to call on a half-built or half-removed cluster."""
-    listed = set(namespaces())
-    present = [ns for ns in cluster.namespaces if ns in listed]
+    present = [ns for ns in namespaces() if _tag_of(ns) == cluster.tag]  # an orphan node too (cbemu-TAG-n5 alone)
     _kill_inside(present)
     for ns in present:
         _run(["ip", "netns", "del", ns], check=False)
@@ -238,15 +240,44 @@ def destroy(cluster: Cluster) -> None:
 def _kill_inside(names: Sequence[str]) -> None:
     """SIGTERM, then SIGKILL a second later, to every process in these (existing) namespaces."""
     for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
-        pids = [pid for ns in names for pid in _pids(ns)]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        pids = _signal_inside(names, sig)
+        if sig == signal.SIGTERM:
+            _signal_inside(names, signal.SIGCONT)
         deadline = time.monotonic() + wait_s
         while pids and time.monotonic() < deadline and any(_exists(pid) for pid in pids):
             time.sleep(0.05)
+
+
+def _stop_inside(names: Sequence[str]) -> None:
+    _signal_inside(names, signal.SIGTERM)
+    _signal_inside(names, signal.SIGCONT)  # a stopped (hung) process must run to end
+
+
+def _a_rank_failed(folder: str | None) -> bool:
+    """Whether a rank has left a non-zero exit code (job.report_exit) in `folder`."""
+    try:
+        names = os.listdir(folder) if folder else []
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(folder, name), encoding="ascii") as handle:
+                if int(handle.read()) != 0:
+                    return True
+        except (OSError, ValueError):  # being written: looked at again 50 ms later
+            continue
+    return False
+
+
+def _signal_inside(names: Sequence[str], sig: int) -> list[int]:
+    """Send `sig` to every process in these namespaces; their pids."""
+    pids = [pid for ns in names for pid in _pids(ns)]
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
 
 
 def _pids(ns: str) -> list[int]:
@@ -278,19 +309,29 @@ def clusters() -> list[Cluster]:
     state file removed by hand leaves such namespaces; `clean` then removes them)."""
     listed = namespaces()  # before the state files: a cluster's state is written before its namespaces, so
     found: dict[str, Cluster] = {}  # any namespace seen here has a state file by the time they are read
-    if os.path.isdir(STATE_DIR):
-        for name in sorted(os.listdir(STATE_DIR)):
-            if name.endswith(".json"):
-                cluster = _read_state(os.path.join(STATE_DIR, name))
-                if cluster is not None:
-                    found[cluster.tag] = cluster
+    for name in _state_names():
+        cluster = _read_state(os.path.join(STATE_DIR, name))
+        if cluster is not None and name == f"{cluster.tag}.json":  # a file is its own cluster's only
+            found[cluster.tag] = cluster
     for ns in listed:
-        match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
-        if match and match.group(1) not in found:  # nobody owns it: -1 is no process
-            tag = match.group(1)
+        tag = _tag_of(ns)
+        if tag is not None and tag not in found:  # nobody owns it: -1 is no process
             count = sum(1 for other in listed if other.startswith(f"{PREFIX}{tag}-n"))
             found[tag] = Cluster(tag, count, 0, 0, owner_pid=-1, owner_start=None)
     return list(found.values())
+
+
+def _tag_of(ns: str) -> str | None:
+    """The cluster tag of a namespace commbench makes (cbemu-TAG-sw, cbemu-TAG-nI), else None."""
+    match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
+    return match.group(1) if match else None
+
+
+def _state_names() -> list[str]:
+    try:
+        return sorted(name for name in os.listdir(STATE_DIR) if name.endswith(".json"))
+    except OSError:
+        return []
 
 
 def find(tag: str) -> Cluster:
@@ -301,11 +342,49 @@ def find(tag: str) -> Cluster:
 
 
 def clean() -> list[Cluster]:
-    """Remove every cluster whose owner is gone; the removed ones."""
-    gone = [cluster for cluster in clusters() if not cluster.alive()]
+    """Remove every cluster whose owner is gone, and what runs killed outright left: a state file that
+    is not its cluster's own (a stale or crafted copy: it never names a cluster to remove), a run's
+    exit-code folder whose cluster is gone; the clusters removed."""
+    found = clusters()
+    gone = [cluster for cluster in found if not cluster.alive()]
     for cluster in gone:
         destroy(cluster)
+    for name in _state_names():  # read again: a cluster made meanwhile has a well-formed file of its own
+        cluster = _read_state(os.path.join(STATE_DIR, name))
+        if cluster is None or name != f"{cluster.tag}.json":
+            _remove_file(os.path.join(STATE_DIR, name))
+    folders = _exit_folders()  # before the clusters: a run writes its cluster's state before its folder
+    live = {cluster.tag for cluster in clusters() if cluster.alive()}
+    for name, tag in folders:
+        if tag not in live:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
     return gone
+
+
+def _exit_folders() -> list[tuple[str, str]]:
+    """(name, tag) of this user's exit-code folders (run_job's) in the temporary folder."""
+    folder, found = tempfile.gettempdir(), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        match = re.fullmatch(r"commbench-([0-9a-f]+)-exits-[A-Za-z0-9_]+", name)
+        try:
+            info = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if match and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # not another user's, no link
+            found.append((name, match.group(1)))
+    return found
+
+
+def _remove_file(path: str) -> None:
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _state_path(tag: str) -> str:
@@ -428,7 +507,7 @@ def node_env(cluster: Cluster, base: dict[str, str] | None = None) -> dict[str, 
 def torchrun_argv(cluster: Cluster, index: int, timeout_s: float, target: Sequence[str]) -> list[str]:
     """Node `index`'s launch: torchrun in the node's namespace, c10d rendezvous served by node 0."""
     join_s = max(10, int(timeout_s))
-    return ["ip", "netns", "exec", cluster.node(index), sys.executable, "-m", "torch.distributed.run",
+    return ["ip", "netns", "exec", cluster.node(index), *rank_argv("torch.distributed.run"),
             "--nnodes", str(cluster.nodes), "--nproc-per-node", str(cluster.ranks_per_node),
             "--local-addr", cluster.address(index),  # what the ranks are told to meet at (not the host name)
             "--rdzv-backend", "c10d",  # node ranks are the rendezvous' order, as on a cluster (no --node-rank)
@@ -448,6 +527,8 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
     procs: list[subprocess.Popen] = []
     filters: list[threading.Thread] = []
     verbose = bool(os.environ.get(_STDERR_PASS_VAR))
+    wake = functools.partial(_stop_inside, cluster.namespaces)
+    failed = functools.partial(_a_rank_failed, env.get(EXIT_DIR_VAR))
     try:
         for index in range(cluster.nodes):  # every fork before any thread of this process starts
             procs.append(subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
@@ -455,13 +536,16 @@ def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout
         for proc in procs if not verbose else ():
             filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
             filters[-1].start()
-        code = supervise(procs, grace_s, stop_s + 30.0, "node")  # torchrun stops its ranks before it ends
+        # As a local spawn: a rank's failure starts the grace period (torchrun may take seconds to end), then the
+        # ranks themselves are stopped (a stopped, hung rank too: torchrun would wait 30 s for it)
+        code = supervise(procs, grace_s, stop_s, "node", wake, failed)
     except KeyboardInterrupt:
-        interrupt(procs, stop_s + 30.0)
+        interrupt(procs, stop_s, wake)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
         code = 130
     finally:
         stop_all(procs)
+        _signal_inside(cluster.namespaces, signal.SIGKILL)  # a rank its torchrun left holds the stderr pipe open
         for thread in filters:
             thread.join(timeout=2.0)
     return code
@@ -494,7 +578,7 @@ def _die_with_parent() -> None:
 
 
 def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
-    """One run on a cluster of its own: remove what killed runs left, build, launch `python -m
+    """One run on a cluster of its own: remove what killed runs left, build, launch `python -P -m
     commbench.job` (the job in `job_env`) on every node, tear down whatever happens; the exit code.
     SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed."""
     gone = clean()
@@ -510,8 +594,8 @@ def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, s
             print(f"commbench: warning: {note}", file=sys.stderr)
         exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
         env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
-        return ranks_exit_code(launch(cluster, ["-m", "commbench.job"], env, timeout_s), exits,
-                               nodes * ranks_per_node)
+        ranks = ["--no-python", *rank_argv("commbench.job")]  # torchrun's own `-m` would put the cwd first
+        return ranks_exit_code(launch(cluster, ranks, env, timeout_s), exits, nodes * ranks_per_node)
     finally:
         if cluster is not None:
             destroy(cluster)
@@ -532,15 +616,17 @@ def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
             continue
     missing = [rank for rank in range(world) if rank not in codes]
     positive = [code for code in codes.values() if code > 0]
-    if launchers == 130 or 130 in positive:
+    if launchers == 130:
         return 130
     if launchers == 0 and not positive:
         return 0
+    # 130 from a rank of a run not interrupted: stopped after another rank failed, as a local spawn's are
+    faults = [code for code in positive if code != 130]
     if missing:
         print(f"commbench: rank(s) {', '.join(map(str, missing))} ended without an exit code "
               f"(killed, or out of memory)", file=sys.stderr)
-        return max([3, *positive])
-    return max(positive) if positive else 3
+        return max([3, *faults])
+    return max(faults) if faults else 3
 
 
 def _interrupt_on_term(_signum: int, _frame) -> None:

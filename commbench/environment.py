@@ -117,3 +117,47 @@ def usable_cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+def memory_limit_bytes(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> int | None:
+    """The memory this process may use: the host's RAM, or its memory group's limit when lower (a
+    container, a SLURM job: cgroup v2 memory.max, v1 memory.limit_in_bytes). Every check of memory
+    reads this, so that a run refused or warned of is refused in a group as on the bare host."""
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no estimate
+        host = None
+    limits = [limit for limit in _cgroup_limits(cgroup_root, proc_self) if limit > 0]
+    return min([*limits, *([host] if host else [])], default=None)
+
+
+def _cgroup_limits(cgroup_root: str, proc_self: str) -> list[int]:
+    """The memory limits of this process's groups (v2 memory.max, v1 memory.limit_in_bytes), each
+    group from its own up to the root: a parent's limit holds for its children."""
+    try:
+        with open(proc_self, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one unified hierarchy
+            folder, name = cgroup_root, "memory.max"
+        elif "memory" in controllers.split(","):
+            folder, name = os.path.join(cgroup_root, "memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [part for part in path.split("/") if part and part != ".."]
+        for depth in range(len(parts), -1, -1):
+            limits += _read_limit(os.path.join(folder, *parts[:depth], name))
+    return limits
+
+
+def _read_limit(path: str) -> list[int]:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [int(text)] if text.isdigit() else []  # "max": no limit

@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from commbench.environment import memory_limit_bytes
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
@@ -245,8 +247,18 @@ def peer_wait_s(timeout_s: float) -> float:
     return timeout_s - stop_margin_s(timeout_s)
 
 
+def rank_argv(module: str) -> list[str]:
+    """How a rank (or a node's launcher) starts: `python -P -m module`. -P keeps the working directory
+    off the import path, where `-m` would put it first: a `uuid.py` in the directory the user runs
+    commbench from must not run in every rank (issue 26). Before Python 3.11 (no -P), the same by hand."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", f"import runpy, sys; del sys.path[0]; "
+                                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
 def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_s: float = 300.0) -> int:
-    """Run `python -m <module>` as `nprocs` local ranks; return the job's exit code.
+    """Run `python -P -m <module>` as `nprocs` local ranks; return the job's exit code.
 
     Ranks share this terminal (stdout/stderr are inherited, so rank 0's table and
     progress bar show directly). If a rank fails, the rest get half of the stop margin to
@@ -269,7 +281,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         try:
             for rank in range(nprocs):
                 env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=(watch_read,)))
+                procs.append(subprocess.Popen(rank_argv(module), env=env, pass_fds=(watch_read,)))
         finally:
             os.close(watch_read)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -284,19 +296,21 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         remove_segments(job)  # a rank killed outright cannot clean up after itself
 
 
-def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what: str = "rank") -> int:
-    """Wait for the ranks (or a node's launchers); when one fails, give the rest `grace_s` to report,
-    then stop them; the job's exit code."""
+def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what: str = "rank",
+              wake: Callable[[], None] = lambda: None, failed: Callable[[], bool] = lambda: False) -> int:
+    """Wait for the ranks (or a node's launchers); when one fails (or `failed()`: a launcher's rank
+    said so), give the rest `grace_s` to report, then stop them (`wake`: their ranks too, see _stop);
+    the job's exit code."""
     failed_at = None
     while True:
         # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
         codes = [proc.poll() for proc in procs]
         if None not in codes:
             return _job_exit_code(procs, [], what)
-        if failed_at is None and any(code not in (None, 0) for code in codes):
+        if failed_at is None and (any(code not in (None, 0) for code in codes) or failed()):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s)
+            stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
             for rank in stopped:
                 print(f"commbench: {what} {rank} was still running {grace_s:.2g} s after another {what} failed; "
                       f"stopped it", file=sys.stderr)
@@ -304,7 +318,7 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what
         time.sleep(POLL_S)
 
 
-def interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
+def interrupt(procs: list[subprocess.Popen], stop_s: float, wake: Callable[[], None] = lambda: None) -> None:
     """Ctrl-C: a terminal signals the whole process group, so the ranks have their SIGINT already;
     this one reaches ranks that had none (a SIGINT sent to this process only), and a rank acts on
     the first it gets only. Ranks then have INTERRUPT_WAIT_S to write their summaries."""
@@ -316,7 +330,7 @@ def interrupt(procs: list[subprocess.Popen], stop_s: float) -> None:
         deadline = time.monotonic() + INTERRUPT_WAIT_S
         while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
             time.sleep(POLL_S)
-        _stop(procs, signal.SIGTERM, wait_s=stop_s)
+        _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -326,12 +340,16 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
     _stop(procs, signal.SIGKILL, wait_s=0.0)
 
 
-def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> list[int]:
-    """Signal the ranks still running (waking stopped ones), kill those that outlive `wait_s`."""
+def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float, wake: Callable[[], None] = lambda: None) -> list[int]:
+    """Signal the ranks still running (waking stopped ones), kill those that outlive `wait_s`. `wake`
+    stops the processes these started (a launcher's ranks) alike: a rank is not left to its launcher,
+    which may wait long for it (a stopped rank) or take long to end itself."""
     running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
     for rank in running:
         _signal(procs[rank], sig)
         _signal(procs[rank], signal.SIGCONT)  # a stopped (hung) process must run to handle it
+    if running:
+        wake()
     deadline = time.monotonic() + wait_s
     for rank in running:
         try:
@@ -349,6 +367,16 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _why_killed(signum: int) -> str:
+    """SIGKILL from nobody in particular is most often the kernel's: out of memory (a container's or a
+    SLURM job's memory group has its own limit, below the host's RAM)."""
+    if signum != signal.SIGKILL:
+        return ""
+    limit = memory_limit_bytes()
+    allowed = "" if limit is None else f"; this host or its memory group allows {limit / 2**30:.1f} GiB in all"
+    return f" (by hand, or out of memory: the kernel's OOM killer sends SIGKILL{allowed})"
+
+
 def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str = "rank") -> int:
     """The most telling exit code: bad input (2) or a fault (3) beats wrong results (1)."""
     codes = [p.returncode for p in procs]
@@ -358,7 +386,7 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str 
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            print(f"commbench: {what} {rank} was killed by {name}", file=sys.stderr)
+            print(f"commbench: {what} {rank} was killed by {name}{_why_killed(-code)}", file=sys.stderr)
     if all(c == 0 for c in codes):
         return 0
     positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count

@@ -29,6 +29,7 @@ class _Waiter:
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.launched = 0
         self.finished: list = []  # results taken from `done` so far in this step (wait_for)
+        self.error: BaseException | None = None  # the first call that failed, for the compute to see (watch)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -42,6 +43,7 @@ class _Waiter:
             try:
                 self.done.put(self.finish(item))
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
+                self.error = self.error or exc
                 self.done.put(exc)
 
     def submit(self, item: Any) -> None:
@@ -79,6 +81,7 @@ class ThreadChannel:
     def __init__(self, calls: list[Callable[[], None]], synchronize: Callable[[], None], clock: SleepClock):
         self.calls, self.synchronize, self.clock = calls, synchronize, clock
         self.waiter = _Waiter(self._run_one, None, "commbench-comm")
+        clock.watch(lambda: self.waiter.error)
 
     def _run_one(self, bucket: int) -> tuple[float, float]:
         start = self.clock.now_us()
@@ -114,6 +117,7 @@ class WorkChannel:
         self.sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
         init = (lambda: torch.cuda.set_device(device)) if on_gpu else None
         self.waiter = _Waiter(self._finish, init, "commbench-wait")
+        clock.watch(lambda: self.waiter.error)
 
     def _finish(self, item: tuple[float, Any]) -> tuple[float, float]:
         start, work = item

@@ -224,14 +224,18 @@ def _free_bytes(device: str) -> int | None:
         import torch
 
         return torch.cuda.mem_get_info()[0]
+    from commbench.environment import memory_limit_bytes
+
+    limit = memory_limit_bytes()  # a memory group's limit holds however much the host has free
     try:
         with open("/proc/meminfo", encoding="utf-8") as handle:
             for line in handle:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    return min(available, limit) if limit else available
     except OSError:
         pass
-    return None
+    return limit
 
 
 # ---------------------------------------------------------------- one rank of `commbench train`

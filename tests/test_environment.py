@@ -37,3 +37,30 @@ def test_the_last_level_cache_is_the_highest_data_level(tmp_path):
     assert last_level_cache_bytes(_cache_dir(tmp_path / "c", {"index0": (3, "Unified", "lots")})) is None
     assert last_level_cache_bytes(str(tmp_path / "missing")) is None
     assert "llc_bytes" in local_environment("cpu")
+
+
+def _group(root, relative, name, text):
+    folder = root.joinpath(*[part for part in relative.split("/") if part])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+
+
+def test_the_memory_limit_is_the_memory_groups_when_lower(tmp_path):
+    """cgroup v2 (memory.max) and v1 (memory.limit_in_bytes), the group's own limit or a parent's,
+    "max" and v1's near-2^63 "unlimited" ignored; the host's RAM otherwise."""
+    from commbench.environment import memory_limit_bytes
+
+    host = memory_limit_bytes(str(tmp_path / "none"), str(tmp_path / "none"))
+    assert host and host > 1 << 28  # no group to read: the host's RAM
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (tmp_path / "v2.cgroup").write_text("0::/job/step\n")
+    _group(v2, "/job/step", "memory.max", "max\n")
+    _group(v2, "/job", "memory.max", f"{3 << 30}\n")  # the parent's limit holds for its children
+    assert memory_limit_bytes(str(v2), str(tmp_path / "v2.cgroup")) == min(3 << 30, host)
+    (tmp_path / "v1.cgroup").write_text("4:memory:/process_api/abc\n3:cpuset:/\n")
+    _group(v1, "/memory/process_api/abc", "memory.limit_in_bytes", f"{1 << 30}\n")
+    _group(v1, "/memory", "memory.limit_in_bytes", "9223372036854771712\n")
+    assert memory_limit_bytes(str(v1), str(tmp_path / "v1.cgroup")) == 1 << 30
+    (tmp_path / "inside.cgroup").write_text("4:memory:/not/mounted/here\n")  # a container sees its group as /
+    _group(tmp_path / "inside", "/memory", "memory.limit_in_bytes", f"{2 << 30}\n")
+    assert memory_limit_bytes(str(tmp_path / "inside"), str(tmp_path / "inside.cgroup")) == 2 << 30

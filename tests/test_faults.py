@@ -196,6 +196,41 @@ def test_emulated_compute_honours_the_timeout(monkeypatch):
     assert not stopped.value.planned and 0.2 <= time.monotonic() - started < 2
 
 
+def test_the_wall_limit_holds_per_stretch_of_compute(monkeypatch):
+    """A loaded host (this thread gets half a core) stretches a step's compute past the limit in wall
+    time, while no stretch between two calls (what a peer waits for) comes near it: the step runs
+    (issue 26: `proxy resnet18 --timeout 10` failed at load 4 with "still running after 7 s")."""
+    from commbench.proxies import timeline as T
+
+    monkeypatch.setattr(T.time, "thread_time", lambda: time.perf_counter() / 2)  # half a core, whatever the load
+    clock = T.CpuClock(limit_s=0.5)
+    clock.begin()
+    for stretch in range(1, 9):  # 8 stretches of 0.05 s CPU time, 0.1 s of wall time each: 0.8 s in all
+        clock.compute_until(stretch * 5e4)
+
+
+@pytest.mark.parametrize("clock_class", ["SleepClock", "CpuClock"])
+def test_a_failed_call_ends_the_compute_that_overlaps_it(clock_class):
+    """A bucket's allreduce fails (a dead peer) while the backward is still computing: the compute
+    raises that error, rather than running the stretch out while commbench stops the rank as hung
+    (issue 26: the killed proxy rank left rank 0's summary `interrupted`, not `failed`)."""
+    from commbench.proxies import timeline as T
+    from commbench.proxies.channels import ThreadChannel
+
+    def dead_peer():
+        raise ConnectionError("Connection closed by peer")
+
+    clock = getattr(T, clock_class)(limit_s=60)
+    channel = ThreadChannel([dead_peer], lambda: None, clock)
+    try:
+        clock.begin()
+        channel.launch(0)
+        with pytest.raises(ConnectionError, match="closed by peer"):
+            clock.compute_until(5e6)  # 5 s of compute left: run out to the end, it would not raise
+    finally:
+        channel.close()
+
+
 def _torch_import_vm_bytes() -> int:
     """Peak virtual memory of a process that has imported torch and torch.distributed."""
     code = ("import torch, torch.distributed\n"

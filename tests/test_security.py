@@ -108,6 +108,26 @@ def _outward_address() -> str | None:
     return None if ipaddress.ip_address(address).is_loopback else address
 
 
+def plant_modules(folder, marker):
+    """Modules named as the standard library's that a rank imports (uuid: launch.py's job ids), each
+    writing `marker` when imported: the trap of issue 26 (`python -m` puts the cwd first)."""
+    for name in ("uuid", "selectors", "secrets"):
+        (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+
+
+def test_ranks_import_nothing_from_the_working_directory(tmp_path):
+    """A `uuid.py` where the user runs commbench does not run in the ranks; the sweep succeeds. The
+    parent runs with -P here, as the `commbench` script does, so that only the ranks are tested."""
+    work, marker = tmp_path / "work", tmp_path / "ran"
+    work.mkdir()
+    plant_modules(work, marker)
+    proc = subprocess.run([sys.executable, "-P", "-m", "commbench", "sweep", "--nprocs", "2", "--sizes", "1K",
+                           "--iters", "2", "--warmup", "1", "--timeout", "60", "--json", str(tmp_path / "r.jsonl")],
+                          cwd=work, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert not marker.exists(), marker.read_text()
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net")
 def test_local_spawn_listens_on_loopback_only(tmp_path):
     """Every socket the two ranks listen on, sampled through the run, is on 127.0.0.1, the store's

@@ -9,14 +9,15 @@ that every command refuses alike.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from commbench.commands.common import UsageFault
+from commbench.environment import memory_limit_bytes, usable_cpus
 
 LONGEST_S = 7 * 24 * 3600.0  # a week: --timeout, --min-time beyond this is a typo, and torch overflows past ~1e8 s
 SHORTEST_TIMEOUT_S = 1.0  # below this gloo's rendezvous cannot complete: the run could only time out
 RANKS_PER_CORE = 4  # local ranks beyond this many per core starve each other (docs/launching.md)
+OVERSUBSCRIBED_RANKS_PER_CORE = 32  # the ceiling --oversubscribe lifts the limit to: each rank is a process
 RANK_MEMORY_BYTES = 400 << 20  # what one local CPU rank costs before its buffers (python + torch + gloo), measured
 
 
@@ -60,29 +61,30 @@ def _show(value: float | int) -> str:
 
 def check_local_ranks(ranks: int, oversubscribe: bool, what: str = "local ranks") -> None:
     """Refuse more local ranks than this host's cores and memory carry, unless told to
-    (`--oversubscribe`): each rank is a Python process with torch and gloo."""
+    (`--oversubscribe`): each rank is a Python process with torch and gloo. Even then, not more
+    than OVERSUBSCRIBED_RANKS_PER_CORE per core: `--nprocs 100000 --oversubscribe` would fork
+    without bound (issue 26)."""
+    cores = usable_cpus() or 1
+    if ranks > OVERSUBSCRIBED_RANKS_PER_CORE * cores:
+        raise UsageFault(f"{ranks} {what} on {cores} core(s): at most {OVERSUBSCRIBED_RANKS_PER_CORE} per core, "
+                         f"--oversubscribe or not (each rank is a process)")
     if oversubscribe:
         return
-    cores = os.cpu_count() or 1
-    limit = RANKS_PER_CORE * cores
-    if ranks > limit:
+    if ranks > RANKS_PER_CORE * cores:
         raise UsageFault(f"{ranks} {what} on {cores} core(s): more than {RANKS_PER_CORE} per core starve each "
                          f"other; add --oversubscribe to run them anyway")
-    memory = _memory_bytes()
+    memory = memory_limit_bytes()
     if memory and ranks * RANK_MEMORY_BYTES > memory:
         raise UsageFault(f"{ranks} {what} need about {ranks * RANK_MEMORY_BYTES / 2**30:.1f} GiB before any buffer; "
-                         f"this host has {memory / 2**30:.1f} GiB (add --oversubscribe to try anyway)")
+                         f"{_memory_text(memory)} (add --oversubscribe to try anyway)")
 
 
 def check_memory(nbytes: int, what: str) -> None:
     """Refuse a run whose buffers cannot fit in this host's memory (one line, exit 2)."""
-    memory = _memory_bytes()
+    memory = memory_limit_bytes()
     if memory and nbytes > memory:
-        raise UsageFault(f"{what} need {nbytes / 2**30:.1f} GiB; this host has {memory / 2**30:.1f} GiB")
+        raise UsageFault(f"{what} need {nbytes / 2**30:.1f} GiB; {_memory_text(memory)}")
 
 
-def _memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no estimate, no refusal
-        return None
+def _memory_text(memory: int) -> str:
+    return f"this host (or its memory group) allows {memory / 2**30:.1f} GiB"

@@ -138,11 +138,12 @@ def check_host_schedules(scratch: Path, timeout_s: float) -> str:
 
 def sweep(scratch: Path, name: str, args: list[str], timeout_s: float) -> list[dict]:
     """A checked `commbench sweep` in a child process; its result records, or Failed."""
+    from commbench.launch import rank_argv
     from commbench.results import read_records
 
     path = scratch / f"{name}.jsonl"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    command = [sys.executable, "-m", "commbench", "sweep", *args, *SWEEP_ARGS, "--timeout", f"{timeout_s:g}",
+    command = [*rank_argv("commbench"), "sweep", *args, *SWEEP_ARGS, "--timeout", f"{timeout_s:g}",
                "--json", str(path)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + 30, env=env, check=False)
