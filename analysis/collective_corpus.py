@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -24,7 +25,6 @@ from typing import Any
 from commbench import collectives as C
 from commbench.analysis import calibration
 from commbench.analysis.costmodel import Hardware, HardwareError, load_hardware
-from commbench.topology import Topology
 
 COLLECTIVES_PATH = os.path.join(os.path.dirname(__file__), "corpus", "collectives.json")
 ALGORITHM = "auto"  # what the rows are predicted with: predict's default
@@ -134,30 +134,23 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def predicted_us(corpus: Corpus, row: Row) -> float:
-    """What `commbench predict --hw SYSTEM -c COLLECTIVE --sizes NBYTES -T NODESxGPUS` prints for the row."""
-    from commbench.analysis.predict import predict_point
-
-    topo = Topology(row.nodes, row.gpus_per_node)
-    hw = replace(corpus.systems[row.system], ranks_per_node=row.gpus_per_node)
-    return predict_point(hw, row.collective, row.nbytes, C.resolve_dtype("float32"), topo, ALGORITHM).time_us
-
-
-def residuals(corpus: Corpus) -> dict[str, list[float]]:
-    """ln(measured / predicted time) of every row, by source (calibration.leave_one_source_out's input)."""
+def residuals(corpus: Corpus, predicted_us: Callable[[Hardware, Row], float]) -> dict[str, list[float]]:
+    """ln(measured / predicted time) of every row, by source (calibration.leave_one_source_out's input);
+    `predicted_us(hardware, row)` is what `commbench predict` prints for it (analysis/predict.py's row_us)."""
     out: dict[str, list[float]] = {}
     for row in corpus.rows:
-        out.setdefault(row.source, []).append(math.log(row.measured_us / predicted_us(corpus, row)))
+        hw = replace(corpus.systems[row.system], ranks_per_node=row.gpus_per_node)
+        out.setdefault(row.source, []).append(math.log(row.measured_us / predicted_us(hw, row)))
     return out
 
 
-@lru_cache(maxsize=1)
-def shipped_bounds() -> tuple[float, float]:
+@lru_cache(maxsize=4)
+def shipped_bounds(predicted_us: Callable[[Hardware, Row], float]) -> tuple[float, float]:
     """The log-time offsets (low, high) of the shipped corpus, every source (computed once a process)."""
-    return calibration.bounds([r for values in residuals(load_collectives()).values() for r in values])
+    return calibration.bounds([r for values in residuals(load_collectives(), predicted_us).values() for r in values])
 
 
-def time_interval_us(time_us: float, offsets: tuple[float, float] | None = None) -> tuple[float, float]:
+def time_interval_us(time_us: float, offsets: tuple[float, float]) -> tuple[float, float]:
     """The 80% interval of a predicted time without a fit: t exp(r_lo), t exp(r_hi)."""
-    low, high = offsets or shipped_bounds()
+    low, high = offsets
     return time_us * math.exp(low), time_us * math.exp(high)
