@@ -1,5 +1,5 @@
 """Published collective measurements (analysis/corpus/collectives.json) and the calibrated interval they
-give `commbench predict` without a fit (docs/model.md, "Intervals without a fit").
+give `commbench predict` without a fit (docs/model.md, "`predict` without a fit").
 
 A row is one published nccl-tests figure: a system (a preset, with the figures the source's own
 description changes), nodes x GPUs, a collective, a size and the busbw (and time, where printed). Its
