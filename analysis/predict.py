@@ -1,11 +1,15 @@
 """Predict collective times from a hardware description: the same Schedule the backends run,
-costed round by round (costmodel.schedule_us), written as Result records of kind `predicted`."""
+costed round by round (costmodel.schedule_us), written as Result records of kind `predicted`, each with
+its 80% interval and where it comes from (`interval_source`): a fitted file's resamples (jackknife+,
+analysis/intervals.py), else the published collectives corpus's calibration (analysis/collective_corpus.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from commbench import algorithms
 from commbench import collectives as C
+from commbench.analysis import collective_corpus
+from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
 from commbench.analysis.costmodel import Hardware, schedule_us
 from commbench.analysis.intervals import schedule_interval_us
 from commbench.results import Result, point_result
@@ -27,11 +31,23 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
         return None
     schedule = algorithms.build(collective, algorithm, topo, plan.count, plan.nbytes, root)
     time_us = schedule_us(schedule, topo, hw, dtype.itemsize)
-    interval = schedule_interval_us(hw, schedule, topo, dtype.itemsize, time_us)
+    interval, source = schedule_interval_us(hw, schedule, topo, dtype.itemsize, time_us), FIT_PROVENANCE
+    if interval is None:  # no fit resamples (a preset, a hand-written file) or a level the fit did not measure
+        interval = collective_corpus.time_interval_us(time_us, collective_corpus.shipped_bounds(row_us))
+        source = CORPUS_PROVENANCE
     result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
                           placement="in-place", nnodes=topo.nodes, backend="model", library=hw.name, device="-",
                           time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted")
-    return replace(result, interval_us=list(interval)) if interval else result
+    return replace(result, interval_us=list(interval), interval_source=source)
+
+
+def row_us(hw: Hardware, row: collective_corpus.Row) -> float:
+    """The time `commbench predict` gives a published row (float32, the corpus's algorithm): its residual's
+    denominator, costed as predict_point costs."""
+    topo = Topology(row.nodes, row.gpus_per_node)
+    plan = C.plan(row.collective, row.nbytes, C.resolve_dtype("float32"), topo.world)
+    schedule = algorithms.build(row.collective, collective_corpus.ALGORITHM, topo, plan.count, plan.nbytes, 0)
+    return schedule_us(schedule, topo, hw, 4)
 
 
 def predict(hw: Hardware, collectives: list[str], sizes: list[int], dtype: C.DType, topo: Topology,

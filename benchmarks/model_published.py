@@ -12,9 +12,13 @@ Intervals: split-conformal on the residuals, leave-one-source-out (analysis/cali
 source's rows get the 80% interval calibrated on the other sources' rows only.
 
     python benchmarks/model_published.py [--out DIR] [--json FILE] [--write-calibration]
+    python benchmarks/model_published.py --collectives
 
 DIR keeps the profiles it extracts (torchvision ResNeXt, transformers Transformer-XL); --write-calibration
 writes analysis/corpus/calibration.json from the kept model's residuals (every source).
+--collectives predicts the published nccl-tests figures instead (analysis/corpus/collectives.json), as
+`commbench predict --algorithm auto` does from each system's description, and reports the error and the
+leave-one-source-out coverage of the 80% interval that `predict` prints without a fit.
 """
 from __future__ import annotations
 
@@ -146,7 +150,11 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write every row's prediction and interval here")
     parser.add_argument("--write-calibration", action="store_true",
                         help=f"write {os.path.relpath(C.CALIBRATION_PATH)} from the kept model's residuals")
+    parser.add_argument("--collectives", action="store_true",
+                        help="predict the published collective measurements (predict's interval) instead")
     args = parser.parse_args()
+    if args.collectives:
+        return collectives_report()
     corpus = load_corpus()
     profiles = {model: profile_of(model, args.out) for model in dict.fromkeys(r.model for r in corpus.rows)}
     print(f"# {len(corpus.rows)} rows from {len(corpus.sources)} sources, "
@@ -211,6 +219,47 @@ def write_json(path: str, corpus, predicted: list[float], loso: dict) -> None:
            for p, row in zip(predicted, corpus.rows)]
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(out, handle, indent=1)
+
+
+def collectives_report() -> int:
+    """Every published nccl-tests figure against `commbench predict`, and the 80% interval each row gets when its
+    source is held out of the calibration (analysis/collective_corpus.py)."""
+    import math
+
+    from commbench.analysis import calibration as C
+    from commbench.analysis import collective_corpus as K
+    from commbench.analysis.predict import row_us
+
+    corpus = K.load_collectives()
+    residuals = K.residuals(corpus, row_us)
+    loso = C.leave_one_source_out(residuals)
+    print(f"# {len(corpus.rows)} rows from {len(corpus.sources)} sources (error = predicted / measured time - 1; "
+          f"negative: predicted too fast)\n")
+    print("| source | system | nodes x GPUs | collective | size (B) | measured busbw | predicted busbw | error | "
+          "80% interval (x time) | inside |\n|---|---|---|---|---|---|---|---|---|---|")
+    seen: dict[str, int] = {}
+    errors, inside, widths = [], [], []
+    for row in corpus.rows:
+        r = residuals[row.source][seen.setdefault(row.source, 0)]
+        seen[row.source] += 1
+        low, high = loso[row.source]
+        hit = low <= r <= high
+        errors.append(math.exp(-r) - 1)
+        inside.append(hit)
+        widths.append(math.exp(high) / math.exp(low))
+        print(f"| {row.source} | {row.system} | {row.nodes}x{row.gpus_per_node} | {row.collective} | {row.nbytes} | "
+              f"{row.busbw_gbps:g} | {row.busbw_gbps * math.exp(r):.1f} | {100 * errors[-1]:+.1f}% | "
+              f"[{math.exp(low):.2f}, {math.exp(high):.2f}] | {'yes' if hit else 'no'} |")
+    absolute = [abs(e) for e in errors]
+    slow = sum(e > 0 for e in errors)
+    print(f"\nerror: median |error| {100 * statistics.median(absolute):.1f}%, max {100 * max(absolute):.1f}%; "
+          f"{slow} of {len(errors)} predicted too slow, {len(errors) - slow} too fast")
+    print(f"80% intervals (leave-one-source-out): {sum(inside)} of {len(inside)} inside "
+          f"({100 * sum(inside) / len(inside):.0f}%), median width x{statistics.median(widths):.2f} (high / low)")
+    low, high = C.bounds([r for values in residuals.values() for r in values])
+    print(f"shipped (every source, what predict prints): x{math.exp(low):.3f} to x{math.exp(high):.3f} the time, "
+          f"order statistics {C.order_indices(len(corpus.rows))} of {len(corpus.rows)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -89,9 +89,10 @@ class Result(Record):
     schema: int = SCHEMA_VERSION
     # the times the percentiles come from, as pack_times keeps them; last, so CSV columns keep their places
     iteration_times_us: list[float] | dict[str, Any] | None = None
-    interval_us: list[float] | None = None  # kind predicted, from a fit: the 80% interval [low, high] (docs/model.md)
+    interval_us: list[float] | None = None  # kind predicted: the 80% interval [low, high] (docs/model.md)
     stat: str = "mean"  # which statistic of the per-iteration times time_us is (sweep --stat: mean, p50, min)
     mean_us: float | None = None  # the mean of the per-iteration times, whatever `stat` is
+    interval_source: str | None = None  # kind predicted: "fit resamples" (jackknife+) or "corpus calibration"
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]

@@ -13,6 +13,7 @@ from typing import IO, Callable
 
 import numpy as np
 
+from commbench.analysis.calibration import PROVENANCE_LABELS
 from commbench.results import Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
@@ -80,8 +81,10 @@ class Table:
         noisy = any(r is not None and is_noisy(r) for r in results.values())
         self.noisy_rows += noisy
         mark = f" {NOISY_MARK}" if noisy else ""
-        if first.interval_us:  # a prediction from a fit: its 80% interval (docs/model.md)
+        if first.interval_us:  # a prediction: its 80% interval and where it comes from (docs/model.md)
+            label = PROVENANCE_LABELS.get(first.interval_source or "", "")
             mark += f"  [{_fmt_time(first.interval_us[0]).strip()}-{_fmt_time(first.interval_us[1]).strip()}]"
+            mark += f" {label}" if label else ""
         self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
                     f"{algo:>12s}".rstrip() + mark)
 

@@ -22,6 +22,7 @@ FLOORS = {
     2: ["commbench.analysis.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
+        "commbench.analysis.collective_corpus",
         "commbench.analysis.scale_terms", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",

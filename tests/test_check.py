@@ -208,9 +208,9 @@ def test_predict_prints_and_writes_the_interval(runs, tmp_path):
     assert "80% interval" in out.stdout
     results = [r for r in read_records(str(tmp_path / "p.jsonl")) if r["record"] == "result"]
     assert results and all(r["interval_us"][0] <= r["interval_us"][1] for r in results)
+    assert all(r["interval_source"] == "fit resamples" for r in results)
     preset = commbench("predict", "--hw", "dgx-a100", "-T", "1x8", "--sizes", "1M")
-    # a preset has no resamples: no interval is made up, and the output says why there is none
-    assert "80% interval" not in preset.stdout and "# no interval: no fit resamples" in preset.stdout
+    assert "] corpus" in preset.stdout and "] fit" not in preset.stdout  # no resamples: the published corpus's
 
 
 def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatch):
@@ -260,16 +260,17 @@ def test_a_damaged_interval_block_is_one_line(runs, tmp_path, block):
 
 
 def test_no_interval_where_the_fit_measured_no_link(runs):
-    """A one-node fit says nothing of the link between nodes: predictions that cross it get no interval."""
+    """A one-node fit says nothing of the link between nodes: predictions that cross it get no interval from
+    the fit; the published corpus's stands in, as without a fit, and says so."""
     _, hw_path, _ = runs
     out = commbench("predict", "--hw", str(hw_path), "-T", "2x2", "--sizes", "1M", "-A", "ring")
     assert out.returncode == 0, out.stderr
-    assert "80% interval" not in out.stdout and "[" not in out.stdout
+    assert "] fit" not in out.stdout and "] corpus" in out.stdout
     # and predict says why, as predict-scaling does
     assert "note: 2x2 crosses the inter level, which" in out.stdout and "did not measure" in out.stdout
     # 1x2, not 1x4: on a host of fewer than 4 cores, predict refuses 4 CPU ranks per node
     inside = commbench("predict", "--hw", str(hw_path), "-T", "1x2", "--sizes", "1M", "-A", "ring")
-    assert "80% interval" in inside.stdout
+    assert "80% interval" in inside.stdout and "] fit" in inside.stdout
 
 
 def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_work(runs):

@@ -111,11 +111,15 @@ Examples:
 def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
                     json_path, force, append) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
+    import math
+
     from commbench import collectives as C
+    from commbench.analysis import collective_corpus
+    from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
     from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
     from commbench.analysis.fit import oversubscription
     from commbench.analysis.intervals import uncertainty
-    from commbench.analysis.predict import predict
+    from commbench.analysis.predict import predict, row_us
     from commbench.commands import layout as L
     from commbench.results import OutputError, ResultSink
     from commbench.sizes import SizeError, parse_sizes
@@ -157,14 +161,17 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     if crossed:  # a fit's level it did not measure: copied from the other, or taken from --base
         table.comment(f"note: {topo} crosses the {' and '.join(crossed)} level, which {hw_spec} did not measure: "
                       f"its figures there were copied or given (meta.notes), so these times rest on no measurement "
-                      f"and have no interval")
-    if any(r.interval_us for r in results):
-        table.comment("[low-high] after a row: its 80% interval in us, from the fit's resamples (jackknife+: the fit "
-                      "without each point, spread by that point's error; docs/model.md)")
-    elif hw.meta.get("uncertainty") is None:
-        table.comment("no interval: no fit resamples (a preset or a hand-written file), and the published corpus "
-                      "calibrates whole steps, not one collective: predict-scaling and proxy --backend sim give "
-                      "the corpus calibration's interval (docs/model.md)")
+                      f"and their interval is the published corpus's, as without a fit")
+    if any(r.interval_source == FIT_PROVENANCE for r in results):
+        table.comment("[low-high] fit after a row: its 80% interval in us, from the fit's resamples (jackknife+: the "
+                      "fit without each point, spread by that point's error; docs/model.md)")
+    if any(r.interval_source == CORPUS_PROVENANCE for r in results):
+        low, high = collective_corpus.shipped_bounds(row_us)
+        corpus = collective_corpus.load_collectives()
+        table.comment(f"[low-high] corpus after a row: its 80% interval in us, no fit resamples: split-conformal on "
+                      f"{len(corpus.rows)} published nccl-tests figures ({len(corpus.sources)} sources) predicted "
+                      f"from their systems' descriptions, x{math.exp(low):.2f} to x{math.exp(high):.2f} the time "
+                      f"(analysis/corpus/collectives.json, docs/model.md)")
     try:
         with ResultSink(json_path, append=append) as sink:  # a full disk: the rows and lines before it stay
             for name in names:
