@@ -226,7 +226,7 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "--json", "/proc/nope/p.jsonl"], "/proc/nope"),
     (["fit", "/bin/ls", "-o", "{tmp}/x.json"], "/bin/ls:1: not UTF-8 text"),
     (["report", "{tmp}/hw.json", "-o", "/proc/nope/rep"], "hw.json:1: not JSON"),
-    (["report", "{tmp}/empty.jsonl", "-o", "/proc/nope/rep"], "no timed result, proxy, scaling or compare records"),
+    (["report", "{tmp}/empty.jsonl", "-o", "/proc/nope/rep"], "no timed result, proxy, scaling or compare record in"),
     (["sweep", "--backend", "shm", "--hw", "{tmp}/hw.json"], "--hw times the sim backend"),
     (["sweep", "--backend", "sim", "--hw", "{tmp}/broken.json"], "missing field"),
 ])
