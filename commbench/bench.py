@@ -67,6 +67,7 @@ class SweepConfig:
     cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
     graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
     monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
+    nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -245,7 +246,9 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path, cfg.append) if self.lead else None
         total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
         self.progress = Progress(total, enabled=None if self.lead else False)
-        self.table = Table(list(cfg.placements), progress=self.progress, show_algorithm=backend.runs_schedules)
+        self.table = Table(list(cfg.placements), progress=self.progress,
+                           show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
+                           marks_in_rows=not cfg.nccl_tests_rows)
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on

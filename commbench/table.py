@@ -22,11 +22,13 @@ NOISY_MARK = "~"
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
-                 show_algorithm: bool = False):
+                 show_algorithm: bool = False, marks_in_rows: bool = True):
         self.placements = placements
         self.timed_as = "mean"  # the statistic of the rows' times (their records' `stat`), which the footer names
         self.noisy_rows = 0
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
+        # nccl-tests' parsers count 13 columns: the noisy mark only in the footer then (the JSON has every figure)
+        self.marks_in_rows = marks_in_rows
         self.stream = stream or sys.stdout
         self.progress = progress
         self.busbw_sum = 0.0
@@ -80,7 +82,7 @@ class Table:
         algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
         noisy = any(r is not None and is_noisy(r) for r in results.values())
         self.noisy_rows += noisy
-        mark = f" {NOISY_MARK}" if noisy else ""
+        mark = f" {NOISY_MARK}" if noisy and self.marks_in_rows else ""
         if first.interval_us:  # a prediction: its 80% interval and where it comes from (docs/model.md)
             label = PROVENANCE_LABELS.get(first.interval_source or "", "")
             mark += f"  [{_fmt_time(first.interval_us[0]).strip()}-{_fmt_time(first.interval_us[1]).strip()}]"
@@ -95,7 +97,8 @@ class Table:
             if self.busbw_points else "n/m"
         self._print(f"# Avg bus bandwidth    : {average}")
         if self.noisy_rows:
-            self._print(f"# {NOISY_MARK} : {self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
+            marked = f"{NOISY_MARK} : " if self.marks_in_rows else ""
+            self._print(f"# {marked}{self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
                         f"varied between iterations (p50_us, p99_us and iteration_times_us in the JSON)")
             self.noisy_rows = 0
         self._print("#")

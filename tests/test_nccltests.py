@@ -166,3 +166,40 @@ def test_every_table_goes_to_the_json_file_and_an_interrupt_stops_the_series(mon
     out = str(tmp_path / "n.jsonl")
     assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-N", "6", "-J", out]) == 130
     assert runs == [(out, False), (out, True)]  # the second adds to the first's file; the third never starts
+
+
+def test_graphs_on_a_backend_without_them_are_refused_naming_g(capsys):
+    """-G is refused as -G (the flag given), not as sweep's --graph (issue 25)."""
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-G", "1", "-b", "1K", "-e", "1K"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("-G:") == 1 and "--graph" not in err and "-B cupy" in err
+
+
+def test_algorithm_has_sweeps_short_flag(monkeypatch):
+    algorithms = []
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: algorithms.append(cfg.algorithm) or 0)
+    assert cli.main(["nccl-tests", "-B", "shm", "-A", "ring", "all_reduce_perf", "-b", "1K", "-e", "1K", "-g", "2"]) == 0
+    assert algorithms == ["ring"]
+
+
+def test_rows_keep_nccl_tests_thirteen_columns():
+    """A noisy row and a schedule backend's algorithm add nothing to an nccl-tests row: its parsers count 13
+    columns (the footer says how many rows were noisy)."""
+    import io
+
+    from commbench import collectives as C
+    from commbench.results import point_result
+    from commbench.table import Table
+
+    plan = C.plan("allreduce", 1024, C.resolve_dtype("float32"), 2, 0)
+    noisy = point_result(plan, dtype="float32", op="sum", placement="in-place", nnodes=1, backend="shm",
+                         library="shm", device="cpu", time_us=10.0, per_iteration_us=[1.0] * 90 + [50.0] * 10,
+                         algorithm="ring", steps=2)
+    for marks, columns in ((False, 13), (True, 15)):
+        out = io.StringIO()
+        table = Table(["out-of-place", "in-place"], stream=out, show_algorithm=marks, marks_in_rows=marks)
+        table.row({"out-of-place": noisy, "in-place": noisy}, "float")
+        table.footer(True)
+        row, *footer = out.getvalue().splitlines()
+        assert len(row.split()) == columns, row
+        assert any("1 row(s) with p99" in line for line in footer)

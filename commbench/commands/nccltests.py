@@ -78,7 +78,8 @@ def translate(binary: str, flags: list[str]) -> Translation:
         if value is not None and (default is None or _integer(values, flag[1], 0) != int(default)):
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
     out = Translation()
-    base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out)]
+    base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out),
+            "--nccl-tests-rows"]
     cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
@@ -215,7 +216,8 @@ refused (one line, exit 2) because commbench cannot honour them.
                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--backend", "-B", default="torch", show_default=True, metavar="NAME",
               help="Where the collectives run: any `commbench sweep --backend`.")
-@click.option("--algorithm", default="auto", show_default=True, help="Schedule backends: which algorithm.")
+@click.option("--algorithm", "-A", default="auto", show_default=True,
+              help="Schedule backends: which algorithm (as sweep's -A; nccl-tests has no -A).")
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True)
 @click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (-g).")
@@ -231,6 +233,7 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, force, appen
     from commbench.commands.sweep import plan_sweep, sweep
 
     translation = translate(binary, list(flags))
+    _refuse_graphs(translation, backend)
     extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
              *(["--oversubscribe"] if oversubscribe else []), *(["--force"] if force else []),
              *(["--append"] if append else [])]
@@ -243,6 +246,16 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, force, appen
     for note in translation.notes if lead else ():
         click.echo(f"# note: {note}")
     job.end(run_all(job, plans), plans[-1][1])
+
+
+def _refuse_graphs(translation: Translation, backend: str) -> None:
+    """-G on a backend that captures no CUDA graph: refused naming -G (the flag the user gave), not --graph."""
+    from commbench.backends.registry import BACKENDS, names_where
+
+    graphs = backend in BACKENDS and "--graph" in (translation.runs[0] if translation.runs else [])
+    if graphs and backend not in names_where("captures_graphs"):
+        raise UsageFault(f"-G: CUDA graphs are captured only with -B {' or -B '.join(names_where('captures_graphs'))} "
+                         f"(a GPU), not -B {backend}")
 
 
 STOPPING_CODES = (2, 3, 130)  # bad input, a failed rank, interrupted: the sweeps after it would not fare better

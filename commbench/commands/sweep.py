@@ -95,6 +95,8 @@ def _nccl_tests_hint(args: list[str]) -> str:
                    "--nprocs GPUs are visible, else virtual.")
 @click.option("--graph", is_flag=True, default=False,
               help="cupy/cuda: capture each point's timed calls in one CUDA graph and replay it (nccl-tests -G).")
+@click.option("--nccl-tests-rows", is_flag=True, hidden=True,
+              help="Rows of nccl-tests' 13 columns only (no algorithm column, no noisy mark): `commbench nccl-tests`.")
 @click.option("--monitor", is_flag=True, default=False,
               help="Sample GPU (NVML: utilisation, memory, power, SM clock, PCIe, NVLink) and host (CPU, memory, "
                    "NIC) telemetry on rank 0's host; per-point averages in the JSON, a summary line at the end.")
@@ -251,7 +253,8 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         json_path=options["json_path"], csv_path=options["csv_path"], append=options["append"],
         timeout_s=request.timeout_s,
         algorithm=request.algorithm, topology=request.topology, nprocs=world, hw=request.hw,
-        cuda_mode=request.cuda_mode, graph=request.graph, monitor=options["monitor"])
+        cuda_mode=request.cuda_mode, graph=request.graph, monitor=options["monitor"],
+        nccl_tests_rows=options["nccl_tests_rows"])
     return cfg, world
 
 
