@@ -29,6 +29,7 @@ from commbench.analysis.costmodel import Hardware, HardwareError, load_hardware
 COLLECTIVES_PATH = os.path.join(os.path.dirname(__file__), "corpus", "collectives.json")
 ALGORITHM = "auto"  # what the rows are predicted with: predict's default
 LEVEL_FIELDS = ("name", "bw_gbps", "latency_us", "links_per_node")
+CONSISTENT = 0.02  # a row's printed time and busbw agree within this (both printed to 3-4 digits)
 
 
 class CollectiveCorpusError(ValueError):
@@ -125,9 +126,15 @@ def _row(i: int, row: Any, sources: dict, systems: dict) -> Row:
         raise CollectiveCorpusError(f"{where}.time_us must be a positive number or absent")
     if not row.get("size_said"):
         raise CollectiveCorpusError(f"{where}.size_said: say whether the source printed the size")
-    return Row(row["source"], row["system"], int(row["nodes"]), int(row["gpus_per_node"]), row["collective"],
-               int(row["nbytes"]), str(row["size_said"]), float(row["busbw_gbps"]),
-               None if row.get("time_us") is None else float(row["time_us"]))
+    parsed = Row(row["source"], row["system"], int(row["nodes"]), int(row["gpus_per_node"]), row["collective"],
+                 int(row["nbytes"]), str(row["size_said"]), float(row["busbw_gbps"]),
+                 None if row.get("time_us") is None else float(row["time_us"]))
+    if parsed.time_us is not None:  # a printed time and busbw must be one measurement of nbytes (2% for rounding)
+        implied = replace(parsed, time_us=None).measured_us
+        if abs(implied / parsed.time_us - 1) > CONSISTENT:
+            raise CollectiveCorpusError(f"{where}: time_us {parsed.time_us:g} and busbw_gbps {parsed.busbw_gbps:g} "
+                                        f"disagree for nbytes {parsed.nbytes} ({implied:.4g} us)")
+    return parsed
 
 
 def _positive(value: Any) -> bool:

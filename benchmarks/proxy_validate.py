@@ -25,7 +25,8 @@ DEFAULT = ("resnet18:4,resnet50:4,alexnet:8,mobilenet_v2:8,vgg16:1,inception_v3:
 def run(model: str, batch: int, args: argparse.Namespace) -> dict:
     out = os.path.join(args.out, f"{model}.jsonl")
     cmd = [sys.executable, "-m", "commbench", "proxy", model, "--nprocs", str(args.nprocs), "--batch", str(batch),
-           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--validate", "--json", out]
+           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--validate", "--json", out,
+           "--force"]  # a rerun into the same folder replaces the last one
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     took = time.monotonic() - started

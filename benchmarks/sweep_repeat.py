@@ -67,7 +67,7 @@ def commbench_command() -> list[str]:
 
 def run_cli_sweep(sizes: str, json_path: str, log_path: str, extra: list[str]) -> tuple[float, int]:
     """One `commbench sweep` to completion; (wall seconds, exit code). Its stdout and stderr go to log_path."""
-    command = [*commbench_command(), "sweep", "--sizes", sizes, "--json", json_path, *extra]
+    command = [*commbench_command(), "sweep", "--sizes", sizes, "--json", json_path, "--force", *extra]
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(command) + "\n")
         log.flush()

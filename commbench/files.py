@@ -60,6 +60,23 @@ def open_regular(path: str, writable: bool = False) -> BinaryIO:
     return os.fdopen(fd, "rb+" if writable else "rb")
 
 
+def drop_torn_line(handle: BinaryIO) -> None:
+    """Cut a last line a kill left without its newline, reading back only as far as the line before (before
+    a summary is added to a killed run's file, and before `--append` adds a run: a header written onto a
+    fragment would make the whole file unreadable)."""
+    end = handle.seek(0, os.SEEK_END)
+    position, tail = end, b""
+    while position > 0:
+        step = min(position, 1 << 16)
+        position -= step
+        handle.seek(position)
+        tail = handle.read(step) + tail
+        if b"\n" in tail:
+            break
+    if tail and not tail.endswith(b"\n"):
+        handle.truncate(position + tail.rfind(b"\n") + 1)
+
+
 def read_small(path: str, max_bytes: int, what: str) -> bytes:
     """The whole of a regular file of at most `max_bytes` (`what` it should be names it in the error)."""
     with open_regular(path) as handle:

@@ -150,12 +150,12 @@ def close_records(job: str, path: str) -> None:
     """After a failed spawn: if rank 0 died before the summary (killed, or stopped outright after a
     hang), end its results file with one, status failed, from the records it holds (a torn last line,
     cut by the kill, is dropped first)."""
-    from commbench.files import open_regular
+    from commbench.files import drop_torn_line, open_regular
     from commbench.results import append_record, read_records
 
     try:  # a regular file only: a device given as the output (/dev/zero) would be read without end
         with open_regular(path, writable=True) as handle:
-            _drop_torn_line(handle)
+            drop_torn_line(handle)
         records = read_records(path)
     except (OSError, ValueError):  # ValueError: RecordError, or UnreadableFile (not a regular file)
         return
@@ -167,21 +167,6 @@ def close_records(job: str, path: str) -> None:
                                            "run); written by the spawner from the records above")
     if summary is not None:
         append_record(path, summary)
-
-
-def _drop_torn_line(handle) -> None:
-    """Cut a last line a kill left without its newline, reading back only as far as the line before."""
-    end = handle.seek(0, os.SEEK_END)
-    position, tail = end, b""
-    while position > 0:
-        step = min(position, 1 << 16)
-        position -= step
-        handle.seek(position)
-        tail = handle.read(step) + tail
-        if b"\n" in tail:
-            break
-    if tail and not tail.endswith(b"\n"):
-        handle.truncate(position + tail.rfind(b"\n") + 1)
 
 
 def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any:

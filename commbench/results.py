@@ -482,6 +482,11 @@ def _open(path: str | None, mode: str = "w") -> IO[str] | None:
         return None
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if mode == "a" and os.path.isfile(path):  # a run killed mid-line: its fragment goes before this run's lines
+            from commbench.files import drop_torn_line
+
+            with open(path, "r+b") as handle:
+                drop_torn_line(handle)
         return open(path, mode, encoding="utf-8", newline="")
     except OSError as exc:
         raise OutputError(path, exc) from exc

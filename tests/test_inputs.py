@@ -567,6 +567,17 @@ def test_force_overwrites_and_append_adds_a_run(tmp_path, capsys, flag):
     assert (code, err) == (2, "commbench: error: --force and --append: choose one (overwrite, or add to the file)\n")
 
 
+def test_append_after_a_killed_run_drops_its_torn_line_first(tmp_path, capsys):
+    """A run killed mid-line leaves a fragment; a header appended onto it made every reader refuse the file."""
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--json", out]
+    assert run(capsys, *sweep)[0] == 0
+    out.write_bytes(out.read_bytes()[:-30])  # the summary line cut short
+    assert run(capsys, *sweep, "--append")[0] == 0
+    records = read_records(str(out))  # every line whole: no RecordError
+    assert [r["record"] for r in records].count("header") == 2
+
+
 @pytest.mark.parametrize("writer", ["sweep --json", "sweep --csv", "fit -o", "check --json", "compare --json",
                                     "profiles extract -o", "nccl-tests -J"])
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/full", "fifo", ""])

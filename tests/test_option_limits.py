@@ -140,3 +140,13 @@ def test_a_rank_killed_by_sigkill_names_memory(capsys):
     assert launch._job_exit_code([Ended(0), Ended(-9)], []) == 3
     err = capsys.readouterr().err
     assert "rank 1 was killed by SIGKILL (by hand, or out of memory" in err and "GiB in all" in err
+
+
+def test_a_launcher_that_binds_each_rank_to_one_core_is_not_refused(monkeypatch):
+    """srun (one CPU per task) or mpirun --bind-to core: a rank's own affinity is one core, but the node's
+    ranks are the launcher's placement, counted against the host's cores (the review of issue 26)."""
+    monkeypatch.setattr("commbench.commands.options.usable_cpus", lambda: 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    O.check_local_ranks(8, False, launched=True)  # 8 ranks on a 64-core node, each bound to its core
+    with pytest.raises(O.UsageFault, match="more than 4 per core"):
+        O.check_local_ranks(8, False)  # commbench spawning 8 ranks where it may use one core

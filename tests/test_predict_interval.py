@@ -100,6 +100,9 @@ def test_the_corpus_loads_with_a_source_per_row():
     (lambda d: d["rows"][0].update(source="nowhere"), "source"),
     (lambda d: d["systems"]["a3-mega"].update(inter={"bw_gbps": -1}), "inter"),
     (lambda d: d.update(schema=2), "schema"),
+    # a size twice the measured message (as an old nccl-tests printed one): time and busbw disagree with it
+    (lambda d: next(r for r in d["rows"] if r.get("time_us")).update(
+        nbytes=2 * next(r for r in d["rows"] if r.get("time_us"))["nbytes"]), "disagree"),
 ])
 def test_a_damaged_corpus_is_one_line(tmp_path, damage, says):
     with open(K.COLLECTIVES_PATH, encoding="utf-8") as handle:

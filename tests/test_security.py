@@ -115,6 +115,7 @@ def plant_modules(folder, marker):
         (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P exists from 3.11 (older ones start ranks without it)")
 def test_ranks_import_nothing_from_the_working_directory(tmp_path):
     """A `uuid.py` where the user runs commbench does not run in the ranks; the sweep succeeds. The
     parent runs with -P here, as the `commbench` script does, so that only the ranks are tested."""

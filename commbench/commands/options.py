@@ -9,6 +9,7 @@ that every command refuses alike.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from commbench.commands.common import UsageFault
@@ -59,12 +60,14 @@ def _show(value: float | int) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def check_local_ranks(ranks: int, oversubscribe: bool, what: str = "local ranks") -> None:
+def check_local_ranks(ranks: int, oversubscribe: bool, what: str = "local ranks", launched: bool = False) -> None:
     """Refuse more local ranks than this host's cores and memory carry, unless told to
     (`--oversubscribe`): each rank is a Python process with torch and gloo. Even then, not more
     than OVERSUBSCRIBED_RANKS_PER_CORE per core: `--nprocs 100000 --oversubscribe` would fork
-    without bound (issue 26)."""
-    cores = usable_cpus() or 1
+    without bound (issue 26). `launched`: a launcher started the ranks and may have bound each to its own
+    cores (srun's default, mpirun --bind-to core), so this rank's affinity says nothing of the node's: the
+    host's cores count."""
+    cores = (os.cpu_count() if launched else usable_cpus()) or 1
     if ranks > OVERSUBSCRIBED_RANKS_PER_CORE * cores:
         raise UsageFault(f"{ranks} {what} on {cores} core(s): at most {OVERSUBSCRIBED_RANKS_PER_CORE} per core, "
                          f"--oversubscribe or not (each rank is a process)")

@@ -178,7 +178,8 @@ def _spawn_or_join(options: dict, cls, request):
     if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
         click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
                    f"{info.world_size} rank(s)", err=True)
-    cfg, world = _sweep_config(options, cls, request, world=info.world_size, local_ranks=info.local_world_size)
+    cfg, world = _sweep_config(options, cls, request, world=info.world_size, local_ranks=info.local_world_size,
+                               launched=True)
     return cfg, job.Plan("join", world, info)
 
 
@@ -211,7 +212,8 @@ def _backend(options: dict, launcher: str | None):
         raise UsageFault(str(exc)) from exc
 
 
-def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None):
+def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None,
+                  launched: bool = False):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
     from commbench import bench
     from commbench import collectives as C
@@ -241,7 +243,7 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         cls.check_request(request, library, names, dtype, op, world)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
-    _check_scale(options, cls, request, device, sizes, world, local_ranks or world)
+    _check_scale(options, cls, request, device, sizes, world, local_ranks or world, launched)
     check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]), force=options["force"],
                   append=options["append"])
     placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
@@ -266,13 +268,14 @@ def _check_counts(options: dict) -> None:
              "--nprocs": (O.COUNT, options["nprocs"])})
 
 
-def _check_scale(options: dict, cls, request, device: str, sizes: list[int], world: int, local_ranks: int) -> None:
+def _check_scale(options: dict, cls, request, device: str, sizes: list[int], world: int, local_ranks: int,
+                 launched: bool = False) -> None:
     """Refuse what this host cannot hold or run before any rank starts: more local ranks than it
     carries, more virtual ranks than the backend can step through, buffers larger than its memory."""
     from commbench.commands import options as O
 
     if local_ranks > 1 and not cls.in_process(request):
-        O.check_local_ranks(local_ranks, options["oversubscribe"])
+        O.check_local_ranks(local_ranks, options["oversubscribe"], launched=launched)
     if cls.max_virtual_ranks is not None and world > cls.max_virtual_ranks:
         raise UsageFault(f"--nprocs {world}: {cls.name} runs every virtual rank's schedule in this process and "
                          f"its work grows as ranks^2: at most {cls.max_virtual_ranks}; `commbench predict` costs "
