@@ -204,3 +204,12 @@ def test_rows_keep_nccl_tests_thirteen_columns():
         row, *footer = out.getvalue().splitlines()
         assert len(row.split()) == columns, row
         assert any("1 row(s) with p99" in line for line in footer)
+
+
+def test_an_existing_j_file_is_refused_naming_j(tmp_path, capsys):
+    out = tmp_path / "n.jsonl"
+    out.write_text("mine\n")
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-J", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"commbench: error: -J {out}: the file exists") and "--json" not in err
+    assert out.read_text() == "mine\n"

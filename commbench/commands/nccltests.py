@@ -283,6 +283,8 @@ def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> lis
                 cfg = replace(cfg, append=True)
             plans.append((cfg, plan))
         except UsageFault as exc:
+            if exc.message.startswith("--json "):  # the output the user named -J
+                raise UsageFault("-J " + exc.message[len("--json "):]) from None
             if len(translation.runs) == 1 or "--op" not in exc.message and "--dtype" not in exc.message:
                 raise
             refused.append(f"{run[run.index('--dtype') + 1]} {run[run.index('--op') + 1]}")
