@@ -15,7 +15,10 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   shm    commbench's shared-memory backend (ShmBackend: algorithm auto) through the call
          the harness prepares (backend.prepare); once per size commbench's own
          bench.measure_point also runs it with the result check on (wrong counted);
+  shmpy  the shm backend with its Python executor (COMMBENCH_SHM_EXECUTOR=python), where shm runs
+         the native one (auto): what the compiled fast path gains, paired;
   oneshot  the shm backend with --algorithm oneshot (auto picks it up to 64 KiB since 2026-11-23);
+  ring   the shm backend with --algorithm ring;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
@@ -55,7 +58,7 @@ import numpy as np
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "oneshot", "p2p", "torch", "gloo", "mpi", "bound", "bound4k")
+TOOLS = ("shm", "shmpy", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SLOT_ITERS = 3  # at 256 MiB a gloo call takes ~0.15 s: 3 calls keep a slot under a second
 
@@ -158,7 +161,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "oneshot", "p2p", "torch", "gloo"}:
+        if tools & {"shm", "shmpy", "oneshot", "ring", "p2p", "torch", "gloo"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -170,11 +173,26 @@ class Tools:
         return getattr(self, f"_{tool}")(count)
 
     def _oneshot(self, count: int) -> Slot:
-        self.shm.algorithm = "oneshot"
+        return self._shm_algorithm(count, "oneshot")
+
+    def _ring(self, count: int) -> Slot:
+        return self._shm_algorithm(count, "ring")
+
+    def _shm_algorithm(self, count: int, algorithm: str) -> Slot:
+        self.shm.algorithm = algorithm
         try:
             return self._shm(count)
         finally:
             self.shm.algorithm = "auto"
+
+    def _shmpy(self, count: int) -> Slot:
+        native, self.shm._native = self.shm._native, None  # the executor is chosen per prepared call
+        try:
+            slot = self._shm(count)
+        finally:
+            self.shm._native = native
+        slot.info["executor"] = "python"
+        return slot
 
     def _shm(self, count: int) -> Slot:
         from commbench import collectives as C
@@ -185,7 +203,8 @@ class Tools:
         self.control.barrier()  # every rank's segment exists before a peer maps it
         call = backend.prepare("allreduce", buffer, buffer, "sum", 0, True)
         slot = Slot(call, backend.barrier, backend.end_point)
-        slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"]}
+        slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"],
+                     "executor": "native" if backend._native is not None else "python"}
         return slot
 
     def shm_checked(self, nbytes: int, slot_time_s: float) -> dict:

@@ -12,9 +12,8 @@ Approach:
   executor's; integers wrap as NumPy's do: computed as unsigned).
 - A barrier is shm.py's protocol on the same control segment: my counter is my epoch; bump it
   (a release store), wake futex waiters if some rank raised its flag, then wait until every peer's
-  counter has reached the epoch. The wait spins (pause) for `spin_ns`, then polls between
-  sched_yield calls for as long again; if the peer is still not there the call returns the index of
-  the barrier, and Python blocks (futex), checks for a dead peer and the timeout, and resumes here.
+  counter has reached the epoch. The wait spins (pause) for `spin_ns`; if the peer is still not
+  there the call returns the index of the barrier, and Python blocks (futex), checks for a dead peer and the timeout, and resumes here.
   The spin adapts as shm.py's does: halved by Python after a wait that blocked, doubled here (up
   to the budget) by a wait that ended while spinning.
 - Copies of at least `nt_bytes` use non-temporal stores (no read for ownership of lines that would
@@ -24,7 +23,6 @@ Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, el
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
 #include <limits.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -32,6 +30,7 @@ the barrier at which it stopped waiting (call again with start = that index, res
 #include <unistd.h>
 #include <immintrin.h>
 
+#define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm.py's budgets */
 enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2 };
 enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
 enum { T_F32 = 0, T_F64 = 1, T_I8 = 2, T_U8 = 3, T_I32 = 4, T_I64 = 5 };
@@ -61,7 +60,7 @@ static inline int64_t now_ns(void) {
 
 static inline int64_t load(volatile int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
-/* Wait for counters[index] >= epoch: spin, then yield; 0 if it did not arrive within the budget. */
+/* Wait for counters[index] >= epoch: spin; 0 if it did not arrive within the budget. */
 static int wait_for(cb_ctx *c, int64_t index, int64_t epoch, int *spun) {
     volatile int64_t *word = &c->counters[index];
     if (load(word) >= epoch) return 1;
@@ -72,12 +71,10 @@ static int wait_for(cb_ctx *c, int64_t index, int64_t epoch, int *spun) {
         if (load(word) >= epoch) return 1;
         if ((checks & 63) == 0 && now_ns() - start > c->spin_ns) break;
     }
-    int64_t yield_start = now_ns();
-    for (int64_t checks = 1;; checks++) {
-        sched_yield();
-        if (load(word) >= epoch) return 1;
-        if ((checks & 7) == 0 && now_ns() - yield_start > c->spin_ns) return 0;
-    }
+    /* No sched_yield phase: with other processes runnable a yield hands the core away for a
+       whole time slice (ms), where a rank that blocks is woken by its peer's arrival and, having
+       slept, is scheduled at once. */
+    return 0;
 }
 
 static int barrier(cb_ctx *c, int resumed) {
