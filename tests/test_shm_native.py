@@ -31,6 +31,8 @@ CASES = [  # (collective, algorithm, dtype, op, elements per rank)
     ("allreduce", "ring", "float32", "avg", 4096),
     ("allreduce", "oneshot", "bfloat16", "sum", 64),  # the Python kernels under either executor
     ("reduce_scatter", "ring", "float32", "sum", 600),
+    ("allreduce", "ring", "float32", "sum", 20000),  # past the (test's) LLC: pipelined into slices
+    ("reduce_scatter", "ring", "float64", "sum", 9000),
     ("allgather", "ring", "float64", "sum", 300),
     ("broadcast", "chain", "int32", "sum", 100),
     ("reduce", "chain", "float32", "max", 100),
@@ -56,7 +58,9 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
+    backend._llc_bytes = 64 << 10  # a small "cache": the larger rings run pipelined (schedule.pipelined)
     outputs = {"executor": np.array(backend.executor_name)}
+    sliced = []
     for index, (collective, algorithm, dtype_name, op, count) in enumerate(CASES):
         backend.algorithm, dtype = algorithm, C.resolve_dtype(dtype_name)
         parts = collective in ("reduce_scatter", "allgather")  # in place, as the harness lays them out
@@ -65,14 +69,18 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
         part = backend.view(whole, rank * count, count) if parts else whole
         send, recv = (part, whole) if collective == "allgather" else (whole, part)
         call = backend.prepare(collective, send, recv, op, 0, True)
+        sliced.append(backend._pipeline_slices(backend._last, dtype.itemsize))
         for turn in range(3):  # three calls in a row: the epochs carry over from call to call
             backend.upload(send, _inputs(index, rank, dtype_name, backend.length(send), turn), rank)
             call()
             outputs[f"{index}_{turn}"] = backend.download(whole, 0, backend.length(whole), rank)
         backend.barrier()
         backend.end_point()
+    outputs["sliced"] = np.array(sliced)
     np.savez(os.path.join(folder, f"{executor}_{rank}.npz"), **outputs)
+    backend.gather_objects(None)  # every rank is done before any tears its process group down
     backend.close()
+    os._exit(0)  # as commbench's rank entry ends (job.py): torch's threads torn down at exit may abort
 
 
 def _run(executor: str, world: int, folder: str) -> None:
@@ -95,11 +103,12 @@ def test_native_and_python_executors_agree_bit_for_bit(tmp_path, clean_shm, worl
     for rank in range(world):
         python, native = np.load(tmp_path / f"python_{rank}.npz"), np.load(tmp_path / f"native_{rank}.npz")
         assert str(python["executor"]) == "python" and str(native["executor"]) == "native"
+        assert (python["sliced"] > 1).sum() == 2, python["sliced"]  # the two large rings ran pipelined
         for key in python.files:
-            if key == "executor":
+            if key in ("executor", "sliced"):
                 continue
             assert python[key].tobytes() == native[key].tobytes(), f"rank {rank}, case {CASES[int(key.split('_')[0])]}"
-        moved = [k for k in python.files if k != "executor" and k.endswith("_0")]
+        moved = [k for k in python.files if k.endswith("_0")]
         assert len(moved) == len(CASES)
 
 
@@ -177,3 +186,27 @@ def test_native_sweep_checks_and_says_so(tmp_path, clean_shm):  # noqa: F811
     assert "executor native" in proc.stdout
     results, _ = results_of(tmp_path / "r.jsonl")
     assert len(results) == 8 and all(r["wrong"] == 0 for r in results)  # 2 collectives x 2 sizes x 2 placements
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reduce_scatter"])
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_pipelined_ring_still_computes_the_collective(collective, world):
+    from commbench import algorithms
+    from commbench.schedule import pipelined, verify
+    from commbench.topology import Topology
+
+    for count, slices in ((1000, 4), (4097, 7), (10, 3)):  # 10 elements in 3x5 slices: empty slices too
+        ring = algorithms.build(collective, "ring", Topology(1, world), count, count * 4)
+        wave = pipelined(ring, slices)
+        verify(wave)
+        assert wave.steps == ring.steps + slices - 1
+
+
+def test_pipelining_a_schedule_that_changes_its_chunks_is_caught():
+    """rhd halves its chunks from step to step: a slice's next step is not its own, and verify says so."""
+    from commbench import algorithms
+    from commbench.schedule import ScheduleError, pipelined, verify
+    from commbench.topology import Topology
+
+    with pytest.raises(ScheduleError):
+        verify(pipelined(algorithms.build("allreduce", "rhd", Topology(1, 4), 1000, 4000), 3))

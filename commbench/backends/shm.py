@@ -59,13 +59,14 @@ from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DType
 from commbench.launch import JOB_TAG_VAR, SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
-from commbench.schedule import Schedule, hazards
+from commbench.schedule import Schedule, hazards, pipelined
 from commbench.topology import Topology
 
 LINE = 8  # int64 slots per cache line: one counter per line, so ranks never share one
 SPIN_CHECKS = 20000  # pure spinning before blocking: ~2 ms at ~100 ns per check
 OVERSUBSCRIBED_SPIN_CHECKS = 50  # more ranks than cores: the peer we wait for may need our core
 BLOCK_TIMEOUT_NS = 1_000_000  # a blocked wait re-reads the counter (and misses no wake-up for longer)
+PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
 PEER_CHECK_BLOCKS = 64  # blocked waits between checks for a dead peer or the timeout (~64 ms at most)
 _NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
@@ -89,7 +90,7 @@ class _Segment:
                 except OSError as exc:
                     os.unlink(path)
                     raise OutOfMemory(f"/dev/shm has no room for {nbytes} bytes ({exc.strerror})") from exc
-            self.map = mmap.mmap(fd, max(nbytes, 1))
+            self.map = _map(fd, max(nbytes, 1))
         finally:
             os.close(fd)
         self.path, self.nbytes = path, nbytes
@@ -101,10 +102,30 @@ class _Segment:
             pass
 
 
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    """The segment mapped with its page tables filled now (MAP_POPULATE): no page faults in the first
+    timed calls, in a peer's mapping as in the creator's (whose posix_fallocate allocated the pages)."""
+    return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+
+
+def shm_page_note() -> str | None:
+    """What page size shm's segments get here, when it is not huge pages (a header note)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled", encoding="ascii") as handle:
+            mode = handle.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+    if mode in ("always", "force", "within_size"):
+        return None
+    return (f"note: shm segments use 4 KiB pages here (transparent_hugepage/shmem_enabled = {mode}; huge "
+            f"pages for /dev/shm are a system setting: 'always' or 'within_size', or a huge= mount option)")
+
+
 class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
     one_host = True
     native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
+    pipeline = True  # large rings run as a wavefront of LLC-sized slices (_pipeline_slices)
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)
@@ -124,6 +145,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         self._seq = 0
         self._ctl = self._control_segment()
         self._native, self.executor_name, self._executor_note = self._choose_executor()
+        self._llc_bytes = shm_native.llc_bytes()
         atexit.register(self._cleanup)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: unlink the segments
@@ -153,7 +175,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         return text + " (float16 and bfloat16: python)" if self._native is not None else text
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
-        return [self._executor_note] if self._executor_note else []
+        return [note for note in (self._executor_note, shm_page_note()) if note]
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:
@@ -409,8 +431,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     def _plan(self, schedule: Schedule, working: ShmBuffer) -> list[tuple]:
         """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) over views fixed now."""
         plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
-        last = len(schedule.rounds) - 1
-        for index, rnd in enumerate(schedule.rounds):
+        rounds = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize)).rounds
+        last = len(rounds) - 1
+        for index, rnd in enumerate(rounds):
             steps, staged = self._round_steps(rnd, working)
             plan += [*steps, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
             # Whether a round needs the write-back barrier is decided from the round itself, so every rank
@@ -420,6 +443,16 @@ class ShmBackend(ScheduleBackend, TorchBackend):
             if hazards(rnd) and index < last:
                 plan.append(_BARRIER)
         return plan
+
+    def _pipeline_slices(self, schedule: Schedule, itemsize: int) -> int:
+        """Into how many slices a ring's chunks are cut (schedule.pipelined) when the ranks' buffers
+        together exceed the last-level cache: a slice of 1/PIPELINE_SLICES_PER_LLC of it, so that a
+        chunk a peer has just reduced is copied from the cache, not from memory (1: not cut)."""
+        if not self.pipeline or schedule.name != "ring" or \
+                schedule.count * itemsize * schedule.world <= self._llc_bytes:
+            return 1
+        largest = max(t.count for rnd in schedule.rounds for t in rnd) * itemsize
+        return -(-largest // (self._llc_bytes // PIPELINE_SLICES_PER_LLC))
 
     def _round_plan(self, rnd, working: ShmBuffer, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
         """One round's steps as Python callables (the hybrid backend's executor)."""
