@@ -33,6 +33,8 @@ setup(
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
         "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
         "mpi": ["mpi4py>=3.1"],
+        # benchmarks/deepspeed_peer.py: DeepSpeed's CPU shared-memory allreduce as a peer (its op builds with g++).
+        "deepspeed": ["deepspeed>=0.14"],
         # CUDA 12: CuPy with NVRTC and the CUDA headers (its ctk extra), NCCL, NVML; the CuPy wheel
         # alone has neither NCCL nor NVRTC. On CUDA 13 install the -cuda13x/-cu13 names (docs/gpu.md).
         "gpu": ["cupy-cuda12x[ctk]>=14", "nvidia-nccl-cu12", "nvidia-ml-py>=12"],

@@ -25,6 +25,10 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
   mpi    Open MPI through mpi4py, comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM);
+  deepspeed  DeepSpeed's CPU shared-memory allreduce, deepspeed.comm.inference_all_reduce(tensor)
+         (DS_ACCELERATOR=cpu, LOCAL_SIZE = the ranks, its C++ op built on first use), on the
+         ranks' gloo group; a rank where the op would not run (not built, or a CPU without the
+         ISA its float32 kernel needs) fails in one line instead of timing gloo under its name;
   bound  the memory bound of shm's 2-rank ring at this size: both ranks at once run
          np.copyto and np.add(out=) on private float32 arrays of the size, each call
          started together; slot time = median add / 2 + median copy / 2 (the ring adds
@@ -163,7 +167,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "shmpy", "unpiped", "oneshot", "ring", "p2p", "torch", "gloo"}:
+        if tools & {"shm", "shmpy", "unpiped", "oneshot", "ring", "p2p", "torch", "gloo", "deepspeed"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -262,6 +266,35 @@ class Tools:
 
         tensor = torch.ones(count, dtype=torch.float32)
         return Slot(lambda: dist.all_reduce(tensor), dist.barrier)
+
+    def _deepspeed(self, count: int) -> Slot:
+        import torch
+        import torch.distributed as dist
+
+        comm = self._deepspeed_comm()
+        tensor = torch.ones(count, dtype=torch.float32)
+        return Slot(lambda: comm.inference_all_reduce(tensor), dist.barrier)
+
+    def _deepspeed_comm(self):
+        """deepspeed.comm on the ranks' gloo group, once; a RuntimeError where its shm op would not run."""
+        if getattr(self, "_ds", None) is None:
+            launch = self.launch
+            os.environ.update({"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(launch.local_world_size),
+                               "RANK": str(launch.rank), "LOCAL_RANK": str(launch.local_rank),
+                               "WORLD_SIZE": str(launch.world_size), "MASTER_ADDR": launch.master_addr,
+                               "MASTER_PORT": str(launch.master_port)})  # the op names its segments by these
+            import deepspeed
+            import deepspeed.comm as comm
+            import torch
+
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+            level = getattr(comm.comm.cdb, "shm_vector_kernel_level", 0)
+            if not hasattr(getattr(torch.ops, "deepspeed", None), "inference_all_reduce_") or level < 1:
+                raise RuntimeError(f"DeepSpeed's shared-memory allreduce does not run here (op loaded: "
+                                   f"{comm.comm.cdb.shm_comm_op is not None}, vector kernel level {level}): "
+                                   "inference_all_reduce would be gloo's all_reduce")
+            self._ds = comm
+        return self._ds
 
     def _mpi(self, count: int) -> Slot:
         mpi, comm = self.control.mpi, self.control.comm
@@ -425,9 +458,9 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
                    "-x", "OMP_NUM_THREADS=1", *shlex.split(getattr(args, "mpi_args", "") or ""),
                    sys.executable, os.path.join(HERE, "paired.py"), *options]
         print(f"# {shlex.join(command)}", flush=True)
-        done = subprocess.run(command, timeout=args.timeout * max(1, len(sizes)), check=False)
-        if done.returncode:
-            method.fail(f"the paired ranks failed (exit {done.returncode}); see the output above", code=3)
+        code = _run_bounded(command, args.timeout * max(1, len(sizes)))
+        if code:
+            method.fail(f"the paired ranks failed (exit {code}); see the output above", code=3)
         with open(json_path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
     from harness_overhead import RankFailure, run_local_ranks
@@ -443,6 +476,31 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
     with open(json_path, "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(record) + "\n" for record in records)
     return records
+
+
+class JobTimeout(Exception):
+    """The paired ranks gave no result within the time allowed (they were stopped)."""
+
+
+def _run_bounded(command: list[str], timeout_s: float) -> int:
+    """Run mpirun in its own session; past `timeout_s` stop it and every rank (JobTimeout)."""
+    proc = subprocess.Popen(command, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise JobTimeout(f"no result in {timeout_s:g} s") from None
 
 
 def add_pair_options(parser: argparse.ArgumentParser, slot_time_s: float = 0.05,
