@@ -97,6 +97,7 @@ def summarize(record: dict, ds_note: str | None) -> dict:
         row[f"{tool}_time_us"] = method.median(times) if times else None
     for key in ("shm:mpi", "shm:deepspeed", "shm:bound"):
         row[key] = paired.comparison(record, key)
+        row[f"{key} p50"] = paired.comparison(record, key, "p50_us")  # per-call medians: load spikes left out
     if row["bound_time_us"]:
         row["shm_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row["shm_time_us"], WORLD)[1]
         row["bound_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row["bound_time_us"], WORLD)[1]
@@ -122,17 +123,23 @@ def ratio_text(ratio: method.PairedRatio) -> str:
             f"{verdict(ratio, '')}")
 
 
+def p50_text(ratio: method.PairedRatio) -> str:
+    """The same pairs' ratio of p50_us (each slot's median call), median only: what the load spikes do not move."""
+    return f"{ratio.median:.2f}" if ratio.ratios else "-"
+
+
 def print_report(rows: list[dict], pairs: int) -> None:
     print(f"\n# {pairs} ABBA pairs per comparison; ratio = B time / A time (above 1: shm faster): median, q1 "
-          "[range], verdict (median >= 1.0 and q1 >= 0.9); times: each tool's slot time_us, range")
-    table = method.Table(["size", "shm time_us", "mpi time_us", "mpi/shm", "deepspeed time_us", "ds/shm"],
-                         widths={"mpi/shm": 34, "ds/shm": 34, "deepspeed time_us": 20})
+          "[range], verdict (median >= 1.0 and q1 >= 0.9); p50: the median of the same pairs' p50_us ratios; "
+          "times: each tool's slot time_us, range")
+    table = method.Table(["size", "shm time_us", "mpi time_us", "mpi/shm", "p50", "deepspeed time_us", "ds/shm",
+                          "p50 "], widths={"mpi/shm": 34, "ds/shm": 34, "deepspeed time_us": 20})
     print(table.header())
     for row in rows:
         ds_ratio = row["deepspeed_note"] or ratio_text(row["shm:deepspeed"])
         print(table.row([format_size(row["nbytes"]), times_text(row["shm_times_us"]),
-                         times_text(row["mpi_times_us"]), ratio_text(row["shm:mpi"]),
-                         times_text(row["deepspeed_times_us"]), ds_ratio]))
+                         times_text(row["mpi_times_us"]), ratio_text(row["shm:mpi"]), p50_text(row["shm:mpi p50"]),
+                         times_text(row["deepspeed_times_us"]), ds_ratio, p50_text(row["shm:deepspeed p50"])]))
     for row in rows:
         if row["shm:bound"].ratios:
             ratio = row["shm:bound"]
