@@ -17,8 +17,8 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
          bench.measure_point also runs it with the result check on (wrong counted);
   shmpy  the shm backend with its Python executor (COMMBENCH_SHM_EXECUTOR=python), where shm runs
          the native one (auto): what the compiled fast path gains, paired;
-  unpiped  the shm backend without cutting large rings into LLC-sized slices (schedule.pipelined):
-         what the slicing gains at the memory bound, paired;
+  piped  the shm backend with large rings cut into LLC-sized slices (schedule.pipelined; off by
+         default): what the slicing gains or costs at the memory bound, paired;
   oneshot  the shm backend with --algorithm oneshot (auto picks it up to 64 KiB since 2026-11-23);
   ring   the shm backend with --algorithm ring;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
@@ -64,7 +64,7 @@ import numpy as np
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "shmpy", "unpiped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k")
+TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SLOT_ITERS = 3  # at 256 MiB a gloo call takes ~0.15 s: 3 calls keep a slot under a second
 
@@ -167,7 +167,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "shmpy", "unpiped", "oneshot", "ring", "p2p", "torch", "gloo", "deepspeed"}:
+        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "deepspeed"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -200,13 +200,13 @@ class Tools:
         slot.info["executor"] = "python"
         return slot
 
-    def _unpiped(self, count: int) -> Slot:
-        self.shm.pipeline = False  # large rings unsliced (ShmBackend._pipeline_slices)
+    def _piped(self, count: int) -> Slot:
+        self.shm.pipeline = True  # large rings cut into LLC-sized slices (ShmBackend._pipeline_slices)
         try:
             slot = self._shm(count)
         finally:
-            self.shm.pipeline = True
-        slot.info["pipelined"] = False
+            self.shm.pipeline = False
+        slot.info["pipelined"] = True
         return slot
 
     def _shm(self, count: int) -> Slot:

@@ -58,7 +58,7 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
-    backend._llc_bytes = 64 << 10  # a small "cache": the larger rings run pipelined (schedule.pipelined)
+    backend.pipeline, backend._llc_bytes = True, 64 << 10  # a small "cache": the larger rings run pipelined
     outputs = {"executor": np.array(backend.executor_name)}
     sliced = []
     for index, (collective, algorithm, dtype_name, op, count) in enumerate(CASES):
@@ -210,3 +210,21 @@ def test_pipelining_a_schedule_that_changes_its_chunks_is_caught():
 
     with pytest.raises(ScheduleError):
         verify(pipelined(algorithms.build("allreduce", "rhd", Topology(1, 4), 1000, 4000), 3))
+
+
+@needs_native
+def test_the_spin_grows_after_short_blocked_waits_and_shrinks_after_long_ones():
+    """A blocked wait that would have fit in the spin budget doubles the spin; a longer one halves it."""
+    executor = shm_native.NativeExecutor(LIBRARY, 0, 0, 0, 0, [], 20000, 50)  # budget 2 ms, floor 5 us
+    context = executor.context
+    context.spin_ns = 5_000
+    executor.blocked(50e-6)  # 55 us in all: a 10 us spin would not have caught it, a 2 ms one would
+    assert context.spin_ns == 10_000
+    for _ in range(20):
+        executor.blocked(50e-6)
+    assert context.spin_ns == context.spin_budget_ns == 2_000_000
+    executor.blocked(5e-3)  # the peer was away for longer than any spin: give the core up sooner
+    assert context.spin_ns == 1_000_000
+    for _ in range(20):
+        executor.blocked(5e-3)
+    assert context.spin_ns == context.spin_floor_ns == 5_000

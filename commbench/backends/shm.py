@@ -125,7 +125,10 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
     one_host = True
     native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
-    pipeline = True  # large rings run as a wavefront of LLC-sized slices (_pipeline_slices)
+    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, measured (docs/performance.md):
+    # 1.05x at 256 MiB on a quiet machine, 0.44x under other processes' load (33 barriers per call instead
+    # of 3, each a rendezvous of two ranks that the scheduler does not run at once).
+    pipeline = False
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)
@@ -394,12 +397,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
             if wanted == "native":
                 raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {exc}") from exc
             return None, "python", f"note: shm executor python, the native fast path is unavailable here: {exc}"
-        # The native spin does not shrink below its budget (floor = budget): under other processes' load a
-        # shrunk spin makes every barrier block, pay a wake-up and a scheduling delay, and stay shrunk (paired
-        # against Open MPI at 1 KiB, same load: 6.9-7.6 us per call adaptive, 1.7-2.1 us not; docs/performance.md).
-        # With more ranks than cores the budget is OVERSUBSCRIBED_SPIN_CHECKS already.
         native = shm_native.NativeExecutor(library, self._ctl_address, self._flags_address, self._flag_word_count,
-                                           self._my_counter, self._peer_counters, self._spin_budget, self._spin_budget)
+                                           self._my_counter, self._peer_counters, self._spin_budget,
+                                           OVERSUBSCRIBED_SPIN_CHECKS)
         return native, "native", None
 
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
@@ -426,7 +426,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         def call() -> None:
             at = run(ops_address, count, 0, 0, context)
             while at >= 0:
+                started = time.perf_counter()
                 self._wait_long(*native.stalled())
+                native.blocked(time.perf_counter() - started)
                 at = run(ops_address, count, at, 1, context)
         call.keep = (ops, plan)  # the Op array and the views its pointers point into live as long as the call
         return call

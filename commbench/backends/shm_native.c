@@ -14,9 +14,9 @@ Approach:
   (a release store), wake futex waiters if some rank raised its flag, then wait until every peer's
   counter has reached the epoch. The wait spins (pause) for `spin_ns`; if the peer is still not
   there the call returns the index of the barrier, and Python blocks (futex), checks for a dead peer and the timeout, and resumes here.
-  The spin can adapt as shm.py's does (halved by Python after a wait that blocked, down to
-  `spin_floor_ns`; doubled here, up to the budget, by a wait that ended while spinning); shm.py
-  sets the floor to the budget (why: shm.py `_choose_executor`).
+  The spin adapts: doubled here (up to the budget) by a wait that ended while spinning; after a
+  wait that blocked, Python doubles it if the whole wait fit in the budget and halves it (down
+  to `spin_floor_ns`) if not (shm_native.py `blocked` says why).
 - Copies of at least `nt_bytes` use non-temporal stores (no read for ownership of lines that would
   only be evicted again: a copy of a large chunk is pure streaming); an sfence before every barrier
   makes them visible before the counter moves.
