@@ -422,9 +422,10 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         native = self._native
         ops = native.ops(plan, op)
         run, ops_address, count, context = native.run, ctypes.addressof(ops), len(plan), native.address
+        first = native.first_call(ops)
 
         def call() -> None:
-            at = run(ops_address, count, 0, 0, context)
+            at = first()
             while at >= 0:
                 started = time.perf_counter()
                 self._wait_long(*native.stalled())

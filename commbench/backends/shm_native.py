@@ -163,11 +163,20 @@ class NativeExecutor:
     def __init__(self, library: ctypes.CDLL, counters_address: int, flags_address: int, flag_words: int,
                  mine: int, peers: list[int], spin_budget_checks: int, spin_floor_checks: int):
         self.run = library.cb_shm_run
+        self._raw_run = library["cb_shm_run"]  # another handle, without argtypes: called with ready ctypes values
+        self._raw_run.restype = ctypes.c_int64
         self._peers = np.array(peers or [0], dtype=np.int64)  # kept alive: the context points at it
         self.context = Context(counters_address, flags_address, self._peers.ctypes.data, len(peers), mine, flag_words,
                                spin_budget_checks * NS_PER_CHECK, spin_budget_checks * NS_PER_CHECK,
                                spin_floor_checks * NS_PER_CHECK, llc_bytes() // 2, -1, 0)
         self.address = ctypes.addressof(self.context)
+
+    def first_call(self, ops: ctypes.Array) -> functools.partial:
+        """run(ops, len(ops), start 0, not resumed, context) with its arguments converted once: the ctypes
+        call then costs ~0.27 us here, against ~0.5 us converting Python ints through argtypes."""
+        args = (ctypes.c_void_p(ctypes.addressof(ops)), ctypes.c_int64(len(ops)), ctypes.c_int64(0),
+                ctypes.c_int64(0), ctypes.c_void_p(self.address))
+        return functools.partial(self._raw_run, *args)
 
     def stalled(self) -> tuple[int, int]:
         """(counter index, epoch) the last stopped call waits for."""
