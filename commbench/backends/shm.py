@@ -30,6 +30,12 @@ futex (not Linux) the wait yields and sleeps with growing back-off instead.
 A wait gives up after --timeout less the stop margin (launch.peer_wait_s), and within
 about 0.1 s once a peer process has died (a zombie not yet reaped counts as dead).
 
+A call runs as one flat plan of steps (barriers, copies, reductions over views fixed when the call
+is prepared), executed by the native executor (shm_native.c: the whole plan in one ctypes call; its
+barrier spins, then hands the wait back here to block) or by the Python one below (one NumPy call or
+barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (shm_native.py).
+Both keep the protocol above on the same counters and give bitwise the same results.
+
 Rounds with hazards (a rank written where a peer reads it in the same round:
 one-shot allreduce in place) stage the result in a private buffer and write it
 back after a barrier. Segments are unlinked after every point, at exit, on
@@ -125,9 +131,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
     one_host = True
     native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
-    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, measured (docs/performance.md):
-    # 1.05x at 256 MiB on a quiet machine, 0.44x under other processes' load (33 barriers per call instead
-    # of 3, each a rendezvous of two ranks that the scheduler does not run at once).
+    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, as measured (docs/performance.md):
+    # at 256 MiB 1.05x faster once, 1.6-2.3x slower in the later runs, quiet or loaded (33 barriers per call
+    # instead of 3, each a rendezvous of two ranks, and slices below the non-temporal copy threshold).
     pipeline = False
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
