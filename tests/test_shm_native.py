@@ -145,7 +145,7 @@ def test_large_copies_stream_and_stay_exact():
         src, dst = source[shift:], np.zeros(len(source) - shift, dtype=np.uint8)
         executor = shm_native.NativeExecutor(LIBRARY, 0, 0, 0, 0, [], 1, 1)
         executor.context.nt_bytes = 4096
-        ops = executor.ops([("copy", dst, src)], "sum")
+        ops = executor.ops([("copy", dst, src)], "sum", stream=True)
         executor.run(ctypes.addressof(ops), 1, 0, 0, executor.address)
         assert dst.tobytes() == src.tobytes()
 

@@ -17,9 +17,10 @@ Approach:
   The spin adapts: doubled here (up to the budget) by a wait that ended while spinning; after a
   wait that blocked, Python doubles it if the whole wait fit in the budget and halves it (down
   to `spin_floor_ns`) if not (shm_native.py `blocked` says why).
-- Copies of at least `nt_bytes` use non-temporal stores (no read for ownership of lines that would
-  only be evicted again: a copy of a large chunk is pure streaming); an sfence before every barrier
-  makes them visible before the counter moves.
+- Copies marked `stream` (the ranks' buffers together do not fit in the last-level cache) of at
+  least `nt_bytes` use non-temporal stores: no read for ownership of lines that would only be
+  evicted again. Where the buffers fit, the result stays in the cache for the next call. An sfence
+  before every barrier makes the stores visible before the counter moves.
 Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, else the index of
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
@@ -37,7 +38,7 @@ enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
 enum { T_F32 = 0, T_F64 = 1, T_I8 = 2, T_U8 = 3, T_I32 = 4, T_I64 = 5 };
 
 typedef struct {
-    int32_t kind, dtype, reduction, pad;
+    int32_t kind, dtype, reduction, stream;  /* stream: a copy of at least nt_bytes uses non-temporal stores */
     void *out;
     const void *a, *b;
     int64_t count;  /* elements */
@@ -49,7 +50,7 @@ typedef struct {
     const int64_t *peers;            /* the peers' counter indices */
     int64_t npeers, mine, flag_words;
     int64_t spin_ns, spin_budget_ns, spin_floor_ns;
-    int64_t nt_bytes;                /* copies from this size use non-temporal stores */
+    int64_t nt_bytes;                /* streaming copies from this size use non-temporal stores */
     int64_t waiting_index, waiting_epoch;  /* out: where a stopped barrier waits */
 } cb_ctx;
 
@@ -173,7 +174,7 @@ int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resum
         if (op->kind == OP_BARRIER) {
             if (!barrier(c, k == start && resumed)) return k;
         } else if (op->kind == OP_COPY) {
-            copy_bytes(op->out, op->a, op->count * ITEMSIZE[op->dtype], c->nt_bytes);
+            copy_bytes(op->out, op->a, op->count * ITEMSIZE[op->dtype], op->stream ? c->nt_bytes : INT64_MAX);
         } else {
             reduce(op);
         }

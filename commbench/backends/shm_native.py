@@ -36,6 +36,7 @@ OP_BARRIER, OP_COPY, OP_REDUCE = 0, 1, 2
 REDUCTIONS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 0}  # avg: a sum, divided after the call
 DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3,
           np.dtype(np.int32): 4, np.dtype(np.int64): 5}  # float16 and bfloat16 (uint16 storage) stay in Python
+NT_MIN_BYTES = 256 << 10  # streaming copies from this size use non-temporal stores (shm_native.c)
 NS_PER_CHECK = 100  # shm.py's spin budgets count Python reads of ~100 ns; the C spin counts time
 
 
@@ -45,7 +46,7 @@ class NativeUnavailable(Exception):
 
 class Op(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("dtype", ctypes.c_int32), ("reduction", ctypes.c_int32),
-                ("pad", ctypes.c_int32), ("out", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+                ("stream", ctypes.c_int32), ("out", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
                 ("count", ctypes.c_int64)]
 
 
@@ -168,7 +169,7 @@ class NativeExecutor:
         self._peers = np.array(peers or [0], dtype=np.int64)  # kept alive: the context points at it
         self.context = Context(counters_address, flags_address, self._peers.ctypes.data, len(peers), mine, flag_words,
                                spin_budget_checks * NS_PER_CHECK, spin_budget_checks * NS_PER_CHECK,
-                               spin_floor_checks * NS_PER_CHECK, llc_bytes() // 2, -1, 0)
+                               spin_floor_checks * NS_PER_CHECK, NT_MIN_BYTES, -1, 0)
         self.address = ctypes.addressof(self.context)
 
     def first_call(self, ops: ctypes.Array) -> functools.partial:
@@ -196,8 +197,9 @@ class NativeExecutor:
         else:
             context.spin_ns = max(context.spin_floor_ns, context.spin_ns // 2)
 
-    def ops(self, plan: list[tuple], reduction: str) -> ctypes.Array:
-        """The plan's steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) as an Op array."""
+    def ops(self, plan: list[tuple], reduction: str, stream: bool = False) -> ctypes.Array:
+        """The plan's steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) as an Op array; `stream`:
+        the ranks' buffers exceed the last-level cache, so large copies bypass it."""
         array = (Op * len(plan))()
         for slot, step in zip(array, plan):
             if step[0] == "barrier":
@@ -205,6 +207,7 @@ class NativeExecutor:
                 continue
             arrays = step[1:]
             slot.kind = OP_COPY if step[0] == "copy" else OP_REDUCE
+            slot.stream = int(stream)
             slot.dtype, slot.reduction, slot.count = DTYPES[arrays[0].dtype], REDUCTIONS[reduction], len(arrays[0])
             slot.out, slot.a = arrays[0].ctypes.data, arrays[1].ctypes.data
             slot.b = arrays[2].ctypes.data if len(arrays) > 2 else None
