@@ -24,7 +24,8 @@ setup(
                                                                      "commbench.proxies.models", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
     package_data={"commbench.analysis": ["presets/*.json", "presets/README.md", "corpus/*.json", "corpus/README.md"],
-                  "commbench.proxies": ["profiles/*.json"], "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
+                  "commbench.proxies": ["profiles/*.json"], "commbench.backends": ["shm_native.c"],
+                  "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
     install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
     extras_require={
@@ -32,6 +33,8 @@ setup(
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
         "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
         "mpi": ["mpi4py>=3.1"],
+        # benchmarks/deepspeed_peer.py: DeepSpeed's CPU shared-memory allreduce as a peer (its op builds with g++).
+        "deepspeed": ["deepspeed>=0.14"],
         # CUDA 12: CuPy with NVRTC and the CUDA headers (its ctk extra), NCCL, NVML; the CuPy wheel
         # alone has neither NCCL nor NVRTC. On CUDA 13 install the -cuda13x/-cu13 names (docs/gpu.md).
         "gpu": ["cupy-cuda12x[ctk]>=14", "nvidia-nccl-cu12", "nvidia-ml-py>=12"],

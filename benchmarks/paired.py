@@ -15,11 +15,20 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   shm    commbench's shared-memory backend (ShmBackend: algorithm auto) through the call
          the harness prepares (backend.prepare); once per size commbench's own
          bench.measure_point also runs it with the result check on (wrong counted);
+  shmpy  the shm backend with its Python executor (COMMBENCH_SHM_EXECUTOR=python), where shm runs
+         the native one (auto): what the compiled fast path gains, paired;
+  piped  the shm backend with large rings cut into LLC-sized slices (schedule.pipelined; off by
+         default): what the slicing gains or costs at the memory bound, paired;
   oneshot  the shm backend with --algorithm oneshot (auto picks it up to 64 KiB since 2026-11-23);
+  ring   the shm backend with --algorithm ring;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
   mpi    Open MPI through mpi4py, comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM);
+  deepspeed  DeepSpeed's CPU shared-memory allreduce, deepspeed.comm.inference_all_reduce(tensor)
+         (DS_ACCELERATOR=cpu, LOCAL_SIZE = the ranks, its C++ op built on first use), on the
+         ranks' gloo group; a rank where the op would not run (not built, or a CPU without the
+         ISA its float32 kernel needs) fails in one line instead of timing gloo under its name;
   bound  the memory bound of shm's 2-rank ring at this size: both ranks at once run
          np.copyto and np.add(out=) on private float32 arrays of the size, each call
          started together; slot time = median add / 2 + median copy / 2 (the ring adds
@@ -55,7 +64,7 @@ import numpy as np
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "oneshot", "p2p", "torch", "gloo", "mpi", "bound", "bound4k")
+TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SLOT_ITERS = 3  # at 256 MiB a gloo call takes ~0.15 s: 3 calls keep a slot under a second
 
@@ -158,7 +167,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "oneshot", "p2p", "torch", "gloo"}:
+        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "deepspeed"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -170,11 +179,35 @@ class Tools:
         return getattr(self, f"_{tool}")(count)
 
     def _oneshot(self, count: int) -> Slot:
-        self.shm.algorithm = "oneshot"
+        return self._shm_algorithm(count, "oneshot")
+
+    def _ring(self, count: int) -> Slot:
+        return self._shm_algorithm(count, "ring")
+
+    def _shm_algorithm(self, count: int, algorithm: str) -> Slot:
+        self.shm.algorithm = algorithm
         try:
             return self._shm(count)
         finally:
             self.shm.algorithm = "auto"
+
+    def _shmpy(self, count: int) -> Slot:
+        native, self.shm._native = self.shm._native, None  # the executor is chosen per prepared call
+        try:
+            slot = self._shm(count)
+        finally:
+            self.shm._native = native
+        slot.info["executor"] = "python"
+        return slot
+
+    def _piped(self, count: int) -> Slot:
+        self.shm.pipeline = True  # large rings cut into LLC-sized slices (ShmBackend._pipeline_slices)
+        try:
+            slot = self._shm(count)
+        finally:
+            self.shm.pipeline = False
+        slot.info["pipelined"] = True
+        return slot
 
     def _shm(self, count: int) -> Slot:
         from commbench import collectives as C
@@ -185,7 +218,8 @@ class Tools:
         self.control.barrier()  # every rank's segment exists before a peer maps it
         call = backend.prepare("allreduce", buffer, buffer, "sum", 0, True)
         slot = Slot(call, backend.barrier, backend.end_point)
-        slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"]}
+        slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"],
+                     "executor": "native" if backend._native is not None else "python"}
         return slot
 
     def shm_checked(self, nbytes: int, slot_time_s: float) -> dict:
@@ -232,6 +266,35 @@ class Tools:
 
         tensor = torch.ones(count, dtype=torch.float32)
         return Slot(lambda: dist.all_reduce(tensor), dist.barrier)
+
+    def _deepspeed(self, count: int) -> Slot:
+        import torch
+        import torch.distributed as dist
+
+        comm = self._deepspeed_comm()
+        tensor = torch.ones(count, dtype=torch.float32)
+        return Slot(lambda: comm.inference_all_reduce(tensor), dist.barrier)
+
+    def _deepspeed_comm(self):
+        """deepspeed.comm on the ranks' gloo group, once; a RuntimeError where its shm op would not run."""
+        if getattr(self, "_ds", None) is None:
+            launch = self.launch
+            os.environ.update({"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(launch.local_world_size),
+                               "RANK": str(launch.rank), "LOCAL_RANK": str(launch.local_rank),
+                               "WORLD_SIZE": str(launch.world_size), "MASTER_ADDR": launch.master_addr,
+                               "MASTER_PORT": str(launch.master_port)})  # the op names its segments by these
+            import deepspeed
+            import deepspeed.comm as comm
+            import torch
+
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+            level = getattr(comm.comm.cdb, "shm_vector_kernel_level", 0)
+            if not hasattr(getattr(torch.ops, "deepspeed", None), "inference_all_reduce_") or level < 1:
+                raise RuntimeError(f"DeepSpeed's shared-memory allreduce does not run here (op loaded: "
+                                   f"{comm.comm.cdb.shm_comm_op is not None}, vector kernel level {level}): "
+                                   "inference_all_reduce would be gloo's all_reduce")
+            self._ds = comm
+        return self._ds
 
     def _mpi(self, count: int) -> Slot:
         mpi, comm = self.control.mpi, self.control.comm
@@ -395,9 +458,9 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
                    "-x", "OMP_NUM_THREADS=1", *shlex.split(getattr(args, "mpi_args", "") or ""),
                    sys.executable, os.path.join(HERE, "paired.py"), *options]
         print(f"# {shlex.join(command)}", flush=True)
-        done = subprocess.run(command, timeout=args.timeout * max(1, len(sizes)), check=False)
-        if done.returncode:
-            method.fail(f"the paired ranks failed (exit {done.returncode}); see the output above", code=3)
+        code = _run_bounded(command, args.timeout * max(1, len(sizes)))
+        if code:
+            method.fail(f"the paired ranks failed (exit {code}); see the output above", code=3)
         with open(json_path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
     from harness_overhead import RankFailure, run_local_ranks
@@ -413,6 +476,31 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
     with open(json_path, "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(record) + "\n" for record in records)
     return records
+
+
+class JobTimeout(Exception):
+    """The paired ranks gave no result within the time allowed (they were stopped)."""
+
+
+def _run_bounded(command: list[str], timeout_s: float) -> int:
+    """Run mpirun in its own session; past `timeout_s` stop it and every rank (JobTimeout)."""
+    proc = subprocess.Popen(command, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise JobTimeout(f"no result in {timeout_s:g} s") from None
 
 
 def add_pair_options(parser: argparse.ArgumentParser, slot_time_s: float = 0.05,

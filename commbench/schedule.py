@@ -20,7 +20,7 @@ whole buffer on every rank; reduce_scatter leaves rank r's reduced chunk at
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -122,6 +122,25 @@ def hazards(rnd: tuple[Transfer, ...]) -> set[int]:
 
 def _overlap(a: Chunk, b: Chunk) -> bool:
     return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+
+
+def pipelined(schedule: Schedule, slices: int) -> Schedule:
+    """`schedule` with every chunk cut into `slices` slices and run as a wavefront: round w holds
+    step w - s of slice s, so a slice's next step reads what its previous step wrote one round
+    (a slice, not the whole chunk) ago, while that is still in the cache. Right for schedules
+    whose steps all move whole chunks of one partition of the buffer (ring); verify() says."""
+    if slices <= 1:
+        return schedule
+    steps = schedule.rounds
+
+    def part(chunk: Chunk, index: int) -> Chunk:
+        lo, hi = chunk
+        return lo + (hi - lo) * index // slices, lo + (hi - lo) * (index + 1) // slices
+
+    rounds = tuple(tuple(Transfer(t.src, t.dst, part(t.chunk, index), t.reduce)
+                         for index in range(slices) if 0 <= wave - index < len(steps) for t in steps[wave - index])
+                   for wave in range(len(steps) + slices - 1))
+    return replace(schedule, rounds=rounds)
 
 
 # ---------------------------------------------------------------- the reference interpreter

@@ -37,6 +37,7 @@ from commbench.topology import Topology
 class HybridBackend(ShmBackend):
     name = "hybrid"
     one_host = False  # shared memory inside a node only
+    native_executor = False  # its rounds interleave gloo requests: the Python executor runs them
 
     def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
         require_x86(self.name)

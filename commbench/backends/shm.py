@@ -30,6 +30,12 @@ futex (not Linux) the wait yields and sleeps with growing back-off instead.
 A wait gives up after --timeout less the stop margin (launch.peer_wait_s), and within
 about 0.1 s once a peer process has died (a zombie not yet reaped counts as dead).
 
+A call runs as one flat plan of steps (barriers, copies, reductions over views fixed when the call
+is prepared), executed by the native executor (shm_native.c: the whole plan in one ctypes call; its
+barrier spins, then hands the wait back here to block) or by the Python one below (one NumPy call or
+barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (shm_native.py).
+Both keep the protocol above on the same counters and give bitwise the same results.
+
 Rounds with hazards (a rank written where a peer reads it in the same round:
 one-shot allreduce in place) stage the result in a private buffer and write it
 back after a barrier. Segments are unlinked after every point, at exit, on
@@ -53,18 +59,20 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commbench.backends import shm_native
 from commbench.backends.base import BackendError, OutOfMemory
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DType
 from commbench.launch import JOB_TAG_VAR, SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
-from commbench.schedule import Schedule, hazards
+from commbench.schedule import Schedule, hazards, pipelined
 from commbench.topology import Topology
 
 LINE = 8  # int64 slots per cache line: one counter per line, so ranks never share one
 SPIN_CHECKS = 20000  # pure spinning before blocking: ~2 ms at ~100 ns per check
 OVERSUBSCRIBED_SPIN_CHECKS = 50  # more ranks than cores: the peer we wait for may need our core
 BLOCK_TIMEOUT_NS = 1_000_000  # a blocked wait re-reads the counter (and misses no wake-up for longer)
+PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
 PEER_CHECK_BLOCKS = 64  # blocked waits between checks for a dead peer or the timeout (~64 ms at most)
 _NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
@@ -88,7 +96,7 @@ class _Segment:
                 except OSError as exc:
                     os.unlink(path)
                     raise OutOfMemory(f"/dev/shm has no room for {nbytes} bytes ({exc.strerror})") from exc
-            self.map = mmap.mmap(fd, max(nbytes, 1))
+            self.map = _map(fd, max(nbytes, 1))
         finally:
             os.close(fd)
         self.path, self.nbytes = path, nbytes
@@ -100,9 +108,33 @@ class _Segment:
             pass
 
 
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    """The segment mapped with its page tables filled now (MAP_POPULATE): no page faults in the first
+    timed calls, in a peer's mapping as in the creator's (whose posix_fallocate allocated the pages)."""
+    return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+
+
+def shm_page_note() -> str | None:
+    """What page size shm's segments get here, when it is not huge pages (a header note)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled", encoding="ascii") as handle:
+            mode = handle.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+    if mode in ("always", "force", "within_size"):
+        return None
+    return (f"note: shm segments use 4 KiB pages here (transparent_hugepage/shmem_enabled = {mode}; huge "
+            f"pages for /dev/shm are a system setting: 'always' or 'within_size', or a huge= mount option)")
+
+
 class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
     one_host = True
+    native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
+    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, as measured (docs/performance.md):
+    # at 256 MiB 1.05x faster once, 1.6-2.3x slower in the later runs, quiet or loaded (33 barriers per call
+    # instead of 3, each a rendezvous of two ranks, and slices below the non-temporal copy threshold).
+    pipeline = False
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)
@@ -121,6 +153,8 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         self._peers: dict[tuple[int, int], _Segment] = {}
         self._seq = 0
         self._ctl = self._control_segment()
+        self._native, self.executor_name, self._executor_note = self._choose_executor()
+        self._llc_bytes = shm_native.llc_bytes()
         atexit.register(self._cleanup)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: unlink the segments
@@ -136,6 +170,21 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     def _ranks_on_host(self, launch: LaunchInfo) -> int:
         """How many of the job's ranks share this host's cores (all of them, for shm)."""
         return launch.local_world_size
+
+    @classmethod
+    def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
+        try:
+            shm_native.requested()  # a bad $COMMBENCH_SHM_EXECUTOR is one line before any rank starts
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        super().check_request(cfg, library, collectives, dtype, op, world)
+
+    def setup_text(self) -> str:
+        text = f"{super().setup_text()}, executor {self.executor_name}"
+        return text + " (float16 and bfloat16: python)" if self._native is not None else text
+
+    def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
+        return [note for note in (self._executor_note, shm_page_note()) if note]
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:
@@ -162,13 +211,13 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         ctl[(len(members) + self._slot) * LINE] = os.getpid()  # second half: pids, to notice dead peers
         self.gather_objects(None)
         self._pids = [int(ctl[(len(members) + i) * LINE]) for i in range(len(members))]
-        self._epoch = 0
         # The hot path reads through memoryviews (~80 ns per read against NumPy's ~130 ns).
         self._counters = memoryview(self._ctl_seg.map).cast("q")
         flags_at = len(members) * LINE * 2 * 8
         self._flags = memoryview(self._ctl_seg.map)[flags_at:flags_at + flag_lines * LINE * 8]
         self._flag_words = self._flags.cast("Q")
         self._flag_word_count = -(-len(members) // 8)
+        self._flags_address = ctl.ctypes.data + flags_at
         self._my_counter = self._slot * LINE
         self._peer_counters = [i * LINE for i in range(len(members)) if i != self._slot]
         self._ctl_address = ctl.ctypes.data
@@ -267,8 +316,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
         wake = _FUTEX.wake
 
         def arrive_and_wait() -> None:
-            self._epoch += 1
-            epoch = self._epoch
+            epoch = counters[mine] + 1  # my counter is my epoch (the native executor bumps it too)
             counters[mine] = epoch
             if words[0] if one_word else any(words):
                 wake(address)
@@ -290,14 +338,18 @@ class ShmBackend(ScheduleBackend, TorchBackend):
             if checks < 2 * spin:
                 os.sched_yield()
                 continue
-            if _FUTEX.available:
-                self._block(index, epoch)
-            else:
-                self._back_off(index, epoch)
+            self._wait_long(index, epoch)
             self._spin = max(OVERSUBSCRIBED_SPIN_CHECKS, spin // 2)
             return
         if spin < self._spin_budget:  # ended spinning or yielding: a longer spin would have caught it
             self._spin = min(self._spin_budget, 2 * spin)
+
+    def _wait_long(self, index: int, epoch: int) -> None:
+        """The wait after the spin: block in the kernel (or sleep), checking the peer and the timeout."""
+        if _FUTEX.available:
+            self._block(index, epoch)
+        else:
+            self._back_off(index, epoch)
 
     def _block(self, index: int, epoch: int) -> None:
         """Sleep in the kernel until the peer bumps its counter (flag raised so that it wakes us)."""
@@ -337,54 +389,112 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     # ---------------------------------------------------------------- running a schedule
 
+    def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
+        """(native state or None, which executor runs, the header's note when auto fell back to python)."""
+        try:
+            wanted = shm_native.requested()
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        if wanted == "python" or not self.native_executor:
+            return None, "python", None
+        try:
+            library = shm_native.load()
+        except shm_native.NativeUnavailable as exc:
+            if wanted == "native":
+                raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {exc}") from exc
+            return None, "python", f"note: shm executor python, the native fast path is unavailable here: {exc}"
+        native = shm_native.NativeExecutor(library, self._ctl_address, self._flags_address, self._flag_word_count,
+                                           self._my_counter, self._peer_counters, self._spin_budget,
+                                           OVERSUBSCRIBED_SPIN_CHECKS)
+        return native, "native", None
+
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
-        """The whole call as one flat tuple of pre-built operations (pulls and barriers), so that a
-        step costs the timed loop one call per pull and one per barrier, nothing else."""
-        arrive = self._arrive_and_wait
-        ops: list[Callable[[], Any]] = [arrive]  # every rank's input is in place, nobody reads the last call
-        last = len(schedule.rounds) - 1
-        for index, rnd in enumerate(schedule.rounds):
-            steps, staged = self._round_plan(rnd, working, op)
-            ops += [*steps, arrive, *staged]  # staged: hazard rounds write back after every peer has read
-            # Whether a round needs the write-back barrier is decided from the round itself, so every rank
-            # meets the same barriers even when only some stage. After the last round the next call's first
-            # barrier does its work (nobody reads this call's result before it; the write-back is our own
-            # buffer, which no peer reads after the barrier above).
-            if hazards(rnd) and index < last:
-                ops.append(arrive)
-        ops = tuple(ops)
+        """The whole call as one flat plan of steps (pulls and barriers), run by the native executor
+        (one ctypes call) or by the Python one (one call per step, nothing else)."""
+        plan = self._plan(schedule, working)
+        if self._native is not None and shm_native.unsupported(working.array.dtype, op) is None:
+            # Large copies bypass the cache where the ranks' buffers do not fit in it anyway (paired against
+            # Open MPI, quiet, 21:23-21:24: 16 MiB 0.84-0.96 without, 0.87-1.13 with; but at 4 MiB, where they
+            # fit, streaming cost 0.99 -> 0.72, so it is only for buffers past the LLC).
+            return self._native_call(plan, op, working.array.nbytes * len(self.members) >= self._llc_bytes)
+        reduce, arrive = _reducer(op, working.array.dtype), self._arrive_and_wait
+        ops = tuple(arrive if step[0] == "barrier" else _python_step(reduce, step) for step in plan)
 
         def call() -> None:
             for operation in ops:
                 operation()
         return call
 
+    def _native_call(self, plan: list[tuple], op: str, stream: bool) -> Callable[[], None]:
+        """The plan as native Ops; a barrier that outlasts the spin returns here to block (and to notice a
+        dead peer or the timeout), then the call resumes at that barrier."""
+        native = self._native
+        ops = native.ops(plan, op, stream)
+        run, ops_address, count, context = native.run, ctypes.addressof(ops), len(plan), native.address
+        first = native.first_call(ops)
+
+        def call() -> None:
+            at = first()
+            while at >= 0:
+                started = time.perf_counter()
+                self._wait_long(*native.stalled())
+                native.blocked(time.perf_counter() - started)
+                at = run(ops_address, count, at, 1, context)
+        call.keep = (ops, plan)  # the Op array and the views its pointers point into live as long as the call
+        return call
+
+    def _plan(self, schedule: Schedule, working: ShmBuffer) -> list[tuple]:
+        """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) over views fixed now."""
+        plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
+        rounds = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize)).rounds
+        last = len(rounds) - 1
+        for index, rnd in enumerate(rounds):
+            steps, staged = self._round_steps(rnd, working)
+            plan += [*steps, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
+            # Whether a round needs the write-back barrier is decided from the round itself, so every rank
+            # meets the same barriers even when only some stage. After the last round the next call's first
+            # barrier does its work (nobody reads this call's result before it; the write-back is our own
+            # buffer, which no peer reads after the barrier above).
+            if hazards(rnd) and index < last:
+                plan.append(_BARRIER)
+        return plan
+
+    def _pipeline_slices(self, schedule: Schedule, itemsize: int) -> int:
+        """Into how many slices a ring's chunks are cut (schedule.pipelined) when the ranks' buffers
+        together exceed the last-level cache: a slice of 1/PIPELINE_SLICES_PER_LLC of it, so that a
+        chunk a peer has just reduced is copied from the cache, not from memory (1: not cut)."""
+        if not self.pipeline or schedule.name != "ring" or \
+                schedule.count * itemsize * schedule.world <= self._llc_bytes:
+            return 1
+        largest = max(t.count for rnd in schedule.rounds for t in rnd) * itemsize
+        return -(-largest // (self._llc_bytes // PIPELINE_SLICES_PER_LLC))
+
     def _round_plan(self, rnd, working: ShmBuffer, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
-        """Pre-built closures over fixed views, so the timed loop only calls them."""
+        """One round's steps as Python callables (the hybrid backend's executor)."""
+        reduce = _reducer(op, working.array.dtype)
+        steps, staged = self._round_steps(rnd, working)
+        return [_python_step(reduce, s) for s in steps], [_python_step(reduce, s) for s in staged]
+
+    def _round_steps(self, rnd, working: ShmBuffer) -> tuple[list[tuple], list[tuple]]:
+        """(this rank's pulls in a round, the write-backs after its barrier) as plan steps."""
         mine = working.array
         incoming = [t for t in rnd if t.dst == self.rank]
-        reduce = _reducer(op, mine.dtype)
         if self.rank not in hazards(rnd):
-            steps = []
-            for t in incoming:
-                dst, src = mine[t.chunk[0]:t.chunk[1]], self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]]
-                steps.append(_pull(reduce, dst, src, t.reduce))
-            return steps, []
+            return [_step(mine[t.chunk[0]:t.chunk[1]], self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]],
+                          t.reduce) for t in incoming], []
         # Stage into a private copy of my whole buffer region that this round writes.
         lo, hi = min(t.chunk[0] for t in incoming), max(t.chunk[1] for t in incoming)
         stage, region = np.empty(hi - lo, dtype=mine.dtype), mine[lo:hi]
         first = incoming[0]
         if first.reduce and first.chunk == (lo, hi):  # stage = mine op peer in one pass, not copy then reduce
-            src = self._peer_array(first.src, working)[lo:hi]
-            steps = [functools.partial(reduce, region, src, stage)]
+            steps = [("reduce", stage, region, self._peer_array(first.src, working)[lo:hi])]
             incoming = incoming[1:]
         else:
-            steps = [_pull(reduce, stage, region, False)]
+            steps = [("copy", stage, region)]
         for t in incoming:
             dst = stage[t.chunk[0] - lo:t.chunk[1] - lo]
-            src = self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]]
-            steps.append(_pull(reduce, dst, src, t.reduce))
-        return steps, [_pull(reduce, region, stage, False)]
+            steps.append(_step(dst, self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]], t.reduce))
+        return steps, [("copy", region, stage)]
 
 
 # ---------------------------------------------------------------- blocking waits
@@ -425,6 +535,22 @@ _FUTEX = _Futex()
 
 
 # ---------------------------------------------------------------- dtype helpers
+
+
+_BARRIER = ("barrier",)
+
+
+def _step(dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> tuple:
+    """A pull as a plan step: dst op= src, or dst = src."""
+    return ("reduce", dst, dst, src) if is_reduce else ("copy", dst, src)
+
+
+def _python_step(reduce, step: tuple) -> Callable[[], Any]:
+    """A plan step as one pre-built call: partials of NumPy's C functions (no Python frame per step)."""
+    if step[0] == "copy":
+        return functools.partial(step[1].__setitem__, Ellipsis, step[2])
+    out, a, b = step[1:]
+    return functools.partial(reduce, a, b, out)
 
 
 def _pull(reduce, dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> Callable[[], Any]:
