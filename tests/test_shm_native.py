@@ -122,6 +122,7 @@ def test_native_kernels_match_numpy(dtype, op):
     if np.dtype(dtype).kind == "f":
         a, b = rng.standard_normal(count).astype(dtype), rng.standard_normal(count).astype(dtype)
         a[:4], b[:4] = [np.nan, 1.0, np.inf, -np.inf], [2.0, np.nan, -np.inf, 3.0]
+        a[4:8], b[4:8] = [-0.0, 0.0, -0.0, 0.0], [0.0, -0.0, -0.0, 0.0]  # equal: NumPy gives the second
     else:
         info = np.iinfo(dtype)
         a = rng.integers(info.min, info.max, count, endpoint=True, dtype=dtype)

@@ -87,7 +87,9 @@ static int barrier(cb_ctx *c, int resumed) {
     } else {
         _mm_sfence();  /* non-temporal stores of this call before the counter */
         epoch = load(mine) + 1;
-        __atomic_store_n(mine, epoch, __ATOMIC_RELEASE);
+        /* seq_cst: the flags below are read after the counter is visible, or a peer that raised its flag
+           and read the old counter would sleep until its timeout without this wake-up */
+        __atomic_store_n(mine, epoch, __ATOMIC_SEQ_CST);
         for (int64_t w = 0; w < c->flag_words; w++) {
             if (c->flags[w]) {
                 syscall(SYS_futex, (void *)mine, 1 /* FUTEX_WAKE, shared */, INT_MAX, NULL, NULL, 0);
@@ -133,16 +135,17 @@ static void copy_bytes(void *out, const void *a, int64_t nbytes, int64_t nt_byte
     memcpy(o + i, s + i, (size_t)(nbytes - i));
 }
 
-/* out = a op b elementwise. Floats: IEEE as NumPy (max/min propagate NaN, as np.maximum/minimum);
+/* out = a op b elementwise. Floats: IEEE as NumPy (max/min propagate NaN, as np.maximum/minimum, and
+   give the second operand when the two are equal, as they do: max(-0.0, +0.0) is +0.0);
    integers: sum and product computed unsigned (they wrap as NumPy's do, no undefined overflow). */
 #define FLOAT_LOOPS(T)                                                                       \
     switch (red) {                                                                           \
     case RED_SUM: for (i = 0; i < n; i++) o[i] = x[i] + y[i]; break;                        \
     case RED_PROD: for (i = 0; i < n; i++) o[i] = x[i] * y[i]; break;                       \
     case RED_MAX: for (i = 0; i < n; i++) { T p = x[i], q = y[i];                           \
-        o[i] = (p >= q || p != p) ? p : q; } break;                                          \
+        o[i] = (p > q || p != p) ? p : q; } break;                                           \
     default: for (i = 0; i < n; i++) { T p = x[i], q = y[i];                                \
-        o[i] = (p <= q || p != p) ? p : q; } break;                                          \
+        o[i] = (p < q || p != p) ? p : q; } break;                                           \
     }
 #define INT_LOOPS(T, U)                                                                      \
     switch (red) {                                                                           \
@@ -179,6 +182,7 @@ int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resum
             reduce(op);
         }
     }
+    _mm_sfence();  /* the last non-temporal copy visible before Python (or a Python barrier) goes on */
     return -1;
 }
 
