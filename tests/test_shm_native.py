@@ -229,3 +229,14 @@ def test_the_spin_grows_after_short_blocked_waits_and_shrinks_after_long_ones():
     for _ in range(20):
         executor.blocked(5e-3)
     assert context.spin_ns == context.spin_floor_ns == 5_000
+
+
+@needs_native
+def test_a_cache_folder_anyone_may_write_is_not_used(tmp_path):
+    """A library another user could have planted is neither loaded nor built there (one line instead)."""
+    cache = tmp_path / "cache"
+    built = shm_native.build(cache)
+    assert shm_native.build(cache) == built  # this user's own build is reused
+    built.parent.chmod(0o777)
+    with pytest.raises(shm_native.NativeUnavailable, match="anyone may write it"):
+        shm_native.build(cache)

@@ -98,10 +98,13 @@ def build(cache_dir: Path | None = None) -> Path:
         raise NativeUnavailable(f"{compiler} does not run ({exc})") from exc
     digest = hashlib.sha256(repr((compiler, version, FLAGS, SOURCE.read_text(), _cpu())).encode()).hexdigest()[:16]
     target = (cache_dir or cache_root()) / "shm_native" / digest / LIBRARY
-    if target.is_file():
+    if target.is_file() and _ours(target) and _ours(target.parent):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        if not _ours(target.parent):  # another user could swap the library it loads: build nothing there
+            raise NativeUnavailable(f"{target.parent} is not this user's, or anyone may write it: set "
+                                    f"$COMMBENCH_CACHE_DIR to a folder of your own")
         with tempfile.TemporaryDirectory(dir=target.parent) as work:
             built = Path(work) / LIBRARY
             out = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
@@ -114,6 +117,14 @@ def build(cache_dir: Path | None = None) -> Path:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NativeUnavailable(f"building {SOURCE.name} failed ({exc})") from exc
     return target
+
+
+def _ours(path: Path) -> bool:
+    """Whether `path` belongs to this user and not everyone may write it (group-writable is left alone: a
+    umask of 002 with a group of one's own is common): a cached library is loaded into every rank, so one
+    planted by another user would run as this one."""
+    info = path.stat()
+    return info.st_uid == os.geteuid() and not info.st_mode & 0o002
 
 
 @functools.cache
