@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench import algorithms
-from commbench.files import NotJson, UnreadableFile, parse_json, read_small
+from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, parse_json, read_small
 from commbench.results import json_kind
 from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
@@ -73,7 +73,6 @@ HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", 
                    "device_tflops", "meta")  # any other top-level field (description, sources) goes to meta
 
 
-MAX_FIGURE = 1e30  # any figure of a hardware file (a poor fit writes 3e16 GB/s): its square stays finite
 
 
 def hardware_from_dict(data: Any, origin: str = "hardware file") -> Hardware:

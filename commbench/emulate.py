@@ -256,17 +256,22 @@ def _stop_inside(names: Sequence[str]) -> None:
 def _a_rank_failed(folder: str | None) -> bool:
     """Whether a rank has left a non-zero exit code (job.report_exit) in `folder`."""
     try:
-        names = os.listdir(folder) if folder else []
+        return any(code != 0 for code in _exit_codes(folder).values()) if folder else False
     except OSError:
         return False
-    for name in names:
+
+
+def _exit_codes(folder: str) -> dict[int, int]:
+    """rank -> the exit code it left in `folder` (job.report_exit's files `rankN`); a file still being
+    written, or not a rank's, is left out (looked at again by the next caller)."""
+    codes = {}
+    for name in os.listdir(folder):
         try:
             with open(os.path.join(folder, name), encoding="ascii") as handle:
-                if int(handle.read()) != 0:
-                    return True
-        except (OSError, ValueError):  # being written: looked at again 50 ms later
+                codes[int(name.removeprefix("rank"))] = int(handle.read())
+        except (OSError, ValueError):
             continue
-    return False
+    return codes
 
 
 def _signal_inside(names: Sequence[str], sig: int) -> list[int]:
@@ -607,13 +612,7 @@ def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, s
 def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
     """The job's exit code from its ranks' own (job.report_exit), as a local spawn's is: torchrun ends
     with 1 whatever failed. A rank that left none died (killed, or out of memory): a fault, said once."""
-    codes = {}
-    for name in os.listdir(folder):
-        try:
-            with open(os.path.join(folder, name), encoding="ascii") as handle:
-                codes[int(name.removeprefix("rank"))] = int(handle.read())
-        except (OSError, ValueError):
-            continue
+    codes = _exit_codes(folder)
     missing = [rank for rank in range(world) if rank not in codes]
     positive = [code for code in codes.values() if code > 0]
     if launchers == 130:

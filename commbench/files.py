@@ -8,6 +8,9 @@ import os
 import stat
 from typing import Any, BinaryIO
 
+# the largest figure a results or hardware file may hold (a poor fit writes 3e16 GB/s): no time, rate or size
+# comes near, and its square (a fit's sums) stays finite
+MAX_FIGURE = 1e30
 MAX_LINE_BYTES = 64 << 20  # one JSON Lines record: the largest a results file writes is far below
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from commbench import collectives as C
 from commbench.environment import local_environment, software_versions  # noqa: F401 - re-exported
-from commbench.files import NotJson, UnreadableFile, lines, open_regular, parse_json
+from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, lines, open_regular, parse_json
 
 SCHEMA_VERSION = 1
 RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JSON list; more are packed
@@ -623,7 +623,6 @@ def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
 
 
 LARGEST_INTEGER = 2**63 - 1  # what a count or size is stored in (int64); beyond it, float() and numpy overflow
-LARGEST_FLOAT = 1e30  # no time, rate or size comes near; its square (a fit's sums) stays finite
 
 
 def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
@@ -633,7 +632,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
         return where or "the record", "NaN" if math.isnan(value) else "infinite"
     if isinstance(value, int) and abs(value) > LARGEST_INTEGER:
         return where or "the record", "above 2**63"
-    if isinstance(value, float) and abs(value) > LARGEST_FLOAT:
+    if isinstance(value, float) and abs(value) > MAX_FIGURE:
         return where or "the record", "above 1e30"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
