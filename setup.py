@@ -23,7 +23,8 @@ setup(
     packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis", "commbench.proxies",
                                                                      "commbench.proxies.models", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
-    package_data={"commbench.analysis": ["presets/*.json", "presets/README.md", "corpus/*.json", "corpus/README.md"],
+    package_data={"commbench": ["presets/*.json", "presets/README.md"],
+                  "commbench.analysis": ["corpus/*.json", "corpus/README.md"],
                   "commbench.proxies": ["profiles/*.json"], "commbench.backends": ["shm_native.c"],
                   "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.

@@ -31,9 +31,6 @@ import numpy as np
 
 CALIBRATION_PATH = os.path.join(os.path.dirname(__file__), "corpus", "calibration.json")
 LEVEL = Fraction(4, 5)  # the 80% interval, as the fit's jackknife+ gives
-CORPUS_PROVENANCE = "corpus calibration"
-FIT_PROVENANCE = "fit resamples"
-PROVENANCE_LABELS = {FIT_PROVENANCE: "fit", CORPUS_PROVENANCE: "corpus"}  # the word beside an interval in a table
 
 
 class CalibrationError(ValueError):

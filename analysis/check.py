@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, schedule_us, with_topology
 from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, run_loads, schedule_for, setup_of
 from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
 from commbench.analysis.provenance import headers_by_run, mismatch
 from commbench.collectives import DTYPES
+from commbench.costmodel import Hardware, schedule_us, with_topology
 from commbench.sizes import format_size
 from commbench.topology import Topology
 

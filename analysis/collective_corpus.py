@@ -24,7 +24,7 @@ from typing import Any
 
 from commbench import collectives as C
 from commbench.analysis import calibration
-from commbench.analysis.costmodel import Hardware, HardwareError, load_hardware
+from commbench.costmodel import Hardware, HardwareError, load_hardware
 
 COLLECTIVES_PATH = os.path.join(os.path.dirname(__file__), "corpus", "collectives.json")
 ALGORITHM = "auto"  # what the rows are predicted with: predict's default

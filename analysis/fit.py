@@ -27,9 +27,9 @@ import numpy as np
 
 from commbench import algorithms
 from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
-from commbench.analysis.costmodel import Hardware, link_loads, working_set_bytes
 from commbench.analysis.provenance import measured_with
 from commbench.collectives import DTYPES
+from commbench.costmodel import Hardware, link_loads, working_set_bytes
 from commbench.schedule import Schedule
 from commbench.topology import Link, Topology
 
@@ -267,7 +267,7 @@ def oversubscription(hw: Hardware, ranks_per_node: int) -> str | None:
     measured on CPU ranks (`meta.measured_on`) says nothing of more ranks per host than that host had
     cores, unless its own points ran that many. Presets, GPU fits and fits from before measured_on
     (2026-11-23) are not refused. A damaged block is a HardwareError."""
-    from commbench.analysis.costmodel import HardwareError
+    from commbench.costmodel import HardwareError
 
     where = hw.meta.get("measured_on")
     if where is None:
@@ -473,7 +473,7 @@ def _notes(fitted: dict, active: np.ndarray, base: Hardware | None) -> list[str]
 
 def predict_records(records: list[dict], hw: Hardware) -> np.ndarray:
     """The model's time for each record's point (its schedule on its topology)."""
-    from commbench.analysis.costmodel import schedule_us
+    from commbench.costmodel import schedule_us
 
     out = []
     for r in records:

@@ -22,8 +22,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from commbench.analysis.costmodel import Hardware, HardwareError, working_set_bytes
 from commbench.analysis.fit import COLUMNS, INTERVAL, INTERVAL_LEVEL, JACKKNIFE, features
+from commbench.costmodel import Hardware, HardwareError, working_set_bytes
 from commbench.schedule import Schedule
 from commbench.topology import Topology
 

@@ -9,10 +9,9 @@ from dataclasses import replace
 from commbench import algorithms
 from commbench import collectives as C
 from commbench.analysis import collective_corpus
-from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
-from commbench.analysis.costmodel import Hardware, schedule_us
 from commbench.analysis.intervals import schedule_interval_us
-from commbench.results import Result, point_result
+from commbench.costmodel import Hardware, schedule_us
+from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, Result, point_result
 from commbench.topology import Topology
 
 # A prediction builds every rank's schedule: ring's 2(n-1) rounds of n transfers took 3 min for

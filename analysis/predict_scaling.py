@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 
 from commbench.analysis import calibration as C
 from commbench.analysis import scale_terms as T
-from commbench.analysis.costmodel import Hardware
 from commbench.analysis.scaling import ScalingError, ScalingPoint, predict_scaling
+from commbench.costmodel import Hardware
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import flops_times_us
-from commbench.results import ScalingRecord
+from commbench.results import CORPUS_PROVENANCE, ScalingRecord
 
 LONGEST_STEP_S = 86400.0  # a day: a compute step longer than this comes from a wrong rate, not from a model
 
@@ -163,4 +163,4 @@ def corpus_interval(point: ScalingPoint, batch: int, calibration: C.Calibration)
     rates = (low * point.gpus * one_gpu, high * point.gpus * one_gpu)
     step = (batch * point.gpus / rates[1] * 1e6, batch * point.gpus / rates[0] * 1e6) if rates[0] > 0 else None
     return replace(point, step_interval_us=step, samples_per_s_interval=rates, linearity_interval=(low, high),
-                   interval_source=C.CORPUS_PROVENANCE)
+                   interval_source=CORPUS_PROVENANCE)

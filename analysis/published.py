@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.analysis.costmodel import Hardware, HardwareError, hardware_from_dict
+from commbench.costmodel import Hardware, HardwareError, hardware_from_dict
 
 CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "published.json")
 UNITS = ("images/s per GPU", "images/s", "tokens/s", "wall-clock s")  # a unit starts with one of these

@@ -29,8 +29,8 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals (a sim proxy's
     own calls are predicted already: none more)."""
     from commbench.analysis.check import setup_of_record
-    from commbench.analysis.costmodel import with_topology
     from commbench.analysis.scaling import predict_step, step_plan
+    from commbench.costmodel import with_topology
     from commbench.proxies.profile import load_profile
     from commbench.topology import Topology
 

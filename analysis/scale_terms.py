@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from commbench.analysis.costmodel import Hardware
+from commbench.costmodel import Hardware
 
 
 @dataclass(frozen=True)

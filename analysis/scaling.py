@@ -24,13 +24,13 @@ import numpy as np
 from commbench import algorithms
 from commbench.algorithms import LIBRARY
 from commbench.analysis import nccl_tuning
-from commbench.analysis.calibration import FIT_PROVENANCE
-from commbench.analysis.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
+from commbench.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Choice, Compute, Layout, settle
 from commbench.proxies.timeline import StepTimes
+from commbench.results import FIT_PROVENANCE
 from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
 

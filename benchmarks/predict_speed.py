@@ -31,8 +31,8 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
 
-    from commbench.analysis.costmodel import load_hardware
     from commbench.analysis.scaling import predict_scaling
+    from commbench.costmodel import load_hardware
     from commbench.proxies.profile import load_profile
 
     command = [sys.executable, "-m", "commbench", "predict-scaling", args.model, "--hw", args.hw,

@@ -35,6 +35,10 @@ from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, lines, open_reg
 SCHEMA_VERSION = 1
 RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JSON list; more are packed
 RAW_TIMES_ENCODING = "float32-zlib-base64"
+# A predicted record's interval_source: where its interval came from (docs/model.md).
+FIT_PROVENANCE = "fit resamples"  # the fit's jackknife+ resamples
+CORPUS_PROVENANCE = "corpus calibration"  # no fit: the published corpus's calibration
+PROVENANCE_LABELS = {FIT_PROVENANCE: "fit", CORPUS_PROVENANCE: "corpus"}  # the word beside an interval in a table
 
 
 class Record:

@@ -13,8 +13,7 @@ from typing import IO, Callable
 
 import numpy as np
 
-from commbench.analysis.calibration import PROVENANCE_LABELS
-from commbench.results import Result
+from commbench.results import PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
 NOISY_MARK = "~"

@@ -5,7 +5,7 @@ Ranks are numbered node-major, as torchrun, srun and mpirun number them: ranks
 two ranks of one node crosses the `intra` level (`shm`, `nvlink`, ...), between nodes
 the `inter` level (`tcp`, `ib`, ...). `Link` is the one type for a level's figures:
 the cost model's hardware holds one per level, fitted from sweeps or loaded from a
-preset (commbench.analysis.costmodel).
+preset (commbench.costmodel).
 """
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ from dataclasses import replace
 from typing import Any
 
 from commbench.algorithms import LIBRARY
-from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
-from commbench.results import ValidateRecord, append_record
+from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, ValidateRecord, append_record
 
 
 class ProxyUsageError(ValueError):
@@ -31,8 +30,8 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts."""
     if not plan.lead:
         return 0
-    from commbench.analysis.costmodel import load_hardware, with_topology
     from commbench.analysis.scaling import predict_step, step_interval_us
+    from commbench.costmodel import load_hardware, with_topology
     from commbench.proxies.steps import ProxyResult, StepLog
     from commbench.proxies.timeline import flops_times_us
     from commbench.topology import Topology

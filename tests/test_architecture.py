@@ -19,7 +19,7 @@ FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
         "commbench.proxies"],
-    2: ["commbench.analysis.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
+    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus",

@@ -100,9 +100,9 @@ def test_a_damaged_calibration_is_one_line(tmp_path):
 def test_terms_apply_to_a_preset_and_never_to_a_fitted_file():
     from dataclasses import replace
 
-    from commbench.analysis.costmodel import load_hardware
     from commbench.analysis.predict_scaling import evidence_terms
     from commbench.analysis.scale_terms import DEFAULT_STEP_CV, default_step_ratios
+    from commbench.costmodel import load_hardware
 
     preset = load_hardware("dgx-a100")
     hw, ratios, said = evidence_terms(preset, None)

@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
 
 
 def test_errors_are_predicted_over_measured(runs):
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, proxy = runs
     hw = load_hardware(str(hw_path))
@@ -60,7 +60,7 @@ def test_errors_are_predicted_over_measured(runs):
 def test_a_run_of_another_library_or_host_is_left_out_with_both_named(runs):
     """The fit says what it was measured with (meta.measured_with); a run of another library (a gloo
     proxy beside a shm fit), or of another host, is not predicted: one note names both."""
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, proxy = runs
     hw = load_hardware(str(hw_path))
@@ -85,7 +85,7 @@ def test_a_run_of_another_library_or_host_is_left_out_with_both_named(runs):
 
 def test_report_leaves_out_and_names_a_run_the_fit_does_not_apply_to(runs, tmp_path):
     from commbench.analysis import report as R
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, _ = runs
     gloo = tmp_path / "gloo.jsonl"
@@ -145,7 +145,7 @@ def test_interval_collapses_on_data_the_model_describes_exactly(runs):
     residual is zero, so the 80% interval is the prediction itself."""
     from commbench.analysis import fit as F
     from commbench.analysis import intervals as I
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, _ = runs
     from dataclasses import replace
@@ -171,7 +171,7 @@ def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_r
 
     from commbench.analysis import fit as F
     from commbench.analysis import intervals as I
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, _ = runs
     hw = load_hardware(str(hw_path))
@@ -215,7 +215,7 @@ def test_predict_prints_and_writes_the_interval(runs, tmp_path):
 
 def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatch):
     from commbench.analysis import report as R
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     sweep, hw_path, proxy = runs
     drawn = {}
@@ -276,8 +276,8 @@ def test_no_interval_where_the_fit_measured_no_link(runs):
 def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_work(runs):
     """A train record beside a replay of the same setup (what `proxy --validate` writes) is predicted with the
     replay's header split, DDP's own work included; without such a replay it is named and left out."""
-    from commbench.analysis.costmodel import load_hardware, with_topology
     from commbench.analysis.scaling import predict_step
+    from commbench.costmodel import load_hardware, with_topology
     from commbench.proxies.profile import load_profile
     from commbench.topology import Topology
 
@@ -316,7 +316,7 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
 def test_a_one_rank_replay_has_a_step_row_without_interval_and_no_comm_row(runs, tmp_path):
     """One rank communicates nothing: its step is its given compute (no interval: a zero-width one would only
     say so), and no comm row (the replay's hand-off time against a modelled 0 would read -100%)."""
-    from commbench.analysis.costmodel import load_hardware
+    from commbench.costmodel import load_hardware
 
     _, hw_path, _ = runs
     one = tmp_path / "one.jsonl"

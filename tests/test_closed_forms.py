@@ -5,7 +5,7 @@ bandwidth and a cache regime. The fast paths of predict-scaling are these closed
 import pytest
 
 from commbench import algorithms as A
-from commbench.analysis.costmodel import Hardware, algorithm_us, load_hardware, phases_us, schedule_us, with_topology
+from commbench.costmodel import Hardware, algorithm_us, load_hardware, phases_us, schedule_us, with_topology
 from commbench.topology import Link, Topology
 
 TOPOLOGIES = [Topology(1, 2), Topology(1, 8), Topology(2, 4), Topology(3, 4), Topology(5, 2), Topology(4, 1),

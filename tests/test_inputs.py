@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from commbench import algorithms as A
-from commbench.analysis import costmodel as M
+from commbench import costmodel as M
 from commbench.cli import main
 from commbench.commands.common import check_writable
 from commbench.results import OutputError, RecordError, Result, ResultSink, read_records

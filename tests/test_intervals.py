@@ -13,10 +13,10 @@ from conftest import commbench
 
 from commbench.analysis import calibration as C
 from commbench.analysis import fit as F
-from commbench.analysis.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
 from commbench.analysis.intervals import levels_fitted
 from commbench.analysis.scaling import predict_scaling, predict_step, step_interval_us
 from commbench.collectives import DTYPES
+from commbench.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
 from commbench.proxies.profile import load_profile
 from commbench.proxies.timeline import overlap, plan_step, steps_us
 from commbench.results import ProxyResult, ScalingRecord, read_records

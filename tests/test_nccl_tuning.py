@@ -7,8 +7,8 @@ import pytest
 from conftest import commbench
 
 from commbench.analysis import nccl_tuning as N
-from commbench.analysis.costmodel import Hardware
 from commbench.analysis.scaling import allreduce_us, predict_step
+from commbench.costmodel import Hardware
 from commbench.proxies.profile import Profile, TensorSpec
 from commbench.topology import Link, Topology
 

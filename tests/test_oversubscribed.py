@@ -10,8 +10,8 @@ import pytest
 
 from commbench import algorithms as A
 from commbench import cli
+from commbench import costmodel as M
 from commbench.analysis import check as K
-from commbench.analysis import costmodel as M
 from commbench.analysis import fit as F
 from commbench.topology import Link, Topology
 

@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 from conftest import commbench
 
+from commbench import results as R
 from commbench.analysis import calibration as Cal
 from commbench.analysis import collective_corpus as K
 from commbench.analysis import fit as F
-from commbench.analysis.costmodel import Hardware
 from commbench.analysis.predict import predict, row_us
 from commbench.collectives import resolve_dtype
+from commbench.costmodel import Hardware
 from commbench.results import read_records
 from commbench.topology import Link, Topology
 
@@ -30,7 +31,7 @@ def test_predict_with_a_preset_prints_and_writes_the_corpus_interval(tmp_path):
     results = _rows(out)
     assert len(results) == 2
     for r in results:
-        assert r["interval_source"] == Cal.CORPUS_PROVENANCE
+        assert r["interval_source"] == R.CORPUS_PROVENANCE
         assert r["interval_us"] == pytest.approx(list(K.time_interval_us(r["time_us"], offsets)), rel=1e-12)
         line = next(x for x in proc.stdout.splitlines() if x.split()[:1] == [str(r["nbytes"])])
         assert line.endswith(" corpus") and "[" in line
@@ -45,7 +46,7 @@ def test_a_fitted_file_keeps_its_jackknife_interval_and_says_fit(tmp_path):
              "relative_residuals": [0.0] * 9}
     exact = replace(hw, meta={"levels_fitted": {"intra": True, "inter": True}, "uncertainty": block})
     [point] = predict(exact, ["allreduce"], [1 << 20], resolve_dtype("float32"), Topology(2, 2), "ring")
-    assert point.interval_source == Cal.FIT_PROVENANCE  # every resample the fit, no residual: the prediction
+    assert point.interval_source == R.FIT_PROVENANCE  # every resample the fit, no residual: the prediction
     assert point.interval_us == pytest.approx([point.time_us, point.time_us], rel=1e-12)
     path = tmp_path / "hw.json"
     exact.save(str(path))
@@ -67,7 +68,7 @@ def test_a_level_the_fit_did_not_measure_gets_the_corpus_interval():
     dtype = resolve_dtype("float32")
     [inside] = predict(one_level, ["allreduce"], [1 << 20], dtype, Topology(1, 2), "ring")
     [across] = predict(one_level, ["allreduce"], [1 << 20], dtype, Topology(2, 2), "ring")
-    assert inside.interval_source == Cal.FIT_PROVENANCE and across.interval_source == Cal.CORPUS_PROVENANCE
+    assert inside.interval_source == R.FIT_PROVENANCE and across.interval_source == R.CORPUS_PROVENANCE
 
 
 def test_the_order_statistics_are_calibrations_rule_for_the_corpus_size():

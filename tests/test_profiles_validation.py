@@ -172,9 +172,9 @@ def test_absurd_compute_times_are_refused_up_front(tmp_path, args, message):
 def test_predict_scaling_refuses_a_step_of_no_time_or_centuries(throughput, tflops):
     """An infinite rate made the step 0 s and every speed-up 0/0 (ZeroDivisionError); whatever the
     options let through, the prediction itself refuses it in one line."""
-    from commbench.analysis.costmodel import load_hardware
     from commbench.analysis.predict_scaling import compute_us, scaling_run
     from commbench.analysis.scaling import ScalingError
+    from commbench.costmodel import load_hardware
 
     profile, hw = load_profile("resnet50"), load_hardware("dgx-a100")
     forward, backward, label = compute_us(profile, hw, 32, throughput, tflops, "fp32")

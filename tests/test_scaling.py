@@ -6,8 +6,8 @@ import pytest
 from conftest import commbench
 
 from commbench import algorithms
-from commbench.analysis.costmodel import Hardware, load_hardware, schedule_us, with_topology
 from commbench.analysis.scaling import ScalingError, allreduce_us, layout, predict_scaling, predict_step
+from commbench.costmodel import Hardware, load_hardware, schedule_us, with_topology
 from commbench.proxies.profile import Profile, TensorSpec, load_profile
 from commbench.topology import Link, Topology
 

@@ -88,8 +88,8 @@ def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
     """A replay record of fsdp-full is predicted as fsdp-full (its own plan, more calls than DDP's), with the
     compute split its header gives."""
     from commbench.analysis.check import check
-    from commbench.analysis.costmodel import load_hardware, with_topology
     from commbench.analysis.scaling import predict_step
+    from commbench.costmodel import load_hardware, with_topology
     from commbench.topology import Topology
 
     sim = tmp_path / "sim.jsonl"

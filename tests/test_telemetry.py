@@ -254,7 +254,7 @@ def test_sweep_monitor_puts_averages_in_every_result_and_the_summary(tmp_path, c
 
 
 def _hw():
-    from commbench.analysis.costmodel import load_hardware, with_topology
+    from commbench.costmodel import load_hardware, with_topology
 
     return with_topology(load_hardware("dgx-a100"), Topology(1, 4))
 

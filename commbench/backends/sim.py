@@ -141,7 +141,7 @@ class SimBackend(ScheduleBackend):
         """The model's time of the prepared schedule for every iteration (nothing runs: the check does)."""
         if self.hardware is None or self._last is None:
             raise BackendError("sim has no clock: give --hw FILE|PRESET to time calls with the cost model")
-        from commbench.analysis.costmodel import schedule_us
+        from commbench.costmodel import schedule_us
 
         return np.full(iters, schedule_us(self._last, self.topology, self.hardware, self._itemsize))
 
@@ -156,7 +156,7 @@ class SimBackend(ScheduleBackend):
 
 def _hardware(spec: str, topology: Topology | None):
     """The cost model of a hardware file or preset (laid onto `topology`), or one BackendError."""
-    from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
+    from commbench.costmodel import HardwareError, load_hardware, with_topology
 
     try:
         hardware = load_hardware(spec)

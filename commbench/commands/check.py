@@ -48,9 +48,9 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     CPU ranks outnumber their host's cores are marked oversubscribed and left out of the summary."""
     from commbench.analysis import check as K
     from commbench.analysis import report as R
-    from commbench.analysis.costmodel import HardwareError, load_hardware
     from commbench.analysis.intervals import uncertainty
     from commbench.commands.model import _warn_poor
+    from commbench.costmodel import HardwareError, load_hardware
     from commbench.results import RecordError
 
     if max_error is not None and not 0 < max_error < 1e6:

@@ -33,7 +33,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
                 size_range: str | None, accept_poor_fit: bool, force: bool) -> None:
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
-    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.costmodel import HardwareError, load_hardware
     from commbench.results import RecordError, read_records
     from commbench.sizes import SizeError, parse_size
 
@@ -115,13 +115,12 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
 
     from commbench import collectives as C
     from commbench.analysis import collective_corpus
-    from commbench.analysis.calibration import CORPUS_PROVENANCE, FIT_PROVENANCE
-    from commbench.analysis.costmodel import HardwareError, load_hardware, with_topology
     from commbench.analysis.fit import oversubscription
     from commbench.analysis.intervals import uncertainty
     from commbench.analysis.predict import predict, row_us
     from commbench.commands import layout as L
-    from commbench.results import OutputError, ResultSink
+    from commbench.costmodel import HardwareError, load_hardware, with_topology
+    from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
     from commbench.sizes import SizeError, parse_sizes
     from commbench.table import Table
     from commbench.topology import Topology, TopologyError
@@ -198,8 +197,8 @@ Examples:
 def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None, force: bool) -> None:
     """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
     from commbench.analysis import report as R
-    from commbench.analysis.costmodel import HardwareError, load_hardware
     from commbench.analysis.fit import FitError
+    from commbench.costmodel import HardwareError, load_hardware
     from commbench.results import RecordError
 
     try:
@@ -432,8 +431,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
                  ddp_ms=0.0, jitter_from=None):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S
-    from commbench.analysis.costmodel import HardwareError, load_hardware
     from commbench.analysis.scaling import ALGORITHMS, ScalingError
+    from commbench.costmodel import HardwareError, load_hardware
     from commbench.proxies.profile import ProfileError, load_profile
 
     try:

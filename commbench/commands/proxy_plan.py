@@ -252,7 +252,7 @@ def _predicted_layout(options: dict) -> job.Plan:
 
 
 def _hardware(options: dict):
-    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.costmodel import HardwareError, load_hardware
 
     if not options["hw"]:
         raise UsageFault("--backend sim predicts with the cost model: give --hw PRESET|FILE")
@@ -268,7 +268,7 @@ def _sim_plan(options: dict, nodes: int, per_node: int, why: str | None) -> job.
             if why else ""
         raise UsageFault((why or "--backend sim predicts with the cost model") + hint +
                               ("" if why else ": give --hw PRESET|FILE"))
-    from commbench.analysis.costmodel import HardwareError, load_hardware
+    from commbench.costmodel import HardwareError, load_hardware
 
     try:
         load_hardware(options["hw"])

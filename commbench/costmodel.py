@@ -301,24 +301,3 @@ def algorithm_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, 
     if entry.phases is not None:
         return phases_us(entry.phases(topo, count), hw, itemsize)
     return schedule_us(entry.schedule(topo, count, root), topo, hw, itemsize)
-
-
-# ---------------------------------------------------------------- textbook forms (tests pin the schedules to these)
-
-
-def ring_allreduce_us(p: int, nbytes: float, link: Link, reduce_gbps: float | None = None) -> float:
-    """2(p-1) alpha + 2(p-1)/p S / bw (+ (p-1)/p S / gamma): the textbook ring on one level."""
-    if p == 1:
-        return 0.0
-    t = 2 * (p - 1) * link.latency_us + 2 * (p - 1) / p * nbytes / (link.bw_gbps * 1e3)
-    return t + ((p - 1) / p * nbytes / (reduce_gbps * 1e3) if reduce_gbps else 0.0)
-
-
-def ring_allgather_us(p: int, nbytes: float, link: Link) -> float:
-    """(p-1) alpha + (p-1)/p S / bw, S = the output buffer."""
-    return (p - 1) * link.latency_us + (p - 1) / p * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0
-
-
-def oneshot_allreduce_us(p: int, nbytes: float, link: Link) -> float:
-    """alpha + (p-1) S / bw: every rank receives every peer's whole buffer over its one link."""
-    return link.latency_us + (p - 1) * nbytes / (link.bw_gbps * 1e3) if p > 1 else 0.0
