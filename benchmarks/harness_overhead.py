@@ -54,173 +54,22 @@ Run from the repository root (about 1.5 minutes with the defaults on 2 cores):
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import queue
 import sys
-import time
-from collections.abc import Iterator
-from typing import Any, Callable
 
 import method
-import numpy as np
 import torch
-import torch.distributed as dist
+from bare_loop import bare_allreduce_stats, calibrate
+from local_ranks import RankFailure, run_local_ranks
 
 from commbench import bench
 from commbench import collectives as C
 from commbench.backends.torch_dist import TorchBackend
-from commbench.launch import LaunchInfo, free_port
+from commbench.launch import LaunchInfo
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
 SMALL_LIMIT, LARGE_LIMIT, LARGE_FROM_NBYTES = 0.10, 0.05, 64 << 10
-
-
-class RankFailure(RuntimeError):
-    """A local rank died, or sent nothing for too long; one line for the user."""
-
-
-# ---------------------------------------------------------------- local ranks
-
-
-def run_local_ranks(target: Callable[..., None], args: tuple, world: int = WORLD,
-                    timeout_s: float = 300.0) -> Iterator[Any]:
-    """Run target(rank, world, port, outbox, *args) in `world` fresh processes; yield what they put in outbox.
-
-    The ranks rendezvous on loopback at `port`. Each rank gets OMP_NUM_THREADS=1 unless the
-    caller set it (as torchrun and `commbench sweep` do). Ends when rank 0 puts None; raises
-    RankFailure if a rank exits with an error or nothing arrives for `timeout_s`.
-    """
-    context = multiprocessing.get_context("spawn")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the ranks before they import torch
-    outbox = context.Queue()
-    port = free_port()
-    procs = [context.Process(target=target, args=(rank, world, port, outbox, *args), daemon=True)
-             for rank in range(world)]
-    for proc in procs:
-        proc.start()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                message = outbox.get(timeout=0.2)
-            except queue.Empty:
-                _check_alive(procs, deadline, timeout_s)
-                continue
-            if message is None:
-                break
-            deadline = time.monotonic() + timeout_s
-            yield message
-        for proc in procs:
-            proc.join(timeout=30)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-
-
-def _check_alive(procs: list, deadline: float, timeout_s: float) -> None:
-    for rank, proc in enumerate(procs):
-        if proc.exitcode not in (None, 0):
-            raise RankFailure(f"rank {rank} exited with code {proc.exitcode}")
-    if all(proc.exitcode == 0 for proc in procs):
-        raise RankFailure("the ranks exited without reporting their results")
-    if time.monotonic() > deadline:
-        raise RankFailure(f"no result for {timeout_s:g} s: a rank hung")
-
-
-# ---------------------------------------------------------------- the bare loop
-
-
-def bare_allreduce_times_us(tensor: torch.Tensor, iters: int, warmup: int) -> np.ndarray:
-    """The loop a user would write: warm up, barrier, `iters` timed all_reduce calls.
-    Returns this rank's per-call times in microseconds."""
-    for _ in range(warmup):
-        dist.all_reduce(tensor)
-    dist.barrier()
-    times_s = [0.0] * iters
-    for i in range(iters):
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times_s[i] = time.perf_counter() - start
-    return np.array(times_s) * 1e6
-
-
-def bare_allreduce_stats(tensor: torch.Tensor, iters: int, warmup: int) -> dict[str, float]:
-    """The bare loop, reduced as commbench reduces its own times (bench.summarize): one sample per call,
-    the slowest rank's; time_us their mean, p50_us their median, and the other percentiles. Every rank
-    gets them."""
-    return bench.summarize(gather_over_ranks(bare_allreduce_times_us(tensor, iters, warmup)), "max")
-
-
-def bare_allreduce_us(tensor: torch.Tensor, iters: int, warmup: int) -> float:
-    """The bare loop's time_us: the mean over calls of each call's slowest rank (every rank gets it)."""
-    return bare_allreduce_stats(tensor, iters, warmup)["time_us"]
-
-
-def gather_over_ranks(values: np.ndarray) -> np.ndarray:
-    """Every rank's `values` (the same length on every rank) as a ranks x len matrix, on every rank."""
-    local = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
-    out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, local)
-    return torch.stack(out).numpy()
-
-
-def calibrate(tensor: torch.Tensor, min_time_s: float, warmup: int | None = None,
-              iters: int | None = None) -> tuple[int, int]:
-    """(warmup, iters) for this size as commbench's harness picks them (bench._iteration_counts, by the
-    rule in method.py), agreed across ranks; a fixed `warmup` or `iters` is kept, as commbench --warmup
-    and --iters. The calls made here are the warm-up: a caller may time `iters` calls right after a barrier."""
-    if warmup is None:
-        first_us = _max_over_ranks(_time_calls_us(tensor, 1)[0])  # includes one-time setup: not an estimate
-        extra = method.warmup_count(first_us, min_time_s)
-        probe_us, warmup = _time_calls_us(tensor, extra), 1 + extra
-    else:
-        probe_us = _time_calls_us(tensor, warmup)
-    if iters is not None:
-        return warmup, iters
-    if not probe_us:  # a fixed warm-up of 0 with adaptive iterations: one probe, counted as warm-up
-        probe_us, warmup = _time_calls_us(tensor, 1), warmup + 1
-    estimate_us = _max_over_ranks(float(np.median(probe_us)))
-    return warmup, method.iteration_count(estimate_us, min_time_s)
-
-
-def _time_calls_us(tensor: torch.Tensor, calls: int) -> list[float]:
-    times_us = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times_us.append((time.perf_counter() - start) * 1e6)
-    return times_us
-
-
-def _max_over_ranks(value: float) -> float:
-    agreed = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return float(agreed[0])
-
-
-def bare_run_rank(rank: int, world: int, port: int, outbox, sizes: list[int], min_time_s: float,
-                  fixed_warmup: int | None = None, fixed_iters: int | None = None) -> None:
-    """One rank of a bare run (a run_local_ranks target): its own gloo process group, then per size
-    the warm-up and iteration counts chosen as commbench chooses them, and one timed bare loop.
-    Rank 0 puts one dict per size: nbytes, time_us, p50_us, iters, warmup."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        for nbytes in sizes:
-            tensor = torch.ones(nbytes // 4, dtype=torch.float32)
-            warmup, iters = calibrate(tensor, min_time_s, fixed_warmup, fixed_iters)  # these calls are the warm-up
-            stats = bare_allreduce_stats(tensor, iters, warmup=0)
-            if rank == 0:
-                outbox.put({"nbytes": nbytes, "time_us": stats["time_us"], "p50_us": stats["p50_us"],
-                            "iters": iters, "warmup": warmup})
-            del tensor
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        outbox.put(None)
 
 
 # ---------------------------------------------------------------- commbench's harness

@@ -382,7 +382,7 @@ def expected_max_ratio(samples: list[float], n: int) -> float:
 
 
 def two_rank_experiments(args, floor: dict | None) -> tuple[dict, dict]:
-    from harness_overhead import run_local_ranks
+    from local_ranks import run_local_ranks
 
     want_stragglers = "stragglers" in args.experiments
     contention_models = [m for m in CONTENTION_MODELS if m in args.models] if "contention" in args.experiments else []

@@ -463,7 +463,7 @@ def run_job(sizes: list[int], compare: list[str], args: argparse.Namespace, json
             method.fail(f"the paired ranks failed (exit {code}); see the output above", code=3)
         with open(json_path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
-    from harness_overhead import RankFailure, run_local_ranks
+    from local_ranks import RankFailure, run_local_ranks
 
     rank_args = parse_args(options)
     records = []

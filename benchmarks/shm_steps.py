@@ -26,7 +26,7 @@ import time
 import method
 import numpy as np
 import paired
-from harness_overhead import RankFailure, run_local_ranks
+from local_ranks import RankFailure, run_local_ranks
 
 from commbench.sizes import SizeError, format_size, parse_sizes
 

@@ -3,7 +3,7 @@
 Runs the real command line, `commbench sweep --sizes 1K-1G --json runI.jsonl`
 (default: 2 local CPU ranks, gloo, adaptive iterations, both placements, check on),
 --runs times as subprocesses, and beside each one a bare torch.distributed loop
-(harness_overhead.bare_run_rank: 2 fresh local gloo ranks, in-place float32 sum
+(bare_loop.bare_run_rank: 2 fresh local gloo ranks, in-place float32 sum
 allreduce, warm-up and iteration counts chosen by commbench's own adaptive rule with
 the same --min-time, --iters, --warmup and --nprocs as given in --cli-args) at the
 sizes >= --spread-from. The runs interleave in pairs, in ABBA order (method.py):
@@ -50,7 +50,8 @@ import sys
 import time
 
 import method
-from harness_overhead import RankFailure, bare_run_rank, run_local_ranks
+from bare_loop import bare_run_rank
+from local_ranks import RankFailure, run_local_ranks
 
 from commbench import collectives as C
 from commbench.results import read_records

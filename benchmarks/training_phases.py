@@ -142,7 +142,7 @@ def main() -> int:
         method.write_json(path, "training_phases", args, start=start, end=stamp(), denormals=found)
         print(f"\nwrote {path}")
         return 0
-    from harness_overhead import run_local_ranks
+    from local_ranks import run_local_ranks
 
     start = stamp()
     print(f"# training_phases: {' '.join(sys.argv)}\n\nstart {start}\n")
