@@ -38,53 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import method
 import numpy as np
+from terms_two_ranks import STRAGGLER_MODEL, two_rank_experiments
+from training_steps import BATCHES, grad_bytes, iqr_text, phased_step, stamp, stats, timed_step, trainer_for
 
-BATCHES = {"resnet18": 4, "resnet50": 4, "alexnet": 8, "vgg16": 1}
-CONTENTION_MODELS = ["resnet50", "vgg16"]
-STRAGGLER_MODEL = "resnet18"
-STRAGGLER_NS = [2, 4, 8, 64, 1000]
-BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 EXPERIMENTS = ["floor", "ddp", "contention", "stragglers", "link"]
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def stamp() -> dict:
-    return {"utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "loadavg": load_average()}
-
-
-def trainer_for(name: str, batch: int, seed: int = 1234):
-    import torch
-
-    from commbench.proxies.profile import load_profile
-    from commbench.proxies.train import Trainer
-
-    torch.manual_seed(seed)
-    return Trainer(load_profile(name), batch, "cpu")
-
-
-def grad_bytes(trainer) -> int:
-    return sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
-
-
-def stats(values: list[float]) -> dict:
-    """median, IQR, p90, CV (stdev/mean) of a sample."""
-    q1, mid, q3 = method.quartiles(values)
-    arr = np.asarray(values, dtype=float)
-    return {"n": len(values), "median": mid, "q1": q1, "q3": q3, "p90": float(np.percentile(arr, 90)) if len(arr) else
-            math.nan, "mean": float(arr.mean()) if len(arr) else math.nan,
-            "cv": float(arr.std(ddof=1) / arr.mean()) if len(arr) > 1 and arr.mean() else math.nan}
-
-
-def iqr_text(s: dict, scale: float = 1.0, digits: int = 1) -> str:
-    return f"{s['median'] * scale:.{digits}f} [{s['q1'] * scale:.{digits}f}-{s['q3'] * scale:.{digits}f}]"
 
 
 def arm_orders(arms: list[str], pairs: int) -> list[list[str]]:
@@ -93,32 +54,6 @@ def arm_orders(arms: list[str], pairs: int) -> list[list[str]]:
 
 
 # ---------------------------------------------------------------- 1. the floor outside the phases
-
-
-def timed_step(trainer) -> tuple[float, float]:
-    """One full step as `commbench train` times it: (wall us, thread CPU us)."""
-    w0, c0 = time.perf_counter(), time.thread_time()
-    trainer.step()
-    return (time.perf_counter() - w0) * 1e6, (time.thread_time() - c0) * 1e6
-
-
-def phased_step(trainer) -> dict:
-    """One step timed phase by phase as Trainer.phase_times_us does, both clocks."""
-    marks = [(time.perf_counter(), time.thread_time())]
-    loss = trainer.forward()
-    marks.append((time.perf_counter(), time.thread_time()))
-    trainer.backward(loss)
-    marks.append((time.perf_counter(), time.thread_time()))
-    trainer.update()
-    marks.append((time.perf_counter(), time.thread_time()))
-    names = ["forward", "backward", "optimizer"]
-    out = {}
-    for i, name in enumerate(names):
-        out[f"{name}_wall_us"] = (marks[i + 1][0] - marks[i][0]) * 1e6
-        out[f"{name}_cpu_us"] = (marks[i + 1][1] - marks[i][1]) * 1e6
-    out["sum_wall_us"] = (marks[-1][0] - marks[0][0]) * 1e6
-    out["sum_cpu_us"] = (marks[-1][1] - marks[0][1]) * 1e6
-    return out
 
 
 def floor_experiment(models: list[str], pairs: int, straggler_pairs: int) -> dict:
@@ -213,6 +148,11 @@ class Arm:
                 (time.process_time() - p0) * 1e6)
 
 
+DDP_ARMS = {"plain": {"ddp": False}, "ddp": {"ddp": True},
+            "ddp_view": {"ddp": True, "bucket_view": True},
+            "ddp_view_keep": {"ddp": True, "bucket_view": True, "set_to_none": False}}
+
+
 def ddp_experiment(models: list[str], pairs: int, copy_repeats: int) -> dict:
     import torch.distributed as dist
 
@@ -220,240 +160,66 @@ def ddp_experiment(models: list[str], pairs: int, copy_repeats: int) -> dict:
     store_dir = tempfile.mkdtemp(prefix="cb-terms-")
     store = dist.FileStore(os.path.join(store_dir, "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    arms_spec = {"plain": {"ddp": False}, "ddp": {"ddp": True},
-                 "ddp_view": {"ddp": True, "bucket_view": True},
-                 "ddp_view_keep": {"ddp": True, "bucket_view": True, "set_to_none": False}}
     table = method.Table(["model", "grad MB", "arm", "step wall ms", "vs plain ms", "vs plain %", "CPU vs plain ms",
                           "proc CPU vs plain ms", "copy 1/2/3 pass ms", "load"], min_width=6)
     print(table.header())
     out = {}
     try:
         for name in models:
-            arms = {key: Arm(name, BATCHES[name], **spec) for key, spec in arms_spec.items()}
-            for arm in arms.values():
-                for _ in range(3):
-                    arm.step()
-            nbytes = grad_bytes(arms["plain"].trainer)
-            copy = copy_bandwidth(nbytes, copy_repeats)
-            start = stamp()
-            times: dict[str, list[tuple[float, float, float]]] = {key: [] for key in arms}
-            for order in arm_orders(list(arms), pairs):
-                for key in order:
-                    times[key].append(arms[key].step())
-            copy_after = copy_bandwidth(nbytes, copy_repeats)
-            bw = statistics.median([copy[k]["median_gbps"] for k in ("torch_copy", "torch_mul_out")]
-                                   + [copy_after[k]["median_gbps"] for k in ("torch_copy", "torch_mul_out")])
-            predicted = {p: p * nbytes / (bw * 1e9) * 1e6 for p in (1, 2, 3)}
-            res = {"batch": BATCHES[name], "grad_bytes": nbytes, "pairs": pairs, "start": start, "end": stamp(),
-                   "copy_before": copy, "copy_after": copy_after, "copy_gbps_used": bw,
-                   "predicted_copy_us": predicted, "arms": {}}
-            plain = times["plain"]
-            for key, ts in times.items():
-                diffs = [t[0] - p[0] for t, p in zip(ts, plain)]
-                cdiffs = [t[1] - p[1] for t, p in zip(ts, plain)]
-                pdiffs = [t[2] - p[2] for t, p in zip(ts, plain)]
-                shares = [d / p[0] for d, p in zip(diffs, plain)]
-                res["arms"][key] = {"wall_us": [t[0] for t in ts], "cpu_us": [t[1] for t in ts],
-                                    "process_cpu_us": [t[2] for t in ts],
-                                    "wall": stats([t[0] for t in ts]), "cpu": stats([t[1] for t in ts]),
-                                    "process_cpu": stats([t[2] for t in ts]),
-                                    "minus_plain_wall_us": stats(diffs), "minus_plain_cpu_us": stats(cdiffs),
-                                    "minus_plain_process_cpu_us": stats(pdiffs),
-                                    "share_of_plain": stats(shares),
-                                    "ratio_to_plain": method.PairedRatio.of_times([(p[0], t[0]) for p, t in
-                                                                                   zip(plain, ts)])}
-                a = res["arms"][key]
-                print(table.row([name, f"{nbytes / 1e6:.1f}", key, iqr_text(a["wall"], 1e-3),
-                                 iqr_text(a["minus_plain_wall_us"], 1e-3, 2), iqr_text(a["share_of_plain"], 100, 2),
-                                 iqr_text(a["minus_plain_cpu_us"], 1e-3, 2),
-                                 iqr_text(a["minus_plain_process_cpu_us"], 1e-3, 2),
-                                 "/".join(f"{predicted[p] / 1e3:.1f}" for p in (1, 2, 3)), start["loadavg"]]))
-            print(f"  copy bandwidth {name} ({nbytes / 1e6:.0f} MB, GB/s best/median): " + ", ".join(
-                f"{k} {copy[k]['best_gbps']:.2f}/{copy[k]['median_gbps']:.2f}" for k in copy))
-            out[name] = res
-            for arm in arms.values():
-                arm.trainer.wrapped = None
-            del arms
+            out[name] = _ddp_model(name, pairs, copy_repeats, table)
     finally:
         dist.destroy_process_group()
     return out
 
 
-# ---------------------------------------------------------------- 3 and 4: two ranks
-
-
-class BucketLoop:
-    """A thread that allreduces 25 MB buckets over a gradient-sized buffer on `group` until both ranks
-    have asked it to stop (the stop flag rides in each bucket's last element, so both ranks stop after the
-    same call and neither hangs)."""
-
-    def __init__(self, group, buckets: list, world: int):
-        self.buckets = buckets  # made once per model and reused, as DDP's are (no allocation in the timed window)
-        self.group, self.world, self.stop = group, world, threading.Event()
-        self.calls, self.busy_s = 0, 0.0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import torch.distributed as dist
-
-        t0 = time.perf_counter()
-        while True:
-            for bucket in self.buckets:
-                bucket[-1] = 1.0 if self.stop.is_set() else 0.0
-                dist.all_reduce(bucket, group=self.group)
-                self.calls += 1
-                if bucket[-1].item() >= self.world:
-                    self.busy_s = time.perf_counter() - t0
-                    return
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-def _two_ranks(rank: int, world: int, port: int, outbox, args: dict) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    comm_group = dist.new_group(backend="gloo")
-    try:
-        if args["stragglers"]:
-            trainer = trainer_for(STRAGGLER_MODEL, BATCHES[STRAGGLER_MODEL])
-            for _ in range(3):
-                trainer.step()
-            dist.barrier()
-            times = []
-            for _ in range(args["straggler_steps"]):
-                dist.barrier()
-                times.append(timed_step(trainer))
-            outbox.put(("stragglers", rank, times, stamp()))
-            del trainer
-        for name in args["contention"]:
-            trainer = trainer_for(name, BATCHES[name])
-            nbytes = grad_bytes(trainer)
-            per, count = BUCKET_BYTES // 4, max(1, nbytes // 4)
-            buckets = [torch.ones(min(per, count - i) + 1) for i in range(0, count, per)]
-            for _ in range(2):
-                trainer.step()
-            rows = []
-            for alone_first in method.abba_orders(args["pairs"]):
-                row = {}
-                for arm in (["alone", "comm"] if alone_first else ["comm", "alone"]):
-                    loss = trainer.forward()
-                    loop = BucketLoop(comm_group, buckets, world) if arm == "comm" else None
-                    dist.barrier()
-                    if loop:
-                        loop.start()
-                        time.sleep(0.05)  # the loop under way before the backward starts
-                    w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-                    trainer.backward(loss)
-                    wall, cpu = (time.perf_counter() - w0) * 1e6, (time.thread_time() - c0) * 1e6
-                    row[f"{arm}_process_cpu_us"] = (time.process_time() - p0) * 1e6  # gloo's threads included
-                    if loop:
-                        loop.finish()
-                        row["comm_calls"] = loop.calls
-                        row["comm_bytes_per_s"] = loop.calls * BUCKET_BYTES / loop.busy_s if loop.busy_s else math.nan
-                    trainer.optimizer.zero_grad(set_to_none=True)
-                    row[f"{arm}_wall_us"], row[f"{arm}_cpu_us"] = wall, cpu
-                    dist.barrier()
-                rows.append(row)
-            outbox.put(("contention", rank, name, nbytes, rows, stamp()))
-            del trainer, buckets
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        outbox.put(None)
-
-
-def expected_max_ratio(samples: list[float], n: int) -> float:
-    """E[max of n iid draws from the empirical distribution] / median - 1, exactly:
-    E = sum_k x_(k) ((k/m)^n - ((k-1)/m)^n) over the sorted sample x_(1..m)."""
-    x = np.sort(np.asarray(samples, dtype=float))
-    m = len(x)
-    k = np.arange(1, m + 1)
-    weights = (k / m) ** n - ((k - 1) / m) ** n
-    return float((x * weights).sum() / np.median(x) - 1)
-
-
-def two_rank_experiments(args, floor: dict | None) -> tuple[dict, dict]:
-    from local_ranks import run_local_ranks
-
-    want_stragglers = "stragglers" in args.experiments
-    contention_models = [m for m in CONTENTION_MODELS if m in args.models] if "contention" in args.experiments else []
-    spec = {"stragglers": want_stragglers, "straggler_steps": args.straggler_steps, "contention": contention_models,
-            "pairs": args.contention_pairs}
+def _ddp_model(name: str, pairs: int, copy_repeats: int, table: method.Table) -> dict:
+    """Every arm of DDP_ARMS on model `name`, interleaved; each against the plain arm, beside the copy cost."""
+    arms = {key: Arm(name, BATCHES[name], **spec) for key, spec in DDP_ARMS.items()}
+    for arm in arms.values():
+        for _ in range(3):
+            arm.step()
+    nbytes = grad_bytes(arms["plain"].trainer)
+    copy = copy_bandwidth(nbytes, copy_repeats)
     start = stamp()
-    messages = list(run_local_ranks(_two_ranks, (spec,), world=2, timeout_s=540))
-    contention, stragglers = {}, {}
-    if contention_models:
-        print("\n## 3. Backward slowed by a concurrent gloo allreduce loop (2 ranks, 1 thread each)\n")
-        table = method.Table(["model", "rank", "pairs", "alone wall ms", "comm wall ms", "wall ratio",
-                              "alone CPU ms", "comm CPU ms", "CPU ratio", "comm MB/s", "gloo CPU ms", "load"],
-                             min_width=6)
-        print(table.header())
-        for _, rank, name, nbytes, rows, end in [m for m in messages if m[0] == "contention"]:
-            wall = method.PairedRatio.of_times([(r["alone_wall_us"], r["comm_wall_us"]) for r in rows])
-            cpu = method.PairedRatio.of_times([(r["alone_cpu_us"], r["comm_cpu_us"]) for r in rows])
-            res = {"grad_bytes": nbytes, "rows": rows, "wall_ratio": wall, "cpu_ratio": cpu, "end": end,
-                   "alone_wall": stats([r["alone_wall_us"] for r in rows]),
-                   "comm_wall": stats([r["comm_wall_us"] for r in rows]),
-                   "alone_cpu": stats([r["alone_cpu_us"] for r in rows]),
-                   "comm_cpu": stats([r["comm_cpu_us"] for r in rows]),
-                   "comm_mb_per_s": method.median([r["comm_bytes_per_s"] / 1e6 for r in rows]),
-                   "other_threads_cpu_during_backward_us": stats([r["comm_process_cpu_us"] - r["comm_cpu_us"]
-                                                                  for r in rows]),
-                   "other_threads_cpu_alone_us": stats([r["alone_process_cpu_us"] - r["alone_cpu_us"]
-                                                        for r in rows])}
-            contention.setdefault(name, {})[str(rank)] = res
-            print(table.row([name, rank, len(rows), iqr_text(res["alone_wall"], 1e-3), iqr_text(res["comm_wall"], 1e-3),
-                             wall.text(), iqr_text(res["alone_cpu"], 1e-3), iqr_text(res["comm_cpu"], 1e-3),
-                             cpu.text(), f"{res['comm_mb_per_s']:.0f}",
-                             iqr_text(res["other_threads_cpu_during_backward_us"], 1e-3),
-                             f"{start['loadavg']} -> {end['loadavg']}"]))
-    if want_stragglers:
-        print(f"\n## 4. Stragglers: E[max over N ranks] / median - 1 ({STRAGGLER_MODEL} batch "
-              f"{BATCHES[STRAGGLER_MODEL]} step wall times)\n")
-        per_rank = {rank: [w for w, _ in times] for _, rank, times, _ in [m for m in messages if m[0] == "stragglers"]}
-        ranks = [per_rank[r] for r in sorted(per_rank)]
-        steps = min(len(r) for r in ranks)
-        pooled = [t for r in ranks for t in r[:steps]]
-        pooled_median = statistics.median(pooled)
-        measured = [max(r[i] for r in ranks) / pooled_median - 1 for i in range(steps)]
-        # the same per step against that step's own mean over ranks: the imbalance between ranks, not the
-        # machine's drift from step to step (which a synchronous step pays once, not per rank)
-        within = [max(r[i] for r in ranks) / statistics.mean(r[i] for r in ranks) - 1 for i in range(steps)]
-        stragglers["two_ranks"] = {"per_rank_wall_us": ranks, "pooled": stats(pooled),
-                                   "measured_emax_over_median_minus_1": float(np.mean(measured)),
-                                   "per_step_max_over_median_minus_1": stats(measured),
-                                   "measured_emax_over_step_mean_minus_1": float(np.mean(within)),
-                                   "resampled_from_two_rank_pool_n2": expected_max_ratio(pooled, 2),
-                                   "per_rank": {str(i): stats(r) for i, r in enumerate(ranks)}, "start": start}
-        table = method.Table(["source", "steps", "median ms", "p90 ms", "CV %"] + [f"N={n} %" for n in STRAGGLER_NS],
-                             min_width=6)
-        print(table.header())
-        if floor and STRAGGLER_MODEL in floor:
-            one = floor[STRAGGLER_MODEL]["step_wall_us"]
-            s = stats(one)
-            stragglers["one_rank"] = {"stats": s, "emax_over_median_minus_1": {
-                str(n): expected_max_ratio(one, n) for n in STRAGGLER_NS}}
-            print(table.row(["1 rank (exp. 1), resampled", s["n"], s["median"] / 1e3, s["p90"] / 1e3, s["cv"] * 100]
-                            + [100 * expected_max_ratio(one, n) for n in STRAGGLER_NS]))
-        s = stats(pooled)
-        print(table.row(["2 ranks pooled, resampled", s["n"], s["median"] / 1e3, s["p90"] / 1e3, s["cv"] * 100]
-                        + [100 * expected_max_ratio(pooled, n) for n in STRAGGLER_NS]))
-        print(table.row(["2 ranks measured max", steps, pooled_median / 1e3, "", ""]
-                        + [100 * stragglers["two_ranks"]["measured_emax_over_median_minus_1"]]
-                        + [""] * (len(STRAGGLER_NS) - 1)))
-        print(table.row(["2 ranks measured max / step mean", steps, "", "", ""]
-                        + [100 * stragglers["two_ranks"]["measured_emax_over_step_mean_minus_1"]]
-                        + [""] * (len(STRAGGLER_NS) - 1)))
-    return contention, stragglers
+    times: dict[str, list[tuple[float, float, float]]] = {key: [] for key in arms}
+    for order in arm_orders(list(arms), pairs):
+        for key in order:
+            times[key].append(arms[key].step())
+    copy_after = copy_bandwidth(nbytes, copy_repeats)
+    bw = statistics.median([copy[k]["median_gbps"] for k in ("torch_copy", "torch_mul_out")]
+                           + [copy_after[k]["median_gbps"] for k in ("torch_copy", "torch_mul_out")])
+    predicted = {p: p * nbytes / (bw * 1e9) * 1e6 for p in (1, 2, 3)}
+    res = {"batch": BATCHES[name], "grad_bytes": nbytes, "pairs": pairs, "start": start, "end": stamp(),
+           "copy_before": copy, "copy_after": copy_after, "copy_gbps_used": bw,
+           "predicted_copy_us": predicted, "arms": {}}
+    for key, ts in times.items():
+        a = res["arms"][key] = _against_plain(ts, times["plain"])
+        print(table.row([name, f"{nbytes / 1e6:.1f}", key, iqr_text(a["wall"], 1e-3),
+                         iqr_text(a["minus_plain_wall_us"], 1e-3, 2), iqr_text(a["share_of_plain"], 100, 2),
+                         iqr_text(a["minus_plain_cpu_us"], 1e-3, 2),
+                         iqr_text(a["minus_plain_process_cpu_us"], 1e-3, 2),
+                         "/".join(f"{predicted[p] / 1e3:.1f}" for p in (1, 2, 3)), start["loadavg"]]))
+    print(f"  copy bandwidth {name} ({nbytes / 1e6:.0f} MB, GB/s best/median): " + ", ".join(
+        f"{k} {copy[k]['best_gbps']:.2f}/{copy[k]['median_gbps']:.2f}" for k in copy))
+    for arm in arms.values():
+        arm.trainer.wrapped = None
+    return res
+
+
+def _against_plain(ts: list[tuple[float, float, float]], plain: list[tuple[float, float, float]]) -> dict:
+    """One arm's (wall, thread CPU, process CPU) steps, and each minus the plain arm's step of the same round."""
+    diffs = [t[0] - p[0] for t, p in zip(ts, plain)]
+    cdiffs = [t[1] - p[1] for t, p in zip(ts, plain)]
+    pdiffs = [t[2] - p[2] for t, p in zip(ts, plain)]
+    shares = [d / p[0] for d, p in zip(diffs, plain)]
+    return {"wall_us": [t[0] for t in ts], "cpu_us": [t[1] for t in ts],
+            "process_cpu_us": [t[2] for t in ts],
+            "wall": stats([t[0] for t in ts]), "cpu": stats([t[1] for t in ts]),
+            "process_cpu": stats([t[2] for t in ts]),
+            "minus_plain_wall_us": stats(diffs), "minus_plain_cpu_us": stats(cdiffs),
+            "minus_plain_process_cpu_us": stats(pdiffs),
+            "share_of_plain": stats(shares),
+            "ratio_to_plain": method.PairedRatio.of_times([(p[0], t[0]) for p, t in zip(plain, ts)])}
 
 
 # ---------------------------------------------------------------- 5. link bandwidth, emulated
@@ -542,7 +308,8 @@ def _level(hardware: dict, name: str) -> dict | None:
 # ---------------------------------------------------------------- main
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The options, checked, with each experiment's pairs and repeats settled (fewer with --quick)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for model_terms.json and the emulated sweeps")
@@ -567,6 +334,11 @@ def main() -> int:
     if args.straggler_steps is None:
         args.straggler_steps = 8 if args.quick else 30
     args.straggler_pairs = args.straggler_steps
+    return args
+
+
+def main() -> int:
+    args = parse_args()
 
     import torch
 

@@ -27,6 +27,7 @@ import method
 import numpy as np
 import paired
 from local_ranks import RankFailure, run_local_ranks
+from slots import Slot, TorchControl
 
 from commbench.sizes import SizeError, format_size, parse_sizes
 
@@ -52,7 +53,7 @@ def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace) ->
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", args.timeout)
-    control = paired.TorchControl(rank, world)
+    control = TorchControl(rank, world)
     try:
         for nbytes in parse_sizes(args.sizes):
             buffer = backend.alloc(nbytes // 4, C.resolve_dtype("float32"))
@@ -60,7 +61,7 @@ def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace) ->
             control.barrier()
             slots = {}
             for k in sorted({1, *args.rounds}):
-                slots[k] = paired.Slot(backend.executor(halves_schedule(nbytes // 4, k), buffer, "sum"),
+                slots[k] = Slot(backend.executor(halves_schedule(nbytes // 4, k), buffer, "sum"),
                                        backend.barrier)
                 slots[k].calibrate(control, args.slot_time)
             for k in args.rounds:

@@ -31,6 +31,7 @@ import method
 import numpy as np
 import paired
 from local_ranks import RankFailure, run_local_ranks
+from slots import Slot, TorchControl
 
 from commbench.sizes import SizeError, format_size, parse_sizes
 
@@ -132,7 +133,7 @@ def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace, co
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", args.timeout)
-    control, legacy = paired.TorchControl(rank, world), LegacyShm(backend)
+    control, legacy = TorchControl(rank, world), LegacyShm(backend)
     try:
         for nbytes in parse_sizes(args.sizes):
             count = nbytes // 4
@@ -141,10 +142,10 @@ def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace, co
             control.barrier()
             schedule = backend.schedule("allreduce", count, 4, 0)
             tensor = torch.ones(count, dtype=torch.float32)
-            slots = {"current": paired.Slot(backend.prepare("allreduce", buffer, buffer, "sum", 0, True),
+            slots = {"current": Slot(backend.prepare("allreduce", buffer, buffer, "sum", 0, True),
                                             backend.barrier),
-                     "before": paired.Slot(legacy.executor(schedule, buffer, "sum"), backend.barrier),
-                     "gloo": paired.Slot(lambda tensor=tensor: dist.all_reduce(tensor), dist.barrier)}
+                     "before": Slot(legacy.executor(schedule, buffer, "sum"), backend.barrier),
+                     "gloo": Slot(lambda tensor=tensor: dist.all_reduce(tensor), dist.barrier)}
             for slot in slots.values():
                 slot.calibrate(control, args.slot_time)
             record: dict = {"nbytes": nbytes, "world_size": world, "algorithm": f"{schedule.name}/{schedule.steps}",

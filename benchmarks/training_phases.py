@@ -28,7 +28,7 @@ import sys
 import time
 
 import method
-from model_terms import BATCHES, phased_step, stamp, stats, trainer_for
+from training_steps import BATCHES, phased_step, stamp, stats, trainer_for
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -111,7 +111,7 @@ def summarise(rows: dict) -> dict:
     return out
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -120,7 +120,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--denormals", action="store_true", help="the denormal-float check instead (1 rank)")
     parser.add_argument("--steps", type=int, default=8, help="--denormals: steps per model")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     models = [m for m in args.models.split(",") if m]
     for m in models:
         if m not in BATCHES:
@@ -128,20 +132,31 @@ def main() -> int:
     if args.pairs < 1 or args.warmup < 1 or args.steps < 1:
         method.fail("--pairs, --warmup and --steps take a whole number >= 1")
     if args.denormals:
-        start = stamp()
-        print(f"# training_phases --denormals: {' '.join(sys.argv)}\n\nstart {start}\n")
-        table = method.Table(["model", "step", "subnormal %", "add gradients ms", "add zeros ms"], min_width=6)
-        print(table.header())
-        found = {}
-        for name in models:
-            found[name] = denormals(name, args.steps)
-            for row in found[name]:
-                print(table.row([name, row["step"], f"{100 * row['subnormal_share']:.4f}",
-                                 f"{row['add_gradients_cpu_us'] / 1e3:.1f}", f"{row['add_zeros_cpu_us'] / 1e3:.1f}"]))
-        path = os.path.join(args.out, "training_phases-denormals.json")
-        method.write_json(path, "training_phases", args, start=start, end=stamp(), denormals=found)
-        print(f"\nwrote {path}")
-        return 0
+        denormals_report(args, models)
+    else:
+        phases_report(args, models)
+    return 0
+
+
+def denormals_report(args: argparse.Namespace, models: list[str]) -> None:
+    """--denormals: each model's steps at 1 rank, a table row per step, and their JSON."""
+    start = stamp()
+    print(f"# training_phases --denormals: {' '.join(sys.argv)}\n\nstart {start}\n")
+    table = method.Table(["model", "step", "subnormal %", "add gradients ms", "add zeros ms"], min_width=6)
+    print(table.header())
+    found = {}
+    for name in models:
+        found[name] = denormals(name, args.steps)
+        for row in found[name]:
+            print(table.row([name, row["step"], f"{100 * row['subnormal_share']:.4f}",
+                             f"{row['add_gradients_cpu_us'] / 1e3:.1f}", f"{row['add_zeros_cpu_us'] / 1e3:.1f}"]))
+    path = os.path.join(args.out, "training_phases-denormals.json")
+    method.write_json(path, "training_phases", args, start=start, end=stamp(), denormals=found)
+    print(f"\nwrote {path}")
+
+
+def phases_report(args: argparse.Namespace, models: list[str]) -> None:
+    """The 2-rank pairs of every model, a table row per rank, arm and their difference, and their JSON."""
     from local_ranks import run_local_ranks
 
     start = stamp()
@@ -161,7 +176,6 @@ def main() -> int:
     path = os.path.join(args.out, "training_phases.json")
     method.write_json(path, "training_phases", args, start=start, end=stamp(), batches=BATCHES, results=results)
     print(f"\nwrote {path}")
-    return 0
 
 
 if __name__ == "__main__":
