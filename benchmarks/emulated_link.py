@@ -240,6 +240,13 @@ def _median_cell(values: list[float]) -> str:
 
 def probe_main(argv: list[str]) -> int:
     """The probes, inside a node: `_serve ADDRESS`, `_connect ADDRESS BYTES MODE`, `_gloo_order BYTES`."""
+    if argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(argv) < 3 or argv[1] not in ("_serve", "_connect", "_gloo_order"):
+        print("emulated_link.py: run by emulated_cluster.py inside a node (see --help); "
+              "run `python benchmarks/emulated_cluster.py link`", file=sys.stderr)
+        return 2
     if argv[1] == "_serve":
         probe_serve(argv[2], 5201)
     elif argv[1] == "_gloo_order":

@@ -176,25 +176,53 @@ def plot(groups: dict[str, tuple[np.ndarray, np.ndarray]], path: str) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/accuracy")
     parser.add_argument("--min-time", type=float, default=0.2, help="sweep --min-time per point")
     parser.add_argument("--proxy", default=None, help="a benchmarks/proxy_validate.py output directory")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every sweep, interleaved; medians per point")
     parser.add_argument("--reuse", action="store_true", help="use sweeps already in --out")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M")
+    paths = run_sweeps(args)
+    data = {name: results(runs) for name, runs in paths.items()}
+    print(f"# cost-model accuracy, {started}; sweeps {SIZES}, allreduce in place, median of {args.repeats} "
+          f"interleaved runs per point; fit on every other size of the 2-rank sweep\n")
+    fits, groups = sweep_report(paths, data)
+    for family, hw in fits.items():
+        intra = hw.intra
+        cache = f", cache {intra.cache_bw_gbps:.2f} GB/s up to {intra.cache_bytes / 2**20:.1f} MiB" \
+            if intra.cache_bytes else ""
+        print(f"\n{family} fit: {intra.bw_gbps:.3f} GB/s, {intra.latency_us:.2f} us/step, overhead "
+              f"{hw.per_call_overhead_us:.1f} us{cache}; fit median error {100 * hw.meta['median_ape']:.1f}%")
+        with open(os.path.join(args.out, f"{family}-hw.json"), "w", encoding="utf-8") as handle:
+            json.dump(hw.to_dict(), handle, indent=1, default=float)
+    plot(groups, os.path.join(args.out, "predicted_vs_measured.png"))
+    if args.proxy:
+        proxy_report(args.proxy, fits["gloo"])
+    return 0
+
+
+def run_sweeps(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Every sweep --repeats times, interleaved (or the files already in --out with --reuse); paths per sweep."""
     paths: dict[str, list[str]] = {name: [] for name, *_ in SWEEPS}
     for run in range(args.repeats):
         for name, backend, ranks, algorithm in SWEEPS:
             path = os.path.join(args.out, f"{name}.{run}.jsonl")
             paths[name].append(path if args.reuse and os.path.exists(path) else
                                sweep(name, backend, ranks, algorithm, args.out, args.min_time, run))
-    data = {name: results(runs) for name, runs in paths.items()}
-    print(f"# cost-model accuracy, {started}; sweeps {SIZES}, allreduce in place, median of {args.repeats} "
-          f"interleaved runs per point; fit on every other size of the 2-rank sweep\n")
+    return paths
+
+
+def sweep_report(paths: dict[str, list[str]], data: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """Fit each family on its 2-rank sweep, print a row per sweep it predicts and the target line;
+    the fits, and the measured and predicted times per row for the plot."""
     print("| fitted on | predicted | points | median abs error | max abs error | inside the 80% interval | judged |\n"
           "|---|---|---|---|---|---|---|")
     groups, fits, judged, left_out = {}, {}, [], []
@@ -215,28 +243,22 @@ def main() -> int:
             else:
                 judged.append(err)
     print(target_line(judged, left_out))
-    for family, hw in fits.items():
-        intra = hw.intra
-        cache = f", cache {intra.cache_bw_gbps:.2f} GB/s up to {intra.cache_bytes / 2**20:.1f} MiB" \
-            if intra.cache_bytes else ""
-        print(f"\n{family} fit: {intra.bw_gbps:.3f} GB/s, {intra.latency_us:.2f} us/step, overhead "
-              f"{hw.per_call_overhead_us:.1f} us{cache}; fit median error {100 * hw.meta['median_ape']:.1f}%")
-        with open(os.path.join(args.out, f"{family}-hw.json"), "w", encoding="utf-8") as handle:
-            json.dump(hw.to_dict(), handle, indent=1, default=float)
-    plot(groups, os.path.join(args.out, "predicted_vs_measured.png"))
-    if args.proxy:
-        print("\n| run | DDP's own work (ms, measured at 1 rank) | predicted replay (ms) | proxy replay (ms) | "
-              "predicted training (ms) | real training (ms) | vs replay | vs training |\n" + "|---" * 8 + "|")
-        rows, errs = proxy_rows(args.proxy, fits["gloo"])
-        for row in rows:
-            print(row)
-        for kind, values in errs.items():
-            if values:
-                absolute = np.abs(values)
-                print(f"\n{kind} steps: median |error| {100 * np.median(absolute):.1f}%, "
-                      f"max {100 * absolute.max():.1f}% "
-                      f"(target <= 5% and <= 10%), {sum(e < 0 for e in values)} of {len(values)} optimistic")
-    return 0
+    return fits, groups
+
+
+def proxy_report(proxy_dir: str, hw) -> None:
+    """--proxy: a row per validated proxy run, and the errors per kind against the issue's targets."""
+    print("\n| run | DDP's own work (ms, measured at 1 rank) | predicted replay (ms) | proxy replay (ms) | "
+          "predicted training (ms) | real training (ms) | vs replay | vs training |\n" + "|---" * 8 + "|")
+    rows, errs = proxy_rows(proxy_dir, hw)
+    for row in rows:
+        print(row)
+    for kind, values in errs.items():
+        if values:
+            absolute = np.abs(values)
+            print(f"\n{kind} steps: median |error| {100 * np.median(absolute):.1f}%, "
+                  f"max {100 * absolute.max():.1f}% "
+                  f"(target <= 5% and <= 10%), {sum(e < 0 for e in values)} of {len(values)} optimistic")
 
 
 if __name__ == "__main__":

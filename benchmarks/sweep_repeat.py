@@ -175,6 +175,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    spread_from, extra, options, sizes = checked_options(args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # every run's ranks, as torchrun and commbench sweep set it
+    _print_plan(args, options, sizes)
+    runs = Runs()
+    for index, commbench_first in enumerate(method.abba_orders(args.runs), start=1):
+        if commbench_first:
+            commbench_run(index, args, extra, runs)
+            bare_run(index, args, options, sizes, runs)
+        else:
+            bare_run(index, args, options, sizes, runs)
+            commbench_run(index, args, extra, runs)
+    report(args, options, runs, sizes, spread_from)
+    return 0
+
+
+def checked_options(args: argparse.Namespace) -> tuple[int, list[str], argparse.Namespace, list[int]]:
+    """(--spread-from in bytes, the --cli-args, the bare loop's options from them, the bare loop's sizes);
+    a bad option ends the run (exit 2)."""
     try:
         parse_sizes(args.sizes)
         spread_from = parse_size(args.spread_from)
@@ -187,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     if options.nprocs < 1 or (options.iters is not None and options.iters < 1) or \
             (options.warmup is not None and options.warmup < 0) or not options.min_time > 0:
         method.fail("--cli-args: --nprocs and --iters must be at least 1, --warmup at least 0, --min-time positive")
-    sizes = bare_sizes(args.sizes, spread_from, options.nprocs)
-    os.makedirs(args.out_dir, exist_ok=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # every run's ranks, as torchrun and commbench sweep set it
+    return spread_from, extra, options, bare_sizes(args.sizes, spread_from, options.nprocs)
+
+
+def _print_plan(args: argparse.Namespace, options: argparse.Namespace, sizes: list[int]) -> None:
     print(f"# commbench sweep --sizes {args.sizes} {args.cli_args}".rstrip() + f", {args.runs} runs, "
           f"logs and results in {args.out_dir}/", flush=True)
     print(f"# beside each: a bare torch.distributed loop, {options.nprocs} fresh gloo ranks, in-place, "
@@ -197,34 +217,47 @@ def main(argv: list[str] | None = None) -> int:
           + (f", --iters {options.iters}" if options.iters is not None else "")
           + (f", --warmup {options.warmup}" if options.warmup is not None else "")
           + f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; runs interleaved", flush=True)
-    walls, busbw_runs, bare_runs, bare_busbw_runs = [], [], [], []
 
-    def commbench_run(index: int) -> None:
-        json_path = os.path.join(args.out_dir, f"run{index}.jsonl")
-        log_path = os.path.join(args.out_dir, f"run{index}.log")
-        wall_s, code = run_cli_sweep(args.sizes, json_path, log_path, extra)
-        results = measured_results(json_path)
-        verdict = "pass" if wall_s < args.max_wall and code == 0 else "FAIL"
-        print(f"run {index} commbench: wall {wall_s:.1f} s (target < {args.max_wall:g} s), exit code {code}, "
-              f"{len(results)} points: {verdict}" + ("" if code == 0 else f" (see {log_path})"), flush=True)
-        walls.append({"run": index, "wall_s": wall_s, "exit_code": code, "points": len(results),
-                      "passed": verdict == "pass"})
-        busbw_runs.append(busbw_by_point(results))
 
-    def bare_run(index: int) -> None:
-        if sizes:
-            bare_wall_s, bare_rows, error = run_bare(sizes, options, args.timeout)
-            print(f"run {index} bare:      wall {bare_wall_s:.1f} s, {len(bare_rows)} sizes"
-                  + (f": failed: {error}" if error else ""), flush=True)
-            bare_runs.append({"run": index, "wall_s": bare_wall_s, "error": error, "sizes": bare_rows})
-            bare_busbw_runs.append({(row["nbytes"], BARE): row["busbw_gbps"] for row in bare_rows})
+class Runs:
+    """What the interleaved runs gave so far: per commbench sweep its wall time and busbw per point,
+    per bare run its sizes and busbw per size."""
 
-    for index, commbench_first in enumerate(method.abba_orders(args.runs), start=1):
-        for run in ((commbench_run, bare_run) if commbench_first else (bare_run, commbench_run)):
-            run(index)
-    pair_rows = paired_rows(busbw_runs, bare_busbw_runs, sizes)
-    rows = spread_rows(busbw_runs, spread_from, args.max_spread)
-    bare_rows = spread_rows(bare_busbw_runs, spread_from, args.max_spread) if bare_busbw_runs else []
+    def __init__(self):
+        self.walls: list[dict] = []
+        self.busbw: list[dict[tuple[int, str], float]] = []
+        self.bare: list[dict] = []
+        self.bare_busbw: list[dict[tuple[int, str], float]] = []
+
+
+def commbench_run(index: int, args: argparse.Namespace, extra: list[str], runs: Runs) -> None:
+    json_path = os.path.join(args.out_dir, f"run{index}.jsonl")
+    log_path = os.path.join(args.out_dir, f"run{index}.log")
+    wall_s, code = run_cli_sweep(args.sizes, json_path, log_path, extra)
+    results = measured_results(json_path)
+    verdict = "pass" if wall_s < args.max_wall and code == 0 else "FAIL"
+    print(f"run {index} commbench: wall {wall_s:.1f} s (target < {args.max_wall:g} s), exit code {code}, "
+          f"{len(results)} points: {verdict}" + ("" if code == 0 else f" (see {log_path})"), flush=True)
+    runs.walls.append({"run": index, "wall_s": wall_s, "exit_code": code, "points": len(results),
+                       "passed": verdict == "pass"})
+    runs.busbw.append(busbw_by_point(results))
+
+
+def bare_run(index: int, args: argparse.Namespace, options: argparse.Namespace, sizes: list[int], runs: Runs) -> None:
+    if sizes:
+        bare_wall_s, bare_rows, error = run_bare(sizes, options, args.timeout)
+        print(f"run {index} bare:      wall {bare_wall_s:.1f} s, {len(bare_rows)} sizes"
+              + (f": failed: {error}" if error else ""), flush=True)
+        runs.bare.append({"run": index, "wall_s": bare_wall_s, "error": error, "sizes": bare_rows})
+        runs.bare_busbw.append({(row["nbytes"], BARE): row["busbw_gbps"] for row in bare_rows})
+
+
+def report(args: argparse.Namespace, options: argparse.Namespace, runs: Runs, sizes: list[int],
+           spread_from: int) -> None:
+    """The spread table with its verdicts, the paired ratios, and the JSON summary."""
+    pair_rows = paired_rows(runs.busbw, runs.bare_busbw, sizes)
+    rows = spread_rows(runs.busbw, spread_from, args.max_spread)
+    bare_rows = spread_rows(runs.bare_busbw, spread_from, args.max_spread) if runs.bare_busbw else []
     bare_spread = {row["nbytes"]: row["spread"] for row in bare_rows}
     for row in rows:
         row["bare_spread"] = bare_spread.get(row["nbytes"])
@@ -237,12 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:
             json.dump({"benchmark": "sweep_repeat", "command": " ".join(sys.argv), "config": vars(args),
-                       "bare_options": vars(options), "runs": walls, "bare_runs": bare_runs, "spread": rows,
+                       "bare_options": vars(options), "runs": runs.walls, "bare_runs": runs.bare, "spread": rows,
                        "paired": pair_rows,
                        "bare_spread": [{k: v for k, v in row.items() if k != "passed"} for row in bare_rows]},
                       handle, indent=1)
         print(f"# wrote {args.json_path}")
-    return 0
 
 
 def _print_spread(rows: list[dict], bare_rows: list[dict], args: argparse.Namespace) -> None:
