@@ -14,6 +14,7 @@ and a wall-clock limit; its traffic stays on 198.18.0.0/15 inside the namespaces
 Each mode writes its JSON Lines under --out and a summary MODE.json, and prints a Markdown
 table; `predict` reads the files flat-vs-hier and acspeed wrote. Exit 0 when the runs ran
 (targets that miss say FAIL in the tables), 2 on bad options or missing privileges.
+Mode `link` and its probes are in emulated_link.py; the bounded runs in emulated_commands.py.
 """
 from __future__ import annotations
 

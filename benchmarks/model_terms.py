@@ -27,7 +27,8 @@ The candidates, one experiment each (CPU, one intra-op thread per rank):
     python benchmarks/model_terms.py --out runs/terms --quick --experiments floor,ddp
 
 Prints Markdown tables; writes DIR/model_terms.json (model_terms-EXP-EXP.json for a subset of the
-experiments) through method.write_json.
+experiments) through method.write_json. Experiments 3 and 4 (two ranks) are in terms_two_ranks.py; the
+trainers and step clocks this shares with training_phases.py in training_steps.py.
 """
 from __future__ import annotations
 
