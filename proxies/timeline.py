@@ -9,9 +9,10 @@ arithmetic:
 - `overlap(plan, comm_us)`: pure; communication times given (from the cost model, or a
   fake). predict-scaling and the sim proxy use it.
 - `run_step(plan, clock, channel)`: executed; compute is emulated on `clock`, allreduces
-  are handed to `channel` when ready and timed as they really run. Both are given: the
-  clocks that sleep and spin are proxies/clocks.py (the runtime), so this module stays pure,
-  and tests drive run_step with a fake clock and channel and compare it with `overlap`.
+  are handed to `channel` when ready and timed as they really run. The clock and the
+  channel are given: the clocks that sleep and spin are proxies/clocks.py (the runtime), so
+  this module stays pure, and tests drive run_step with a fake clock and channel and
+  compare it with `overlap`.
 
 Times are microseconds from the start of the step.
 """

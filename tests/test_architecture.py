@@ -165,9 +165,11 @@ def test_the_checks_can_fail():
     assert [folder_of(m) for m in ("commbench", "commbench.backends.shm", "commbench.proxies.replay",
                                    "commbench.analysis", "commbench.cli", "commbench.commands.sweep")] == [
         "commbench", "commbench", "proxies", "analysis", "commands", "commands"]
-    # the arrow this check was written for: a proxy costing its step with analysis/ (floors alike, folders not)
+    # the arrow the folder check was written for: proxies/run costing a step with analysis/scaling went down a
+    # floor (3 to 2), so only the folder check sees it go up a folder
     upward = {"commbench.proxies.run": {"commbench.analysis.scaling", "commbench.proxies.profile"},
               "commbench.analysis.scaling": {"commbench.proxies.profile"}, "commbench.proxies.profile": set()}
+    assert upward_floors(upward) == []
     assert upward_folders(upward) == ["commbench.proxies.run (proxies/) imports commbench.analysis.scaling (analysis/)"]
 
 
