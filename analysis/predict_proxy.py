@@ -25,6 +25,7 @@ from commbench.proxies.comm_plan import describe_calls
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, load_profile
 from commbench.proxies.run import ProxyUsageError
+from commbench.proxies.setups import Choice
 from commbench.proxies.steps import ProxyResult, StepLog
 from commbench.proxies.timeline import flops_times_us
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE
@@ -43,7 +44,7 @@ class ProxyPrediction:
     compute: Compute
     compute_label: str  # where the compute comes from (--compute)
     algorithm: str
-    choice: Any  # the setup and its knobs (ProxyConfig.choice)
+    choice: Choice  # the setup with its knobs settled for this layout
     step: StepPrediction
     interval: tuple[float, float] | None  # the step's 80% interval, us
     interval_source: str | None  # FIT_PROVENANCE or CORPUS_PROVENANCE
@@ -89,8 +90,7 @@ def predict(cfg: ProxyConfig, topo: Topology) -> ProxyPrediction:
     source = FIT_PROVENANCE if interval else None
     if interval is None and topo.world > 1:
         interval, source = _corpus_interval(profile, batch, hw, compute, cfg, step, choice)
-    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source,
-                           tuple(terms))
+    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms)
 
 
 def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Compute, str]:
@@ -117,7 +117,7 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
 
 
 def _evidence_terms(hw: Hardware, profile: Profile, batch: int, topo: Topology, compute: Compute, cfg: ProxyConfig,
-                    choice):
+                    choice: Choice) -> tuple[Hardware, float, tuple[str, ...]]:
     """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
     fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
     hw, ratios, terms = evidence_terms(hw, None)
@@ -127,14 +127,15 @@ def _evidence_terms(hw: Hardware, profile: Profile, batch: int, topo: Topology, 
     return hw, max(0.0, one * (expected_max(ratios, topo.world) - 1.0)), terms
 
 
-def _one_rank_step(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig, choice) -> float:
+def _one_rank_step(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
+                   choice: Choice) -> float:
     """The same setup's step on one rank (no communication), in us."""
     return predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
                         cfg.bucketing, LIBRARY, compute[3], choice=choice).times.step_us
 
 
 def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
-                     step: StepPrediction, choice):
+                     step: StepPrediction, choice: Choice) -> tuple[tuple[float, float] | None, str | None]:
     """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
     step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
     calibration = load_calibration()
