@@ -17,7 +17,7 @@ import queue
 import threading
 from typing import Any, Callable
 
-from commbench.proxies.timeline import SleepClock
+from commbench.proxies.clocks import SleepClock
 
 
 class _Waiter:

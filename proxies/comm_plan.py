@@ -76,6 +76,15 @@ class CommPlan:
         return out
 
 
+def describe_calls(plan: CommPlan) -> dict:
+    """A step's calls as a run's header keeps them (the replay's and the prediction's alike): per
+    (collective, group), calls and bytes, and each call's size."""
+    return {"by_collective": [{"collective": c, "group": g, "calls": n, "nbytes": b}
+                              for (c, g), (n, b) in plan.bytes_by().items()],
+            "calls": [{"collective": c.collective, "group": c.group, "nbytes": c.nbytes, "dtype": c.dtype,
+                       "label": c.label} for c in plan.comms]}
+
+
 def points(plan: CommPlan) -> list[tuple[float, list[int], list[int]]]:
     """(progress, calls issued there, calls waited for there) in progress order; the end last."""
     end = plan.compute_us

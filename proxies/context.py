@@ -15,9 +15,9 @@ from commbench.job import EXIT_OK, JobFault
 from commbench.job import run_rank as run_rank_frame
 from commbench.launch import EMULATED_VAR
 from commbench.proxies import buckets as B
+from commbench.proxies.clocks import ComputeTimeout
 from commbench.proxies.profile import load_profile
 from commbench.proxies.steps import METRICS, STEP, ProxyResult, StepLog, summarize
-from commbench.proxies.timeline import ComputeTimeout
 
 
 class RankContext:

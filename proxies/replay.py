@@ -23,19 +23,11 @@ import numpy as np
 from commbench import collectives as C
 from commbench.launch import peer_wait_s
 from commbench.proxies.channels import ThreadChannel, WorkChannel
-from commbench.proxies.comm_plan import CommPlan, points
+from commbench.proxies.clocks import CpuClock, SleepClock
+from commbench.proxies.comm_plan import CommPlan, describe_calls, points
 from commbench.proxies.context import RankContext, run_rank
-from commbench.proxies.run import describe_calls
 from commbench.proxies.setups import Compute, Layout
-from commbench.proxies.timeline import (
-    CpuClock,
-    SleepClock,
-    StepTimes,
-    busy_us,
-    flops_times_us,
-    plan_step,
-    run_step,
-)
+from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step
 
 # ---------------------------------------------------------------- the proxy body
 

@@ -1,7 +1,7 @@
-"""What the `proxy`, `train` and `profiles` commands call beside the ranks' own work: the
-predicted proxy step (the cost model, no ranks), `--validate`'s comparison, the profile
-listings and `profiles extract`. Options become a ProxyConfig and a job plan in
-commbench/commands/proxy_plan.py."""
+"""What the `proxy`, `train` and `profiles` commands call beside the ranks' own work:
+`--validate`'s comparison, the profile listings and `profiles extract`. Options become a
+ProxyConfig and a job plan in commbench/commands/proxy_plan.py; the predicted proxy step (the
+cost model, no ranks) is analysis/predict_proxy.py."""
 from __future__ import annotations
 
 import json
@@ -10,165 +10,15 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from commbench.algorithms import LIBRARY
 from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
-from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, ValidateRecord, append_record
+from commbench.results import ValidateRecord, append_record
 
 
 class ProxyUsageError(ValueError):
     """Bad input to proxy/train/profiles: one line, exit 2."""
-
-
-# ---------------------------------------------------------------- sim
-
-
-def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
-    """A proxy step predicted by the cost model (no ranks) on `plan.nodes` x `plan.ranks_per_node`
-    (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts."""
-    if not plan.lead:
-        return 0
-    from commbench.analysis.scaling import predict_step, step_interval_us
-    from commbench.costmodel import load_hardware, with_topology
-    from commbench.proxies.steps import ProxyResult, StepLog
-    from commbench.proxies.timeline import flops_times_us
-    from commbench.topology import Topology
-
-    profile = load_profile(cfg.model)
-    batch = cfg.batch or profile.default_batch
-    topo = Topology(plan.nodes, plan.ranks_per_node)
-    hw = with_topology(load_hardware(cfg.hw), topo)
-    ddp = 0.0
-    if cfg.compute == "flops":
-        forward, backward, update, label = (*flops_times_us(profile, batch, cfg.tflops), 0.0,
-                                            f"flops at {cfg.tflops:g} TFLOP/s")
-    elif cfg.compute == "measured":
-        forward, backward, update, ddp = _measure_here(profile, batch, cfg)
-        label = f"measured on this host (DDP's own work {ddp / 1e3:.2f} ms, measured at 1 rank)"
-    else:
-        forward = backward = update = 0.0
-        label = "none"
-    algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
-    choice = cfg.choice(topo.nodes, topo.ranks_per_node)
-    hw, late, terms = _evidence_terms(hw, profile, batch, topo, (forward, backward, update, ddp), cfg, choice)
-    pred = predict_step(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing, algorithm,
-                        ddp, late, choice=choice)
-    interval = step_interval_us(profile, batch, topo, hw, forward, backward, update, cfg.bucket_mb, cfg.bucketing,
-                                algorithm, ddp, late, choice=choice)
-    source = FIT_PROVENANCE if interval else None
-    if interval is None and topo.world > 1:
-        interval, source = _corpus_interval(profile, batch, hw, (forward, backward, update, ddp), cfg, pred, choice)
-    samples = batch * choice.get("accumulate") * topo.world
-    log = StepLog(cfg.json_path, True, samples)
-    ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
-    log.header({"kind": "predicted", "model": profile.name, "command": " ".join(argv),
-                "compute_split_us": {"forward": forward, "backward": backward, "optimizer": update, "ddp": ddp},
-                "config": json.loads(cfg.to_json()), "hardware": hw.name, "topology": str(topo),
-                "calls": describe_calls(pred.plan), "setup": choice.name, "knobs": dict(choice.knobs),
-                "step_interval_us": list(interval) if interval else None, "interval_source": source},
-               [f"predicted {profile.name} on {topo} ({ranks}) of {hw.name}, setup {choice.name}: {pred.calls} call(s) "
-                f"per step, allreduce {algorithm} from the cost model; compute {label}",
-                f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
-                f"{cfg.warmup_steps} do not apply to a prediction)",
-                *_interval_lines(hw, topo, algorithm, interval, source), *(f"without a fit: {t}" for t in terms)])
-    t = pred.times
-    log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
-                        "step_us": t.step_us, "other_us": t.other_us,
-                        "calls_us": [list(i) for i in t.comm_intervals]})
-    log.summary(ProxyResult(kind="predicted", model=profile.name, backend="model", library=hw.name, device="-",
-                            world_size=topo.world, nnodes=topo.nodes, batch=batch, bucket_mb=cfg.bucket_mb,
-                            bucketing=cfg.bucketing, buckets=pred.calls, gradient_bytes=profile.nbytes,
-                            compute=label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
-                            compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
-                            exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
-                            step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
-                            other_us_p90=t.other_us,
-                            samples_per_s=t.samples_per_s(samples), run_id=log.run_id,
-                            step_interval_us=list(interval) if interval else None, interval_source=source,
-                            setup=choice.name, knobs=dict(choice.knobs)))
-    if interval:
-        print(f"# step 80% interval ({source}): {interval[0] / 1e3:.2f}-{interval[1] / 1e3:.2f} ms (predicted "
-              f"{t.step_us / 1e3:.2f} ms)", flush=True)
-    return 0
-
-
-def describe_calls(plan) -> dict:
-    """A step's calls as the header keeps them: per (collective, group), calls and bytes, and each call's size."""
-    return {"by_collective": [{"collective": c, "group": g, "calls": n, "nbytes": b}
-                              for (c, g), (n, b) in plan.bytes_by().items()],
-            "calls": [{"collective": c.collective, "group": c.group, "nbytes": c.nbytes, "dtype": c.dtype,
-                       "label": c.label} for c in plan.comms]}
-
-
-def _evidence_terms(hw: Any, profile: Profile, batch: int, topo: Any, compute: tuple, cfg: ProxyConfig, choice):
-    """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
-    fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
-    from commbench.analysis.predict_scaling import evidence_terms
-    from commbench.analysis.stragglers import expected_max
-
-    hw, ratios, terms = evidence_terms(hw, None)
-    if ratios is None or topo.world == 1:
-        return hw, 0.0, terms
-    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
-    return hw, max(0.0, one * (expected_max(ratios, topo.world) - 1.0)), terms
-
-
-def _one_rank_step(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, choice) -> float:
-    """The same setup's step on one rank (no communication), in us."""
-    from commbench.analysis.scaling import predict_step
-    from commbench.topology import Topology
-
-    return predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
-                        cfg.bucketing, LIBRARY, compute[3], choice=choice).times.step_us
-
-
-def _corpus_interval(profile: Profile, batch: int, hw: Any, compute: tuple, cfg: ProxyConfig, pred: Any, choice):
-    """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
-    step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
-    from commbench.analysis.calibration import load_calibration
-
-    calibration = load_calibration()
-    if calibration is None:
-        return None, None
-    interval = calibration.step_interval_us(_one_rank_step(profile, batch, hw, compute, cfg, choice),
-                                            pred.times.step_us)
-    return (interval, CORPUS_PROVENANCE) if interval else (None, None)
-
-
-def _interval_lines(hw: Any, topo: Any, algorithm: str, interval: tuple[float, float] | None,
-                    source: str | None = None) -> list[str]:
-    """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
-    from commbench.analysis.intervals import levels_fitted
-
-    if source == CORPUS_PROVENANCE:
-        return ["step 80% interval: corpus calibration (no fit): split conformal on the linearity errors of the "
-                "published corpus (analysis/corpus/, docs/model.md), against this step's compute on one rank"]
-    if interval:
-        return ["step 80% interval (fit resamples): the communication costed on the fit without each of its points, "
-                "spread by that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
-    if hw.meta.get("uncertainty") is None:
-        return []  # a preset, or a fit from before intervals: nothing to say
-    if algorithm == LIBRARY:
-        return [f"no step interval: {LIBRARY}'s calls are timed with NCCL's own latency constants, which no fit "
-                f"measured (--algorithm ring or hier for one)"]
-    if not levels_fitted(hw, topo):
-        return [f"no step interval: {topo} crosses a link level the fit of {hw.name} did not measure"]
-    return []
-
-
-def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[float, float, float, float]:
-    import torch
-
-    from commbench.proxies.train import measure_compute
-
-    try:
-        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
-                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
-                               show_progress=True)[0]
-    except (MemoryError, ModelError) as exc:
-        raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 
 
 # ---------------------------------------------------------------- --validate

@@ -178,7 +178,7 @@ def test_validate_without_json_leaves_no_folder(tmp_path):
 
 
 def test_emulated_compute_honours_the_timeout(monkeypatch):
-    from commbench.proxies import timeline as T
+    from commbench.proxies import clocks as T
 
     for clock in (T.SleepClock(limit_s=0.5), T.CpuClock(limit_s=0.5)):
         clock.begin()
@@ -200,7 +200,7 @@ def test_the_wall_limit_holds_per_stretch_of_compute(monkeypatch):
     """A loaded host (this thread gets half a core) stretches a step's compute past the limit in wall
     time, while no stretch between two calls (what a peer waits for) comes near it: the step runs
     (issue 26: `proxy resnet18 --timeout 10` failed at load 4 with "still running after 7 s")."""
-    from commbench.proxies import timeline as T
+    from commbench.proxies import clocks as T
 
     monkeypatch.setattr(T.time, "thread_time", lambda: time.perf_counter() / 2)  # half a core, whatever the load
     clock = T.CpuClock(limit_s=0.5)
@@ -214,7 +214,7 @@ def test_a_failed_call_ends_the_compute_that_overlaps_it(clock_class):
     """A bucket's allreduce fails (a dead peer) while the backward is still computing: the compute
     raises that error, rather than running the stretch out while commbench stops the rank as hung
     (issue 26: the killed proxy rank left rank 0's summary `interrupted`, not `failed`)."""
-    from commbench.proxies import timeline as T
+    from commbench.proxies import clocks as T
     from commbench.proxies.channels import ThreadChannel
 
     def dead_peer():

@@ -154,7 +154,7 @@ def test_busy_time_is_the_union_of_intervals():
 
 def test_a_failed_allreduce_reaches_the_step():
     from commbench.proxies.channels import ThreadChannel
-    from commbench.proxies.timeline import SleepClock
+    from commbench.proxies.clocks import SleepClock
 
     def broken():
         raise RuntimeError("Connection closed by peer")

@@ -94,7 +94,7 @@ def proxy_command(**options) -> None:
 
     cfg, plan = make_config(options)
     if plan.mode == "local":  # predicted by the cost model: no ranks
-        from commbench.proxies.run import predict_proxy
+        from commbench.analysis.predict_proxy import predict_proxy
 
         check_writable(cfg.json_path, "--json", options["force"])
         say_note(plan)

@@ -1,0 +1,202 @@
+"""A proxy step predicted by the cost model, no ranks: what `commbench proxy` does when the job's
+ranks are not there to replay it (--backend sim, or --nodes larger than the job).
+
+It sits beside the other predictions (predict.py, predict_scaling.py) and costs the step as
+predict-scaling does (analysis/scaling.predict_step), with the same terms for a hardware without a
+fit and the same 80% interval. It is on the runtime's floor, not with the pure models: with
+--compute measured it runs the real model here (proxies/train.measure_compute), and it writes and
+prints its records through the proxy's step log (proxies/steps.StepLog), as a replay does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from commbench.algorithms import LIBRARY
+from commbench.analysis.calibration import load_calibration
+from commbench.analysis.intervals import levels_fitted
+from commbench.analysis.predict_scaling import evidence_terms
+from commbench.analysis.scaling import StepPrediction, predict_step, step_interval_us
+from commbench.analysis.stragglers import expected_max
+from commbench.costmodel import Hardware, load_hardware, with_topology
+from commbench.proxies.catalog import ModelError
+from commbench.proxies.comm_plan import describe_calls
+from commbench.proxies.config import ProxyConfig
+from commbench.proxies.profile import Profile, load_profile
+from commbench.proxies.run import ProxyUsageError
+from commbench.proxies.setups import Choice
+from commbench.proxies.steps import ProxyResult, StepLog
+from commbench.proxies.timeline import flops_times_us
+from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE
+from commbench.topology import Topology
+
+Compute = tuple[float, float, float, float]  # forward, backward, optimizer, DDP's own work: us per step on one rank
+
+
+@dataclass(frozen=True)
+class ProxyPrediction:
+    """A predicted step and what it was predicted from: what its header, step and summary records say."""
+    profile: Profile
+    batch: int
+    topo: Topology
+    hw: Hardware
+    compute: Compute
+    compute_label: str  # where the compute comes from (--compute)
+    algorithm: str
+    choice: Choice  # the setup with its knobs settled for this layout
+    step: StepPrediction
+    interval: tuple[float, float] | None  # the step's 80% interval, us
+    interval_source: str | None  # FIT_PROVENANCE or CORPUS_PROVENANCE
+    terms: tuple[str, ...]  # predict-scaling's terms applied for a hardware without a fit
+
+    @property
+    def samples(self) -> int:
+        return self.batch * self.choice.get("accumulate") * self.topo.world
+
+
+def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
+    """A proxy step predicted by the cost model (no ranks) on `plan.nodes` x `plan.ranks_per_node`
+    (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts."""
+    if not plan.lead:
+        return 0
+    prediction = predict(cfg, Topology(plan.nodes, plan.ranks_per_node))
+    log = StepLog(cfg.json_path, True, prediction.samples)
+    log.header(_header(prediction, cfg, argv), _header_lines(prediction, cfg))
+    t = prediction.step.times
+    log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
+                        "step_us": t.step_us, "other_us": t.other_us,
+                        "calls_us": [list(i) for i in t.comm_intervals]})
+    log.summary(_summary(prediction, cfg, log.run_id))
+    if prediction.interval:
+        low, high = prediction.interval
+        print(f"# step 80% interval ({prediction.interval_source}): {low / 1e3:.2f}-{high / 1e3:.2f} ms (predicted "
+              f"{t.step_us / 1e3:.2f} ms)", flush=True)
+    return 0
+
+
+def predict(cfg: ProxyConfig, topo: Topology) -> ProxyPrediction:
+    """The step `cfg` asks for on `topo`, costed on its hardware, with its interval where there is one."""
+    profile = load_profile(cfg.model)
+    batch = cfg.batch or profile.default_batch
+    hw = with_topology(load_hardware(cfg.hw), topo)
+    compute, label = _compute_split(profile, batch, cfg)
+    algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
+    choice = cfg.choice(topo.nodes, topo.ranks_per_node)
+    hw, late, terms = _evidence_terms(hw, profile, batch, topo, compute, cfg, choice)
+    step_args = (profile, batch, topo, hw, *compute[:3], cfg.bucket_mb, cfg.bucketing, algorithm, compute[3], late)
+    step = predict_step(*step_args, choice=choice)
+    interval = step_interval_us(*step_args, choice=choice)
+    source = FIT_PROVENANCE if interval else None
+    if interval is None and topo.world > 1:
+        interval, source = _corpus_interval(profile, batch, hw, compute, cfg, step, choice)
+    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms)
+
+
+def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Compute, str]:
+    """One rank's compute per step as --compute says, and the words the header gives it."""
+    if cfg.compute == "flops":
+        return (*flops_times_us(profile, batch, cfg.tflops), 0.0, 0.0), f"flops at {cfg.tflops:g} TFLOP/s"
+    if cfg.compute == "measured":
+        compute = _measure_here(profile, batch, cfg)
+        return compute, f"measured on this host (DDP's own work {compute[3] / 1e3:.2f} ms, measured at 1 rank)"
+    return (0.0, 0.0, 0.0, 0.0), "none"
+
+
+def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
+    import torch
+
+    from commbench.proxies.train import measure_compute
+
+    try:
+        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
+                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
+                               show_progress=True)[0]
+    except (MemoryError, ModelError) as exc:
+        raise ProxyUsageError(str(exc).splitlines()[0]) from exc
+
+
+def _evidence_terms(hw: Hardware, profile: Profile, batch: int, topo: Topology, compute: Compute, cfg: ProxyConfig,
+                    choice: Choice) -> tuple[Hardware, float, tuple[str, ...]]:
+    """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
+    fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
+    hw, ratios, terms = evidence_terms(hw, None)
+    if ratios is None or topo.world == 1:
+        return hw, 0.0, terms
+    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
+    return hw, max(0.0, one * (expected_max(ratios, topo.world) - 1.0)), terms
+
+
+def _one_rank_step(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
+                   choice: Choice) -> float:
+    """The same setup's step on one rank (no communication), in us."""
+    return predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
+                        cfg.bucketing, LIBRARY, compute[3], choice=choice).times.step_us
+
+
+def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
+                     step: StepPrediction, choice: Choice) -> tuple[tuple[float, float] | None, str | None]:
+    """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
+    step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
+    calibration = load_calibration()
+    if calibration is None:
+        return None, None
+    interval = calibration.step_interval_us(_one_rank_step(profile, batch, hw, compute, cfg, choice),
+                                            step.times.step_us)
+    return (interval, CORPUS_PROVENANCE) if interval else (None, None)
+
+
+# ---------------------------------------------------------------- the records
+
+
+def _header(p: ProxyPrediction, cfg: ProxyConfig, argv: list[str]) -> dict:
+    forward, backward, optimizer, ddp = p.compute
+    return {"kind": "predicted", "model": p.profile.name, "command": " ".join(argv),
+            "compute_split_us": {"forward": forward, "backward": backward, "optimizer": optimizer, "ddp": ddp},
+            "config": json.loads(cfg.to_json()), "hardware": p.hw.name, "topology": str(p.topo),
+            "calls": describe_calls(p.step.plan), "setup": p.choice.name, "knobs": dict(p.choice.knobs),
+            "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source}
+
+
+def _header_lines(p: ProxyPrediction, cfg: ProxyConfig) -> list[str]:
+    ranks = f"{p.topo.world} rank{'s' if p.topo.world != 1 else ''}"
+    return [f"predicted {p.profile.name} on {p.topo} ({ranks}) of {p.hw.name}, setup {p.choice.name}: "
+            f"{p.step.calls} call(s) per step, allreduce {p.algorithm} from the cost model; compute {p.compute_label}",
+            f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
+            f"{cfg.warmup_steps} do not apply to a prediction)",
+            *_interval_lines(p.hw, p.topo, p.algorithm, p.interval, p.interval_source),
+            *(f"without a fit: {t}" for t in p.terms)]
+
+
+def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tuple[float, float] | None,
+                    source: str | None = None) -> list[str]:
+    """The header's word on the step's 80% interval: how it is made, or why a fitted file gives none."""
+    if source == CORPUS_PROVENANCE:
+        return ["step 80% interval: corpus calibration (no fit): split conformal on the linearity errors of the "
+                "published corpus (analysis/corpus/, docs/model.md), against this step's compute on one rank"]
+    if interval:
+        return ["step 80% interval (fit resamples): the communication costed on the fit without each of its points, "
+                "spread by that point's error (jackknife+), compute as given (docs/model.md, Uncertainty)"]
+    if hw.meta.get("uncertainty") is None:
+        return []  # a preset, or a fit from before intervals: nothing to say
+    if algorithm == LIBRARY:
+        return [f"no step interval: {LIBRARY}'s calls are timed with NCCL's own latency constants, which no fit "
+                f"measured (--algorithm ring or hier for one)"]
+    if not levels_fitted(hw, topo):
+        return [f"no step interval: {topo} crosses a link level the fit of {hw.name} did not measure"]
+    return []
+
+
+def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
+    """The summary record: one step, so every median is its p90."""
+    t = p.step.times
+    return ProxyResult(kind="predicted", model=p.profile.name, backend="model", library=p.hw.name, device="-",
+                       world_size=p.topo.world, nnodes=p.topo.nodes, batch=p.batch, bucket_mb=cfg.bucket_mb,
+                       bucketing=cfg.bucketing, buckets=p.step.calls, gradient_bytes=p.profile.nbytes,
+                       compute=p.compute_label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
+                       compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
+                       exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
+                       step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
+                       other_us_p90=t.other_us, samples_per_s=t.samples_per_s(p.samples), run_id=run_id,
+                       step_interval_us=list(p.interval) if p.interval else None,
+                       interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs))
