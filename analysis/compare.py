@@ -25,7 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.results import CompareRecord, RecordError, ResultSink, read_records
+from commbench.result_reader import RecordError, read_records
+from commbench.result_sink import ResultSink
+from commbench.results import CompareRecord
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")

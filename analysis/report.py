@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
-from commbench.results import read_records
+from commbench.result_reader import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
 
@@ -91,7 +91,7 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
             setup: str) -> Series:
     import numpy as np
 
-    from commbench.results import raw_times
+    from commbench.iteration_times import raw_times
 
     sizes = sorted(points)
     chosen = [sorted(points[s], key=lambda p: p["time_us"])[len(points[s]) // 2] for s in sizes]  # median run

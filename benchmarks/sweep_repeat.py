@@ -53,7 +53,7 @@ import method
 from harness_overhead import RankFailure, bare_run_rank, run_local_ranks
 
 from commbench import collectives as C
-from commbench.results import read_records
+from commbench.result_reader import read_records
 from commbench.sizes import SizeError, format_size, parse_size, parse_sizes
 
 BARE = "bare in-place"

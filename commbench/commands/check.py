@@ -51,7 +51,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis.intervals import uncertainty
     from commbench.commands.model import _warn_poor
     from commbench.costmodel import HardwareError, load_hardware
-    from commbench.results import RecordError
+    from commbench.result_reader import RecordError
 
     if max_error is not None and not 0 < max_error < 1e6:
         raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
