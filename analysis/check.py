@@ -25,6 +25,7 @@ import numpy as np
 from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, run_loads, schedule_for, setup_of
 from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
 from commbench.analysis.provenance import headers_by_run, mismatch
+from commbench.backends.registry import record_capabilities
 from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, schedule_us, with_topology
 from commbench.sizes import format_size
@@ -95,7 +96,7 @@ def _marked(setup: str, record: dict, loads: dict) -> tuple[str, str | None]:
 
 def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
     measured = [r for r in records if r.get("record") == "result" and r.get("kind", "measured") == "measured"
-                and r.get("time_us") and r.get("backend") not in ("sim", "model")]
+                and r.get("time_us") and record_capabilities(r).measured]
     usable = [r for r in measured if r["collective"] in LIBRARY_ALGORITHM]
     if len(usable) < len(measured):
         notes.append(f"{len(measured) - len(usable)} point(s) of collectives the model has no schedule for: left out")
@@ -169,7 +170,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
             continue
         topo = Topology(nodes, world // nodes)
         batch = int(r["batch"])
-        algorithm = cfg.get("algorithm") if r.get("backend") not in ("torch", None) else None
+        algorithm = cfg.get("algorithm") if record_capabilities(r).schedule else None
         if algorithm in (None, "auto"):
             algorithm = LIBRARY_ALGORITHM["allreduce"]
 

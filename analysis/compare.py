@@ -170,12 +170,6 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
                       unvalued)
 
 
-def compare_files(base_path: str, new_path: str, metric: str = "busbw", threshold_pct: float = 5.0,
-                  warn=None) -> Comparison:
-    _check_options(metric, threshold_pct)
-    return compare(load(base_path, warn), load(new_path, warn), metric, threshold_pct, (base_path, new_path))
-
-
 def _check_options(metric: str, threshold_pct: float) -> None:
     if metric not in METRICS:
         raise CompareError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")

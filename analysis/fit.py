@@ -28,6 +28,7 @@ import numpy as np
 from commbench import algorithms
 from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
 from commbench.analysis.provenance import measured_with
+from commbench.backends.registry import record_capabilities
 from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, link_loads, working_set_bytes
 from commbench.schedule import Schedule
@@ -187,9 +188,6 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
 # ran 2.7-4.5x slower than a 2-rank fit predicts. So a fit records the host it was measured on
 # (`meta.measured_on`), `predict` refuses CPU ranks per node beyond its cores, and `check` marks
 # measured runs whose ranks outnumber their host's cores and leaves them out of its summary.
-SIMULATED_BACKENDS = ("sim", "model")  # their points ran on no host's cores
-
-
 @dataclass(frozen=True)
 class HostLoad:
     """What a run's header says of its busiest host: its device, the most ranks on one host, and
@@ -243,7 +241,7 @@ def measured_on(chosen: list[dict], records: list[dict]) -> dict | None:
     """`meta.measured_on` of a fit of `chosen` (whose headers are among `records`): the device its
     points ran on, the most ranks one host ran and the fewest cores of those hosts (null when no
     header says). None for simulated points (they ran on no host)."""
-    if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
+    if not all(record_capabilities(r).measured for r in chosen):
         return None
     loads = run_loads(records)
     devices, ranks, cpus = set(), [], []
@@ -389,7 +387,7 @@ def _cache_thresholds(ws: np.ndarray, a: np.ndarray, llc: int | None = None) -> 
 def host_cache_bytes(chosen: list[dict], records: list[dict]) -> int | None:
     """The smallest last-level cache that the hosts of `chosen`'s runs report (their headers' `ranks`,
     `llc_bytes`), None when no header says or the points were simulated (they ran on no host)."""
-    if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
+    if not all(record_capabilities(r).measured for r in chosen):
         return None
     runs = {r.get("run_id") for r in chosen if isinstance(r.get("run_id"), str)}
     sizes = [e.get("llc_bytes") for h in records if h.get("record") == "header"

@@ -83,6 +83,12 @@ class Result(Record):
     stat: str = "mean"  # which statistic of the per-iteration times time_us is (sweep --stat: mean, p50, min)
     mean_us: float | None = None  # the mean of the per-iteration times, whatever `stat` is
     interval_source: str | None = None  # kind predicted: "fit resamples" (jackknife+) or "corpus calibration"
+    # What the backend could do (backends.registry.RecordCapabilities), so readers need not know backends by
+    # name: commbench's own schedule ran (or was costed), or a library's collective; and whether the time is
+    # measured, simulated (the call ran, the cost model timed it) or modelled (nothing ran). None: an older
+    # file (readers then look its backend up by name: registry.record_capabilities)
+    schedule: bool | None = None
+    timing: str | None = None
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
@@ -114,7 +120,7 @@ def point_result(plan: C.Plan, *, dtype: str, op: str | None, placement: str, nn
     """The Result of one point of `plan`: sizes and root from the plan, algbw and busbw from `time_us`,
     iters, the percentiles and the raw times from `per_iteration_us` (each iteration already combined
     over ranks; None or empty: not timed). `extra`: the optional Result fields (algorithm, steps,
-    telemetry, kind, run_id)."""
+    telemetry, kind, run_id, and the backend's capabilities: schedule and timing)."""
     per_iteration = np.asarray([] if per_iteration_us is None else per_iteration_us, dtype=float).ravel()
     algbw = busbw = None
     if time_us is not None:
@@ -212,6 +218,8 @@ class ProxyResult(Record):
     comm_cpu_gbps: float | None = None
     setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
     knobs: dict | None = None
+    schedule: bool | None = None  # as a Result's: what the backend could do (None: readers look it up by name)
+    timing: str | None = None
 
 
 @dataclass(frozen=True)
