@@ -92,6 +92,13 @@ class ResultSink:
                 self._write_json(record.to_dict(), sync=False)
         self._sync()
 
+    def write_free_form(self, records: Iterable[dict[str, Any]]) -> None:
+        """Records already in their JSON form, without a record type here (check's rows and summary: an
+        output for people and scripts, no schema): written, then flushed and fsynced once."""
+        for record in records:
+            self._write_json(record, sync=False)
+        self._sync()
+
     def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
         if self._json:
             line = json.dumps(record, allow_nan=False, default=str) + "\n"
