@@ -66,7 +66,7 @@ def results(paths: list[str]) -> list[dict]:
 def oversubscribed(paths: list[str]) -> str | None:
     """"N ranks on C cores" when a run of this sweep had more CPU ranks on a host than its cores (its
     header's ranks list), else None: the rows `commbench check` marks and `predict` refuses."""
-    from commbench.analysis.fit import run_loads
+    from commbench.analysis.hosts import run_loads
     from commbench.result_reader import read_records
 
     for path in paths:

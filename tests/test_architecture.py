@@ -20,7 +20,7 @@ FLOORS = {
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
         "commbench.proxies", "commbench.iteration_times", "commbench.result_sink", "commbench.result_reader",
         "commbench.backends.registry"],
-    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
+    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus",

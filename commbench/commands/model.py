@@ -115,7 +115,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
 
     from commbench import collectives as C
     from commbench.analysis import collective_corpus
-    from commbench.analysis.fit import oversubscription
+    from commbench.analysis.hosts import oversubscription
     from commbench.analysis.intervals import uncertainty
     from commbench.analysis.predict import predict, row_us
     from commbench.commands import layout as L
