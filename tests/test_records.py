@@ -192,3 +192,40 @@ def test_results_md_lists_every_record_type_and_field():
         assert f"`{cls.RECORD}`" in doc, cls.RECORD
         missing = [f.name for f in dataclasses.fields(cls) if not re.search(rf"\b{f.name}\b", doc)]
         assert not missing, (cls.RECORD, missing)
+
+
+def test_records_carry_their_backends_capabilities(tmp_path):
+    """A sweep's and a prediction's results say whether commbench's schedule ran and how they were timed
+    (schedule, timing), written from the backend class; a file from before says nothing, and readers look
+    its backend up by name (registry.record_capabilities) to the same answer."""
+    from commbench.analysis.predict import predict
+    from commbench.backends.registry import (
+        BACKENDS,
+        MODEL,
+        PREDICTED,
+        RecordCapabilities,
+        backend_class,
+        capabilities_of,
+        record_capabilities,
+    )
+    from commbench.costmodel import load_hardware
+    from commbench.topology import Topology
+
+    out = tmp_path / "sim.jsonl"
+    proc = commbench("sweep", "--backend", "sim", "-N", "4", "--sizes", "1K", "-c", "allreduce", "--hw", "dgx-a100",
+                     "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    swept = [r for r in read_records(str(out)) if r["record"] == "result"]
+    assert swept and all((r["schedule"], r["timing"]) == (True, "simulated") for r in swept)
+    sim = swept[0]
+    hw = load_hardware("dgx-a100")
+    (model,) = predict(hw, ["allreduce"], [1 << 20], C.resolve_dtype("float32"), Topology(1, 4))
+    assert (model.schedule, model.timing) == (True, "modelled") and not record_capabilities(model.to_dict()).ran
+    for name in BACKENDS:  # an older record: its backend's class says, as the backend writes it today
+        assert record_capabilities({"backend": name}) == capabilities_of(backend_class(name))
+    assert record_capabilities({"backend": "torch"}) == RecordCapabilities(schedule=False, timing="measured")
+    assert record_capabilities({"backend": "sim"}) == RecordCapabilities(schedule=True, timing="simulated")
+    assert record_capabilities({"backend": MODEL}) == PREDICTED
+    assert record_capabilities({"backend": "torch", "schedule": True, "timing": "modelled"}) == PREDICTED
+    old = {k: v for k, v in sim.items() if k not in ("schedule", "timing")}
+    assert record_capabilities(old) == record_capabilities(sim) and Result.from_dict(old).timing is None
