@@ -180,7 +180,7 @@ def _check_options(metric: str, threshold_pct: float) -> None:
 
 
 def load(path: str, warn=None) -> list[dict]:
-    """The records of a results file, every line checked (results.read_records); CompareError, one line
+    """The records of a results file, every line checked (result_reader.read_records); CompareError, one line
     naming the file (and line), when it cannot be read, a line is malformed, or it holds no result."""
     try:
         records = read_records(path, warn)

@@ -264,7 +264,7 @@ def _drawable(record: dict) -> bool:
 
 
 def read_all(paths: list[str], warn=None) -> list[dict]:
-    """Every record of the files, each line checked (results.read_records: RecordError names the file and
+    """Every record of the files, each line checked (result_reader.read_records: RecordError names the file and
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
     result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
     sweep of --backend sim without --hw: checked, not timed)."""
