@@ -15,7 +15,6 @@ RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JS
 RAW_TIMES_ENCODING = "float32-zlib-base64"
 
 
-
 def pack_times(per_iteration_us: Any) -> list[float] | dict[str, Any] | None:
     """What a record keeps of its per-iteration times: up to RAW_TIMES_INLINE_MAX finite values as a plain
     list (exact), more as little-endian float32, zlib-compressed, base64 (about 4 bytes a value; float32
