@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, run_loads, schedule_for, setup_of
+from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, schedule_for, setup_of
+from commbench.analysis.hosts import run_loads
 from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
 from commbench.analysis.provenance import headers_by_run, mismatch
+from commbench.backends.registry import record_capabilities
 from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, schedule_us, with_topology
 from commbench.sizes import format_size
@@ -95,7 +97,7 @@ def _marked(setup: str, record: dict, loads: dict) -> tuple[str, str | None]:
 
 def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
     measured = [r for r in records if r.get("record") == "result" and r.get("kind", "measured") == "measured"
-                and r.get("time_us") and r.get("backend") not in ("sim", "model")]
+                and r.get("time_us") and record_capabilities(r).measured]
     usable = [r for r in measured if r["collective"] in LIBRARY_ALGORITHM]
     if len(usable) < len(measured):
         notes.append(f"{len(measured) - len(usable)} point(s) of collectives the model has no schedule for: left out")
@@ -123,11 +125,18 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     a replay's own measured split (its header's compute_split_us, DDP's own work included), its --tflops,
     or its median compute split as the profile's FLOPs are; a training run takes the split of a proxy
     replay of the same setup in the same files (`proxy --validate` writes both)."""
-    from commbench.analysis.scaling import predict_step, step_interval_us
-    from commbench.proxies.profile import ProfileError, load_profile
-
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
-    replays: dict[tuple, dict] = {}  # a training run's twin: a replay of its setup whose compute was measured
+    replays = _measured_replays(records, headers, notes)
+    rows, loads = [], run_loads(records)
+    for r in records:
+        if r.get("record") == "proxy" and r.get("kind") in ("proxy", "train") and r.get("status", "ok") == "ok":
+            rows += _run_rows(r, headers, replays, loads, hw, notes)
+    return rows
+
+
+def _measured_replays(records: list[dict], headers: dict, notes: list[str]) -> dict[tuple, dict]:
+    """A training run's twin, by _setup_key: a replay of its setup whose compute was measured."""
+    replays: dict[tuple, dict] = {}
     for r in records:
         cfg = ((headers.get(r.get("run_id")) or {}).get("config") or {})
         if r.get("record") == "proxy" and r.get("kind") == "proxy" and r.get("status", "ok") == "ok" \
@@ -136,67 +145,81 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
                 notes.append(f"several measured replays of {r['model']} b{r.get('batch')} on {r.get('world_size')} "
                              f"ranks: a training run of that setup takes the last one's compute")
             replays[_setup_key(r, headers)] = r
-    rows, loads = [], run_loads(records)
-    for r in records:
-        if r.get("record") != "proxy" or r.get("kind") not in ("proxy", "train") or r.get("status", "ok") != "ok":
-            continue
-        cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
-        try:
-            profile = load_profile(r["model"])
-        except (ProfileError, ValueError) as exc:
-            notes.append(f"{r['model']}: {exc}")
-            continue
-        nodes = int(r.get("nnodes") or 1)
-        world = int(r["world_size"])
-        if not r.get("step_us_p50") or r["step_us_p50"] <= 0 or nodes < 1 or world % nodes:
-            notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
-                         f"record; left out")
-            continue
-        replay = r if r["kind"] == "proxy" else replays.get(_setup_key(r, headers))
-        split = _compute_split(r, cfg, profile, (headers.get(replay.get("run_id")) or {}).get("compute_split_us")
-                               if replay else None)
-        load = loads.get(r.get("run_id"))
-        # CPU ranks with no spare core: the communication's threads take CPU from the compute (its replay measured how
-        # much per byte); a GPU's, or a rank with a core to spare, takes none
-        spare = load is None or load.device != "cpu" or not load.cpus or load.ranks_per_host < load.cpus
-        # ... and only a compute that runs on the CPU (measured here): a --compute flops replay sleeps, as a GPU's would
-        spun = replay is not None and ((headers.get(replay.get("run_id")) or {}).get("config") or {}).get(
-            "compute") == "measured"
-        comm_cpu = replay.get("comm_cpu_gbps") if spun and not spare else None
-        if split is None:
-            notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
-                         f"files to take its compute from (`proxy --validate` writes both); left out")
-            continue
-        topo = Topology(nodes, world // nodes)
-        batch = int(r["batch"])
-        algorithm = cfg.get("algorithm") if r.get("backend") not in ("torch", None) else None
-        if algorithm in (None, "auto"):
-            algorithm = LIBRARY_ALGORITHM["allreduce"]
+    return replays
 
-        try:
-            choice = setup_of_record(r, topo)
-        except ValueError as exc:
-            notes.append(f"{r['model']}: {exc}; left out")
-            continue
-        device = "cpu" if r.get("device") == "cpu" else "cuda"
-        pred = predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                            r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
-                            choice=choice, device=device).times
-        kind = "train" if r["kind"] == "train" else "proxy"
-        named = "" if choice.name == "ddp" else f" {choice.name}"
-        setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
-        measured = levels_fitted(hw, topo)
-        # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
-        interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
-                                    r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu,
-                                    choice=choice, device=device)
-        rows.append(Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]),
-                        float(pred.step_us), interval, over))
-        if kind == "proxy" and r.get("comm_us_p50") and topo.world > 1:  # one rank communicates nothing
-            rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
-                            float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
-                                                                                   algorithm, comm_cpu, choice, device):
-                                                             _comm_us(v, *args)) if measured else None, over))
+
+def _step_inputs(r: dict, headers: dict, replays: dict, loads: dict, notes: list[str]) -> tuple | None:
+    """(profile, topology, compute split, comm_cpu_gbps) of one proxy or training run, or None with a note
+    (an unknown model, no step time or whole nodes, a training run without a replay beside it)."""
+    from commbench.proxies.profile import ProfileError, load_profile
+
+    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    try:
+        profile = load_profile(r["model"])
+    except (ProfileError, ValueError) as exc:
+        notes.append(f"{r['model']}: {exc}")
+        return None
+    nodes = int(r.get("nnodes") or 1)
+    world = int(r["world_size"])
+    if not r.get("step_us_p50") or r["step_us_p50"] <= 0 or nodes < 1 or world % nodes:
+        notes.append(f"{r['model']} on {world} rank(s), {nodes} node(s): no step time or no whole nodes in the "
+                     f"record; left out")
+        return None
+    replay = r if r["kind"] == "proxy" else replays.get(_setup_key(r, headers))
+    split = _compute_split(r, cfg, profile, (headers.get(replay.get("run_id")) or {}).get("compute_split_us")
+                           if replay else None)
+    load = loads.get(r.get("run_id"))
+    # CPU ranks with no spare core: the communication's threads take CPU from the compute (its replay measured how
+    # much per byte); a GPU's, or a rank with a core to spare, takes none
+    spare = load is None or load.device != "cpu" or not load.cpus or load.ranks_per_host < load.cpus
+    # ... and only a compute that runs on the CPU (measured here): a --compute flops replay sleeps, as a GPU's would
+    spun = replay is not None and ((headers.get(replay.get("run_id")) or {}).get("config") or {}).get(
+        "compute") == "measured"
+    comm_cpu = replay.get("comm_cpu_gbps") if spun and not spare else None
+    if split is None:
+        notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
+                     f"files to take its compute from (`proxy --validate` writes both); left out")
+        return None
+    return profile, Topology(nodes, world // nodes), split, comm_cpu
+
+
+def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, notes: list[str]) -> list[Row]:
+    """The step row of one proxy or training run, and a replay's communication row ([]: left out, noted)."""
+    from commbench.analysis.scaling import predict_step, step_interval_us
+
+    inputs = _step_inputs(r, headers, replays, loads, notes)
+    if inputs is None:
+        return []
+    profile, topo, split, comm_cpu = inputs
+    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    batch = int(r["batch"])
+    algorithm = cfg.get("algorithm") if record_capabilities(r).schedule else None
+    if algorithm in (None, "auto"):
+        algorithm = LIBRARY_ALGORITHM["allreduce"]
+    try:
+        choice = setup_of_record(r, topo)
+    except ValueError as exc:
+        notes.append(f"{r['model']}: {exc}; left out")
+        return []
+    device = "cpu" if r.get("device") == "cpu" else "cuda"
+    pred = predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
+                        choice=choice, device=device).times
+    kind = "train" if r["kind"] == "train" else "proxy"
+    named = "" if choice.name == "ddp" else f" {choice.name}"
+    setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
+    # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
+    interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+                                r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu,
+                                choice=choice, device=device)
+    rows = [Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]), float(pred.step_us),
+                interval, over)]
+    if kind == "proxy" and r.get("comm_us_p50") and topo.world > 1:  # one rank communicates nothing
+        rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
+                        float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
+                                                                               algorithm, comm_cpu, choice, device):
+                                                         _comm_us(v, *args)) if levels_fitted(hw, topo) else None,
+                        over))
     return rows
 
 

@@ -25,7 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.results import CompareRecord, RecordError, ResultSink, read_records
+from commbench.result_reader import RecordError, read_records
+from commbench.result_sink import ResultSink
+from commbench.results import CompareRecord
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")
@@ -168,12 +170,6 @@ def compare(base_records: Iterable[dict], new_records: Iterable[dict], metric: s
                       unvalued)
 
 
-def compare_files(base_path: str, new_path: str, metric: str = "busbw", threshold_pct: float = 5.0,
-                  warn=None) -> Comparison:
-    _check_options(metric, threshold_pct)
-    return compare(load(base_path, warn), load(new_path, warn), metric, threshold_pct, (base_path, new_path))
-
-
 def _check_options(metric: str, threshold_pct: float) -> None:
     if metric not in METRICS:
         raise CompareError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
@@ -184,7 +180,7 @@ def _check_options(metric: str, threshold_pct: float) -> None:
 
 
 def load(path: str, warn=None) -> list[dict]:
-    """The records of a results file, every line checked (results.read_records); CompareError, one line
+    """The records of a results file, every line checked (result_reader.read_records); CompareError, one line
     naming the file (and line), when it cannot be read, a line is malformed, or it holds no result."""
     try:
         records = read_records(path, warn)

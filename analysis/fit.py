@@ -27,6 +27,7 @@ import numpy as np
 
 from commbench import algorithms
 from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
+from commbench.analysis.hosts import host_cache_bytes, measured_on
 from commbench.analysis.provenance import measured_with
 from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, link_loads, working_set_bytes
@@ -165,13 +166,7 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
     if cache is not None and cache == llc:
         hw.meta["notes"].append(f"cache boundary at the hosts' last-level cache ({llc} bytes, from their run headers)")
     hw.meta["measured_with"] = measured_with(chosen, records)  # what it applies to (provenance.py)
-    where = measured_on(chosen, records)
-    if where is not None:
-        hw.meta["measured_on"] = where
-        if where["cpus"] and where["ranks_per_host"] > where["cpus"]:
-            hw.meta["notes"].append(f"the fitted points ran {where['ranks_per_host']} CPU ranks on a host of "
-                                    f"{where['cpus']} cores (oversubscribed): the figures hold that contention, "
-                                    f"at that many ranks only")
+    _note_hosts(hw, measured_on(chosen, records))
     block = _jackknife(design, y, x)
     if len(block["resamples"]) >= JACKKNIFE_MIN_POINTS:
         hw.meta["uncertainty"] = block
@@ -180,109 +175,6 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
                                 f"the fit without leaving a figure unpinned; a jackknife+ 80% interval needs "
                                 f"{JACKKNIFE_MIN_POINTS} (fewer leave its upper end unbounded)")
     return hw
-
-
-# Where a run's ranks ran (docs/model.md, "Oversubscribed runs"). The model has no notion of cores:
-# CPU ranks beyond a host's cores take turns on them, and a sweep of shm at 3-4 ranks on 2 cores
-# ran 2.7-4.5x slower than a 2-rank fit predicts. So a fit records the host it was measured on
-# (`meta.measured_on`), `predict` refuses CPU ranks per node beyond its cores, and `check` marks
-# measured runs whose ranks outnumber their host's cores and leaves them out of its summary.
-SIMULATED_BACKENDS = ("sim", "model")  # their points ran on no host's cores
-
-
-@dataclass(frozen=True)
-class HostLoad:
-    """What a run's header says of its busiest host: its device, the most ranks on one host, and
-    that host's cores (None when the header does not say)."""
-    device: str
-    ranks_per_host: int
-    cpus: int | None
-
-    @property
-    def oversubscribed(self) -> str | None:
-        """"N ranks on C cores" when CPU ranks outnumber their host's cores, else None (GPU ranks,
-        cores unknown, or enough of them)."""
-        if self.device != "cpu" or not self.cpus or self.ranks_per_host <= self.cpus:
-            return None
-        return f"{self.ranks_per_host} ranks on {self.cpus} cores"
-
-
-def host_load(header: dict | None) -> HostLoad | None:
-    """A run header's busiest host (the most ranks per core), from the environment every rank gave
-    (`ranks`: host, device, cpus); None when the header has no such list."""
-    listed = (header or {}).get("ranks")
-    ranks = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
-    if not ranks:
-        return None
-    per_host = Counter(str(e.get("host")) for e in ranks)
-    cores = {str(e.get("host")): e.get("cpus") for e in ranks}
-    devices = {str(e.get("device") or header.get("device") or "cpu") for e in ranks}
-    device = "cpu" if devices == {"cpu"} else sorted(devices - {"cpu"})[0]  # any GPU rank: a GPU run
-
-    def load(host: str) -> float:
-        cpus = cores[host]
-        return per_host[host] / cpus if isinstance(cpus, int) and cpus > 0 else 0.0
-
-    busiest = max(per_host, key=lambda h: (load(h), per_host[h]))
-    cpus = cores[busiest]
-    return HostLoad(device, per_host[busiest], cpus if isinstance(cpus, int) and cpus > 0 else None)
-
-
-def run_loads(records: list[dict]) -> dict:
-    """Each run id's HostLoad, from its header record (runs without one are absent)."""
-    out = {}
-    for r in records:
-        if r.get("record") == "header" and isinstance(r.get("run_id"), str):
-            load = host_load(r)
-            if load is not None:
-                out[r["run_id"]] = load
-    return out
-
-
-def measured_on(chosen: list[dict], records: list[dict]) -> dict | None:
-    """`meta.measured_on` of a fit of `chosen` (whose headers are among `records`): the device its
-    points ran on, the most ranks one host ran and the fewest cores of those hosts (null when no
-    header says). None for simulated points (they ran on no host)."""
-    if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
-        return None
-    loads = run_loads(records)
-    devices, ranks, cpus = set(), [], []
-    for r in chosen:
-        load = loads.get(r.get("run_id"))
-        if load is None:
-            devices.add(str(r.get("device") or "unknown"))
-            nodes = int(r.get("nnodes") or 1)
-            ranks.append(int(r["world_size"]) // nodes if int(r["world_size"]) % nodes == 0 else int(r["world_size"]))
-        else:
-            devices.add(load.device)
-            ranks.append(load.ranks_per_host)
-            if load.cpus:
-                cpus.append(load.cpus)
-    device = "cpu" if devices == {"cpu"} else "+".join(sorted(devices))
-    return {"device": device, "cpus": min(cpus) if cpus else None, "ranks_per_host": max(ranks)}
-
-
-def oversubscription(hw: Hardware, ranks_per_node: int) -> str | None:
-    """Why `hw` cannot predict `ranks_per_node` ranks on one node (one line), or None when it can: a fit
-    measured on CPU ranks (`meta.measured_on`) says nothing of more ranks per host than that host had
-    cores, unless its own points ran that many. Presets, GPU fits and fits from before measured_on
-    (2026-11-23) are not refused. A damaged block is a HardwareError."""
-    from commbench.costmodel import HardwareError
-
-    where = hw.meta.get("measured_on")
-    if where is None:
-        return None
-    cpus, ranks = (where.get("cpus"), where.get("ranks_per_host")) if isinstance(where, dict) else (None, None)
-    if not isinstance(where, dict) or not isinstance(where.get("device"), str) \
-            or not (cpus is None or isinstance(cpus, int) and cpus > 0) or not (isinstance(ranks, int) and ranks > 0):
-        raise HardwareError(f"{hw.name}: meta.measured_on is not what `commbench fit` writes (device, cpus, "
-                            f"ranks_per_host); fit again, or remove the block") from None
-    if where["device"] != "cpu" or cpus is None or ranks_per_node <= max(cpus, ranks):
-        return None
-    return (f"{ranks_per_node} ranks per node: {hw.name} was fitted on CPU ranks of a host with {cpus} cores, and "
-            f"the model has no notion of cores (oversubscribed ranks take turns on them: shm at 3-4 ranks on 2 "
-            f"cores ran 2.7-4.5x slower than predicted, docs/model.md); predict at most {max(cpus, ranks)} ranks "
-            f"per node, or fit a sweep measured at this many ranks")
 
 
 # Prediction intervals (docs/model.md, "Uncertainty"): a jackknife+ (Barber, Candes, Ramdas and
@@ -386,17 +278,16 @@ def _cache_thresholds(ws: np.ndarray, a: np.ndarray, llc: int | None = None) -> 
     return found
 
 
-def host_cache_bytes(chosen: list[dict], records: list[dict]) -> int | None:
-    """The smallest last-level cache that the hosts of `chosen`'s runs report (their headers' `ranks`,
-    `llc_bytes`), None when no header says or the points were simulated (they ran on no host)."""
-    if any(r.get("backend") in SIMULATED_BACKENDS for r in chosen):
-        return None
-    runs = {r.get("run_id") for r in chosen if isinstance(r.get("run_id"), str)}
-    sizes = [e.get("llc_bytes") for h in records if h.get("record") == "header"
-             and isinstance(h.get("run_id"), str) and h["run_id"] in runs
-             for e in (h.get("ranks") if isinstance(h.get("ranks"), list) else []) if isinstance(e, dict)]
-    sizes = [s for s in sizes if type(s) is int and s > 0]
-    return min(sizes) if sizes else None
+def _note_hosts(hw: Hardware, where: dict | None) -> None:
+    """The fit's `meta.measured_on` (None: simulated points, nothing to say), and a note when its points ran
+    more CPU ranks on a host than it had cores."""
+    if where is None:
+        return
+    hw.meta["measured_on"] = where
+    if where["cpus"] and where["ranks_per_host"] > where["cpus"]:
+        hw.meta["notes"].append(f"the fitted points ran {where['ranks_per_host']} CPU ranks on a host of "
+                                f"{where['cpus']} cores (oversubscribed): the figures hold that contention, "
+                                f"at that many ranks only")
 
 
 def _select(results: list[dict], setup: str | None) -> list[dict]:

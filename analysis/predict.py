@@ -10,6 +10,7 @@ from commbench import algorithms
 from commbench import collectives as C
 from commbench.analysis import collective_corpus
 from commbench.analysis.intervals import schedule_interval_us
+from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, schedule_us
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, Result, point_result
 from commbench.topology import Topology
@@ -35,8 +36,9 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
         interval = collective_corpus.time_interval_us(time_us, collective_corpus.shipped_bounds(row_us))
         source = CORPUS_PROVENANCE
     result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
-                          placement="in-place", nnodes=topo.nodes, backend="model", library=hw.name, device="-",
-                          time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted")
+                          placement="in-place", nnodes=topo.nodes, backend=MODEL, library=hw.name, device="-",
+                          time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted",
+                          **PREDICTED.fields())
     return replace(result, interval_us=list(interval), interval_source=source)
 
 

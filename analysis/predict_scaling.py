@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from commbench.analysis import calibration as C
 from commbench.analysis import scale_terms as T
-from commbench.analysis.scaling import ScalingError, ScalingPoint, predict_scaling
+from commbench.analysis.scaling import ScalingError, predict_scaling
 from commbench.costmodel import Hardware
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import flops_times_us
@@ -30,7 +30,7 @@ class ScalingRun:
     hw: Hardware
     batch: int  # per GPU
     compute_label: str  # where the compute time came from, as the table and the records say it
-    curves: dict[str, list[ScalingPoint]]  # algorithm -> points, in the order asked for
+    curves: dict[str, list[ScalingRecord]]  # algorithm -> points, in the order asked for
     baseline: str | None
     candidate: str | None
     ddp_us: float = 0.0  # DDP's own work per step, as given
@@ -45,9 +45,8 @@ class ScalingRun:
         for name, points in self.curves.items():
             for i, point in enumerate(points):
                 acc = point.samples_per_s / base[i].samples_per_s if base and name == self.candidate else None
-                out.append(ScalingRecord(model=self.profile.name, hardware=self.hw.name, batch=self.batch,
-                                         compute=self.compute_label, **point.to_dict(), acc_ratio=acc,
-                                         baseline=self.baseline, candidate=self.candidate, run_id=run_id))
+                out.append(replace(point, acc_ratio=acc, baseline=self.baseline, candidate=self.candidate,
+                                   run_id=run_id))
         return out
 
 
@@ -120,7 +119,8 @@ def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_
         label = curve_label(setup, name, setups, algorithms)
         if label not in curves:
             curves[label] = predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us,
-                                            backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice)
+                                            backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice,
+                                            compute_label)
     calibration = C.load_calibration()
     if calibration is not None:
         curves = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
@@ -152,7 +152,7 @@ def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[s
     return hw, step_ratios, tuple(said)
 
 
-def corpus_interval(point: ScalingPoint, batch: int, calibration: C.Calibration) -> ScalingPoint:
+def corpus_interval(point: ScalingRecord, batch: int, calibration: C.Calibration) -> ScalingRecord:
     """`point` with the corpus calibration's 80% interval of its linearity, and the throughput and step at its
     ends, where it has none from a fit (1 GPU: nothing to spread). A linearity interval reaching 0 leaves the
     step's upper end unbounded: no step interval then."""

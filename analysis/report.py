@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
-from commbench.results import read_records
+from commbench.backends.registry import record_capabilities
+from commbench.result_reader import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
 
@@ -41,17 +42,16 @@ class Series:
 def _setup(record: dict) -> str:
     """backend/algorithm (or torch/library, or the model's name), ranks, nodes. A schedule backend's
     run is one setup whatever algorithms `auto` chose per size (the table says which)."""
-    if record["backend"] == "model":
+    capabilities = record_capabilities(record)
+    if not capabilities.ran:
         what = f"model {record['library']} {record.get('algorithm') or ''}".strip()
-    elif record["backend"] == "torch":
-        what = f"torch/{record['library']}"
+    elif not capabilities.schedule:
+        what = f"{record['backend']}/{record['library']}"
     else:
         what = f"{record['backend']}/{record.get('_algorithm') or record.get('algorithm') or '-'}"
     nodes = record.get("nnodes") or 1
     return f"{what}, {record['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
 
-
-_label = _setup  # the name other modules import
 
 
 def _auto_runs(results: list[dict]) -> None:
@@ -60,8 +60,9 @@ def _auto_runs(results: list[dict]) -> None:
     for r in results:
         algorithms[(r.get("_file"), r.get("run_id"), r["collective"], r["backend"])].add(r.get("algorithm"))
     for r in results:
-        if r["backend"] not in ("torch", "model") and len(algorithms[(r.get("_file"), r.get("run_id"),
-                                                                      r["collective"], r["backend"])]) > 1:
+        capabilities = record_capabilities(r)  # a run of commbench's schedules (a prediction names each point's)
+        if capabilities.schedule and capabilities.ran and len(algorithms[(r.get("_file"), r.get("run_id"),
+                                                                          r["collective"], r["backend"])]) > 1:
             r["_algorithm"] = "auto"
 
 
@@ -91,7 +92,7 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
             setup: str) -> Series:
     import numpy as np
 
-    from commbench.results import raw_times
+    from commbench.iteration_times import raw_times
 
     sizes = sorted(points)
     chosen = [sorted(points[s], key=lambda p: p["time_us"])[len(points[s]) // 2] for s in sizes]  # median run
@@ -263,7 +264,7 @@ def _drawable(record: dict) -> bool:
 
 
 def read_all(paths: list[str], warn=None) -> list[dict]:
-    """Every record of the files, each line checked (results.read_records: RecordError names the file and
+    """Every record of the files, each line checked (result_reader.read_records: RecordError names the file and
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
     result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
     sweep of --backend sim without --hw: checked, not timed)."""

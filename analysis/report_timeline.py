@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import statistics
 
+from commbench.backends.registry import record_capabilities
+
 COLOURS = {"allreduce": "tab:blue", "allgather": "tab:green", "reduce_scatter": "tab:orange"}
 PHASE_COLOURS = {"forward": "0.75", "backward": "0.55", "optimizer": "0.35", "own": "0.9"}
 MAX_RUNS = 10
@@ -46,7 +48,7 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     predicted = None
     if hw is not None and summary.get("kind") == "proxy":
         algorithm = (header.get("config") or {}).get("algorithm")
-        algorithm = "ring" if algorithm in (None, "auto") or summary.get("backend") == "torch" else algorithm
+        algorithm = "ring" if algorithm in (None, "auto") or not record_capabilities(summary).schedule else algorithm
         predicted = predict_step(profile, int(summary["batch"]), topo, with_topology(hw, topo), *compute,
                                  summary.get("bucket_mb"), summary.get("bucketing") or "ddp", algorithm,
                                  float(split.get("ddp") or 0.0), choice=choice, device=device).times

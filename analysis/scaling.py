@@ -30,7 +30,7 @@ from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Choice, Compute, Layout, settle
 from commbench.proxies.timeline import StepTimes
-from commbench.results import FIT_PROVENANCE
+from commbench.results import FIT_PROVENANCE, ScalingRecord
 from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
 
@@ -259,37 +259,6 @@ class ScalingError(ValueError):
     """A GPU count the node size cannot lay out, or a rate that is not positive (one line)."""
 
 
-@dataclass(frozen=True)
-class ScalingPoint:
-    gpus: int
-    nodes: int
-    gpus_per_node: int
-    algorithm: str
-    step_us: float
-    compute_us: float
-    comm_us: float
-    exposed_comm_us: float
-    samples_per_s: float  # all GPUs
-    speedup: float  # vs the same setup's 1-GPU throughput
-    linearity: float  # throughput(N) / (N x throughput(1))
-    nccl_choices: tuple[SizeChoice, ...] | None = None  # `nccl` on 2+ GPUs: what NCCL runs per bucket size
-    # A fitted hardware file: the step's 80% interval (step_interval_us), and the throughput and linearity at its
-    # ends (the 1-GPU step they are measured against has no communication: nothing of it is uncertain). None:
-    # no interval (a preset, a level the fit did not measure, `nccl`).
-    step_interval_us: tuple[float, float] | None = None
-    samples_per_s_interval: tuple[float, float] | None = None
-    linearity_interval: tuple[float, float] | None = None
-    straggler_us: float = 0.0  # the expected slowest rank's delay in the step (a --jitter-from run's steps)
-    interval_source: str | None = None  # where the interval comes from: "fit resamples" or "corpus calibration"
-    setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs
-    knobs: dict | None = None
-
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
 def layout(gpus: int, gpus_per_node: int) -> Topology:
     """N GPUs as nodes x GPUs per node: one partly used node below a node's size, whole nodes above."""
     if gpus < 1 or gpus_per_node < 1:
@@ -305,12 +274,16 @@ def layout(gpus: int, gpus_per_node: int) -> Topology:
 def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
                     forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                     bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                    step_ratios: np.ndarray | None = None, choice: Choice | None = None) -> list[ScalingPoint]:
+                    step_ratios: np.ndarray | None = None, choice: Choice | None = None,
+                    compute_label: str = "") -> list[ScalingRecord]:
     """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU and micro-step)
-    in the setup `choice` (None: DDP with `bucket_mb`). `ddp_us`: the setup's own work per step (measured at 1
-    rank); `step_ratios`: a 1-rank run's step times over their median, whose expected maximum over N ranks
-    delays every step of N (analysis/stragglers.py)."""
-    from dataclasses import replace
+    in the setup `choice` (None: DDP with `bucket_mb`), one `scaling` record each (`compute_label`: where the
+    compute time came from). `ddp_us`: the setup's own work per step (measured at 1 rank); `step_ratios`: a
+    1-rank run's step times over their median, whose expected maximum over N ranks delays every step of N
+    (analysis/stragglers.py). A fitted hardware file gives each point its step's 80% interval, and the
+    throughput and linearity at its ends (the 1-GPU step they are measured against has no communication:
+    nothing of it is uncertain)."""
+    from dataclasses import asdict, replace
 
     from commbench.analysis.stragglers import expected_max
 
@@ -332,9 +305,13 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
         step = step_interval_us(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb,
                                 bucketing, algorithm, ddp_us, late, choice=choice) if gpus in gpu_counts else None
         rates = (samples * gpus / (step[1] * 1e-6), samples * gpus / (step[0] * 1e-6)) if step else None
-        points.append(ScalingPoint(gpus, topo.nodes, topo.ranks_per_node, algorithm, t.step_us, t.compute_us,
-                                   t.comm_us, t.exposed_comm_us, rate, rate / base, rate / (gpus * base),
-                                   size_choices(pred), step, rates,
-                                   (rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
-                                   late, FIT_PROVENANCE if step else None, choice.name, dict(choice.knobs)))
+        choices = size_choices(pred)
+        points.append(ScalingRecord(
+            model=profile.name, hardware=hw.name, batch=batch, compute=compute_label, gpus=gpus, nodes=topo.nodes,
+            gpus_per_node=topo.ranks_per_node, algorithm=algorithm, step_us=t.step_us, compute_us=t.compute_us,
+            comm_us=t.comm_us, exposed_comm_us=t.exposed_comm_us, samples_per_s=rate, speedup=rate / base,
+            linearity=rate / (gpus * base), nccl_choices=None if choices is None else tuple(asdict(c) for c in choices),
+            setup=choice.name, knobs=dict(choice.knobs), step_interval_us=step, samples_per_s_interval=rates,
+            linearity_interval=(rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
+            straggler_us=late, interval_source=FIT_PROVENANCE if step else None))
     return points[1:]

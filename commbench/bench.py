@@ -23,10 +23,12 @@ import numpy as np
 
 from commbench import collectives as C
 from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
 from commbench.launch import EMULATED_VAR, LaunchInfo
-from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
+from commbench.result_sink import ResultSink
+from commbench.results import Result, SweepSummary, percentiles_us, point_result, statistic_us
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
 from commbench.telemetry import run_monitor
@@ -393,7 +395,7 @@ class Sweep:
                               warmup=outcome.warmup, rank_agg=self.cfg.rank_agg,
                               wrong=int(stats["wrong"]) if self.cfg.check else None, run_id=self.run_id,
                               kind=self.backend.kind, telemetry=outcome.telemetry, stat=self.cfg.stat,
-                              **self.backend.describe())
+                              **self.backend.describe(), **capabilities_of(self.backend).fields())
         self.sink.write(result)
         self.results.append(result)
         return result

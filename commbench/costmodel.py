@@ -30,8 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from commbench import algorithms
-from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, parse_json, read_small
-from commbench.results import json_kind
+from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, parse_json, read_small
 from commbench.schedule import Phases, Schedule, Transfer
 from commbench.topology import INTRA, Link, Topology
 

@@ -46,6 +46,17 @@ def parse_json(data: bytes | str) -> Any:
         raise NotJson(f"holds {what}") from None
 
 
+def json_kind(value: Any) -> str:
+    """What a JSON value is, for an error message: 'the string "8"', 'a list', 'null', '2.7'."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {json.dumps(value[:40])}"
+    return "a list" if isinstance(value, list) else "an object"
+
+
 def open_regular(path: str, writable: bool = False) -> BinaryIO:
     """`path` opened for binary reading (and writing, `writable`: "rb+"), if it is a regular file (not a
     FIFO, device or directory)."""

@@ -1,40 +1,26 @@
-"""Results: every record commbench writes, one flat, versioned JSON line each, flushed as it completes.
+"""Results: every record type commbench writes, one flat, versioned JSON line each.
 
 A sweep writes `header`, one `result` per collective x size x placement, then `summary`; proxy
 and train runs write `step` records and a `proxy` summary (and `validate`); predict-scaling
-writes `scaling`, compare `compare`. Every type but the free-form header is a dataclass here
-and goes through ResultSink, which fsyncs each line (a crash loses nothing already written)
-and puts results in CSV too. Results keep their raw per-iteration times beside the
-percentiles (pack_times, raw_times). read_records reads a file back and checks every line
-(check_record): a bad one is a RecordError naming the file and line. docs/results.md describes
+writes `scaling`, compare `compare`. Every type but the free-form header is a dataclass here;
+result_sink.ResultSink writes them (each line fsynced, results in CSV too) and
+result_reader.read_records reads a file back, every line checked. Results keep their raw
+per-iteration times beside the percentiles (iteration_times.py). docs/results.md describes
 every field.
 """
 from __future__ import annotations
 
-import base64
-import contextlib
-import csv
 import dataclasses
-import errno
-import json
-import math
-import os
 import time
-import uuid
-import zlib
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from commbench import collectives as C
-from commbench.environment import local_environment, software_versions  # noqa: F401 - re-exported
-from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, lines, open_regular, parse_json
+from commbench.iteration_times import pack_times
 
 SCHEMA_VERSION = 1
-RAW_TIMES_INLINE_MAX = 64  # up to this many per-iteration times stay a plain JSON list; more are packed
-RAW_TIMES_ENCODING = "float32-zlib-base64"
 # A predicted record's interval_source: where its interval came from (docs/model.md).
 FIT_PROVENANCE = "fit resamples"  # the fit's jackknife+ resamples
 CORPUS_PROVENANCE = "corpus calibration"  # no fit: the published corpus's calibration
@@ -97,6 +83,12 @@ class Result(Record):
     stat: str = "mean"  # which statistic of the per-iteration times time_us is (sweep --stat: mean, p50, min)
     mean_us: float | None = None  # the mean of the per-iteration times, whatever `stat` is
     interval_source: str | None = None  # kind predicted: "fit resamples" (jackknife+) or "corpus calibration"
+    # What the backend could do (backends.registry.RecordCapabilities), so readers need not know backends by
+    # name: commbench's own schedule ran (or was costed), or a library's collective; and whether the time is
+    # measured, simulated (the call ran, the cost model timed it) or modelled (nothing ran). None: an older
+    # file (readers then look its backend up by name: registry.record_capabilities)
+    schedule: bool | None = None
+    timing: str | None = None
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
@@ -128,7 +120,7 @@ def point_result(plan: C.Plan, *, dtype: str, op: str | None, placement: str, nn
     """The Result of one point of `plan`: sizes and root from the plan, algbw and busbw from `time_us`,
     iters, the percentiles and the raw times from `per_iteration_us` (each iteration already combined
     over ranks; None or empty: not timed). `extra`: the optional Result fields (algorithm, steps,
-    telemetry, kind, run_id)."""
+    telemetry, kind, run_id, and the backend's capabilities: schedule and timing)."""
     per_iteration = np.asarray([] if per_iteration_us is None else per_iteration_us, dtype=float).ravel()
     algbw = busbw = None
     if time_us is not None:
@@ -140,59 +132,6 @@ def point_result(plan: C.Plan, *, dtype: str, op: str | None, placement: str, nn
                   iters=int(per_iteration.size), time_us=time_us, algbw_gbps=algbw, busbw_gbps=busbw,
                   **percentiles_us(per_iteration), rank_agg=rank_agg, wrong=wrong,
                   iteration_times_us=pack_times(per_iteration), **extra)
-
-
-# ---------------------------------------------------------------- raw per-iteration times
-
-
-def pack_times(per_iteration_us: Any) -> list[float] | dict[str, Any] | None:
-    """What a record keeps of its per-iteration times: up to RAW_TIMES_INLINE_MAX finite values as a plain
-    list (exact), more as little-endian float32, zlib-compressed, base64 (about 4 bytes a value; float32
-    keeps 7 significant digits); None when nothing was timed."""
-    if per_iteration_us is None:
-        return None
-    values = np.asarray(per_iteration_us, dtype=float).ravel()
-    if values.size == 0:
-        return None
-    if values.size <= RAW_TIMES_INLINE_MAX and np.isfinite(values).all():
-        return [float(v) for v in values]
-    data = zlib.compress(values.astype("<f4").tobytes(), 6)
-    return {"encoding": RAW_TIMES_ENCODING, "count": int(values.size), "data": base64.b64encode(data).decode("ascii")}
-
-
-MAX_RAW_TIMES = 10**7  # --iters' own bound: a packed record never holds more (40 MB unpacked)
-
-
-def raw_times(record: Any) -> np.ndarray:
-    """The per-iteration times (us) a result keeps, from a record dict (JSON Lines or a CSV row) or a
-    Result, in iteration order; empty when it keeps none (a file written before they were kept, a point
-    not timed, a prediction). ValueError for an encoding this version does not know."""
-    packed = record.get("iteration_times_us") if isinstance(record, dict) else getattr(record, "iteration_times_us",
-                                                                                          None)
-    if isinstance(packed, str):  # a CSV cell holds the JSON form
-        packed = parse_json(packed) if packed.strip() else None
-    if packed is None:
-        return np.empty(0)
-    if isinstance(packed, list):
-        return np.asarray(packed, dtype=float)
-    if not isinstance(packed, dict) or packed.get("encoding") != RAW_TIMES_ENCODING:
-        what = packed.get("encoding") if isinstance(packed, dict) else packed
-        raise ValueError(f"iteration_times_us: unknown encoding {what!r}")
-    count, data = packed.get("count"), packed.get("data")
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RAW_TIMES:
-        raise ValueError(f"iteration_times_us: count must be a whole number in 1..{MAX_RAW_TIMES:,d}, "
-                         f"not {json_kind(count)}")
-    if not isinstance(data, str):
-        raise ValueError(f"iteration_times_us: data must be a string, not {json_kind(data)}")
-    try:  # at most what `count` values take, and one byte more to see a file that holds more
-        inflate = zlib.decompressobj()
-        raw = inflate.decompress(base64.b64decode(data, validate=True), 4 * count + 1)
-    except (ValueError, zlib.error) as exc:
-        raise ValueError(f"iteration_times_us: data is not {RAW_TIMES_ENCODING} ({exc})") from None
-    if len(raw) != 4 * count:
-        held = "more" if len(raw) > 4 * count else f"{len(raw) / 4:g}"
-        raise ValueError(f"iteration_times_us: {held} values, the record says {count}")
-    return np.frombuffer(raw, dtype="<f4").astype(float)
 
 
 # ---------------------------------------------------------------- the other record types
@@ -279,6 +218,8 @@ class ProxyResult(Record):
     comm_cpu_gbps: float | None = None
     setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
     knobs: dict | None = None
+    schedule: bool | None = None  # as a Result's: what the backend could do (None: readers look it up by name)
+    timing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -364,318 +305,5 @@ class CompareRecord(Record):
     schema: int = SCHEMA_VERSION
 
 
-# ---------------------------------------------------------------- writing and reading
-
-
-class OutputError(OSError):
-    """An output file that cannot be opened or written (a full disk, no permission): one line,
-    `cannot write PATH: reason`. An OSError, so whatever handles those handles it."""
-
-    def __init__(self, path: str, exc: OSError):
-        super().__init__(exc.errno, exc.strerror or str(exc), path)
-
-    def __str__(self) -> str:
-        return f"cannot write {self.filename}: {self.strerror}"
-
-
-class ResultSink:
-    """Writes records to JSON Lines (and results to CSV too), flushing and fsyncing each line.
-
-    `append` adds to an existing file instead of starting a new one (the CSV header is then written
-    only into an empty file). A write that fails (a full disk) raises OutputError; every line
-    written before it stays in the file."""
-
-    def __init__(self, json_path: str | None = None, csv_path: str | None = None, append: bool = False):
-        mode = "a" if append else "w"
-        self._json_path, self._csv_path = json_path, csv_path
-        self._json: IO[str] | None = _open(json_path, mode)
-        try:
-            self._csv_file: IO[str] | None = _open(csv_path, mode)
-        except OutputError:
-            self.close()
-            raise
-        self._csv = csv.DictWriter(self._csv_file, RESULT_FIELDS) if self._csv_file else None
-        if self._csv and self._csv_file.tell() == 0:
-            with _writing(csv_path):
-                self._csv.writeheader()
-                self._csv_file.flush()
-
-    def __enter__(self) -> ResultSink:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def header(self, record: dict[str, Any]) -> None:
-        """The run's first line: free-form environment and configuration (docs/results.md)."""
-        self._write_json({"record": "header", "schema": SCHEMA_VERSION, **record})
-
-    def result(self, result: Result) -> None:
-        self._write_json(result.to_dict())
-        if self._csv:
-            row = dataclasses.asdict(result)
-            for name in ("telemetry", "iteration_times_us"):  # one JSON cell each
-                row[name] = json.dumps(row[name]) if row[name] else None
-            with _writing(self._csv_path):
-                self._csv.writerow(row)
-                self._csv_file.flush()
-
-    def summary(self, summary: SweepSummary | dict[str, Any]) -> None:
-        """The sweep's last line; a dict is written as given (the form callers used before SweepSummary)."""
-        if isinstance(summary, SweepSummary):
-            self.write(summary)
-        else:
-            self._write_json({"record": "summary", "schema": SCHEMA_VERSION, **summary})
-
-    def write(self, record: Record) -> None:
-        """Any record: one JSON line, flushed (a Result goes to the CSV file too)."""
-        if isinstance(record, Result):
-            self.result(record)
-        else:
-            self._write_json(record.to_dict())
-
-    def write_all(self, records: Iterable[Record]) -> None:
-        """Records computed all at once (compare, predict-scaling): written, then flushed and fsynced once."""
-        for record in records:
-            if isinstance(record, Result):
-                self.result(record)
-            else:
-                self._write_json(record.to_dict(), sync=False)
-        self._sync()
-
-    def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
-        if self._json:
-            line = json.dumps(record, allow_nan=False, default=str) + "\n"
-            with _writing(self._json_path):
-                self._json.write(line)
-            if sync:
-                self._sync()
-
-    def _sync(self) -> None:
-        if self._json:
-            with _writing(self._json_path):
-                self._json.flush()
-                _fsync(self._json)
-
-    def close(self) -> None:
-        """Close the files; a buffer that cannot be flushed any more (a full disk) raises OutputError once."""
-        failure = None
-        for handle, path in ((self._json, self._json_path), (self._csv_file, self._csv_path)):
-            if handle and not handle.closed:
-                try:
-                    handle.close()
-                except OSError as exc:
-                    failure = failure or OutputError(path, exc)
-        if failure:
-            raise failure
-
-
-def new_run_id() -> str:
-    """12 hex digits naming one run, repeated in each of its records."""
-    return uuid.uuid4().hex[:12]
-
-
-def append_record(path: str, record: Record) -> None:
-    """Add one record to the end of an existing JSON Lines file (e.g. `validate` after a proxy run)."""
-    with ResultSink(path, append=True) as sink:
-        sink.write(record)
-
-
-def _open(path: str | None, mode: str = "w") -> IO[str] | None:
-    if not path:
-        return None
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if mode == "a" and os.path.isfile(path):  # a run killed mid-line: its fragment goes before this run's lines
-            from commbench.files import drop_torn_line
-
-            with open(path, "r+b") as handle:
-                drop_torn_line(handle)
-        return open(path, mode, encoding="utf-8", newline="")
-    except OSError as exc:
-        raise OutputError(path, exc) from exc
-
-
-@contextlib.contextmanager
-def _writing(path: str | None):
-    """Turns an OSError while writing `path` into OutputError (one line naming the file)."""
-    try:
-        yield
-    except OutputError:
-        raise
-    except OSError as exc:
-        raise OutputError(path or "?", exc) from exc
-
-
-def _fsync(handle: IO[str]) -> None:
-    """fsync, where the file supports it (a pipe, /dev/null or a terminal does not: nothing to sync)."""
-    try:
-        os.fsync(handle.fileno())
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
-            raise
-
-
-# ---------------------------------------------------------------- reading, every line checked
-
-
-class RecordError(ValueError):
-    """A results file that cannot be read as records: one line naming the file and the line."""
-
-
 RECORD_TYPES: dict[str, type[Record]] = {cls.RECORD: cls for cls in (
     Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)}
-
-# The fields commbench's readers (fit, report, compare) need in a record. A record may lack any other
-# (a hand-made file, one converted from another tool): readers take it as its default or as null.
-REQUIRED_FIELDS = {
-    "result": ("collective", "backend", "library", "dtype", "placement", "world_size", "nbytes"),
-    "proxy": ("kind", "model", "backend", "library", "world_size", "batch", "step_us_p50"),
-    "scaling": ("model", "hardware", "batch", "compute", "gpus", "algorithm", "samples_per_s", "speedup",
-                "linearity"),
-}
-AT_LEAST_ONE = ("world_size", "nnodes", "gpus", "nodes", "gpus_per_node", "batch")  # counts of things, >= 1
-PLACEMENT_NAMES = ("out-of-place", "in-place")
-
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {  # an annotation's base name: test, and its name
-    "None": (lambda v: v is None, "null"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
-    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "dict": (lambda v: isinstance(v, dict), "an object"),
-    "list": (lambda v: isinstance(v, list), "a list"),
-    "Any": (lambda v: True, "anything"),
-}
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, for an error message: 'the string "8"', 'a list', 'null', '2.7'."""
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return f"the string {json.dumps(value[:40])}"
-    return "a list" if isinstance(value, list) else "an object"
-
-
-def check_record(record: Any) -> str | None:
-    """What is wrong with one record read from a file (None: nothing). Every field a record type
-    declares must hold its declared type where present (numbers finite; an int field a whole number),
-    the readers' fields (REQUIRED_FIELDS) must be present, counts at least 1, and a result's numbers
-    non-negative, its collective, dtype and placement ones commbench knows. The header is free-form;
-    a record type this version does not know is left alone (a newer file)."""
-    if not isinstance(record, dict):
-        return f"not a JSON object but {json_kind(record)}: every line of a results file is one record"
-    bad = _non_finite(record)
-    if bad:
-        return f"{bad[0]} is {bad[1]}: only finite numbers are accepted" if bad[1] in ("NaN", "infinite") else \
-            f"{bad[0]} is {bad[1]}: no count or size of a run comes near it"
-    kind = record.get("record")
-    if not isinstance(kind, str):
-        return "no 'record' field naming the record type" if kind is None else \
-            f"'record' must be a string, not {json_kind(kind)}"
-    cls = RECORD_TYPES.get(kind)
-    if cls is None:
-        return None
-    missing = [name for name in REQUIRED_FIELDS.get(kind, ()) if name not in record]
-    if missing:
-        return f"{kind} record: missing field {missing[0]!r}"
-    for f in dataclasses.fields(cls):
-        if f.name in record:
-            problem = _type_problem(str(f.type), record[f.name])
-            if problem:
-                return f"{kind} record: {f.name} must be {problem}, not {json_kind(record[f.name])}"
-    return _value_problem(kind, record)
-
-
-def _type_problem(annotation: str, value: Any) -> str | None:
-    """None when `value` fits the dataclass annotation (e.g. 'float | None'), else what it should be."""
-    kinds = [part.strip().split("[")[0] for part in annotation.split("|")]
-    if any(_KINDS[k][0](value) for k in kinds if k in _KINDS) or not any(k in _KINDS for k in kinds):
-        return None
-    return " or ".join(_KINDS[k][1] for k in kinds if k in _KINDS)
-
-
-def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
-    for name in AT_LEAST_ONE:
-        value = record.get(name)
-        if isinstance(value, (int, float)) and value < 1:
-            return f"{kind} record: {name} must be at least 1, not {value!r}"
-    if kind == "scaling" and not record["speedup"] > 0:
-        return f"scaling record: speedup must be positive, not {record['speedup']!r}"
-    if kind != "result":
-        return None
-    for name in RESULT_FIELDS:
-        value = record.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            return f"result record: {name} cannot be negative ({value!r})"
-    known = (("collective", C.COLLECTIVES), ("dtype", C.DTYPES), ("placement", PLACEMENT_NAMES))
-    for name, names in known:
-        if record[name] not in names:
-            return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
-    if isinstance(record.get("iteration_times_us"), dict):  # packed: unpacked here, bounded, so no reader fails
-        try:
-            raw_times(record)
-        except ValueError as exc:
-            return f"result record: {exc}"
-    root = record.get("root")
-    if root is not None and root >= record["world_size"]:
-        return f"result record: root {root} is not a rank of {record['world_size']}"
-    return None
-
-
-LARGEST_INTEGER = 2**63 - 1  # what a count or size is stored in (int64); beyond it, float() and numpy overflow
-
-
-def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
-    """(field path, 'NaN', 'infinite', 'above 2**63' or 'above 1e30') of the first number that is not
-    finite or too large for any count, size, time or rate, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where or "the record", "NaN" if math.isnan(value) else "infinite"
-    if isinstance(value, int) and abs(value) > LARGEST_INTEGER:
-        return where or "the record", "above 2**63"
-    if isinstance(value, float) and abs(value) > MAX_FIGURE:
-        return where or "the record", "above 1e30"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found:
-            return found
-    return None
-
-
-def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """All records of a JSON Lines results file, each line checked (check_record). Blank lines are
-    ignored; a truncated last line (a run killed mid-write) is skipped, with `warn(message)`; any
-    other bad line is one RecordError: 'PATH:LINE: what is wrong'."""
-    records = []
-    try:
-        with open_regular(path) as handle:
-            for number, raw in enumerate(lines(handle), 1):
-                record = _parse_line(path, number, raw, warn)
-                if record is not None:
-                    records.append(record)
-    except UnreadableFile as exc:
-        raise RecordError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
-    except OSError as exc:
-        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return records
-
-
-def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] | None) -> dict | None:
-    if not raw.strip():
-        return None
-    try:
-        record = parse_json(raw.rstrip(b"\r\n"))
-    except NotJson as exc:
-        if exc.decode_error and not raw.endswith(b"\n"):  # the last line, cut short
-            if warn:
-                warn(f"{path}:{number}: the last line is cut short (a run killed mid-write): skipped")
-            return None
-        raise RecordError(f"{path}:{number}: {exc}: a results file is JSON Lines, one record a line") from None
-    problem = check_record(record)
-    if problem:
-        raise RecordError(f"{path}:{number}: {problem}")
-    return record

@@ -14,7 +14,8 @@ from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
-from commbench.results import ValidateRecord, append_record
+from commbench.result_sink import append_record
+from commbench.results import ValidateRecord
 
 
 class ProxyUsageError(ValueError):
@@ -31,7 +32,7 @@ def train_twin(cfg: ProxyConfig) -> ProxyConfig:
 
 
 def summary_of(path: str) -> dict[str, Any] | None:
-    from commbench.results import read_records
+    from commbench.result_reader import read_records
 
     if not os.path.exists(path):
         return None

@@ -19,8 +19,9 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
-        "commbench.proxies"],
-    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
+        "commbench.proxies", "commbench.iteration_times", "commbench.result_sink", "commbench.result_reader",
+        "commbench.backends.registry"],
+    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus",
@@ -183,6 +184,61 @@ def print_folders(graph: dict[str, set[str]]) -> None:
         for floor in sorted({floor_of(m) for m in members}, reverse=True):
             names = [m.replace("commbench.", "") for m in members if floor_of(m) == floor]
             print(f"  floor {floor}: {', '.join(names)}")
+
+
+def _backend_names() -> set[str]:
+    """Every name a record's or option's `backend` can hold: the registry's and the cost model's."""
+    from commbench.backends.registry import BACKENDS, MODEL
+
+    return {*BACKENDS, MODEL}
+
+
+def _names_backend(node: ast.AST) -> bool:
+    """The expression is a backend (its name, or a record's or config's `backend` field): `backend`,
+    `cfg.backend`, `self.backend.name`, `r["backend"]`, `r.get("backend")`; not `self.backend.device`."""
+    if isinstance(node, ast.Attribute) and node.attr == "name":
+        return _names_backend(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        return _names_backend(node.args[0])
+    if isinstance(node, ast.Subscript):
+        return _names_backend(node.slice)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+        node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+    return "backend" in name.lower()
+
+
+def _backend_literal(node: ast.AST, names: set[str]) -> bool:
+    """A string literal naming a backend, or a tuple, list or set of string literals one of which does."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        strings = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        return len(strings) == len(node.elts) and any(s in names for s in strings)
+    return isinstance(node, ast.Constant) and node.value in names
+
+
+def backend_comparisons(source: str, names: set[str]) -> list[int]:
+    """Lines of `source` that compare a backend to a backend's name (==, !=, in, not in, is)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for a, b in zip(operands, operands[1:]):
+                if (_backend_literal(a, names) and _names_backend(b)) or (_backend_literal(b, names) and
+                                                                          _names_backend(a)):
+                    found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_backend_name_compared_outside_backends():
+    """Outside commbench/backends/ nothing branches on a backend's name: a command asks the backend class's
+    capabilities, a reader the record's (backends.registry.record_capabilities)."""
+    names = _backend_names()
+    snippet = ('if r.get("backend") not in ("sim", "model"): pass\nok = cfg.device == "cuda"\n'
+               'if backend.name == "torch" or record["backend"] in ["shm"]: pass\nx = self.backend.device == "cuda"\n')
+    assert backend_comparisons(snippet, names) == [1, 3]  # the check can fail; a device is not a backend
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for module, path in modules().items()
+                 if not module.startswith("commbench.backends")
+                 for line in backend_comparisons(path.read_text(encoding="utf-8"), names)]
+    assert offenders == []
 
 
 if __name__ == "__main__":

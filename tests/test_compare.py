@@ -5,7 +5,9 @@ import pytest
 
 from commbench.analysis import compare as K
 from commbench.cli import main
-from commbench.results import Result, ResultSink, read_records
+from commbench.result_reader import read_records
+from commbench.result_sink import ResultSink
+from commbench.results import Result
 
 
 def result(nbytes=1 << 20, busbw=10.0, time_us=None, **fields):
@@ -45,7 +47,7 @@ def test_matches_points_by_key_and_computes_ratio(tmp_path):
     in_place = result(1024, 10.0, placement="in-place")
     base = write(tmp_path / "b.jsonl", [result(1024, 10.0), result(2048, 20.0), in_place])
     new = write(tmp_path / "n.jsonl", [result(2048, 25.0), result(1024, 9.0), in_place])
-    c = K.compare_files(base, new)
+    c = K.compare(K.load(base), K.load(new), names=(base, new))
     assert len(c.points) == 3 and not c.only_base and not c.only_new
     out_of_place = {p.get("nbytes"): p for p in c.points if p.get("placement") == "out-of-place"}
     assert out_of_place[1024].ratio == pytest.approx(0.9)
@@ -281,4 +283,4 @@ def test_runs_of_two_statistics_are_not_compared(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "holds mean times and" in err and "p50 times (sweep --stat)" in err
     same = write(tmp_path / "s.jsonl", [result(1024, 12.0, stat="p50")])
-    assert K.compare_files(new, same).points
+    assert K.compare(K.load(new), K.load(same), names=(new, same)).points

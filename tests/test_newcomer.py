@@ -11,7 +11,8 @@ from conftest import commbench
 
 from commbench import cli
 from commbench import collectives as C
-from commbench.results import ResultSink, point_result
+from commbench.result_sink import ResultSink
+from commbench.results import point_result
 
 
 def _run(capsys, *args: str) -> tuple[int, str, str]:

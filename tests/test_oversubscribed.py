@@ -13,6 +13,7 @@ from commbench import cli
 from commbench import costmodel as M
 from commbench.analysis import check as K
 from commbench.analysis import fit as F
+from commbench.analysis.hosts import oversubscription
 from commbench.topology import Link, Topology
 
 TRUTH = M.Hardware("truth", 2, Link("shm", 8.0, 3.0), Link("shm", 8.0, 3.0))
@@ -62,7 +63,7 @@ def test_fit_of_an_oversubscribed_sweep_says_so():
     hw = F.fit([header("a", 4, 2), *results("a", 4, SIZES)])
     assert hw.meta["measured_on"] == {"device": "cpu", "cpus": 2, "ranks_per_host": 4}
     assert any("oversubscribed" in note for note in hw.meta["notes"])
-    assert F.oversubscription(hw, 4) is None and F.oversubscription(hw, 5)  # what it measured, not beyond
+    assert oversubscription(hw, 4) is None and oversubscription(hw, 5)  # what it measured, not beyond
 
 
 def test_check_marks_oversubscribed_rows_and_leaves_them_out():

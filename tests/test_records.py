@@ -12,20 +12,18 @@ from conftest import commbench
 
 from commbench import collectives as C
 from commbench import results as R
+from commbench.iteration_times import RAW_TIMES_ENCODING, pack_times, raw_times
+from commbench.result_reader import read_records
+from commbench.result_sink import ResultSink, append_record
 from commbench.results import (
     CompareRecord,
     ProxyResult,
     Result,
-    ResultSink,
     ScalingRecord,
     StepRecord,
     SweepSummary,
     ValidateRecord,
-    append_record,
-    pack_times,
     point_result,
-    raw_times,
-    read_records,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +57,7 @@ def test_many_times_are_packed_small_and_decode_in_order():
     rng = np.random.default_rng(0)
     times = np.concatenate([rng.normal(100, 1, 600), rng.normal(300, 5, 400)])  # bimodal
     packed = pack_times(times)
-    assert packed["encoding"] == R.RAW_TIMES_ENCODING and packed["count"] == 1000
+    assert packed["encoding"] == RAW_TIMES_ENCODING and packed["count"] == 1000
     assert len(json.dumps(packed)) < 6000  # ~4 bytes a time, where a JSON list takes ~18
     decoded = raw_times({"iteration_times_us": packed})
     np.testing.assert_allclose(decoded, times, rtol=1e-6)
@@ -194,3 +192,40 @@ def test_results_md_lists_every_record_type_and_field():
         assert f"`{cls.RECORD}`" in doc, cls.RECORD
         missing = [f.name for f in dataclasses.fields(cls) if not re.search(rf"\b{f.name}\b", doc)]
         assert not missing, (cls.RECORD, missing)
+
+
+def test_records_carry_their_backends_capabilities(tmp_path):
+    """A sweep's and a prediction's results say whether commbench's schedule ran and how they were timed
+    (schedule, timing), written from the backend class; a file from before says nothing, and readers look
+    its backend up by name (registry.record_capabilities) to the same answer."""
+    from commbench.analysis.predict import predict
+    from commbench.backends.registry import (
+        BACKENDS,
+        MODEL,
+        PREDICTED,
+        RecordCapabilities,
+        backend_class,
+        capabilities_of,
+        record_capabilities,
+    )
+    from commbench.costmodel import load_hardware
+    from commbench.topology import Topology
+
+    out = tmp_path / "sim.jsonl"
+    proc = commbench("sweep", "--backend", "sim", "-N", "4", "--sizes", "1K", "-c", "allreduce", "--hw", "dgx-a100",
+                     "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    swept = [r for r in read_records(str(out)) if r["record"] == "result"]
+    assert swept and all((r["schedule"], r["timing"]) == (True, "simulated") for r in swept)
+    sim = swept[0]
+    hw = load_hardware("dgx-a100")
+    (model,) = predict(hw, ["allreduce"], [1 << 20], C.resolve_dtype("float32"), Topology(1, 4))
+    assert (model.schedule, model.timing) == (True, "modelled") and not record_capabilities(model.to_dict()).ran
+    for name in BACKENDS:  # an older record: its backend's class says, as the backend writes it today
+        assert record_capabilities({"backend": name}) == capabilities_of(backend_class(name))
+    assert record_capabilities({"backend": "torch"}) == RecordCapabilities(schedule=False, timing="measured")
+    assert record_capabilities({"backend": "sim"}) == RecordCapabilities(schedule=True, timing="simulated")
+    assert record_capabilities({"backend": MODEL}) == PREDICTED
+    assert record_capabilities({"backend": "torch", "schedule": True, "timing": "modelled"}) == PREDICTED
+    old = {k: v for k, v in sim.items() if k not in ("schedule", "timing")}
+    assert record_capabilities(old) == record_capabilities(sim) and Result.from_dict(old).timing is None

@@ -1,7 +1,6 @@
 """`commbench check`: the cost model's prediction of the user's own runs, row by row, with the error."""
 from __future__ import annotations
 
-import json
 import os
 
 import click
@@ -51,7 +50,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis.intervals import uncertainty
     from commbench.commands.model import _warn_poor
     from commbench.costmodel import HardwareError, load_hardware
-    from commbench.results import RecordError
+    from commbench.result_reader import RecordError
 
     if max_error is not None and not 0 < max_error < 1e6:
         raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
@@ -72,6 +71,20 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     _warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
     _table(rows, hw.name)
     summary = K.summary(rows, include_oversubscribed)
+    _summary_lines(rows, summary, include_oversubscribed)
+    if json_path:
+        _write(json_path, append, [row.to_json() for row in rows] + [{**summary, "hardware": hw.name}])
+    if max_error is not None and not summary["all"]["rows"]:
+        raise UsageFault("--max-error: no row to judge, every one is of an oversubscribed run (more CPU ranks on a "
+                         "host than its cores); --include-oversubscribed judges them anyway")
+    if max_error is not None and summary["all"]["median_abs_error"] * 100 > max_error:
+        click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
+                   f"{max_error:g}%")
+        raise SystemExit(1)
+
+
+def _summary_lines(rows, summary: dict, include_oversubscribed: bool) -> None:
+    """The note on oversubscribed rows, and the median and largest |error| of each part of the summary."""
     over = sum(1 for r in rows if r.oversubscribed)
     if over:
         verdict = ("counted in the summary (--include-oversubscribed), though the model has no notion of cores"
@@ -87,25 +100,18 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
             click.echo(f"# {label:<24} {part['rows']:>5} row(s): median |error| "
                        f"{100 * part['median_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%, "
                        f"{part['optimistic']} optimistic{coverage}")
-    if json_path:
-        _write(json_path, append, [row.to_json() for row in rows] + [{**summary, "hardware": hw.name}])
-    if max_error is not None and not summary["all"]["rows"]:
-        raise UsageFault("--max-error: no row to judge, every one is of an oversubscribed run (more CPU ranks on a "
-                         "host than its cores); --include-oversubscribed judges them anyway")
-    if max_error is not None and summary["all"]["median_abs_error"] * 100 > max_error:
-        click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
-                   f"{max_error:g}%")
-        raise SystemExit(1)
 
 
 def _write(path: str, append: bool, records: list[dict]) -> None:
-    """The check records, one JSON line each; a write that fails (a full disk) is one line."""
+    """The check records, one JSON line each, through the one writer of records (ResultSink); a write that
+    fails (a full disk) is one line."""
+    from commbench.result_sink import OutputError, ResultSink
+
     try:
-        with open(path, "a" if append else "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record) + "\n")
-    except OSError as exc:
-        raise UsageFault(f"cannot write {path}: {exc.strerror or exc}") from exc
+        with ResultSink(path, append=append) as sink:
+            sink.write_free_form(records)
+    except OutputError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def _table(rows, hw_name: str) -> None:
