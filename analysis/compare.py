@@ -25,9 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.result_reader import RecordError, read_records
-from commbench.result_sink import ResultSink
-from commbench.results import CompareRecord
+from commbench.results import CompareRecord, RecordError, ResultSink, read_records
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
               "nbytes")
@@ -180,7 +178,7 @@ def _check_options(metric: str, threshold_pct: float) -> None:
 
 
 def load(path: str, warn=None) -> list[dict]:
-    """The records of a results file, every line checked (result_reader.read_records); CompareError, one line
+    """The records of a results file, every line checked (results.read_records); CompareError, one line
     naming the file (and line), when it cannot be read, a line is malformed, or it holds no result."""
     try:
         records = read_records(path, warn)

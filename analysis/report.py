@@ -18,7 +18,7 @@ from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
 from commbench.backends.registry import record_capabilities
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
 
@@ -92,7 +92,7 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
             setup: str) -> Series:
     import numpy as np
 
-    from commbench.iteration_times import raw_times
+    from commbench.results import raw_times
 
     sizes = sorted(points)
     chosen = [sorted(points[s], key=lambda p: p["time_us"])[len(points[s]) // 2] for s in sizes]  # median run
@@ -264,7 +264,7 @@ def _drawable(record: dict) -> bool:
 
 
 def read_all(paths: list[str], warn=None) -> list[dict]:
-    """Every record of the files, each line checked (result_reader.read_records: RecordError names the file and
+    """Every record of the files, each line checked (results.read_records: RecordError names the file and
     line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
     result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
     sweep of --backend sim without --hw: checked, not timed)."""

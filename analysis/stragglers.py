@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 
 class JitterError(ValueError):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from method import Table, fail, median, ratio_text
 
-from commbench.result_reader import read_records
+from commbench.results import read_records
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 

@@ -49,7 +49,7 @@ def sweep(name: str, backend: str, ranks: int, algorithm: str | None, out: str, 
 def results(paths: list[str]) -> list[dict]:
     """Each point's record with the median time_us of its repeated runs (runs interleaved across setups),
     after the first run's header (the hosts it ran on: cores, last-level cache)."""
-    from commbench.result_reader import read_records
+    from commbench.results import read_records
 
     by_size: dict[int, list[dict]] = {}
     first: list[dict] = []
@@ -67,7 +67,7 @@ def oversubscribed(paths: list[str]) -> str | None:
     """"N ranks on C cores" when a run of this sweep had more CPU ranks on a host than its cores (its
     header's ranks list), else None: the rows `commbench check` marks and `predict` refuses."""
     from commbench.analysis.hosts import run_loads
-    from commbench.result_reader import read_records
+    from commbench.results import read_records
 
     for path in paths:
         for load in run_loads(read_records(path)).values():
@@ -131,7 +131,7 @@ def proxy_rows(proxy_dir: str, hw) -> tuple[list[str], dict[str, list[float]]]:
     """Predicted step (this fit + each run's own measured compute split, DDP's own work included) against the
     replay and the real training, as `commbench check` predicts both; and the errors per kind."""
     from commbench.analysis.check import check
-    from commbench.result_reader import read_records
+    from commbench.results import read_records
 
     rows, errors = [], {"proxy": [], "train": []}
     for name in sorted(f for f in os.listdir(proxy_dir) if f.endswith(".jsonl") and ".train." not in f):

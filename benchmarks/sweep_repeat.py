@@ -54,7 +54,7 @@ from bare_loop import bare_run_rank
 from local_ranks import RankFailure, run_local_ranks
 
 from commbench import collectives as C
-from commbench.result_reader import read_records
+from commbench.results import read_records
 from commbench.sizes import SizeError, format_size, parse_size, parse_sizes
 
 BARE = "bare in-place"

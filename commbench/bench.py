@@ -27,8 +27,7 @@ from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
 from commbench.launch import EMULATED_VAR, LaunchInfo
-from commbench.result_sink import ResultSink
-from commbench.results import Result, SweepSummary, percentiles_us, point_result, statistic_us
+from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
 from commbench.sizes import format_size
 from commbench.table import Progress, Table
 from commbench.telemetry import run_monitor

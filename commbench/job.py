@@ -151,8 +151,7 @@ def close_records(job: str, path: str) -> None:
     hang), end its results file with one, status failed, from the records it holds (a torn last line,
     cut by the kill, is dropped first)."""
     from commbench.files import drop_torn_line, open_regular
-    from commbench.result_reader import read_records
-    from commbench.result_sink import append_record
+    from commbench.results import append_record, read_records
 
     try:  # a regular file only: a device given as the output (/dev/zero) would be read without end
         with open_regular(path, writable=True) as handle:

@@ -14,8 +14,7 @@ from commbench.proxies import buckets as B
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
-from commbench.result_sink import append_record
-from commbench.results import ValidateRecord
+from commbench.results import ValidateRecord, append_record
 
 
 class ProxyUsageError(ValueError):
@@ -32,7 +31,7 @@ def train_twin(cfg: ProxyConfig) -> ProxyConfig:
 
 
 def summary_of(path: str) -> dict[str, Any] | None:
-    from commbench.result_reader import read_records
+    from commbench.results import read_records
 
     if not os.path.exists(path):
         return None

@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from commbench.result_sink import ResultSink, new_run_id
-from commbench.results import ProxyResult, StepRecord
+from commbench.results import ProxyResult, ResultSink, StepRecord, new_run_id
 
 __all__ = ["METRICS", "ProxyResult", "StepLog", "summarize"]  # ProxyResult lives in commbench.results
 

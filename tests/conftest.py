@@ -8,7 +8,7 @@ import time
 import pytest
 
 from commbench.launch import free_port
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",

@@ -19,7 +19,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
-        "commbench.proxies", "commbench.iteration_times", "commbench.result_sink", "commbench.result_reader",
+        "commbench.proxies", "commbench.results*",
         "commbench.backends.registry"],
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",

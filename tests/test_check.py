@@ -6,7 +6,7 @@ import pytest
 from conftest import commbench
 
 from commbench.analysis import check as K
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 
 @pytest.fixture(scope="module")

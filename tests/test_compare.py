@@ -5,9 +5,7 @@ import pytest
 
 from commbench.analysis import compare as K
 from commbench.cli import main
-from commbench.result_reader import read_records
-from commbench.result_sink import ResultSink
-from commbench.results import Result
+from commbench.results import Result, ResultSink, read_records
 
 
 def result(nbytes=1 << 20, busbw=10.0, time_us=None, **fields):

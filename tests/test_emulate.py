@@ -17,7 +17,7 @@ import pytest
 from conftest import clean_env, commbench, results_of
 
 from commbench import emulate as E
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 ROOT_REASON = None
 if os.geteuid() != 0:

@@ -23,7 +23,7 @@ import pytest
 from conftest import clean_env, default_sigint, results_of
 
 from commbench.launch import SHM_DIR, SPAWN_VAR
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 psutil = pytest.importorskip("psutil")
 

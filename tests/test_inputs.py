@@ -15,9 +15,7 @@ from commbench import algorithms as A
 from commbench import costmodel as M
 from commbench.cli import main
 from commbench.commands.common import check_writable
-from commbench.result_reader import RecordError, read_records
-from commbench.result_sink import OutputError, ResultSink
-from commbench.results import Result
+from commbench.results import OutputError, RecordError, Result, ResultSink, read_records
 from commbench.topology import Link, Topology
 
 TRUTH = M.Hardware("truth", 4, Link("shm", 8.0, 3.0), Link("shm", 8.0, 3.0))
@@ -54,7 +52,7 @@ def write_lines(path, lines):
 
 
 def _packed(values):
-    from commbench.iteration_times import pack_times
+    from commbench.results import pack_times
 
     return pack_times(list(values))
 

@@ -19,8 +19,7 @@ from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
 from commbench.proxies.profile import load_profile
 from commbench.proxies.timeline import overlap, plan_step, steps_us
-from commbench.result_reader import read_records
-from commbench.results import ProxyResult, ScalingRecord
+from commbench.results import ProxyResult, ScalingRecord, read_records
 from commbench.topology import Link, Topology
 
 TRUE_HW = Hardware("truth", 2, Link("intra", 20.0, 2.0), Link("inter", 5.0, 10.0), None, 5.0)

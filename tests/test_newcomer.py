@@ -11,8 +11,7 @@ from conftest import commbench
 
 from commbench import cli
 from commbench import collectives as C
-from commbench.result_sink import ResultSink
-from commbench.results import point_result
+from commbench.results import ResultSink, point_result
 
 
 def _run(capsys, *args: str) -> tuple[int, str, str]:

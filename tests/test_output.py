@@ -3,9 +3,7 @@ import io
 import json
 from pathlib import Path
 
-from commbench.result_reader import read_records
-from commbench.result_sink import ResultSink
-from commbench.results import Result
+from commbench.results import Result, ResultSink, read_records
 from commbench.table import Progress, Table
 
 ROOT = Path(__file__).resolve().parent.parent

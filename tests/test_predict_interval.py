@@ -15,7 +15,7 @@ from commbench.analysis import fit as F
 from commbench.analysis.predict import predict, row_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware
-from commbench.result_reader import read_records
+from commbench.results import read_records
 from commbench.topology import Link, Topology
 
 

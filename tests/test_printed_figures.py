@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from conftest import commbench
 
-from commbench.iteration_times import raw_times
-from commbench.result_reader import read_records
+from commbench.results import raw_times, read_records
 
 
 def close(printed: str, value: float) -> bool:

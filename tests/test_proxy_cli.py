@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import clean_env, commbench, rank_pid
 
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 FAST = ["--batch", "1", "--steps", "2", "--warmup-steps", "1"]
 

@@ -12,18 +12,21 @@ from conftest import commbench
 
 from commbench import collectives as C
 from commbench import results as R
-from commbench.iteration_times import RAW_TIMES_ENCODING, pack_times, raw_times
-from commbench.result_reader import read_records
-from commbench.result_sink import ResultSink, append_record
 from commbench.results import (
+    RAW_TIMES_ENCODING,
     CompareRecord,
     ProxyResult,
     Result,
+    ResultSink,
     ScalingRecord,
     StepRecord,
     SweepSummary,
     ValidateRecord,
+    append_record,
+    pack_times,
     point_result,
+    raw_times,
+    read_records,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from conftest import commbench
 
 from commbench.proxies import setups as S
 from commbench.proxies.profile import load_profile
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 FAST = ["--batch", "1", "--steps", "2", "--warmup-steps", "1"]
 

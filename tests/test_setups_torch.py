@@ -16,7 +16,7 @@ from conftest import clean_env, commbench
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
 from commbench.proxies.setups import Compute, Layout, settle
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 SPEC = "transformers:GPT2LMHeadModel:n_layer=2,n_embd=30,n_head=2,vocab_size=101,n_positions=33"
 CASES = {  # name: (model, setup, knobs, nodes, ranks per node)

@@ -11,8 +11,7 @@ import numpy as np
 
 from commbench import bench
 from commbench import collectives as C
-from commbench.iteration_times import raw_times
-from commbench.results import Result, point_result
+from commbench.results import Result, point_result, raw_times
 from commbench.table import Progress, Table
 
 

@@ -3,7 +3,7 @@ from commbench.backends.torch_dist import TorchBackend
 from commbench.bench import Sweep, SweepConfig
 from commbench.job import EXIT_WRONG
 from commbench.launch import LaunchInfo, free_port
-from commbench.result_reader import read_records
+from commbench.results import read_records
 
 
 class CorruptingBackend(TorchBackend):

@@ -50,7 +50,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis.intervals import uncertainty
     from commbench.commands.model import _warn_poor
     from commbench.costmodel import HardwareError, load_hardware
-    from commbench.result_reader import RecordError
+    from commbench.results import RecordError
 
     if max_error is not None and not 0 < max_error < 1e6:
         raise UsageFault(f"--max-error {max_error:g}: a percentage above 0")
@@ -105,7 +105,7 @@ def _summary_lines(rows, summary: dict, include_oversubscribed: bool) -> None:
 def _write(path: str, append: bool, records: list[dict]) -> None:
     """The check records, one JSON line each, through the one writer of records (ResultSink); a write that
     fails (a full disk) is one line."""
-    from commbench.result_sink import OutputError, ResultSink
+    from commbench.results import OutputError, ResultSink
 
     try:
         with ResultSink(path, append=append) as sink:

@@ -34,7 +34,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
     from commbench.analysis import fit as F
     from commbench.costmodel import HardwareError, load_hardware
-    from commbench.result_reader import RecordError, read_records
+    from commbench.results import RecordError, read_records
     from commbench.sizes import SizeError, parse_size
 
     try:
@@ -120,8 +120,7 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
     from commbench.analysis.predict import predict, row_us
     from commbench.commands import layout as L
     from commbench.costmodel import HardwareError, load_hardware, with_topology
-    from commbench.result_sink import OutputError, ResultSink
-    from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE
+    from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
     from commbench.sizes import SizeError, parse_sizes
     from commbench.table import Table
     from commbench.topology import Topology, TopologyError
@@ -200,7 +199,7 @@ def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None, fo
     from commbench.analysis import report as R
     from commbench.analysis.fit import FitError
     from commbench.costmodel import HardwareError, load_hardware
-    from commbench.result_reader import RecordError
+    from commbench.results import RecordError
 
     try:
         hw = load_hardware(hw_spec) if hw_spec else None
@@ -251,7 +250,7 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
     placement, world size and size; a point measured several times counts with its median.
     """
     from commbench.analysis import compare as K
-    from commbench.result_sink import OutputError
+    from commbench.results import OutputError
 
     try:
         new_records = K.load(new, warn)
@@ -351,7 +350,7 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
     with every allreduce costed by the model of --hw: no ranks, nothing measured.
     """
-    from commbench.result_sink import OutputError, ResultSink, new_run_id
+    from commbench.results import OutputError, ResultSink, new_run_id
 
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path), force=force, append=append)

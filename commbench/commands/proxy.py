@@ -135,7 +135,7 @@ def train_command(**options) -> None:
 def _usage(call):
     """Run `call`; a ValueError it raises (ProxyUsageError, a prediction out of the model's
     reach) is bad input: one line, exit 2."""
-    from commbench.result_sink import OutputError
+    from commbench.results import OutputError
 
     try:
         return call()
@@ -168,7 +168,7 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
 
 def _validate_eta(cfg) -> str:
     """How long the training will take at the replay's median step (its summary in cfg.json_path)."""
-    from commbench.result_reader import RecordError, read_records
+    from commbench.results import RecordError, read_records
 
     try:
         summary = next((r for r in reversed(read_records(cfg.json_path)) if r.get("record") == "proxy"), None)

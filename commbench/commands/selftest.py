@@ -139,7 +139,7 @@ def check_host_schedules(scratch: Path, timeout_s: float) -> str:
 def sweep(scratch: Path, name: str, args: list[str], timeout_s: float) -> list[dict]:
     """A checked `commbench sweep` in a child process; its result records, or Failed."""
     from commbench.launch import rank_argv
-    from commbench.result_reader import read_records
+    from commbench.results import read_records
 
     path = scratch / f"{name}.jsonl"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}

@@ -3,10 +3,9 @@
 A sweep writes `header`, one `result` per collective x size x placement, then `summary`; proxy
 and train runs write `step` records and a `proxy` summary (and `validate`); predict-scaling
 writes `scaling`, compare `compare`. Every type but the free-form header is a dataclass here;
-result_sink.ResultSink writes them (each line fsynced, results in CSV too) and
-result_reader.read_records reads a file back, every line checked. Results keep their raw
-per-iteration times beside the percentiles (iteration_times.py). docs/results.md describes
-every field.
+sink.ResultSink writes them (each line fsynced, results in CSV too) and reader.read_records reads
+a file back, every line checked. Results keep their raw per-iteration times beside the percentiles
+(times.py). docs/results.md describes every field.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from commbench import collectives as C
-from commbench.iteration_times import pack_times
+from commbench.results.times import pack_times
 
 SCHEMA_VERSION = 1
 # A predicted record's interval_source: where its interval came from (docs/model.md).

@@ -11,8 +11,8 @@ from typing import Any
 
 from commbench import collectives as C
 from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, lines, open_regular, parse_json
-from commbench.iteration_times import raw_times
-from commbench.results import RECORD_TYPES, RESULT_FIELDS
+from commbench.results.records import RECORD_TYPES, RESULT_FIELDS
+from commbench.results.times import raw_times
 
 
 class RecordError(ValueError):

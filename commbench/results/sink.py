@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from typing import IO, Any
 
-from commbench.results import RESULT_FIELDS, SCHEMA_VERSION, Record, Result, SweepSummary
+from commbench.results.records import RESULT_FIELDS, SCHEMA_VERSION, Record, Result, SweepSummary
 
 
 class OutputError(OSError):

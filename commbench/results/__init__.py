@@ -1,0 +1,42 @@
+"""Results: every record commbench writes and reads, one flat, versioned JSON line each
+(docs/results.md describes every field).
+
+- `records`: the record types (a dataclass per kind) and `point_result`;
+- `times`: a result's raw per-iteration times, packed when many (`pack_times`, `raw_times`);
+- `sink`: the one writer (`ResultSink`: each line fsynced, results in CSV too; `append_record`);
+- `reader`: reading a file back, every line checked (`read_records`, `check_record`).
+
+`from commbench.results import ...` is the public path for all of them (users' scripts read files with
+`commbench.results.read_records`); the modules inside import each other directly, never this package.
+"""
+from commbench.results.reader import (  # noqa: F401 - the public names
+    AT_LEAST_ONE,
+    LARGEST_INTEGER,
+    PLACEMENT_NAMES,
+    REQUIRED_FIELDS,
+    RecordError,
+    check_record,
+    read_records,
+)
+from commbench.results.records import (  # noqa: F401
+    CORPUS_PROVENANCE,
+    FIT_PROVENANCE,
+    PROVENANCE_LABELS,
+    RECORD_TYPES,
+    RESULT_FIELDS,
+    SCHEMA_VERSION,
+    STATS,
+    CompareRecord,
+    ProxyResult,
+    Record,
+    Result,
+    ScalingRecord,
+    StepRecord,
+    SweepSummary,
+    ValidateRecord,
+    percentiles_us,
+    point_result,
+    statistic_us,
+)
+from commbench.results.sink import OutputError, ResultSink, append_record, new_run_id  # noqa: F401
+from commbench.results.times import MAX_RAW_TIMES, RAW_TIMES_ENCODING, RAW_TIMES_INLINE_MAX, pack_times, raw_times  # noqa: F401
