@@ -19,6 +19,7 @@ from commbench.analysis.intervals import levels_fitted
 from commbench.analysis.predict_scaling import evidence_terms
 from commbench.analysis.scaling import StepPrediction, predict_step, step_interval_us
 from commbench.analysis.stragglers import expected_max
+from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, load_hardware, with_topology
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.comm_plan import describe_calls
@@ -190,13 +191,15 @@ def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tupl
 def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
     """The summary record: one step, so every median is its p90."""
     t = p.step.times
-    return ProxyResult(kind="predicted", model=p.profile.name, backend="model", library=p.hw.name, device="-",
+    return ProxyResult(kind="predicted", model=p.profile.name, backend=MODEL, **PREDICTED.fields(), library=p.hw.name,
+                       device="-",
                        world_size=p.topo.world, nnodes=p.topo.nodes, batch=p.batch, bucket_mb=cfg.bucket_mb,
                        bucketing=cfg.bucketing, buckets=p.step.calls, gradient_bytes=p.profile.nbytes,
                        compute=p.compute_label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
                        compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
                        exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
                        step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
-                       other_us_p90=t.other_us, samples_per_s=t.samples_per_s(p.samples), run_id=run_id,
+                       other_us_p90=t.other_us, samples_per_s=t.samples_per_s(p.samples) if t.step_us > 0 else None,
+                       run_id=run_id,
                        step_interval_us=list(p.interval) if p.interval else None,
                        interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs))

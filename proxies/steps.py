@@ -10,7 +10,6 @@ its wall time: descheduled, or compute slowed by its core's other work); see Ste
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -59,12 +58,13 @@ class StepLog:
         if not self.lead:
             return
         step_us = values["step_us"]
-        rate = self.samples / (step_us * 1e-6) if step_us else float("nan")
+        rate = self.samples / (step_us * 1e-6) if step_us else None  # a step of 0 us has no rate
         cells = " ".join(f"{_ms(values.get(name)):>{width}}" for name, _, width in COLUMNS)
-        print(f"  {index:>6} {cells} {rate:>11.1f}{'  (warm-up)' if warmup else ''}", flush=True)
+        shown = "-" if rate is None else f"{rate:.1f}"
+        print(f"  {index:>6} {cells} {shown:>11}{'  (warm-up)' if warmup else ''}", flush=True)
         if self.sink:
             self.sink.write(StepRecord(run_id=self.run_id, step=index, warmup=warmup, **values,
-                                       samples_per_s=rate if math.isfinite(rate) else None))
+                                       samples_per_s=rate))
 
     def summary(self, result: ProxyResult) -> None:
         if not self.lead:
@@ -78,7 +78,8 @@ class StepLog:
             from commbench.telemetry import summary_line
 
             print(f"# {summary_line(result.telemetry)}")
-        print(f"# median {_cells(result, 'p50')} {result.samples_per_s:>11.1f}"
+        rate = "-" if result.samples_per_s is None else f"{result.samples_per_s:.1f}"
+        print(f"# median {_cells(result, 'p50')} {rate:>11}"
               + (f"   (of {result.steps} measured step{'s' if result.steps != 1 else ''}: a sample, not a "
                  f"distribution)" if result.steps < 3 and result.kind != "predicted" else ""))
         print(f"# p90    {_cells(result, 'p90')}", flush=True)

@@ -81,6 +81,19 @@ def test_nodes_beyond_the_job_predict_with_the_model(tmp_path):
     assert summary["kind"] == "predicted" and summary["world_size"] == 32 and summary["backend"] == "model"
 
 
+
+def test_a_step_of_no_time_has_no_rate(tmp_path):
+    """One rank and no compute: the predicted step takes 0 us, and its samples/s is undefined (null, '-'),
+    not infinite (which JSON cannot hold) nor 0."""
+    out = tmp_path / "s.jsonl"
+    proc = commbench("proxy", "resnet18", "--backend", "sim", "--nodes", "1", "--gpus-per-node", "1",
+                     "--compute", "none", "--hw", "ethernet-25g", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = records(out, "proxy")
+    assert summary["step_us_p50"] == 0 and summary["samples_per_s"] is None
+    assert summary["schedule"] is True and summary["timing"] == "modelled"
+    assert proc.stdout.splitlines()[-2].split()[-1] == "-"
+
 def test_nodes_with_local_spawn_every_rank(tmp_path):
     out = tmp_path / "l.jsonl"
     proc = commbench("proxy", "resnet18", "--nodes", "2", "--gpus-per-node", "2", "--local", "--backend", "hybrid",

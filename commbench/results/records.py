@@ -199,7 +199,7 @@ class ProxyResult(Record):
     exposed_comm_us_p90: float | None
     step_us_p50: float
     step_us_p90: float
-    samples_per_s: float  # all ranks, from the median step
+    samples_per_s: float | None  # all ranks, from the median step; None: a step of 0 us has no rate
     other_us_p50: float | None = None  # None: train, or an older file
     other_us_p90: float | None = None
     status: str = "ok"
