@@ -18,7 +18,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
-        "commbench.proxies"],
+        "commbench.proxies", "commbench.errors"],
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
