@@ -7,7 +7,8 @@ process (sim, cuda's virtual and peer modes, a predicted proxy). `run` carries t
 out. Every rank runs one job function (`JOBS`) inside `run_rank`, which maps exceptions
 to the documented exit codes once for all jobs, and every rank commbench starts (itself, or
 through torchrun on an emulated cluster) enters through `python -m commbench.job`. launch.py
-holds the launchers' variables and the supervisor; emulate.py the emulated cluster.
+holds the launchers' variables and the supervisor; emulate.py the emulated cluster, emulated_run.py
+a job's run on it.
 
 The exit codes, and the errors mapped to them, are floor 1's (commbench/errors.py).
 
@@ -126,7 +127,8 @@ def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
         if plan.mode == "spawn":
             code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
         else:
-            from commbench.emulate import EmulateError, run_job
+            from commbench.emulate import EmulateError
+            from commbench.emulated_run import run_job
 
             try:
                 code = run_job(plan.nodes, plan.ranks_per_node, plan.link_bps, {JOB_VAR: payload}, cfg.timeout_s)

@@ -28,7 +28,7 @@ FLOORS = {
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units"],
-    3: ["commbench.launch", "commbench.emulate", "commbench.job", "commbench.bench", "commbench.table",
+    3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
