@@ -307,7 +307,7 @@ def find(tag: str) -> Cluster:
 def clean() -> list[Cluster]:
     """Remove every cluster whose owner is gone, and a state file that is not its cluster's own (a stale
     or crafted copy: it never names a cluster to remove); the clusters removed. A run's own leftovers
-    go with emulated_run.clean."""
+    go with emulated_run.clean_dead_runs."""
     found = clusters()
     gone = [cluster for cluster in found if not cluster.alive()]
     for cluster in gone:

@@ -87,7 +87,7 @@ _SIGNALS = _SignalsSeen()
 @dataclass(frozen=True)
 class Plan:
     mode: str  # spawn (local ranks), join (a launcher's job), local (every rank in this process),
-    #            emulate (nodes x ranks_per_node ranks on an emulated cluster of this host, emulate.py)
+    #            emulate (nodes x ranks_per_node ranks on an emulated cluster of this host, emulated_run.py)
     world: int
     launch: LaunchInfo | None = None  # when joining: who this process is
     nodes: int = 1
@@ -324,7 +324,7 @@ def main() -> None:
 
 
 def report_exit(code: int) -> None:
-    """Under a launcher that commbench started (emulate.py), leave this rank's exit code where the
+    """Under a launcher that commbench started (emulated_run.py), leave this rank's exit code where the
     spawner reads it: torchrun only says whether a node's ranks all succeeded."""
     folder = os.environ.get(EXIT_DIR_VAR)
     if folder:
