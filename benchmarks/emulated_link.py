@@ -72,7 +72,7 @@ def _transfer(conn: socket.socket, nbytes: int, send: bool, receive: bool) -> No
 def raw_probe(rate: str, repeats: int) -> dict[str, list[float]]:
     """A kept 2x1 cluster at `rate` (`commbench emulate up`): TCP from node 0 to node 1, one way
     (uni) and both ways at once (bi); then gloo's send/recv in both orders, under the cluster's own
-    torchrun launch (emulate.torchrun_argv). Bit/s per direction, per run."""
+    torchrun launch (emulated_run.torchrun_argv). Bit/s per direction, per run."""
     from commbench import emulate
 
     code, _ = run([*COMMBENCH, "emulate", "up", "2x1", "--link", rate], 60)
@@ -104,10 +104,10 @@ def raw_probe(rate: str, repeats: int) -> dict[str, list[float]]:
 
 def gloo_orders(cluster, nbytes: int) -> dict[str, list[float]]:
     """Rank 0's bit/s per direction for gloo's send alone, isend then irecv, irecv then isend."""
-    from commbench import emulate
+    from commbench import emulated_run
 
-    env = emulate.node_env(cluster)
-    procs = [subprocess.Popen(emulate.torchrun_argv(cluster, i, 60, [__file__, "_gloo_order", str(nbytes)]),
+    env = emulated_run.node_env(cluster)
+    procs = [subprocess.Popen(emulated_run.torchrun_argv(cluster, i, 60, [__file__, "_gloo_order", str(nbytes)]),
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for i in range(cluster.nodes)]
     try:
@@ -172,7 +172,8 @@ def link_sweep(rate: str, top: str, out: str) -> tuple[int, str, dict[tuple[str,
 
 
 def link_mode(args: argparse.Namespace) -> dict:
-    from commbench.emulate import MAX_RATE_BPS, host_ceiling_bps, rate_text
+    from commbench.emulate import MAX_RATE_BPS, rate_text
+    from commbench.emulated_run import host_ceiling_bps
 
     ceilings = [host_ceiling_bps() for _ in range(5)]
     print(f"\n## 1. Link fidelity, 2x1; host_ceiling_bps(): median {statistics.median(ceilings) / 1e9:.1f} Gbit/s "

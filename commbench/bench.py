@@ -25,7 +25,8 @@ from commbench import collectives as C
 from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
 from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
-from commbench.job import EXIT_OK, EXIT_WRONG, JobFault, error_line, run_rank
+from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
+from commbench.job import error_line, run_rank
 from commbench.launch import EMULATED_VAR, LaunchInfo
 from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
 from commbench.sizes import format_size

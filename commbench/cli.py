@@ -13,7 +13,7 @@ import click
 
 from commbench import __version__
 from commbench.commands import check, emulate, model, nccltests, proxy, selftest, sweep
-from commbench.commands.common import EXIT_USAGE
+from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -54,7 +54,7 @@ def _main(argv: list[str] | None) -> int:
         cli.main(args=argv, prog_name="commbench", standalone_mode=False)
     except click.exceptions.Abort:
         print("commbench: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except click.ClickException as exc:
         print(f"commbench: error: {exc.format_message()}", file=sys.stderr)
         return EXIT_USAGE

@@ -14,46 +14,25 @@ Each cluster has a state file under STATE_DIR, written before anything is create
 its owner: the commbench process of an `--emulate` run (the cluster goes when it ends), or none
 for `commbench emulate up` (kept until `down`). `clean` removes every cluster whose owner has died,
 and any `cbemu-` namespace that no state file accounts for, with the processes still inside,
-and the shared-memory segments of its runs.
-
-Ranks run in their node's namespace under the real launcher: one torchrun agent per node
-(`--nnodes N --node-rank I`, c10d rendezvous at node 0's address), each starting the job's
-ranks, which use `cbnic` for gloo (GLOO_SOCKET_IFNAME) and find their node from torchrun, as on a
-cluster. Ranks of one node share memory (hybrid, shm); ranks of different nodes only the link.
+and the shared-memory segments of its runs. How a job runs on a cluster: emulated_run.py.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import math
 import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from commbench.files import UnreadableFile, read_small
-from commbench.launch import (
-    EMULATED_VAR,
-    EXIT_DIR_VAR,
-    JOB_TAG_VAR,
-    interrupt,
-    rank_argv,
-    remove_segments,
-    stop_all,
-    stop_margin_s,
-    supervise,
-)
+from commbench.launch import remove_segments
 
 PREFIX = "cbemu-"
 STATE_DIR = os.environ.get("COMMBENCH_EMULATE_STATE", "/run/commbench/emulate")
@@ -66,7 +45,6 @@ UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 TBF_LATENCY_MS = 100  # tbf's queue: what a link holds at its rate before it drops (TCP backs off then)
 GSO_BYTES = 65536 + 1500  # a veth hands tbf segments of up to 64 KiB (GSO): the bucket must hold one
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
-_STDERR_PASS_VAR = "COMMBENCH_EMULATE_VERBOSE"  # set: the launchers' own log lines are shown too
 
 
 class EmulateError(RuntimeError):
@@ -237,44 +215,24 @@ def destroy(cluster: Cluster) -> None:
         pass
 
 
+def stop_inside(names: Sequence[str]) -> list[int]:
+    """SIGTERM to every process in these namespaces, then SIGCONT: a stopped (hung) process must run to
+    handle it; their pids."""
+    pids = signal_inside(names, signal.SIGTERM)
+    signal_inside(names, signal.SIGCONT)
+    return pids
+
+
 def _kill_inside(names: Sequence[str]) -> None:
-    """SIGTERM, then SIGKILL a second later, to every process in these (existing) namespaces."""
-    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
-        pids = _signal_inside(names, sig)
-        if sig == signal.SIGTERM:
-            _signal_inside(names, signal.SIGCONT)
-        deadline = time.monotonic() + wait_s
-        while pids and time.monotonic() < deadline and any(_exists(pid) for pid in pids):
-            time.sleep(0.05)
+    """Stop every process in these (existing) namespaces, and SIGKILL what is left a second later."""
+    pids = stop_inside(names)
+    deadline = time.monotonic() + 1.0
+    while pids and time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+        time.sleep(0.05)
+    signal_inside(names, signal.SIGKILL)
 
 
-def _stop_inside(names: Sequence[str]) -> None:
-    _signal_inside(names, signal.SIGTERM)
-    _signal_inside(names, signal.SIGCONT)  # a stopped (hung) process must run to end
-
-
-def _a_rank_failed(folder: str | None) -> bool:
-    """Whether a rank has left a non-zero exit code (job.report_exit) in `folder`."""
-    try:
-        return any(code != 0 for code in _exit_codes(folder).values()) if folder else False
-    except OSError:
-        return False
-
-
-def _exit_codes(folder: str) -> dict[int, int]:
-    """rank -> the exit code it left in `folder` (job.report_exit's files `rankN`); a file still being
-    written, or not a rank's, is left out (looked at again by the next caller)."""
-    codes = {}
-    for name in os.listdir(folder):
-        try:
-            with open(os.path.join(folder, name), encoding="ascii") as handle:
-                codes[int(name.removeprefix("rank"))] = int(handle.read())
-        except (OSError, ValueError):
-            continue
-    return codes
-
-
-def _signal_inside(names: Sequence[str], sig: int) -> list[int]:
+def signal_inside(names: Sequence[str], sig: int) -> list[int]:
     """Send `sig` to every process in these namespaces; their pids."""
     pids = [pid for ns in names for pid in _pids(ns)]
     for pid in pids:
@@ -347,9 +305,9 @@ def find(tag: str) -> Cluster:
 
 
 def clean() -> list[Cluster]:
-    """Remove every cluster whose owner is gone, and what runs killed outright left: a state file that
-    is not its cluster's own (a stale or crafted copy: it never names a cluster to remove), a run's
-    exit-code folder whose cluster is gone; the clusters removed."""
+    """Remove every cluster whose owner is gone, and a state file that is not its cluster's own (a stale
+    or crafted copy: it never names a cluster to remove); the clusters removed. A run's own leftovers
+    go with emulated_run.clean_dead_runs."""
     found = clusters()
     gone = [cluster for cluster in found if not cluster.alive()]
     for cluster in gone:
@@ -358,30 +316,7 @@ def clean() -> list[Cluster]:
         cluster = _read_state(os.path.join(STATE_DIR, name))
         if cluster is None or name != f"{cluster.tag}.json":
             _remove_file(os.path.join(STATE_DIR, name))
-    folders = _exit_folders()  # before the clusters: a run writes its cluster's state before its folder
-    live = {cluster.tag for cluster in clusters() if cluster.alive()}
-    for name, tag in folders:
-        if tag not in live:
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
     return gone
-
-
-def _exit_folders() -> list[tuple[str, str]]:
-    """(name, tag) of this user's exit-code folders (run_job's) in the temporary folder."""
-    folder, found = tempfile.gettempdir(), []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    for name in names:
-        match = re.fullmatch(r"commbench-([0-9a-f]+)-exits-[A-Za-z0-9_]+", name)
-        try:
-            info = os.lstat(os.path.join(folder, name))
-        except OSError:
-            continue
-        if match and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # not another user's, no link
-            found.append((name, match.group(1)))
-    return found
 
 
 def _remove_file(path: str) -> None:
@@ -446,187 +381,3 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
 
 def _ip(*args: str) -> None:
     _run(["ip", *args])
-
-
-# --------------------------------------------------------------------------------- running ranks
-
-def host_ceiling_bps(nbytes: int = 32 << 20) -> float:
-    """What this host's kernel moves through a socket pair in one direction (bit/s): an upper bound
-    of what its veth links carry, whatever rate they are given. Measured in well under a second."""
-    left, right = socket.socketpair()
-    chunk = bytearray(1 << 20)
-    try:
-        def drain() -> None:
-            view, got = memoryview(bytearray(1 << 20)), 0
-            while got < nbytes:
-                n = right.recv_into(view)
-                if not n:
-                    return
-                got += n
-
-        reader = threading.Thread(target=drain, daemon=True)
-        start = time.perf_counter()
-        reader.start()
-        for _ in range(nbytes // len(chunk)):
-            left.sendall(chunk)
-        reader.join(timeout=10)
-        return nbytes * 8 / (time.perf_counter() - start)
-    finally:
-        left.close()
-        right.close()
-
-
-# TCP through the links holds 90% of their rate while NODES x RATE stays under about 1/8 of
-# host_ceiling_bps() (a socket pair moves bytes ~6x faster than TCP over veth, tbf and a bridge,
-# and the ranks need CPU too): measured 2026-11-23 on 2 cores, docs/emulation.md section 1.
-CEILING_SHARE = 8
-
-
-def cpu_bound_warning(cluster: Cluster, ceiling_bps: float) -> str | None:
-    """A note when the links could carry more than this host can push: every node sends at the link
-    rate at once (a ring), and every byte crosses two veths and the bridge."""
-    offered = cluster.nodes * cluster.rate_bps
-    if cluster.nodes > 1 and offered > ceiling_bps / CEILING_SHARE:
-        return (f"{cluster.nodes} links of {rate_text(cluster.rate_bps)} could carry {rate_text(offered)} at once; "
-                f"this host moves about {rate_text(ceiling_bps)} through a socket pair: above 1/{CEILING_SHARE} "
-                f"of that, the run measures the host's CPU, not the links (docs/emulation.md)")
-    return None
-
-
-def node_env(cluster: Cluster, base: dict[str, str] | None = None) -> dict[str, str]:
-    """What a node's launcher and ranks get: sockets on the node's link, not loopback; one thread
-    per rank (ranks share this host's cores); the cluster's tag for shared memory it can remove."""
-    env = dict(os.environ if base is None else base)
-    env.update(GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC, TP_SOCKET_IFNAME=NIC, **{
-        JOB_TAG_VAR: cluster.tag,
-        EMULATED_VAR: f"{cluster.nodes} node(s) x {cluster.ranks_per_node} rank(s), each node's link "
-                      f"{rate_text(cluster.rate_bps)} both ways (tc tbf, no added delay), one torchrun per node, "
-                      f"cluster {cluster.tag} (docs/emulation.md)"})
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                 "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID"):
-        env.pop(name, None)  # this host's own launcher variables mean nothing inside the cluster
-    return env
-
-
-def torchrun_argv(cluster: Cluster, index: int, timeout_s: float, target: Sequence[str]) -> list[str]:
-    """Node `index`'s launch: torchrun in the node's namespace, c10d rendezvous served by node 0."""
-    join_s = max(10, int(timeout_s))
-    return ["ip", "netns", "exec", cluster.node(index), *rank_argv("torch.distributed.run"),
-            "--nnodes", str(cluster.nodes), "--nproc-per-node", str(cluster.ranks_per_node),
-            "--local-addr", cluster.address(index),  # what the ranks are told to meet at (not the host name)
-            "--rdzv-backend", "c10d",  # node ranks are the rendezvous' order, as on a cluster (no --node-rank)
-            "--rdzv-endpoint", f"{cluster.address(0)}:{RDZV_PORT}", "--rdzv-id", cluster.tag,
-            # node 0 serves the rendezvous: torchrun knows an address as its own only when the host name resolves to it
-            "--rdzv-conf", f"join_timeout={join_s},read_timeout={join_s},is_host={int(index == 0)}",
-            "--max-restarts", "0", "--monitor-interval", "0.1", *target]
-
-
-def launch(cluster: Cluster, target: Sequence[str], env: dict[str, str], timeout_s: float) -> int:
-    """Run `target` (torchrun's program and its arguments) on every node; the job's exit code.
-    Supervised as a local spawn is (launch.py): a failed node gets the others stopped after a
-    grace period, Ctrl-C gives ranks time to write their summaries. Each launcher dies with this
-    process (PR_SET_PDEATHSIG), and the launchers' own log lines and tracebacks are kept off the
-    terminal (the ranks say what went wrong in one line); COMMBENCH_EMULATE_VERBOSE=1 shows them."""
-    grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
-    procs: list[subprocess.Popen] = []
-    filters: list[threading.Thread] = []
-    verbose = bool(os.environ.get(_STDERR_PASS_VAR))
-    wake = functools.partial(_stop_inside, cluster.namespaces)
-    failed = functools.partial(_a_rank_failed, env.get(EXIT_DIR_VAR))
-    try:
-        for index in range(cluster.nodes):  # every fork before any thread of this process starts
-            procs.append(subprocess.Popen(torchrun_argv(cluster, index, timeout_s, target), env=env,
-                                          stderr=None if verbose else subprocess.PIPE, preexec_fn=_die_with_parent))
-        for proc in procs if not verbose else ():
-            filters.append(threading.Thread(target=_filter_stderr, args=(proc.stderr,), daemon=True))
-            filters[-1].start()
-        # As a local spawn: a rank's failure starts the grace period (torchrun may take seconds to end), then the
-        # ranks themselves are stopped (a stopped, hung rank too: torchrun would wait 30 s for it)
-        code = supervise(procs, grace_s, stop_s, "node", wake, failed)
-    except KeyboardInterrupt:
-        interrupt(procs, stop_s, wake)
-        print("commbench: interrupted; results already written are kept", file=sys.stderr)
-        code = 130
-    finally:
-        stop_all(procs)
-        _signal_inside(cluster.namespaces, signal.SIGKILL)  # a rank its torchrun left holds the stderr pipe open
-        for thread in filters:
-            thread.join(timeout=2.0)
-    return code
-
-
-_LAUNCHER_LINE = re.compile(r"^(?:[DIWEF]\d{4} \d\d:\d\d:\d\d|\[[DIWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS|"
-                            r"--- Logging error ---|Exception raised from |frame #\d+: |<omitting python frames>)")
-
-
-def _filter_stderr(stream) -> None:
-    """Pass the ranks' lines through; drop torchrun's own log lines, and its closing traceback
-    (a ChildFailedError report, after the ranks have said what failed)."""
-    in_traceback = False
-    for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", "replace")
-        if line.startswith("Traceback (most recent call last)"):
-            in_traceback = True
-        if line.startswith("commbench:") or not (in_traceback or _LAUNCHER_LINE.match(line)):
-            sys.stderr.write(line)
-            sys.stderr.flush()
-    stream.close()
-
-
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child of a fork only calls it
-
-
-def _die_with_parent() -> None:
-    """In the launcher's process before exec: SIGTERM when commbench dies (torchrun then stops its ranks)."""
-    _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
-    """One run on a cluster of its own: remove what killed runs left, build, launch `python -P -m
-    commbench.job` (the job in `job_env`) on every node, tear down whatever happens; the exit code.
-    SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed."""
-    gone = clean()
-    if gone:
-        print(f"commbench: note: removed {len(gone)} emulated cluster(s) left by runs that died "
-              f"({', '.join(c.tag for c in gone)})", file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
-    cluster, exits = None, None
-    try:
-        cluster = create(nodes, ranks_per_node, rate_bps)
-        note = cpu_bound_warning(cluster, max(host_ceiling_bps() for _ in range(3)))  # a reading can catch a busy core
-        if note:
-            print(f"commbench: warning: {note}", file=sys.stderr)
-        exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
-        env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
-        ranks = ["--no-python", *rank_argv("commbench.job")]  # torchrun's own `-m` would put the cwd first
-        return ranks_exit_code(launch(cluster, ranks, env, timeout_s), exits, nodes * ranks_per_node)
-    finally:
-        if cluster is not None:
-            destroy(cluster)
-        if exits:
-            shutil.rmtree(exits, ignore_errors=True)
-        signal.signal(signal.SIGTERM, previous)
-
-
-def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
-    """The job's exit code from its ranks' own (job.report_exit), as a local spawn's is: torchrun ends
-    with 1 whatever failed. A rank that left none died (killed, or out of memory): a fault, said once."""
-    codes = _exit_codes(folder)
-    missing = [rank for rank in range(world) if rank not in codes]
-    positive = [code for code in codes.values() if code > 0]
-    if launchers == 130:
-        return 130
-    if launchers == 0 and not positive:
-        return 0
-    # 130 from a rank of a run not interrupted: stopped after another rank failed, as a local spawn's are
-    faults = [code for code in positive if code != 130]
-    if missing:
-        print(f"commbench: rank(s) {', '.join(map(str, missing))} ended without an exit code "
-              f"(killed, or out of memory)", file=sys.stderr)
-        return max([3, *faults])
-    return max(faults) if faults else 3
-
-
-def _interrupt_on_term(_signum: int, _frame) -> None:
-    raise KeyboardInterrupt

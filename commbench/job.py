@@ -7,11 +7,10 @@ process (sim, cuda's virtual and peer modes, a predicted proxy). `run` carries t
 out. Every rank runs one job function (`JOBS`) inside `run_rank`, which maps exceptions
 to the documented exit codes once for all jobs, and every rank commbench starts (itself, or
 through torchrun on an emulated cluster) enters through `python -m commbench.job`. launch.py
-holds the launchers' variables and the supervisor; emulate.py the emulated cluster.
+holds the launchers' variables and the supervisor; emulate.py the emulated cluster, emulated_run.py
+a job's run on it.
 
-Exit codes: 0 ok, 1 wrong results, 2 bad input (or a model too large for memory),
-3 a rank failed (died, hung past the timeout, out of memory while measuring), 130
-interrupted.
+The exit codes, and the errors mapped to them, are floor 1's (commbench/errors.py).
 
 How a rank ends on a signal: the first SIGINT or SIGTERM raises KeyboardInterrupt in its main
 thread (`Stopped` for SIGTERM) and every later one is ignored, because a Ctrl-C reaches a rank
@@ -33,6 +32,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from commbench.errors import (
+    EXIT_FAULT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    BackendError,
+    JobFault,
+    OutOfMemory,
+    mentions_out_of_memory,
+)
 from commbench.launch import (
     EXIT_DIR_VAR,
     SPAWN_VAR,
@@ -45,7 +54,6 @@ from commbench.launch import (
     stop_margin_s,
 )
 
-EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAULT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": name, "config": JSON, "argv": [...]}
 
 # job name -> (its config class, its rank function(cfg, launch, argv) -> exit code, and the function
@@ -58,7 +66,6 @@ JOBS = {
               "commbench.proxies.context:summary_from_records"),
 }
 SUMMARY_RECORDS = ("summary", "proxy", "validate")  # a results file that ends in one of these is complete
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
 class Stopped(KeyboardInterrupt):
@@ -77,21 +84,10 @@ class _SignalsSeen:
 _SIGNALS = _SignalsSeen()
 
 
-class JobFault(RuntimeError):
-    """The run cannot go on (a peer died or hung, out of memory); one line for the user.
-
-    `agreed` faults are known to every rank with the same message (which names the rank
-    at fault), so only rank 0 prints them."""
-
-    def __init__(self, message: str, agreed: bool = False):
-        super().__init__(message)
-        self.agreed = agreed
-
-
 @dataclass(frozen=True)
 class Plan:
     mode: str  # spawn (local ranks), join (a launcher's job), local (every rank in this process),
-    #            emulate (nodes x ranks_per_node ranks on an emulated cluster of this host, emulate.py)
+    #            emulate (nodes x ranks_per_node ranks on an emulated cluster of this host, emulated_run.py)
     world: int
     launch: LaunchInfo | None = None  # when joining: who this process is
     nodes: int = 1
@@ -131,7 +127,8 @@ def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
         if plan.mode == "spawn":
             code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
         else:
-            from commbench.emulate import EmulateError, run_job
+            from commbench.emulate import EmulateError
+            from commbench.emulated_run import run_job
 
             try:
                 code = run_job(plan.nodes, plan.ranks_per_node, plan.link_bps, {JOB_VAR: payload}, cfg.timeout_s)
@@ -225,8 +222,6 @@ def run_rank(launch: LaunchInfo, timeout_s: float, body: Callable[[], int],
 def _outcome(exc: BaseException, launch: LaunchInfo, timeout_s: float) -> tuple[str | None, int, str, bool]:
     """(message or None, exit code, summary status, whether the line names the rank) for an exception
     that ended a rank's body; an exception no user can cause is raised again (a bug: its traceback)."""
-    from commbench.backends.base import BackendError, OutOfMemory  # not at import: the CLI starts light
-
     if isinstance(exc, KeyboardInterrupt) or _SIGNALS.first is not None:  # and what the interruption caused
         return None, EXIT_INTERRUPTED, "interrupted", True
     if isinstance(exc, (MemoryError, OutOfMemory)):
@@ -236,7 +231,7 @@ def _outcome(exc: BaseException, launch: LaunchInfo, timeout_s: float) -> tuple[
     if isinstance(exc, JobFault):
         return (str(exc) if not exc.agreed or launch.rank == 0 else None), EXIT_FAULT, "failed", not exc.agreed
     if isinstance(exc, RuntimeError):  # torch: a peer died, a collective or the rendezvous timed out
-        if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
+        if mentions_out_of_memory(str(exc)):
             return f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed", True
         return (f"{error_line(exc)} (a peer rank may have died or hung, or never started; "
                 f"--timeout {timeout_s:g} s)"), EXIT_FAULT, "failed", True
@@ -329,7 +324,7 @@ def main() -> None:
 
 
 def report_exit(code: int) -> None:
-    """Under a launcher that commbench started (emulate.py), leave this rank's exit code where the
+    """Under a launcher that commbench started (emulated_run.py), leave this rank's exit code where the
     spawner reads it: torchrun only says whether a node's ranks all succeeded."""
     folder = os.environ.get(EXIT_DIR_VAR)
     if folder:

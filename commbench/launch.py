@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from commbench.environment import memory_limit_bytes
+from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
@@ -289,7 +290,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
     except KeyboardInterrupt:
         interrupt(procs, stop_s)
         print("commbench: interrupted; results already written are kept", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         stop_all(procs)  # none is left, unless this process itself is failing
         os.close(watch_write)
@@ -388,6 +389,6 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str 
                 name = f"signal {-code}"
             print(f"commbench: {what} {rank} was killed by {name}{_why_killed(-code)}", file=sys.stderr)
     if all(c == 0 for c in codes):
-        return 0
+        return EXIT_OK
     positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count
-    return max(positive) if positive else 3
+    return max(positive) if positive else EXIT_FAULT

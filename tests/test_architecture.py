@@ -19,7 +19,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.topology", "commbench.results", "commbench.environment", "commbench.files", "commbench.analysis",
-        "commbench.proxies", "commbench.results*",
+        "commbench.proxies", "commbench.results*", "commbench.errors",
         "commbench.backends.registry"],
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
@@ -30,7 +30,7 @@ FLOORS = {
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units"],
-    3: ["commbench.launch", "commbench.emulate", "commbench.job", "commbench.bench", "commbench.table",
+    3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",

@@ -1,6 +1,6 @@
-"""The emulated cluster (commbench/emulate.py): options refused in one line, the refusal without
-privileges, and, as root with iproute2, a cluster's setup and teardown, a checked sweep across two
-nodes launched by torchrun, and cleanup after a failed rank, SIGTERM and a killed commbench.
+"""The emulated cluster (commbench/emulate.py; a job on it, emulated_run.py): options refused in one
+line, the refusal without privileges, and, as root with iproute2, a cluster's setup and teardown, a
+checked sweep across two nodes launched by torchrun, and cleanup after a failed rank, SIGTERM and a killed commbench.
 
 Every cluster a test builds lives in namespaces named cbemu-<tag>-*, addresses 198.18.0.0/24
 inside them only; each test removes what it made."""
@@ -17,6 +17,7 @@ import pytest
 from conftest import clean_env, commbench, results_of
 
 from commbench import emulate as E
+from commbench import emulated_run as R
 from commbench.results import read_records
 
 ROOT_REASON = None
@@ -75,9 +76,9 @@ def test_burst_holds_one_gso_segment_and_a_millisecond():
 
 def test_cpu_bound_warning_compares_links_with_the_host():
     cluster = E.Cluster("t", 4, 1, 10**9)
-    assert E.cpu_bound_warning(cluster, ceiling_bps=100e9) is None
-    assert "CPU" in E.cpu_bound_warning(cluster, ceiling_bps=4e9)
-    assert E.cpu_bound_warning(E.Cluster("t", 1, 2, 10**9), ceiling_bps=1e6) is None  # one node: no link used
+    assert R.cpu_bound_warning(cluster, ceiling_bps=100e9) is None
+    assert "CPU" in R.cpu_bound_warning(cluster, ceiling_bps=4e9)
+    assert R.cpu_bound_warning(E.Cluster("t", 1, 2, 10**9), ceiling_bps=1e6) is None  # one node: no link used
 
 
 def test_damaged_state_file_is_skipped_not_trusted(tmp_path, monkeypatch):
@@ -107,7 +108,7 @@ def test_clean_removes_exit_folders_of_runs_that_died_only(tmp_path, monkeypatch
     for name in ("commbench-dead01-exits-x1y2", "commbench-c0ffee-exits-abc", "commbench-other"):
         (tmp_path / "tmp" / name).mkdir()
     (tmp_path / "tmp" / "commbench-dead01-exits-x1y2" / "rank0").write_text("3")
-    assert E.clean() == []
+    assert R.clean_dead_runs() == []
     assert sorted(os.listdir(tmp_path / "tmp")) == ["commbench-c0ffee-exits-abc", "commbench-other"]
     assert os.listdir(tmp_path / "state") == ["c0ffee.json"]
     assert [c.tag for c in E.clusters()] == ["c0ffee"]

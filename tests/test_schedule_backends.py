@@ -12,7 +12,7 @@ from conftest import clean_env, commbench, default_sigint, rank_pid, results_of,
 from commbench import algorithms as A
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep, SweepConfig
-from commbench.job import EXIT_WRONG
+from commbench.errors import EXIT_WRONG
 from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology

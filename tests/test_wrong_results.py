@@ -1,7 +1,7 @@
 """A wrong element fails the run after every result is written (in-process, one gloo rank)."""
 from commbench.backends.torch_dist import TorchBackend
 from commbench.bench import Sweep, SweepConfig
-from commbench.job import EXIT_WRONG
+from commbench.errors import EXIT_WRONG
 from commbench.launch import LaunchInfo, free_port
 from commbench.results import read_records
 

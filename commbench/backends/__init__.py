@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from commbench.backends.base import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.backends.base import Backend, BackendConfig
 from commbench.backends.registry import BACKENDS, FACTORIES, UnknownBackend, load, names_where
 from commbench.backends.registry import backend_class as _backend_class
+from commbench.errors import BackendError, OutOfMemory
 
 
 def backend_class(name: str) -> type[Backend]:

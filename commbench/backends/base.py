@@ -22,13 +22,9 @@ import numpy as np
 from commbench.backends.registry import names_where
 from commbench.collectives import DType
 
-
-class BackendError(RuntimeError):
-    """The backend cannot run here or cannot run this request; the message is one line for the user."""
-
-
-class OutOfMemory(BackendError):
-    """Allocating or filling buffers for one size ran out of memory."""
+# The errors a backend raises are floor 1's, where the job frame maps them to exit codes; the
+# backends import them from here, with the rest of the interface they implement.
+from commbench.errors import BackendError, OutOfMemory  # noqa: F401 - OutOfMemory: raised by alloc()
 
 
 @dataclass(frozen=True)

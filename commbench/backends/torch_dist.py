@@ -27,6 +27,7 @@ import torch.distributed as dist
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.control import GroupControl
 from commbench.collectives import COLLECTIVES, DType
+from commbench.errors import mentions_out_of_memory
 from commbench.launch import LaunchInfo, peer_wait_s
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -35,7 +36,6 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
               "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
 LOOPBACK, LOOPBACK_SCHEME = "127.0.0.1", "commbench-loopback"  # a local spawn's rendezvous
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 # Newer torch renamed the tensor forms of all-gather and reduce-scatter.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -336,8 +336,7 @@ def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev:
 
 
 def _as_oom(exc: BaseException, nbytes: int, device: str) -> BaseException:
-    text = str(exc).lower()
-    if isinstance(exc, MemoryError) or any(marker in text for marker in _OOM_MARKERS) \
+    if isinstance(exc, MemoryError) or mentions_out_of_memory(str(exc)) \
             or isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
         return OutOfMemory(f"could not allocate {nbytes} bytes on {device}")
     return exc

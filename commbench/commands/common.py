@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 import click
 
-from commbench.job import EXIT_USAGE
+from commbench.errors import EXIT_USAGE
 
 
 class UsageFault(click.ClickException):

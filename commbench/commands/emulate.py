@@ -1,5 +1,6 @@
 """`--emulate NODESxRANKS --link RATE` on sweep, proxy and train, and the `commbench emulate` group
-(up, status, down, clean) for a cluster that outlives one run (commbench/emulate.py builds it)."""
+(up, status, down, clean) for a cluster that outlives one run (commbench/emulate.py builds it,
+commbench/emulated_run.py runs a job on it)."""
 from __future__ import annotations
 
 import os
@@ -134,12 +135,13 @@ def down_command(tags: tuple[str, ...], everything: bool) -> None:
 def clean_command() -> None:
     """Remove the clusters, processes and shared memory of runs that died."""
     from commbench import emulate as E
+    from commbench.emulated_run import clean_dead_runs
 
     try:
         E.require_privileges("commbench emulate clean")
     except E.EmulateError as exc:
         raise UsageFault(str(exc)) from exc
-    gone = E.clean()
+    gone = clean_dead_runs()
     click.echo(f"removed {len(gone)} emulated cluster(s) left by runs that died"
                + (f": {', '.join(c.tag for c in gone)}" if gone else ""))
 
@@ -147,11 +149,12 @@ def clean_command() -> None:
 def _describe(cluster) -> None:
     """Node namespaces and addresses, and the launch lines a user would type."""
     from commbench import emulate as E
+    from commbench.emulated_run import torchrun_argv
 
     for i in range(cluster.nodes):
         click.echo(f"  node {i}: namespace {cluster.node(i)}, {E.NIC} {cluster.address(i)}")
     click.echo("  launch on it (one line per node, e.g. in separate shells; node 0 serves the rendezvous):")
     for i in range(cluster.nodes):
-        argv = E.torchrun_argv(cluster, i, 300.0, ["-m", "commbench", "sweep"])
+        argv = torchrun_argv(cluster, i, 300.0, ["-m", "commbench", "sweep"])
         ns_exec, program = argv[:4], argv[4:]  # ip netns exec NS | python -m torch.distributed.run ...
         click.echo(f"    {shlex.join(ns_exec)} env GLOO_SOCKET_IFNAME={E.NIC} OMP_NUM_THREADS=1 {shlex.join(program)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import click
 
 from commbench.commands.common import UsageFault, output_options
+from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
 
 BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
@@ -258,7 +259,8 @@ def _refuse_graphs(translation: Translation, backend: str) -> None:
                          f"(a GPU), not -B {backend}")
 
 
-STOPPING_CODES = (2, 3, 130)  # bad input, a failed rank, interrupted: the sweeps after it would not fare better
+# bad input, a failed rank, interrupted: the sweeps after it would not fare better
+STOPPING_CODES = (EXIT_USAGE, EXIT_FAULT, EXIT_INTERRUPTED)
 
 
 def run_all(job, plans: list) -> int:

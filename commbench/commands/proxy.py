@@ -12,6 +12,7 @@ import click
 from commbench.commands.common import UsageFault, check_writable, output_options
 from commbench.commands.emulate import emulate_options
 from commbench.commands.setup_flags import setup_options
+from commbench.errors import EXIT_OK
 
 PROXY_EXAMPLES = """
 \b
@@ -105,7 +106,7 @@ def proxy_command(**options) -> None:
         check_writable(train_twin(cfg).json_path, "--validate", options["force"])
     try:
         code = _launch("proxy", cfg, plan, options["force"])
-        if code == 0 and options["validate"]:
+        if code == EXIT_OK and options["validate"]:
             code = _validate(cfg, plan, keep=bool(options["json_path"]), force=options["force"])
     finally:
         if options["validate"] and not options["json_path"]:  # records in a folder of our own: kept with --json only
@@ -161,7 +162,7 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
                    + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
     code = _launch("train", train_cfg, plan, force)
-    if code == 0 and lead:
+    if code == EXIT_OK and lead:
         R.report_validation(cfg, train_cfg, show_paths=keep)
     return code
 
