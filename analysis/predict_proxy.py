@@ -9,7 +9,6 @@ prints its records through the proxy's step log (proxies/steps.StepLog), as a re
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,7 +81,7 @@ def predict(cfg: ProxyConfig, topo: Topology) -> ProxyPrediction:
     batch = cfg.batch or profile.default_batch
     hw = with_topology(load_hardware(cfg.hw), topo)
     compute, label = _compute_split(profile, batch, cfg)
-    algorithm = LIBRARY if cfg.algorithm == "auto" else cfg.algorithm  # the library's ring unless told
+    algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
     hw, late, terms = _evidence_terms(hw, profile, batch, topo, compute, cfg, choice)
     step_args = (profile, batch, topo, hw, *compute[:3], cfg.bucket_mb, cfg.bucketing, algorithm, compute[3], late)
@@ -110,7 +109,7 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
     from commbench.proxies.train import measure_compute
 
     try:
-        return measure_compute(profile, batch, torch.device("cuda" if cfg.device == "cuda" else "cpu"), cfg.amp,
+        return measure_compute(profile, batch, torch.device("cuda" if cfg.backend.device == "cuda" else "cpu"), cfg.amp,
                                trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
                                show_progress=True)[0]
     except (MemoryError, ModelError) as exc:
@@ -154,7 +153,7 @@ def _header(p: ProxyPrediction, cfg: ProxyConfig, argv: list[str]) -> dict:
     forward, backward, optimizer, ddp = p.compute
     return {"kind": "predicted", "model": p.profile.name, "command": " ".join(argv),
             "compute_split_us": {"forward": forward, "backward": backward, "optimizer": optimizer, "ddp": ddp},
-            "config": json.loads(cfg.to_json()), "hardware": p.hw.name, "topology": str(p.topo),
+            "config": cfg.header_fields(), "hardware": p.hw.name, "topology": str(p.topo),
             "calls": describe_calls(p.step.plan), "setup": p.choice.name, "knobs": dict(p.choice.knobs),
             "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source}
 

@@ -64,9 +64,11 @@ from local_ranks import RankFailure, run_local_ranks
 
 from commbench import bench
 from commbench import collectives as C
+from commbench.backends import BackendConfig
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.sizes import SizeError, format_size, parse_sizes
+from commbench.sweep_config import SweepConfig
 
 WORLD = 2
 SMALL_LIMIT, LARGE_LIMIT, LARGE_FROM_NBYTES = 0.10, 0.05, 64 << 10
@@ -75,7 +77,7 @@ SMALL_LIMIT, LARGE_LIMIT, LARGE_FROM_NBYTES = 0.10, 0.05, 64 << 10
 # ---------------------------------------------------------------- commbench's harness
 
 
-def commbench_allreduce_stats(backend: TorchBackend, cfg: bench.SweepConfig, plan: C.Plan,
+def commbench_allreduce_stats(backend: TorchBackend, cfg: SweepConfig, plan: C.Plan,
                               pattern: C.Pattern) -> dict[str, float] | None:
     """time_us, p50_us, ... exactly as `commbench sweep` reports them for the in-place column
     (rank 0; None elsewhere)."""
@@ -95,8 +97,8 @@ def _overhead_rank(rank: int, world: int, port: int, outbox, sizes: list[int], r
             plan = C.plan("allreduce", nbytes, dtype, world)
             tensor = torch.ones(plan.count, dtype=torch.float32)
             warmup, iters = calibrate(tensor, min_time_s, fixed_warmup, fixed_iters)
-            cfg = bench.SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), warmup=warmup, iters=iters,
-                                    check=False, torch_backend="gloo", device="cpu", timeout_s=timeout_s)
+            cfg = SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), warmup=warmup, iters=iters, check=False,
+                              backend=BackendConfig(torch_backend="gloo", device="cpu", timeout_s=timeout_s))
             bare, ours = [], []
             for round_index in range(rounds):
                 bare_first = round_index % 2 == 0

@@ -176,11 +176,13 @@ class Tools:
         """commbench's own harness on shm at this size, result checked: what `commbench sweep` measures."""
         from commbench import bench
         from commbench import collectives as C
+        from commbench.backends import BackendConfig
+        from commbench.sweep_config import SweepConfig
 
         backend, dtype = self.shm, C.resolve_dtype("float32")
         plan = C.plan("allreduce", nbytes, dtype, self.control.world)
-        cfg = bench.SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), min_time_s=slot_time_s,
-                                backend="shm", device="cpu", check=True)
+        cfg = SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), min_time_s=slot_time_s,
+                          backend=BackendConfig(backend="shm", device="cpu"), check=True)
         outcome = bench.measure_point(backend, cfg, plan, "in-place", C.make_pattern(dtype, "sum", self.control.world))
         result = bench.collect(backend, outcome, "max")
         backend.end_point()

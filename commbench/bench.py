@@ -9,7 +9,6 @@ docs/metrics.md describes the method.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import sys
@@ -22,66 +21,21 @@ from typing import Any
 import numpy as np
 
 from commbench import collectives as C
-from commbench.backends import Backend, BackendConfig, BackendError, OutOfMemory
+from commbench.backends import Backend, BackendError, OutOfMemory
+from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
-from commbench.job import error_line, run_rank
+from commbench.job import error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
 from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
 from commbench.sizes import format_size
+from commbench.sweep_config import SweepConfig
 from commbench.table import Progress, Table
 from commbench.telemetry import run_monitor
 
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
-PLACEMENTS = ("out-of-place", "in-place")
 RANK_AGG_TEXT = {"max": "slowest rank's", "avg": "ranks' average", "min": "fastest rank's"}  # one sample per iteration
-
-
-
-@dataclass(frozen=True)
-class SweepConfig:
-    collectives: tuple[str, ...] = ("allreduce",)
-    sizes: tuple[int, ...] = (1 << 10,)
-    dtype: str = "float32"
-    op: str = "sum"
-    root: int = 0
-    placements: tuple[str, ...] = PLACEMENTS
-    warmup: int | None = None  # None: adaptive
-    iters: int | None = None  # None: adaptive, to fill min_time_s
-    min_time_s: float = 0.2
-    min_iters: int = 5
-    max_iters: int = 1000
-    rank_agg: str = "max"
-    stat: str = "mean"  # the table's time column: mean, p50 or min of the iterations (the JSON keeps all)
-    check: bool = True
-    backend: str = "torch"
-    torch_backend: str = "auto"
-    device: str = "auto"
-    json_path: str | None = None
-    csv_path: str | None = None
-    append: bool = False  # --append: add to --json/--csv instead of starting them anew
-    timeout_s: float = 300.0
-    algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
-    topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
-    nprocs: int | None = None  # sim: virtual ranks (other backends take the world size from the launch)
-    hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
-    cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
-    graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
-    monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
-    nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    def backend_config(self) -> BackendConfig:
-        """The part of the sweep's options a backend reads."""
-        return BackendConfig(**{name: getattr(self, name) for name in BackendConfig.__dataclass_fields__})
-
-    @classmethod
-    def from_json(cls, text: str) -> SweepConfig:
-        fields = json.loads(text)
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 @dataclass
@@ -298,7 +252,7 @@ class Sweep:
         cfg, launch = self.cfg, self.launch
         hosts = sorted({e["host"] for e in environment})
         self.sink.header({"run_id": self.run_id, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "command": " ".join(self.argv), "config": asdict(cfg), "launch": asdict(launch),
+                          "command": " ".join(self.argv), "config": cfg.header_fields(), "launch": asdict(launch),
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
                           "ranks": environment, "hosts": hosts, "versions": software_versions()})
         world = self.backend.world_size
@@ -314,9 +268,9 @@ class Sweep:
         self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)
-        if cfg.graph:
+        if cfg.backend.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
-        for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.hw):
+        for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.backend.hw):
             self.table.comment(note)
 
     def _timing_text(self) -> str:
@@ -407,22 +361,18 @@ class Sweep:
 def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = None) -> int:
     """Run the sweep on this rank (the `sweep` job of commbench/job.py); returns the exit code.
     Faults end in one line on stderr; the summary record is written by Sweep.run itself."""
-    from commbench.backends import create_backend
+    sweeps: list[Sweep] = []
 
-    backend = sweep = None
-
-    def body() -> int:
-        nonlocal backend, sweep
-        backend = create_backend(cfg.backend_config(), launch)
-        sweep = Sweep(cfg, launch, backend, argv)
-        return sweep.run()
+    def body(backend: Backend) -> int:
+        sweeps.append(Sweep(cfg, launch, backend, argv))
+        return sweeps[0].run()
 
     def on_fault(status: str, error: str) -> None:
         """A fault before the sweep began (the rendezvous: a peer never came, Ctrl-C) still leaves a
         summary in --json saying so; once begun, Sweep.run writes its own."""
-        if sweep is None and launch.rank == 0 and cfg.json_path:
+        if not sweeps and launch.rank == 0 and cfg.json_path:
             with ResultSink(cfg.json_path, append=cfg.append) as sink:
                 sink.summary(SweepSummary(run_id=uuid.uuid4().hex[:12], status=status, error=error, points=0,
                                           wrong=0, avg_busbw_gbps=0.0))
 
-    return run_rank(launch, cfg.timeout_s, body, on_fault, close=lambda: backend is not None and backend.close())
+    return run_on_backend(cfg.backend, launch, body, on_fault)

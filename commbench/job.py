@@ -59,7 +59,8 @@ JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": name, "config": JSON,
 # job name -> (its config class, its rank function(cfg, launch, argv) -> exit code, and the function
 # (records, error) -> summary record that ends a results file whose rank 0 died before writing its own)
 JOBS = {
-    "sweep": ("commbench.bench:SweepConfig", "commbench.bench:run_sweep", "commbench.job:sweep_summary_from_records"),
+    "sweep": ("commbench.sweep_config:SweepConfig", "commbench.bench:run_sweep",
+              "commbench.job:sweep_summary_from_records"),
     "proxy": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.replay:run_proxy",
               "commbench.proxies.context:summary_from_records"),
     "train": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.train:run_train",

@@ -1,5 +1,7 @@
 """The configuration of a proxy replay or a training run, as one frozen value that travels
-to every rank (as JSON in the environment of spawned ranks)."""
+to every rank (as JSON in the environment of spawned ranks). The options a backend reads are
+one BackendConfig inside it, settled by the backend's class before any rank starts
+(commands/backend_options.py), as the sweep's are."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from commbench.backends.base import BackendConfig
+
+HEADER_BACKEND_FIELDS = ("backend", "torch_backend", "device", "algorithm", "topology", "timeout_s")
 
 
 @dataclass(frozen=True)
@@ -20,25 +24,32 @@ class ProxyConfig:
     steps: int = 30
     warmup_steps: int = 5
     amp: bool = False  # train on GPU: torch.autocast fp16 with a grad scaler
-    backend: str = "torch"
-    torch_backend: str = "auto"
-    device: str = "auto"
-    algorithm: str = "auto"
-    topology: str | None = None
-    hw: str | None = None
+    backend: BackendConfig = BackendConfig()  # nprocs: the job's ranks
+    hw: str | None = None  # the cost model of a predicted run (--backend sim, or --nodes larger than the job)
     json_path: str | None = None
-    timeout_s: float = 300.0
     monitor: bool = False
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
     setup: str = "ddp"  # proxies/setups.py
     knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
+
+    @property
+    def timeout_s(self) -> float:
+        """The job frame's timeout: the backend's (its rendezvous and every wait for a peer)."""
+        return self.backend.timeout_s
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> ProxyConfig:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        return cls(**{**fields, "backend": BackendConfig(**fields["backend"])})
+
+    def header_fields(self) -> dict[str, Any]:
+        """The run header's `config`: one flat dict with the backend's options a proxy header has
+        always carried beside the proxy's own (readers look up config.compute, config.amp)."""
+        own = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "backend"}
+        return {**own, **{name: getattr(self.backend, name) for name in HEADER_BACKEND_FIELDS}}
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
         """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""
@@ -47,9 +58,3 @@ class ProxyConfig:
         knobs = {**self.knobs, **({"bucket_mb": self.bucket_mb} if self.bucket_mb is not None else {})}
         layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
         return settle(self.setup, knobs, layout)
-
-    def backend_config(self, world: int) -> BackendConfig:
-        """What a Backend's `create` reads (device, library, topology, timeout)."""
-        return BackendConfig(backend=self.backend, torch_backend=self.torch_backend, device=self.device,
-                           timeout_s=self.timeout_s, algorithm=self.algorithm, topology=self.topology,
-                           nprocs=world, hw=self.hw)

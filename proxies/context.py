@@ -3,16 +3,15 @@ summary, for `proxy` (replay.py) and `train` (train.py). Faults and exit codes a
 frame's (commbench/job.py): whatever happens, the summary says what was measured."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
+from commbench.backends.rank_frame import run_on_backend
 from commbench.environment import local_environment, software_versions
 from commbench.job import EXIT_OK, JobFault
-from commbench.job import run_rank as run_rank_frame
 from commbench.launch import EMULATED_VAR
 from commbench.proxies import buckets as B
 from commbench.proxies.clocks import ComputeTimeout
@@ -54,7 +53,7 @@ class RankContext:
                       "gradient_bytes": profile.nbytes, "compute": compute, "warmup_steps": self.cfg.warmup_steps,
                       "setup": self.choice.name, "knobs": dict(self.choice.knobs)}
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
-                  "config": json.loads(self.cfg.to_json()), "ranks": environment, "versions": software_versions(),
+                  "config": self.cfg.header_fields(), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}
         self.log = StepLog(self.cfg.json_path, self.backend.rank == 0,
                            self.batch * world * self.choice.get("accumulate"))
@@ -144,33 +143,27 @@ def summary_from_records(records: list[dict[str, Any]], error: str) -> ProxyResu
 
 
 def run_rank(cfg, launch, argv: list[str], body: Callable[[RankContext], None], kind: str = "train") -> int:
-    """Run `body` on this rank inside the job frame (commbench/job.py); returns the exit code.
+    """Run `body` on this rank in the rank frame (backends/rank_frame.py); returns the exit code.
     After a fault the summary record still says what was measured, with the fault's status."""
-    from commbench.backends import create_backend
-
-    state: dict[str, Any] = {}
+    contexts: list[RankContext] = []
     switch_interval = sys.getswitchinterval()
 
-    def run() -> int:
-        state["backend"] = create_backend(cfg.backend_config(launch.world_size), launch)
-        state["ctx"] = RankContext(cfg, launch, state["backend"], kind, argv)
+    def run(backend) -> int:
+        contexts.append(RankContext(cfg, launch, backend, kind, argv))
         try:
-            body(state["ctx"])
+            body(contexts[0])
         except ComputeTimeout as exc:  # a fault of the run, not a peer's: said once when every rank has it
             raise JobFault(str(exc), agreed=exc.planned) from exc
-        state["ctx"].finish()
+        contexts[0].finish()
         return EXIT_OK
 
     def on_fault(status: str, error: str) -> None:
-        if "ctx" in state:
-            state["ctx"].finish(status, error)
+        if contexts:
+            contexts[0].finish(status, error)
 
     def close() -> None:
         sys.setswitchinterval(switch_interval)
-        ctx = state.get("ctx")
-        if ctx is not None and ctx.channel is not None:
-            ctx.channel.close()
-        if "backend" in state:
-            state["backend"].close()
+        if contexts and contexts[0].channel is not None:
+            contexts[0].channel.close()
 
-    return run_rank_frame(launch, cfg.timeout_s, run, on_fault, close)
+    return run_on_backend(cfg.backend, launch, run, on_fault, close)

@@ -175,7 +175,9 @@ def one_rank_group(device_type: str):
     peers) when there is one, else a world of one made here."""
     import torch.distributed as dist
 
-    backend = "nccl" if device_type == "cuda" else "gloo"
+    from commbench.backends.torch_dist import default_library
+
+    backend = default_library(device_type)
     if dist.is_initialized():
         group = dist.new_group([dist.get_rank()], backend=backend, use_local_synchronization=True)
         try:

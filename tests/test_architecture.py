@@ -31,7 +31,7 @@ FLOORS = {
         "commbench.proxies.setups", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
-        "commbench.telemetry",
+        "commbench.telemetry", "commbench.sweep_config",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
         "commbench.proxies.steps", "commbench.proxies.channels", "commbench.proxies.clocks",

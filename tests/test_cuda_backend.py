@@ -13,10 +13,12 @@ import sys
 import pytest
 from conftest import commbench, gpu_count, results_of
 
-from commbench.bench import SweepConfig, run_sweep
+from commbench.backends import BackendConfig
+from commbench.bench import run_sweep
 from commbench.cli import main
 from commbench.job import EXIT_USAGE
 from commbench.launch import LaunchInfo
+from commbench.sweep_config import SweepConfig
 
 GPUS = gpu_count("cuda")
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device and CuPy")
@@ -62,7 +64,8 @@ def test_console_script_without_gpu_exits_2_without_traceback():
 @no_gpu
 def test_library_path_without_gpu_is_a_usage_error(capsys):
     """A spawned rank (or a library user) reaches the backend itself: same one line, exit 2."""
-    code = run_sweep(SweepConfig(backend="cuda", nprocs=2, cuda_mode="virtual"), LaunchInfo.local(0, 1, 0))
+    code = run_sweep(SweepConfig(backend=BackendConfig(backend="cuda", nprocs=2, cuda_mode="virtual")),
+                     LaunchInfo.local(0, 1, 0))
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and err.count("\n") == 1 and ("no CUDA device" in err or "CuPy" in err), err
 

@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from conftest import results_of
 
+from commbench.backends import BackendConfig
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
-from commbench.bench import Sweep, SweepConfig
+from commbench.bench import Sweep
 from commbench.collectives import DTYPES
 from commbench.job import EXIT_OK
 from commbench.launch import LaunchInfo
 from commbench.schedule import REDUCERS, split
+from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
 
 
@@ -313,8 +315,9 @@ def run(tmp_path, mode, world, algorithm="auto", collectives=("allreduce",), dty
     from commbench.backends.cuda_sched import CudaBackend
 
     topo = Topology(*topology) if topology else Topology(1, world)
-    cfg = SweepConfig(backend="cuda", collectives=collectives, sizes=sizes, dtype=dtype, op=op, iters=2, warmup=1,
-                      algorithm=algorithm, nprocs=world, cuda_mode=mode, graph=graph,
+    cfg = SweepConfig(backend=BackendConfig(backend="cuda", algorithm=algorithm, nprocs=world, cuda_mode=mode,
+                                            graph=graph),
+                      collectives=collectives, sizes=sizes, dtype=dtype, op=op, iters=2, warmup=1,
                       json_path=str(tmp_path / "r.jsonl"))
     backend = CudaBackend(world, topo, algorithm, mode, graph)
     assert Sweep(cfg, LaunchInfo.local(0, 1, 0), backend).run() == EXIT_OK
@@ -379,7 +382,8 @@ def test_a_kernel_that_does_not_compile_is_one_line(monkeypatch, tmp_path, capsy
     _clear_kernel_caches()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(Heap(), gpus=1, compile_log=log))
     try:
-        code = run_sweep(SweepConfig(backend="cuda", nprocs=2, cuda_mode="virtual"), LaunchInfo.local(0, 1, 0))
+        code = run_sweep(SweepConfig(backend=BackendConfig(backend="cuda", nprocs=2, cuda_mode="virtual")),
+                         LaunchInfo.local(0, 1, 0))
     finally:
         _clear_kernel_caches()
     err = capsys.readouterr().err
@@ -433,9 +437,10 @@ def test_ipc_mode_on_one_rank(fake_gpus, tmp_path, port):
     from commbench.backends.cuda_ipc import IpcCudaBackend
 
     launch = _ipc_launch(port, local_rank=1)
-    cfg = SweepConfig(backend="cuda", collectives=("allreduce", "reduce_scatter"), sizes=(4096,), iters=2, warmup=1,
-                      algorithm="auto", nprocs=1, cuda_mode="ipc", graph=True, json_path=str(tmp_path / "r.jsonl"))
-    backend = IpcCudaBackend.create(cfg, launch)
+    cfg = SweepConfig(backend=BackendConfig(backend="cuda", algorithm="auto", nprocs=1, cuda_mode="ipc", graph=True),
+                      collectives=("allreduce", "reduce_scatter"), sizes=(4096,), iters=2, warmup=1,
+                      json_path=str(tmp_path / "r.jsonl"))
+    backend = IpcCudaBackend.create(cfg.backend, launch)
     try:
         with ThreadPoolExecutor(1) as thread:
             assert thread.submit(lambda: Sweep(cfg, launch, backend).run()).result() == EXIT_OK

@@ -8,8 +8,10 @@ import random
 import pytest
 
 from commbench import cli
-from commbench.bench import SweepConfig, run_sweep
+from commbench.backends import BackendConfig
+from commbench.bench import run_sweep
 from commbench.launch import LaunchInfo
+from commbench.sweep_config import SweepConfig
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +20,8 @@ def sweeps(tmp_path_factory):
     same points with times drawn at random (nothing describes them)."""
     tmp_path = tmp_path_factory.mktemp("fit-quality")
     sim = tmp_path / "sim.jsonl"
-    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=tuple(1 << k for k in range(10, 26)),
-                      algorithm="ring",
+    cfg = SweepConfig(backend=BackendConfig(backend="sim", nprocs=4, hw="dgx-a100", algorithm="ring"),
+                      sizes=tuple(1 << k for k in range(10, 26)),
                       placements=("in-place",), iters=2, warmup=0, json_path=str(sim))
     assert run_sweep(cfg, LaunchInfo.local(0, 1, 0), ["test"]) == 0
     lines = [{**r, "kind": "measured"} if r["record"] == "result" else r

@@ -39,13 +39,15 @@ SKIP_OPTIONS = {"--help", "--version", "--monitor"}  # --monitor samples hardwar
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A valid sim sweep (measured by the cost model, in process) and malformed files of each kind."""
-    from commbench.bench import SweepConfig, run_sweep
+    from commbench.backends import BackendConfig
+    from commbench.bench import run_sweep
     from commbench.launch import LaunchInfo
+    from commbench.sweep_config import SweepConfig
 
     folder = tmp_path_factory.mktemp("fuzz")
     good = folder / "sweep.jsonl"
-    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=(1024, 65536, 1 << 20), iters=2, warmup=0,
-                      json_path=str(good))
+    cfg = SweepConfig(backend=BackendConfig(backend="sim", nprocs=4, hw="dgx-a100"), sizes=(1024, 65536, 1 << 20),
+                      iters=2, warmup=0, json_path=str(good))
     assert run_sweep(cfg, LaunchInfo.local(0, 1, 0), ["fuzz"]) == 0
     lines = good.read_text().splitlines()
     result = json.loads(lines[1])

@@ -177,7 +177,7 @@ def test_graphs_on_a_backend_without_them_are_refused_naming_g(capsys):
 
 def test_algorithm_has_sweeps_short_flag(monkeypatch):
     algorithms = []
-    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: algorithms.append(cfg.algorithm) or 0)
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: algorithms.append(cfg.backend.algorithm) or 0)
     args = ["nccl-tests", "-B", "shm", "-A", "ring", "all_reduce_perf", "-b", "1K", "-e", "1K", "-g", "2"]
     assert cli.main(args) == 0
     assert algorithms == ["ring"]

@@ -10,11 +10,13 @@ import pytest
 from conftest import clean_env, commbench, default_sigint, rank_pid, results_of, wait_for_results
 
 from commbench import algorithms as A
+from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
-from commbench.bench import Sweep, SweepConfig
+from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
 from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
+from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
 
 QUICK = ["--iters", "2", "--warmup", "1"]
@@ -96,7 +98,7 @@ def _misrouted_ring(topo, count):
 
 def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(A.TABLE["allreduce"], "broken", A.Algorithm("broken", "allreduce", _misrouted_ring))
-    cfg = SweepConfig(sizes=(4096, 65536), algorithm="broken", backend="sim", nprocs=4,
+    cfg = SweepConfig(sizes=(4096, 65536), backend=BackendConfig(backend="sim", nprocs=4, algorithm="broken"),
                       json_path=str(tmp_path / "r.jsonl"))
     code = Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(4, Topology(1, 4), "broken")).run()
     assert code == EXIT_WRONG

@@ -9,9 +9,11 @@ import pytest
 from conftest import results_of
 
 from commbench import telemetry as T
+from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
-from commbench.bench import Sweep, SweepConfig
+from commbench.bench import Sweep
 from commbench.launch import LaunchInfo
+from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
 
 psutil = pytest.importorskip("psutil")
@@ -199,7 +201,7 @@ def test_sweep_monitor_watches_the_gpus_the_run_uses(monkeypatch, tmp_path):
 
     class OnGpu1(SimBackend):
         device, gpus = "cuda", [1]
-    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=(1024,), monitor=True,
+    cfg = SweepConfig(backend=BackendConfig(backend="sim", nprocs=4, hw="dgx-a100"), sizes=(1024,), monitor=True,
                       json_path=str(tmp_path / "r.jsonl"))
     sweep = Sweep(cfg, LaunchInfo.local(0, 1, 0), OnGpu1(4, Topology(1, 4), hardware=_hw()))
     assert sweep.monitor._nvml.handles == [1]
@@ -223,8 +225,8 @@ def test_no_reading_between_the_barrier_and_the_timed_calls(tmp_path, monkeypatc
     monkeypatch.setattr(T.Monitor, "sample", lambda self: (
         log.append("read") if threading.current_thread() is threading.main_thread() else None, sample(self))[1])
     monkeypatch.setattr(T.Monitor, "mark", lambda self, label=None: (log.append("mark"), mark(self, label))[1])
-    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=(1024, 1 << 20), warmup=1, iters=3, monitor=True,
-                      json_path=str(tmp_path / "r.jsonl"))
+    cfg = SweepConfig(backend=BackendConfig(backend="sim", nprocs=4, hw="dgx-a100"), sizes=(1024, 1 << 20), warmup=1,
+                      iters=3, monitor=True, json_path=str(tmp_path / "r.jsonl"))
     assert Sweep(cfg, LaunchInfo.local(0, 1, 0), Logged(4, Topology(1, 4), hardware=_hw())).run() == 0
     assert log.count("read") == 2 and log[0] == "read" and log[-1] == "read"  # start() and stop()
     marks = [i for i, entry in enumerate(log) if entry == "mark"]
@@ -241,8 +243,8 @@ def test_real_nvml_reads_a_gpu():
 
 
 def test_sweep_monitor_puts_averages_in_every_result_and_the_summary(tmp_path, capsys):
-    cfg = SweepConfig(backend="sim", nprocs=4, hw="dgx-a100", sizes=(1024, 1 << 20), monitor=True,
-                      json_path=str(tmp_path / "r.jsonl"))
+    cfg = SweepConfig(backend=BackendConfig(backend="sim", nprocs=4, hw="dgx-a100"), sizes=(1024, 1 << 20),
+                      monitor=True, json_path=str(tmp_path / "r.jsonl"))
     assert Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(4, Topology(1, 4), hardware=_hw())).run() == 0
     results, records = results_of(tmp_path / "r.jsonl")
     assert len(results) == 4 and all(r["telemetry"]["samples"] >= 1 and r["telemetry"]["mem_used_mib"] > 0

@@ -1,9 +1,10 @@
 """A wrong element fails the run after every result is written (in-process, one gloo rank)."""
 from commbench.backends.torch_dist import TorchBackend
-from commbench.bench import Sweep, SweepConfig
+from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
 from commbench.launch import LaunchInfo, free_port
 from commbench.results import read_records
+from commbench.sweep_config import SweepConfig
 
 
 class CorruptingBackend(TorchBackend):

@@ -29,17 +29,18 @@ from commbench.errors import BackendError, OutOfMemory  # noqa: F401 - OutOfMemo
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """What a backend reads to start on a rank; sweep and proxy configs both derive one."""
+    """What a backend reads to start on a rank. The sweep's and the proxy's configs each hold one
+    (their `backend` field), settled by the backend's class before any rank starts."""
     backend: str = "torch"
     torch_backend: str = "auto"  # torch: gloo, nccl, or auto (gloo on CPU, NCCL on GPU)
     device: str = "auto"
-    algorithm: str = "auto"  # schedule backends: ring, hier, tree, rhd, oneshot, chain, auto
+    algorithm: str = "auto"  # schedule backends: a name in commbench/algorithms.py's TABLE, or auto
     topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
     nprocs: int | None = None  # ranks in this process's job (sim and cuda: virtual ranks)
     hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
     cuda_mode: str = "auto"
     graph: bool = False
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # the rendezvous and every wait for a peer; the job frame's timeout too
 
 
 class Backend(ABC):
@@ -60,6 +61,8 @@ class Backend(ABC):
     has_cuda_modes: bool = False  # --cuda-mode: where the ranks' buffers live
     uses_hw: bool = False  # --hw: calls timed by the cost model instead of measured
     launches_async: bool = False  # a call returns a work handle before the data moved (DDP-like overlap)
+    runs_rank_groups: bool = False  # collectives on groups of ranks (the sharded setups' gathers and scatters)
+    makes_ddp_calls: bool = False  # its calls are those DDP training makes (proxy --validate compares the two)
     one_host: bool = False  # every rank maps every other's memory: one node only (shm)
     default_sizes: str = "1K-64M"  # the sweep's sizes when --sizes is not given
     max_virtual_ranks: int | None = None  # ranks one process can step through (sim), None: no such limit

@@ -55,6 +55,8 @@ class ScheduleBackend(Backend):
     _last: Schedule | None = None
     runs_schedules = True
     launches_async = False  # calls run to completion (the proxy hands them to a thread)
+    runs_rank_groups = False  # a schedule spans the whole world (shm and p2p inherit torch's rendezvous only)
+    makes_ddp_calls = False
 
     @classmethod
     def resolve_device(cls, cfg) -> tuple[str, str]:

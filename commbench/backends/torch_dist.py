@@ -42,6 +42,11 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def default_library(device: str) -> str:
+    """torch.distributed's library for a device, as DDP picks it: NCCL on a GPU, gloo on a CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def resolve_device(device: str, torch_backend: str) -> tuple[str, str]:
     """(device, library) for `--device` and `--torch-backend`, or a one-line BackendError."""
     has_cuda = torch.cuda.is_available()
@@ -50,7 +55,7 @@ def resolve_device(device: str, torch_backend: str) -> tuple[str, str]:
     if device == "cuda" and not has_cuda:
         raise BackendError("--device cuda: no CUDA device is visible to torch "
                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})")
-    library = torch_backend if torch_backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    library = torch_backend if torch_backend != "auto" else default_library(device)
     if library == "nccl" and device != "cuda":
         raise BackendError("--torch-backend nccl needs --device cuda (NCCL runs on GPUs only)")
     if library not in ("gloo", "nccl"):
@@ -68,6 +73,8 @@ def unsupported(library: str, collective: str, dtype: DType, op: str | None, pla
 class TorchBackend(Backend):
     name = "torch"
     launches_async = True  # DDP-like overlap in the proxy: the library queues the calls
+    runs_rank_groups = True  # torch.distributed's subgroups (FSDP's and ZeRO's shards)
+    makes_ddp_calls = True  # torch.distributed is what DDP training calls
 
     @classmethod
     def resolve_device(cls, cfg) -> tuple[str, str]:

@@ -43,7 +43,6 @@ class Range:
             raise UsageFault(f"{flag} {_show(value)}: must be at most {self.high:g}")
 
 
-POSITIVE = Range(0, None, low_open=True)
 SECONDS = Range(0, LONGEST_S, low_open=True)
 TIMEOUT = Range(SHORTEST_TIMEOUT_S, LONGEST_S)
 COUNT = Range(1, 10**7, integer=True)

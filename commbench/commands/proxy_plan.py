@@ -81,8 +81,9 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                               "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
+    cls = _backend_class(options["backend"])
     if options.get("validate"):
-        _check_validate(plan, bucketing, compute, options["backend"])
+        _check_validate(plan, bucketing, compute, cls)
     device = _device(options)
     choice = settle_setup(options.get("setup") or "ddp", options, plan.nodes, plan.ranks_per_node,
                           "cpu" if device == "cpu" else "cuda", plan.world)
@@ -90,7 +91,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
         check_trainable(choice)
     if choice.name != "ddp" and bucketing != "ddp":
         raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
-    if plan.mode != "local" and options["backend"] != "torch" and not choice.setup.allreduce_only:
+    if plan.mode != "local" and not cls.runs_rank_groups and not choice.setup.allreduce_only:
         raise UsageFault(f"setup {choice.name} issues all-gathers and reduce-scatters on groups of ranks: replay it "
                          f"on --backend torch (commbench's schedules replay the allreduce setups)")
     json_path = options["json_path"]
@@ -98,14 +99,40 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
     cfg = ProxyConfig(model=options["model"], batch=options["batch"], bucket_mb=options["bucket_mb"],
                       bucketing=bucketing, compute=compute, tflops=options["tflops"], steps=options["steps"],
-                      warmup_steps=options["warmup_steps"], amp=bool(options.get("amp")), backend=options["backend"],
-                      torch_backend=options["torch_backend"], device=device, algorithm=options["algorithm"],
-                      topology=f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None,
-                      hw=options["hw"], json_path=json_path, timeout_s=options["timeout_s"],
+                      warmup_steps=options["warmup_steps"], amp=bool(options.get("amp")),
+                      backend=_backend_config(options, plan, cls, device), hw=options["hw"], json_path=json_path,
                       monitor=bool(options.get("monitor")),
                       trust_profile_code=bool(options.get("trust_profile_code")), setup=choice.name,
                       knobs={k: v for k, v in given_knobs(options).items() if k != "bucket_mb"})
     return cfg, plan
+
+
+def _backend_config(options: dict, plan: job.Plan, cls, device: str):
+    """The options the ranks' backend reads, settled by its class as the sweep's are (an option it does
+    not take is refused, its `auto` choices resolved); a predicted run starts no backend: as given.
+    The layout (--nodes x --gpus-per-node) is the job's, not a choice of commbench's algorithms: the
+    backend settles without it when it runs the library's own (it has no use for it)."""
+    from commbench.backends import BackendConfig
+    from commbench.commands.backend_options import settle_backend
+
+    layout = f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None
+    request = BackendConfig(backend=options["backend"], torch_backend=options["torch_backend"], device=device,
+                            algorithm=options["algorithm"], topology=layout, nprocs=plan.world,
+                            timeout_s=options["timeout_s"])
+    if plan.mode == "local":
+        return request
+    launcher = "torchrun" if plan.mode == "emulate" else job.launcher_of(options["launcher"])
+    _, settled = settle_backend(request if cls.runs_schedules else replace(request, topology=None), launcher)
+    return replace(settled, topology=layout)
+
+
+def _backend_class(name: str):
+    from commbench.backends import BackendError, backend_class
+
+    try:
+        return backend_class(name)
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
 
 
 def _settle_layout(options: dict) -> dict:
@@ -121,12 +148,12 @@ def _settle_layout(options: dict) -> dict:
     return {**options, "nodes": said.nodes, "gpus_per_node": said.per_node}
 
 
-def _check_validate(plan: job.Plan, bucketing: str, compute: str, backend: str) -> None:
+def _check_validate(plan: job.Plan, bucketing: str, compute: str, cls) -> None:
     """--validate compares like with like: what DDP on torch.distributed really does, with the
     compute of the real model, so a proxy that differs from training in any of these is refused."""
     differs = [what for what, same in (
-        ("--backend sim (nothing runs)", plan.mode != "local"), (f"--backend {backend} (training runs on torch)",
-                                                              backend == "torch"),
+        ("--backend sim (nothing runs)", plan.mode != "local"), (f"--backend {cls.name} (training runs on torch)",
+                                                              cls.makes_ddp_calls),
         ("--no-bucketing/--single-bucket (training uses DDP's buckets)", bucketing == "ddp"),
         (f"--compute {compute} (training runs the real model)", compute == "measured")) if not same]
     if differs:

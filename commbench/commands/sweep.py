@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 
 import click
 
@@ -199,26 +200,22 @@ def _emulated(options: dict, cls, request, nodes: int, ranks: int, link_bps: int
 
 def _backend(options: dict, launcher: str | None):
     """(backend class, settled BackendConfig): the options a backend reads, checked by the backend."""
-    from commbench.backends import BackendConfig, BackendError, backend_class
+    from commbench.backends import BackendConfig
+    from commbench.commands.backend_options import settle_backend
 
-    request = BackendConfig(backend=options["backend"], torch_backend=options["torch_backend"],
-                            device=options["device"], algorithm=options["algorithm"], topology=options["topology"],
-                            nprocs=options["nprocs"], hw=options["hw"], cuda_mode=options["cuda_mode"],
-                            graph=options["graph"], timeout_s=options["timeout_s"])
-    try:
-        cls = backend_class(request.backend)
-        return cls, cls.settle(request, launcher)
-    except BackendError as exc:
-        raise UsageFault(str(exc)) from exc
+    return settle_backend(BackendConfig(
+        backend=options["backend"], torch_backend=options["torch_backend"], device=options["device"],
+        algorithm=options["algorithm"], topology=options["topology"], nprocs=options["nprocs"], hw=options["hw"],
+        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"]), launcher)
 
 
 def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None,
                   launched: bool = False):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
-    from commbench import bench
     from commbench import collectives as C
     from commbench.backends import BackendError
     from commbench.sizes import SizeError, parse_sizes
+    from commbench.sweep_config import PLACEMENTS, SweepConfig
 
     try:
         spec = options["sizes"] if options["sizes"] is not None else cls.default_sizes
@@ -246,16 +243,13 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
     _check_scale(options, cls, request, device, sizes, world, local_ranks or world, launched)
     check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]), force=options["force"],
                   append=options["append"])
-    placements = bench.PLACEMENTS if options["placement"] == "both" else (options["placement"],)
-    cfg = bench.SweepConfig(
+    placements = PLACEMENTS if options["placement"] == "both" else (options["placement"],)
+    cfg = SweepConfig(
         collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
         placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
-        backend=request.backend, torch_backend=request.torch_backend, device=device,
-        json_path=options["json_path"], csv_path=options["csv_path"], append=options["append"],
-        timeout_s=request.timeout_s,
-        algorithm=request.algorithm, topology=request.topology, nprocs=world, hw=request.hw,
-        cuda_mode=request.cuda_mode, graph=request.graph, monitor=options["monitor"],
+        backend=replace(request, device=device, nprocs=world), json_path=options["json_path"],
+        csv_path=options["csv_path"], append=options["append"], monitor=options["monitor"],
         nccl_tests_rows=options["nccl_tests_rows"])
     return cfg, world
 

@@ -1,0 +1,20 @@
+"""The options a backend reads, settled by the backend's own class before any rank starts,
+once for every command that runs ranks (sweep, nccl-tests, proxy, train): an option the
+backend does not take is one line and exit 2, and its `auto` choices are resolved here, so
+every rank receives the same settled BackendConfig."""
+from __future__ import annotations
+
+from typing import Any
+
+from commbench.backends import BackendConfig, BackendError, backend_class
+from commbench.commands.common import UsageFault
+
+
+def settle_backend(request: BackendConfig, launcher: str | None) -> tuple[Any, BackendConfig]:
+    """(backend class, settled BackendConfig) for a job started by `launcher` (None: commbench on
+    its own; "torchrun" on an emulated cluster), or UsageFault with the backend's one line."""
+    try:
+        cls = backend_class(request.backend)
+        return cls, cls.settle(request, launcher)
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
