@@ -1,6 +1,7 @@
-"""One proxy or training rank's frame: its backend, its header, per-step records and the
-summary, for `proxy` (replay.py) and `train` (train.py). Faults and exit codes are the job
-frame's (commbench/job.py): whatever happens, the summary says what was measured."""
+"""What a proxy or training rank keeps around its steps: its header, per-step records and the
+summary, for `proxy` (replay.py) and `train` (train.py). The backend's start and end, faults
+and exit codes are the rank frame's every job shares (backends/rank_frame.py, inside the job
+frame of commbench/job.py): whatever happens, the summary says what was measured."""
 from __future__ import annotations
 
 import os

@@ -10,8 +10,9 @@ and times each; the step ends when the backward and the last allreduce are done,
 the optimizer. A step splits into the replayed compute, the exposed communication (the wait
 after the backward while an allreduce is in flight) and other (the rest: see StepTimes).
 
-`run_proxy` is the `proxy` job of commbench/job.py; its rank frame (backend, header,
-per-step records, summary) is proxies/context.py, shared with `train`.
+`run_proxy` is the `proxy` job of commbench/job.py; its header, per-step records and summary
+are proxies/context.py's, shared with `train`, inside the rank frame of every job
+(backends/rank_frame.py).
 """
 from __future__ import annotations
 

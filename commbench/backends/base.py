@@ -38,8 +38,8 @@ class BackendConfig:
     topology: str | None = None  # NODESxRANKS; None: the launcher's layout (or one node)
     nprocs: int | None = None  # ranks in this process's job (sim and cuda: virtual ranks)
     hw: str | None = None  # sim: hardware file or preset whose cost model times the calls
-    cuda_mode: str = "auto"
-    graph: bool = False
+    cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
+    graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
     timeout_s: float = 300.0  # the rendezvous and every wait for a peer; the job frame's timeout too
 
 

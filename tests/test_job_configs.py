@@ -1,0 +1,76 @@
+"""The configs of the jobs that run ranks (SweepConfig, ProxyConfig): each holds one BackendConfig,
+travels to the ranks as JSON and arrives unchanged, writes the same flat `config` into run headers
+as before the backend's options were nested, and has its backend options settled by the backend's
+class before any rank starts, proxy and train as the sweep (commands/backend_options.py)."""
+from __future__ import annotations
+
+import pytest
+
+from commbench import cli, job
+from commbench.backends import BackendConfig
+from commbench.proxies.config import ProxyConfig
+from commbench.sweep_config import SweepConfig
+
+SWEEP_HEADER_KEYS = {"collectives", "sizes", "dtype", "op", "root", "placements", "warmup", "iters", "min_time_s",
+                     "min_iters", "max_iters", "rank_agg", "stat", "check", "backend", "torch_backend", "device",
+                     "json_path", "csv_path", "append", "timeout_s", "algorithm", "topology", "nprocs", "hw",
+                     "cuda_mode", "graph", "monitor", "nccl_tests_rows"}
+PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tflops", "steps", "warmup_steps", "amp",
+                     "backend", "torch_backend", "device", "algorithm", "topology", "hw", "json_path", "timeout_s",
+                     "monitor", "trust_profile_code", "setup", "knobs"}
+
+
+def test_a_sweep_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
+    cfg = SweepConfig(collectives=("allreduce", "broadcast"), sizes=(1024, 4096), warmup=2,
+                      backend=BackendConfig(backend="sim", algorithm="binomial", topology="2x2", nprocs=4,
+                                            hw="dgx-a100", timeout_s=30.0))
+    assert SweepConfig.from_json(cfg.to_json()) == cfg
+    header = cfg.header_fields()
+    assert set(header) == SWEEP_HEADER_KEYS
+    assert (header["backend"], header["algorithm"], header["nprocs"], header["timeout_s"]) == ("sim", "binomial", 4,
+                                                                                               30.0)
+    assert cfg.timeout_s == 30.0  # the job frame's timeout is the backend's
+
+
+def test_a_proxy_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
+    cfg = ProxyConfig(model="resnet18", batch=2, backend=BackendConfig(backend="shm", topology="1x2", nprocs=2,
+                                                                         timeout_s=40.0),
+                      hw="dgx-a100", setup="ddp", knobs={"accumulate": 2})
+    assert ProxyConfig.from_json(cfg.to_json()) == cfg
+    header = cfg.header_fields()
+    assert set(header) == PROXY_HEADER_KEYS  # the keys a proxy header has always had: no nprocs, cuda_mode, graph
+    assert (header["backend"], header["topology"], header["hw"], header["timeout_s"]) == ("shm", "1x2", "dgx-a100",
+                                                                                            40.0)
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The configs that validation let start (no rank starts)."""
+    configs = []
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: configs.append(cfg) or 0)
+    return configs
+
+
+def test_proxy_refuses_a_backend_option_as_the_sweep_does(started, capsys):
+    """--algorithm chooses commbench's own algorithms: torch runs the library's, in a proxy as in a sweep."""
+    assert cli.main(["sweep", "--backend", "torch", "--algorithm", "ring", "--nprocs", "2", "--sizes", "1K"]) == 2
+    sweep_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli.main(["proxy", "resnet18", "--backend", "torch", "--algorithm", "ring", "--nprocs", "2",
+                     "--compute", "none", "--batch", "1", "--steps", "1"]) == 2
+    proxy_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--algorithm/--topology choose commbench's own algorithms" in proxy_line
+    assert proxy_line == sweep_line and not started
+
+
+def test_proxy_ranks_receive_the_settled_backend_config(started):
+    """What the ranks get is what the backend's class settled; the job's layout stays in it, for a backend
+    that runs the library's algorithms too (it is the job's layout, not a choice of algorithm)."""
+    from commbench.backends import backend_class
+
+    common = ["--compute", "none", "--batch", "1", "--steps", "1", "--nodes", "2", "--gpus-per-node", "1", "--local"]
+    assert cli.main(["proxy", "resnet18", "--backend", "shm", "--algorithm", "ring", *common]) == 0
+    assert cli.main(["proxy", "resnet18", "--backend", "torch", *common]) == 0
+    shm, torch = (cfg.backend for cfg in started)
+    assert shm == backend_class("shm").settle(shm, None)
+    assert (shm.backend, shm.algorithm, shm.topology, shm.nprocs) == ("shm", "ring", "2x1", 2)
+    assert (torch.backend, torch.topology, torch.nprocs, torch.device) == ("torch", "2x1", 2, "cpu")
