@@ -11,8 +11,9 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.rank_frame import run_on_backend
+from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
-from commbench.job import EXIT_OK, JobFault
+from commbench.errors import EXIT_OK, JobFault
 from commbench.launch import EMULATED_VAR
 from commbench.proxies import buckets as B
 from commbench.proxies.clocks import ComputeTimeout
@@ -52,7 +53,8 @@ class RankContext:
                       "nnodes": self.launch.nnodes, "batch": self.batch, "bucket_mb": self.cfg.bucket_mb,
                       "bucketing": self.cfg.bucketing, "buckets": len(self.buckets),
                       "gradient_bytes": profile.nbytes, "compute": compute, "warmup_steps": self.cfg.warmup_steps,
-                      "setup": self.choice.name, "knobs": dict(self.choice.knobs)}
+                      "setup": self.choice.name, "knobs": dict(self.choice.knobs),
+                      **capabilities_of(self.backend).fields()}
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": self.cfg.header_fields(), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}

@@ -16,7 +16,7 @@ from conftest import commbench, gpu_count, results_of
 from commbench.backends import BackendConfig
 from commbench.bench import run_sweep
 from commbench.cli import main
-from commbench.job import EXIT_USAGE
+from commbench.errors import EXIT_USAGE
 from commbench.launch import LaunchInfo
 from commbench.sweep_config import SweepConfig
 

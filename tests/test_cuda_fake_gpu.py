@@ -22,7 +22,7 @@ from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
 from commbench.bench import Sweep
 from commbench.collectives import DTYPES
-from commbench.job import EXIT_OK
+from commbench.errors import EXIT_OK
 from commbench.launch import LaunchInfo
 from commbench.schedule import REDUCERS, split
 from commbench.sweep_config import SweepConfig
@@ -375,7 +375,7 @@ def test_a_kernel_that_does_not_compile_is_one_line(monkeypatch, tmp_path, capsy
     import torch.distributed  # noqa: F401
 
     from commbench.bench import run_sweep
-    from commbench.job import EXIT_USAGE
+    from commbench.errors import EXIT_USAGE
 
     log = ('default_program(42): warning: unused\ndefault_program(97): error: identifier "undefined_name" is '
            'undefined\n\n1 error detected in the compilation of "default_program".')
