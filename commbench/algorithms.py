@@ -316,6 +316,15 @@ TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -
 LIBRARY = "nccl"
 
 
+def listing() -> str:
+    """The table in one line, for help texts: each list of names with the collectives it serves."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for collective, entries in TABLE.items():
+        names = tuple(f"{name} (cuda only)" if e.gpu_only else name for name, e in entries.items())
+        groups.setdefault(names, []).append(collective)
+    return "; ".join(f"{', '.join(names)} ({', '.join(collectives)})" for names, collectives in groups.items())
+
+
 def available(collective: str, gpu: bool = False) -> dict[str, Algorithm]:
     """The algorithms a schedule backend runs for `collective` (empty: none), in table order:
     every entry but the GPU-only ones, which `gpu` (--backend cuda) adds."""

@@ -43,7 +43,7 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Schedule:
-    name: str  # algorithm name: ring, hier, tree, rhd, oneshot, binomial, twoshot, chain
+    name: str  # algorithm name (an entry of algorithms.TABLE)
     collective: str  # allreduce, allgather, reduce_scatter, broadcast, reduce
     world: int
     count: int  # elements of every rank's working buffer

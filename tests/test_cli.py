@@ -72,3 +72,14 @@ def test_top_level_help_and_version(capsys):
     assert code == 0 and "sweep" in out
     code, out, _ = run(capsys, "--version")
     assert code == 0 and "commbench" in out
+
+
+def test_help_lists_every_algorithm_of_the_table(capsys):
+    """sweep's --algorithm help comes from the algorithm table: a new entry shows up without editing it."""
+    from commbench.algorithms import TABLE
+
+    code, out, _ = run(capsys, "sweep", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert all(name in text for entries in TABLE.values() for name in entries)
+    assert "twoshot (cuda only)" in text

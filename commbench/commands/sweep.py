@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import click
 
+from commbench.algorithms import listing
 from commbench.commands import layout
 from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
@@ -87,9 +88,7 @@ def _nccl_tests_hint(args: list[str]) -> str:
                    "CUDA kernels, docs/gpu.md), sim (virtual ranks in one process, checked; timed by the cost "
                    "model with --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
-              help="shm/p2p/hybrid/cuda/sim: ring, hier, tree, rhd, oneshot, binomial (allreduce; cuda also "
-                   "twoshot), ring (allgather, reduce_scatter), chain (broadcast, reduce), or auto (by size and "
-                   "topology, docs/algorithms.md).")
+              help=f"shm/p2p/hybrid/cuda/sim: {listing()}; or auto (by size and topology, docs/algorithms.md).")
 @click.option("--cuda-mode", type=click.Choice(["auto", "virtual", "peer", "ipc"]), default="auto", show_default=True,
               help="cuda: virtual (every rank's buffers on one GPU, one process), peer (rank r on GPU r, one "
                    "process), ipc (one process per GPU, CUDA IPC); auto: ipc under a launcher, else peer when "
