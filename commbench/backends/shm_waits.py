@@ -44,9 +44,10 @@ PEER_CHECK_BLOCKS = 64  # blocked waits between checks for a dead peer or the ti
 
 
 class ShmWaits:
-    """The barrier and the waits of ShmBackend (a part of it: the backend's control segment sets what
-    they read: _counters, _flags, _flag_words, _flag_word_count, _slot, _my_counter, _peer_counters,
-    _ctl_address, _pids, members, _spin, _spin_budget, _wait_s)."""
+    """The barrier and the waits of ShmBackend, a part of it: the control segment, laid out by
+    ShmBackend._control_segment (shm.py), sets what they read (_counters, _flags, _flag_words,
+    _flag_word_count, _slot, _my_counter, _peer_counters, _ctl_address, _pids, members, _spin,
+    _spin_budget, _wait_s)."""
 
     def _barrier_closure(self) -> Callable[[], None]:
         """The barrier of the members through the control segment (self._arrive_and_wait): bump my
