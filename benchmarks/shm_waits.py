@@ -94,7 +94,7 @@ class LegacyShm:
         return call
 
     def round_plan(self, rnd, working, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
-        from commbench.backends.shm import _reducer
+        from commbench.backends.shm_executor import reducer as _reducer
         from commbench.schedule import hazards
 
         b, mine = self.b, working.array

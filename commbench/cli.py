@@ -12,7 +12,19 @@ import sys
 import click
 
 from commbench import __version__
-from commbench.commands import check, emulate, model, nccltests, proxy, selftest, sweep
+from commbench.commands import (
+    check,
+    compare,
+    emulate,
+    fit,
+    nccltests,
+    predict,
+    predict_scaling,
+    proxy,
+    report,
+    selftest,
+    sweep,
+)
 from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -23,8 +35,8 @@ def cli() -> None:
 
 
 for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
-                proxy.profiles_group, model.fit_command, model.predict_command, model.predict_scaling_command,
-                model.report_command, model.compare_command, selftest.selftest_command, check.check_command,
+                proxy.profiles_group, fit.fit_command, predict.predict_command, predict_scaling.predict_scaling_command,
+                report.report_command, compare.compare_command, selftest.selftest_command, check.check_command,
                 emulate.emulate_group):
     cli.add_command(command)
 

@@ -27,7 +27,7 @@ from commbench.proxies.channels import ThreadChannel, WorkChannel
 from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.comm_plan import CommPlan, describe_calls, points
 from commbench.proxies.context import RankContext, run_rank
-from commbench.proxies.setups import Compute, Layout
+from commbench.proxies.setup_steps import Compute, Layout
 from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step
 
 # ---------------------------------------------------------------- the proxy body

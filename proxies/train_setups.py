@@ -5,7 +5,7 @@
   included, holds at least that many fp32 elements) and its comm hook (`fp16_compress_hook`,
   `bf16_compress_hook` from torch.distributed.algorithms.ddp_comm_hooks.default_hooks);
 - FSDP (fsdp-full, fsdp-grad-op, fsdp-hybrid): FSDP2's `fully_shard` on each unit of
-  `setups.units_of(profile)`, then on the root (left at FSDP2's default, which keeps the root's
+  `setup_steps.units_of(profile)`, then on the root (left at FSDP2's default, which keeps the root's
   parameters gathered from the forward to the backward), with `reshard_after_forward` True or
   False; with `shard_group` node on more than one node, a 2-D mesh (replicate across nodes, shard
   within a node: HSDP); `prefetch` > 0 sets `set_modules_to_forward_prefetch` from the root on.
@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from commbench.proxies.setups import MIB, Choice, Layout, units_of
+from commbench.proxies.setup_steps import MIB, Layout, units_of
+from commbench.proxies.setups import Choice
 
 COMM_HOOKS = {"ddp-fp16": "fp16_compress_hook", "ddp-bf16": "bf16_compress_hook"}  # default_hooks' names
 RESHARD_AFTER_FORWARD = {"fsdp-full": True, "fsdp-grad-op": False, "fsdp-hybrid": True}

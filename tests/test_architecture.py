@@ -28,7 +28,7 @@ FLOORS = {
         "commbench.analysis.scale_terms", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
-        "commbench.proxies.setups", "commbench.proxies.comm_plan",
+        "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry", "commbench.sweep_config",

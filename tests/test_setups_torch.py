@@ -15,7 +15,8 @@ from conftest import clean_env, commbench
 
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
-from commbench.proxies.setups import Compute, Layout, settle
+from commbench.proxies.setup_steps import Compute, Layout
+from commbench.proxies.setups import settle
 from commbench.results import read_records
 
 SPEC = "transformers:GPT2LMHeadModel:n_layer=2,n_embd=30,n_head=2,vocab_size=101,n_positions=33"

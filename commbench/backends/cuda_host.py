@@ -36,7 +36,6 @@ import numpy as np
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
-from commbench.backends.cuda_sched import _allreduce_kernel  # the name the backend launches, not a copy
 from commbench.collectives import DTYPES, DType
 
 SHIM = "host_shim.h"
@@ -256,8 +255,8 @@ def run_programs(kernels: HostKernels, programs: Sequence[Sequence[P.Step]],
                 table = lambda refs: np.array([address(r) for r in refs], dtype=np.uint64)  # noqa: E731
                 args = (table(step.ins), table(step.outs), np.int32(world), np.int32(step.first_rank),
                         np.int64(step.count))
-                kernels.function(_allreduce_kernel(step, dtype, op))((blocks, rows), (cfg.threads,), args,
-                                                                     reverse=reverse)
+                name = K.allreduce_kernel_name(step.kernel, step.phase, dtype.name, op)  # the name cuda_sched launches
+                kernels.function(name)((blocks, rows), (cfg.threads,), args, reverse=reverse)
 
 
 def scale(kernels: HostKernels, data: np.ndarray, dtype: DType, factor: float, threads: int = 512) -> None:

@@ -67,6 +67,15 @@ def kernel_name(kernel: str, dtype: str, op: str | None = None) -> str:
     return f"{kernel}_{dtype}_{op}" if op else f"{kernel}_{dtype}"
 
 
+def allreduce_kernel_name(kernel: str, phase: int, dtype: str, op: str) -> str:
+    """The allreduce.cu kernel of one launch: one-shot's, or two-shot's reduce-scatter (phase 0) or all-gather."""
+    if kernel == "oneshot":
+        return kernel_name("oneshot_allreduce", dtype, op)
+    if phase == 0:
+        return kernel_name("twoshot_reduce_scatter", dtype, op)
+    return kernel_name("twoshot_allgather", dtype)
+
+
 def cuda_include_dir() -> str | None:
     """Where cuda_fp16.h lives: the pip CUDA headers, $CUDA_HOME or $CUDA_PATH, /usr/local/cuda."""
     try:

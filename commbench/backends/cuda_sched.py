@@ -327,7 +327,8 @@ class CudaBackend(ScheduleBackend):
                 ins = cupy.asarray(np.array([address(r) for r in step.ins], dtype=np.uint64))
                 outs = cupy.asarray(np.array([address(r) for r in step.outs], dtype=np.uint64))
                 args = (ins, outs, np.int32(world), np.int32(step.first_rank), np.int64(step.count))
-                kernel = K.function("allreduce.cu", _allreduce_kernel(step, dtype, op), device)
+                name = K.allreduce_kernel_name(step.kernel, step.phase, dtype.name, op)
+                kernel = K.function("allreduce.cu", name, device)
                 return launch_on(device, kernel, (blocks, rows), (threads,), args, stream)
         return None
 
@@ -393,10 +394,3 @@ class CudaBackend(ScheduleBackend):
         self.synchronize()
         self.control.barrier()  # ipc mode: the ranks' processes meet over gloo
 
-
-def _allreduce_kernel(step: P.AllreduceLaunch, dtype: DType, op: str) -> str:
-    if step.kernel == "oneshot":
-        return K.kernel_name("oneshot_allreduce", dtype.name, op)
-    if step.phase == 0:
-        return K.kernel_name("twoshot_reduce_scatter", dtype.name, op)
-    return K.kernel_name("twoshot_allgather", dtype.name)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commbench.backends import bfloat16
 from commbench.backends.base import BackendError, OutOfMemory
 from commbench.collectives import DType
 
@@ -88,18 +89,14 @@ def dtype_of(array: Any) -> DType:
 def to_store(values: np.ndarray, dtype: DType) -> np.ndarray:
     """Host values (DType.host) -> contiguous storage values."""
     if dtype.name == "bfloat16":
-        from commbench.backends.shm import _float32_to_bf16
-
-        return _float32_to_bf16(values.astype(np.float32))
+        return bfloat16.from_float32(values.astype(np.float32))
     return np.ascontiguousarray(values, dtype=store_dtype(dtype))
 
 
 def from_store(values: np.ndarray, dtype: DType) -> np.ndarray:
     """Storage values (copied to the host) -> host values (DType.host)."""
     if dtype.name == "bfloat16":
-        from commbench.backends.shm import _bf16_to_float32
-
-        return _bf16_to_float32(values)
+        return bfloat16.to_float32(values)
     return values
 
 

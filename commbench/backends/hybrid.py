@@ -27,7 +27,10 @@ import torch
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
 from commbench.backends.schedule_base import job_topology
-from commbench.backends.shm import ShmBackend, ShmBuffer, _pull, _reducer, require_x86
+from commbench.backends.shm import ShmBackend
+from commbench.backends.shm_executor import pull, reducer
+from commbench.backends.shm_segments import ShmBuffer
+from commbench.backends.shm_waits import require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
@@ -92,7 +95,7 @@ class HybridBackend(ShmBackend):
         local_round = tuple(t for t in rnd if t.src in members and t.dst in members)
         local, staged = self._round_plan(local_round, working, op) if any(t.dst == rank for t in local_round) \
             else ([], [])
-        reduce = _reducer(op, mine.dtype)
+        reduce = reducer(op, mine.dtype)
         ops, apply = [], list(staged)
         for t in rnd:
             if rank not in (t.src, t.dst) or (t.src in members and t.dst in members) or t.count == 0:
@@ -103,7 +106,7 @@ class HybridBackend(ShmBackend):
             else:
                 data = np.empty(t.count, dtype=mine.dtype)  # allocated once, here, not while timed
                 ops.append((False, _tensor(data), t.src))
-                apply.append(_pull(reduce, chunk, data, t.reduce))
+                apply.append(pull(reduce, chunk, data, t.reduce))
         post = make_poster(ops, "gloo") if ops else None
         sync = any(t.src in members or t.dst in members for t in rnd)
         return post, local, apply, sync

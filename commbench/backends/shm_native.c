@@ -1,7 +1,7 @@
 /* shm_native.c: the shm backend's per-call path in C (commbench/backends/shm_native.py builds and loads it).
 
 Purpose: one allreduce (any schedule) on the shm backend as ONE call from Python. The Python executor
-(shm.py) calls one NumPy function per pull and runs each barrier in Python: ~0.15 us per barrier and
+(shm_executor.py) calls one NumPy function per pull and runs each barrier in Python: ~0.15 us per barrier and
 ~0.2-0.4 us per NumPy call of fixed cost, ~0.75 us per 1 KiB one-shot call before any waiting. Here
 the same pre-built list of operations (barriers, copies, reductions over the same views, in the same
 order) runs in a C loop, so a 1 KiB call costs one ctypes call plus the bytes.
@@ -10,7 +10,7 @@ Approach:
 - An operation is a barrier, a copy (out = a) or a reduction (out = a op b, elementwise: the same
   arithmetic as NumPy's ufunc with the same operands, so sums are bitwise identical to the Python
   executor's; integers wrap as NumPy's do: computed as unsigned).
-- A barrier is shm.py's protocol on the same control segment: my counter is my epoch; bump it
+- A barrier is shm_waits.py's protocol on the same control segment: my counter is my epoch; bump it
   (a release store), wake futex waiters if some rank raised its flag, then wait until every peer's
   counter has reached the epoch. The wait spins (pause) for `spin_ns`; if the peer is still not
   there the call returns the index of the barrier, and Python blocks (futex), checks for a dead peer and the timeout, and resumes here.
@@ -32,7 +32,7 @@ the barrier at which it stopped waiting (call again with start = that index, res
 #include <unistd.h>
 #include <immintrin.h>
 
-#define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm.py's budgets */
+#define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm_waits.py's budgets */
 enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2 };
 enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
 enum { T_F32 = 0, T_F64 = 1, T_I8 = 2, T_U8 = 3, T_I32 = 4, T_I64 = 5 };

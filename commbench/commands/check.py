@@ -48,7 +48,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty
-    from commbench.commands.model import _warn_poor
+    from commbench.commands.fit import warn_poor as _warn_poor
     from commbench.costmodel import HardwareError, load_hardware
     from commbench.results import RecordError
 

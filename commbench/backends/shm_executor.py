@@ -1,0 +1,182 @@
+"""shm's schedule executor: a call as one flat plan of steps, run natively or in Python.
+
+A call runs as one flat plan of steps (barriers, copies, reductions over views fixed when the call
+is prepared), executed by the native executor (shm_native.c: the whole plan in one ctypes call; its
+barrier spins, then hands the wait back to shm_waits to block) or by the Python one below (one NumPy
+call or barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (shm_native.py).
+Both keep the barrier protocol (shm_waits.py) on the same counters and give bitwise the same results.
+A transfer is a pull: the destination rank reads the source's chunk straight from the source's segment
+and adds it into (NumPy), or copies it into, its own buffer; nothing is copied twice.
+
+Rounds with hazards (a rank written where a peer reads it in the same round:
+one-shot allreduce in place) stage the result in a private buffer and write it
+back after a barrier.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from commbench.backends import shm_native
+from commbench.backends.base import BackendError
+from commbench.backends.bfloat16 import from_float32, to_float32
+from commbench.backends.shm_segments import ShmBuffer
+from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
+from commbench.schedule import Schedule, hazards, pipelined
+
+PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
+_NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+class ShmExecutor:
+    """How ShmBackend runs a schedule (a part of it: it reads the backend's members, rank, buffers
+    (_peer_array), control segment (_ctl_address, _flags_address, ...) and barrier (_arrive_and_wait))."""
+    native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
+    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, as measured (docs/performance.md):
+    # at 256 MiB 1.05x faster once, 1.6-2.3x slower in the later runs, quiet or loaded (33 barriers per call
+    # instead of 3, each a rendezvous of two ranks, and slices below the non-temporal copy threshold).
+    pipeline = False
+
+    def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
+        """(native state or None, which executor runs, the header's note when auto fell back to python)."""
+        try:
+            wanted = shm_native.requested()
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        if wanted == "python" or not self.native_executor:
+            return None, "python", None
+        try:
+            library = shm_native.load()
+        except shm_native.NativeUnavailable as exc:
+            if wanted == "native":
+                raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {exc}") from exc
+            return None, "python", f"note: shm executor python, the native fast path is unavailable here: {exc}"
+        native = shm_native.NativeExecutor(library, self._ctl_address, self._flags_address, self._flag_word_count,
+                                           self._my_counter, self._peer_counters, self._spin_budget,
+                                           OVERSUBSCRIBED_SPIN_CHECKS)
+        return native, "native", None
+
+    def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
+        """The whole call as one flat plan of steps (pulls and barriers), run by the native executor
+        (one ctypes call) or by the Python one (one call per step, nothing else)."""
+        plan = self._plan(schedule, working)
+        if self._native is not None and shm_native.unsupported(working.array.dtype, op) is None:
+            # Large copies bypass the cache where the ranks' buffers do not fit in it anyway (paired against
+            # Open MPI, quiet, 21:23-21:24: 16 MiB 0.84-0.96 without, 0.87-1.13 with; but at 4 MiB, where they
+            # fit, streaming cost 0.99 -> 0.72, so it is only for buffers past the LLC).
+            return self._native_call(plan, op, working.array.nbytes * len(self.members) >= self._llc_bytes)
+        reduce, arrive = reducer(op, working.array.dtype), self._arrive_and_wait
+        ops = tuple(arrive if step[0] == "barrier" else _python_step(reduce, step) for step in plan)
+
+        def call() -> None:
+            for operation in ops:
+                operation()
+        return call
+
+    def _native_call(self, plan: list[tuple], op: str, stream: bool) -> Callable[[], None]:
+        """The plan as native Ops; a barrier that outlasts the spin returns here to block (and to notice a
+        dead peer or the timeout), then the call resumes at that barrier."""
+        native = self._native
+        ops = native.ops(plan, op, stream)
+        run, ops_address, count, context = native.run, ctypes.addressof(ops), len(plan), native.address
+        first = native.first_call(ops)
+
+        def call() -> None:
+            at = first()
+            while at >= 0:
+                started = time.perf_counter()
+                self._wait_long(*native.stalled())
+                native.blocked(time.perf_counter() - started)
+                at = run(ops_address, count, at, 1, context)
+        call.keep = (ops, plan)  # the Op array and the views its pointers point into live as long as the call
+        return call
+
+    def _plan(self, schedule: Schedule, working: ShmBuffer) -> list[tuple]:
+        """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) over views fixed now."""
+        plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
+        rounds = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize)).rounds
+        last = len(rounds) - 1
+        for index, rnd in enumerate(rounds):
+            steps, staged = self._round_steps(rnd, working)
+            plan += [*steps, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
+            # Whether a round needs the write-back barrier is decided from the round itself, so every rank
+            # meets the same barriers even when only some stage. After the last round the next call's first
+            # barrier does its work (nobody reads this call's result before it; the write-back is our own
+            # buffer, which no peer reads after the barrier above).
+            if hazards(rnd) and index < last:
+                plan.append(_BARRIER)
+        return plan
+
+    def _pipeline_slices(self, schedule: Schedule, itemsize: int) -> int:
+        """Into how many slices a ring's chunks are cut (schedule.pipelined) when the ranks' buffers
+        together exceed the last-level cache: a slice of 1/PIPELINE_SLICES_PER_LLC of it, so that a
+        chunk a peer has just reduced is copied from the cache, not from memory (1: not cut)."""
+        if not self.pipeline or schedule.name != "ring" or \
+                schedule.count * itemsize * schedule.world <= self._llc_bytes:
+            return 1
+        largest = max(t.count for rnd in schedule.rounds for t in rnd) * itemsize
+        return -(-largest // (self._llc_bytes // PIPELINE_SLICES_PER_LLC))
+
+    def _round_plan(self, rnd, working: ShmBuffer, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
+        """One round's steps as Python callables (the hybrid backend's executor)."""
+        reduce = reducer(op, working.array.dtype)
+        steps, staged = self._round_steps(rnd, working)
+        return [_python_step(reduce, s) for s in steps], [_python_step(reduce, s) for s in staged]
+
+    def _round_steps(self, rnd, working: ShmBuffer) -> tuple[list[tuple], list[tuple]]:
+        """(this rank's pulls in a round, the write-backs after its barrier) as plan steps."""
+        mine = working.array
+        incoming = [t for t in rnd if t.dst == self.rank]
+        if self.rank not in hazards(rnd):
+            return [_step(mine[t.chunk[0]:t.chunk[1]], self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]],
+                          t.reduce) for t in incoming], []
+        # Stage into a private copy of my whole buffer region that this round writes.
+        lo, hi = min(t.chunk[0] for t in incoming), max(t.chunk[1] for t in incoming)
+        stage, region = np.empty(hi - lo, dtype=mine.dtype), mine[lo:hi]
+        first = incoming[0]
+        if first.reduce and first.chunk == (lo, hi):  # stage = mine op peer in one pass, not copy then reduce
+            steps = [("reduce", stage, region, self._peer_array(first.src, working)[lo:hi])]
+            incoming = incoming[1:]
+        else:
+            steps = [("copy", stage, region)]
+        for t in incoming:
+            dst = stage[t.chunk[0] - lo:t.chunk[1] - lo]
+            steps.append(_step(dst, self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]], t.reduce))
+        return steps, [("copy", region, stage)]
+
+
+_BARRIER = ("barrier",)
+
+
+def _step(dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> tuple:
+    """A pull as a plan step: dst op= src, or dst = src."""
+    return ("reduce", dst, dst, src) if is_reduce else ("copy", dst, src)
+
+
+def _python_step(reduce, step: tuple) -> Callable[[], Any]:
+    """A plan step as one pre-built call: partials of NumPy's C functions (no Python frame per step)."""
+    if step[0] == "copy":
+        return functools.partial(step[1].__setitem__, Ellipsis, step[2])
+    out, a, b = step[1:]
+    return functools.partial(reduce, a, b, out)
+
+
+def pull(reduce, dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> Callable[[], Any]:
+    """One pre-built step: dst op= src, or dst = src (views fixed when the call is prepared). Partials of
+    the C functions, not lambdas: no Python frame per step; dst[...] = src is NumPy's cheapest copy call
+    (same dtype and shape: a plain copy)."""
+    return functools.partial(reduce, dst, src, dst) if is_reduce else functools.partial(dst.__setitem__, Ellipsis, src)
+
+
+def reducer(op: str, store: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray], Any]:
+    if store != np.uint16:
+        return _NUMPY_REDUCE["sum" if op == "avg" else op]
+    fn = _NUMPY_REDUCE["sum" if op == "avg" else op]
+
+    def bf16(dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:  # NumPy has no bfloat16: widen, reduce, round
+        dst[...] = from_float32(fn(to_float32(a), to_float32(b)))
+    return lambda d, s, out: bf16(out, d, s)

@@ -1,0 +1,102 @@
+"""`commbench fit`: a cost model fitted to measured sweeps, written as a hardware file, and the
+warning every command gives when it reads a hardware file marked a poor fit."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+
+from commbench.commands.common import UsageFault, check_outputs, output_options, warn
+from commbench.costmodel import HardwareError, load_hardware
+from commbench.results import RecordError, read_records
+from commbench.sizes import SizeError, parse_size
+
+
+@click.command("fit", epilog="""
+\b
+Examples:
+  commbench sweep --backend shm --sizes 1K-256M --json shm.jsonl && commbench fit shm.jsonl -o shm-hw.json
+  commbench fit node.jsonl cluster.jsonl --setup torch/nccl/- --base dgx-a100 -o hw.json
+""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
+@click.option("--setup", default=None, metavar="BACKEND/LIBRARY/ALGORITHM",
+              help="Which measured setup to fit when the files hold several (the error lists them); "
+                   "BACKEND/LIBRARY takes all of its algorithms (one run with --algorithm auto fits whole).")
+@click.option("--base", default=None, metavar="PRESET|FILE",
+              help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
+@click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
+              help="Fit only points whose size lies in this range, e.g. 64K-64M (the fit adds a cache regime "
+                   "where the data show one; leave out sizes you will not predict).")
+@click.option("--accept-poor-fit", is_flag=True,
+              help="Write a fit that does not describe its data (R^2 < 0 or median error > 25%), marked poor.")
+@output_options(append=False)
+def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
+                size_range: str | None, accept_poor_fit: bool, force: bool) -> None:
+    """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
+    # analysis.fit inside the command: with the other analysis modules the commands use it would add
+    # ~40 ms to every `commbench --help` (predict-scaling's adds scipy, ~0.4 s).
+    from commbench.analysis import fit as F
+
+    lo, hi = _size_bounds(size_range)
+    try:
+        records = [r for path in files for r in read_records(path, warn)
+                   if r.get("record") != "result" or lo <= r["nbytes"] <= hi]
+        base_hw = load_hardware(base) if base else None
+    except (RecordError, HardwareError) as exc:
+        raise UsageFault(str(exc)) from exc
+    check_outputs(("-o", output), inputs=files, force=force)
+    try:
+        hw = F.fit(records, setup, base_hw)
+    except F.FitError as exc:
+        raise UsageFault(str(exc)) from exc
+    poor = F.poor_fit(hw.meta)
+    if poor and not accept_poor_fit:
+        raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
+                         f"range at a time (--setup, --sizes), or keep it marked poor with --accept-poor-fit")
+    if poor:
+        hw = replace(hw, meta={**hw.meta, "poor_fit": poor})
+        click.echo(f"commbench: warning: poor fit kept (--accept-poor-fit): {poor}; predictions from {output} "
+                   f"will say so", err=True)
+    try:
+        hw.save(output)
+    except OSError as exc:
+        raise UsageFault(f"cannot write {output}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a figure JSON cannot hold (NaN): refused before anything is written
+        raise UsageFault(f"cannot write {output}: {exc}") from exc
+    _print_fit(hw, output)
+
+
+def _size_bounds(size_range: str | None) -> tuple[float, float]:
+    """--sizes MIN-MAX (or one size) as (low, high) bytes; no --sizes: every size."""
+    try:
+        low, _, high = (size_range or "").partition("-")
+        return (parse_size(low), parse_size(high or low)) if size_range else (0, float("inf"))
+    except SizeError as exc:
+        raise UsageFault(f"--sizes: {exc}") from exc
+
+
+def _print_fit(hw, output: str) -> None:
+    """The fit's summary: its quality, each level's figures, where it was measured, its notes."""
+    meta = hw.meta
+    r2 = "n/a (every time equal)" if meta["r2"] is None else f"{meta['r2']:.4f}"
+    click.echo(f"# fitted {meta['fitted_from']}: {meta['points']} points, R^2 {r2}, "
+               f"MAPE {100 * meta['mape']:.1f}%, median error {100 * meta['median_ape']:.1f}%")
+    for name, level in (("intra", hw.intra), ("inter", hw.inter)):
+        fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
+        click.echo(f"#   {name:5s} {level.bw_gbps:10.3f} GB/s  {level.latency_us:9.3f} us/step  ({fitted})")
+    click.echo(f"#   per-call overhead {hw.per_call_overhead_us:.3f} us")
+    where = meta.get("measured_on")
+    if where:
+        cores = f"a host of {where['cpus']} cores" if where["cpus"] else "a host of unknown cores"
+        click.echo(f"#   measured on {where['device']}: at most {where['ranks_per_host']} rank(s) on {cores}")
+    for note in meta["notes"]:
+        click.echo(f"#   note: {note}")
+    click.echo(f"# wrote {output}")
+
+
+def warn_poor(hw, spec: str | None) -> None:
+    """A hardware file `fit --accept-poor-fit` wrote is used, and said to be poor, every time."""
+    if hw is not None and hw.meta.get("poor_fit"):
+        click.echo(f"commbench: warning: {spec} is a poor fit ({hw.meta['poor_fit']}): its predictions do not "
+                   f"describe the sweep it came from", err=True)

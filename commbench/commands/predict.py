@@ -1,0 +1,124 @@
+"""`commbench predict`: collective times and bandwidths from the cost model, printed as a sweep's table
+(and written as records of kind predicted); no ranks, no GPU."""
+from __future__ import annotations
+
+import math
+
+import click
+
+from commbench import collectives as C
+from commbench.commands import layout as L
+from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.commands.fit import warn_poor
+from commbench.costmodel import HardwareError, load_hardware, with_topology
+from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
+from commbench.sizes import SizeError, parse_sizes
+from commbench.table import Table
+from commbench.topology import Topology, TopologyError
+
+
+@click.command("predict", epilog="""
+\b
+Examples:
+  commbench predict --hw dgx-a100 -c allreduce --sizes 1K-1G --topology 16x8 --algorithm ring
+  commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x2 --algorithm auto --json pred.jsonl
+  commbench predict --hw dgx-a100 --nodes 4 --gpus-per-node 8    # = --topology 4x8; --nodes 4 alone: 4 x 8 too
+""")
+@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
+@click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
+@click.option("--factor", "-f", type=float, default=None)
+@click.option("--dtype", "-d", default="float32", show_default=True)
+@click.option("--nodes", type=int, default=None, help="Nodes to predict [default: 1 with --gpus-per-node].")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node [default with --nodes: the hardware's ranks per node].")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="Short for --nodes NODES --gpus-per-node RANKS. One of the two forms is required.")
+@click.option("--algorithm", "-A", default="auto", show_default=True)
+@click.option("--root", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the predictions as JSON Lines (kind: predicted).")
+@output_options(append=True)
+def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
+                    json_path, force, append) -> None:
+    """Predict collective times and bandwidths from the cost model (no ranks needed)."""
+    said = L.settle(topology, nodes, gpus_per_node)
+    if not said.given:
+        raise UsageFault("give the scale to predict: --topology NODESxRANKS, or --nodes N --gpus-per-node G")
+    hw, topo, names, dt, results = _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root,
+                                            json_path, force, append)
+    table = Table(["in-place"], show_algorithm=True)
+    ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
+    table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
+    for line in _notes(hw, hw_spec, topo, results):
+        table.comment(line)
+    try:
+        with ResultSink(json_path, append=append) as sink:  # a full disk: the rows and lines before it stay
+            for name in names:
+                table.header(name)
+                for result in (r for r in results if r.collective == name):
+                    table.row({"in-place": result}, dt.nccl_name)
+                    sink.result(result)
+                table.footer(checked=False)
+    except OutputError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
+def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root, json_path, force, append):
+    """The options checked (UsageFault: one line, exit 2), then the prediction:
+    (hardware, topology, collective names, dtype, results)."""
+    # analysis inside the function: its modules add ~40 ms to every `commbench --help` (commands/fit.py)
+    from commbench.analysis.hosts import oversubscription
+    from commbench.analysis.intervals import uncertainty
+    from commbench.analysis.predict import predict
+
+    try:
+        hw = load_hardware(hw_spec)
+        uncertainty(hw)  # its intervals' block, checked: one line, not a traceback per row
+        warn_poor(hw, hw_spec)
+        size_list = parse_sizes(sizes, factor)
+        names = C.resolve_collectives(collective_names)
+        dt = C.resolve_dtype(dtype)
+        said = L.complete(said, None, hw.ranks_per_node)
+        topo = Topology(said.nodes, said.per_node)
+        if not 0 <= root < topo.world:
+            raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
+        refused = oversubscription(hw, topo.ranks_per_node)  # CPU ranks beyond the fitted host's cores
+        if refused:
+            raise UsageFault(refused)
+        check_outputs(("--json", json_path), force=force, append=append)
+        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
+    except KeyError as exc:
+        raise UsageFault(str(exc).strip("'\"")) from exc
+    except (HardwareError, SizeError, TopologyError, ValueError) as exc:
+        raise UsageFault(str(exc)) from exc
+    return hw, topo, names, dt, results
+
+
+def _notes(hw, hw_spec: str, topo: Topology, results) -> list[str]:
+    """The table's notes: what the hardware file does not say or did not measure, what the intervals are."""
+    from commbench.analysis import collective_corpus
+    from commbench.analysis.predict import row_us
+
+    notes = []
+    if hw.meta.get("fitted_from") and "measured_on" not in hw.meta:
+        notes.append(f"note: {hw_spec} does not say which host it was fitted on (a fit from before meta.measured_on): "
+                     f"CPU ranks beyond that host's cores are predicted as if each had its own (docs/model.md)")
+    levels = hw.meta.get("levels_fitted")
+    crossed = [level for level, used in (("intra", topo.ranks_per_node > 1), ("inter", topo.nodes > 1))
+               if used and isinstance(levels, dict) and not levels.get(level)]
+    if crossed:  # a fit's level it did not measure: copied from the other, or taken from --base
+        notes.append(f"note: {topo} crosses the {' and '.join(crossed)} level, which {hw_spec} did not measure: "
+                     f"its figures there were copied or given (meta.notes), so these times rest on no measurement "
+                     f"and their interval is the published corpus's, as without a fit")
+    if any(r.interval_source == FIT_PROVENANCE for r in results):
+        notes.append("[low-high] fit after a row: its 80% interval in us, from the fit's resamples (jackknife+: the "
+                     "fit without each point, spread by that point's error; docs/model.md)")
+    if any(r.interval_source == CORPUS_PROVENANCE for r in results):
+        low, high = collective_corpus.shipped_bounds(row_us)
+        corpus = collective_corpus.load_collectives()
+        notes.append(f"[low-high] corpus after a row: its 80% interval in us, no fit resamples: split-conformal on "
+                     f"{len(corpus.rows)} published nccl-tests figures ({len(corpus.sources)} sources) predicted "
+                     f"from their systems' descriptions, x{math.exp(low):.2f} to x{math.exp(high):.2f} the time "
+                     f"(analysis/corpus/collectives.json, docs/model.md)")
+    return notes
