@@ -1,6 +1,6 @@
 """What `commbench predict-scaling` computes: a model's data-parallel step from 1 to N GPUs for
 one or two allreduce algorithms, and the `scaling` records it makes (acc_ratio included).
-The command's options, table and file are in commbench/commands/model.py; this module takes
+The command's options, table and file are in commbench/commands/predict_scaling.py; this module takes
 values already checked there.
 
 Compute per step, in order of preference: a measured 1-GPU training throughput without DDP

@@ -240,6 +240,41 @@ def test_no_backend_name_compared_outside_backends():
                  for line in backend_comparisons(path.read_text(encoding="utf-8"), names)]
     assert offenders == []
 
+# ---------------------------------------------------------------- room sizes
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 50
+SIZED = ("commbench", "analysis", "proxies", "benchmarks")  # the package's folders and the benchmark scripts
+
+
+def oversized(folders=SIZED, root: Path = ROOT) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions over MAX_FUNCTION_LINES (decorators excluded,
+    docstring included), as 'path: what (lines)'."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            where = path.relative_to(root)
+            if len(text.splitlines()) > MAX_MODULE_LINES:
+                found.append(f"{where}: module ({len(text.splitlines())} lines)")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        found.append(f"{where}:{node.lineno}: {node.name} ({lines} lines)")
+    return found
+
+
+def test_modules_and_functions_stay_small():
+    assert oversized() == []
+
+
+def test_the_size_check_can_fail(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg" / "big.py").write_text(f"def long():\n{body}\n" + "\n" * MAX_MODULE_LINES)
+    assert oversized(("pkg",), tmp_path) == ["pkg/big.py: module (451 lines)", "pkg/big.py:1: long (51 lines)"]
+
 
 if __name__ == "__main__":
     graph = import_graph()
@@ -251,3 +286,4 @@ if __name__ == "__main__":
     for offence in upward_floors(graph) + upward_folders(graph):
         print(f"UPWARD: {offence}")
     sys.exit(1 if cycles(graph) or upward_floors(graph) or upward_folders(graph) else 0)
+

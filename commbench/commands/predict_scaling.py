@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from commbench.algorithms import LIBRARY
+from commbench.algorithms import LIBRARY, TABLE
 from commbench.commands import layout as L
 from commbench.commands import options as O
 from commbench.commands.common import UsageFault, check_outputs, output_options
@@ -55,7 +55,7 @@ Examples:
 @click.option("--algorithm", "-A", default="nccl", show_default=True,
               help="nccl (what DDP's NCCL runs: ring or tree, LL/LL128/Simple and channels by NCCL 2.20.3's own "
                    "tuning model), nccl-ring (the library's ring, one channel per NIC) or one of commbench's "
-                   "schedules: ring, hier, tree, rhd, oneshot, binomial, twoshot.")
+                   f"allreduce schedules: {', '.join(TABLE['allreduce'])}.")
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
 @click.option("--baseline", default=None, metavar="ALGORITHM",
               help="With --candidate: acc_ratio = candidate / baseline.")
