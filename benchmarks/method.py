@@ -23,7 +23,7 @@ IQR is that one ratio and the verdict is a plain comparison.
 
 Bandwidth follows nccl-tests' doc/PERFORMANCE.md: algbw = bytes / time / 1e9
 (GB/s), busbw = algbw * 2(n-1)/n for allreduce, through commbench.collectives'
-one definition (tests/test_collectives.py pins its values).
+one definition (tests/unit/commbench/test_collectives.py pins its values).
 
 This module imports neither torch nor MPI: both kinds of ranks use it.
 """

@@ -2,7 +2,7 @@
 //
 // Purpose: run the kernels' own code (index arithmetic, 16-byte pack paths and their
 // scalar fallbacks, tails, UNROLL bounds, paired fp16/bf16 lanes, op templates) on a
-// machine without a GPU, against NumPy (tests/test_cuda_host.py, `commbench selftest`).
+// machine without a GPU, against NumPy (tests/unit/backends/test_cuda_host.py, `commbench selftest`).
 // The GPU build never sees this file: commbench/backends/cuda_host.py compiles each .cu
 // with the system C++ compiler and `-DCOMMBENCH_HOST_BUILD -include host_shim.h`;
 // common.cuh includes cuda_fp16.h / cuda_bf16.h only without that macro, and

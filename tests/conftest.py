@@ -4,15 +4,27 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from commbench.launch import free_port
 from commbench.results import read_records
 
+REPO = Path(__file__).resolve().parent.parent  # the checkout: docs/, benchmarks/, the package's folders
+DATA = REPO / "tests" / "data"  # recorded runs some tests read
+
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                  "COMMBENCH_SPAWN_ID")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test in tests/system/ is a system test (`-m "not system"` leaves them out)."""
+    system = REPO / "tests" / "system"
+    for item in items:
+        if system in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.system)
 
 
 def gpu_count(backend: str) -> int:
@@ -82,3 +94,28 @@ def wait_for_results(path, count, proc, timeout=120):
 @pytest.fixture
 def port():
     return free_port()
+
+
+def shm_segments():
+    """commbench's shared-memory segments in /dev/shm now (cb_<job>_...)."""
+    from commbench.launch import SHM_DIR
+
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("cb_")) if os.path.isdir(SHM_DIR) else []
+
+
+@pytest.fixture
+def clean_shm():
+    """The test leaves no shared-memory segment behind. It compares all of /dev/shm, so another commbench
+    run on the machine at the same moment (not the test suite's own) can fail it."""
+    before = shm_segments()
+    yield
+    assert shm_segments() == before, "commbench left shared-memory segments behind"
+
+
+def torch_import_vm_bytes() -> int:
+    """Peak virtual memory of a process that has imported torch and torch.distributed (for address-space
+    limits that leave room for torch and not for the buffers a test asks for)."""
+    code = ("import torch, torch.distributed\n"
+            "print(open('/proc/self/status').read().split('VmPeak:')[1].split()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.strip()) * 1024

@@ -16,7 +16,7 @@ ctypes. A launch runs every (block, thread) of its grid (cuda/host_shim.h says h
 - `run_programs`: the launch steps cuda_plan computes for a schedule (the tables, grids
   and arguments the cuda backend passes), executed by these kernels on NumPy buffers.
 
-Used by tests/test_cuda_host.py and `commbench selftest`; the checks against NumPy (and,
+Used by tests/unit/backends/test_cuda_host.py and `commbench selftest`; the checks against NumPy (and,
 on a GPU, against CuPy) are in kernel_checks.py.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ everything else exact, integer sums and products wrapping. Every output range ha
 elements before and after it that a kernel must leave alone, and on the host every load
 and 16-byte store must fall inside the ranges a kernel was given (a fault otherwise).
 
-Used by tests/test_cuda_host.py (the host build, in CI), tests/test_cuda_backend.py (the
+Used by tests/unit/backends/test_cuda_host.py (the host build, in CI), tests/unit/backends/test_cuda_sched.py (the
 same checks on a GPU) and `commbench selftest` (a quick subset, wherever it runs).
 Each check returns a list of failures, one line each; empty means it passed.
 """

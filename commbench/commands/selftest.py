@@ -9,7 +9,7 @@ compiler, one GPU where two are needed). Any failure exits 1; a usage error exit
 - host-schedules: cuda_plan's launches for every allreduce algorithm on 8 virtual ranks,
   run by those kernels, against the schedule's NumPy interpreter;
 - sim, shm, gloo: a tiny checked `commbench sweep` of each CPU backend;
-- gpu-kernels: the real kernels against CuPy (the checks of tests/test_cuda_backend.py,
+- gpu-kernels: the real kernels against CuPy (the checks of tests/unit/backends/test_cuda_sched.py,
   commbench/backends/kernel_checks.py), then `--backend cuda` on virtual ranks;
 - nccl: NCCL through CuPy and through torch on the same GPUs, both checked, busbw side by side;
 - nvml: GPU telemetry readable (commbench.telemetry.Monitor);

@@ -9,13 +9,13 @@ import sys
 import time
 
 import pytest
-from conftest import clean_env, commbench
+from conftest import REPO, clean_env, commbench
 
 from commbench.proxies.catalog import ModelError, runs_foreign_code
 from commbench.proxies.profile import load_profile
 from commbench.proxies.train import model_for
 
-SOURCES = [os.path.join(os.path.dirname(__file__), "..", folder) for folder in ("commbench", "proxies", "analysis")]
+SOURCES = [str(REPO / folder) for folder in ("commbench", "proxies", "analysis")]
 
 
 # ---------------------------------------------------------------- a local spawn's sockets

@@ -3,7 +3,7 @@ disagree (with each other or with --nprocs) are one line, exit 2."""
 from __future__ import annotations
 
 import pytest
-from test_layout import check_refused, check_the_two_forms_say_the_same
+from test_cli_layout import check_refused, check_the_two_forms_say_the_same
 
 PROXY = ["proxy", "resnet50", "--backend", "sim", "--hw", "dgx-a100", "--tflops", "100"]
 

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_cuda_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
-from test_cuda_fake_gpu import run as run_fake_sweep
+from test_cuda_sched_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
+from test_cuda_sched_fake_gpu import run as run_fake_sweep
 
 from commbench import algorithms as A
 from commbench.backends import cuda_host as H
@@ -226,7 +226,7 @@ def test_cuda_backend_peer_mode_every_collective(host_gpus, tmp_path):
 
 
 def test_the_gpu_tests_path_runs_here_on_a_numpy_cupy(host_kernels, monkeypatch):
-    """kernel_checks.GpuDevice, what test_cuda_backend.py and `commbench selftest` run on a GPU
+    """kernel_checks.GpuDevice, what test_cuda_sched.py and `commbench selftest` run on a GPU
     (cuda_kernels.function and .reduce_copy included), driven by a CuPy that is NumPy with the
     host build behind RawModule: the GPU path's own Python runs in CI too."""
     cupy = types.ModuleType("cupy")

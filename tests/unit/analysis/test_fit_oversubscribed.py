@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from commbench import algorithms as A
 from commbench import cli
@@ -177,9 +178,8 @@ def test_model_accuracy_reports_oversubscribed_sweeps_apart(tmp_path):
     """benchmarks/model_accuracy.py: a 4-rank sweep on 2 cores keeps its errors in the table, marked, and
     is left out of the target line."""
     import importlib.util
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "model_accuracy.py")
+    path = str(REPO / "benchmarks" / "model_accuracy.py")
     spec = importlib.util.spec_from_file_location("model_accuracy", path)
     MA = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(MA)

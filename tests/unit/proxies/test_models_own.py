@@ -6,13 +6,13 @@ missing or wrong layer shows). Shapes are kept tiny: the parameter count does no
 """
 import importlib
 import importlib.util
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 torch = pytest.importorskip("torch")
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "proxies" / "models"
+MODELS_DIR = REPO / "proxies" / "models"
 
 
 def _load(name):

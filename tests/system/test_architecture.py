@@ -1,9 +1,10 @@
 """The import graph keeps the floors and the folders of docs/architecture.md: no module imports a
 module of a higher floor, none imports a module of a higher folder, and no two modules import
 each other, directly or around a cycle. Imports inside functions count too: a lazy import is
-still a dependency.
+still a dependency. Modules and functions stay small, no code outside backends/ branches on a
+backend's name, and every test file is where tests/README.md says.
 
-`python tests/test_architecture.py` prints the graph, floor by floor, then folder by folder.
+`python tests/system/test_architecture.py` prints the graph, floor by floor, then folder by folder.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # run as a script too: no conftest
 PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analysis",
             "commbench.proxies": ROOT / "proxies"}
 
@@ -274,6 +275,59 @@ def test_the_size_check_can_fail(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "pkg" / "big.py").write_text(f"def long():\n{body}\n" + "\n" * MAX_MODULE_LINES)
     assert oversized(("pkg",), tmp_path) == ["pkg/big.py: module (451 lines)", "pkg/big.py:1: long (51 lines)"]
+
+
+# ---------------------------------------------------------------- where the tests are (tests/README.md)
+
+TESTS = ROOT / "tests"
+UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" / "backends",
+                "analysis": ROOT / "analysis", "proxies": ROOT / "proxies"}  # tests/unit/<key>/ -> its modules
+
+
+def _names_in(folder: Path) -> set[str]:
+    """The modules and subpackages of a source folder, as a test file names them."""
+    return ({p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+            | {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()})
+
+
+def _named_after(stem: str, names: set[str]) -> bool:
+    """test_<name>.py or test_<name>_<aspect>.py for one of `names`."""
+    rest = stem.removeprefix("test_")
+    return any(rest == n or rest.startswith(n + "_") for n in names)
+
+
+def misplaced_tests(tests: Path = TESTS, commands: set[str] | None = None) -> list[str]:
+    """Test files not where tests/README.md says: unit/<folder>/test_<module>[_aspect].py for a module of
+    that folder, commands/test_<command>[_aspect].py for a command (or `cli`), system/ for the rest."""
+    if commands is None:
+        from commbench.cli import cli
+
+        commands = {name.replace("-", "_") for name in cli.commands} | {"cli"}
+    found = [f"{p.relative_to(tests)}: not in unit/, commands/ or system/" for p in tests.glob("test_*.py")]
+    for key, folder in UNIT_FOLDERS.items():
+        names = _names_in(folder)
+        found += [f"unit/{key}/{p.name}: names no module of {folder.relative_to(ROOT)}/"
+                  for p in sorted((tests / "unit" / key).glob("test_*.py")) if not _named_after(p.stem, names)]
+    found += [f"commands/{p.name}: names no command" for p in sorted((tests / "commands").glob("test_*.py"))
+              if not _named_after(p.stem, commands)]
+    extra = {d.name for d in (tests / "unit").iterdir() if d.is_dir() and d.name != "__pycache__"} - set(UNIT_FOLDERS)
+    return found + [f"unit/{name}/: no such source folder" for name in sorted(extra)]
+
+
+def test_tests_are_found_by_name():
+    assert misplaced_tests() == []
+
+
+def test_the_test_check_can_fail(tmp_path):
+    for folder in ("unit/commbench", "unit/backends", "unit/analysis", "unit/proxies", "unit/nowhere", "commands"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("test_flat.py", "unit/commbench/test_bench_x.py", "unit/commbench/test_benchmark.py",
+                 "commands/test_sweep.py", "commands/test_swept.py"):
+        (tmp_path / name).write_text("")
+    assert misplaced_tests(tmp_path, {"sweep", "cli"}) == [
+        "test_flat.py: not in unit/, commands/ or system/", "unit/commbench/test_benchmark.py: names no module of "
+        "commbench/", "commands/test_swept.py: names no command", "unit/nowhere/: no such source folder"]
+
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 from conftest import commbench, results_of
-from test_schedule_backends import clean_shm  # noqa: F401 - fixture: nothing left in /dev/shm
 
 from commbench.backends.shm_waits import FUTEX as _FUTEX
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed (pip install -e '.[test]')")

@@ -3,6 +3,7 @@ sweep` or refused with one line naming it; defaults are nccl-tests' own."""
 from __future__ import annotations
 
 import pytest
+from conftest import REPO
 
 from commbench import cli, job
 from commbench.commands.common import UsageFault
@@ -90,9 +91,8 @@ def test_flags_commbench_cannot_honour_are_refused_by_name(flags, needle):
 def test_every_documented_flag_is_handled_and_documented():
     """Each long flag of nccl-tests parses (mapped or refused with its own line), and
     docs/nccl-tests.md has a row for it."""
-    from pathlib import Path
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "nccl-tests.md").read_text()
+    doc = (REPO / "docs" / "nccl-tests.md").read_text()
     for name in (flag.rstrip("=") for flag in LONG if flag != "help"):
         try:
             translate("all_reduce_perf", [f"--{name}=1"])

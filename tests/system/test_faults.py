@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import clean_env, default_sigint, results_of
+from conftest import clean_env, default_sigint, results_of, torch_import_vm_bytes
 
 from commbench.launch import SHM_DIR, SPAWN_VAR
 from commbench.results import read_records
@@ -231,20 +231,12 @@ def test_a_failed_call_ends_the_compute_that_overlaps_it(clock_class):
         channel.close()
 
 
-def _torch_import_vm_bytes() -> int:
-    """Peak virtual memory of a process that has imported torch and torch.distributed."""
-    code = ("import torch, torch.distributed\n"
-            "print(open('/proc/self/status').read().split('VmPeak:')[1].split()[0])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return int(out.stdout.strip()) * 1024
-
-
 def test_out_of_memory_names_the_size_and_keeps_results(tmp_path):
     prlimit = "/usr/bin/prlimit"
     if not os.path.exists(prlimit):
         pytest.skip("prlimit (util-linux) not installed")
     # Address space: room for torch (a CUDA build maps ~3 GiB at import), not for two 2 GiB buffers.
-    limit = _torch_import_vm_bytes() + (3 << 29)
+    limit = torch_import_vm_bytes() + (3 << 29)
     proc = subprocess.run([prlimit, f"--as={limit}", sys.executable, "-m", "commbench", "sweep", "--sizes", "1K,2G",
                            "--iters", "1", "--warmup", "0", "--json", str(tmp_path / "r.jsonl")],
                           capture_output=True, text=True, timeout=120, env=clean_env())

@@ -1,12 +1,13 @@
 """Table and progress formatting, result writing, and the README <-> CI contract."""
 import io
 import json
-from pathlib import Path
+
+from conftest import REPO
 
 from commbench.results import Result, ResultSink, read_records
 from commbench.table import Progress, Table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def _result(placement, time_us=100.0, wrong=0):

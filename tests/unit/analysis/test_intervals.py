@@ -5,11 +5,10 @@ there, and both commands print and write it with its provenance."""
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import commbench
+from conftest import DATA, commbench
 
 from commbench.analysis import calibration as C
 from commbench.analysis import fit as F
@@ -270,7 +269,7 @@ def test_each_resample_is_the_refit_its_residual_came_from(name, column, tmp_pat
     7.1 in test_check's run that found it)."""
     from commbench.analysis.intervals import interval_us, schedule_interval_us, variants
 
-    records = read_records(str(Path(__file__).parent / "data" / name))
+    records = read_records(str(DATA / name))
     F.fit(records).save(str(tmp_path / "hw.json"))
     hw = load_hardware(str(tmp_path / "hw.json"))
     block = hw.meta["uncertainty"]

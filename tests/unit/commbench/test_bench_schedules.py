@@ -14,23 +14,12 @@ from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
-from commbench.launch import SHM_DIR, LaunchInfo
+from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
 
 QUICK = ["--iters", "2", "--warmup", "1"]
-
-
-def shm_segments():
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("cb_")) if os.path.isdir(SHM_DIR) else []
-
-
-@pytest.fixture
-def clean_shm():
-    before = shm_segments()
-    yield
-    assert shm_segments() == before, "commbench left shared-memory segments behind"
 
 
 @pytest.mark.parametrize("nprocs,args", [

@@ -98,7 +98,7 @@ def test_horovod_fuses_what_is_ready_each_cycle():
 
 def test_fsdp_step_by_hand():
     """fsdp-grad-op on the toy, every call 10 us. CPU ranks: every FSDP2 call blocks where it is issued (what
-    torch 2.14 does on gloo: tests/test_setups_torch.py), so 3 all-gathers and 3 reduce-scatters are all
+    torch 2.14 does on gloo: tests/unit/proxies/test_setups_torch.py), so 3 all-gathers and 3 reduce-scatters are all
     exposed. A GPU prefetches the next unit's all-gather in the forward and runs the reduce-scatters beside the
     backward: the root's all-gather, one forward wait and the last reduce-scatter are exposed."""
     toy = _toy()

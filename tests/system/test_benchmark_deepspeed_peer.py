@@ -5,7 +5,9 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+from conftest import REPO
+
+BENCHMARKS = str(REPO / "benchmarks")
 
 
 def test_bad_sizes_are_one_line_exit_2():

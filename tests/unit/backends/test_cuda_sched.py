@@ -4,7 +4,7 @@ the three pointer modes. The speed targets (reduce-copy against a device copy, v
 busbw) are checked by benchmarks/gpu_bandwidth.py, not by timed tests.
 
 The GPU tests skip themselves without a CUDA device; a session with a GPU runs
-`python -m pytest -q tests/test_cuda_backend.py tests/test_cupy_backend.py`, then
+`python -m pytest -q tests/unit/backends/test_cuda_sched.py tests/unit/backends/test_cupy_nccl.py`, then
 `python benchmarks/gpu_bandwidth.py`.
 """
 import subprocess
@@ -107,7 +107,7 @@ def test_reduce_copy_matches_cupy(dtype, op):
     """Aligned, all pointers one element off a 16-byte boundary, and each pointer off by a
     different amount (a[1:], b[2:], out[3:]: the scalar path); guard elements before and
     after the output range must be left alone. The check is kernel_checks.check_reduce_copy,
-    which tests/test_cuda_host.py runs on the CPU build of the same kernels."""
+    which tests/unit/backends/test_cuda_host.py runs on the CPU build of the same kernels."""
     from commbench.backends.kernel_checks import GpuDevice, check_reduce_copy
     from commbench.collectives import DTYPES as ALL
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import clean_env, commbench, rank_pid
+from conftest import clean_env, commbench, rank_pid, torch_import_vm_bytes
 
 from commbench.results import read_records
 
@@ -135,13 +135,12 @@ def test_bad_profile_file_says_which_field(tmp_path):
 
 def test_train_a_model_too_large_for_memory_is_one_line_and_exit_2(tmp_path):
     """Address space limited to what torch needs plus 1 GiB: bert-large's 1.3 GB of weights cannot fit."""
-    from test_faults import _torch_import_vm_bytes
 
     prlimit = "/usr/bin/prlimit"
     if not os.path.exists(prlimit):
         pytest.skip("prlimit (util-linux) not installed")
     out = tmp_path / "t.jsonl"
-    limit = _torch_import_vm_bytes() + (1 << 30)
+    limit = torch_import_vm_bytes() + (1 << 30)
     proc = subprocess.run([prlimit, f"--as={limit}", sys.executable, "-m", "commbench", "train", "bert-large",
                            "--nprocs", "2", "--batch", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, env=clean_env())

@@ -5,7 +5,7 @@ fills and checks every result, so a wrong pointer, offset, table or launch order
 cuda_sched.py shows up as #wrong. As in CUDA, the current device is per thread, streams
 and events belong to the device current when they were made, and a kernel launch or
 event record on another device's stream fails. Streams run in issue order, so this
-checks the logic, not the concurrency; the GPU tests in test_cuda_backend.py check the
+checks the logic, not the concurrency; the GPU tests in test_cuda_sched.py check the
 rest on hardware."""
 import bisect
 import re

@@ -4,11 +4,10 @@ import csv
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import commbench
+from conftest import REPO, commbench
 
 from commbench import collectives as C
 from commbench import results as R
@@ -29,7 +28,7 @@ from commbench.results import (
     read_records,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 F32 = C.resolve_dtype("float32")
 RECORD_TYPES = (Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)
 

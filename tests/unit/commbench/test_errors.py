@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from commbench import errors
 from commbench.errors import (
@@ -21,7 +22,7 @@ from commbench.errors import (
 from commbench.job import _outcome
 from commbench.launch import LaunchInfo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 NAMED = {"ok": EXIT_OK, "wrong results": EXIT_WRONG, "bad input": EXIT_USAGE, "a rank failed": EXIT_FAULT,
          "a fault": EXIT_FAULT, "interrupted": EXIT_INTERRUPTED}
 
