@@ -6,6 +6,7 @@ import os
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.errors import EXIT_WRONG
 
 CHECK_EXAMPLES = """
 \b
@@ -80,7 +81,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     if max_error is not None and summary["all"]["median_abs_error"] * 100 > max_error:
         click.echo(f"# median |error| {100 * summary['all']['median_abs_error']:.1f}% is above --max-error "
                    f"{max_error:g}%")
-        raise SystemExit(1)
+        raise SystemExit(EXIT_WRONG)
 
 
 def _summary_lines(rows, summary: dict, include_oversubscribed: bool) -> None:

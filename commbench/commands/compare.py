@@ -8,6 +8,7 @@ import sys
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, output_options, warn
+from commbench.errors import EXIT_WRONG
 from commbench.results import OutputError
 
 
@@ -69,7 +70,7 @@ def compare_command(base: str, new: str, threshold: float, metric: str, json_pat
     if wrong:
         click.echo(f"# {new}: {wrong} point(s) with wrong results (not compared): failing", err=True)
     if comparison.regressions or wrong:
-        sys.exit(1)
+        sys.exit(EXIT_WRONG)
 
 
 def _plot_comparison(K, comparison, plot_path: str, names: tuple[str, str]) -> None:
