@@ -9,7 +9,8 @@ large for memory), 3 a rank failed (died, hung past the timeout, out of memory w
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_WRONG = 1  # a wrong answer: a collective's result differed from its expectation; compare's regression, check's error over --max-error
+EXIT_WRONG = 1  # a wrong answer: a collective's result differed from its expectation (also compare's regression,
+#                and check's error above --max-error)
 EXIT_USAGE = 2  # bad input: an option, a file, a request the backend cannot run, out of memory for a size
 EXIT_FAULT = 3  # a rank died, hung past the timeout or never started; a results file could not be written
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: results already written are kept

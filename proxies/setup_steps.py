@@ -242,8 +242,8 @@ def sharded_nbytes(profile: Profile, members: list[int], shards: int) -> int:
 
 
 def fsdp(reshard: bool):
-    """FSDP2's step as torch 2.14.1 issues it, call for call (tests/unit/proxies/test_setups_torch.py). On a CPU every call
-    blocks where it is issued (async_op=False, no streams): needed where ready."""
+    """FSDP2's step as torch 2.14.1 issues it, call for call (tests/unit/proxies/test_setups_torch.py).
+    On a CPU every call blocks where it is issued (async_op=False, no streams): needed where ready."""
     def build(profile: Profile, knobs: dict[str, Any], ctx: StepContext):
         c, group, layout = ctx.compute, ctx.shard_group(), ctx.layout
         units = units_of(profile)

@@ -39,4 +39,10 @@ from commbench.results.records import (  # noqa: F401
     statistic_us,
 )
 from commbench.results.sink import OutputError, ResultSink, append_record, new_run_id  # noqa: F401
-from commbench.results.times import MAX_RAW_TIMES, RAW_TIMES_ENCODING, RAW_TIMES_INLINE_MAX, pack_times, raw_times  # noqa: F401
+from commbench.results.times import (  # noqa: F401
+    MAX_RAW_TIMES,
+    RAW_TIMES_ENCODING,
+    RAW_TIMES_INLINE_MAX,
+    pack_times,
+    raw_times,
+)
