@@ -121,7 +121,9 @@ def _backend_config(options: dict, plan: job.Plan, cls, device: str):
                             timeout_s=options["timeout_s"])
     if plan.mode == "local":
         return request
-    launcher = "torchrun" if plan.mode == "emulate" else job.launcher_of(options["launcher"])
+    # the ranks' launcher: a proxy spawns its ranks as processes even where a sweep would run them in
+    # one (cuda's peer and virtual modes), so a spawn settles as "spawn" (cuda: ipc, one process a GPU)
+    launcher = {"emulate": "torchrun", "spawn": "spawn"}.get(plan.mode) or job.launcher_of(options["launcher"])
     _, settled = settle_backend(request if cls.runs_schedules else replace(request, topology=None), launcher)
     return replace(settled, topology=layout)
 

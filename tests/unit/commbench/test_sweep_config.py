@@ -74,3 +74,17 @@ def test_proxy_ranks_receive_the_settled_backend_config(started):
     assert shm == backend_class("shm").settle(shm, None)
     assert (shm.backend, shm.algorithm, shm.topology, shm.nprocs) == ("shm", "ring", "2x1", 2)
     assert (torch.backend, torch.topology, torch.nprocs, torch.device) == ("torch", "2x1", 2, "cpu")
+
+
+def test_a_spawned_cuda_proxy_runs_one_process_a_gpu(started, monkeypatch):
+    """A proxy spawns its ranks as processes, so cuda's `auto` settles as under a launcher (ipc, one process a
+    GPU), not as a sweep without one (peer: every rank in this one process). Two GPUs faked: no GPU here."""
+    import commbench.backends.cuda_sched as CS
+    import commbench.backends.gpu as G
+
+    for module in (G, CS):
+        monkeypatch.setattr(module, "require_gpu", lambda name="cuda": 2)
+    assert cli.main(["proxy", "resnet18", "--backend", "cuda", "--nprocs", "2", "--compute", "none", "--batch", "1",
+                     "--steps", "1"]) == 0
+    (cfg,) = started
+    assert cfg.backend.cuda_mode == "ipc"
