@@ -122,7 +122,8 @@ def acspeed_mode(args: argparse.Namespace) -> dict:
                           "--compute", "flops", "--tflops", str(tflops), "--steps", str(args.steps),
                           "--warmup-steps", "2", "--timeout", "60", "--json", path], 900)
         proxy = next(iter(records(path, "proxy")), None)
-        results[f"{model}/{layout}/{setup}"] = proxy and {k: proxy[k] for k in (
+        # a run without a rate (no step measured: it failed) is a failed row
+        results[f"{model}/{layout}/{setup}"] = proxy and proxy.get("samples_per_s") and {k: proxy[k] for k in (
             "step_us_p50", "step_us_p90", "samples_per_s", "compute_us_p50", "comm_us_p50", "exposed_comm_us_p50",
             "other_us_p50", "world_size", "nnodes", "batch", "gradient_bytes")}
         print(f"# {model} {layout} {setup}: exit {code} "
@@ -192,7 +193,8 @@ def predict_mode(args: argparse.Namespace) -> dict:
              "ring" if setup == "torch" else "hier", "--compute", "flops", "--tflops", tflops[model],
              "--steps", "3", "--warmup-steps", "1", "--json", path], 300)
         guess = next(iter(records(path, "proxy")), None)
-        rows[key] = guess and {k: guess[k] for k in ("step_us_p50", "samples_per_s", "world_size")}
+        rows[key] = guess and guess.get("samples_per_s") and {k: guess[k] for k in ("step_us_p50", "samples_per_s",
+                                                                                    "world_size")}
     scaling = {}
     for model in tflops if "torch" in fits else []:
         path = os.path.join(args.out, f"scaling-{model}.jsonl")

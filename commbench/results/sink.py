@@ -1,4 +1,4 @@
-"""Writing records: ResultSink, the one writer of every record type (results.py), one JSON line
+"""Writing records: ResultSink, the one writer of every record type (records.py), one JSON line
 each, flushed and fsynced as it is written (a crash loses nothing already written), and results in
 CSV too. A file that cannot be written is one OutputError line naming it."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import errno
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterable
@@ -94,9 +95,10 @@ class ResultSink:
 
     def write_free_form(self, records: Iterable[dict[str, Any]]) -> None:
         """Records already in their JSON form, without a record type here (check's rows and summary: an
-        output for people and scripts, no schema): written, then flushed and fsynced once."""
+        output for people and scripts, no schema): written, then flushed and fsynced once. A figure that is
+        not finite (an error against a measured time of ~0) is written null: JSON has no infinity."""
         for record in records:
-            self._write_json(record, sync=False)
+            self._write_json(_finite(record), sync=False)
         self._sync()
 
     def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
@@ -124,6 +126,17 @@ class ResultSink:
                     failure = failure or OutputError(path, exc)
         if failure:
             raise failure
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite, at any depth of dicts and lists, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def new_run_id() -> str:

@@ -113,6 +113,24 @@ def test_check_prints_rows_and_summary_and_writes_json(runs, tmp_path):
         assert row["error"] == pytest.approx(row["predicted_us"] / row["measured_us"] - 1)
 
 
+
+def test_an_error_against_a_time_of_nearly_nothing_is_written_null(runs, tmp_path):
+    """A measured time of 1e-320 us makes the row's error infinite: the JSON line holds null (JSON has no
+    infinity), the run ends as any other, no traceback."""
+    sweep, hw, _ = runs
+    lines = sweep.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if json.loads(line)["record"] == "result")
+    record = json.loads(lines[first])
+    record["time_us"] = 1e-320
+    lines[first] = json.dumps(record)
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text("\n".join(lines) + "\n")
+    out = commbench("check", str(tiny), "--hw", str(hw), "--json", str(tmp_path / "c.jsonl"))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert any(r["record"] == "check" and r["error"] is None for r in rows)
+    assert "Infinity" not in (tmp_path / "c.jsonl").read_text()
+
 def test_max_error_fails_a_poor_prediction(runs):
     sweep, hw, _ = runs
     out = commbench("check", str(sweep), "--hw", str(hw), "--max-error", "0.0001")
