@@ -4,17 +4,15 @@ backend reads are one BackendConfig inside it, settled by the backend's class be
 starts (commands/backend_options.py)."""
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from commbench.backends.base import BackendConfig
+from commbench.backends.base import BackendConfig, RanksConfig
 
 PLACEMENTS = ("out-of-place", "in-place")
 
 
 @dataclass(frozen=True)
-class SweepConfig:
+class SweepConfig(RanksConfig):
     """The sweep's options as they travel to every rank; `backend` is what the backend reads, settled
     by its class before any rank starts (commands/backend_options.py)."""
     collectives: tuple[str, ...] = ("allreduce",)
@@ -37,23 +35,3 @@ class SweepConfig:
     append: bool = False  # --append: add to --json/--csv instead of starting them anew
     monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
     nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
-
-    @property
-    def timeout_s(self) -> float:
-        """The job frame's timeout: the backend's (its rendezvous and every wait for a peer)."""
-        return self.backend.timeout_s
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> SweepConfig:
-        fields = json.loads(text)
-        fields["backend"] = BackendConfig(**fields["backend"])
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-
-    def header_fields(self) -> dict[str, Any]:
-        """The run header's `config`: one flat dict, the backend's options beside the sweep's, as
-        headers have always been written (readers look up config.algorithm, config.stat)."""
-        own = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "backend"}
-        return {**own, **asdict(self.backend)}

@@ -4,17 +4,17 @@ one BackendConfig inside it, settled by the backend's class before any rank star
 (commands/backend_options.py), as the sweep's are."""
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from commbench.backends.base import BackendConfig
-
-HEADER_BACKEND_FIELDS = ("backend", "torch_backend", "device", "algorithm", "topology", "timeout_s")
+from commbench.backends.base import BackendConfig, RanksConfig
 
 
 @dataclass(frozen=True)
-class ProxyConfig:
+class ProxyConfig(RanksConfig):
+    # the backend options a proxy header has always carried (not nprocs, hw, cuda_mode, graph)
+    HEADER_BACKEND_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "torch_backend", "device", "algorithm", "topology",
+                                                       "timeout_s")
     model: str  # a shipped profile name or a profile file
     batch: int | None = None  # per rank; None: the profile's default
     bucket_mb: float | None = None  # None: DDP's default (25 MiB, first bucket 1 MiB)
@@ -31,25 +31,6 @@ class ProxyConfig:
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
     setup: str = "ddp"  # proxies/setups.py
     knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
-
-    @property
-    def timeout_s(self) -> float:
-        """The job frame's timeout: the backend's (its rendezvous and every wait for a peer)."""
-        return self.backend.timeout_s
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ProxyConfig:
-        fields = json.loads(text)
-        return cls(**{**fields, "backend": BackendConfig(**fields["backend"])})
-
-    def header_fields(self) -> dict[str, Any]:
-        """The run header's `config`: one flat dict with the backend's options a proxy header has
-        always carried beside the proxy's own (readers look up config.compute, config.amp)."""
-        own = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "backend"}
-        return {**own, **{name: getattr(self.backend, name) for name in HEADER_BACKEND_FIELDS}}
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
         """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""

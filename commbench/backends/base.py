@@ -13,9 +13,11 @@ timed and never shares a stream with the measured traffic. Every backend holds o
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -41,6 +43,36 @@ class BackendConfig:
     cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
     graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
     timeout_s: float = 300.0  # the rendezvous and every wait for a peer; the job frame's timeout too
+
+
+class RanksConfig:
+    """What the frozen config of a command that runs ranks shares (SweepConfig, ProxyConfig): it holds one
+    BackendConfig (`backend`), travels to the ranks as JSON, and its run header writes it flat, the
+    backend's options beside the command's own, as headers have always been written (readers look up
+    config.algorithm, config.stat, config.compute)."""
+    backend: BackendConfig
+    HEADER_BACKEND_FIELDS: ClassVar[tuple[str, ...] | None] = None  # the backend's options a header holds; None: all
+
+    @property
+    def timeout_s(self) -> float:
+        """The job frame's timeout: the backend's (its rendezvous and every wait for a peer)."""
+        return self.backend.timeout_s
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        fields = json.loads(text)
+        fields["backend"] = BackendConfig(**fields["backend"])
+        tuples = {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}  # JSON made them lists
+        return cls(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in fields.items()})
+
+    def header_fields(self) -> dict[str, Any]:
+        """The run header's `config`: one flat dict."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "backend"}
+        names = self.HEADER_BACKEND_FIELDS or [f.name for f in dataclasses.fields(self.backend)]
+        return {**own, **{name: getattr(self.backend, name) for name in names}}
 
 
 class Backend(ABC):
