@@ -113,8 +113,11 @@ def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = (), 
     """`outputs`: (option, path) pairs, path None when not given. Refuse a file named by two options
     (their lines would interleave) or an output that is also an input (it would be overwritten before
     it is read), then check_writable each (`force`, `append`: the command's flags, append None where
-    it has none; `whole`: options whose file --append cannot add to, such as a PNG)."""
-    if force and append:
+    it has none; `whole`: options whose file --append cannot add to, such as a PNG). With both --force and
+    --append, --append adds to the record files and --force overwrites the whole ones (a plot); without
+    a whole file among the outputs, the two contradict each other."""
+    whole = set(whole)
+    if force and append and not any(path for option, path in outputs if option in whole):
         raise UsageFault("--force and --append: choose one (overwrite, or add to the file)")
     read = {os.path.realpath(p) for p in inputs}
     seen: dict[str, str] = {}
@@ -128,7 +131,10 @@ def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = (), 
             raise UsageFault(f"{option} {path}: the same file as {seen[key]}; give each output a file of its own")
         seen[key] = option
     for option, path in outputs:
-        check_writable(path, option, force, None if option in whole else append)
+        if option in whole:
+            check_writable(path, option, force, None)
+        else:
+            check_writable(path, option, force and not append, append)
 
 
 def find_job(launcher_option: str):

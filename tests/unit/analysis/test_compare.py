@@ -168,6 +168,25 @@ def test_cli_regression_exits_1_and_writes_json(tmp_path, capsys):
     assert all(json.loads(line) for line in out_path.read_text().splitlines())
 
 
+
+def test_append_adds_to_the_records_while_force_redraws_the_plot(tmp_path, capsys):
+    """A second comparison into the same files: --append adds its records, and the plot, which cannot be
+    appended to, is refused unless --force redraws it; --force with --append is refused where there is
+    nothing whole to overwrite."""
+    pytest.importorskip("matplotlib")
+    base = write(tmp_path / "b.jsonl", [result(1024, 10.0)])
+    new = write(tmp_path / "n.jsonl", [result(1024, 10.1)])
+    out, plot = tmp_path / "c.jsonl", tmp_path / "c.png"
+    assert run(capsys, "compare", base, new, "--json", out, "--plot", plot)[0] == 0
+    code, _, err = run(capsys, "compare", base, new, "--json", out, "--append", "--plot", plot)
+    assert code == 2 and "--plot" in err and "--force" in err
+    first = plot.stat().st_mtime_ns
+    assert run(capsys, "compare", base, new, "--json", out, "--append", "--plot", plot, "--force")[0] == 0
+    assert [r["record"] for r in read_records(str(out))] == ["compare", "compare"]
+    assert plot.stat().st_mtime_ns >= first and plot.stat().st_size > 0
+    code, _, err = run(capsys, "compare", base, new, "--json", out, "--append", "--force")
+    assert code == 2 and "choose one" in err
+
 def test_cli_threshold_and_metric_flags(tmp_path, capsys):
     base = write(tmp_path / "b.jsonl", [result(1024, busbw=10.0, time_us=100.0)])
     new = write(tmp_path / "n.jsonl", [result(1024, busbw=10.0, time_us=108.0)])
