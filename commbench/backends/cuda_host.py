@@ -36,6 +36,7 @@ import numpy as np
 
 from commbench.backends import cuda_kernels as K
 from commbench.backends import cuda_plan as P
+from commbench.backends.build_cache import build_folder, cache_root, cached
 from commbench.collectives import DTYPES, DType
 
 SHIM = "host_shim.h"
@@ -78,12 +79,6 @@ def find_compiler() -> str:
     raise HostBuildError(f"no C++ compiler for the host build of cuda/ (looked for {looked}): {COMPILER_HINT}")
 
 
-def cache_root() -> Path:
-    if os.environ.get("COMMBENCH_CACHE_DIR"):
-        return Path(os.environ["COMMBENCH_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "commbench"
-
-
 def _units() -> dict[str, str]:
     """Translation unit name -> its text: each kernel file with its exports, and the runtime."""
     units = {Path(file).stem: f'#include "{file}"\n' + "".join(f"CB_HOST_EXPORT({n})\n" for n in kernel_names(file))
@@ -106,9 +101,11 @@ def build(cache_dir: Path | None = None) -> Path:
     """The shared library's path, compiled now unless the cache holds this exact build."""
     compiler, units = find_compiler(), _units()
     target = (cache_dir or cache_root()) / "host_build" / _key(compiler, units) / LIBRARY
-    if target.is_file():
+    if cached(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    refused = build_folder(target)
+    if refused:
+        raise HostBuildError(refused)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         objects, procs = [], []
         for stem, text in units.items():

@@ -12,7 +12,7 @@ Which executor runs is $COMMBENCH_SHM_EXECUTOR:
   python  the reference executor (shm_executor.py), always.
 The library is compiled once with the C compiler ($CC, else cc, gcc, clang) into a cache folder keyed
 by a hash of the source, the compiler, its flags and this CPU (built with -march=native):
-$COMMBENCH_CACHE_DIR, else $XDG_CACHE_HOME/commbench, else ~/.cache/commbench (as cuda_host's build).
+$COMMBENCH_CACHE_DIR, else $XDG_CACHE_HOME/commbench, else ~/.cache/commbench (build_cache.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from commbench.backends.build_cache import build_folder, cache_root, cached
 
 EXECUTOR_VAR = "COMMBENCH_SHM_EXECUTOR"
 EXECUTORS = ("auto", "native", "python")
@@ -74,12 +76,6 @@ def find_compiler() -> str:
     raise NativeUnavailable(f"no C compiler (looked for {'$CC=' + wanted if wanted else 'cc, gcc, clang'})")
 
 
-def cache_root() -> Path:
-    if os.environ.get("COMMBENCH_CACHE_DIR"):
-        return Path(os.environ["COMMBENCH_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "commbench"
-
-
 def _cpu() -> str:
     """What -march=native depends on: the CPU's model and flags."""
     try:
@@ -98,13 +94,12 @@ def build(cache_dir: Path | None = None) -> Path:
         raise NativeUnavailable(f"{compiler} does not run ({exc})") from exc
     digest = hashlib.sha256(repr((compiler, version, FLAGS, SOURCE.read_text(), _cpu())).encode()).hexdigest()[:16]
     target = (cache_dir or cache_root()) / "shm_native" / digest / LIBRARY
-    if target.is_file() and _ours(target) and _ours(target.parent):
+    if cached(target):
         return target
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not _ours(target.parent):  # another user could swap the library it loads: build nothing there
-            raise NativeUnavailable(f"{target.parent} is not this user's, or anyone may write it: set "
-                                    f"$COMMBENCH_CACHE_DIR to a folder of your own")
+        refused = build_folder(target)
+        if refused:
+            raise NativeUnavailable(refused)
         with tempfile.TemporaryDirectory(dir=target.parent) as work:
             built = Path(work) / LIBRARY
             out = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
@@ -117,14 +112,6 @@ def build(cache_dir: Path | None = None) -> Path:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NativeUnavailable(f"building {SOURCE.name} failed ({exc})") from exc
     return target
-
-
-def _ours(path: Path) -> bool:
-    """Whether `path` belongs to this user and not everyone may write it (group-writable is left alone: a
-    umask of 002 with a group of one's own is common): a cached library is loaded into every rank, so one
-    planted by another user would run as this one."""
-    info = path.stat()
-    return info.st_uid == os.geteuid() and not info.st_mode & 0o002
 
 
 @functools.cache

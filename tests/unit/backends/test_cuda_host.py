@@ -364,6 +364,17 @@ def test_a_compile_error_is_one_line(tmp_path, monkeypatch):
         H.build(tmp_path / "cache")
 
 
+
+def test_a_cache_folder_anyone_may_write_is_not_used(tmp_path):
+    """A library another user could have planted in the cache is neither loaded nor built over (one line),
+    as for the shm executor (backends/build_cache.py)."""
+    target = tmp_path / "cache" / "host_build" / H._key(H.find_compiler(), H._units()) / H.LIBRARY
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"planted")
+    target.parent.chmod(0o777)
+    with pytest.raises(H.HostBuildError, match="anyone may write it"):
+        H.build(tmp_path / "cache")
+
 def test_the_cache_key_follows_the_sources(tmp_path, monkeypatch, host_kernels):
     """A second build is the cached library; a change to any kernel source is a new build."""
     started = time.monotonic()
