@@ -123,6 +123,7 @@ static void copy_bytes(void *out, const void *a, int64_t nbytes, int64_t nt_byte
     memcpy(o, s, (size_t)head);
     int64_t i = head;
     for (; i + 128 <= nbytes; i += 128) {
+#ifdef __AVX__
         __m256i x0 = _mm256_load_si256((const __m256i *)(s + i));
         __m256i x1 = _mm256_load_si256((const __m256i *)(s + i + 32));
         __m256i x2 = _mm256_load_si256((const __m256i *)(s + i + 64));
@@ -131,6 +132,10 @@ static void copy_bytes(void *out, const void *a, int64_t nbytes, int64_t nt_byte
         _mm256_stream_si256((__m256i *)(o + i + 32), x1);
         _mm256_stream_si256((__m256i *)(o + i + 64), x2);
         _mm256_stream_si256((__m256i *)(o + i + 96), x3);
+#else  /* x86-64 without AVX: SSE2's 16-byte streaming stores (every x86-64 has them) */
+        for (int k = 0; k < 128; k += 16)
+            _mm_stream_si128((__m128i *)(o + i + k), _mm_load_si128((const __m128i *)(s + i + k)));
+#endif
     }
     memcpy(o + i, s + i, (size_t)(nbytes - i));
 }
