@@ -122,8 +122,9 @@ def acspeed_mode(args: argparse.Namespace) -> dict:
                           "--compute", "flops", "--tflops", str(tflops), "--steps", str(args.steps),
                           "--warmup-steps", "2", "--timeout", "60", "--json", path], 900)
         proxy = next(iter(records(path, "proxy")), None)
-        # a run without a rate (no step measured: it failed) is a failed row
-        results[f"{model}/{layout}/{setup}"] = proxy and proxy.get("samples_per_s") and {k: proxy[k] for k in (
+        # a run that did not end ok, or without a rate (no step measured), is a failed row
+        ok = proxy and proxy.get("status") == "ok" and proxy.get("samples_per_s")
+        results[f"{model}/{layout}/{setup}"] = ok and {k: proxy[k] for k in (
             "step_us_p50", "step_us_p90", "samples_per_s", "compute_us_p50", "comm_us_p50", "exposed_comm_us_p50",
             "other_us_p50", "world_size", "nnodes", "batch", "gradient_bytes")}
         print(f"# {model} {layout} {setup}: exit {code} "

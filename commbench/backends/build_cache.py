@@ -28,7 +28,13 @@ def cached(target: Path) -> bool:
 
 def build_folder(target: Path) -> str | None:
     """Make `target`'s folder for a build; None when it may be built there, else why not (one line)."""
+    missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
+    for made in missing:  # under a umask of 000 they would be anyone's to write: not for a library's folder
+        try:
+            made.chmod(made.stat().st_mode & 0o7777 & ~0o002)
+        except OSError:
+            pass  # another rank's, made at the same moment: owned() below judges it
     if not owned(target.parent):  # another user could swap the library it loads: build nothing there
         return (f"{target.parent} is not this user's, or anyone may write it: set $COMMBENCH_CACHE_DIR to a "
                 f"folder of your own")

@@ -95,15 +95,15 @@ class ResultSink:
 
     def write_free_form(self, records: Iterable[dict[str, Any]]) -> None:
         """Records already in their JSON form, without a record type here (check's rows and summary: an
-        output for people and scripts, no schema): written, then flushed and fsynced once. A figure that is
-        not finite (an error against a measured time of ~0) is written null: JSON has no infinity."""
+        output for people and scripts, no schema): written, then flushed and fsynced once. As in every record,
+        a figure that is not finite (an error against a measured time of ~0) is written null."""
         for record in records:
-            self._write_json(_finite(record), sync=False)
+            self._write_json(record, sync=False)
         self._sync()
 
     def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
         if self._json:
-            line = json.dumps(record, allow_nan=False, default=str) + "\n"
+            line = json.dumps(_finite(record), allow_nan=False, default=str) + "\n"  # JSON has no infinity
             with _writing(self._json_path):
                 self._json.write(line)
             if sync:

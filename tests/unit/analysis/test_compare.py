@@ -187,6 +187,16 @@ def test_append_adds_to_the_records_while_force_redraws_the_plot(tmp_path, capsy
     code, _, err = run(capsys, "compare", base, new, "--json", out, "--append", "--force")
     assert code == 2 and "choose one" in err
 
+
+def test_an_infinite_change_is_written_null(tmp_path, capsys):
+    """A base time of ~0 makes the change infinite: the record holds null (JSON has no infinity), no traceback."""
+    base = write(tmp_path / "b.jsonl", [result(1024, 10.0, time_us=1e-320)])
+    new = write(tmp_path / "n.jsonl", [result(1024, 10.0, time_us=5.0)])
+    out = tmp_path / "c.jsonl"
+    code, _, err = run(capsys, "compare", base, new, "--metric", "time", "--json", out)
+    assert code in (0, 1) and "Traceback" not in err, err
+    assert "Infinity" not in out.read_text() and any(v is None for r in read_records(str(out)) for v in r.values())
+
 def test_cli_threshold_and_metric_flags(tmp_path, capsys):
     base = write(tmp_path / "b.jsonl", [result(1024, busbw=10.0, time_us=100.0)])
     new = write(tmp_path / "n.jsonl", [result(1024, busbw=10.0, time_us=108.0)])

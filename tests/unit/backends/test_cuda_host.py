@@ -413,3 +413,17 @@ def _preprocess(compiler, path, *flags):
     out = subprocess.run([compiler, "-E", "-P", "-x", "c++", "-std=c++17", *flags, str(path)], capture_output=True,
                          text=True, timeout=120, check=True)
     return out.stdout
+
+
+def test_a_cache_folder_made_under_umask_000_is_still_usable(tmp_path):
+    """Folders the build makes are never left writable by anyone, whatever the umask: under umask 000 the
+    cache is still this user's own (before, the ownership check refused the folder it had just made)."""
+    from commbench.backends.build_cache import build_folder, owned
+
+    old = os.umask(0)
+    try:
+        target = tmp_path / "cache" / "kind" / "key" / "lib.so"
+        assert build_folder(target) is None
+    finally:
+        os.umask(old)
+    assert all(owned(folder) for folder in (target.parent, target.parent.parent, tmp_path / "cache"))
