@@ -10,11 +10,19 @@ from commbench.backends import BackendConfig, BackendError, backend_class
 from commbench.commands.common import UsageFault
 
 
+def backend_class_of(name: str) -> Any:
+    """The backend's class, or UsageFault naming the backends there are."""
+    try:
+        return backend_class(name)
+    except BackendError as exc:
+        raise UsageFault(str(exc)) from exc
+
+
 def settle_backend(request: BackendConfig, launcher: str | None) -> tuple[Any, BackendConfig]:
     """(backend class, settled BackendConfig) for a job started by `launcher` (None: commbench on
     its own; "torchrun" on an emulated cluster), or UsageFault with the backend's one line."""
+    cls = backend_class_of(request.backend)
     try:
-        cls = backend_class(request.backend)
         return cls, cls.settle(request, launcher)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc

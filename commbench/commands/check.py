@@ -49,7 +49,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty
-    from commbench.commands.fit import warn_poor as _warn_poor
+    from commbench.commands.fit import warn_poor
     from commbench.costmodel import HardwareError, load_hardware
     from commbench.results import RecordError
 
@@ -69,7 +69,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     if not rows:
         raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result), proxy "
                          f"replay, or training records beside a replay of the same setup")
-    _warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
+    warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
     _table(rows, hw.name)
     summary = K.summary(rows, include_oversubscribed)
     _summary_lines(rows, summary, include_oversubscribed)

@@ -81,7 +81,9 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                               "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
-    cls = _backend_class(options["backend"])
+    from commbench.commands.backend_options import backend_class_of
+
+    cls = backend_class_of(options["backend"])
     if options.get("validate"):
         _check_validate(plan, bucketing, compute, cls)
     device = _device(options)
@@ -126,15 +128,6 @@ def _backend_config(options: dict, plan: job.Plan, cls, device: str):
     launcher = {"emulate": "torchrun", "spawn": "spawn"}.get(plan.mode) or job.launcher_of(options["launcher"])
     _, settled = settle_backend(request if cls.runs_schedules else replace(request, topology=None), launcher)
     return replace(settled, topology=layout)
-
-
-def _backend_class(name: str):
-    from commbench.backends import BackendError, backend_class
-
-    try:
-        return backend_class(name)
-    except BackendError as exc:
-        raise UsageFault(str(exc)) from exc
 
 
 def _settle_layout(options: dict) -> dict:
