@@ -9,8 +9,11 @@ processes:
                  Open MPI's MPI_Allreduce(MPI_IN_PLACE) (shared-memory btl, as shm_vs_peers.py);
   shm:deepspeed  against deepspeed.comm.inference_all_reduce (DS_ACCELERATOR=cpu, LOCAL_SIZE=2;
                  DeepSpeed's C++ shared-memory op, built once here before the sizes run);
-  shm:bound      at --bound-sizes (256 MiB): the memory bound of the 2-rank ring (paired.py:
-                 both ranks copy and add private arrays of the size at once).
+  shm:bound      at --bound-sizes (256 MiB): the memory bound of the 2-rank pull ring (paired.py:
+                 both ranks copy and add private arrays of the size at once: 2.5 S per rank);
+  shm:copybound  there too: the least traffic of any 2-rank allreduce (both ranks copy S at once,
+                 the faster of NumPy's and a streaming copy: 2 S per rank), which shm's ring with
+                 pushes moves; the 85% target is judged on this one, the stricter.
 
 Each size is its own job, stopped after --size-timeout seconds (start-up included): where
 DeepSpeed gives no result in that time, the size runs again without it, and the table says
@@ -22,7 +25,8 @@ the median, the lower quartile (q1) and the range of the pair ratios; each tool'
 Targets (issue 27), on the pair ratios:
 
   shm <= Open MPI, and <= DeepSpeed where it runs: median >= 1.0 and q1 >= 0.9 (met / MISSED);
-  256 MiB: shm busbw >= 85% of the memory bound measured beside it: median of shm:bound >= 0.85
+  256 MiB: shm busbw >= 85% of the memory bound measured beside it: median of shm:copybound >= 0.85
+  (shm:bound is reported beside it)
   (the issue asks for two runs at least an hour apart: run the script twice).
 
     python benchmarks/deepspeed_peer.py --json out/deepspeed_peer.json          # ~3-5 min
@@ -91,23 +95,25 @@ def summarize(record: dict, ds_note: str | None) -> dict:
     row = {"nbytes": record["nbytes"], "deepspeed_note": ds_note,
            "shm_executor": record["tools"].get("shm", {}).get("executor"),
            "shm_algorithm": record["tools"].get("shm", {}).get("algorithm")}
-    for tool in ("shm", "mpi", "deepspeed", "bound"):
+    for tool in ("shm", "mpi", "deepspeed", "bound", "copybound"):
         times = paired.slot_times(record, tool)
         row[f"{tool}_times_us"] = times
         row[f"{tool}_time_us"] = method.median(times) if times else None
-    for key in ("shm:mpi", "shm:deepspeed", "shm:bound"):
+    for key in ("shm:mpi", "shm:deepspeed", "shm:bound", "shm:copybound"):
         row[key] = paired.comparison(record, key)
         row[f"{key} p50"] = paired.comparison(record, key, "p50_us")  # per-call medians: load spikes left out
-    if row["bound_time_us"]:
-        row["shm_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row["shm_time_us"], WORLD)[1]
-        row["bound_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row["bound_time_us"], WORLD)[1]
+    for tool in ("bound", "copybound"):
+        if row[f"{tool}_time_us"]:
+            row["shm_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row["shm_time_us"], WORLD)[1]
+            row[f"{tool}_busbw_gbps"] = method.allreduce_bandwidths_gbps(row["nbytes"], row[f"{tool}_time_us"],
+                                                                         WORLD)[1]
     return row
 
 
 def verdict(ratio: method.PairedRatio, key: str) -> str:
     if not ratio.ratios:
         return "-"
-    if key == "shm:bound":
+    if key in ("shm:bound", "shm:copybound"):
         return "met" if ratio.median >= BOUND_FRACTION else "MISSED"
     return "met" if ratio.median >= MEDIAN_AT_LEAST and ratio.q1 >= Q1_AT_LEAST else "MISSED"
 
@@ -141,12 +147,15 @@ def print_report(rows: list[dict], pairs: int) -> None:
                          times_text(row["mpi_times_us"]), ratio_text(row["shm:mpi"]), p50_text(row["shm:mpi p50"]),
                          times_text(row["deepspeed_times_us"]), ds_ratio, p50_text(row["shm:deepspeed p50"])]))
     for row in rows:
-        if row["shm:bound"].ratios:
-            ratio = row["shm:bound"]
-            print(f"# memory bound at {format_size(row['nbytes'])}: shm:bound {ratio.median:.2f} q1 {ratio.q1:.2f} "
-                  f"[{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}] -> {verdict(ratio, 'shm:bound')} (>= 0.85); "
-                  f"busbw shm {row['shm_busbw_gbps']:.2f} GB/s, bound {row['bound_busbw_gbps']:.2f} GB/s "
-                  "(slot medians)")
+        for key, what in (("shm:bound", "the pull ring's traffic"),
+                          ("shm:copybound", "the least traffic, the target's")):
+            ratio = row[key]
+            if ratio.ratios:
+                tool = key.split(":")[1]
+                print(f"# memory bound at {format_size(row['nbytes'])}, {what}: {key} {ratio.median:.2f} q1 "
+                      f"{ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}] -> {verdict(ratio, key)} "
+                      f"(>= 0.85); busbw shm {row['shm_busbw_gbps']:.2f} GB/s, {tool} "
+                      f"{row[f'{tool}_busbw_gbps']:.2f} GB/s (slot medians)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ds_missing = "left out (--no-deepspeed)" if args.no_deepspeed else deepspeed_missing()
     args.mpi_args = args.mpi_args if args.mpi_args is not None else mpi_shared_memory_args()[0]
     args.check = False
-    compare = ["shm:mpi", *([] if ds_missing else ["shm:deepspeed"]), "shm:bound"]
+    compare = ["shm:mpi", *([] if ds_missing else ["shm:deepspeed"]), "shm:bound", "shm:copybound"]
     load = os.getloadavg()
     print(f"# shm vs Open MPI and DeepSpeed, paired: allreduce float32 sum in place, {WORLD} ranks, {args.pairs} "
           f"ABBA pairs of ~{args.slot_time:g} s slots; {os.cpu_count()} CPUs, load average {load[0]:.2f} "

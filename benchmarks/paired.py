@@ -36,6 +36,11 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
   bound4k  the same with the arrays in /dev/shm mappings, as shm's segments are (on a
          kernel with shmem_enabled = never: 4 KiB pages, where NumPy's private arrays
          get transparent huge pages): how much of the gap to `bound` is the page size.
+  copybound  the least traffic of ANY 2-rank allreduce (each rank reads S and writes S: every
+         input element read once, every result written once): both ranks at once copy S
+         between private arrays, the faster of np.copyto and shm_native's streaming copy
+         (non-temporal stores). `bound` is the pull ring's traffic (2.5 S per rank); shm's
+         ring with pushes moves 2 S (this floor's traffic), so it can pass `bound`. Only at --bound-sizes.
 
 Ranks come from mpirun (with mpi4py; the mpi tool needs it) or, without MPI, from
 local processes (multiprocessing, control through torch.distributed). Run by the
@@ -63,7 +68,8 @@ from slots import MIN_SLOT_ITERS, MpiControl, Tools, TorchControl
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k")
+TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k",
+         "copybound")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -81,7 +87,7 @@ def rank_sizes(control, args: argparse.Namespace, port: int, emit: Callable[[dic
             record: dict = {"nbytes": nbytes, "world_size": control.world, "tools": {}, "comparisons": {}}
             if "shm" in needed and args.check:
                 record["shm_checked"] = tools.shm_checked(nbytes, args.slot_time)
-            here = [c for c in comparisons if not any(t.startswith("bound") for t in c) or nbytes in bound_sizes]
+            here = [c for c in comparisons if not any("bound" in t for t in c) or nbytes in bound_sizes]
             slots = {}
             for tool in sorted({t for pair in here for t in pair}, key=TOOLS.index):
                 slots[tool] = tools.slot(tool, nbytes)

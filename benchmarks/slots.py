@@ -259,6 +259,9 @@ class Tools:
     def _bound4k(self, count: int) -> Slot:
         return BoundSlot(count, self.control, shared=True)
 
+    def _copybound(self, count: int) -> Slot:
+        return CopyBoundSlot(count, self.control)
+
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
@@ -293,6 +296,55 @@ class BoundSlot(Slot):
         start = time.perf_counter()
         call()
         return time.perf_counter() - start
+
+
+class CopyBoundSlot(BoundSlot):
+    """The least traffic of any 2-rank allreduce: each rank must read S bytes (every input element read
+    once, by one of the two) and write S bytes (its result), so both ranks at once copy S between private
+    arrays; slot time = the faster kernel's median, NumPy's copy (glibc's memcpy) or shm_native's copy
+    with non-temporal stores, max over ranks."""
+
+    def __init__(self, count: int, control):
+        self.src, self.dst = _aligned(count), _aligned(count)
+        self.src[...] = 1.0
+        self.dst[...] = 0.0  # first touch: page faults are not bandwidth
+        self.streaming = _streaming_copy(self.dst, self.src)
+        Slot.__init__(self, lambda: None, control.barrier)
+        self.control = control
+
+    def run(self, control) -> dict:
+        numpy_s, stream_s = [], []
+        for _ in range(self.iters):
+            numpy_s.append(self._timed(lambda: np.copyto(self.dst, self.src)))
+            stream_s.append(self._timed(self.streaming))
+        numpy_us = control.max(float(np.median(numpy_s)) * 1e6)
+        stream_us = control.max(float(np.median(stream_s)) * 1e6)
+        best = min(numpy_us, stream_us)
+        return {"time_us": best, "p50_us": best, "numpy_copy_us": numpy_us, "stream_copy_us": stream_us}
+
+
+def _aligned(count: int) -> np.ndarray:
+    """float32 array of `count` elements starting on a 64-byte boundary (streaming stores need 32)."""
+    raw = np.empty(count + 16, dtype=np.float32)
+    skip = (-raw.ctypes.data % 64) // 4
+    return raw[skip:skip + count]
+
+
+def _streaming_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:
+    """dst[...] = src through shm_native's copy with non-temporal stores (a one-step plan, no barrier)."""
+    import ctypes
+    import functools
+
+    from commbench.backends import shm_native
+
+    library = shm_native.load()
+    ops = (shm_native.Op * 1)()
+    ops[0].kind, ops[0].dtype, ops[0].stream = shm_native.OP_COPY, shm_native.DTYPES[dst.dtype], 1
+    ops[0].count, ops[0].out, ops[0].a = len(dst), dst.ctypes.data, src.ctypes.data
+    context = shm_native.Context(nt_bytes=0)
+    call = functools.partial(library.cb_shm_run, ctypes.addressof(ops), 1, 0, 0, ctypes.addressof(context))
+    call.keep = (ops, context, dst, src)  # what the pointers point into lives as long as the call
+    return call
 
 
 def _shared_array(count: int) -> np.ndarray:

@@ -343,14 +343,18 @@ ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps (docs/al
 ONESHOT_MAX_RANKS = 8
 
 
-def choose(collective: str, topo: Topology, nbytes: int) -> str:
+def choose(collective: str, topo: Topology, nbytes: int, pushes: bool = False) -> str:
     """The `auto` rule: for small allreduce, oneshot on 2-8 ranks and rhd on more; hier
-    across nodes; ring otherwise; the only algorithm for other collectives (docs/algorithms.md)."""
+    across nodes; ring otherwise; the only algorithm for other collectives (docs/algorithms.md).
+    `pushes`: the executor runs schedule.pushed_ahead's pushes, which make a 2-rank ring one round
+    (a reduce and a push, half oneshot's traffic): ring on 2 ranks at every size."""
     table = ALGORITHMS.get(collective)
     if not table:
         raise KeyError(collective)
     if collective != "allreduce":
         return next(iter(table))
+    if pushes and topo.world == 2:
+        return "ring"
     if nbytes <= ONESHOT_MAX_BYTES and topo.world > 1:
         return "oneshot" if topo.world <= ONESHOT_MAX_RANKS else "rhd"
     if topo.nodes > 1 and topo.ranks_per_node > 1:
@@ -373,8 +377,9 @@ def entry(collective: str, name: str) -> Algorithm:
     return entries[name]
 
 
-def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0) -> Schedule:
-    """The Schedule of `algorithm` (or the `auto` choice) for `collective`: any entry, GPU-only
-    ones included (which backend may run it is `available`'s question, asked before)."""
-    name = choose(collective, topo, nbytes) if algorithm == "auto" and collective in ALGORITHMS else algorithm
+def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0,
+          pushes: bool = False) -> Schedule:
+    """The Schedule of `algorithm` (or the `auto` choice, `pushes` as choose's) for `collective`: any entry,
+    GPU-only ones included (which backend may run it is `available`'s question, asked before)."""
+    name = choose(collective, topo, nbytes, pushes) if algorithm == "auto" and collective in ALGORITHMS else algorithm
     return entry(collective, name).schedule(topo, count, root)

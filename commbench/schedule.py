@@ -143,6 +143,30 @@ def pipelined(schedule: Schedule, slices: int) -> Schedule:
     return replace(schedule, rounds=rounds)
 
 
+def pushed_ahead(schedule: Schedule) -> tuple[tuple[Transfer, ...], ...]:
+    """For each round, the copies of the NEXT round that their source may run at the end of this one,
+    writing into the destination's buffer (a push) instead of the destination reading them in the next
+    round (a pull), with the same result. An executor that reduces a chunk and pushes it on while it is
+    in its registers (shm's native one, blockwise) saves a pass over the chunk and, when a round is
+    left empty, its barrier: a 2-rank ring becomes one round.
+
+    A copy t = (s -> d, X) of round k + 1 moves to round k when neither round has hazards (so in round
+    k + 1 no other transfer reads d's X, which would see the new value, nor writes s's X, which must be
+    final when s's round-k steps end) and, in round k, no transfer writes d's X and none reads it but
+    s's own (s reads before it pushes). Pushes land before the barrier that ends round k, so round
+    k + 1 starts with them in place."""
+    rounds = schedule.rounds
+    ahead: list[tuple[Transfer, ...]] = []
+    for k, rnd in enumerate(rounds):
+        nxt = rounds[k + 1] if k + 1 < len(rounds) else ()
+        if not nxt or hazards(rnd) or hazards(nxt):
+            ahead.append(())
+            continue
+        ahead.append(tuple(t for t in nxt if not t.reduce and not any(
+            _overlap(u.chunk, t.chunk) and (u.dst == t.dst or (u.src == t.dst and u.dst != t.src)) for u in rnd)))
+    return tuple(ahead)
+
+
 # ---------------------------------------------------------------- the reference interpreter
 
 

@@ -53,6 +53,7 @@ class ScheduleBackend(Backend):
     algorithm: str  # an algorithm name or "auto"
     dtype: DType | None = None
     _last: Schedule | None = None
+    pushes = False  # runs schedule.pushed_ahead's copies as pushes (shm): `auto` may choose for that
     runs_schedules = True
     launches_async = False  # calls run to completion (the proxy hands them to a thread)
     runs_rank_groups = False  # a schedule spans the whole world (shm and p2p inherit torch's rendezvous only)
@@ -108,7 +109,8 @@ class ScheduleBackend(Backend):
 
     def schedule(self, collective: str, count: int, itemsize: int, root: int) -> Schedule:
         try:
-            return algorithms.build(collective, self.algorithm, self.topology, count, count * itemsize, root)
+            return algorithms.build(collective, self.algorithm, self.topology, count, count * itemsize, root,
+                                    self.pushes)
         except algorithms.AlgorithmError as exc:
             raise BackendError(str(exc)) from exc
 

@@ -6,7 +6,10 @@ barrier spins, then hands the wait back to shm_waits to block) or by the Python 
 call or barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (shm_native.py).
 Both keep the barrier protocol (shm_waits.py) on the same counters and give bitwise the same results.
 A transfer is a pull: the destination rank reads the source's chunk straight from the source's segment
-and adds it into (NumPy), or copies it into, its own buffer; nothing is copied twice.
+and adds it into (NumPy), or copies it into, its own buffer; nothing is copied twice. The exception is a
+push (schedule.pushed_ahead): a copy the source runs into the destination's buffer at the end of the
+round before, where that gives the same result; the native executor fuses a reduce with the push of
+its result (one pass: a 2-rank ring reads each input once and writes each output once).
 
 Rounds with hazards (a rank written where a peer reads it in the same round:
 one-shot allreduce in place) stage the result in a private buffer and write it
@@ -26,7 +29,7 @@ from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
 from commbench.backends.shm_segments import ShmBuffer
 from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
-from commbench.schedule import Schedule, hazards, pipelined
+from commbench.schedule import Schedule, hazards, pipelined, pushed_ahead
 
 PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
 _NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -40,6 +43,11 @@ class ShmExecutor:
     # at 256 MiB 1.05x faster once, 1.6-2.3x slower in the later runs, quiet or loaded (33 barriers per call
     # instead of 3, each a rendezvous of two ranks, and slices below the non-temporal copy threshold).
     pipeline = False
+    # Copies that a round's source can run at the end of the round before (schedule.pushed_ahead) are pushed
+    # into the peer's buffer there: the native executor fuses a reduce with the push of its result, and a
+    # round left empty loses its barrier; `auto` runs a ring on 2 ranks at every size (algorithms.choose;
+    # docs/algorithms.md, "Pushes"; False: every transfer a pull, and auto's rule without pushes).
+    pushes = True
 
     def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
         """(native state or None, which executor runs, the header's note when auto fell back to python)."""
@@ -96,13 +104,22 @@ class ShmExecutor:
         return call
 
     def _plan(self, schedule: Schedule, working: ShmBuffer) -> list[tuple]:
-        """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) over views fixed now."""
+        """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b), ("push", peer's dst, src) over views
+        fixed now (a push is a copy into a peer's buffer)."""
         plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
-        rounds = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize)).rounds
+        sliced = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize))
+        rounds, ahead = sliced.rounds, pushed_ahead(sliced) if self.pushes else ((),) * sliced.steps
         last = len(rounds) - 1
         for index, rnd in enumerate(rounds):
-            steps, staged = self._round_steps(rnd, working)
-            plan += [*steps, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
+            early = set(ahead[index - 1]) if index else set()
+            pulls = tuple(t for t in rnd if t not in early)  # the rest ran as pushes in the round before
+            if not pulls and not ahead[index]:
+                continue  # every transfer of the round ran in the one before: no barrier for it (on every rank)
+            steps, staged = self._round_steps(pulls, working)
+            mine = working.array
+            pushes = [("push", self._peer_array(t.dst, working)[t.chunk[0]:t.chunk[1]], mine[t.chunk[0]:t.chunk[1]])
+                      for t in ahead[index] if t.src == self.rank]
+            plan += [*steps, *pushes, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
             # Whether a round needs the write-back barrier is decided from the round itself, so every rank
             # meets the same barriers even when only some stage. After the last round the next call's first
             # barrier does its work (nobody reads this call's result before it; the write-back is our own
@@ -159,7 +176,7 @@ def _step(dst: np.ndarray, src: np.ndarray, is_reduce: bool) -> tuple:
 
 def _python_step(reduce, step: tuple) -> Callable[[], Any]:
     """A plan step as one pre-built call: partials of NumPy's C functions (no Python frame per step)."""
-    if step[0] == "copy":
+    if step[0] in ("copy", "push"):
         return functools.partial(step[1].__setitem__, Ellipsis, step[2])
     out, a, b = step[1:]
     return functools.partial(reduce, a, b, out)

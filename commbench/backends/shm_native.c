@@ -21,6 +21,9 @@ Approach:
   least `nt_bytes` use non-temporal stores: no read for ownership of lines that would only be
   evicted again. Where the buffers fit, the result stays in the cache for the next call. An sfence
   before every barrier makes the stores visible before the counter moves.
+- A push is a copy into a peer's buffer (schedule.pushed_ahead). A reduce followed by the push of its
+  result is one operation (`out2`, fused by shm_native.py): each block is reduced in L1 and stored to
+  both buffers, streaming as a copy would.
 Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, else the index of
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
@@ -33,13 +36,15 @@ the barrier at which it stopped waiting (call again with start = that index, res
 #include <immintrin.h>
 
 #define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm_waits.py's budgets */
-enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2 };
+enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2, OP_SKIP = 3 };
+#define FUSED_BLOCK 8192  /* bytes a fused reduce-and-push computes at a time (in L1) before storing it */
 enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
 enum { T_F32 = 0, T_F64 = 1, T_I8 = 2, T_U8 = 3, T_I32 = 4, T_I64 = 5 };
 
 typedef struct {
-    int32_t kind, dtype, reduction, stream;  /* stream: a copy of at least nt_bytes uses non-temporal stores */
-    void *out;
+    int32_t kind, dtype, reduction, stream;  /* stream: a copy (or reduce with out2) of at least nt_bytes uses
+                                                non-temporal stores */
+    void *out, *out2;  /* out2: a reduce also pushes its result there (a peer's buffer), in the same pass */
     const void *a, *b;
     int64_t count;  /* elements */
 } cb_op;
@@ -176,6 +181,28 @@ static void reduce(const cb_op *op) {
 
 static const int64_t ITEMSIZE[] = {4, 8, 1, 1, 4, 8};
 
+/* out = out2 = a op b in one pass: each block is reduced into a buffer in L1 (aligned as `out` is, so the
+   stores can stream), then stored to both: the inputs are read once and the outputs written once (a
+   reduce, then a pull of its result by the peer, reads the chunk a third time and writes it from the
+   other core). `nt`: as copy_bytes' (0: stream every block). The same arithmetic as reduce(): bitwise
+   the same results. */
+static void reduce_push(const cb_op *op, int64_t nt) {
+    _Alignas(64) char tmp[FUSED_BLOCK + 64];
+    int64_t size = ITEMSIZE[op->dtype], nbytes = op->count * size;
+    char *t = tmp + ((uintptr_t)op->out & 63);
+    for (int64_t at = 0; at < nbytes; at += FUSED_BLOCK) {
+        int64_t n = nbytes - at < FUSED_BLOCK ? nbytes - at : FUSED_BLOCK;
+        cb_op part = *op;
+        part.out = t;
+        part.a = (const char *)op->a + at;
+        part.b = (const char *)op->b + at;
+        part.count = n / size;
+        reduce(&part);
+        copy_bytes((char *)op->out + at, t, n, nt);
+        copy_bytes((char *)op->out2 + at, t, n, nt);
+    }
+}
+
 int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resumed, cb_ctx *c) {
     for (int64_t k = start; k < count; k++) {
         const cb_op *op = &ops[k];
@@ -183,8 +210,9 @@ int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resum
             if (!barrier(c, k == start && resumed)) return k;
         } else if (op->kind == OP_COPY) {
             copy_bytes(op->out, op->a, op->count * ITEMSIZE[op->dtype], op->stream ? c->nt_bytes : INT64_MAX);
-        } else {
-            reduce(op);
+        } else if (op->kind == OP_REDUCE) {
+            if (op->out2) reduce_push(op, op->stream && op->count * ITEMSIZE[op->dtype] >= c->nt_bytes ? 0 : INT64_MAX);
+            else reduce(op);
         }
     }
     _mm_sfence();  /* the last non-temporal copy visible before Python (or a Python barrier) goes on */

@@ -34,7 +34,7 @@ EXECUTORS = ("auto", "native", "python")
 SOURCE = Path(__file__).with_name("shm_native.c")
 LIBRARY = "libcb_shm.so"
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-strict-aliasing")
-OP_BARRIER, OP_COPY, OP_REDUCE = 0, 1, 2
+OP_BARRIER, OP_COPY, OP_REDUCE, OP_SKIP = 0, 1, 2, 3
 REDUCTIONS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 0}  # avg: a sum, divided after the call
 DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3,
           np.dtype(np.int32): 4, np.dtype(np.int64): 5}  # float16 and bfloat16 (uint16 storage) stay in Python
@@ -48,8 +48,8 @@ class NativeUnavailable(Exception):
 
 class Op(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("dtype", ctypes.c_int32), ("reduction", ctypes.c_int32),
-                ("stream", ctypes.c_int32), ("out", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
-                ("count", ctypes.c_int64)]
+                ("stream", ctypes.c_int32), ("out", ctypes.c_void_p), ("out2", ctypes.c_void_p),
+                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("count", ctypes.c_int64)]
 
 
 class Context(ctypes.Structure):
@@ -196,17 +196,26 @@ class NativeExecutor:
             context.spin_ns = max(context.spin_floor_ns, context.spin_ns // 2)
 
     def ops(self, plan: list[tuple], reduction: str, stream: bool = False) -> ctypes.Array:
-        """The plan's steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b) as an Op array; `stream`:
-        the ranks' buffers exceed the last-level cache, so large copies bypass it."""
+        """The plan's steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b), ("push", dst, src) as an Op
+        array; `stream`: the ranks' buffers exceed the last-level cache, so large copies bypass it. A reduce
+        followed by the push of its result becomes one fused Op (out2) and the push an OP_SKIP: the array
+        keeps the plan's indices, which a stopped barrier returns."""
         array = (Op * len(plan))()
-        for slot, step in zip(array, plan):
+        for index, (slot, step) in enumerate(zip(array, plan)):
             if step[0] == "barrier":
                 slot.kind = OP_BARRIER
                 continue
             arrays = step[1:]
-            slot.kind = OP_COPY if step[0] == "copy" else OP_REDUCE
+            slot.kind = OP_REDUCE if step[0] == "reduce" else OP_COPY
             slot.stream = int(stream)
             slot.dtype, slot.reduction, slot.count = DTYPES[arrays[0].dtype], REDUCTIONS[reduction], len(arrays[0])
             slot.out, slot.a = arrays[0].ctypes.data, arrays[1].ctypes.data
             slot.b = arrays[2].ctypes.data if len(arrays) > 2 else None
+            if step[0] == "push" and index and _pushes_result_of(plan[index - 1], step) and not array[index - 1].out2:
+                array[index - 1].out2, slot.kind = slot.out, OP_SKIP
         return array
+
+
+def _pushes_result_of(before: tuple, push: tuple) -> bool:
+    """Whether `push` copies exactly the output of the reduce step `before`."""
+    return before[0] == "reduce" and before[1].ctypes.data == push[2].ctypes.data and len(before[1]) == len(push[2])

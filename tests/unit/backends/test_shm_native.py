@@ -54,12 +54,13 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
     from commbench import collectives as C
     from commbench.backends.shm import ShmBackend
     from commbench.launch import LaunchInfo
+    from commbench.schedule import run
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
     backend.pipeline, backend._llc_bytes = True, 64 << 10  # a small "cache": the larger rings run pipelined
     outputs = {"executor": np.array(backend.executor_name)}
-    sliced = []
+    sliced, wrong = [], []
     for index, (collective, algorithm, dtype_name, op, count) in enumerate(CASES):
         backend.algorithm, dtype = algorithm, C.resolve_dtype(dtype_name)
         parts = collective in ("reduce_scatter", "allgather")  # in place, as the harness lays them out
@@ -73,9 +74,15 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
             backend.upload(send, _inputs(index, rank, dtype_name, backend.length(send), turn), rank)
             call()
             outputs[f"{index}_{turn}"] = backend.download(whole, 0, backend.length(whole), rank)
+            if collective == "allreduce" and op != "avg" and dtype_name != "bfloat16":
+                store = np.dtype(dtype.host)
+                inputs = [_inputs(index, r, dtype_name, count, turn).astype(store) for r in range(world)]
+                want = run(backend._last, inputs, op)[rank]  # the reference interpreter, same operand order
+                if want.tobytes() != outputs[f"{index}_{turn}"].tobytes():
+                    wrong.append(index)
         backend.barrier()
         backend.end_point()
-    outputs["sliced"] = np.array(sliced)
+    outputs["sliced"], outputs["wrong"] = np.array(sliced), np.array(wrong, dtype=np.int64)
     np.savez(os.path.join(folder, f"{executor}_{rank}.npz"), **outputs)
     backend.gather_objects(None)  # every rank is done before any tears its process group down
     backend.close()
@@ -103,8 +110,10 @@ def test_native_and_python_executors_agree_bit_for_bit(tmp_path, clean_shm, worl
         python, native = np.load(tmp_path / f"python_{rank}.npz"), np.load(tmp_path / f"native_{rank}.npz")
         assert str(python["executor"]) == "python" and str(native["executor"]) == "native"
         assert (python["sliced"] > 1).sum() == 2, python["sliced"]  # the two large rings ran pipelined
+        for name, got in (("python", python), ("native", native)):  # both as the interpreter, pushes and all
+            assert not got["wrong"].size, f"{name}, rank {rank}: {[CASES[i] for i in got['wrong']]}"
         for key in python.files:
-            if key in ("executor", "sliced"):
+            if key in ("executor", "sliced", "wrong"):
                 continue
             assert python[key].tobytes() == native[key].tobytes(), f"rank {rank}, case {CASES[int(key.split('_')[0])]}"
         moved = [k for k in python.files if k.endswith("_0")]

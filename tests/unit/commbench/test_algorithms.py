@@ -155,6 +155,8 @@ def test_hier_sends_less_across_nodes():
 def test_auto_rule_and_unknown_algorithm():
     assert A.choose("allreduce", Topology(1, 4), 1024) == "oneshot"
     assert A.choose("allreduce", Topology(1, 2), 1024) == "oneshot"  # measured in pairs, docs/algorithms.md
+    assert A.choose("allreduce", Topology(1, 2), 1024, pushes=True) == "ring"  # one round with pushes (shm)
+    assert A.choose("allreduce", Topology(1, 3), 1024, pushes=True) == "oneshot"
     assert A.choose("allreduce", Topology(1, 2), 1 << 20) == "ring"
     assert A.choose("allreduce", Topology(1, 64), 1024) == "rhd"
     assert A.choose("allreduce", Topology(1, 4), 1 << 20) == "ring"
