@@ -211,8 +211,12 @@ int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resum
         } else if (op->kind == OP_COPY) {
             copy_bytes(op->out, op->a, op->count * ITEMSIZE[op->dtype], op->stream ? c->nt_bytes : INT64_MAX);
         } else if (op->kind == OP_REDUCE) {
-            if (op->out2) reduce_push(op, op->stream && op->count * ITEMSIZE[op->dtype] >= c->nt_bytes ? 0 : INT64_MAX);
-            else reduce(op);
+            if (!op->out2) {
+                reduce(op);
+            } else {
+                int streams = op->stream && op->count * ITEMSIZE[op->dtype] >= c->nt_bytes;
+                reduce_push(op, streams ? 0 : INT64_MAX);
+            }
         }
     }
     _mm_sfence();  /* the last non-temporal copy visible before Python (or a Python barrier) goes on */
