@@ -36,3 +36,28 @@ def test_a_job_past_its_time_is_stopped_with_its_children(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the job's child {child} still runs")
+
+
+def _pairs(a_us: float, b_us: float) -> list[dict]:
+    return [{"a_first": i % 2 == 0, "a": {"time_us": a_us, "p50_us": a_us}, "b": {"time_us": b_us, "p50_us": b_us},
+             "ratio": b_us / a_us} for i in range(4)]
+
+
+def test_the_target_is_judged_on_the_least_traffic_bound(capsys):
+    """Past the pulled ring's bound (1.25) but at 0.80 of the least-traffic one: the report says MISSED for
+    the target's bound and gives both, with each busbw."""
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    import deepspeed_peer
+
+    record = {"nbytes": 256 << 20, "tools": {"shm": {"executor": "native", "algorithm": "ring"}},
+              "comparisons": {"shm:mpi": _pairs(10_000, 50_000), "shm:bound": _pairs(10_000, 12_500),
+                              "shm:copybound": _pairs(10_000, 8_000)}}
+    row = deepspeed_peer.summarize(record, "not run")
+    assert row["shm:copybound"].median == 0.8 and row["shm:bound"].median == 1.25
+    assert deepspeed_peer.verdict(row["shm:copybound"], "shm:copybound") == "MISSED"
+    assert deepspeed_peer.verdict(row["shm:bound"], "shm:bound") == "met"
+    assert row["copybound_busbw_gbps"] > row["shm_busbw_gbps"] > row["bound_busbw_gbps"]
+    deepspeed_peer.print_report([row], 4)
+    out = capsys.readouterr().out
+    assert "shm:copybound 0.80 q1 0.80 [0.80-0.80] -> MISSED" in out and "shm:bound 1.25" in out
