@@ -147,15 +147,15 @@ def print_report(rows: list[dict], pairs: int) -> None:
                          times_text(row["mpi_times_us"]), ratio_text(row["shm:mpi"]), p50_text(row["shm:mpi p50"]),
                          times_text(row["deepspeed_times_us"]), ds_ratio, p50_text(row["shm:deepspeed p50"])]))
     for row in rows:
-        for key, what in (("shm:bound", "the pull ring's traffic"),
+        for key, what in (("shm:bound", "the pulled ring's traffic, not the target's"),
                           ("shm:copybound", "the least traffic, the target's")):
             ratio = row[key]
             if ratio.ratios:
                 tool = key.split(":")[1]
+                judged = f" -> {verdict(ratio, key)} (>= 0.85)" if key == "shm:copybound" else ""
                 print(f"# memory bound at {format_size(row['nbytes'])}, {what}: {key} {ratio.median:.2f} q1 "
-                      f"{ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}] -> {verdict(ratio, key)} "
-                      f"(>= 0.85); busbw shm {row['shm_busbw_gbps']:.2f} GB/s, {tool} "
-                      f"{row[f'{tool}_busbw_gbps']:.2f} GB/s (slot medians)")
+                      f"{ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}]{judged}; busbw shm "
+                      f"{row['shm_busbw_gbps']:.2f} GB/s, {tool} {row[f'{tool}_busbw_gbps']:.2f} GB/s (slot medians)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -9,10 +9,12 @@ comparison runs --pairs pairs of short slots in ABBA order (method.py):
              default "--mca pml ob1 --mca btl self,vader": shared memory);
   shm:gloo   against a bare torch.distributed all_reduce (gloo);
   p2p:gloo   commbench's ring over torch send/recv against the same gloo loop;
-  shm:bound  against the memory bound of shm's 2-rank ring (at --bound-sizes, 256 MiB):
+  shm:bound  against the memory bound of a pulled 2-rank ring (at --bound-sizes, 256 MiB):
              both ranks at once copy (np.copyto) and add (np.add(out=)) private float32
              arrays of the size; t_bound = t_add/2 + t_copy/2, since each rank adds S/2 and
-             copies S/2 (busbw factor 2(n-1)/n = 1 at n = 2);
+             copies S/2 (busbw factor 2(n-1)/n = 1 at n = 2). Issue 13's bound: shm's ring
+             pushes since 2026-11-26 and moves less than this (deepspeed_peer.py judges the
+             least-traffic bound, copybound);
   shm:bound4k, bound4k:bound  the same bound with the arrays in /dev/shm mappings, as
              shm's segments are (4 KiB pages where shmem_enabled = never, while NumPy's
              private arrays get transparent huge pages): how much of shm's gap to the

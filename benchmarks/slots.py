@@ -268,7 +268,8 @@ class Tools:
 
 
 class BoundSlot(Slot):
-    """The memory bound of shm's 2-rank ring: copy and add of private arrays, both ranks at once."""
+    """The memory bound of a pulled 2-rank ring (2.5 S per rank): copy and add of private arrays, both ranks
+    at once. shm's ring pushes (2 S per rank): CopyBoundSlot is its bound."""
 
     def __init__(self, count: int, control, shared: bool = False):
         self.src, self.dst = (_shared_array(count), _shared_array(count)) if shared else \

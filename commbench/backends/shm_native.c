@@ -118,7 +118,9 @@ static int barrier(cb_ctx *c, int resumed) {
 
 static void copy_bytes(void *out, const void *a, int64_t nbytes, int64_t nt_bytes) {
     if (out == a || nbytes <= 0) return;
-    if (nbytes < nt_bytes || ((uintptr_t)out & 31) != ((uintptr_t)a & 31)) {
+    /* Streams only from 64 bytes (a fused reduce's last block can be shorter than the head to the first
+       32-byte line: streaming it would write past its end) and where both sides sit alike on a line. */
+    if (nbytes < nt_bytes || nbytes < 64 || ((uintptr_t)out & 31) != ((uintptr_t)a & 31)) {
         memmove(out, a, (size_t)nbytes);
         return;
     }
@@ -184,8 +186,8 @@ static const int64_t ITEMSIZE[] = {4, 8, 1, 1, 4, 8};
 /* out = out2 = a op b in one pass: each block is reduced into a buffer in L1 (aligned as `out` is, so the
    stores can stream), then stored to both: the inputs are read once and the outputs written once (a
    reduce, then a pull of its result by the peer, reads the chunk a third time and writes it from the
-   other core). `nt`: as copy_bytes' (0: stream every block). The same arithmetic as reduce(): bitwise
-   the same results. */
+   other core). `nt`: as copy_bytes' (0: stream every block of at least 64 bytes). The same arithmetic as
+   reduce(): bitwise the same results. */
 static void reduce_push(const cb_op *op, int64_t nt) {
     _Alignas(64) char tmp[FUSED_BLOCK + 64];
     int64_t size = ITEMSIZE[op->dtype], nbytes = op->count * size;

@@ -159,6 +159,28 @@ def test_large_copies_stream_and_stay_exact():
         assert dst.tobytes() == src.tobytes()
 
 
+@needs_native
+@pytest.mark.parametrize("shift,tail", [(0, 0), (1, 5), (1, 3), (3, 1), (7, 2000)])
+def test_a_fused_reduce_and_push_lands_exactly(shift, tail):
+    """reduce then push of its result, fused into one op (out2), streaming: every block, the last one
+    shorter than the head to the first 32-byte line included, lands in both outputs and nowhere else."""
+    count = 2048 * 33 + tail  # 33 blocks of 8 KiB, then `tail` elements
+    rng = np.random.default_rng(shift)
+    a, b = (rng.standard_normal(count + 16).astype(np.float32) for _ in range(2))
+    out, out2 = np.full(count + 16, -1.0, dtype=np.float32), np.full(count + 16, -2.0, dtype=np.float32)
+    ours, theirs = out[shift:shift + count], out2[shift:shift + count]
+    want = a[shift:shift + count] + b[shift:shift + count]
+    executor = shm_native.NativeExecutor(LIBRARY, 0, 0, 0, 0, [], 1, 1)
+    executor.context.nt_bytes = 0
+    ops = executor.ops([("reduce", ours, a[shift:shift + count], b[shift:shift + count]), ("push", theirs, ours)],
+                       "sum", stream=True)
+    assert ops[0].out2 and ops[1].kind == shm_native.OP_SKIP  # fused
+    assert executor.run(ctypes.addressof(ops), 2, 0, 0, executor.address) == -1
+    assert ours.tobytes() == want.tobytes() and theirs.tobytes() == want.tobytes()
+    assert (out[:shift] == -1).all() and (out[shift + count:] == -1).all()  # nothing written outside the chunk
+    assert (out2[:shift] == -2).all() and (out2[shift + count:] == -2).all()
+
+
 def test_without_a_compiler_auto_falls_back_to_python_with_a_note(tmp_path, clean_shm):  # noqa: F811
     env = clean_env(CC="/nonexistent", COMMBENCH_CACHE_DIR=str(tmp_path / "cache"))
     proc = commbench("sweep", "--backend", "shm", "-N", "2", "--sizes", "1K,64K", "--iters", "5", "--warmup", "1",
