@@ -167,6 +167,48 @@ def pushed_ahead(schedule: Schedule) -> tuple[tuple[Transfer, ...], ...]:
     return tuple(ahead)
 
 
+def input_reads(schedule: Schedule) -> tuple[dict[Transfer, tuple[bool, bool]], ...] | None:
+    """Out of place without copying the input into the working buffer first: per round, for every
+    transfer, whether it reads its source's chunk and (a reduce) its destination's from that rank's
+    input instead of its working buffer. True where nothing has written the chunk yet (no earlier
+    round; for a destination, no earlier reduce into it in the round either, as the executors and the
+    interpreter apply them in order), so it still holds what the copy would have put there; pushes
+    (pushed_ahead) read what their round would have begun with, so they keep these too. None where that does not work: a chunk partly written, a
+    round with hazards, or a rank whose buffer is not wholly written by the end (allreduce: every
+    element of every rank is; the input is never written)."""
+    written: list[list[Chunk]] = [[] for _ in range(schedule.world)]
+    reads = []
+    for rnd in schedule.rounds:
+        if hazards(rnd):
+            return None
+        flags, now = {}, [list(chunks) for chunks in written]
+        for t in rnd:  # a source is read as the round began; a destination after the round's earlier reduces into it
+            src, dst = _untouched(written[t.src], t.chunk), _untouched(now[t.dst], t.chunk) if t.reduce else False
+            if src is None or dst is None:
+                return None
+            flags[t] = (src, dst)
+            now[t.dst].append(t.chunk)
+        written = now
+        reads.append(flags)
+    whole = (0, schedule.count)
+    return None if any(_untouched(chunks, whole) is not False for chunks in written) else tuple(reads)
+
+
+def _untouched(chunks: list[Chunk], chunk: Chunk) -> bool | None:
+    """True when no element of `chunk` is in `chunks`, False when all are (or it is empty), None when some are."""
+    lo0, hi0 = chunk
+    if hi0 <= lo0:
+        return False  # reads nothing: either buffer will do
+    covered, end = 0, lo0
+    for lo, hi in sorted(chunks):
+        lo, hi = max(lo, end), min(hi, hi0)
+        if lo < hi:
+            covered, end = covered + hi - lo, hi
+    if covered == 0:
+        return True
+    return False if covered == hi0 - lo0 else None
+
+
 # ---------------------------------------------------------------- the reference interpreter
 
 

@@ -42,6 +42,7 @@ class HybridBackend(ShmBackend):
     one_host = False  # shared memory inside a node only
     native_executor = False  # its rounds interleave gloo requests: the Python executor runs them
     pushes = False  # its rounds run through _round_plan, pulls only
+    reads_inputs = False  # out of place: the input is copied into the working buffer first
 
     def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
         require_x86(self.name)

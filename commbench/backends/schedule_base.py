@@ -122,6 +122,8 @@ class ScheduleBackend(Backend):
         self._last = schedule
         steps: list[Callable[[], None]] = []
         working = recv
+        direct = self.executor_reading(schedule, recv, send, op or "sum") \
+            if not inplace and collective == "allreduce" else None
         if collective == "reduce_scatter":
             working = send if inplace else self.scratch(count, recv)
             if not inplace:
@@ -129,9 +131,9 @@ class ScheduleBackend(Backend):
         elif not inplace and collective == "allgather":
             slot = self.rank_view(recv, lambda r: schedule.parts[r][0], send_count)
             steps.append(lambda: self.copy(slot, send))
-        elif not inplace and (collective != "broadcast" or root in self.local_ranks):
+        elif not inplace and direct is None and (collective != "broadcast" or root in self.local_ranks):
             steps.append(lambda: self.copy(recv, send, only_rank=root if collective == "broadcast" else None))
-        steps.append(self.executor(schedule, working, op or "sum"))
+        steps.append(direct or self.executor(schedule, working, op or "sum"))
         if collective == "reduce_scatter":
             part = self.rank_view(working, lambda r: schedule.parts[r][0], recv_count)
             if op == "avg":
@@ -173,3 +175,9 @@ class ScheduleBackend(Backend):
     @abstractmethod
     def executor(self, schedule: Schedule, working: Any, op: str) -> Callable[[], None]:
         """A zero-argument callable that runs `schedule` on `working` with reduction `op`."""
+
+    def executor_reading(self, schedule: Schedule, working: Any, source: Any, op: str) -> Callable[[], None] | None:
+        """Out of place, as `executor` but reading the input `source` where the schedule reads what a copy of
+        it into `working` would hold, so that copy is not needed; None where this backend or schedule
+        cannot (the copy runs first)."""
+        return None

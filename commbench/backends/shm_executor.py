@@ -29,7 +29,7 @@ from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
 from commbench.backends.shm_segments import ShmBuffer
 from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
-from commbench.schedule import Schedule, hazards, pipelined, pushed_ahead
+from commbench.schedule import Schedule, Transfer, hazards, input_reads, pipelined, pushed_ahead
 
 PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
 _NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -48,6 +48,7 @@ class ShmExecutor:
     # round left empty loses its barrier; `auto` runs a ring on 2 ranks at every size (algorithms.choose;
     # docs/algorithms.md, "Pushes"; False: every transfer a pull, and auto's rule without pushes).
     pushes = True
+    reads_inputs = True  # out of place, reads the input where a copy of it would be read (executor_reading)
 
     def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
         """(native state or None, which executor runs, the header's note when auto fell back to python)."""
@@ -71,7 +72,18 @@ class ShmExecutor:
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
         """The whole call as one flat plan of steps (pulls and barriers), run by the native executor
         (one ctypes call) or by the Python one (one call per step, nothing else)."""
-        plan = self._plan(schedule, working)
+        return self._call(self._plan(schedule, working), working, op)
+
+    def executor_reading(self, schedule: Schedule, working: ShmBuffer, source: ShmBuffer,
+                         op: str) -> Callable[[], None] | None:
+        """Out of place: the plan reads each rank's input (`source`) where the working buffer would
+        still hold a copy of it (schedule.input_reads), so no copy runs first (None: it would be needed)."""
+        if not self.reads_inputs:
+            return None
+        plan = self._plan(schedule, working, source)
+        return None if plan is None else self._call(plan, working, op)
+
+    def _call(self, plan: list[tuple], working: ShmBuffer, op: str) -> Callable[[], None]:
         if self._native is not None and shm_native.unsupported(working.array.dtype, op) is None:
             # Large copies bypass the cache where the ranks' buffers do not fit in it anyway (paired against
             # Open MPI, quiet, 21:23-21:24: 16 MiB 0.84-0.96 without, 0.87-1.13 with; but at 4 MiB, where they
@@ -103,21 +115,25 @@ class ShmExecutor:
         call.keep = (ops, plan)  # the Op array and the views its pointers point into live as long as the call
         return call
 
-    def _plan(self, schedule: Schedule, working: ShmBuffer) -> list[tuple]:
+    def _plan(self, schedule: Schedule, working: ShmBuffer, source: ShmBuffer | None = None) -> list[tuple] | None:
         """Steps ("barrier",), ("copy", dst, src), ("reduce", out, a, b), ("push", peer's dst, src) over views
-        fixed now (a push is a copy into a peer's buffer)."""
+        fixed now (a push is a copy into a peer's buffer). `source`: read the input where the schedule
+        reads what a copy of it would hold (None returned when that does not work for this schedule)."""
         plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
         sliced = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize))
         rounds, ahead = sliced.rounds, pushed_ahead(sliced) if self.pushes else ((),) * sliced.steps
+        reads = input_reads(sliced) if source is not None else ({},) * sliced.steps
+        if reads is None:
+            return None
         last = len(rounds) - 1
         for index, rnd in enumerate(rounds):
             early = set(ahead[index - 1]) if index else set()
             pulls = tuple(t for t in rnd if t not in early)  # the rest ran as pushes in the round before
             if not pulls and not ahead[index]:
                 continue  # every transfer of the round ran in the one before: no barrier for it (on every rank)
-            steps, staged = self._round_steps(pulls, working)
-            mine = working.array
-            pushes = [("push", self._peer_array(t.dst, working)[t.chunk[0]:t.chunk[1]], mine[t.chunk[0]:t.chunk[1]])
+            steps, staged = self._round_steps(pulls, working, self._reader(working, source, reads[index]))
+            after = self._reader(working, source, reads[index + 1] if index < last else {})
+            pushes = [("push", self._peer_array(t.dst, working)[t.chunk[0]:t.chunk[1]], after(t, t.src))
                       for t in ahead[index] if t.src == self.rank]
             plan += [*steps, *pushes, _BARRIER, *staged]  # staged: hazard rounds write back after every peer has read
             # Whether a round needs the write-back barrier is decided from the round itself, so every rank
@@ -144,13 +160,27 @@ class ShmExecutor:
         steps, staged = self._round_steps(rnd, working)
         return [_python_step(reduce, s) for s in steps], [_python_step(reduce, s) for s in staged]
 
-    def _round_steps(self, rnd, working: ShmBuffer) -> tuple[list[tuple], list[tuple]]:
-        """(this rank's pulls in a round, the write-backs after its barrier) as plan steps."""
+    def _reader(self, working: ShmBuffer, source: ShmBuffer | None,
+                reads: dict) -> Callable[[Transfer, int], np.ndarray]:
+        """view(t, rank): the chunk of t that `rank` (t's source or destination) holds as the round begins,
+        from its input where `reads` (schedule.input_reads' round) says so, else from its working buffer."""
+        def view(t: Transfer, rank: int) -> np.ndarray:
+            from_input = reads.get(t, (False, False))[0 if rank == t.src else 1]
+            buffer = source if from_input else working
+            array = buffer.array if rank == self.rank else self._peer_array(rank, buffer)
+            return array[t.chunk[0]:t.chunk[1]]
+        return view
+
+    def _round_steps(self, rnd, working: ShmBuffer, view: Callable[[Transfer, int], np.ndarray] | None = None
+                     ) -> tuple[list[tuple], list[tuple]]:
+        """(this rank's pulls in a round, the write-backs after its barrier) as plan steps; `view`: where a
+        transfer's operands are read (_reader; default the working buffers)."""
         mine = working.array
         incoming = [t for t in rnd if t.dst == self.rank]
+        view = view or self._reader(working, None, {})
         if self.rank not in hazards(rnd):
-            return [_step(mine[t.chunk[0]:t.chunk[1]], self._peer_array(t.src, working)[t.chunk[0]:t.chunk[1]],
-                          t.reduce) for t in incoming], []
+            return [("reduce", mine[t.chunk[0]:t.chunk[1]], view(t, t.dst), view(t, t.src)) if t.reduce else
+                    ("copy", mine[t.chunk[0]:t.chunk[1]], view(t, t.src)) for t in incoming], []
         # Stage into a private copy of my whole buffer region that this round writes.
         lo, hi = min(t.chunk[0] for t in incoming), max(t.chunk[1] for t in incoming)
         stage, region = np.empty(hi - lo, dtype=mine.dtype), mine[lo:hi]
