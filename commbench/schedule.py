@@ -173,9 +173,9 @@ def input_reads(schedule: Schedule) -> tuple[dict[Transfer, tuple[bool, bool]], 
     input instead of its working buffer. True where nothing has written the chunk yet (no earlier
     round; for a destination, no earlier reduce into it in the round either, as the executors and the
     interpreter apply them in order), so it still holds what the copy would have put there; pushes
-    (pushed_ahead) read what their round would have begun with, so they keep these too. None where that does not work: a chunk partly written, a
-    round with hazards, or a rank whose buffer is not wholly written by the end (allreduce: every
-    element of every rank is; the input is never written)."""
+    (pushed_ahead) read what their round would have begun with, so they keep these too. None where
+    that does not work: a chunk partly written, a round with hazards, or a rank whose buffer is not
+    wholly written by the end (allreduce: every element of every rank is; the input is never written)."""
     written: list[list[Chunk]] = [[] for _ in range(schedule.world)]
     reads = []
     for rnd in schedule.rounds:
