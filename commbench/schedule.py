@@ -181,29 +181,41 @@ def input_reads(schedule: Schedule) -> tuple[dict[Transfer, tuple[bool, bool]], 
     for rnd in schedule.rounds:
         if hazards(rnd):
             return None
-        flags, now = {}, [list(chunks) for chunks in written]
+        flags, now = {}, list(written)
         for t in rnd:  # a source is read as the round began; a destination after the round's earlier reduces into it
             src, dst = _untouched(written[t.src], t.chunk), _untouched(now[t.dst], t.chunk) if t.reduce else False
             if src is None or dst is None:
                 return None
             flags[t] = (src, dst)
-            now[t.dst].append(t.chunk)
+            now[t.dst] = _merged(now[t.dst], t.chunk)
         written = now
         reads.append(flags)
     whole = (0, schedule.count)
     return None if any(_untouched(chunks, whole) is not False for chunks in written) else tuple(reads)
 
 
+def _merged(chunks: list[Chunk], chunk: Chunk) -> list[Chunk]:
+    """Sorted, disjoint, non-touching `chunks` with `chunk` added (a new list: the round's reads keep the old)."""
+    lo, hi = chunk
+    if hi <= lo:
+        return chunks
+    out: list[Chunk] = []
+    for a, b in chunks:
+        if b < lo or a > hi:
+            out.append((a, b))
+        else:
+            lo, hi = min(lo, a), max(hi, b)
+    out.append((lo, hi))
+    return sorted(out)
+
+
 def _untouched(chunks: list[Chunk], chunk: Chunk) -> bool | None:
-    """True when no element of `chunk` is in `chunks`, False when all are (or it is empty), None when some are."""
+    """True when no element of `chunk` is in `chunks` (sorted, disjoint), False when all are (or it is
+    empty), None when some are."""
     lo0, hi0 = chunk
     if hi0 <= lo0:
         return False  # reads nothing: either buffer will do
-    covered, end = 0, lo0
-    for lo, hi in sorted(chunks):
-        lo, hi = max(lo, end), min(hi, hi0)
-        if lo < hi:
-            covered, end = covered + hi - lo, hi
+    covered = sum(max(0, min(hi, hi0) - max(lo, lo0)) for lo, hi in chunks)
     if covered == 0:
         return True
     return False if covered == hi0 - lo0 else None
