@@ -21,6 +21,10 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
          default): what the slicing gains or costs at the memory bound, paired;
   oneshot  the shm backend with --algorithm oneshot (auto picks it up to 64 KiB since 2026-11-23);
   ring   the shm backend with --algorithm ring;
+  oop    the shm backend out of place (separate input and output), reading the inputs where
+         a copy of them would be read (schedule.input_reads);
+  oopcopy  the same with the input copied into the output first (reads_inputs off: the way
+         before 2026-11-26): what reading the inputs gains, paired;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
@@ -68,8 +72,8 @@ from slots import MIN_SLOT_ITERS, MpiControl, Tools, TorchControl
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "mpi", "deepspeed", "bound", "bound4k",
-         "copybound")
+TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "p2p", "torch", "gloo", "mpi", "deepspeed",
+         "bound", "bound4k", "copybound")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

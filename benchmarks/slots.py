@@ -117,7 +117,7 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "p2p", "torch", "gloo", "deepspeed"}:
+        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "p2p", "torch", "gloo", "deepspeed"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -159,14 +159,25 @@ class Tools:
         slot.info["pipelined"] = True
         return slot
 
-    def _shm(self, count: int) -> Slot:
+    def _oop(self, count: int) -> Slot:
+        return self._shm(count, inplace=False)
+
+    def _oopcopy(self, count: int) -> Slot:
+        self.shm.reads_inputs = False  # the input copied into the output first, as before 2026-11-26
+        try:
+            return self._shm(count, inplace=False)
+        finally:
+            del self.shm.reads_inputs  # the class's again
+
+    def _shm(self, count: int, inplace: bool = True) -> Slot:
         from commbench import collectives as C
 
         backend, dtype = self.shm, C.resolve_dtype("float32")
         buffer = backend.alloc(count, dtype)
+        out = buffer if inplace else backend.alloc(count, dtype)
         backend.fill(buffer, 1.0)
         self.control.barrier()  # every rank's segment exists before a peer maps it
-        call = backend.prepare("allreduce", buffer, buffer, "sum", 0, True)
+        call = backend.prepare("allreduce", buffer, out, "sum", 0, inplace)
         slot = Slot(call, backend.barrier, backend.end_point)
         slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"],
                      "executor": "native" if backend._native is not None else "python"}

@@ -89,7 +89,7 @@ class ShmExecutor:
             # Open MPI, quiet, 21:23-21:24: 16 MiB 0.84-0.96 without, 0.87-1.13 with; but at 4 MiB, where they
             # fit, streaming cost 0.99 -> 0.72, so it is only for buffers past the LLC). Out of place the ranks touch
             # twice that (inputs and outputs), but counting both cost 8 MiB 153 -> 224 us and gained nothing at
-            # 4-32 MiB (three alternating sweeps each, 2026-11-26 04:54), so the outputs alone decide.
+            # 4-32 MiB (three alternating sweeps each, unpaired, 2026-11-26 04:54), so the outputs alone decide.
             return self._native_call(plan, op, working.array.nbytes * len(self.members) >= self._llc_bytes)
         reduce, arrive = reducer(op, working.array.dtype), self._arrive_and_wait
         ops = tuple(arrive if step[0] == "barrier" else _python_step(reduce, step) for step in plan)
