@@ -27,7 +27,8 @@ from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
 EXIT_DIR_VAR = "COMMBENCH_EXIT_DIR"  # where each rank of an emulated run leaves its exit code
-JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # names a job's shared memory when no spawn id does (an emulated cluster)
+JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # names a job's shared memory when no spawn id does (an emulated cluster);
+# a spawner's own tag starts its ranks' spawn id, so every segment of a job started under a tag begins cb_<tag>
 WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 DEFAULT_PORT = 29500
@@ -267,7 +268,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
     read end of a pipe whose write end only this process holds: when this process dies, however
     it dies, the ranks read end-of-file and stop (job.py's watchdog).
     """
-    job = uuid.uuid4().hex[:12]
+    job = os.environ.get(JOB_TAG_VAR, "") + uuid.uuid4().hex[:12]
     grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
     watch_read, watch_write = os.pipe()
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),

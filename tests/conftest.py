@@ -1,9 +1,11 @@
 """Shared helpers: run the real `commbench` command as users do, and find its rank processes."""
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -96,20 +98,39 @@ def port():
     return free_port()
 
 
-def shm_segments():
-    """commbench's shared-memory segments in /dev/shm now (cb_<job>_...)."""
+def shm_segments(prefix: str = "cb_"):
+    """commbench's shared-memory segments in /dev/shm now (cb_<job>_...) whose names start with `prefix`."""
     from commbench.launch import SHM_DIR
 
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("cb_")) if os.path.isdir(SHM_DIR) else []
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix)) if os.path.isdir(SHM_DIR) else []
+
+
+@contextlib.contextmanager
+def own_segments():
+    """Run the body under a job tag of its own (COMMBENCH_JOB_TAG, which starts the name of every segment its
+    jobs make, spawned ranks' included) and fail if a segment under that tag is left when it ends. Only the
+    tag's segments are looked at: another commbench run on the machine, the suite's own or anyone's, can make
+    and keep segments meanwhile."""
+    from commbench.launch import JOB_TAG_VAR
+
+    tag, saved = f"t{uuid.uuid4().hex[:8]}", os.environ.get(JOB_TAG_VAR)
+    os.environ[JOB_TAG_VAR] = tag
+    try:
+        yield tag
+    finally:
+        if saved is None:
+            os.environ.pop(JOB_TAG_VAR, None)
+        else:
+            os.environ[JOB_TAG_VAR] = saved
+    left = shm_segments(f"cb_{tag}")
+    assert not left, f"commbench left shared-memory segments behind: {left}"
 
 
 @pytest.fixture
 def clean_shm():
-    """The test leaves no shared-memory segment behind. It compares all of /dev/shm, so another commbench
-    run on the machine at the same moment (not the test suite's own) can fail it."""
-    before = shm_segments()
-    yield
-    assert shm_segments() == before, "commbench left shared-memory segments behind"
+    """The test leaves none of its own shared-memory segments behind (own_segments)."""
+    with own_segments() as tag:
+        yield tag
 
 
 def torch_import_vm_bytes() -> int:

@@ -7,14 +7,23 @@ import sys
 import time
 
 import pytest
-from conftest import clean_env, commbench, default_sigint, rank_pid, results_of, wait_for_results
+from conftest import (
+    clean_env,
+    commbench,
+    default_sigint,
+    own_segments,
+    rank_pid,
+    results_of,
+    shm_segments,
+    wait_for_results,
+)
 
 from commbench import algorithms as A
 from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
-from commbench.launch import LaunchInfo
+from commbench.launch import SHM_DIR, LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
@@ -122,6 +131,7 @@ def _start_shm(tmp_path):
 def test_killed_rank_leaves_no_segments(tmp_path, clean_shm):
     proc = _start_shm(tmp_path)
     wait_for_results(tmp_path / "r.jsonl", 2, proc)
+    assert shm_segments(f"cb_{clean_shm}"), "the job's segments carry the test's tag (else clean_shm sees nothing)"
     os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
     _, err = proc.communicate(timeout=40)
     assert proc.returncode == 3 and "rank 1" in err and "died" in err, err
@@ -150,3 +160,21 @@ def test_interrupted_run_leaves_no_segments(tmp_path, clean_shm):
     _, err = proc.communicate(timeout=40)
     assert proc.returncode == 130, err
     assert len(results_of(tmp_path / "r.jsonl")[0]) >= 2
+
+
+def test_clean_shm_owns_only_the_segments_of_its_test():
+    """Another run's segment that appears and stays during a test is not the test's leak; a segment under the
+    test's own tag is."""
+    import uuid
+
+    made = [os.path.join(SHM_DIR, f"cb_{uuid.uuid4().hex[:12]}_0_0")]
+    try:
+        with own_segments():
+            open(made[0], "wb").close()  # another commbench run, mid-way
+        with pytest.raises(AssertionError, match="left shared-memory segments behind"):
+            with own_segments() as tag:
+                made.append(os.path.join(SHM_DIR, f"cb_{tag}_0_0"))
+                open(made[-1], "wb").close()
+    finally:
+        for path in made:
+            os.unlink(path)

@@ -129,3 +129,17 @@ def test_the_stop_margin_is_inside_the_timeout():
     # ranks give up waiting for a peer this long before --timeout, for the spawner to stop the rest
     assert [stop_margin_s(t) for t in (1, 6, 9, 300)] == [pytest.approx(1 / 3), 2, 3, 3]
     assert [peer_wait_s(t) for t in (1, 6, 300)] == [pytest.approx(2 / 3), 4, 297]
+
+
+def test_a_spawners_job_tag_starts_its_ranks_spawn_id(tmp_path, monkeypatch):
+    """Segments are named after the spawn id (cb_<id>_...): under COMMBENCH_JOB_TAG every one of a job's
+    segments starts with the tag, which is how a test (or a user) tells its own segments from others'."""
+    from commbench.launch import JOB_TAG_VAR, SPAWN_VAR, spawn_local
+
+    (tmp_path / "show_spawn_id.py").write_text(
+        "import os, pathlib\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'id' + os.environ['RANK']).write_text(os.environ[{SPAWN_VAR!r}])\n")
+    monkeypatch.setenv(JOB_TAG_VAR, "tagX")
+    assert spawn_local("show_spawn_id", 2, {"PYTHONPATH": str(tmp_path)}, timeout_s=60) == 0
+    ids = {(tmp_path / f"id{rank}").read_text() for rank in (0, 1)}
+    assert len(ids) == 1 and ids.pop().startswith("tagX")
