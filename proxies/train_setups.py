@@ -25,6 +25,7 @@ from typing import Any
 
 from commbench.proxies.setup_steps import MIB, Layout, units_of
 from commbench.proxies.setups import Choice
+from commbench.proxies.units import untie
 
 COMM_HOOKS = {"ddp-fp16": "fp16_compress_hook", "ddp-bf16": "bf16_compress_hook"}  # default_hooks' names
 RESHARD_AFTER_FORWARD = {"fsdp-full": True, "fsdp-grad-op": False, "fsdp-hybrid": True}
@@ -103,7 +104,9 @@ def _fsdp(trainer, choice: Choice, layout: Layout, profile, group) -> Running:
               else {"world": mesh.get_group()})
     reshard = RESHARD_AFTER_FORWARD[choice.name]
     model = trainer.model
-    units = [model.get_submodule(name) for name, _, _, _ in units_of(profile) if name]
+    names = [name for name, _, _, _ in units_of(profile) if name]
+    kept = untie(model, names)  # a profile extracted before tied parameters were left to the unit holding both
+    units = [model.get_submodule(name) for name in kept]
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh)  # the root: FSDP2's default keeps it gathered from forward to backward
@@ -113,8 +116,9 @@ def _fsdp(trainer, choice: Choice, layout: Layout, profile, group) -> Running:
         for i, module in enumerate(chain[:-1]):
             module.set_modules_to_forward_prefetch(chain[i + 1:i + 1 + prefetch])
     trainer.new_optimizer()  # fully_shard replaced the parameters (DTensors)
-    return Running(trainer, choice, "fsdp", f"{choice.name}: FSDP2 fully_shard on {len(units)} unit(s) and the root, "
-                                            f"reshard_after_forward={reshard}, mesh {shape}"
+    untied = f" (not {', '.join(n for n in names if n not in kept)}: tied parameters)" if len(kept) < len(names) else ""
+    return Running(trainer, choice, "fsdp", f"{choice.name}: FSDP2 fully_shard on {len(units)} unit(s){untied} and the "
+                                            f"root, reshard_after_forward={reshard}, mesh {shape}"
                                             + (f", forward prefetch {prefetch}" if prefetch else ""), groups)
 
 

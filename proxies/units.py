@@ -14,9 +14,14 @@ each family, and the parameter tensors each unit holds.
 - any other model: the root alone (FSDP without an auto_wrap_policy), unless classes are named.
 
 The root module "" holds the parameters no wrapped module holds. A parameter belongs to the innermost
-wrapped module holding it (FSDP's rule: a nested unit's parameters are not its parent's); a parameter
-two unrelated units share (tied weights) to the first in registration order. Nothing here imports
-torch: the functions read a module's `named_modules()` and `parameters()`.
+wrapped module holding it (FSDP's rule: a nested unit's parameters are not its parent's).
+
+Tied parameters (BERT's word embeddings and its masked-LM decoder, GPT-2's wte and lm_head) must sit
+in one FSDP group: FSDP2 refuses a parameter "shared with a parameter already managed by another FSDP
+group". So a module that holds a parameter also held by a module outside it is not wrapped (`untie`):
+its parameters go to the nearest unit holding every module that shares them, the root at the latest.
+BERT's BertEmbeddings is therefore not a unit; its tensors are the root's. Nothing here imports torch:
+the functions read a module's `named_modules()` and `parameters()`.
 """
 from __future__ import annotations
 
@@ -72,14 +77,41 @@ def wrap_policy(module: Any, classes: Iterable[str] = ()) -> WrapPolicy:
         parents = LAYERS[kind]
         names = tuple(name for name, sub in named if name.partition(".")[0] in parents and name.count(".") == 1
                       and _has_own_parameters(sub))
-        return WrapPolicy(f"every module with parameters directly in {' and '.join(parents)} ({kind})", names)
+        return _untied(module, f"every module with parameters directly in {' and '.join(parents)} ({kind})", names)
     elif kind in CHILDREN:
         names = tuple(name for name, sub in named if "." not in name and _has_parameters(sub))
-        return WrapPolicy(f"every top-level module with parameters ({kind})", names)
+        return _untied(module, f"every top-level module with parameters ({kind})", names)
     else:
         return WrapPolicy(f"the root alone: no wrapping policy known for {kind} (FSDP without an auto_wrap_policy); "
                           "`profiles extract --wrap CLASS,...` names the classes to wrap", ())
-    return WrapPolicy(why, tuple(name for name, sub in named if type(sub).__name__ in chosen))
+    return _untied(module, why, tuple(name for name, sub in named if type(sub).__name__ in chosen))
+
+
+def _untied(module: Any, why: str, names: tuple[str, ...]) -> WrapPolicy:
+    kept = untie(module, names)
+    left = [name for name in names if name not in kept]
+    if left:
+        why += (f"; not {', '.join(left)}: {'they hold' if len(left) > 1 else 'it holds'} a parameter tied to a "
+                "module outside (FSDP keeps tied parameters in one group), left to the unit holding both")
+    return WrapPolicy(why, kept)
+
+
+def untie(module: Any, names: Iterable[str]) -> tuple[str, ...]:
+    """`names` without the modules that hold a parameter also held by a module outside them (tied weights),
+    which FSDP cannot shard as a unit of their own."""
+    holders: dict[int, list[str]] = {}  # parameter -> the modules holding it directly
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for param in sub.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(path)
+    tied = [paths for paths in holders.values() if len(set(paths)) > 1]
+    return tuple(name for name in names
+                 if not any(any(_within(p, name) for p in paths) and not all(_within(p, name) for p in paths)
+                            for paths in tied))
+
+
+def _within(path: str, unit: str) -> bool:
+    """Whether the module at `path` is the unit `unit` or nested in it."""
+    return path == unit or _inside(path, unit)
 
 
 def _classes_with_parameters(named: list[tuple[str, Any]]) -> set[str]:

@@ -6,6 +6,7 @@ import pytest
 
 from commbench.proxies.catalog import CATALOG
 from commbench.proxies.profile import ProfileError, load_profile, shipped
+from commbench.proxies.units import untie, wrap_policy
 
 
 def test_every_catalog_model_ships_a_profile():
@@ -35,6 +36,10 @@ def test_profile_matches_the_model_definition(name):
     theirs = [(n, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad]
     assert [(t.name, t.shape) for t in profile.tensors] == theirs
     assert profile.parameters == sum(p.numel() for p in module.parameters() if p.requires_grad)
+    # the units are the wrapping policy's on this definition, none of them splitting tied parameters, which
+    # FSDP2 refuses (bert-base's embeddings unit did: "shared with a parameter already managed by another group")
+    units = [u.name for u in profile.units if u.name]
+    assert sorted(units) == sorted(wrap_policy(module).names) and untie(module, units) == tuple(units)
 
 
 # torchvision publishes each model's forward cost in GMACs (its weights' meta "_ops", named GFLOPS in

@@ -10,7 +10,7 @@ from commbench.proxies import buckets as B
 from commbench.proxies import comm_plan as P
 from commbench.proxies import setups as S
 from commbench.proxies import timeline as T
-from commbench.proxies.profile import Profile, TensorSpec, load_profile
+from commbench.proxies.profile import Profile, TensorSpec, load_profile, shipped
 
 MB = 1 << 20
 
@@ -137,12 +137,17 @@ def test_bad_setups_are_one_line(name, knobs, layout, message):
         S.settle(name, knobs, layout)
 
 
-def test_every_setup_plans_every_shipped_profile():
-    for model in ("resnet18", "bert-large", "vit_small_patch16_224"):
-        profile = load_profile(model)
-        for name in S.SETUPS:
-            plan = S.settle(name).plan(profile, S.Compute(1e4, 2e4, 1e3), S.Layout(2, 8))
+@pytest.mark.parametrize("model", shipped())
+def test_every_setup_plans_every_shipped_profile(model):
+    """Every setup plans every shipped profile, on one node and on two (hybrid's groups), moving each gradient
+    byte at least once; FSDP's units hold every tensor once (tied parameters in one unit: units.untie)."""
+    profile = load_profile(model)
+    for name in S.SETUPS:
+        for layout in (S.Layout(1, 2), S.Layout(2, 8)):
+            plan = S.settle(name).plan(profile, S.Compute(1e4, 2e4, 1e3), layout)
             plan.check()
             moved = plan.bytes_by()
             reduced = sum(b for (c, _), (_, b) in moved.items() if c in ("allreduce", "reduce_scatter"))
             assert reduced >= profile.nbytes * (0.5 if name.endswith(("fp16", "bf16")) else 1.0) - 16
+    held = sorted(i for u in profile.units for i in u.tensors)
+    assert held == list(range(len(profile.tensors))) or not profile.units

@@ -20,6 +20,9 @@ from commbench.proxies.setups import settle
 from commbench.results import read_records
 
 SPEC = "transformers:GPT2LMHeadModel:n_layer=2,n_embd=30,n_head=2,vocab_size=101,n_positions=33"
+# BERT ties its word embeddings (in BertEmbeddings, a unit of the wrapping policy) to its masked-LM decoder
+TIED = ("transformers:BertForMaskedLM:num_hidden_layers=2,hidden_size=30,num_attention_heads=2,intermediate_size=37,"
+        "vocab_size=101,max_position_embeddings=33")
 CASES = {  # name: (model, setup, knobs, nodes, ranks per node)
     "ddp": ("gpt2-tiny", "ddp", {}, 1, 2),
     "ddp buckets": ("gpt2-tiny", "ddp", {"bucket_mb": 0.02}, 1, 2),
@@ -35,6 +38,9 @@ CASES = {  # name: (model, setup, knobs, nodes, ranks per node)
     "fsdp-hybrid accumulate 2": ("gpt2-tiny", "fsdp-hybrid", {"accumulate": 2}, 2, 1),
     "resnet18 ddp": ("resnet18", "ddp", {}, 1, 2),  # batch norms: DDP broadcasts their buffers
     "resnet18 fsdp-full": ("resnet18", "fsdp-full", {"prefetch": 1}, 1, 2),
+    "bert-tiny fsdp-full": ("bert-tiny", "fsdp-full", {}, 1, 2),  # tied parameters
+    "bert-tiny fsdp-hybrid accumulate 4": ("bert-tiny", "fsdp-hybrid", {"accumulate": 4}, 2, 1),
+    "bert-tiny ddp": ("bert-tiny", "ddp", {}, 1, 2),
 }
 WARMUP_STEPS = 3
 OWN_WORK = ("ddp-fp16", "fsdp-full", "fsdp-hybrid")  # measure_compute's own work of the setup, at one rank
@@ -42,8 +48,9 @@ OWN_WORK = ("ddp-fp16", "fsdp-full", "fsdp-hybrid")  # measure_compute's own wor
 
 @pytest.fixture(scope="module")
 def profiles():
-    """A small GPT-2, and resnet18 on 32x32 images (batch norms: buffers)."""
+    """A small GPT-2, a small BERT (tied parameters), and resnet18 on 32x32 images (batch norms: buffers)."""
     return {"gpt2-tiny": extract(SPEC, (16,), name="gpt2-tiny", default_batch=2),
+            "bert-tiny": extract(TIED, (16,), name="bert-tiny", default_batch=2),
             "resnet18": extract("torchvision:resnet18", (3, 32, 32), name="resnet18-32px", default_batch=2)}
 
 
