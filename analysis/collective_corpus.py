@@ -176,8 +176,9 @@ def _printed(where: str, row: dict, parsed: Row) -> Row:
     """Size, count, type and time as printed: commbench's busbw of them must be the printed busbw. An
     all_gather table read as allreduce (or a size entered as anything but the printed one) fails here."""
     for key in ("nbytes", "count", "time_us"):
-        if not _positive(row.get(key)):
-            raise CollectiveCorpusError(f"{where}.{key} must be a positive number (the printed {key})")
+        if not _positive(row.get(key)) or key != "time_us" and not isinstance(row[key], int):
+            kind = "number" if key == "time_us" else "integer"
+            raise CollectiveCorpusError(f"{where}.{key} must be a positive {kind} (the printed {key})")
     try:
         dtype = C.resolve_dtype(str(row.get("dtype")))
     except ValueError as exc:

@@ -54,10 +54,12 @@ def test_the_all_gather_table_read_as_allreduce_is_refused_with_its_row(tmp_path
     data["rows"][i]["collective"] = "allreduce"
     message = _refused(tmp_path, data, "not one allreduce of 2 ranks")
     assert f"rows[{i}] (nccl-tests-44)" in message
-    data["rows"][i].update(nbytes=data["rows"][i]["count"] * 4)  # count x 4 B: the count fits, the busbw does not
-    data["rows"][i]["count"] = data["rows"][i]["nbytes"] // 4
-    data["rows"][i]["busbw_gbps"] = 2 * data["rows"][i]["busbw_gbps"]
+    data["rows"][i]["count"] = data["rows"][i]["nbytes"] // 4  # the count allreduce would print: the busbw is off
     _refused(tmp_path, data, r"allreduce's busbw of size \d+ .* not the printed")
+    # the row as entered before issue 40: allreduce at count x 4 B, a size the table does not print, said in words
+    data["rows"][i].update(nbytes=data["rows"][i]["nbytes"] // 2, count=data["rows"][i]["nbytes"] // 8,
+                           size_said="count: the printed count's bytes")
+    _refused(tmp_path, data, "size_said .* is not known")
 
 
 @pytest.mark.parametrize("damage, says", [
@@ -66,6 +68,7 @@ def test_the_all_gather_table_read_as_allreduce_is_refused_with_its_row(tmp_path
     (lambda row: row.update(count=row["count"] + 1), "nccl-tests prints count"),
     (lambda row: row.update(dtype="float16"), "nccl-tests prints count"),
     (lambda row: row.pop("count"), "printed count"),
+    (lambda row: row.update(nbytes=row["nbytes"] + 0.5), "positive integer"),
     (lambda row: row.update(dtype="int3"), "dtype"),
 ])
 def test_a_printed_row_that_its_own_figures_contradict_is_refused(tmp_path, damage, says):
