@@ -223,7 +223,8 @@ def write_json(path: str, corpus, predicted: list[float], loso: dict) -> None:
 
 def collectives_report() -> int:
     """Every published nccl-tests figure against `commbench predict`, and the 80% interval each row gets when its
-    source is held out of the calibration (analysis/collective_corpus.py)."""
+    source is held out of the calibration (analysis/collective_corpus.py). Rows marked `beyond_nic` are predicted
+    and printed but calibrate nothing; their own coverage is printed apart."""
     import math
 
     from commbench.analysis import calibration as C
@@ -231,35 +232,45 @@ def collectives_report() -> int:
     from commbench.analysis.predict import row_us
 
     corpus = K.load_collectives()
-    residuals = K.residuals(corpus, row_us)
-    loso = C.leave_one_source_out(residuals)
-    print(f"# {len(corpus.rows)} rows from {len(corpus.sources)} sources (error = predicted / measured time - 1; "
-          f"negative: predicted too fast)\n")
+    calibrated = K.residuals(corpus, row_us)
+    print(f"# {len(corpus.rows)} rows from {len(corpus.sources)} sources, {len(corpus.calibrated_rows)} calibrated "
+          f"(error = predicted / measured time - 1; negative: predicted too fast)\n")
     print("| source | system | nodes x GPUs | collective | size (B) | measured busbw | predicted busbw | error | "
-          "80% interval (x time) | inside |\n|---|---|---|---|---|---|---|---|---|---|")
-    seen: dict[str, int] = {}
-    errors, inside, widths = [], [], []
+          "80% interval (x time) | inside | calibrated |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    outcomes: dict[bool, list[tuple[float, bool, float]]] = {True: [], False: []}
     for row in corpus.rows:
-        r = residuals[row.source][seen.setdefault(row.source, 0)]
-        seen[row.source] += 1
-        low, high = loso[row.source]
+        r = K.row_residual(corpus, row, row_us)
+        others = [v for source, values in calibrated.items() if source != row.source for v in values]
+        low, high = C.bounds(others)
         hit = low <= r <= high
-        errors.append(math.exp(-r) - 1)
-        inside.append(hit)
-        widths.append(math.exp(high) / math.exp(low))
-        print(f"| {row.source} | {row.system} | {row.nodes}x{row.gpus_per_node} | {row.collective} | {row.nbytes} | "
-              f"{row.busbw_gbps:g} | {row.busbw_gbps * math.exp(r):.1f} | {100 * errors[-1]:+.1f}% | "
-              f"[{math.exp(low):.2f}, {math.exp(high):.2f}] | {'yes' if hit else 'no'} |")
-    absolute = [abs(e) for e in errors]
-    slow = sum(e > 0 for e in errors)
-    print(f"\nerror: median |error| {100 * statistics.median(absolute):.1f}%, max {100 * max(absolute):.1f}%; "
-          f"{slow} of {len(errors)} predicted too slow, {len(errors) - slow} too fast")
-    print(f"80% intervals (leave-one-source-out): {sum(inside)} of {len(inside)} inside "
-          f"({100 * sum(inside) / len(inside):.0f}%), median width x{statistics.median(widths):.2f} (high / low)")
-    low, high = C.bounds([r for values in residuals.values() for r in values])
-    print(f"shipped (every source, what predict prints): x{math.exp(low):.3f} to x{math.exp(high):.3f} the time, "
-          f"order statistics {C.order_indices(len(corpus.rows))} of {len(corpus.rows)}")
+        outcomes[row.beyond_nic is None].append((math.exp(-r) - 1, hit, math.exp(high) / math.exp(low)))
+        size = "unknown" if row.nbytes is None else row.nbytes
+        print(f"| {row.source} | {row.system} | {row.nodes}x{row.gpus_per_node} | {row.collective} | {size} | "
+              f"{row.busbw_gbps:g} | {row.busbw_gbps * math.exp(r):.1f} | {100 * (math.exp(-r) - 1):+.1f}% | "
+              f"[{math.exp(low):.2f}, {math.exp(high):.2f}] | {'yes' if hit else 'no'} | "
+              f"{'no (beyond_nic)' if row.beyond_nic else 'yes'} |")
+    print()
+    for kept, label in ((True, "calibrated rows"), (False, "beyond_nic rows (not calibrated)")):
+        _collectives_summary(label, outcomes[kept])
+    flat = [r for values in calibrated.values() for r in values]
+    low, high = C.bounds(flat)
+    print(f"shipped (every calibrated row, what predict prints): x{math.exp(low):.3f} to x{math.exp(high):.3f} the "
+          f"time, order statistics {C.order_indices(len(flat))} of {len(flat)}")
     return 0
+
+
+def _collectives_summary(label: str, outcomes: list[tuple[float, bool, float]]) -> None:
+    """One line each: the errors' median, max and signs, and the leave-one-source-out coverage and width."""
+    if not outcomes:
+        return
+    errors = [e for e, _, _ in outcomes]
+    inside = sum(hit for _, hit, _ in outcomes)
+    slow = sum(e > 0 for e in errors)
+    print(f"{label}: median |error| {100 * statistics.median(abs(e) for e in errors):.1f}%, max "
+          f"{100 * max(abs(e) for e in errors):.1f}%; {slow} of {len(errors)} predicted too slow, {len(errors) - slow} "
+          f"too fast; 80% intervals (leave-one-source-out): {inside} of {len(errors)} inside "
+          f"({100 * inside / len(errors):.0f}%), median width x{statistics.median(w for _, _, w in outcomes):.2f} "
+          f"(high / low)")
 
 
 if __name__ == "__main__":

@@ -117,8 +117,9 @@ def _notes(hw, hw_spec: str, topo: Topology, results) -> list[str]:
     if any(r.interval_source == CORPUS_PROVENANCE for r in results):
         low, high = collective_corpus.shipped_bounds(row_us)
         corpus = collective_corpus.load_collectives()
+        rows = corpus.calibrated_rows
         notes.append(f"[low-high] corpus after a row: its 80% interval in us, no fit resamples: split-conformal on "
-                     f"{len(corpus.rows)} published nccl-tests figures ({len(corpus.sources)} sources) predicted "
+                     f"{len(rows)} published nccl-tests figures ({len({r.source for r in rows})} sources) predicted "
                      f"from their systems' descriptions, x{math.exp(low):.2f} to x{math.exp(high):.2f} the time "
                      f"(analysis/corpus/collectives.json, docs/model.md)")
     return notes
