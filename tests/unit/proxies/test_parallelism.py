@@ -1,0 +1,98 @@
+"""Layouts: their spelling, the rank mesh (as torch's init_device_mesh lays it out) and the checks that refuse
+a layout that cannot run, each in one line."""
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from commbench.proxies.parallelism import LayoutError, Parallelism, parse_layout
+
+
+@dataclass(frozen=True)
+class Shape:  # what the checks read of a model's shape
+    layers: int = 80
+    heads: int = 64
+    kv_heads: int = 8
+    seq_len: int = 8192
+    experts: int = 0
+
+
+@pytest.mark.parametrize("text,gpus,expected", [
+    ("tp8,fsdp32", None, Parallelism(tp=8, dp=32, setup="fsdp-full")),
+    ("tp4,pp2,fsdp32", None, Parallelism(tp=4, pp=2, dp=32, setup="fsdp-full")),
+    ("tp8sp,pp16,dp64", None, Parallelism(tp=8, pp=16, dp=64, sequence_parallel=True, setup="ddp")),
+    ("tp8,pp2", 256, Parallelism(tp=8, pp=2, dp=16)),
+    ("cp2,ep4,hsdp8", None, Parallelism(cp=2, ep=4, dp=8, setup="fsdp-hybrid")),
+    ("zero1:32,tp2", None, Parallelism(tp=2, dp=32, setup="zero1")),
+])
+def test_spelling(text, gpus, expected):
+    par = parse_layout(text, gpus=gpus)
+    assert par == expected
+    assert parse_layout(par.name) == par  # the name spells the same layout
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "empty layout"),
+    ("tp8,tp2,dp4", "gives a dimension twice"),
+    ("tq8", "spell a layout like"),
+    ("pp2sp,dp2", "spell a layout like"),
+    ("tp0,dp2", "a degree is 1"),
+    ("tp8,pp2", "name the data-parallel part"),
+])
+def test_bad_spellings_are_one_line(text, message):
+    with pytest.raises(LayoutError, match=message) as err:
+        parse_layout(text)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("layout,kwargs,message", [
+    (Parallelism(tp=8, dp=16), {"gpus": 256}, "= 128 GPUs, not 256"),
+    (Parallelism(tp=3, dp=2), {"shape": Shape()}, "tp 3 neither divides"),
+    (Parallelism(tp=16, dp=2), {"shape": Shape(heads=40, kv_heads=8)}, "does not divide the model's 40 attention"),
+    (Parallelism(pp=3, dp=2), {"shape": Shape()}, "pp = 3 does not divide the model's 80 layers"),
+    (Parallelism(pp=4, dp=2, pp_schedule="interleaved", virtual_stages=3, microbatches=8), {"shape": Shape()},
+     "virtual stages = 12 does not divide"),
+    (Parallelism(ep=4, dp=8), {"shape": Shape(experts=6)}, "ep = 4 does not divide the model's 6 experts"),
+    (Parallelism(ep=4, dp=8), {"shape": Shape()}, "model without experts"),
+    (Parallelism(ep=3, dp=4), {}, "ep 3 must divide dp x cp = 4"),
+    (Parallelism(pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, microbatches=6), {}, "not a multiple"),
+    (Parallelism(pp=2, dp=2, virtual_stages=2), {}, "needs --pp-schedule interleaved"),
+    (Parallelism(pp=2, dp=2, pp_schedule="zigzag"), {}, "choose from gpipe, 1f1b, interleaved"),
+    (Parallelism(tp=16, dp=2), {"ranks_per_node": 8, "within_node": ("tp",)}, "tp groups cross nodes of 8"),
+])
+def test_layouts_that_cannot_run_are_one_line(layout, kwargs, message):
+    with pytest.raises(LayoutError, match=message) as err:
+        layout.check(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_a_layout_that_fits_passes_its_checks():
+    Parallelism(tp=8, pp=4, dp=8, pp_schedule="interleaved", virtual_stages=5, microbatches=16).check(
+        gpus=256, ranks_per_node=8, shape=Shape(), within_node=("tp",))
+    Parallelism(tp=2, cp=2, ep=8, dp=8).check(gpus=32, shape=Shape(heads=32, kv_heads=4, experts=64))
+
+
+def test_groups_are_the_mesh_torch_lays_out():
+    """init_device_mesh(device, (pp, dp, cp, tp)) numbers the ranks as arange(world).reshape(shape) (DeviceMesh's
+    mesh tensor); the group along a dimension is the line through the rank along that axis."""
+    par = Parallelism(tp=2, pp=3, cp=2, dp=2, ep=2)
+    mesh = np.arange(par.world).reshape(par.pp, par.dp, par.cp, par.tp)
+    for rank in range(par.world):
+        at = tuple(int(i) for i in np.argwhere(mesh == rank)[0])
+        assert par.coords(rank) == dict(zip(("pp", "dp", "cp", "tp"), at))
+        for axis, dim in enumerate(("pp", "dp", "cp", "tp")):
+            index = list(at)
+            index[axis] = slice(None)
+            assert par.group(rank, dim) == tuple(int(r) for r in mesh[tuple(index)])
+    assert par.group(0, "tp") == (0, 1) and par.group(0, "cp") == (0, 2) and par.group(0, "dp") == (0, 4)
+    # expert parallel: ep consecutive ranks of the flattened dp x cp ranks; expert data parallel: the rest
+    assert par.group(0, "ep") == (0, 2) and par.group(0, "edp") == (0, 4)
+    assert par.group(5, "ep") == (5, 7) and par.group(5, "edp") == (1, 5)
+
+
+def test_tensor_parallel_stays_inside_a_node():
+    par = Parallelism(tp=8, pp=2, dp=16)
+    assert par.nodes_spanned("tp", 8) == (1, 8)
+    assert par.nodes_spanned("dp", 8) == (16, 1)
+    assert par.nodes_spanned("pp", 8) == (2, 1)
+    assert Parallelism(tp=2, dp=8).nodes_spanned("dp", 8) == (2, 4)
