@@ -186,6 +186,7 @@ def _step_inputs(r: dict, headers: dict, replays: dict, loads: dict, notes: list
 def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, notes: list[str]) -> list[Row]:
     """The step row of one proxy or training run, and a replay's communication row ([]: left out, noted)."""
     from commbench.analysis.scaling import predict_step, step_interval_us
+    from commbench.proxies.setups import DEFAULT_SETUP
 
     inputs = _step_inputs(r, headers, replays, loads, notes)
     if inputs is None:
@@ -206,7 +207,7 @@ def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, 
                         r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
                         choice=choice, device=device).times
     kind = "train" if r["kind"] == "train" else "proxy"
-    named = "" if choice.name == "ddp" else f" {choice.name}"
+    named = "" if choice.name == DEFAULT_SETUP else f" {choice.name}"
     setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
     # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
     interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),

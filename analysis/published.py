@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from commbench.costmodel import Hardware, HardwareError, hardware_from_dict
+from commbench.proxies.setups import SETUPS, Choice, SetupError, settle
 
 CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "published.json")
 UNITS = ("images/s per GPU", "images/s", "tokens/s", "wall-clock s")  # a unit starts with one of these
 PRECISIONS = ("fp32", "tf32", "amp")
-SETUP_NAMES = ("ddp", "apex", "horovod", "ddp-fp16", "ddp-bf16", "zero1", "zero2", "fsdp-full", "fsdp-grad-op",
-               "fsdp-hybrid")
 
 
 class CorpusError(ValueError):
@@ -153,14 +152,19 @@ def _system(name: str, entry: dict) -> System:
 
 
 def _setup(name: str, entry: dict) -> Setup:
-    if entry.get("name") not in SETUP_NAMES:
-        raise CorpusError(f"setups.{name}.name must be one of {', '.join(SETUP_NAMES)}")
+    if entry.get("name") not in SETUPS:
+        raise CorpusError(f"setups.{name}.name must be one of {', '.join(SETUPS)}")
     knobs = {k: v for k, v in entry.items() if k not in ("name", "stated_in")}
     if not all(_is_number(v) and v > 0 for v in knobs.values()):
         raise CorpusError(f"setups.{name}: every knob must be a positive number")
     if not entry.get("stated_in"):
         raise CorpusError(f"setups.{name}.stated_in: say where the source's code states it")
-    return Setup(entry["name"], knobs, str(entry["stated_in"]))
+    setup = Setup(entry["name"], knobs, str(entry["stated_in"]))
+    try:
+        setup_choice(setup)
+    except SetupError as exc:  # a knob the entry does not take, a value out of its range
+        raise CorpusError(f"setups.{name}: {exc}") from None
+    return setup
 
 
 def _row(i: int, row: Any, sources: dict, systems: dict, setups: dict) -> Row:
@@ -199,15 +203,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def scaling_options(setup: Setup, parameters: int) -> dict[str, Any]:
-    """The `predict-scaling` options that stand for `setup` until proxies/setups.py lands (issue 23): DDP's
-    buckets of `bucket_mb`; APEX's one flat allreduce after the backward as one bucket that holds every fp32
-    gradient of the model's `parameters`; Horovod's tensor fusion as buckets of `fusion_mb` (64 MB). The one
-    place to swap for `--setup NAME`."""
-    if setup.name == "ddp":
-        return {"bucket_mb": setup.knobs.get("bucket_mb", 25.0), "bucketing": "ddp"}
-    if setup.name == "apex":
-        return {"bucket_mb": parameters * 4 / 1e6 + 1.0, "bucketing": "ddp"}  # fp32 gradients
-    if setup.name == "horovod":
-        return {"bucket_mb": setup.knobs.get("fusion_mb", 64.0), "bucketing": "ddp"}
-    raise CorpusError(f"setup {setup.name!r} has no stand-in in today's predict-scaling (wait for --setup)")
+def setup_choice(setup: Setup) -> Choice:
+    """The setup table's entry (proxies/setups.py) with the knobs the source's code states: what its rows are
+    predicted with, as `predict-scaling --setup NAME --KNOB VALUE` predicts them."""
+    return settle(setup.name, dict(setup.knobs))

@@ -99,7 +99,7 @@ def hop_latency(enabled: bool):
 
 def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     """The row's linearity (against its reference count) as commbench predicts it with `terms`."""
-    from commbench.analysis.published import scaling_options
+    from commbench.analysis.published import setup_choice
     from commbench.analysis.scale_terms import default_step_ratios, delivered
     from commbench.analysis.scaling import predict_scaling
 
@@ -107,14 +107,13 @@ def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     hw = replace(system.hardware, ranks_per_node=row.gpus_per_node)
     blocking = system.oversubscription if terms.congestion else None
     hw = delivered(hw, terms.nic, blocking)
-    options = scaling_options(corpus.setup(row), profile.parameters)
+    choice = setup_choice(corpus.setup(row))
     ratios = default_step_ratios() if terms.stragglers else None
     share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
 
     def rate(gpus: int, step_us: float) -> float:
         point = predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
-                                step_us * (1 - share), 0.0, options["bucket_mb"], options["bucketing"],
-                                step_ratios=ratios)[0]
+                                step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice)[0]
         return point.samples_per_s
 
     with hop_latency(terms.hop_latency):

@@ -42,7 +42,7 @@ class RankContext:
         self.compute = compute
         environment = self.backend.gather_objects(local_environment(self.backend.device))
         profile, world = self.profile, self.backend.world_size
-        grouped = (f"in {len(self.buckets)} bucket(s) ({self._bucket_text()})" if self.choice.name == "ddp" else
+        grouped = (f"in {len(self.buckets)} bucket(s) ({self._bucket_text()})" if self.choice.setup.proxy_buckets else
                    f"in setup {self.choice.name}")
         what = (f"{self.kind} {profile.name}: {profile.parameters / 1e6:.1f} M parameters, "
                 f"{profile.nbytes / 2**20:.1f} MiB of gradients {grouped}, batch {self.batch} per rank, "

@@ -59,7 +59,7 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 
 
 def _replay_steps(ctx: RankContext) -> None:
-    if ctx.choice.name != "ddp" or ctx.choice.get("accumulate") > 1:  # the plan holds the no_sync micro-steps
+    if not ctx.choice.setup.proxy_buckets or ctx.choice.get("accumulate") > 1:  # the plan holds the no_sync micro-steps
         return _replay_setup(ctx)
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, ddp, label = compute_times(ctx)

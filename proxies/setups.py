@@ -62,17 +62,19 @@ KNOBS = {k.name: k for k in (
 
 @dataclass(frozen=True)
 class Setup:
+    """Every fact about one setup, read by the replay, real training, the timeline, the cost model and check
+    (no code elsewhere compares a setup's name): what it is, its knobs, its step, and how it runs for real."""
     name: str
     summary: str
     knobs: tuple[str, ...]  # the KNOBS it takes
     build: Callable[[Profile, dict[str, Any], Any], tuple[list[Phase], list[Comm]]]
     trains_as: str  # how `commbench train` runs it for real: ddp, fsdp, or "" (not here)
     fixed: tuple[tuple[str, Any], ...] = ()  # knob values the entry sets itself (fsdp-hybrid's shard group)
-
-    @property
-    def allreduce_only(self) -> bool:
-        """Every call a world allreduce (commbench's own schedules can replay it)."""
-        return self.trains_as == "ddp" or self.name == "horovod"
+    allreduce_only: bool = False  # every call a world allreduce (commbench's own schedules can replay it)
+    comm_hook: str = ""  # DDP's comm hook, a name in torch.distributed.algorithms.ddp_comm_hooks.default_hooks
+    reshard_after_forward: bool | None = None  # FSDP2 fully_shard's flag (None: not FSDP)
+    trains_instead: str = ""  # trains_as "": why, and the nearest setup that `train` runs
+    proxy_buckets: bool = False  # replayed through the proxy's DDP buckets (--no-bucketing/--single-bucket apply)
 
 
 @dataclass(frozen=True)
@@ -146,25 +148,35 @@ def _check_layout(name: str, values: dict[str, Any], layout: Layout) -> None:
                          f"divide {layout.world} ranks")
 
 
+DEFAULT_SETUP = "ddp"  # what a command runs without --setup
 _DDP_KNOBS = ("accumulate", "bucket_mb")
+_FSDP_KNOBS = ("accumulate", "prefetch", "shard_group")
 SETUPS = {s.name: s for s in (
-    Setup("ddp", "PyTorch DDP: buckets allreduced as their gradients are ready", _DDP_KNOBS, ddp, "ddp"),
+    Setup("ddp", "PyTorch DDP: buckets allreduced as their gradients are ready", _DDP_KNOBS, ddp, "ddp",
+          allreduce_only=True, proxy_buckets=True),
     Setup("ddp-fp16", "DDP with fp16_compress_hook: buckets allreduced in fp16", _DDP_KNOBS, compressed("float16"),
-          "ddp"),
+          "ddp", allreduce_only=True, comm_hook="fp16_compress_hook"),
     Setup("ddp-bf16", "DDP with bf16_compress_hook: buckets allreduced in bf16", _DDP_KNOBS, compressed("bfloat16"),
-          "ddp"),
+          "ddp", allreduce_only=True, comm_hook="bf16_compress_hook"),
     Setup("apex", "APEX DDP: allreduces of message_size elements in arrival order", ("accumulate", "message_size"),
-          apex, "ddp"),
+          apex, "ddp", allreduce_only=True),
     Setup("horovod", "Horovod tensor fusion: ready gradients fused each cycle", ("accumulate", "fusion_mb",
-                                                                                  "cycle_ms"), horovod, ""),
+                                                                                  "cycle_ms"), horovod, "",
+          allreduce_only=True, trains_instead="Horovod is not installed here; the nearest that trains here: --setup "
+                                              "ddp (gradient buckets allreduced as they are ready)"),
     Setup("zero1", "DeepSpeed ZeRO-1: reduce-scatter after the backward, all-gather after the optimizer",
-          ("accumulate", "bucket_elements"), zero(1), ""),
+          ("accumulate", "bucket_elements"), zero(1), "",
+          trains_instead="DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (every "
+                         "gradient reduce-scattered and every parameter all-gathered once a step, per unit)"),
     Setup("zero2", "DeepSpeed ZeRO-2: reduce-scatter as gradients are ready, all-gather after the optimizer",
-          ("accumulate", "bucket_elements", "overlap_comm"), zero(2), ""),
+          ("accumulate", "bucket_elements", "overlap_comm"), zero(2), "",
+          trains_instead="DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op "
+                         "(ZeRO-2's FSDP form, SHARD_GRAD_OP)"),
     Setup("fsdp-full", "FSDP2 FULL_SHARD: all-gather per unit in forward and backward, reduce-scatter per unit",
-          ("accumulate", "prefetch", "shard_group"), fsdp(True), "fsdp"),
+          _FSDP_KNOBS, fsdp(True), "fsdp", reshard_after_forward=True),
     Setup("fsdp-grad-op", "FSDP2 SHARD_GRAD_OP: all-gather per unit in the forward, reduce-scatter per unit",
-          ("accumulate", "prefetch", "shard_group"), fsdp(False), "fsdp"),
+          _FSDP_KNOBS, fsdp(False), "fsdp", reshard_after_forward=False),
     Setup("fsdp-hybrid", "FSDP2 HYBRID_SHARD: sharded within a node, gradient shards allreduced across nodes",
-          ("accumulate", "prefetch"), fsdp(True), "fsdp", fixed=(("shard_group", "node"),)),
+          ("accumulate", "prefetch"), fsdp(True), "fsdp", fixed=(("shard_group", "node"),),
+          reshard_after_forward=True),
 )}

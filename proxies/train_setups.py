@@ -27,9 +27,6 @@ from commbench.proxies.setup_steps import MIB, Layout, units_of
 from commbench.proxies.setups import Choice
 from commbench.proxies.units import untie
 
-COMM_HOOKS = {"ddp-fp16": "fp16_compress_hook", "ddp-bf16": "bf16_compress_hook"}  # default_hooks' names
-RESHARD_AFTER_FORWARD = {"fsdp-full": True, "fsdp-grad-op": False, "fsdp-hybrid": True}
-
 
 @dataclass
 class Running:
@@ -87,7 +84,7 @@ def _ddp(trainer, choice: Choice, device_ids, group) -> Running:
 
     cap = bucket_cap_mb(choice)
     trainer.wrap(cap, device_ids, group)
-    hook = COMM_HOOKS.get(choice.name)
+    hook = choice.setup.comm_hook
     if hook:  # the default hooks take the process group as their state (None: the default group)
         trainer.wrapped.register_comm_hook(group, getattr(default_hooks, hook))
     caps = "DDP's default buckets (25 MiB, first 1 MiB)" if cap is None else f"bucket_cap_mb {cap:g}"
@@ -102,7 +99,7 @@ def _fsdp(trainer, choice: Choice, layout: Layout, profile, group) -> Running:
     mesh, shape = _mesh(choice, layout, trainer.device, group)
     groups = ({"cross": mesh.get_group("replicate"), "node": mesh.get_group("shard")} if mesh.ndim == 2
               else {"world": mesh.get_group()})
-    reshard = RESHARD_AFTER_FORWARD[choice.name]
+    reshard = choice.setup.reshard_after_forward
     model = trainer.model
     names = [name for name, _, _, _ in units_of(profile) if name]
     kept = untie(model, names)  # a profile extracted before tied parameters were left to the unit holding both

@@ -15,7 +15,7 @@ from commbench.commands.fit import warn_poor
 from commbench.commands.setup_flags import settle_setup, setup_options
 from commbench.costmodel import HardwareError, load_hardware
 from commbench.proxies.profile import ProfileError, load_profile
-from commbench.proxies.setups import SETUPS
+from commbench.proxies.setups import DEFAULT_SETUP, SETUPS
 from commbench.results import OutputError, ResultSink, new_run_id
 
 DEFAULT_GPUS = "1,8,16,32,64,128,256,512,1000"
@@ -119,7 +119,7 @@ def _curves(setup: str, algorithm: str, baseline: str | None, candidate: str | N
         raise UsageFault("--baseline and --candidate go together (acc_ratio = candidate / baseline)")
     if (baseline_setup is None) != (candidate_setup is None):
         raise UsageFault("--baseline-setup and --candidate-setup go together (acc_ratio = candidate / baseline)")
-    if baseline_setup and setup != "ddp":
+    if baseline_setup and setup != DEFAULT_SETUP:
         raise UsageFault("--setup with --baseline-setup/--candidate-setup: give the two setups only")
     names = [baseline_setup, candidate_setup] if baseline_setup else [setup]
     algorithms = [baseline, candidate] if baseline else [algorithm]
@@ -205,7 +205,7 @@ def _scaling_table(run, records) -> list[str]:
     """The table printed on stdout, one line per record; with a fitted hardware file, the step's 80%
     interval beside the step."""
     intervals = any(r.step_interval_us or r.linearity_interval for r in records)
-    setups = len({r.setup for r in records}) > 1 or any(r.setup != "ddp" for r in records)
+    setups = len({r.setup for r in records}) > 1 or any(r.setup != DEFAULT_SETUP for r in records)
     swidth = max([5, *(len(r.setup) for r in records)])
     cells = [_interval_ms(r.step_interval_us) + _FROM.get(r.interval_source, "") for r in records]
     width = max([len("step 80%(ms)"), *map(len, cells)])
@@ -228,7 +228,7 @@ def _scaling_table(run, records) -> list[str]:
     lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
                  " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))
     for r in records:
-        if r.setup != "ddp" or setups:
+        if r.setup != DEFAULT_SETUP or setups:
             knobs = ", ".join(f"{k} {v}" for k, v in (r.knobs or {}).items() if v is not None)
             line = f"# setup {r.setup}: {knobs or 'defaults'} (docs/setups.md)"
             if line not in lines:

@@ -91,7 +91,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                           "cpu" if device == "cpu" else "cuda", plan.world)
     if options.get("train") or options.get("validate"):
         check_trainable(choice)
-    if choice.name != "ddp" and bucketing != "ddp":
+    if not choice.setup.proxy_buckets and bucketing != "ddp":
         raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
     if plan.mode != "local" and not cls.runs_rank_groups and not choice.setup.allreduce_only:
         raise UsageFault(f"setup {choice.name} issues all-gathers and reduce-scatters on groups of ranks: replay it "

@@ -28,6 +28,7 @@ def knob_options(prefix: str = "") -> list:
 
 def setup_options(fn):
     """--setup and the knobs."""
+    # the default is setups.DEFAULT_SETUP, spelled here: importing the table would cost every command's start-up
     options = [click.option("--setup", "setup", default="ddp", show_default=True, metavar="NAME", help=SETUP_HELP),
                *knob_options()]
     for option in reversed(options):
@@ -59,19 +60,8 @@ def settle_setup(name: str, options: dict, nodes: int | None = None, ranks_per_n
     return choice
 
 
-# what `train` runs instead of a setup it cannot run here (Setup.trains_as "")
-TRAINS_INSTEAD = {
-    "zero1": "DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (every gradient "
-             "reduce-scattered and every parameter all-gathered once a step, per unit)",
-    "zero2": "DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (ZeRO-2's FSDP "
-             "form, SHARD_GRAD_OP)",
-    "horovod": "Horovod is not installed here; the nearest that trains here: --setup ddp (gradient buckets "
-               "allreduced as they are ready)",
-}
-
-
 def check_trainable(choice) -> None:
     """`train` (and `proxy --validate`) run a setup for real: one line and exit 2 for one they cannot."""
     if not choice.setup.trains_as:
         raise UsageFault(f"setup {choice.name} does not train here: "
-                         f"{TRAINS_INSTEAD.get(choice.name, 'no real form of it runs in commbench train')}")
+                         f"{choice.setup.trains_instead or 'no real form of it runs in commbench train'}")

@@ -30,7 +30,8 @@ FLOORS = {
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.proxies.profile",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
-        "commbench.proxies.models*", "commbench.proxies.units"],
+        "commbench.proxies.models*", "commbench.proxies.units", "commbench.proxies.parallelism",
+        "commbench.proxies.pipeline", "commbench.proxies.layout_calls"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry", "commbench.sweep_config",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
@@ -240,6 +241,51 @@ def test_no_backend_name_compared_outside_backends():
                  if not module.startswith("commbench.backends")
                  for line in backend_comparisons(path.read_text(encoding="utf-8"), names)]
     assert offenders == []
+
+
+def _names_setup(node: ast.AST) -> bool:
+    """The expression is a setup's name: `name`, `setup`, `choice.name`, `self.name`, `r["setup"]`, ..."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        return _names_setup(node.args[0])
+    if isinstance(node, ast.Subscript):
+        return _names_setup(node.slice)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+        node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+    return name.lower() in ("name", "setup", "setup_name")
+
+
+def setup_facts_outside(source: str, names: set[str]) -> list[int]:
+    """Lines of `source` that compare a setup's name to a literal setup name, or key a table by two or more
+    setup names (a setup's fact kept outside its entry)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for a, b in zip(operands, operands[1:]):
+                if (_backend_literal(a, names) and _names_setup(b)) or (_backend_literal(b, names) and
+                                                                        _names_setup(a)):
+                    found.append(node.lineno)
+        elif isinstance(node, ast.Dict):
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            if sum(k in names for k in keys) >= 2:
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_setup_fact_outside_the_setup_table():
+    """Every fact about a setup lives in its entry (proxies/setups.py): no code elsewhere compares a setup's name
+    or keeps a table keyed by setup names (a comm hook, a reshard flag, what trains instead)."""
+    from commbench.proxies.setups import SETUPS
+
+    names = set(SETUPS)
+    snippet = ('if self.name == "horovod": pass\nHOOKS = {"ddp-fp16": "a", "ddp-bf16": "b"}\n'
+               'ok = kind == "ddp"\nif choice.name in ("zero1", "zero2"): pass\n')
+    assert setup_facts_outside(snippet, names) == [1, 2, 4]  # the check can fail; trains_as is not a setup
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for module, path in modules().items()
+                 if module != "commbench.proxies.setups"
+                 for line in setup_facts_outside(path.read_text(encoding="utf-8"), names)]
+    assert offenders == []
+
 
 # ---------------------------------------------------------------- room sizes
 

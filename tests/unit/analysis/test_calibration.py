@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from commbench.analysis import calibration as C
-from commbench.analysis.published import CORPUS_PATH, CorpusError, load_corpus, scaling_options
+from commbench.analysis.published import CORPUS_PATH, CorpusError, load_corpus, setup_choice
 
 
 def test_order_statistics_are_the_exact_finite_sample_ones():
@@ -70,12 +70,23 @@ def test_a_damaged_corpus_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
-def test_the_setup_stand_in_holds_apex_in_one_bucket_and_horovod_in_64_mb():
+def test_published_rows_are_predicted_with_the_setup_tables_entry(tmp_path):
+    """No stand-in: a source's setup is the table's entry with the knobs its code states, checked as the entry
+    checks them (a knob the setup does not take is one line)."""
     from commbench.analysis.published import Setup
 
-    assert scaling_options(Setup("ddp", {"bucket_mb": 25}, "x"), 10**6)["bucket_mb"] == 25
-    assert scaling_options(Setup("apex", {}, "x"), 10**8)["bucket_mb"] > 400  # 400 MB of fp32 gradients, one bucket
-    assert scaling_options(Setup("horovod", {"fusion_mb": 64}, "x"), 10**8)["bucket_mb"] == 64
+    choice = setup_choice(Setup("horovod", {"fusion_mb": 64, "accumulate": 1}, "x"))
+    assert choice.setup.name == "horovod" and choice.get("fusion_mb") == 64 and choice.get("cycle_ms") == 1.0
+    assert setup_choice(Setup("apex", {}, "x")).get("message_size") == 10_000_000
+    with open(CORPUS_PATH, encoding="utf-8") as handle:
+        data = json.load(handle)
+    source = next(iter(data["setups"]))
+    data["setups"][source]["fusion_mb"] = 64  # a ddp entry: DDP has no fusion threshold
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CorpusError, match=f"setups.{source}: setup ddp has no knob --fusion-mb") as info:
+        load_corpus(str(path))
+    assert "\n" not in str(info.value)
 
 
 def test_the_shipped_calibration_covers_every_corpus_row():

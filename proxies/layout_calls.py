@@ -1,0 +1,129 @@
+"""What each parallel dimension of a layout communicates, per transformer layer and micro-batch.
+
+The calls are Megatron-LM's (Shoeybi et al. 2019, section 3, and Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", section 4.2.2, for sequence parallelism),
+on the activations of one micro-batch: `b` sequences of `s / cp` tokens (context parallelism splits
+the sequence), `h` wide, in the activations' dtype:
+
+| dimension | forward, per layer | backward, per layer |
+|---|---|---|
+| tp | 2 allreduces of b s h (after attention, after the MLP) | 2 allreduces of b s h (the inputs' gradients) |
+| tp with sp | 2 all-gathers + 2 reduce-scatters of b s h | the same (each operator's transpose) |
+| cp | cp - 1 ring steps, each passing this rank's K and V blocks on | cp - 1 steps passing K, V and their gradients |
+| ep (MoE layers) | 2 all-to-alls of b s k h (dispatch, combine) | 2 all-to-alls of b s k h |
+| pp | one send of b s h per stage boundary and micro-batch (`boundary_nbytes`) | one send of its gradient |
+
+Sizes are nccl-tests' (the larger per-rank buffer): an all-gather's output, a reduce-scatter's input, an
+all-to-all's whole send buffer. Full activation checkpointing runs the forward again in the backward,
+its calls included (`checkpointing="full"`); selective checkpointing recomputes the attention core only,
+which communicates nothing. Context-parallel ring steps overlap the attention compute they feed
+(`overlaps="attention"`); the rest wait on the compute and are waited for (exposed), as Megatron-LM runs
+them without its optional TP overlap. The data-parallel dimension is the setups table's
+(proxies/setups.py) on the gradients of a rank's shard of the model, over `dp x cp` ranks (context-parallel
+ranks hold the same weights).
+
+`shape` is a model's TransformerShape (proxies/transformer.py): this module reads hidden, layers,
+kv_heads, head_dim, experts and top_k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commbench.proxies.parallelism import Parallelism
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    dim: str  # tp, cp, ep
+    collective: str  # allreduce, allgather, reduce_scatter, alltoall, sendrecv
+    nbytes: int  # per rank, nccl-tests' size
+    dtype: str
+    phase: str  # forward, backward
+    count: int  # calls of this kind per layer and micro-batch
+    overlaps: str  # "" (exposed) or the compute it runs beside ("attention")
+    label: str
+
+
+def tokens(par: Parallelism, microbatch: int, shape) -> int:
+    """Tokens of one micro-batch on one rank: b x s / cp."""
+    return microbatch * shape.seq_len // par.cp
+
+
+def layer_calls(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16", checkpointing: str = "none",
+                moe: bool = False) -> list[LayerCall]:
+    """The calls one transformer layer issues for one micro-batch (`moe`: a layer with experts)."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"activation checkpointing {checkpointing!r}: choose from {', '.join(CHECKPOINTING)}")
+    width = DTYPE_BYTES[dtype]
+    act = tokens(par, microbatch, shape) * shape.hidden * width  # b s h bytes
+    calls: list[LayerCall] = []
+    replays = 2 if checkpointing == "full" else 1  # the backward runs the forward's calls again
+    if par.tp > 1:
+        if par.sequence_parallel:
+            for phase, times in (("forward", 1), ("backward", replays)):
+                calls.append(LayerCall("tp", "allgather", act, dtype, phase, 2 * times, "", "tp all-gather (sp)"))
+                calls.append(LayerCall("tp", "reduce_scatter", act, dtype, phase, 2 * times, "",
+                                       "tp reduce-scatter (sp)"))
+        else:
+            calls.append(LayerCall("tp", "allreduce", act, dtype, "forward", 2, "", "tp allreduce"))
+            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", 2 * replays, "", "tp allreduce"))
+    if par.cp > 1:
+        kv = 2 * tokens(par, microbatch, shape) * _kv_heads_per_rank(par, shape) * shape.head_dim * width
+        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "forward", par.cp - 1, "attention", "cp ring K/V"))
+        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", (par.cp - 1) * replays, "attention",
+                               "cp ring K/V (again)"))
+        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", par.cp - 1, "attention",
+                               "cp ring dK/dV"))
+    if par.ep > 1 and moe:
+        routed = act * shape.top_k // (par.tp if par.sequence_parallel else 1)
+        calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", "ep dispatch and combine"))
+        calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", "ep dispatch and combine"))
+    return calls
+
+
+def _kv_heads_per_rank(par: Parallelism, shape) -> int:
+    """Key/value heads a tensor-parallel rank holds (whole heads, or one copy when tp exceeds them)."""
+    return max(1, shape.kv_heads // par.tp)
+
+
+def boundary_nbytes(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16") -> int:
+    """Bytes a pipeline stage sends its neighbour per micro-batch: the activation (forward) or its gradient
+    (backward), b s h, split over the TP ranks under sequence parallelism."""
+    act = tokens(par, microbatch, shape) * shape.hidden * DTYPE_BYTES[dtype]
+    return act // par.tp if par.sequence_parallel else act
+
+
+def moe_layers(shape) -> int:
+    """Layers with experts (a shape's leading dense layers have none)."""
+    if not getattr(shape, "experts", 0):
+        return 0
+    return shape.layers - getattr(shape, "dense_layers", 0)
+
+
+def step_bytes(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16", checkpointing: str = "none",
+               stage: int = 0) -> dict[tuple[str, str], tuple[int, int]]:
+    """(dimension, collective) -> (calls, bytes) on one rank of pipeline stage `stage` per step, summed over its
+    layers and micro-batches, its pipeline sends included (each model chunk sends its activations on unless it
+    is the last virtual stage, its gradients back unless it is the first): what a trace of the step is compared
+    with."""
+    layers = shape.layers // par.pp
+    moe = moe_layers(shape) // par.pp
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def add(key: tuple[str, str], calls: int, nbytes: int) -> None:
+        before = out.get(key, (0, 0))
+        out[key] = (before[0] + calls, before[1] + calls * nbytes)
+
+    for kind, count in (("dense", layers - moe), ("moe", moe)):
+        for call in layer_calls(par, shape, microbatch, dtype, checkpointing, moe=kind == "moe"):
+            add((call.dim, call.collective), call.count * count * par.microbatches, call.nbytes)
+    stages = par.pp * par.virtual_stages
+    for chunk in range(par.virtual_stages if par.pp > 1 else 0):
+        j = chunk * par.pp + stage
+        sends = (j < stages - 1) + (j > 0)
+        if sends:
+            add(("pp", "send"), sends * par.microbatches, boundary_nbytes(par, shape, microbatch, dtype))
+    return out

@@ -1,0 +1,77 @@
+"""Each dimension's calls per layer and micro-batch, and a step's totals, as closed forms of the shape."""
+from dataclasses import dataclass
+
+import pytest
+
+from commbench.proxies.layout_calls import boundary_nbytes, layer_calls, step_bytes
+from commbench.proxies.parallelism import Parallelism
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int = 8
+    hidden: int = 64
+    heads: int = 8
+    kv_heads: int = 4
+    head_dim: int = 8
+    seq_len: int = 128
+    experts: int = 0
+    top_k: int = 0
+    dense_layers: int = 0
+
+
+def _by(calls):
+    return {(c.dim, c.collective, c.phase): (c.count, c.nbytes) for c in calls}
+
+
+def test_tensor_parallel_allreduces_twice_each_way():
+    act = 2 * 128 * 64 * 2  # b s h bf16
+    assert _by(layer_calls(Parallelism(tp=2, dp=2), Shape(), 2)) == {
+        ("tp", "allreduce", "forward"): (2, act), ("tp", "allreduce", "backward"): (2, act)}
+    # full checkpointing repeats the forward's calls in the backward
+    assert _by(layer_calls(Parallelism(tp=2, dp=2), Shape(), 2, checkpointing="full"))[
+        ("tp", "allreduce", "backward")] == (4, act)
+
+
+def test_sequence_parallel_gathers_and_scatters_instead():
+    act = 128 * 64 * 4
+    calls = _by(layer_calls(Parallelism(tp=4, dp=1, sequence_parallel=True), Shape(), 1, "float32"))
+    assert calls == {(("tp", c, p)): (2, act) for c in ("allgather", "reduce_scatter") for p in ("forward", "backward")}
+
+
+def test_context_parallel_passes_kv_blocks_round_the_ring():
+    kv = 2 * (128 // 4) * (4 // 2) * 8 * 2  # K and V of s/cp tokens, kv heads per TP rank, head_dim, bf16
+    calls = layer_calls(Parallelism(tp=2, cp=4), Shape(), 1)
+    ring = [c for c in calls if c.dim == "cp"]
+    assert all(c.nbytes == kv and c.overlaps == "attention" for c in ring)
+    assert sum(c.count for c in ring if c.phase == "forward") == 3
+    assert sum(c.count for c in ring if c.phase == "backward") == 6
+
+
+def test_expert_parallel_all_to_alls_on_moe_layers_only():
+    shape = Shape(experts=8, top_k=2, dense_layers=2)
+    routed = 128 * 64 * 2 * 2  # b s h x top_k, bf16
+    assert _by(layer_calls(Parallelism(ep=4, dp=4), shape, 1, moe=True)) == {
+        ("ep", "alltoall", "forward"): (2, routed), ("ep", "alltoall", "backward"): (2, routed)}
+    assert layer_calls(Parallelism(ep=4, dp=4), shape, 1, moe=False) == []
+    totals = step_bytes(Parallelism(ep=4, dp=4, microbatches=3), shape, 1)
+    assert totals[("ep", "alltoall")] == (4 * 6 * 3, 4 * 6 * 3 * routed)  # 6 MoE layers, 3 micro-batches
+
+
+@pytest.mark.parametrize("stage,sends", [(0, 4), (1, 8), (3, 4)])
+def test_pipeline_stages_send_activations_on_and_gradients_back(stage, sends):
+    par = Parallelism(pp=4, dp=1, microbatches=4)
+    assert step_bytes(par, Shape(), 1, stage=stage)[("pp", "send")] == (sends, sends * boundary_nbytes(par, Shape(), 1))
+
+
+def test_interleaved_chunks_send_at_every_virtual_boundary():
+    par = Parallelism(pp=2, dp=1, microbatches=4, pp_schedule="interleaved", virtual_stages=2)
+    # rank 0 holds virtual stages 0 and 2 of 4: stage 0 sends on only, stage 2 both ways
+    assert step_bytes(par, Shape(), 1, stage=0)[("pp", "send")][0] == 4 + 8
+    assert boundary_nbytes(Parallelism(tp=4, pp=2, sequence_parallel=True), Shape(), 2) == 2 * 128 * 64 * 2 // 4
+
+
+def test_a_step_sums_layers_and_micro_batches():
+    par = Parallelism(tp=2, pp=2, dp=2, microbatches=8)
+    act = 128 * 64 * 2
+    assert step_bytes(par, Shape(), 1)[("tp", "allreduce")] == (4 * 4 * 8, 4 * 4 * 8 * act)  # 4 layers a stage
