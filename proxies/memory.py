@@ -1,9 +1,11 @@
 """Memory per GPU of a parallel layout: parameters, gradients, optimizer state and activations.
 
 A layout is plain integers here: tp, pp, cp, ep, dp (world = tp * pp * cp * dp; the EP group is
-drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it), the micro-batch size in
-sequences, and the micro-batches whose activations the first pipeline stage holds at once (1F1B:
-pp; stage k holds pp - k). Formulas and their sources: docs/layouts.md, "Shapes and memory".
+drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it, and as proxies/parallelism.py
+lays it out), the micro-batch size in sequences, and the micro-batches whose activations each
+pipeline stage holds at once (1F1B: stage k holds pp - k; any schedule: per stage, as
+proxies/pipeline.py's `in_flight` counts them from the schedule's order). Formulas and their
+sources: docs/layouts.md, "Shapes and memory".
 
 - Model states follow ZeRO's accounting (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
   Toward Training Trillion Parameter Models", sec. 3.1 and 5): mixed-precision Adam keeps 2 bytes
@@ -136,7 +138,10 @@ class Layout:
     ep: int = 1
     dp: int = 1
     microbatch: int = 1
-    in_flight: int | None = None  # micro-batches the first stage holds; None: pp (1F1B)
+    # micro-batches of its layers each stage holds at once: None, 1F1B's (stage k: pp - k); an int, the first
+    # stage's, one fewer per later stage; a tuple, each stage's own (proxies/pipeline.py's in_flight of a
+    # schedule's order, divided by the virtual stages for interleaved 1F1B: a chunk holds 1/v of the layers)
+    in_flight: int | float | tuple[float, ...] | None = None
     sharding: str = "none"
     checkpointing: str = "none"
     sequence_parallel: bool = True
@@ -161,6 +166,8 @@ def _check(shape: TransformerShape, layout: Layout) -> None:
     for name in ("tp", "pp", "cp", "ep", "dp", "microbatch"):
         if getattr(layout, name) < 1:
             raise ValueError(f"layout: {name} must be at least 1")
+    if isinstance(layout.in_flight, tuple) and len(layout.in_flight) != layout.pp:
+        raise ValueError(f"layout: in_flight gives {len(layout.in_flight)} stages' counts for pp {layout.pp}")
     if (layout.dp * layout.cp) % layout.ep:
         raise ValueError(f"layout: ep {layout.ep} must divide dp x cp = {layout.dp * layout.cp}")
     if shape.moe and shape.experts % layout.ep:
@@ -189,7 +196,10 @@ def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision,
     replicas = layout.dp * layout.cp
     states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, layout.sharding, precision),
                                     model_state_nbytes(experts, replicas // layout.ep, layout.sharding, precision))]
-    held = max(1, (layout.in_flight or layout.pp) - stage)
+    if isinstance(layout.in_flight, tuple):
+        held = layout.in_flight[stage]
+    else:
+        held = max(1, (layout.in_flight or layout.pp) - stage)
     activations = held * sum(layer_activation_nbytes(
         shape, index, layout.microbatch, tp, layout.cp, layout.sequence_parallel, layout.checkpointing,
         layout.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))

@@ -31,7 +31,7 @@ FLOORS = {
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units", "commbench.proxies.transformer",
-        "commbench.proxies.memory"],
+        "commbench.proxies.memory", "commbench.proxies.parallelism", "commbench.proxies.pipeline"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
         "commbench.telemetry", "commbench.sweep_config",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",

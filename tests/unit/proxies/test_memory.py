@@ -131,3 +131,15 @@ def test_fits():
     assert not fits(breakdown, breakdown.total_nbytes, reserved_fraction=0.1)
     big = memory_per_gpu(load_profile("llama3.1-405b").transformer, Layout(dp=8))
     assert not fits(big, 80 * 2**30)  # 405B without model parallelism: 16 bytes a parameter, 6.5 TB
+
+
+def test_in_flight_per_stage_from_a_schedule(llama70b):
+    """A schedule's own counts per stage (proxies/pipeline.py's in_flight of its order; interleaved:
+    chunks of 1/v of the stage's layers), here GPipe's: every stage holds all 8 micro-batches."""
+    per_layer = layer_activation_nbytes(llama70b, 0, 1, tp=8, checkpointing="selective")
+    gpipe = memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=(8, 8, 8, 8), checkpointing="selective"))
+    assert gpipe.stage == 3  # the same activations everywhere; the head's output layer on top
+    assert gpipe.activations_nbytes == pytest.approx(8 * 20 * per_layer + output_activation_nbytes(llama70b, 1, 8),
+                                                     rel=1e-9)
+    with pytest.raises(ValueError, match="in_flight gives 2 stages' counts for pp 4"):
+        memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=(1, 2)))
