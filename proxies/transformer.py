@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
+MAX_DIM = 2**31  # any one hyper-parameter: generous beyond any published model, and finite
+MAX_LAYERS = 100_000
+
 
 @dataclass(frozen=True)
 class TransformerShape:
@@ -57,8 +60,11 @@ class TransformerShape:
             value = getattr(self, f.name)
             if f.type == "bool" and type(value) is not bool:
                 raise ValueError(f"transformer shape: {f.name} must be true or false, not {value!r}")
-            if f.type == "int" and (type(value) is not int or value < 0):
-                raise ValueError(f"transformer shape: {f.name} must be a non-negative integer, not {value!r}")
+            if f.type == "int" and (type(value) is not int or not 0 <= value <= MAX_DIM):
+                raise ValueError(f"transformer shape: {f.name} must be an integer from 0 to {MAX_DIM:,d}, "
+                                 f"not {value!r}")
+        if self.layers > MAX_LAYERS:  # what is built from a shape loops over its layers: keep it finite
+            raise ValueError(f"transformer shape: {self.layers:,d} layers; at most {MAX_LAYERS:,d}")
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "seq_len", "dtype_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"transformer shape: {name} must be at least 1")

@@ -126,5 +126,5 @@ def test_schema_3_carries_a_transformer_shape_and_schema_2_loads_without(tmp_pat
         load_profile(_write(tmp_path, dict(data, tensors=[["w", [2], "float32", 1.0, 0]], parameters=2, units=[])))
     with pytest.raises(ProfileError, match=r"p.json: 'transformer' has unknown field 'colour'"):
         load_profile(_write(tmp_path, dict(data, transformer={**data["transformer"], "colour": 1})))
-    with pytest.raises(ProfileError, match=r"transformer shape: layers must be a non-negative integer"):
+    with pytest.raises(ProfileError, match=r"transformer shape: layers must be an integer from 0"):
         load_profile(_write(tmp_path, dict(data, transformer={**data["transformer"], "layers": "4"})))

@@ -125,10 +125,12 @@ def test_bad_shapes_are_one_line():
     good = load_profile("llama-tiny").transformer.to_dict()
     assert shape_from_dict(good) == load_profile("llama-tiny").transformer
     for change, message in ((dict(kv_heads=3), "3 key/value heads do not divide 4 heads"),
-                            (dict(layers=2.5), "layers must be a non-negative integer"),
+                            (dict(layers=2.5), "layers must be an integer from 0 to 2,147,483,648"),
+                            (dict(layers=10**9), "1,000,000,000 layers; at most 100,000"),
+                            (dict(hidden=2**40), "hidden must be an integer from 0"),
                             (dict(tied_embeddings=1), "tied_embeddings must be true or false"),
                             (dict(experts=4, top_k=5), "top_k 5 must be from 1 to the 4 experts"),
-                            (dict(heads=0), "must be a non-negative integer|heads must be at least 1"),
+                            (dict(heads=0), "heads must be at least 1"),
                             (dict(colour=1), "unknown field 'colour'")):
         with pytest.raises(ValueError, match=message):
             shape_from_dict({**good, **change})
