@@ -49,6 +49,16 @@ _DS_GPT2 = ("microsoft/DeepSpeedExamples Megatron-LM/scripts/ds_pretrain_gpt2.sh
 _TITAN = "pytorch/torchtitan train_configs/{}.toml: batch_size {} (per rank), seq_len {} (FSDP)"
 _LLAMA2 = ("hidden_size={},intermediate_size={},num_hidden_layers={},num_attention_heads={},vocab_size=32000,"
            "max_position_embeddings=4096,rms_norm_eps=1e-05,tie_word_embeddings=false")
+# Llama 3.1: Meta's config.json for each size (meta-llama/Llama-3.1-8B, -70B, -405B) and the Llama 3 paper (Dubey et
+# al. 2024, "The Llama 3 Herd of Models", Table 3); rope_scaling (type llama3) and rope_theta 500000 are left at the
+# class defaults: they change no shape or FLOP, and an override holds numbers only.
+_LLAMA3 = ("hidden_size={},intermediate_size={},num_hidden_layers={},num_attention_heads={},num_key_value_heads=8,"
+           "vocab_size=128256,max_position_embeddings=131072,rms_norm_eps=1e-05,tie_word_embeddings=false")
+_LLAMA3_BATCH = ("one sequence of 8192 tokens per micro-batch: the Llama 3 paper, sec. 3.4.1 and Table 4, trains at "
+                 "sequence 8192 with 16-32 sequences per data-parallel group split into micro-batches over the "
+                 "pipeline; the micro-batch size is chosen, not stated there")
+_LLAMA3_NOTE = ("Llama 3.1 {} (meta-llama/Llama-3.1-{} config.json): hidden {}, {} layers, {} heads, 8 key-value "
+                "heads, intermediate {}, vocab 128256, context 131072")
 CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("alexnet", "torchvision:alexnet", (3, 224, 224), "images", 128, _TB.format("alexnet")),
     ModelSpec("resnet18", "torchvision:resnet18", (3, 224, 224), "images", 16, _TB.format("resnet18")),
@@ -94,6 +104,36 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
               "sequences", 2, _TITAN.format("llama2_13b", 2, 4096),
               note="Llama 2 13B's config.json (meta-llama/Llama-2-13b-hf; Touvron et al. 2023): hidden 5120, "
                    "40 layers, 40 heads, intermediate 13824, vocab 32000, context 4096"),
+    ModelSpec("llama3.1-8b", "transformers:LlamaForCausalLM:" + _LLAMA3.format(4096, 14336, 32, 32), (8192,),
+              "sequences", 1, _LLAMA3_BATCH, note=_LLAMA3_NOTE.format("8B", "8B", 4096, 32, 32, 14336)),
+    ModelSpec("llama3.1-70b", "transformers:LlamaForCausalLM:" + _LLAMA3.format(8192, 28672, 80, 64), (8192,),
+              "sequences", 1, _LLAMA3_BATCH, note=_LLAMA3_NOTE.format("70B", "70B", 8192, 80, 64, 28672)),
+    ModelSpec("llama3.1-405b", "transformers:LlamaForCausalLM:" + _LLAMA3.format(16384, 53248, 126, 128), (8192,),
+              "sequences", 1, _LLAMA3_BATCH, note=_LLAMA3_NOTE.format("405B", "405B", 16384, 126, 128, 53248)),
+    ModelSpec("mixtral-8x7b", "transformers:MixtralForCausalLM:hidden_size=4096,intermediate_size=14336,"
+              "num_hidden_layers=32,num_attention_heads=32,num_key_value_heads=8,vocab_size=32000,num_local_experts=8,"
+              "num_experts_per_tok=2,max_position_embeddings=32768,rms_norm_eps=1e-05,tie_word_embeddings=false",
+              (4096,), "sequences", 1, "one sequence per micro-batch (a layout's micro-batch; chosen, not sourced); "
+              "4096 tokens chosen for training (the paper states a 32768-token context, no training length)",
+              note="Mixtral 8x7B (Jiang et al. 2024, Table 1; mistralai/Mixtral-8x7B-v0.1 config.json): hidden 4096, "
+                   "32 layers, 32 heads, 8 key-value heads, expert FFN 14336, 8 experts, top-2, vocab 32000; "
+                   "rope_theta 1e6 left at the class default (it changes no shape or FLOP)"),
+    ModelSpec("deepseek-v3", "transformers:DeepseekV3ForCausalLM:hidden_size=7168,intermediate_size=18432,"
+              "moe_intermediate_size=2048,num_hidden_layers=61,first_k_dense_replace=3,num_attention_heads=128,"
+              "num_key_value_heads=128,n_routed_experts=256,n_shared_experts=1,num_experts_per_tok=8,n_group=8,"
+              "topk_group=4,q_lora_rank=1536,kv_lora_rank=512,qk_nope_head_dim=128,qk_rope_head_dim=64,"
+              "v_head_dim=128,vocab_size=129280,tie_word_embeddings=false", (4096,), "sequences", 1,
+              "one sequence per micro-batch (chosen, not sourced); 4096 tokens: DeepSeek-V3 technical report "
+              "(arXiv 2412.19437) sec. 4.2, pre-training sequence length 4K",
+              note="DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json): hidden 7168, 61 layers (the first 3 dense, "
+                   "FFN 18432), 256 routed experts of FFN 2048 and 1 shared, top-8, 128 heads with multi-head latent "
+                   "attention (q rank 1536, kv rank 512, rope 64, nope 128, v 128), vocab 129280; the multi-token "
+                   "prediction module (num_nextn_predict_layers 1) is not built by transformers and not counted"),
+    ModelSpec("llama-tiny", "transformers:LlamaForCausalLM:hidden_size=64,intermediate_size=176,num_hidden_layers=4,"
+              "num_attention_heads=4,num_key_value_heads=2,vocab_size=1024,max_position_embeddings=64,"
+              "tie_word_embeddings=false", (64,), "sequences", 4,
+              "commbench's own choice: small enough to train on 4 CPU ranks in seconds",
+              note="a Llama-shaped model made up for tests (4 layers, hidden 64, 4 heads, 2 key-value heads)"),
     ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 10,
               _TB.format("speech_transformer") + " declares 32, but its frame-budget batching of a 10-utterance "
               "training set gives 10 per step (pytorch/benchmark issue #1560)"),

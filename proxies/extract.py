@@ -18,6 +18,12 @@ breakdown (torch.utils.module_tracker) does not do for the backward: it keeps a 
 "entered" until the gradients of all its inputs are done, so a BART decoder layer, whose
 input the encoder's output feeds every decoder layer, was counted again for the layers
 after it (the units' backward added up to 2.1e11 FLOPs more than the backward itself).
+
+Mixture-of-experts layers (transformers' Mixtral, DeepSeek-V3) run their experts as one
+grouped matrix product (aten._grouped_mm), which the counter does not count and whose meta
+kernel takes 16-bit inputs only: such a model is counted on the meta device in bfloat16 (FLOPs
+do not depend on the dtype; the profile keeps the parameters' own dtype), with the grouped product
+counted here. A decoder-only transformer's profile carries its shape (proxies/transformer.py).
 """
 from __future__ import annotations
 
@@ -25,9 +31,12 @@ from typing import Any, Callable
 
 from commbench.proxies.catalog import CATALOG, BuiltModel, ModelError, build, build_named, loss_of
 from commbench.proxies.profile import DTYPE_BYTES, Profile, TensorSpec, UnitSpec
+from commbench.proxies.transformer import TransformerShape, from_config
 from commbench.proxies.units import WrapPolicy, nearest_unit, unit_tensors, wrap_policy
 
 FLOP_BATCH = 2  # FLOPs are counted on 2 samples and halved: batch norm needs more than one in training
+# transformers' model_type of the decoder-only models whose shape proxies/transformer.py reads
+DECODERS = frozenset({"llama", "mistral", "qwen2", "mixtral", "deepseek_v3"})
 
 
 def extract(spec: str, input_shape: tuple[int, ...] = (), name: str | None = None,
@@ -57,12 +66,24 @@ def extract(spec: str, input_shape: tuple[int, ...] = (), name: str | None = Non
         source.update({"default_batch": catalog.batch_source, **({"note": catalog.note} if catalog.note else {})})
     if counts["unused"]:
         source["unused_parameters"] = counts["unused"]
+    if counts["dtype"] != "own":
+        source["flop_counter"] += f", parameters in {counts['dtype']} (the meta grouped product takes 16-bit only)"
+    shape = _shape(built, tensors)
     own = built.declared  # what a module:callable's module says of its inputs (INPUT)
     return Profile(name or (catalog.name if catalog else _default_name(spec)), tuple(tensors),
                    counts["forward"], counts["backward"], built.input_shape,
                    sample_unit or (catalog.sample_unit if catalog else own.get("unit", "samples")),
                    default_batch or (catalog.default_batch if catalog else own.get("default_batch", 32)), source,
-                   counts["units"])
+                   counts["units"], shape)
+
+
+def _shape(built: BuiltModel, tensors: list[TensorSpec]) -> TransformerShape | None:
+    """The shape of a decoder-only transformers model, when its parameter count is the tensors'."""
+    config = getattr(built.module, "config", None)
+    if getattr(config, "model_type", None) not in DECODERS or len(built.input_shape) != 1:
+        return None
+    shape = from_config(config, seq_len=built.input_shape[0])
+    return shape if shape.parameters == sum(t.numel for t in tensors) else None
 
 
 def _default_name(spec: str) -> str:
@@ -73,13 +94,20 @@ def _count(make: Callable[[], BuiltModel], torch, wrap: tuple[str, ...]) -> tupl
     """The model, and its forward/backward FLOPs per sample, per parameter (ready FLOPs, ready
     index) and its sharding units: built and run on the meta device if every op allows it, else
     on the CPU."""
-    try:
-        with torch.device("meta"):
-            built = make()
-            return built, _count_on(built, "meta", wrap_policy(built.module, wrap))
-    except (NotImplementedError, RuntimeError, TypeError):  # an op without a meta kernel
-        built = make()
-        return built, _count_on(built, "cpu", wrap_policy(built.module, wrap))
+    for dtype in (None, torch.bfloat16):  # bfloat16: the meta grouped product (MoE experts) takes no float32
+        try:
+            with torch.device("meta"):
+                built = make()
+                own = next(built.module.parameters()).dtype
+                if dtype is not None:
+                    built.module.to(dtype)
+                counts = _count_on(built, "meta", wrap_policy(built.module, wrap))
+                built.module.to(own)
+                return built, {**counts, "dtype": str(dtype).replace("torch.", "") if dtype else "own"}
+        except (NotImplementedError, RuntimeError, TypeError):  # an op without a meta kernel
+            continue
+    built = make()
+    return built, {**_count_on(built, "cpu", wrap_policy(built.module, wrap)), "dtype": "own"}
 
 
 def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
@@ -93,6 +121,17 @@ def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padd
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
+def _grouped_mm_flops(a_shape, b_shape, *_, out_shape=None, **__) -> int:
+    """aten._grouped_mm (an MoE layer's experts in one call): 2 FLOPs per multiply-add. Each output
+    element is a dot product over a's last dimension, except 2-d x 2-d (a weight gradient), where
+    the groups split that dimension: M x K x N in all."""
+    import math
+
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
 def _count_on(built: BuiltModel, device: str, policy: WrapPolicy) -> dict[str, Any]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -101,7 +140,7 @@ def _count_on(built: BuiltModel, device: str, policy: WrapPolicy) -> dict[str, A
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     counter = FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten.convolution_backward: _conv_backward_flops})
+        torch.ops.aten.convolution_backward: _conv_backward_flops, torch.ops.aten._grouped_mm: _grouped_mm_flops})
     ready: dict[int, tuple[float, int]] = {}
     forward_total = [0.0]
     hooks = []

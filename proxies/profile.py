@@ -7,8 +7,9 @@ becomes ready (`ready_flops`) and its position in gradient-ready order
 the sample unit, a default batch and where the model came from. Schema 2 adds the
 model's sharding units (`units`): the modules an FSDP wrapping policy wraps, each
 with its parameter tensors and the forward and backward FLOPs spent in it, in the
-order the forward runs them. Profiles ship as JSON in proxies/profiles/ and are
-built by extract.py; nothing in this module needs torch.
+order the forward runs them. Schema 3 adds, for decoder-only transformers, the model's shape
+(`transformer`: proxies/transformer.py), what parallel layouts and memory per GPU need. Profiles
+ship as JSON in proxies/profiles/ and are built by extract.py; nothing in this module needs torch.
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from commbench import files
+from commbench.proxies.transformer import TransformerShape, shape_from_dict
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)  # schema 1: no units
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (1, 2, 3)  # schema 1: no units; schema 1 and 2: no transformer shape
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -71,6 +73,7 @@ class Profile:
     default_batch: int
     source: dict[str, Any] = field(default_factory=dict)  # package, version, constructor, reference
     units: tuple[UnitSpec, ...] = ()  # sharding units in forward execution order; () if not extracted
+    transformer: TransformerShape | None = None  # a decoder-only transformer's shape; None for other models
 
     @property
     def parameters(self) -> int:
@@ -92,6 +95,8 @@ class Profile:
         out = asdict(self)
         out["tensors"] = [[t.name, list(t.shape), t.dtype, t.ready_flops, t.ready_index] for t in self.tensors]
         out["units"] = [[u.name, list(u.tensors), u.forward_flops, u.backward_flops] for u in self.units]
+        if self.transformer is None:
+            del out["transformer"]
         return {"schema": SCHEMA_VERSION, "parameters": self.parameters, "tensor_fields": list(TENSOR_FIELDS),
                 "unit_fields": list(UNIT_FIELDS), **out}
 
@@ -133,8 +138,8 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
         raise ProfileError(f"{origin}: missing field(s) {', '.join(missing)}")
     schema = data.get("schema", SCHEMA_VERSION)
     if type(schema) is not int or schema not in READABLE_SCHEMAS:
-        raise ProfileError(f"{origin}: schema {_brief(data['schema'])}; this commbench reads schema "
-                           f"{' and '.join(map(str, READABLE_SCHEMAS))}")
+        readable = ", ".join(map(str, READABLE_SCHEMAS[:-1])) + f" and {READABLE_SCHEMAS[-1]}"
+        raise ProfileError(f"{origin}: schema {_brief(data['schema'])}; this commbench reads schema {readable}")
     forward = _number(data["forward_flops"], "forward_flops", origin, MAX_FLOPS)
     backward = _number(data["backward_flops"], "backward_flops", origin, MAX_FLOPS)
     batch = _integer(data["default_batch"], "default_batch", origin, 1, MAX_BATCH)
@@ -156,7 +161,22 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
         raise ProfileError(f"{origin}: 'parameters' says {_brief(stated)} but the tensors hold {total}")
     units = _units(data.get("units", []), tensors, forward, backward, origin)
     return Profile(_text(data["name"], "name", origin), tensors, forward, backward, shape,
-                   _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin), units)
+                   _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin), units,
+                   _transformer(data.get("transformer"), total, origin))
+
+
+def _transformer(value: Any, parameters: int, origin: str) -> TransformerShape | None:
+    """The optional shape; its parameter count must be the tensors' (the same model)."""
+    if value is None:
+        return None
+    try:
+        shape = shape_from_dict(value)
+    except (ValueError, TypeError) as exc:
+        raise ProfileError(f"{origin}: {exc}") from None
+    if shape.parameters != parameters:
+        raise ProfileError(f"{origin}: the transformer shape holds {shape.parameters} parameters, the tensors "
+                           f"{parameters}")
+    return shape
 
 
 def _list(value: Any, name: str, origin: str) -> list:

@@ -101,8 +101,8 @@ def test_a_schema_1_profile_still_loads_without_units(tmp_path):
     old["source"] = {key: value for key, value in old["source"].items() if key != "units"}
     profile = load_profile(_write(tmp_path, dict(old, schema=1)))
     assert profile.units == () and profile.tensors == load_profile("resnet18").tensors
-    with pytest.raises(ProfileError, match="schema 3; this commbench reads schema 1 and 2"):
-        load_profile(_write(tmp_path, dict(old, schema=3)))
+    with pytest.raises(ProfileError, match="schema 4; this commbench reads schema 1, 2 and 3"):
+        load_profile(_write(tmp_path, dict(old, schema=4)))
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -110,3 +110,21 @@ def test_save_and_load_round_trip(tmp_path):
     path = str(tmp_path / "b.json")
     profile.save(path)
     assert load_profile(path) == profile
+
+
+def test_schema_3_carries_a_transformer_shape_and_schema_2_loads_without(tmp_path):
+    tiny = load_profile("llama-tiny")
+    assert tiny.transformer is not None and tiny.transformer.parameters == tiny.parameters
+    path = str(tmp_path / "tiny.json")
+    tiny.save(path)
+    assert load_profile(path) == tiny
+    data = tiny.to_dict()
+    old = {key: value for key, value in data.items() if key != "transformer"}
+    assert load_profile(_write(tmp_path, dict(old, schema=2))).transformer is None
+    assert load_profile("llama-13b").transformer is None  # shipped as schema 2
+    with pytest.raises(ProfileError, match=r"the transformer shape holds 315968 parameters, the tensors 2"):
+        load_profile(_write(tmp_path, dict(data, tensors=[["w", [2], "float32", 1.0, 0]], parameters=2, units=[])))
+    with pytest.raises(ProfileError, match=r"p.json: 'transformer' has unknown field 'colour'"):
+        load_profile(_write(tmp_path, dict(data, transformer={**data["transformer"], "colour": 1})))
+    with pytest.raises(ProfileError, match=r"transformer shape: layers must be an integer from 0"):
+        load_profile(_write(tmp_path, dict(data, transformer={**data["transformer"], "layers": "4"})))

@@ -43,8 +43,8 @@ def _unit(good, index, position, value):
     (lambda g: _with(g, input_shape=[3, "224"]), r"'input_shape' is '224'"),
     (lambda g: _with(g, input_shape=[1] * 9), r"'input_shape' has 9 dimensions; at most 8"),
     (lambda g: _with(g, input_shape=[3, 0]), r"'input_shape' is 0"),
-    (lambda g: _with(g, schema=3), r"schema 3; this commbench reads schema 1 and 2"),
-    (lambda g: _with(g, schema=True), r"schema True; this commbench reads schema 1 and 2"),
+    (lambda g: _with(g, schema=4), r"schema 4; this commbench reads schema 1, 2 and 3"),
+    (lambda g: _with(g, schema=True), r"schema True; this commbench reads schema 1, 2 and 3"),
     (lambda g: _with(g, name="\x1b]0;owned\x07"), r"'name' holds control characters"),
     (lambda g: _with(g, name=""), r"'name' must be a non-empty string"),
     (lambda g: _with(g, sample_unit=["images"]), r"'sample_unit' must be a non-empty string"),
@@ -93,7 +93,7 @@ def test_too_many_units(good, monkeypatch):
 def test_every_shipped_profile_passes(good):
     from commbench.proxies.profile import shipped
 
-    assert len([load_profile(name) for name in shipped()]) == 20
+    assert len([load_profile(name) for name in shipped()]) == 26
     assert profile_from_dict(good, "x").name == "tts_angular"
 
 

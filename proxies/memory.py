@@ -1,0 +1,215 @@
+"""Memory per GPU of a parallel layout: parameters, gradients, optimizer state and activations.
+
+A layout is plain integers here: tp, pp, cp, ep, dp (world = tp * pp * cp * dp; the EP group is
+drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it, and as proxies/parallelism.py
+lays it out), the micro-batch size in sequences, and the micro-batches whose activations each
+pipeline stage holds at once (1F1B: stage k holds pp - k; any schedule: per stage, as
+proxies/pipeline.py's `in_flight` counts them from the schedule's order). Formulas and their
+sources: docs/layouts.md, "Shapes and memory".
+
+- Model states follow ZeRO's accounting (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+  Toward Training Trillion Parameter Models", sec. 3.1 and 5): mixed-precision Adam keeps 2 bytes
+  of bf16/fp16 parameters, 2 of gradients and K = 12 of optimizer state (fp32 master copy, momentum,
+  variance) per parameter; `MEGATRON` keeps fp32 gradients (Megatron-LM's main_grad), 2 + 4 + 12.
+  Sharding divides by the data-parallel degree: zero1 the optimizer state, zero2 also the gradients,
+  fsdp (ZeRO-3, FSDP full shard) also the parameters, which then need an unsharded buffer for the
+  layers being gathered (two layers: the one computing and the one prefetched).
+- Activations per layer follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models", sec. 4, Table 2), generalised from GPT's layer to the shape's (grouped-query
+  heads, gated MLP, FFN size, experts); a GPT layer gives their sbh(34 + 5as/h) and its TP, SP,
+  selective and full forms exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commbench.proxies.transformer import TransformerShape
+
+CHECKPOINTING = ("none", "selective", "full")
+SHARDING = ("none", "zero1", "zero2", "fsdp")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    param_bytes: int  # per parameter, as the forward reads it
+    grad_bytes: int
+    optimizer_bytes: int  # fp32 master copy + Adam's two moments
+
+
+ZERO = Precision("zero", 2, 2, 12)  # ZeRO sec. 3.1: (2 + 2 + K) psi, K = 12
+MEGATRON = Precision("megatron", 2, 4, 12)  # bf16 parameters, fp32 gradient buffers
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One GPU's memory in bytes, on the pipeline stage that needs the most."""
+    stage: int
+    parameters_nbytes: int
+    gradients_nbytes: int
+    optimizer_nbytes: int
+    activations_nbytes: int
+    buffers_nbytes: int  # FSDP's gathered layers
+
+    @property
+    def model_states_nbytes(self) -> int:
+        return self.parameters_nbytes + self.gradients_nbytes + self.optimizer_nbytes
+
+    @property
+    def total_nbytes(self) -> int:
+        return self.model_states_nbytes + self.activations_nbytes + self.buffers_nbytes
+
+
+def model_state_nbytes(parameters: float, shard_degree: int, sharding: str,
+                       precision: Precision = ZERO) -> tuple[float, float, float]:
+    """Bytes of parameters, gradients and optimizer state for `parameters` replicated over
+    `shard_degree` data-parallel ranks, with `sharding` dividing what it shards by that degree."""
+    if sharding not in SHARDING:
+        raise ValueError(f"sharding {sharding!r}: one of {', '.join(SHARDING)}")
+    depth = SHARDING.index(sharding)  # 0 none, 1 optimizer, 2 + gradients, 3 + parameters
+    return (parameters * precision.param_bytes / (shard_degree if depth >= 3 else 1),
+            parameters * precision.grad_bytes / (shard_degree if depth >= 2 else 1),
+            parameters * precision.optimizer_bytes / (shard_degree if depth >= 1 else 1))
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage: as even as can be; what does not divide goes to the middle stages
+    first, since the first and last stages also hold the embedding and the head (Llama 3 paper,
+    Dubey et al. 2024, sec. 3.3.2: one layer fewer on the first and last stages)."""
+    if not 1 <= pp <= layers:
+        raise ValueError(f"pipeline degree {pp}: from 1 to the {layers} layers")
+    counts = [layers // pp] * pp
+    order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    for stage in order[:layers % pp]:
+        counts[stage] += 1
+    return counts
+
+
+def layer_activation_nbytes(shape: TransformerShape, index: int, microbatch: int, tp: int = 1, cp: int = 1,
+                            sequence_parallel: bool = True, checkpointing: str = "none",
+                            dropout: bool = False, expert_tp: int | None = None) -> float:
+    """Bytes one layer keeps for its backward per micro-batch (Korthikanti et al. 2022, sec. 4):
+    16-bit activations, 1-byte dropout masks, s this CP rank's share of the sequence."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing {checkpointing!r}: one of {', '.join(CHECKPOINTING)}")
+    s, b, h = shape.seq_len / cp, microbatch, shape.hidden
+    sb = s * b
+    if checkpointing == "full":  # only the layer's input (sec. 4.3: 2sbh), split by SP
+        return 2 * sb * h / (tp if sequence_parallel else 1)
+    # not split by TP unless SP splits it: the two norms' inputs (4sbh), the attention and MLP inputs
+    # (2sbh each), the two dropout masks (sbh each); MLA's latent down-projections
+    replicated = 8 * sb * h + (2 * sb * h if dropout else 0)
+    if shape.kv_lora_rank:
+        replicated += 2 * sb * (shape.q_lora_rank + shape.kv_lora_rank + shape.qk_rope_head_dim)
+    # split by TP: Q, K, V, the output projection's input, the MLP's intermediates
+    split = 2 * sb * (shape.heads * shape.head_dim + shape.kv_heads * (shape.head_dim + shape.value_head_dim)
+                      + shape.heads * shape.value_head_dim)
+    if checkpointing == "none":  # softmax output 2as^2b; with dropout its mask as^2b and output 2as^2b
+        split += (5 if dropout else 2) * shape.heads * s * s * b
+    if shape.is_moe_layer(index):
+        replicated += 4 * sb * shape.experts + 2 * 2 * sb * shape.top_k * h  # fp32 router logits, dispatch, combine
+        split += 2 * sb * shape.shared_experts * _mlp_intermediates(shape, shape.expert_ffn)
+        split += 2 * sb * shape.top_k * _mlp_intermediates(shape, shape.expert_ffn) * tp / (expert_tp or tp)
+    else:
+        split += 2 * sb * _mlp_intermediates(shape, shape.ffn)
+    return replicated / (tp if sequence_parallel else 1) + split / tp
+
+
+def _mlp_intermediates(shape: TransformerShape, intermediate: int) -> int:
+    """Elements per token an MLP keeps: gate, up and their product (gated); or the activation's
+    input and output (GPT: 8h for 4h, Korthikanti's 16sbh)."""
+    return (3 if shape.gated_mlp else 2) * intermediate
+
+
+def output_activation_nbytes(shape: TransformerShape, microbatch: int, tp: int = 1, cp: int = 1) -> float:
+    """The last stage's final norm and output layer with its fp32 cross-entropy (Korthikanti et al.
+    2022, sec. 4.3: 4sbh/t (1 + v/h))."""
+    sb = shape.seq_len / cp * microbatch
+    return 4 * sb * (shape.hidden + shape.vocab) / tp
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The degrees and the per-GPU choices memory depends on."""
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    microbatch: int = 1
+    # micro-batches of its layers each stage holds at once: None, 1F1B's (stage k: pp - k); an int, the first
+    # stage's, one fewer per later stage; a tuple, each stage's own (proxies/pipeline.py's in_flight of a
+    # schedule's order, divided by the virtual stages for interleaved 1F1B: a chunk holds 1/v of the layers)
+    in_flight: int | float | tuple[float, ...] | None = None
+    sharding: str = "none"
+    checkpointing: str = "none"
+    sequence_parallel: bool = True
+    expert_tp: int | None = None  # TP inside an expert; None: tp (Megatron-Core's default)
+    dropout: bool = False
+
+
+def memory_per_gpu(shape: TransformerShape, layout: Layout, precision: Precision = ZERO) -> MemoryBreakdown:
+    """The breakdown on the stage whose total is largest (the first holds the most activations,
+    the last the head)."""
+    _check(shape, layout)
+    counts = stage_layers(shape.layers, layout.pp)
+    best = None
+    for stage in range(layout.pp):
+        breakdown = _stage_memory(shape, layout, precision, stage, counts)
+        if best is None or breakdown.total_nbytes > best.total_nbytes:
+            best = breakdown
+    return best
+
+
+def _check(shape: TransformerShape, layout: Layout) -> None:
+    for name in ("tp", "pp", "cp", "ep", "dp", "microbatch"):
+        if getattr(layout, name) < 1:
+            raise ValueError(f"layout: {name} must be at least 1")
+    if isinstance(layout.in_flight, tuple) and len(layout.in_flight) != layout.pp:
+        raise ValueError(f"layout: in_flight gives {len(layout.in_flight)} stages' counts for pp {layout.pp}")
+    if (layout.dp * layout.cp) % layout.ep:
+        raise ValueError(f"layout: ep {layout.ep} must divide dp x cp = {layout.dp * layout.cp}")
+    if shape.moe and shape.experts % layout.ep:
+        raise ValueError(f"layout: ep {layout.ep} does not divide the {shape.experts} experts")
+    if shape.heads % layout.tp:
+        raise ValueError(f"layout: tp {layout.tp} does not divide the {shape.heads} heads")
+
+
+def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision, stage: int,
+                  counts: list[int]) -> MemoryBreakdown:
+    tp, etp = layout.tp, layout.expert_tp or layout.tp
+    first = sum(counts[:stage])
+    dense, experts, largest_layer = 0.0, 0.0, 0.0
+    for index in range(first, first + counts[stage]):
+        p = shape.layer_parameters(index)
+        layer_dense = (p["attention"] + p["mlp"] + p["shared_experts"]) / tp + p["router"] + p["norms"]
+        layer_experts = p["experts"] / (layout.ep * etp)
+        dense, experts = dense + layer_dense, experts + layer_experts
+        largest_layer = max(largest_layer, layer_dense + layer_experts)
+    if stage == 0:
+        dense += shape.vocab * shape.hidden / tp
+    if stage == layout.pp - 1:  # a tied head is a second copy when it sits on another stage
+        tied_elsewhere = shape.tied_embeddings and layout.pp > 1
+        dense += shape.hidden + (shape.vocab * shape.hidden / tp if tied_elsewhere or not shape.tied_embeddings
+                                 else 0)
+    replicas = layout.dp * layout.cp
+    states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, layout.sharding, precision),
+                                    model_state_nbytes(experts, replicas // layout.ep, layout.sharding, precision))]
+    if isinstance(layout.in_flight, tuple):
+        held = layout.in_flight[stage]
+    else:
+        held = max(1, (layout.in_flight or layout.pp) - stage)
+    activations = held * sum(layer_activation_nbytes(
+        shape, index, layout.microbatch, tp, layout.cp, layout.sequence_parallel, layout.checkpointing,
+        layout.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))
+    if stage == layout.pp - 1:
+        activations += output_activation_nbytes(shape, layout.microbatch, tp, layout.cp)
+    buffers = 2 * largest_layer * precision.param_bytes if layout.sharding == "fsdp" else 0.0
+    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)))
+
+
+def fits(breakdown: MemoryBreakdown, gpu_nbytes: int, reserved_fraction: float = 0.0) -> bool:
+    """Whether the breakdown fits a GPU of `gpu_nbytes`, keeping `reserved_fraction` of it free (for
+    the allocator's fragmentation, the communication library's buffers, the CUDA context)."""
+    return breakdown.total_nbytes <= gpu_nbytes * (1.0 - reserved_fraction)
