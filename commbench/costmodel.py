@@ -51,6 +51,7 @@ class Hardware:
     per_call_overhead_us: float = 0.0
     device_tflops: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # description, sources, fit quality
+    device_memory_gb: float | None = None  # one GPU's memory, GB (1e9 bytes) as its vendor states it
 
     def level(self, topo: Topology, src: int, dst: int) -> Link:
         return self.intra if topo.link(src, dst) == INTRA else self.inter
@@ -68,8 +69,9 @@ class Hardware:
             handle.write(text)
 
 
+# any other top-level field (description, sources) goes to meta
 HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", "per_call_overhead_us",
-                   "device_tflops", "meta")  # any other top-level field (description, sources) goes to meta
+                   "device_tflops", "meta", "device_memory_gb")
 
 
 
@@ -99,7 +101,8 @@ def _hardware(data: Any, origin: str) -> Hardware:
     return Hardware(name, int(_number(data, "ranks_per_node", "", whole=True, at_least=1)), intra, inter,
                     _number(data, "reduce_gbps", "", positive=True, optional=True),
                     _number(data, "per_call_overhead_us", "", optional=True) or 0.0,
-                    {key: _number(tflops, key, "device_tflops.", positive=True, optional=True) for key in tflops}, meta)
+                    {key: _number(tflops, key, "device_tflops.", positive=True, optional=True) for key in tflops}, meta,
+                    _number(data, "device_memory_gb", "", positive=True, optional=True))
 
 
 def _link(data: dict[str, Any], where: str) -> Link:

@@ -22,8 +22,9 @@ them without its optional TP overlap. The data-parallel dimension is the setups 
 (proxies/setups.py) on the gradients of a rank's shard of the model, over `dp x cp` ranks (context-parallel
 ranks hold the same weights).
 
-`shape` is a model's TransformerShape (proxies/transformer.py): this module reads hidden, layers,
-kv_heads, head_dim, experts and top_k.
+`shape` is a model's TransformerShape (proxies/transformer.py), whose methods give the bytes of each
+activation (`tp_activation_nbytes`, `cp_kv_block_nbytes`, `ep_dispatch_nbytes`, `pp_boundary_nbytes`), in
+its `dtype_bytes`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from commbench.proxies.parallelism import Parallelism
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = {4: "float32", 2: "bfloat16"}  # a shape's dtype_bytes -> the calls' dtype
 CHECKPOINTING = ("none", "selective", "full")
 
 
@@ -47,18 +48,13 @@ class LayerCall:
     label: str
 
 
-def tokens(par: Parallelism, microbatch: int, shape) -> int:
-    """Tokens of one micro-batch on one rank: b x s / cp."""
-    return microbatch * shape.seq_len // par.cp
-
-
-def layer_calls(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16", checkpointing: str = "none",
+def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "none",
                 moe: bool = False) -> list[LayerCall]:
     """The calls one transformer layer issues for one micro-batch (`moe`: a layer with experts)."""
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"activation checkpointing {checkpointing!r}: choose from {', '.join(CHECKPOINTING)}")
-    width = DTYPE_BYTES[dtype]
-    act = tokens(par, microbatch, shape) * shape.hidden * width  # b s h bytes
+    dtype = DTYPES.get(shape.dtype_bytes, "float16")
+    act = shape.tp_activation_nbytes(microbatch, par.cp)  # b s h bytes of this CP rank's tokens
     calls: list[LayerCall] = []
     replays = 2 if checkpointing == "full" else 1  # the backward runs the forward's calls again
     if par.tp > 1:
@@ -71,14 +67,15 @@ def layer_calls(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16
             calls.append(LayerCall("tp", "allreduce", act, dtype, "forward", 2, "", "tp allreduce"))
             calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", 2 * replays, "", "tp allreduce"))
     if par.cp > 1:
-        kv = 2 * tokens(par, microbatch, shape) * _kv_heads_per_rank(par, shape) * shape.head_dim * width
+        kv = shape.cp_kv_block_nbytes(microbatch, par.cp) * _kv_heads_per_rank(par, shape) // shape.kv_heads
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "forward", par.cp - 1, "attention", "cp ring K/V"))
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", (par.cp - 1) * replays, "attention",
                                "cp ring K/V (again)"))
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", par.cp - 1, "attention",
                                "cp ring dK/dV"))
     if par.ep > 1 and moe:
-        routed = act * shape.top_k // (par.tp if par.sequence_parallel else 1)
+        local = microbatch * shape.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
+        routed = shape.ep_dispatch_nbytes(local)
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", "ep dispatch and combine"))
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", "ep dispatch and combine"))
     return calls
@@ -89,28 +86,20 @@ def _kv_heads_per_rank(par: Parallelism, shape) -> int:
     return max(1, shape.kv_heads // par.tp)
 
 
-def boundary_nbytes(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16") -> int:
+def boundary_nbytes(par: Parallelism, shape, microbatch: int) -> int:
     """Bytes a pipeline stage sends its neighbour per micro-batch: the activation (forward) or its gradient
     (backward), b s h, split over the TP ranks under sequence parallelism."""
-    act = tokens(par, microbatch, shape) * shape.hidden * DTYPE_BYTES[dtype]
-    return act // par.tp if par.sequence_parallel else act
+    return shape.pp_boundary_nbytes(microbatch, par.tp, par.cp, par.sequence_parallel)
 
 
-def moe_layers(shape) -> int:
-    """Layers with experts (a shape's leading dense layers have none)."""
-    if not getattr(shape, "experts", 0):
-        return 0
-    return shape.layers - getattr(shape, "dense_layers", 0)
-
-
-def step_bytes(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16", checkpointing: str = "none",
+def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "none",
                stage: int = 0) -> dict[tuple[str, str], tuple[int, int]]:
     """(dimension, collective) -> (calls, bytes) on one rank of pipeline stage `stage` per step, summed over its
     layers and micro-batches, its pipeline sends included (each model chunk sends its activations on unless it
     is the last virtual stage, its gradients back unless it is the first): what a trace of the step is compared
     with."""
     layers = shape.layers // par.pp
-    moe = moe_layers(shape) // par.pp
+    moe = shape.moe_layers // par.pp
     out: dict[tuple[str, str], tuple[int, int]] = {}
 
     def add(key: tuple[str, str], calls: int, nbytes: int) -> None:
@@ -118,12 +107,12 @@ def step_bytes(par: Parallelism, shape, microbatch: int, dtype: str = "bfloat16"
         out[key] = (before[0] + calls, before[1] + calls * nbytes)
 
     for kind, count in (("dense", layers - moe), ("moe", moe)):
-        for call in layer_calls(par, shape, microbatch, dtype, checkpointing, moe=kind == "moe"):
+        for call in layer_calls(par, shape, microbatch, checkpointing, moe=kind == "moe"):
             add((call.dim, call.collective), call.count * count * par.microbatches, call.nbytes)
     stages = par.pp * par.virtual_stages
     for chunk in range(par.virtual_stages if par.pp > 1 else 0):
         j = chunk * par.pp + stage
         sends = (j < stages - 1) + (j > 0)
         if sends:
-            add(("pp", "send"), sends * par.microbatches, boundary_nbytes(par, shape, microbatch, dtype))
+            add(("pp", "send"), sends * par.microbatches, boundary_nbytes(par, shape, microbatch))
     return out

@@ -176,9 +176,12 @@ def _check(shape: TransformerShape, layout: Layout) -> None:
         raise ValueError(f"layout: tp {layout.tp} does not divide the {shape.heads} heads")
 
 
-def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision, stage: int,
-                  counts: list[int]) -> MemoryBreakdown:
+def stage_parameters(shape: TransformerShape, layout: Layout, stage: int,
+                     counts: list[int] | None = None) -> tuple[float, float, float]:
+    """(dense, expert, largest layer's) parameters one GPU of pipeline stage `stage` holds: its layers' split by
+    tp (experts by ep x expert tp), the embedding on the first stage, the final norm and head on the last."""
     tp, etp = layout.tp, layout.expert_tp or layout.tp
+    counts = counts or stage_layers(shape.layers, layout.pp)
     first = sum(counts[:stage])
     dense, experts, largest_layer = 0.0, 0.0, 0.0
     for index in range(first, first + counts[stage]):
@@ -193,6 +196,14 @@ def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision,
         tied_elsewhere = shape.tied_embeddings and layout.pp > 1
         dense += shape.hidden + (shape.vocab * shape.hidden / tp if tied_elsewhere or not shape.tied_embeddings
                                  else 0)
+    return dense, experts, largest_layer
+
+
+def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision, stage: int,
+                  counts: list[int]) -> MemoryBreakdown:
+    tp = layout.tp
+    first = sum(counts[:stage])
+    dense, experts, largest_layer = stage_parameters(shape, layout, stage, counts)
     replicas = layout.dp * layout.cp
     states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, layout.sharding, precision),
                                     model_state_nbytes(experts, replicas // layout.ep, layout.sharding, precision))]

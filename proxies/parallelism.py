@@ -142,16 +142,20 @@ class Parallelism:
         if shape.kv_heads % self.tp and self.tp % shape.kv_heads:
             raise LayoutError(f"{self.name}: tp {self.tp} neither divides the model's {shape.kv_heads} key/value heads "
                               "nor is a multiple of them (each TP rank holds whole key/value heads, or copies)")
+        stages = self.pp * self.virtual_stages
+        if shape.layers % stages and ((shape.layers + 2) % stages or stages < 3):
+            virtual = " x virtual stages" if self.virtual_stages > 1 else ""
+            raise LayoutError(f"{self.name}: pp{virtual} = {stages} does not divide the model's {shape.layers} layers "
+                              "(nor do they divide with one layer fewer on the first and last stage, as Llama 3 "
+                              "balanced its pipeline)")
         splits = [("tp", self.tp, "attention heads", shape.heads),
-                  ("pp", self.pp * self.virtual_stages, "layers", shape.layers),
                   ("cp", 2 * self.cp if self.cp > 1 else 1, "sequence length (2 x cp chunks, load-balanced)",
                    shape.seq_len)]
         if self.ep > 1:
             splits.append(("ep", self.ep, "experts", shape.experts))
         for dim, degree, what, total in splits:
             if total % degree:
-                stages = " x virtual stages" if dim == "pp" and self.virtual_stages > 1 else ""
-                raise LayoutError(f"{self.name}: {dim}{stages} = {degree} does not divide the model's {total} {what}")
+                raise LayoutError(f"{self.name}: {dim} = {degree} does not divide the model's {total} {what}")
         if self.ep > 1 and not shape.experts:
             raise LayoutError(f"{self.name}: ep {self.ep} on a model without experts")
 

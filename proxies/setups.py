@@ -75,6 +75,7 @@ class Setup:
     reshard_after_forward: bool | None = None  # FSDP2 fully_shard's flag (None: not FSDP)
     trains_instead: str = ""  # trains_as "": why, and the nearest setup that `train` runs
     proxy_buckets: bool = False  # replayed through the proxy's DDP buckets (--no-bucketing/--single-bucket apply)
+    memory_sharding: str = "none"  # what it shards of the model states at rest (proxies/memory.py's SHARDING)
 
 
 @dataclass(frozen=True)
@@ -165,18 +166,19 @@ SETUPS = {s.name: s for s in (
           allreduce_only=True, trains_instead="Horovod is not installed here; the nearest that trains here: --setup "
                                               "ddp (gradient buckets allreduced as they are ready)"),
     Setup("zero1", "DeepSpeed ZeRO-1: reduce-scatter after the backward, all-gather after the optimizer",
-          ("accumulate", "bucket_elements"), zero(1), "",
+          ("accumulate", "bucket_elements"), zero(1), "", memory_sharding="zero1",
           trains_instead="DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op (every "
                          "gradient reduce-scattered and every parameter all-gathered once a step, per unit)"),
     Setup("zero2", "DeepSpeed ZeRO-2: reduce-scatter as gradients are ready, all-gather after the optimizer",
-          ("accumulate", "bucket_elements", "overlap_comm"), zero(2), "",
+          ("accumulate", "bucket_elements", "overlap_comm"), zero(2), "", memory_sharding="zero2",
           trains_instead="DeepSpeed is not installed here; the nearest that trains here: --setup fsdp-grad-op "
                          "(ZeRO-2's FSDP form, SHARD_GRAD_OP)"),
     Setup("fsdp-full", "FSDP2 FULL_SHARD: all-gather per unit in forward and backward, reduce-scatter per unit",
-          _FSDP_KNOBS, fsdp(True), "fsdp", reshard_after_forward=True),
+          _FSDP_KNOBS, fsdp(True), "fsdp", reshard_after_forward=True, memory_sharding="fsdp"),
     Setup("fsdp-grad-op", "FSDP2 SHARD_GRAD_OP: all-gather per unit in the forward, reduce-scatter per unit",
-          _FSDP_KNOBS, fsdp(False), "fsdp", reshard_after_forward=False),
+          _FSDP_KNOBS, fsdp(False), "fsdp", reshard_after_forward=False,
+          memory_sharding="zero2"),  # parameters stay gathered from the forward to the backward
     Setup("fsdp-hybrid", "FSDP2 HYBRID_SHARD: sharded within a node, gradient shards allreduced across nodes",
           ("accumulate", "prefetch"), fsdp(True), "fsdp", fixed=(("shard_group", "node"),),
-          reshard_after_forward=True),
+          reshard_after_forward=True, memory_sharding="fsdp"),
 )}

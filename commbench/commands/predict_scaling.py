@@ -12,6 +12,13 @@ from commbench.commands import layout as L
 from commbench.commands import options as O
 from commbench.commands.common import UsageFault, check_outputs, output_options
 from commbench.commands.fit import warn_poor
+from commbench.commands.predict_layouts import (
+    LAYOUT_PARAMS,
+    layout_lines,
+    layout_options,
+    layout_records,
+    predict_layouts,
+)
 from commbench.commands.setup_flags import settle_setup, setup_options
 from commbench.costmodel import HardwareError, load_hardware
 from commbench.proxies.profile import ProfileError, load_profile
@@ -65,7 +72,9 @@ Examples:
               help="With --candidate-setup: acc_ratio between two training setups (each with the knobs given).")
 @click.option("--candidate-setup", default=None, metavar="NAME")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted).")
+              help="One JSON line per GPU count and algorithm (record: scaling, kind: predicted); with --layout, "
+                   "one per layout (record: layout).")
+@layout_options
 @output_options(append=True)
 def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology, batch, throughput_1gpu, ddp_ms,
                             jitter_from, tflops, precision, algorithm, bucket_mb, baseline, candidate,
@@ -75,8 +84,12 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     The proxy's overlap timeline (DDP buckets, allreduce overlapped with the backward)
     with every allreduce costed by the model of --hw: no ranks, nothing measured.
     """
+    flags = {name: knobs.pop(name) for name in LAYOUT_PARAMS}
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path), force=force, append=append)
+    if flags["layouts"]:
+        return _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags,
+                                json_path, append)
     pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
                     {**knobs, "bucket_mb": bucket_mb})
     run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, pairs,
@@ -85,12 +98,34 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     for line in _scaling_table(run, records):
         click.echo(line)
     if json_path:
-        try:
-            with ResultSink(json_path, append=append) as sink:
-                sink.write_all(records)
-        except OutputError as exc:
-            raise UsageFault(str(exc)) from exc
-        click.echo(f"# wrote {json_path}")
+        _write(json_path, records, append)
+
+
+def _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
+                     append) -> None:
+    """--layout: the layouts ranked at one GPU count (commands/predict_layouts.py)."""
+    if len(scale[1]) != 1:
+        raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
+    try:
+        hw = load_hardware(hw_spec)
+    except HardwareError as exc:
+        raise UsageFault(str(exc)) from exc
+    per_node = gpus_per_node or hw.ranks_per_node
+    count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
+    predictions, job, first = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup, flags)
+    for line in layout_lines(predictions, job, first, model, hw, count):
+        click.echo(line)
+    if json_path:
+        _write(json_path, layout_records(predictions, job, first, model, new_run_id()), append)
+
+
+def _write(json_path: str, records: list, append: bool) -> None:
+    try:
+        with ResultSink(json_path, append=append) as sink:
+            sink.write_all(records)
+    except OutputError as exc:
+        raise UsageFault(str(exc)) from exc
+    click.echo(f"# wrote {json_path}")
 
 
 def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | None, topology: str | None):

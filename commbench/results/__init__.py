@@ -27,6 +27,7 @@ from commbench.results.records import (  # noqa: F401
     SCHEMA_VERSION,
     STATS,
     CompareRecord,
+    LayoutRecord,
     ProxyResult,
     Record,
     Result,

@@ -26,6 +26,7 @@ REQUIRED_FIELDS = {
     "proxy": ("kind", "model", "backend", "library", "world_size", "batch", "step_us_p50"),
     "scaling": ("model", "hardware", "batch", "compute", "gpus", "algorithm", "samples_per_s", "speedup",
                 "linearity"),
+    "layout": ("model", "hardware", "gpus", "layout", "step_us", "tokens_per_s", "memory_nbytes"),
 }
 AT_LEAST_ONE = ("world_size", "nnodes", "gpus", "nodes", "gpus_per_node", "batch")  # counts of things, >= 1
 PLACEMENT_NAMES = ("out-of-place", "in-place")

@@ -277,6 +277,37 @@ class ScalingRecord(Record):
 
 
 @dataclass(frozen=True)
+class LayoutRecord(Record):
+    """`predict-scaling --layout`: one parallel layout of a transformer, predicted by the cost model."""
+    RECORD: ClassVar[str] = "layout"
+    model: str
+    hardware: str
+    gpus: int
+    gpus_per_node: int
+    layout: dict  # proxies.parallelism.Parallelism.to_dict(): its name, degrees, setup, schedule, micro-batches
+    microbatch: int  # sequences
+    seq_len: int
+    tflops: float  # the compute rate a GPU achieves
+    checkpointing: str
+    algorithm: str
+    step_us: float
+    compute_us: float
+    tokens_per_s: float  # all GPUs
+    mfu: float
+    bubble: float
+    comm_us: dict  # per dimension (tp, cp, ep, pp, dp): its calls' time per step on the busiest rank
+    exposed_us: dict  # per dimension: what the step waited for
+    memory_nbytes: dict  # the fullest GPU's: parameters, gradients, optimizer, activations, buffers, total
+    fits: bool | None  # in the hardware's device memory (None: the file gives none)
+    acc_ratio: float  # tokens/s against the baseline layout's
+    baseline: str
+    kind: str = "predicted"
+    run_id: str = ""
+    timestamp: float = field(default_factory=time.time)
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
 class CompareRecord(Record):
     """`compare`: one point of two sweeps, matched on the key fields (collective .. nbytes)."""
     RECORD: ClassVar[str] = "compare"
@@ -305,4 +336,4 @@ class CompareRecord(Record):
 
 
 RECORD_TYPES: dict[str, type[Record]] = {cls.RECORD: cls for cls in (
-    Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, CompareRecord)}
+    Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, LayoutRecord, CompareRecord)}

@@ -1,23 +1,15 @@
 """Each dimension's calls per layer and micro-batch, and a step's totals, as closed forms of the shape."""
-from dataclasses import dataclass
-
 import pytest
 
 from commbench.proxies.layout_calls import boundary_nbytes, layer_calls, step_bytes
 from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.transformer import TransformerShape
 
 
-@dataclass(frozen=True)
-class Shape:
-    layers: int = 8
-    hidden: int = 64
-    heads: int = 8
-    kv_heads: int = 4
-    head_dim: int = 8
-    seq_len: int = 128
-    experts: int = 0
-    top_k: int = 0
-    dense_layers: int = 0
+def Shape(experts=0, top_k=0, dense_layers=0, dtype_bytes=2):  # noqa: N802 (a shape, as tests read it)
+    return TransformerShape(layers=8, hidden=64, heads=8, kv_heads=4, head_dim=8, ffn=128, vocab=100, seq_len=128,
+                            experts=experts, top_k=top_k, expert_ffn=32 if experts else 0, dense_layers=dense_layers,
+                            dtype_bytes=dtype_bytes)
 
 
 def _by(calls):
@@ -35,12 +27,12 @@ def test_tensor_parallel_allreduces_twice_each_way():
 
 def test_sequence_parallel_gathers_and_scatters_instead():
     act = 128 * 64 * 4
-    calls = _by(layer_calls(Parallelism(tp=4, dp=1, sequence_parallel=True), Shape(), 1, "float32"))
+    calls = _by(layer_calls(Parallelism(tp=4, dp=1, sequence_parallel=True), Shape(dtype_bytes=4), 1))
     assert calls == {(("tp", c, p)): (2, act) for c in ("allgather", "reduce_scatter") for p in ("forward", "backward")}
 
 
 def test_context_parallel_passes_kv_blocks_round_the_ring():
-    kv = 2 * (128 // 4) * (4 // 2) * 8 * 2  # K and V of s/cp tokens, kv heads per TP rank, head_dim, bf16
+    kv = (128 // 4) * (4 // 2) * (8 + 8) * 2  # s/cp tokens, kv heads per TP rank, K and V head dims, bf16
     calls = layer_calls(Parallelism(tp=2, cp=4), Shape(), 1)
     ring = [c for c in calls if c.dim == "cp"]
     assert all(c.nbytes == kv and c.overlaps == "attention" for c in ring)

@@ -50,6 +50,7 @@ def test_bad_spellings_are_one_line(text, message):
     (Parallelism(tp=3, dp=2), {"shape": Shape()}, "tp 3 neither divides"),
     (Parallelism(tp=16, dp=2), {"shape": Shape(heads=40, kv_heads=8)}, "does not divide the model's 40 attention"),
     (Parallelism(pp=3, dp=2), {"shape": Shape()}, "pp = 3 does not divide the model's 80 layers"),
+    (Parallelism(pp=16, dp=2), {"shape": Shape(layers=125)}, "nor do they divide with one layer fewer"),
     (Parallelism(pp=4, dp=2, pp_schedule="interleaved", virtual_stages=3, microbatches=8), {"shape": Shape()},
      "virtual stages = 12 does not divide"),
     (Parallelism(ep=4, dp=8), {"shape": Shape(experts=6)}, "ep = 4 does not divide the model's 6 experts"),
@@ -67,6 +68,8 @@ def test_layouts_that_cannot_run_are_one_line(layout, kwargs, message):
 
 
 def test_a_layout_that_fits_passes_its_checks():
+    # Llama 3.1 405B's 126 layers on 16 stages: one fewer on the first and last (Dubey et al. 2024, 3.3.2)
+    Parallelism(tp=8, pp=16, dp=64).check(gpus=8192, shape=Shape(layers=126, heads=128, kv_heads=8))
     Parallelism(tp=8, pp=4, dp=8, pp_schedule="interleaved", virtual_stages=5, microbatches=16).check(
         gpus=256, ranks_per_node=8, shape=Shape(), within_node=("tp",))
     Parallelism(tp=2, cp=2, ep=8, dp=8).check(gpus=32, shape=Shape(heads=32, kv_heads=4, experts=64))

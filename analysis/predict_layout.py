@@ -1,0 +1,250 @@
+"""A parallel layout's training step predicted from the cost model: tensor, pipeline, context and expert
+parallelism composed with a data-parallel setup (proxies/parallelism.py), on a model's transformer shape.
+
+How a step is put together (docs/layouts.md, "Predicting a layout"):
+1. Compute: each layer's FLOPs per token (proxies/transformer.py) times the tokens one rank holds of a
+   micro-batch (b x s / cp), split over the TP ranks, at the achieved rate `tflops`; the backward is
+   twice the forward plus what activation checkpointing recomputes.
+2. Each layer's calls (proxies/layout_calls.py) costed on its group's ranks (where the mesh places them:
+   proxies/parallelism.py): TP and EP calls wait on the compute and are waited for; a CP ring step runs
+   beside the attention it feeds, so only what outlasts that attention shows.
+3. The pipeline: virtual stage j's forward and backward (compute plus what its calls expose) laid out in
+   the schedule's order with a send between stages (proxies/pipeline.py): the bubble follows from it.
+4. The data-parallel setup on the gradients a rank holds, over dp x cp ranks: the setups table's own plan
+   (proxies/setups.py) of a profile cut to one rank's share of the busiest stage, overlapped with the last
+   micro-batch's compute (all micro-batches' when there is no pipeline, as gradient accumulation runs them).
+5. Memory per GPU (proxies/memory.py), with the activations held at once taken from the schedule's order.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from commbench.analysis.scaling import comm_us
+from commbench.costmodel import Hardware
+from commbench.proxies import memory as M
+from commbench.proxies import pipeline
+from commbench.proxies.comm_plan import Comm, simulate
+from commbench.proxies.layout_calls import LayerCall, boundary_nbytes, layer_calls
+from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.profile import Profile, TensorSpec, UnitSpec
+from commbench.proxies.setups import Compute, Layout, settle
+from commbench.topology import Topology
+
+RESERVED_FRACTION = 0.1  # of a GPU's memory kept free for the allocator, the CUDA context and NCCL's buffers
+
+
+@dataclass(frozen=True)
+class LayoutPrediction:
+    layout: Parallelism
+    step_us: float
+    tokens_per_s: float  # all GPUs
+    compute_us: float  # the busiest pipeline rank's compute per step
+    bubble: float  # the share of the step the average pipeline rank idles
+    comm_us: dict[str, float]  # per dimension: its calls' time per step on the busiest rank
+    exposed_us: dict[str, float]  # per dimension: the part the step waited for
+    memory: M.MemoryBreakdown
+    fits: bool | None  # None: the hardware file gives no device memory
+    mfu: float  # model FLOPs per second / (GPUs x the rate), the rate being `tflops`'s peak when given
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the layouts share: the model, the batch, the hardware and the compute rate."""
+    shape: object  # proxies.transformer.TransformerShape
+    profile: Profile
+    hw: Hardware
+    gpus_per_node: int
+    microbatch: int  # sequences per micro-batch
+    tflops: float  # achieved compute rate per GPU, 1e12 FLOP/s
+    checkpointing: str = "selective"
+    algorithm: str = "nccl"
+    peak_tflops: float | None = None  # for MFU
+
+
+def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
+    """The step of `par` (checked by the caller: Parallelism.check)."""
+    stages = par.pp * par.virtual_stages
+    counts = M.stage_layers(job.shape.layers, stages)
+    forward, backward = [], []
+    per_dim: dict[int, dict[str, tuple[float, float]]] = {s: {} for s in range(par.pp)}
+    for j in range(stages):
+        first = sum(counts[:j])
+        f, b, dims = _chunk_us(job, par, range(first, first + counts[j]), head=j == stages - 1)
+        forward.append(f)
+        backward.append(b)
+        for dim, (total, exposed) in dims.items():
+            before = per_dim[j % par.pp].get(dim, (0.0, 0.0))
+            per_dim[j % par.pp][dim] = (before[0] + total, before[1] + exposed)
+    hop = _p2p_us(job, par, "pp", boundary_nbytes(par, job.shape, job.microbatch)) if par.pp > 1 else 0.0
+    piped = pipeline.run(par.pp_schedule, par.pp, par.microbatches, forward, backward, hop, par.virtual_stages)
+    busiest = max(range(par.pp), key=lambda s: piped.busy_us[s])
+    compute = sum((e - b) for _, b, e in piped.passes[busiest]) - sum(x for _, x in per_dim[busiest].values()) \
+        * par.microbatches
+    dp_total, dp_exposed = _data_parallel_us(job, par, busiest, forward, backward)
+    step = piped.step_us + dp_exposed
+    comm = {d: t * par.microbatches for d, (t, _) in per_dim[busiest].items()}
+    exposed = {d: x * par.microbatches for d, (_, x) in per_dim[busiest].items()}
+    if par.pp > 1:
+        comm["pp"] = hop * par.microbatches * 2 * par.virtual_stages
+        exposed["pp"] = piped.step_us - max(piped.busy_us)
+    comm["dp"], exposed["dp"] = dp_total, dp_exposed
+    tokens = par.microbatches * job.microbatch * job.shape.seq_len * par.dp
+    memory = _memory(job, par)
+    gpu_bytes = job.hw.device_memory_gb * 1e9 if job.hw.device_memory_gb else None
+    model_flops = job.shape.training_flops_per_token() * tokens / (step * 1e-6) if step > 0 else 0.0
+    peak = job.peak_tflops or job.tflops
+    return LayoutPrediction(par, step, tokens / (step * 1e-6) if step > 0 else 0.0, compute, piped.bubble, comm,
+                            exposed, memory, None if gpu_bytes is None else M.fits(memory, gpu_bytes,
+                                                                                   RESERVED_FRACTION),
+                            model_flops / (par.world * peak * 1e12))
+
+
+def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[float, float, dict]:
+    """One micro-batch through the layers `layers` of one virtual stage: (forward us, backward us, per dimension
+    (calls' time, exposed time)), the calls' exposed time included in the forward and backward."""
+    shape, rate = job.shape, job.tflops * 1e6  # FLOP per us
+    local = job.microbatch * shape.seq_len / par.cp  # tokens of a micro-batch on one rank
+    forward = backward = 0.0
+    dims: dict[str, list[float]] = {}
+    costs: dict[LayerCall, float] = {}
+    for index in layers:
+        flops = shape.layer_forward_flops(index) * local / par.tp
+        attention = shape.attention_score_flops() * local / par.tp / rate
+        recompute = {"none": 0.0, "selective": attention * rate, "full": flops}[job.checkpointing]
+        f_us, b_us = flops / rate, (2 * flops + recompute) / rate
+        for call in layer_calls(par, shape, job.microbatch, job.checkpointing, moe=shape.is_moe_layer(index)):
+            if call not in costs:
+                costs[call] = _call_us(job, par, call)
+            total = costs[call] * call.count
+            shown = max(0.0, total - attention * (2 if call.phase == "backward" else 1)) if call.overlaps else total
+            entry = dims.setdefault(call.dim, [0.0, 0.0])
+            entry[0] += total
+            entry[1] += shown
+            if call.phase == "forward":
+                f_us += shown
+            else:
+                b_us += shown
+        forward, backward = forward + f_us, backward + b_us
+    if head:
+        head_flops = shape.head_forward_flops() * local / par.tp
+        forward, backward = forward + head_flops / rate, backward + 2 * head_flops / rate
+    return forward, backward, {d: (t, x) for d, (t, x) in dims.items()}
+
+
+def _group_topology(job: Job, par: Parallelism, dim: str) -> Topology:
+    nodes, per_node = par.nodes_spanned(dim, job.gpus_per_node)
+    return Topology(nodes, per_node)
+
+
+def _call_us(job: Job, par: Parallelism, call: LayerCall) -> float:
+    """One call on its dimension's group: collectives by the cost model (as predict-scaling costs them), a ring
+    step as one send to the neighbour, an all-to-all as each rank's sends to every peer at its link's rate."""
+    if call.collective == "sendrecv":
+        return _p2p_us(job, par, call.dim, call.nbytes)
+    topo = _group_topology(job, par, call.dim)
+    if call.collective == "alltoall":
+        return _alltoall_us(job.hw, topo, call.nbytes)
+    comm = Comm(call.collective, call.nbytes, call.dtype, "world", 0.0, 0.0, call.label)
+    return comm_us(job.hw, topo, comm, job.algorithm)[0]
+
+
+def _p2p_us(job: Job, par: Parallelism, dim: str, nbytes: int) -> float:
+    """A send to the group's next rank: across nodes when the group spans nodes (its ranks' neighbours then sit
+    on other nodes), else inside one."""
+    level = job.hw.inter if par.nodes_spanned(dim, job.gpus_per_node)[0] > 1 else job.hw.intra
+    return job.hw.per_call_overhead_us + level.latency_us + nbytes / (level.bw_gbps * 1e3)
+
+
+def _alltoall_us(hw: Hardware, topo: Topology, nbytes: int) -> float:
+    """Each rank sends nbytes / n to each of the n - 1 others: those in its node over the node's links, the rest
+    through the NICs, a rank's share of them (links_per_node over the group's ranks in a node, at most one)."""
+    n = topo.world
+    if n <= 1:
+        return 0.0
+    share = nbytes / n
+    inside, outside = (topo.ranks_per_node - 1) * share, (n - topo.ranks_per_node) * share
+    nics = min(1.0, (hw.inter.links_per_node or 1) / topo.ranks_per_node)
+    over_nic = outside / (hw.inter.bw_gbps * 1e3 * nics) + (hw.inter.latency_us if outside else 0.0)
+    return hw.per_call_overhead_us + max(inside / (hw.intra.bw_gbps * 1e3) + hw.intra.latency_us, over_nic)
+
+
+def _data_parallel_us(job: Job, par: Parallelism, stage: int, forward: list[float],
+                      backward: list[float]) -> tuple[float, float]:
+    """(the setup's calls' time, what of it the step waits for) on a rank of pipeline stage `stage`."""
+    replicas = par.dp * par.cp
+    if replicas == 1:
+        return 0.0, 0.0
+    share = _stage_profile(job, par, stage)
+    chunks = [c * par.pp + stage for c in range(par.virtual_stages)]
+    last = Compute(sum(forward[j] for j in chunks), sum(backward[j] for j in chunks))
+    accumulate = par.microbatches if par.pp == 1 else 1  # a pipeline overlaps the last micro-batch only
+    choice = settle(par.setup, {"accumulate": accumulate} if accumulate > 1 else {})
+    nodes, per_node = _replica_layout(job, par)
+    plan = choice.plan(share, last, Layout(nodes, per_node))
+    topo = Topology(nodes, per_node)
+    times = [comm_us(job.hw, topo, c, job.algorithm)[0] for c in plan.comms]
+    step = simulate(plan, times)
+    return sum(times), max(0.0, step.step_us - plan.compute_us)
+
+
+def _replica_layout(job: Job, par: Parallelism) -> tuple[int, int]:
+    """Nodes and ranks per node of the ranks holding the same weights (dp x cp of one tp and pp position)."""
+    members = sorted({r for c in par.group(0, "cp") for r in par.group(c, "dp")})
+    nodes = len({r // job.gpus_per_node for r in members})
+    return nodes, len(members) // nodes
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
+    """The profile cut to what one rank of pipeline stage `stage` holds: its layers' tensors (the embedding on
+    the first stage, the rest outside the layers on the last), each split over the TP ranks and experts' over
+    the EP ranks too (reduced on a group ep times smaller, whose ring moves ep times fewer bytes: counted so)."""
+    profile, pp, v = job.profile, par.pp, par.virtual_stages
+    counts = M.stage_layers(job.shape.layers, pp * v)
+    starts = [sum(counts[:j]) for j in range(pp * v)]
+    mine = {i for c in range(v) for i in range(starts[c * pp + stage], starts[c * pp + stage] + counts[c * pp + stage])}
+    kept: list[TensorSpec] = []
+    for t in profile.tensors:
+        layer = _LAYER.search(t.name)
+        if layer is not None and int(layer.group(1)) in mine or layer is None and _outside_layers_here(t, stage, pp):
+            split = par.tp * (par.ep if "expert" in t.name and "shared" not in t.name else 1)
+            shape = (max(1, math.ceil(t.shape[0] / split)), *t.shape[1:]) if t.shape else t.shape
+            kept.append(replace(t, shape=shape))
+    # the stage's backward starts where its first gradient is ready: ready FLOPs and order from there
+    low = min(t.ready_flops for t in kept) if kept else 0.0
+    ranked = sorted(range(len(kept)), key=lambda i: kept[i].ready_index)
+    kept = [replace(t, ready_flops=t.ready_flops - low, ready_index=ranked.index(i)) for i, t in enumerate(kept)]
+    index = {t.name: i for i, t in enumerate(kept)}
+    units = tuple(UnitSpec(u.name, tuple(index[profile.tensors[i].name] for i in u.tensors
+                                         if profile.tensors[i].name in index), u.forward_flops, u.backward_flops)
+                  for u in profile.units)
+    units = tuple(u for u in units if u.tensors)
+    backward = max((t.ready_flops for t in kept), default=0.0)
+    forward = sum(u.forward_flops for u in units) or backward / 2
+    return replace(profile, tensors=tuple(kept), units=units, forward_flops=forward,
+                   backward_flops=max(backward, sum(u.backward_flops for u in units)))
+
+
+def _outside_layers_here(tensor: TensorSpec, stage: int, pp: int) -> bool:
+    """A tensor outside the layers: the embedding on the first stage, the final norm and head on the last."""
+    embedding = "embed" in tensor.name or "wte" in tensor.name
+    return stage == 0 if embedding else stage == pp - 1
+
+
+def _memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
+    held = tuple(pipeline.in_flight(pipeline.order(par.pp_schedule, par.pp, s, par.microbatches, par.virtual_stages))
+                 / par.virtual_stages for s in range(par.pp))
+    sharding = settle(par.setup).setup.memory_sharding
+    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
+                      par.sequence_parallel)
+    return M.memory_per_gpu(job.shape, layout)
+
+
+def rank_layouts(job: Job, layouts: list[Parallelism]) -> list[LayoutPrediction]:
+    """Each layout's prediction, fastest first (those that do not fit the GPU's memory last)."""
+    predictions = [predict_layout(job, par) for par in layouts]
+    return sorted(predictions, key=lambda p: (p.fits is False, -p.tokens_per_s))

@@ -1,0 +1,145 @@
+"""`commbench predict-scaling MODEL --layout tp8,fsdp32 --layout tp4,pp2,fsdp32 ...`: parallel layouts of a
+transformer ranked by predicted throughput, with memory per GPU beside (analysis/predict_layout.py), and
+acc_ratio of each against the first given. The options live here; predict-scaling hands over when --layout is
+given."""
+from __future__ import annotations
+
+import click
+
+from commbench.commands.common import UsageFault
+
+LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtual_stages", "checkpointing", "seq_len")
+GB = 1e9  # as GPU vendors state memory
+
+
+def layout_options(fn):
+    """--layout and what a layout's step depends on beside it."""
+    options = [
+        click.option("--layout", "layouts", multiple=True, metavar="SPEC",
+                     help="A parallel layout to predict and rank (repeat it): tp8,fsdp32; tp4,pp2,fsdp32; "
+                          "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8; the data-parallel part as dpN "
+                          "(--setup), ddpN, fsdpN, hsdpN or SETUP:N. Needs a profile with a transformer shape."),
+        click.option("--microbatch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
+        click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
+                     help="Sequences per optimizer step, all GPUs [default: 8 micro-batches at the largest dp]."),
+        click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
+                     show_default=True, help="Pipeline schedule."),
+        click.option("--virtual-stages", type=int, default=1, show_default=True,
+                     help="Model chunks per pipeline rank (interleaved 1F1B)."),
+        click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default="selective",
+                     show_default=True, help="Activation checkpointing: selective recomputes the attention core."),
+        click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: the profile's]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float | None, precision: str,
+                    algorithm: str, setup: str, flags: dict):
+    """(predictions ranked, the Job they share, the first layout given) for `flags["layouts"]`."""
+    from dataclasses import replace
+
+    from commbench.analysis.predict_layout import Job, rank_layouts
+    from commbench.proxies.parallelism import LayoutError
+    from commbench.proxies.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(model)
+    except ProfileError as exc:
+        raise UsageFault(str(exc)) from exc
+    shape = profile.transformer
+    if shape is None:
+        raise UsageFault(f"--layout needs a transformer's shape, and profile {profile.name} has none (layouts: "
+                         "llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3, llama-tiny, or `profiles extract` of a "
+                         "transformers model)")
+    if flags["seq_len"]:
+        shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"]))
+    try:
+        layouts = _layouts(flags, setup, gpus, gpus_per_node, shape)
+    except LayoutError as exc:
+        raise UsageFault(str(exc)) from exc
+    peak = hw.device_tflops.get("bf16") or hw.device_tflops.get("fp16")
+    rate = tflops or (peak if precision == "amp" else hw.device_tflops.get("fp32"))
+    if not rate:
+        raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --tflops (the achieved rate)")
+    job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm, peak)
+    return rank_layouts(job, layouts), job, layouts[0]
+
+
+def _positive(flag: str, value: int) -> int:
+    if value < 1:
+        raise UsageFault(f"{flag} {value}: must be at least 1")
+    return value
+
+
+def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> list:
+    """Each --layout spelled, sized to the global batch and checked against the GPUs, the node and the model."""
+    from dataclasses import replace
+
+    from commbench.proxies.parallelism import LayoutError, parse_layout
+
+    microbatch = _positive("--microbatch", flags["microbatch"])
+    parsed = [parse_layout(text, setup, gpus, pp_schedule=flags["pp_schedule"],
+                           virtual_stages=_positive("--virtual-stages", flags["virtual_stages"]))
+              for text in flags["layouts"]]
+    batch = flags["global_batch"] or 8 * microbatch * max(p.dp for p in parsed)
+    out = []
+    for par in parsed:
+        per_step = par.dp * microbatch
+        if batch % per_step:
+            raise LayoutError(f"{par.name}: a global batch of {batch} sequences is not a whole number of micro-batches "
+                              f"of {microbatch} on {par.dp} data-parallel ranks")
+        par = replace(par, microbatches=batch // per_step)
+        par.check(gpus, gpus_per_node, shape, within_node=("tp",))
+        out.append(par)
+    return out
+
+
+def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> list[str]:
+    """The ranking as the terminal shows it; acc_ratio against `first_layout` (the first given)."""
+    first = next(p for p in predictions if p.layout == first_layout)
+    shape = job.shape
+    tokens = first.layout.microbatches * job.microbatch * first.layout.dp * shape.seq_len
+    lines = [f"# predict-scaling {model} --layout: {len(predictions)} layout(s) on {gpus} GPUs of {hw.name} "
+             f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node}), {tokens:,} tokens a step "
+             f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,}), {job.tflops:g} TFLOPS a GPU, "
+             f"{job.checkpointing} activation checkpointing",
+             "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
+             "dimension; memory = the fullest GPU's (proxies/memory.py)",
+             f"# {'rank':>4}  {'layout':<22} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
+             f"{'tp/cp/ep(ms)':>13} {'pp(ms)':>9} {'dp(ms)':>9} {'GB/GPU':>8} {'fits':>5} {'vs first':>9}"]
+    for rank, p in enumerate(predictions, 1):
+        inner = sum(p.exposed_us.get(d, 0.0) for d in ("tp", "cp", "ep"))
+        fits = "-" if p.fits is None else "yes" if p.fits else "NO"
+        lines.append(f"  {rank:>4}  {p.layout.name:<22} {p.step_us / 1e3:>10.1f} {p.tokens_per_s:>12,.0f} "
+                     f"{p.mfu:>6.3f} {p.bubble:>7.3f} {inner / 1e3:>13.1f} {p.exposed_us.get('pp', 0.0) / 1e3:>9.1f} "
+                     f"{p.exposed_us.get('dp', 0.0) / 1e3:>9.1f} {p.memory.total_nbytes / GB:>8.1f} {fits:>5} "
+                     f"{p.tokens_per_s / first.tokens_per_s:>9.3f}")
+    if hw.device_memory_gb:
+        lines.append(f"# fits: at most {0.9 * hw.device_memory_gb:g} GB of the GPU's {hw.device_memory_gb:g} GB "
+                     "(10% kept for the allocator, the CUDA context and NCCL); NO: ranked last")
+    else:
+        lines.append(f"# fits: -, {hw.name} gives no device_memory_gb")
+    lines.append(f"# vs first: tokens/s against {first.layout.name} (acc_ratio)")
+    return lines
+
+
+def layout_records(predictions, job, first_layout, model: str, run_id: str) -> list:
+    """One record per layout (record: layout, kind: predicted)."""
+    from commbench.results import LayoutRecord
+
+    first = next(p for p in predictions if p.layout == first_layout)
+    return [LayoutRecord(model=model, hardware=job.hw.name, gpus=p.layout.world, gpus_per_node=job.gpus_per_node,
+                         layout=p.layout.to_dict(), microbatch=job.microbatch, seq_len=job.shape.seq_len,
+                         tflops=job.tflops, checkpointing=job.checkpointing, algorithm=job.algorithm,
+                         step_us=p.step_us, compute_us=p.compute_us, tokens_per_s=p.tokens_per_s, mfu=p.mfu,
+                         bubble=p.bubble, comm_us=dict(p.comm_us), exposed_us=dict(p.exposed_us),
+                         memory_nbytes={"parameters": p.memory.parameters_nbytes,
+                                        "gradients": p.memory.gradients_nbytes,
+                                        "optimizer": p.memory.optimizer_nbytes,
+                                        "activations": p.memory.activations_nbytes,
+                                        "buffers": p.memory.buffers_nbytes, "total": p.memory.total_nbytes},
+                         fits=p.fits, acc_ratio=p.tokens_per_s / first.tokens_per_s, baseline=first.layout.name,
+                         run_id=run_id)
+            for p in predictions]

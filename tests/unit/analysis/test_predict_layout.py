@@ -1,0 +1,68 @@
+"""A layout's predicted step: its parts are the compute, the calls and the pipeline that the modules below give,
+put together exactly as analysis/predict_layout.py says."""
+import pytest
+
+from commbench.analysis.predict_layout import Job, predict_layout, rank_layouts
+from commbench.analysis.scaling import comm_us
+from commbench.costmodel import load_hardware
+from commbench.proxies import pipeline
+from commbench.proxies.comm_plan import Comm
+from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.profile import load_profile
+from commbench.topology import Topology
+
+
+@pytest.fixture(scope="module")
+def job():
+    profile = load_profile("llama3.1-8b")
+    return Job(profile.transformer, profile, load_hardware("dgx-h100"), 8, 1, 400.0, "selective", "nccl", 989.5)
+
+
+def _compute_us(job, tokens_per_rank, tp=1):
+    shape = job.shape
+    forward = shape.forward_flops_per_token() * tokens_per_rank / tp
+    recompute = shape.layers * shape.attention_score_flops() * tokens_per_rank / tp
+    return (3 * forward + recompute) / (job.tflops * 1e6)
+
+
+def test_data_parallel_alone_is_compute_and_what_the_setup_exposes(job):
+    par = Parallelism(dp=8, setup="ddp", microbatches=4)
+    p = predict_layout(job, par)
+    assert p.compute_us == pytest.approx(4 * _compute_us(job, job.shape.seq_len), rel=1e-9)
+    assert p.step_us == pytest.approx(p.compute_us + p.exposed_us["dp"], rel=1e-9)
+    assert set(p.comm_us) == {"dp"} and p.bubble == 0.0
+    assert p.tokens_per_s == pytest.approx(4 * 8 * job.shape.seq_len / (p.step_us * 1e-6))
+
+
+def test_tensor_parallel_calls_are_the_cost_models_allreduces(job):
+    par = Parallelism(tp=2, dp=4, microbatches=2)
+    p = predict_layout(job, par)
+    nbytes = job.shape.seq_len * job.shape.hidden * 2
+    one = comm_us(job.hw, Topology(1, 2), Comm("allreduce", nbytes, "bfloat16", "world", 0, 0, ""), "nccl")[0]
+    assert p.comm_us["tp"] == pytest.approx(4 * job.shape.layers * 2 * one)
+    assert p.exposed_us["tp"] == pytest.approx(p.comm_us["tp"])  # Megatron's TP calls wait on the compute
+    assert p.compute_us == pytest.approx(2 * _compute_us(job, job.shape.seq_len, tp=2), rel=1e-9)
+
+
+def test_the_pipeline_bubble_follows_from_the_schedule(job):
+    par = Parallelism(pp=4, dp=2, microbatches=8)
+    p = predict_layout(job, par)
+    # (pp - 1) / (m + pp - 1) = 0.27 with even stages: the floor; the head (128k x 4096) makes the last stage longer
+    assert 0.27 < p.bubble < 0.4
+    interleaved = predict_layout(job, Parallelism(pp=4, dp=2, microbatches=8, pp_schedule="interleaved",
+                                                  virtual_stages=2))
+    assert interleaved.bubble < p.bubble and interleaved.step_us < p.step_us
+
+
+def test_memory_follows_the_schedules_activations(job):
+    one = predict_layout(job, Parallelism(pp=4, dp=2, microbatches=8))
+    gpipe = predict_layout(job, Parallelism(pp=4, dp=2, microbatches=8, pp_schedule="gpipe"))
+    assert gpipe.memory.activations_nbytes > 1.5 * one.memory.activations_nbytes  # 8 micro-batches held, not 4
+    assert pipeline.in_flight(pipeline.order("gpipe", 4, 0, 8)) == 2 * pipeline.in_flight(pipeline.order("1f1b", 4, 0, 8))
+
+
+def test_layouts_that_do_not_fit_rank_last(job):
+    big = Parallelism(dp=64, setup="ddp", microbatches=1)  # 8B parameters unsharded: 16 bytes each
+    small = Parallelism(tp=8, dp=8, setup="fsdp-full", microbatches=1)
+    ranked = rank_layouts(job, [big, small])
+    assert [p.layout for p in ranked] == [small, big] and ranked[1].fits is False and ranked[0].fits is True
