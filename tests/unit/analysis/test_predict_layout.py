@@ -58,7 +58,8 @@ def test_memory_follows_the_schedules_activations(job):
     one = predict_layout(job, Parallelism(pp=4, dp=2, microbatches=8))
     gpipe = predict_layout(job, Parallelism(pp=4, dp=2, microbatches=8, pp_schedule="gpipe"))
     assert gpipe.memory.activations_nbytes > 1.5 * one.memory.activations_nbytes  # 8 micro-batches held, not 4
-    assert pipeline.in_flight(pipeline.order("gpipe", 4, 0, 8)) == 2 * pipeline.in_flight(pipeline.order("1f1b", 4, 0, 8))
+    held = [pipeline.in_flight(pipeline.order(schedule, 4, 0, 8)) for schedule in ("gpipe", "1f1b")]
+    assert held == [8, 4]
 
 
 def test_layouts_that_do_not_fit_rank_last(job):
