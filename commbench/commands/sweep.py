@@ -89,6 +89,9 @@ def _nccl_tests_hint(args: list[str]) -> str:
                    "model with --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
               help=f"shm/p2p/hybrid/cuda/sim: {listing()}; or auto (by size and topology, docs/algorithms.md).")
+@click.option("--tuning", "tuning", default=None, metavar="FILE",
+              help="shm/p2p/hybrid/cuda/sim: the tuning table `auto` follows (written by commbench tune; "
+                   "default: the one shipped for the backend, else the built-in rule).")
 @click.option("--cuda-mode", type=click.Choice(["auto", "virtual", "peer", "ipc"]), default="auto", show_default=True,
               help="cuda: virtual (every rank's buffers on one GPU, one process), peer (rank r on GPU r, one "
                    "process), ipc (one process per GPU, CUDA IPC); auto: ipc under a launcher, else peer when "
@@ -205,7 +208,8 @@ def _backend(options: dict, launcher: str | None):
     return settle_backend(BackendConfig(
         backend=options["backend"], torch_backend=options["torch_backend"], device=options["device"],
         algorithm=options["algorithm"], topology=options["topology"], nprocs=options["nprocs"], hw=options["hw"],
-        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"]), launcher)
+        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"],
+        tuning=options.get("tuning")), launcher)
 
 
 def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None,

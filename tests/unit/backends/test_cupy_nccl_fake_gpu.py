@@ -139,8 +139,8 @@ def _sweep(backend, tmp_path, dtype, op):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_every_collective_passes_the_check_on_one_rank(fake_nccl_gpu, tmp_path, dtype):
-    """The GPU test's sweep (-N 1, every op; 1K and 4112 B for its 1048592: the same odd tail, less to check) through the fake: every point checked,
-    none wrong, and every NCCL call names the dtype that was asked for."""
+    """The GPU test's sweep (-N 1, every op; 1K and 4112 B for its 1048592: the same odd tail, less
+    to check) through the fake: every point checked, none wrong, every NCCL call of the dtype asked for."""
     from commbench.backends.cupy_nccl import CupyBackend
 
     backend = CupyBackend(LaunchInfo.local(0, 1, free_port()))
