@@ -59,73 +59,80 @@ def _events_us(run, stream=None) -> float:
 
 
 def torch_part(sizes: list[int], iters: int, rounds: int) -> list[dict]:
-    import torch
-    import torch.distributed as dist
-
     from commbench.backends.torch_dist import TorchBackend
     from commbench.launch import LaunchInfo, free_port
 
     backend = TorchBackend(LaunchInfo.local(0, 1, free_port()), device="cuda", torch_backend="nccl")
-    rows = []
     try:
-        for nbytes in sizes:
-            tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
-            call = backend.prepare("allreduce", tensor, tensor, "sum", 0, True)
-            bare = lambda: [dist.all_reduce(tensor) for _ in range(iters)]  # noqa: E731
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                bare()
-            measure = {"bare": lambda: _events_us(bare) / iters,
-                       "commbench": lambda: float(np.mean(backend.time_iterations(call, iters)))}
-            rows.append(_paired("torch", "eager", nbytes, measure, rounds))
-            replay = _events_us(graph.replay) / iters
-            rows.append({"library": "torch", "mode": "graph", "nbytes": nbytes, "bare_us": replay,
-                         "commbench_us": None, "added_us": None, "iqr_us": None,
-                         "note": "commbench's torch backend has no --graph"})
+        return [row for nbytes in sizes for row in _torch_size(backend, nbytes, iters, rounds)]
     finally:
         backend.close()
-    return rows
+
+
+def _torch_size(backend, nbytes: int, iters: int, rounds: int) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    call = backend.prepare("allreduce", tensor, tensor, "sum", 0, True)
+
+    def bare() -> None:
+        for _ in range(iters):
+            dist.all_reduce(tensor)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bare()
+    measure = {"bare": lambda: _events_us(bare) / iters,
+               "commbench": lambda: float(np.mean(backend.time_iterations(call, iters)))}
+    replay = _events_us(graph.replay) / iters
+    return [_paired("torch", "eager", nbytes, measure, rounds),
+            {"library": "torch", "mode": "graph", "nbytes": nbytes, "bare_us": replay, "commbench_us": None,
+             "added_us": None, "iqr_us": None, "note": "commbench's torch backend has no --graph"}]
 
 
 def cupy_part(sizes: list[int], iters: int, rounds: int) -> list[dict]:
-    import cupy
-
     from commbench.backends.cupy_nccl import CupyBackend
-    from commbench.collectives import DTYPES
     from commbench.launch import LaunchInfo, free_port
 
     backend = CupyBackend(LaunchInfo.local(0, 1, free_port()))
-    comm, nccl, stream = backend.comm, backend._nccl, backend.stream
-    rows = []
     try:
-        for nbytes in sizes:
-            buffer = backend.alloc(nbytes // 4, DTYPES["float32"])
-            call = backend.prepare("allreduce", buffer, buffer, "sum", 0, True)
-            ptr, count = buffer.data.ptr, buffer.size
-
-            def bare() -> None:
-                for _ in range(iters):
-                    comm.allReduce(ptr, ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-            for _ in range(3):
-                call()
-            stream.synchronize()
-            with stream:
-                stream.begin_capture()
-                bare()
-                graph = stream.end_capture()
-            graph.upload(stream)
-            stream.synchronize()
-            for mode, graphed in (("eager", False), ("graph", True)):
-                backend.graph = graphed
-                bare_us = (lambda: _cupy_events_us(cupy, stream, lambda: graph.launch(stream)) / iters) if graphed \
-                    else (lambda: _cupy_events_us(cupy, stream, bare) / iters)
-                measure = {"bare": bare_us, "commbench": lambda: float(np.mean(backend.time_iterations(call, iters)))}
-                rows.append(_paired("cupy", mode, nbytes, measure, rounds))
+        return [row for nbytes in sizes for row in _cupy_size(backend, nbytes, iters, rounds)]
     finally:
         backend.close()
+
+
+def _cupy_size(backend, nbytes: int, iters: int, rounds: int) -> list[dict]:
+    import cupy
+
+    from commbench.collectives import DTYPES
+
+    comm, nccl, stream = backend.comm, backend._nccl, backend.stream
+    buffer = backend.alloc(nbytes // 4, DTYPES["float32"])
+    call = backend.prepare("allreduce", buffer, buffer, "sum", 0, True)
+    ptr, count = buffer.data.ptr, buffer.size
+
+    def bare() -> None:
+        for _ in range(iters):
+            comm.allReduce(ptr, ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    for _ in range(3):
+        call()
+    stream.synchronize()
+    with stream:
+        stream.begin_capture()
+        bare()
+        graph = stream.end_capture()
+    graph.upload(stream)
+    stream.synchronize()
+    rows = []
+    for mode, graphed in (("eager", False), ("graph", True)):
+        backend.graph = graphed
+        run = (lambda: graph.launch(stream)) if graphed else bare
+        measure = {"bare": lambda run=run: _cupy_events_us(cupy, stream, run) / iters,
+                   "commbench": lambda: float(np.mean(backend.time_iterations(call, iters)))}
+        rows.append(_paired("cupy", mode, nbytes, measure, rounds))
     return rows
 
 
