@@ -23,7 +23,7 @@ setup(
     packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis", "commbench.proxies",
                                                                      "commbench.proxies.models", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
-    package_data={"commbench": ["presets/*.json", "presets/README.md"],
+    package_data={"commbench": ["presets/*.json", "presets/README.md", "presets/tuning/*.json"],
                   "commbench.analysis": ["corpus/*.json", "corpus/README.md"],
                   "commbench.proxies": ["profiles/*.json"], "commbench.backends": ["shm_native.c"],
                   "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},

@@ -14,6 +14,7 @@ from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, schedule_us
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, Result, point_result
 from commbench.topology import Topology
+from commbench.tuning import TuningTable
 
 # A prediction builds every rank's schedule: ring's 2(n-1) rounds of n transfers took 3 min for
 # 4,096 ranks on the 2-core CI machine (2026-11-23), 1,024 ranks a few seconds.
@@ -21,14 +22,18 @@ MAX_RANKS = 1024
 
 
 def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, topo: Topology, algorithm: str,
-                  root: int = 0) -> Result | None:
-    """One predicted point (None when the size rounds to zero elements)."""
+                  root: int = 0, tuning: TuningTable | None = None) -> Result | None:
+    """One predicted point (None when the size rounds to zero elements); `auto` follows `tuning`'s
+    table where it has a row (as a backend's `auto` does), else the built-in rule."""
     if topo.world > MAX_RANKS:
         raise ValueError(f"{topo.world:,d} ranks: predict builds every rank's schedule, at most {MAX_RANKS:,d} ranks "
                          f"(predict-scaling costs larger clusters from closed forms)")
     plan = C.plan(collective, nbytes, dtype, topo.world, root)
     if plan.count == 0:
         return None
+    chooser = None
+    if algorithm == "auto" and collective in algorithms.ALGORITHMS:
+        algorithm, chooser = algorithms.chosen_by(collective, topo, plan.nbytes, tuning=tuning)
     schedule = algorithms.build(collective, algorithm, topo, plan.count, plan.nbytes, root)
     time_us = schedule_us(schedule, topo, hw, dtype.itemsize)
     interval, source = schedule_interval_us(hw, schedule, topo, dtype.itemsize, time_us), FIT_PROVENANCE
@@ -38,7 +43,7 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
     result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
                           placement="in-place", nnodes=topo.nodes, backend=MODEL, library=hw.name, device="-",
                           time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted",
-                          **PREDICTED.fields())
+                          tuning=chooser, **PREDICTED.fields())
     return replace(result, interval_us=list(interval), interval_source=source)
 
 
@@ -52,11 +57,11 @@ def row_us(hw: Hardware, row: collective_corpus.Row) -> float:
 
 
 def predict(hw: Hardware, collectives: list[str], sizes: list[int], dtype: C.DType, topo: Topology,
-            algorithm: str = "auto", root: int = 0) -> list[Result]:
+            algorithm: str = "auto", root: int = 0, tuning: TuningTable | None = None) -> list[Result]:
     out = []
     for collective in collectives:
         for nbytes in sizes:
-            point = predict_point(hw, collective, nbytes, dtype, topo, algorithm, root)
+            point = predict_point(hw, collective, nbytes, dtype, topo, algorithm, root, tuning)
             if point is not None and all(p.nbytes != point.nbytes or p.collective != collective for p in out):
                 out.append(point)
     return out

@@ -18,6 +18,7 @@ from typing import Callable
 from commbench.collectives import COLLECTIVES
 from commbench.schedule import Chunk, Phases, Schedule, Transfer, split
 from commbench.topology import Topology
+from commbench.tuning import RULE, TuningTable
 
 Rounds = list[list[Transfer]]
 
@@ -343,11 +344,24 @@ ONESHOT_MAX_BYTES = 64 << 10  # below this, one step beats 2(n-1) steps (docs/al
 ONESHOT_MAX_RANKS = 8
 
 
-def choose(collective: str, topo: Topology, nbytes: int, pushes: bool = False) -> str:
-    """The `auto` rule: for small allreduce, oneshot on 2-8 ranks and rhd on more; hier
-    across nodes; ring otherwise; the only algorithm for other collectives (docs/algorithms.md).
-    `pushes`: the executor runs schedule.pushed_ahead's pushes, which make a 2-rank ring one round
-    (a reduce and a push, half oneshot's traffic): ring on 2 ranks at every size."""
+def chosen_by(collective: str, topo: Topology, nbytes: int, pushes: bool = False,
+              tuning: TuningTable | None = None) -> tuple[str, str]:
+    """(algorithm, what chose it): the tuning table's row for this point (its name), else the rule (RULE)."""
+    if tuning is not None:
+        name = tuning.lookup(collective, topo.world, topo.nodes, nbytes)
+        if name is not None:
+            entry(collective, name)  # a table naming an algorithm there is not: one AlgorithmError
+            return name, tuning.name
+    return choose(collective, topo, nbytes, pushes), RULE
+
+
+def choose(collective: str, topo: Topology, nbytes: int, pushes: bool = False,
+           tuning: TuningTable | None = None) -> str:
+    """`auto`: `tuning`'s row for this point if any (chosen_by), else the rule: small allreduce oneshot
+    on 2-8 ranks, rhd on more; hier across nodes; else ring; other collectives their one algorithm
+    (docs/algorithms.md). `pushes` (the executor pushes: a 2-rank ring is one round): ring on 2 ranks."""
+    if tuning is not None:
+        return chosen_by(collective, topo, nbytes, pushes, tuning)[0]
     table = ALGORITHMS.get(collective)
     if not table:
         raise KeyError(collective)
@@ -378,8 +392,9 @@ def entry(collective: str, name: str) -> Algorithm:
 
 
 def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: int, root: int = 0,
-          pushes: bool = False) -> Schedule:
-    """The Schedule of `algorithm` (or the `auto` choice, `pushes` as choose's) for `collective`: any entry,
-    GPU-only ones included (which backend may run it is `available`'s question, asked before)."""
-    name = choose(collective, topo, nbytes, pushes) if algorithm == "auto" and collective in ALGORITHMS else algorithm
+          pushes: bool = False, tuning: TuningTable | None = None) -> Schedule:
+    """The Schedule of `algorithm` (or the `auto` choice, `pushes` and `tuning` as choose's) for `collective`:
+    any entry, GPU-only ones included (which backend may run it is `available`'s question, asked before)."""
+    name = choose(collective, topo, nbytes, pushes, tuning) if algorithm == "auto" and collective in ALGORITHMS \
+        else algorithm
     return entry(collective, name).schedule(topo, count, root)

@@ -212,7 +212,8 @@ class Sweep:
         self.monitor = run_monitor(backend, self.lead) if cfg.monitor else None
 
     def run(self) -> int:
-        environment = self.backend.gather_objects(local_environment(self.backend.device))
+        environment = self.backend.gather_objects(local_environment(self.backend.device,
+                                                                        getattr(self.backend, "gpus", None)))
         if self.lead:
             self._header(environment)
         if self.monitor is not None:

@@ -24,6 +24,7 @@ from commbench.commands import (
     report,
     selftest,
     sweep,
+    tune,
 )
 from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
@@ -37,7 +38,7 @@ def cli() -> None:
 for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
                 proxy.profiles_group, fit.fit_command, predict.predict_command, predict_scaling.predict_scaling_command,
                 report.report_command, compare.compare_command, selftest.selftest_command, check.check_command,
-                emulate.emulate_group):
+                emulate.emulate_group, tune.tune_command):
     cli.add_command(command)
 
 

@@ -1,13 +1,21 @@
-"""What a run's header says about where it ran: this process's host and device, and the software
-versions (python, commbench and its commit, numpy, torch, CUDA, NCCL, driver, CuPy, platform)."""
+"""What a run's header says about where it ran: this process's host, device and GPUs (model, memory,
+bus id, compute capability), and the software versions (python, commbench and its commit, numpy,
+torch, CuPy, CUDA runtime, NCCL as loaded, driver, platform).
+
+Versions are spelled one way in every header, whichever backend ran: torch as its own version.py
+says (2.11.0+cu130, read as text when torch is not imported), CuPy as its distribution says. The
+CUDA runtime and NCCL are the libraries loaded in this process (CuPy's runtime and
+cupy.cuda.nccl.get_version(), or torch's), not an environment variable. GPU details come only
+from a library the run already imported (CuPy or torch): this module imports neither."""
 from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
-from importlib import metadata
+from importlib import metadata, util
 from typing import Any
 
 
@@ -18,14 +26,22 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
+def _git(folder: str, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _git_commit(package_dir: str | None = None) -> str | None:
+    """The commit of commbench's own checkout: only when the git work tree's top is the folder that
+    holds this package (an exported tree inside an unrelated repository has no commit of its own)."""
+    here = package_dir or os.path.dirname(os.path.abspath(__file__))
+    top = _git(here, "rev-parse", "--show-toplevel")
+    if top is None or os.path.realpath(top) != os.path.realpath(os.path.dirname(here)):
+        return None
+    return _git(here, "rev-parse", "--short", "HEAD")
 
 
 def _cpu_model() -> str:
@@ -52,26 +68,119 @@ def communication_variables(environ: dict[str, str] | None = None) -> dict[str, 
     return {name: environ[name] for name in sorted(environ) if name.startswith(ENV_PREFIXES)}
 
 
-def local_environment(device_name: str) -> dict[str, Any]:
-    """What this process runs on; the harness gathers it from every rank."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
-            "cpus": usable_cpus(), "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
+def local_environment(device_name: str, gpus: list[int] | None = None) -> dict[str, Any]:
+    """What this process runs on; the harness gathers it from every rank. On a GPU: `gpus`, the
+    devices this rank drives (default: torch's current one), each described."""
+    env = {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
+           "cpus": usable_cpus(), "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
+    if device_name == "cuda":
+        env["gpus"] = describe_gpus(gpus)
+    return env
+
+
+def describe_gpus(gpus: list[int] | None = None) -> list[dict[str, Any]]:
+    """Model, memory, PCI bus id and compute capability of each GPU, from CuPy or torch (whichever
+    this process imported; CuPy first); [] when neither can say."""
+    cupy, torch = sys.modules.get("cupy"), sys.modules.get("torch")
+    try:
+        if cupy is not None:
+            return [_cupy_gpu(cupy, index) for index in (gpus if gpus is not None else [cupy.cuda.Device().id])]
+        if torch is not None and torch.cuda.is_available():
+            return [_torch_gpu(torch, index) for index in (gpus if gpus is not None else [torch.cuda.current_device()])]
+    except Exception:  # noqa: BLE001 - a header field must never end a run
+        return []
+    return []
+
+
+def _cupy_gpu(cupy: Any, index: int) -> dict[str, Any]:
+    props, device = cupy.cuda.runtime.getDeviceProperties(index), cupy.cuda.Device(index)
+    name = props["name"]
+    return {"index": index, "model": name.decode() if isinstance(name, bytes) else str(name),
+            "memory_bytes": int(props["totalGlobalMem"]), "bus_id": str(device.pci_bus_id),
+            "compute_capability": f"{props['major']}.{props['minor']}"}
+
+
+def _torch_gpu(torch: Any, index: int) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(index)
+    bus = getattr(props, "pci_bus_id", None)
+    bus_id = (f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+              if isinstance(bus, int) else None)
+    return {"index": index, "model": props.name, "memory_bytes": int(props.total_memory), "bus_id": bus_id,
+            "compute_capability": f"{props.major}.{props.minor}"}
+
+
+def torch_version() -> str | None:
+    """torch's full version (2.11.0+cu130): torch.__version__ when imported, else the same string read
+    as text from torch/version.py (never imported: the header must not pay torch's import)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__version__", None):
+        return str(torch.__version__)
+    try:
+        spec = util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as handle:
+                found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", handle.read(), re.MULTILINE)
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    return _version("torch")
+
+
+def cupy_version() -> str | None:
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(getattr(cupy, "__version__", None), str):
+        return cupy.__version__
+    return _version("cupy-cuda12x") or _version("cupy-cuda13x") or _version("cupy")
 
 
 def software_versions() -> dict[str, Any]:
     versions: dict[str, Any] = {"python": platform.python_version(), "commbench": _version("commbench"),
-                                "numpy": _version("numpy"), "torch": _version("torch"),
-                                "cupy": _version("cupy-cuda12x") or _version("cupy-cuda13x") or _version("cupy"),
+                                "numpy": _version("numpy"), "torch": torch_version(), "cupy": cupy_version(),
                                 "commit": _git_commit(), "platform": platform.platform()}
     torch = sys.modules.get("torch")
     if torch is not None:
-        versions["torch"] = torch.__version__
         versions["cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            nccl = torch.cuda.nccl.version()
-            versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-            versions["driver"] = _nvidia_driver()
+    versions.update(_loaded_gpu_libraries(sys.modules.get("cupy"), torch))
     return versions
+
+
+def cuda_text(code: int) -> str:
+    """CUDA's integer version (13000) as text (13.0)."""
+    return f"{int(code) // 1000}.{int(code) % 1000 // 10}"
+
+
+def nccl_text(code: int) -> str:
+    """NCCL's integer version (22809, from 2.9 on: major*10000 + minor*100 + patch) as text (2.28.9)."""
+    code = int(code)
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}" if code >= 20900 else \
+        f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _loaded_gpu_libraries(cupy: Any, torch: Any) -> dict[str, Any]:
+    """CUDA runtime, NCCL and driver as this process loaded them (CuPy's first, then torch's)."""
+    found: dict[str, Any] = {}
+    torch_gpu = torch is not None and torch.cuda.is_available()
+    try:
+        if cupy is not None:
+            found["cuda_runtime"] = cuda_text(cupy.cuda.runtime.runtimeGetVersion())
+            nccl = getattr(cupy.cuda, "nccl", None) or sys.modules.get("cupy.cuda.nccl")
+            if nccl is not None and getattr(nccl, "available", True):
+                found["nccl"] = nccl_text(nccl.get_version())
+        if torch_gpu:
+            found.setdefault("cuda_runtime", torch.version.cuda)
+            nccl = torch.cuda.nccl.version()
+            text = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+            if found.setdefault("nccl", text) != text:
+                found["nccl_torch"] = text
+    except Exception:  # noqa: BLE001 - a header field must never end a run
+        pass
+    if cupy is not None or torch_gpu:
+        found["driver"] = _nvidia_driver()
+    return found
 
 
 def _nvidia_driver() -> str | None:

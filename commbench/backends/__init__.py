@@ -27,7 +27,12 @@ def create_backend(cfg: BackendConfig, launch: Any) -> Backend:
     """Build backend `cfg.backend` on this rank."""
     factory: Callable[[BackendConfig, Any], Backend] = (
         load(FACTORIES[cfg.backend]) if cfg.backend in FACTORIES else backend_class(cfg.backend).create)
-    return factory(cfg, launch)
+    backend = factory(cfg, launch)
+    if hasattr(backend, "use_tuning"):  # `auto` follows --tuning's table, or the one shipped for this backend
+        from commbench.tuning import for_backend
+
+        backend.use_tuning(for_backend(cfg.tuning, backend.name, backend.library))
+    return backend
 
 
 __all__ = ["BACKENDS", "Backend", "BackendConfig", "BackendError", "OutOfMemory", "backend_class",

@@ -43,6 +43,7 @@ class BackendConfig:
     cuda_mode: str = "auto"  # cuda: virtual, peer or ipc (auto: ipc under a launcher, else peer or virtual)
     graph: bool = False  # cupy/cuda: the timed calls captured in one CUDA graph and replayed (nccl-tests -G)
     timeout_s: float = 300.0  # the rendezvous and every wait for a peer; the job frame's timeout too
+    tuning: str | None = None  # schedule backends: the tuning file `auto` follows (None: the shipped table, if any)
 
 
 class RanksConfig:
@@ -117,6 +118,16 @@ class Backend(ABC):
             raise BackendError("--cuda-mode only applies to --backend cuda (where its ranks' buffers live)")
         if cfg.hw and not cls.uses_hw:
             raise BackendError("--hw times the sim backend's calls; other backends measure theirs")
+        if cfg.tuning and not cls.runs_schedules:
+            raise BackendError(f"--tuning chooses among commbench's own algorithms: use it with --backend "
+                               f"{', '.join(names_where('runs_schedules'))}")
+        if cfg.tuning:
+            from commbench.tuning import TuningError, for_backend
+
+            try:
+                for_backend(cfg.tuning, cfg.backend, "")
+            except TuningError as exc:
+                raise BackendError(str(exc)) from None
         if not cls.runs_schedules and (cfg.algorithm != "auto" or cfg.topology):
             raise BackendError(f"--algorithm/--topology choose commbench's own algorithms: use them with --backend "
                                f"{', '.join(names_where('runs_schedules'))} (--backend {cfg.backend} runs the "

@@ -37,6 +37,7 @@ from commbench.schedule import REDUCERS, Schedule, Transfer, split
 ENTRY_DTYPE = np.dtype([("out", "<u8"), ("count", "<i8"), ("in_offset", "<i4"), ("n_in", "<i4"),
                         ("first_block", "<i4"), ("n_blocks", "<i4")])  # struct RoundEntry, 32 bytes
 WORK, STAGE = "work", "stage"  # a rank's working buffer, and its staging buffer for hazard rounds
+INPUT = "input"  # out of place: a rank's input, read where the working buffer would hold a copy of it
 
 
 @dataclass(frozen=True)
@@ -128,12 +129,22 @@ def plan_round(rnd: Sequence[Transfer]) -> tuple[list[Task], list[Task]]:
     return tasks, writeback
 
 
-def program(schedule: Schedule, ranks: Sequence[int], fast_kernels: bool = True) -> list[Step]:
+def reads_inputs(schedule: Schedule, fast_kernels: bool = True) -> bool:
+    """Whether `program(..., reads_input=True)` exists: the allreduce kernels' first launch reads every
+    rank's input directly, so out of place needs no copy into the output first."""
+    return fast_kernels and schedule.collective == "allreduce" and schedule.name in ("oneshot", "twoshot")
+
+
+def program(schedule: Schedule, ranks: Sequence[int], fast_kernels: bool = True,
+            reads_input: bool = False) -> list[Step]:
     """The steps one stream runs for `schedule`, computing the outputs of `ranks`.
     Barrier first (every rank's input is ready and nobody still reads the previous
-    call), after every round, and after every write-back, as the shm backend does."""
+    call), after every round, and after every write-back, as the shm backend does.
+    `reads_input` (where reads_inputs says so): out of place, the first launch reads INPUT."""
+    if reads_input and not reads_inputs(schedule, fast_kernels):
+        raise ValueError(f"{schedule.name} {schedule.collective} cannot read its inputs in place of a copy")
     if fast_kernels and schedule.collective == "allreduce" and schedule.name in ("oneshot", "twoshot"):
-        return _allreduce_program(schedule, list(ranks))
+        return _allreduce_program(schedule, list(ranks), reads_input)
     owned = set(ranks)
     steps: list[Step] = [Barrier()]
     for rnd in schedule.rounds:
@@ -144,14 +155,20 @@ def program(schedule: Schedule, ranks: Sequence[int], fast_kernels: bool = True)
     return steps
 
 
-def _allreduce_program(schedule: Schedule, ranks: list[int]) -> list[Step]:
+def _allreduce_program(schedule: Schedule, ranks: list[int], reads_input: bool = False) -> list[Step]:
+    """Out of place (`reads_input`), oneshot reads every input and writes each output directly: no
+    copy before it, no staging and no write-back after it (in place, writing a buffer that peers
+    still read needs both); twoshot's reduce-scatter reads the inputs, its allgather the outputs."""
     if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise ValueError(f"the allreduce kernels need consecutive ranks, got {ranks}")
     ins, count = tuple(Ref(r, WORK, 0) for r in range(schedule.world)), schedule.count
+    first = tuple(Ref(r, INPUT, 0) for r in range(schedule.world)) if reads_input else ins
+    outs = tuple(Ref(r, WORK, 0) for r in ranks)
     if schedule.name == "twoshot":
-        outs = tuple(Ref(r, WORK, 0) for r in ranks)
-        return [Barrier(), AllreduceLaunch("twoshot", 0, ins, outs, ranks[0], count), Barrier(),
+        return [Barrier(), AllreduceLaunch("twoshot", 0, first, outs, ranks[0], count), Barrier(),
                 AllreduceLaunch("twoshot", 1, ins, outs, ranks[0], count), Barrier()]
+    if reads_input:
+        return [Barrier(), AllreduceLaunch("oneshot", 0, first, outs, ranks[0], count), Barrier()]
     stage = tuple(Ref(r, STAGE, 0) for r in ranks)
     writeback = tuple(Task(Ref(r, WORK, 0), (Ref(r, STAGE, 0),), count) for r in ranks)
     return [Barrier(), AllreduceLaunch("oneshot", 0, ins, stage, ranks[0], count), Barrier(),

@@ -113,13 +113,8 @@ class CudaBackend(ScheduleBackend):
                                f"or use --cuda-mode ipc (one process per GPU)")
         return replace(cfg, cuda_mode=mode)
 
-    @classmethod
-    def in_process(cls, cfg) -> bool:
-        return cfg.cuda_mode != "ipc"
-
-    @classmethod
-    def resolve_device(cls, cfg) -> tuple[str, str]:
-        return gpu_only(cfg, f"cuda-{cfg.cuda_mode}")
+    in_process = classmethod(lambda cls, cfg: cfg.cuda_mode != "ipc")
+    resolve_device = classmethod(lambda cls, cfg: gpu_only(cfg, f"cuda-{cfg.cuda_mode}"))
 
     @classmethod
     def default_world(cls, cfg, device: str) -> int:
@@ -275,14 +270,20 @@ class CudaBackend(ScheduleBackend):
             return call
         return self._fork_join(call)
 
-    def executor(self, schedule: Schedule, working: GpuBuffer, op: str) -> Callable[[], None]:
+    def executor_reading(self, schedule: Schedule, working: GpuBuffer, source: GpuBuffer, op: str) -> Any:
+        """Out of place, oneshot/twoshot read the inputs: no copy first (oneshot no staging either)."""
+        return self.executor(schedule, working, op, source) if P.reads_inputs(schedule) else None
+
+    def executor(self, schedule: Schedule, working: GpuBuffer, op: str, source: GpuBuffer | None = None) -> Any:
         groups = self._groups()
-        programs = [P.program(schedule, group) for group in groups]
-        self.share(working)
+        programs = [P.program(schedule, group, reads_input=source is not None) for group in groups]
+        for buffer in (working, source) if source is not None else (working,):
+            self.share(buffer)
         stage = self.alloc(schedule.count, working.dtype) if any(map(P.uses_staging, programs)) else None
+        buffers = {P.WORK: working, P.STAGE: stage, P.INPUT: source}
 
         def address(ref: P.Ref) -> int:
-            buffer = working if ref.buffer == P.WORK else stage
+            buffer = buffers[ref.buffer]
             return buffer.pointer(ref.rank) + ref.offset * buffer.dtype.itemsize
         self._resolve_kernels(working.dtype, op)
         launches = [[self._launcher(step, group, address, working.dtype, op, schedule.world) for step in steps]

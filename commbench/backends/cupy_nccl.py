@@ -116,14 +116,21 @@ class CupyBackend(Backend):
     def view(self, buffer: Any, start: int, count: int) -> Any:
         return buffer[start:start + count]
 
+    # Fills, uploads and downloads run on the stream the NCCL calls use (CuPy works on the current
+    # stream), so the buffers see one order of work whatever the default stream is (legacy or per
+    # thread: CUPY_CUDA_PER_THREAD_DEFAULT_STREAM), not only through the host's waits between them.
+
     def upload(self, buffer: Any, values: np.ndarray, rank: int) -> None:
-        buffer.set(to_store(values, dtype_of(buffer)))
+        with self.stream:
+            buffer.set(to_store(values, dtype_of(buffer)))
 
     def fill(self, buffer: Any, value: float) -> None:
-        buffer.fill(fill_value(value, dtype_of(buffer)))
+        with self.stream:
+            buffer.fill(fill_value(value, dtype_of(buffer)))
 
     def download(self, buffer: Any, start: int, count: int, rank: int) -> np.ndarray:
-        return from_store(buffer[start:start + count].get(), dtype_of(buffer))
+        with self.stream:
+            return from_store(buffer[start:start + count].get(), dtype_of(buffer))
 
     # ---------------------------------------------------------------- the measured call
 

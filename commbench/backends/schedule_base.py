@@ -27,6 +27,7 @@ from commbench.backends.base import Backend, BackendError, cpu_only
 from commbench.collectives import DType
 from commbench.schedule import Schedule
 from commbench.topology import Topology, TopologyError, parse_topology
+from commbench.tuning import TuningTable
 
 
 def schedule_unsupported(backend: str, collective: str, dtype: DType, op: str | None) -> str | None:
@@ -53,6 +54,8 @@ class ScheduleBackend(Backend):
     algorithm: str  # an algorithm name or "auto"
     dtype: DType | None = None
     _last: Schedule | None = None
+    tuning: TuningTable | None = None  # what `auto` follows (use_tuning); None: the built-in rule
+    _chosen_by: str | None = None  # the last schedule's chooser: a table's name, "rule", None (not auto)
     pushes = False  # runs schedule.pushed_ahead's copies as pushes (shm): `auto` may choose for that
     runs_schedules = True
     launches_async = False  # calls run to completion (the proxy hands them to a thread)
@@ -105,12 +108,19 @@ class ScheduleBackend(Backend):
     def describe(self) -> dict[str, Any]:
         if self._last is None:
             return {"algorithm": None, "steps": None}
-        return {"algorithm": self._last.name, "steps": self._last.steps}
+        return {"algorithm": self._last.name, "steps": self._last.steps, "tuning": self._chosen_by}
+
+    def use_tuning(self, table: TuningTable | None) -> None:
+        """The table `auto` follows from now on (None: the built-in rule only)."""
+        self.tuning = table
 
     def schedule(self, collective: str, count: int, itemsize: int, root: int) -> Schedule:
+        name, self._chosen_by = self.algorithm, None
         try:
-            return algorithms.build(collective, self.algorithm, self.topology, count, count * itemsize, root,
-                                    self.pushes)
+            if name == "auto" and collective in algorithms.ALGORITHMS:
+                name, self._chosen_by = algorithms.chosen_by(collective, self.topology, count * itemsize,
+                                                             self.pushes, self.tuning)
+            return algorithms.build(collective, name, self.topology, count, count * itemsize, root, self.pushes)
         except algorithms.AlgorithmError as exc:
             raise BackendError(str(exc)) from exc
 

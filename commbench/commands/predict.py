@@ -7,6 +7,7 @@ import math
 import click
 
 from commbench import collectives as C
+from commbench import tuning
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, output_options
 from commbench.commands.fit import warn_poor
@@ -36,17 +37,19 @@ Examples:
               help="Short for --nodes NODES --gpus-per-node RANKS. One of the two forms is required.")
 @click.option("--algorithm", "-A", default="auto", show_default=True)
 @click.option("--root", type=int, default=0, show_default=True)
+@click.option("--tuning", "tuning_path", default=None, metavar="FILE",
+              help="The tuning table `auto` follows (commbench tune writes one); default: the built-in rule.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the predictions as JSON Lines (kind: predicted).")
 @output_options(append=True)
 def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
-                    json_path, force, append) -> None:
+                    tuning_path, json_path, force, append) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
     said = L.settle(topology, nodes, gpus_per_node)
     if not said.given:
         raise UsageFault("give the scale to predict: --topology NODESxRANKS, or --nodes N --gpus-per-node G")
     hw, topo, names, dt, results = _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root,
-                                            json_path, force, append)
+                                            json_path, force, append, tuning_path)
     table = Table(["in-place"], show_algorithm=True)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
@@ -64,7 +67,8 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         raise UsageFault(str(exc)) from exc
 
 
-def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root, json_path, force, append):
+def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root, json_path, force, append,
+             tuning_path=None):
     """The options checked (UsageFault: one line, exit 2), then the prediction:
     (hardware, topology, collective names, dtype, results)."""
     # analysis inside the function: its modules add ~40 ms to every `commbench --help` (commands/fit.py)
@@ -87,7 +91,8 @@ def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, r
         if refused:
             raise UsageFault(refused)
         check_outputs(("--json", json_path), force=force, append=append)
-        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root)
+        table = tuning.load(tuning_path) if tuning_path else None
+        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root, table)
     except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
     except (HardwareError, SizeError, TopologyError, ValueError) as exc:

@@ -72,6 +72,8 @@ def _common(fn):
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="torch (gloo/NCCL), shm, p2p, hybrid (commbench's schedules), or sim (the cost model, --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True, help="Schedule backends and sim: the allreduce.")
+@click.option("--tuning", "tuning", default=None, metavar="FILE",
+              help="Schedule backends: the tuning table `auto` follows (commbench tune writes one).")
 @click.option("--nodes", type=int, default=None, help="Replay at NODES x --gpus-per-node ranks (see --local, --hw).")
 @click.option("--gpus-per-node", type=int, default=None,
               help="Ranks per node with --nodes [default: local GPUs, or 1].")

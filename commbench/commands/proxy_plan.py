@@ -120,7 +120,7 @@ def _backend_config(options: dict, plan: job.Plan, cls, device: str):
     layout = f"{plan.nodes}x{plan.ranks_per_node}" if options["nodes"] else None
     request = BackendConfig(backend=options["backend"], torch_backend=options["torch_backend"], device=device,
                             algorithm=options["algorithm"], topology=layout, nprocs=plan.world,
-                            timeout_s=options["timeout_s"])
+                            timeout_s=options["timeout_s"], tuning=options.get("tuning"))
     if plan.mode == "local":
         return request
     # the ranks' launcher: a proxy spawns its ranks as processes even where a sweep would run them in

@@ -89,6 +89,9 @@ def _nccl_tests_hint(args: list[str]) -> str:
                    "model with --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True,
               help=f"shm/p2p/hybrid/cuda/sim: {listing()}; or auto (by size and topology, docs/algorithms.md).")
+@click.option("--tuning", "tuning", default=None, metavar="FILE",
+              help="shm/p2p/hybrid/cuda/sim: the tuning table `auto` follows (written by commbench tune; "
+                   "default: the one shipped for the backend, else the built-in rule).")
 @click.option("--cuda-mode", type=click.Choice(["auto", "virtual", "peer", "ipc"]), default="auto", show_default=True,
               help="cuda: virtual (every rank's buffers on one GPU, one process), peer (rank r on GPU r, one "
                    "process), ipc (one process per GPU, CUDA IPC); auto: ipc under a launcher, else peer when "
@@ -205,7 +208,8 @@ def _backend(options: dict, launcher: str | None):
     return settle_backend(BackendConfig(
         backend=options["backend"], torch_backend=options["torch_backend"], device=options["device"],
         algorithm=options["algorithm"], topology=options["topology"], nprocs=options["nprocs"], hw=options["hw"],
-        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"]), launcher)
+        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"],
+        tuning=options.get("tuning")), launcher)
 
 
 def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None,
@@ -236,6 +240,8 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             raise UsageFault(f"--nprocs {world}: need at least 1 rank")
         if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
             raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
+        if _asks_for_all(options["collective_names"]):
+            names = _runnable(names, cls, request, library, dtype, op, world, launched)
         cls.check_request(request, library, names, dtype, op, world)
     except BackendError as exc:
         raise UsageFault(str(exc)) from exc
@@ -251,6 +257,33 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         csv_path=options["csv_path"], append=options["append"], monitor=options["monitor"],
         nccl_tests_rows=options["nccl_tests_rows"])
     return cfg, world
+
+
+def _asks_for_all(collective_names) -> bool:
+    return any(name.strip().lower() == "all" for raw in collective_names for name in raw.split(","))
+
+
+def _runnable(names: list[str], cls, request, library: str, dtype, op: str, world: int, launched: bool) -> list[str]:
+    """`-c all`: the collectives this backend runs with these options, asked of the backend one at a
+    time (its check_request), and one line on stderr naming the ones left out and why. When it runs
+    none of them, the first refusal is the error."""
+    import os
+
+    from commbench.backends import BackendError
+
+    kept, left_out = [], []
+    for name in names:
+        try:
+            cls.check_request(request, library, [name], dtype, op, world)
+            kept.append(name)
+        except BackendError as exc:
+            left_out.append((name, str(exc).split(";")[0]))
+    if not kept:
+        raise BackendError(left_out[0][1])
+    if left_out and (not launched or os.environ.get("RANK", "0") == "0"):
+        print("commbench: -c all leaves out " + ", ".join(f"{name} ({why})" for name, why in left_out),
+              file=sys.stderr)
+    return kept
 
 
 def _check_counts(options: dict) -> None:

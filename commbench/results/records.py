@@ -88,6 +88,7 @@ class Result(Record):
     # file (readers then look its backend up by name: registry.record_capabilities)
     schedule: bool | None = None
     timing: str | None = None
+    tuning: str | None = None  # `auto`'s chooser: a tuning table's name, or "rule" (the built-in); None: not auto
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]

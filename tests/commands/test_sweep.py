@@ -88,3 +88,26 @@ def test_too_small_sizes_are_skipped_with_a_note(tmp_path):
 def test_progress_is_silent_when_not_a_terminal(two_rank_run):
     proc, _ = two_rank_run
     assert "\r" not in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["sim", "shm"])
+def test_all_runs_what_the_backend_runs_and_names_what_it_leaves_out(tmp_path, backend):
+    """-c all on a schedule backend: the five collectives it has algorithms for, and one line on
+    stderr naming the two it has none for (before: exit 2, "no algorithm for alltoall")."""
+    path = tmp_path / "all.jsonl"
+    proc = commbench("sweep", "--backend", backend, "-c", "all", "--sizes", "1K", "--iters", "2", "--warmup", "1",
+                     "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    results, _ = results_of(path)
+    assert {r["collective"] for r in results} == {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"}
+    notes = [line for line in proc.stderr.splitlines() if "-c all" in line]
+    assert len(notes) == 1 and "leaves out alltoall (" in notes[0] and "sendrecv (" in notes[0], proc.stderr
+
+
+def test_all_with_an_algorithm_only_some_collectives_have_keeps_those(tmp_path):
+    path = tmp_path / "all.jsonl"
+    proc = commbench("sweep", "--backend", "sim", "-c", "all", "--algorithm", "binomial", "--sizes", "1K",
+                     "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    kept = {r["collective"] for r in results_of(path)[0]}
+    assert kept and "allgather" not in kept and "-c all leaves out" in proc.stderr and "allgather" in proc.stderr

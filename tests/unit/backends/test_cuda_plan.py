@@ -188,3 +188,34 @@ def test_pack_round_tables():
     assert list(inputs) == [(1 << 20) + 16, (2 << 20) + 16, 1 << 20]
     assert list(entries["in_offset"]) == [0, 2] and list(entries["n_in"]) == [2, 1]
     assert list(entries["first_block"]) == [0, 1] and grid == 2 and list(entries["count"]) == [100, 8]
+
+
+@pytest.mark.parametrize("name", ["oneshot", "twoshot"])
+@pytest.mark.parametrize("world,count", [(2, 4099), (3, 70001), (8, 33333)])
+def test_out_of_place_reads_the_inputs_without_a_copy_or_staging(name, world, count):
+    """Out of place (issue 36: oneshot 13.8 us against 5.7 in place on an H200), the first launch
+    reads every rank's input (INPUT) and writes the outputs: the result of the in-place program run
+    on a copy of the inputs, with the inputs untouched and, for oneshot, no staging nor write-back."""
+    topo = Topology(1, world)
+    schedule = build("allreduce", name, topo, count)
+    inputs = random_inputs(world, count, seed=3)
+    want = sim_result(schedule, topo, inputs, "sum")
+    for groups, order in itertools.product(([list(range(world))], [[r] for r in range(world)]), ORDERS):
+        buffers = {}
+        for rank, values in enumerate(inputs):
+            buffers[(rank, P.INPUT)], buffers[(rank, P.WORK)] = values.copy(), np.full_like(values, -7)
+        programs = [P.program(schedule, group, reads_input=True) for group in groups]
+        assert not any(map(P.uses_staging, programs)) or name != "oneshot"
+        P.emulate(programs, P.AddressSpace(buffers, 4), "sum", world, order=order)
+        for rank in range(world):
+            np.testing.assert_array_equal(buffers[(rank, P.WORK)], want[rank], err_msg=f"{order} rank {rank}")
+            np.testing.assert_array_equal(buffers[(rank, P.INPUT)], inputs[rank])
+    assert [type(s).__name__ for s in P.program(schedule, list(range(world)), reads_input=True)].count(
+        "AllreduceLaunch") == (1 if name == "oneshot" else 2)
+
+
+def test_only_the_allreduce_kernels_read_inputs():
+    ring = build("allreduce", "ring", Topology(1, 4), 100)
+    assert not P.reads_inputs(ring) and P.reads_inputs(build("allreduce", "oneshot", Topology(1, 4), 100))
+    with pytest.raises(ValueError, match="cannot read its inputs"):
+        P.program(ring, [0, 1, 2, 3], reads_input=True)

@@ -347,8 +347,9 @@ def test_graph_captures_only_the_timed_calls_and_uploads_before_launch(fake_gpus
     """Warm-up runs eagerly (one capture per point, not three); the graph holds the 2 timed
     calls' launches, and is uploaded before it is launched between the timing events."""
     run(tmp_path, "virtual", 4, "oneshot", graph=True, sizes=(4096,))
-    # per call: 4 copies send -> recv, one per rank (out of place only), oneshot into staging, write-back
-    assert fake_gpus.graphs == [2 * (4 + 2), 2 * 2]
+    # per call out of place: one oneshot launch reading the inputs and writing the outputs (issue 36: it
+    # was 4 copies send -> recv and the in-place oneshot's two, into staging and written back); in place: 2
+    assert fake_gpus.graphs == [2 * 1, 2 * 2]
 
 
 @pytest.mark.parametrize("mode,graph", [("peer", False), ("virtual", True)])

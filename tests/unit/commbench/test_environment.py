@@ -64,3 +64,91 @@ def test_the_memory_limit_is_the_memory_groups_when_lower(tmp_path):
     (tmp_path / "inside.cgroup").write_text("4:memory:/not/mounted/here\n")  # a container sees its group as /
     _group(tmp_path / "inside", "/memory", "memory.limit_in_bytes", f"{2 << 30}\n")
     assert memory_limit_bytes(str(tmp_path / "inside"), str(tmp_path / "inside.cgroup")) == 2 << 30
+
+
+# ---------------------------------------------------------------- GPUs and versions (issue 36), with fakes
+
+
+def _fake_cupy():
+    import types
+
+    class Device:
+        def __init__(self, index=0):
+            self.id, self.pci_bus_id = index, f"0000:{0x18 + index:02X}:00.0"
+
+    props = lambda i: {"name": b"NVIDIA H200", "totalGlobalMem": 150_754_820_096, "major": 9, "minor": 0}  # noqa: E731
+    runtime = types.SimpleNamespace(getDeviceProperties=props, runtimeGetVersion=lambda: 13000)
+    nccl = types.SimpleNamespace(available=True, get_version=lambda: 22809)
+    return types.SimpleNamespace(__version__="14.2.0", cuda=types.SimpleNamespace(Device=Device, runtime=runtime,
+                                                                                  nccl=nccl))
+
+
+def test_each_rank_names_its_gpus_and_the_libraries_loaded(monkeypatch):
+    import sys
+
+    from commbench.environment import software_versions
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    gpus = local_environment("cuda", [0, 1])["gpus"]
+    assert [g["bus_id"] for g in gpus] == ["0000:18:00.0", "0000:19:00.0"]
+    assert gpus[0] == {"index": 0, "model": "NVIDIA H200", "memory_bytes": 150_754_820_096,
+                       "bus_id": "0000:18:00.0", "compute_capability": "9.0"}
+    versions = software_versions()
+    assert versions["cupy"] == "14.2.0" and versions["cuda_runtime"] == "13.0" and versions["nccl"] == "2.28.9"
+    assert "driver" in versions
+    assert "gpus" not in local_environment("cpu")
+
+
+def test_torch_on_a_gpu_names_it_too(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    from commbench.environment import software_versions
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    props = types.SimpleNamespace(name="NVIDIA H200", total_memory=150_754_820_096, major=9, minor=0,
+                                  pci_bus_id=0x18, pci_domain_id=0, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    (gpu,) = local_environment("cuda")["gpus"]
+    assert gpu["model"] == "NVIDIA H200" and gpu["bus_id"] == "0000:18:00.0" and gpu["compute_capability"] == "9.0"
+    assert software_versions()["nccl"] == "2.28.9"
+
+
+def test_torch_is_spelled_in_full_whether_imported_or_not(monkeypatch):
+    """The cuda backend never imports torch: its header said 2.11.0 (the distribution's version)
+    where the others said 2.11.0+cu130 (torch.__version__)."""
+    import sys
+
+    import torch
+
+    from commbench.environment import torch_version
+
+    imported = torch.__version__
+    monkeypatch.delitem(sys.modules, "torch")
+    assert torch_version() == imported
+
+
+def test_the_commit_is_commbench_own_checkout_only(tmp_path):
+    """An exported tree inside an unrelated repository has no commit; a checkout of its own has."""
+    import subprocess
+
+    from commbench.environment import _git_commit
+
+    def git(folder, *args):
+        subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True)
+
+    outer, own = tmp_path / "outer", tmp_path / "own"
+    for root in (outer / "export", own):
+        (root / "commbench").mkdir(parents=True)
+        (root / "commbench" / "__init__.py").write_text("")
+    for repo in (outer, own):
+        git(repo, "init", "-q")
+        git(repo, "add", ".")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    assert _git_commit(str(outer / "export" / "commbench")) is None
+    assert _git_commit(str(own / "commbench"))

@@ -1,0 +1,154 @@
+"""`commbench tune`: measure every algorithm of a schedule backend, paired, and write the tuning
+table `auto` follows (commbench/tuning.py).
+
+Each round sweeps every algorithm once (`commbench sweep --algorithm NAME`, one job each), in
+table order on even rounds and reversed on odd ones (A B, B A: a machine that speeds up or slows
+down during the run favours none). Per size, each algorithm's time is divided by the fastest
+time of its own round, and the algorithm with the lowest median ratio wins; consecutive sizes
+with one winner become one row of the table (the last row has no upper bound).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import click
+import numpy as np
+
+from commbench.commands.common import UsageFault, check_outputs, output_options
+
+
+def _sweep_args(options: dict, algorithm: str, path: str) -> list[str]:
+    args = ["sweep", "--backend", options["backend"], "-c", options["collective"], "--sizes", options["sizes"],
+            "--algorithm", algorithm, "--placement", options["placement"], "--json", path, "--timeout",
+            str(options["timeout_s"])]
+    for flag, key in (("-N", "nprocs"), ("--topology", "topology"), ("--cuda-mode", "cuda_mode"), ("--hw", "hw"),
+                      ("--iters", "iters"), ("--warmup", "warmup"), ("--min-time", "min_time")):
+        if options[key] is not None:
+            args += [flag, str(options[key])]
+    return args + (["--graph"] if options["graph"] else [])
+
+
+def _run_sweep(options: dict, algorithm: str, path: str) -> tuple[list[dict], str | None]:
+    """(result records, None) of one sweep, or ([], its last error line)."""
+    from commbench.results import read_records
+
+    proc = subprocess.run([sys.executable, "-m", "commbench", *_sweep_args(options, algorithm, path)],
+                          capture_output=True, text=True, timeout=options["timeout_s"] + 60, check=False)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        return [], lines[-1] if lines else f"exit {proc.returncode}"
+    return [r for r in read_records(path) if r["record"] == "result"], None
+
+
+def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, dict[str, float]]]:
+    """Per size: (winner, each algorithm's median ratio to its round's fastest) from rounds of
+    {algorithm: {nbytes: time_us}}."""
+    sizes = sorted({n for rnd in rounds for times in rnd.values() for n in times})
+    out = {}
+    for nbytes in sizes:
+        ratios: dict[str, list[float]] = {}
+        for rnd in rounds:
+            times = {alg: t[nbytes] for alg, t in rnd.items() if t.get(nbytes)}
+            if times:
+                best = min(times.values())
+                for alg, time_us in times.items():
+                    ratios.setdefault(alg, []).append(time_us / best)
+        medians = {alg: float(np.median(r)) for alg, r in ratios.items()}
+        if medians:
+            out[nbytes] = (min(medians, key=lambda alg: (medians[alg], alg)), medians)
+    return out
+
+
+@click.command("tune")
+@click.option("--backend", "-b", default="shm", show_default=True, help="A backend that runs commbench's algorithms.")
+@click.option("--nprocs", "-N", type=int, default=None, help="Ranks (as sweep's -N).")
+@click.option("--sizes", "-s", default="1K-16M", show_default=True, help="Sizes to measure (as sweep's --sizes).")
+@click.option("--collective", "-c", default="allreduce", show_default=True)
+@click.option("--algorithms", "algorithm_names", default=None, help="Comma-separated; default: every one it has.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=2, show_default=True,
+              help="Sweeps of every algorithm; even rounds in table order, odd ones reversed.")
+@click.option("--placement", type=click.Choice(["in-place", "out-of-place"]), default="in-place", show_default=True)
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS")
+@click.option("--cuda-mode", default=None, help="cuda: as sweep's --cuda-mode.")
+@click.option("--hw", default=None, help="sim: the hardware file that times the calls.")
+@click.option("--graph", is_flag=True, default=False, help="cuda: time under a CUDA graph.")
+@click.option("--iters", type=int, default=None)
+@click.option("--warmup", type=int, default=None)
+@click.option("--min-time", "min_time", type=float, default=None)
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per sweep, seconds.")
+@click.option("--output", "-o", "output", required=True, help="The tuning file to write (JSON).")
+@click.option("--json", "json_path", default=None, help="Also keep every sweep's records here (JSON Lines).")
+@output_options(append=False)
+def tune_command(**options) -> None:
+    """Sweep every algorithm of a schedule backend, paired, and write the tuning table `auto` follows
+    (use it with sweep/proxy/predict --tuning FILE)."""
+    from commbench.algorithms import chosen_by
+    from commbench.commands.backend_options import backend_class_of
+    from commbench.topology import Topology
+    from commbench.tuning import TuningTable, rows_from_winners
+
+    cls = backend_class_of(options["backend"])
+    if not cls.runs_schedules:
+        raise UsageFault(f"--backend {options['backend']} runs a library's algorithms: tune a backend that runs "
+                         f"commbench's (shm, p2p, hybrid, cuda, sim)")
+    table = cls.algorithm_table(options["collective"])
+    names = list(table) if options["algorithm_names"] is None else options["algorithm_names"].split(",")
+    unknown = [n for n in names if n not in table]
+    if unknown or not names:
+        raise UsageFault(f"--algorithms {','.join(unknown)}: {options['collective']} on --backend "
+                         f"{options['backend']} has {', '.join(table) or 'none'}")
+    check_outputs(("--output", options["output"]), ("--json", options["json_path"]), force=options["force"])
+    rounds, records, skipped = _measure(options, names)
+    if not records:
+        raise UsageFault("no algorithm ran: " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
+    first = records[0]
+    world, nodes = int(first["world_size"]), int(first["nnodes"])
+    won = winners(rounds)
+    rows = rows_from_winners(options["collective"], world, nodes, [(n, w) for n, (w, _) in won.items()])
+    when = datetime.datetime.now(datetime.timezone.utc)
+    name = f"tune-{first['library']}-{world}-ranks-{when:%Y-%m-%d}"
+    source = (f"commbench tune {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['tune'] else ''}".strip()
+              + f"; {socket.gethostname()}, {when:%Y-%m-%d %H:%M} UTC, {options['rounds']} paired round(s)")
+    result = TuningTable(name, options["backend"], first["library"], source, rows)
+    with open(options["output"], "w", encoding="utf-8") as handle:
+        handle.write(result.to_json())
+    if options["json_path"]:
+        with open(options["json_path"], "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+    topo = Topology(nodes, world // max(nodes, 1))
+    click.echo(f"# commbench tune: {options['backend']} ({first['library']}), {world} ranks on {nodes} node(s), "
+               f"{options['rounds']} round(s); time over the round's fastest, median")
+    click.echo("#" + "size (B)".rjust(13) + "".join(n.rjust(10) for n in names) + "    winner   rule's")
+    for nbytes, (winner, medians) in won.items():
+        rule = chosen_by(options["collective"], topo, nbytes)[0]
+        click.echo(f"{nbytes:>14}" + "".join(f"{medians[n]:>10.2f}" if n in medians else f"{'-':>10}" for n in names)
+                   + f"  {winner:>8} {rule:>8}")
+    for name_, why in skipped.items():
+        click.echo(f"# {name_} did not run: {why}")
+    click.echo(f"# wrote {options['output']} ({len(rows)} row(s)); use it with --tuning {options['output']}")
+
+
+def _measure(options: dict, names: list[str]) -> tuple[list[dict[str, dict[int, float]]], list[dict], dict]:
+    """Rounds of {algorithm: {nbytes: time_us}}, every result record, and {algorithm: why it did not run}."""
+    rounds, records, skipped = [], [], {}
+    with tempfile.TemporaryDirectory(prefix="commbench-tune-") as folder:
+        for index in range(options["rounds"]):
+            order = names if index % 2 == 0 else names[::-1]
+            times: dict[str, dict[int, float]] = {}
+            for algorithm in (a for a in order if a not in skipped):
+                path = os.path.join(folder, f"{index}-{algorithm}.jsonl")
+                results, error = _run_sweep(options, algorithm, path)
+                if error:
+                    skipped[algorithm] = error
+                    continue
+                records += results
+                times[algorithm] = {int(r["nbytes"]): float(r["time_us"]) for r in results
+                                    if r["time_us"] is not None and r["placement"] == options["placement"]}
+            rounds.append(times)
+    return rounds, records, skipped

@@ -1,0 +1,56 @@
+"""`commbench tune` writes a tuning table from paired sweeps; sweep --tuning follows it, and each
+record says which table chose its algorithm (issue 36). Run on sim and on shm, here on the CPU."""
+import json
+
+import pytest
+from conftest import commbench, results_of
+
+
+def _tune(tmp_path, backend, *args):
+    out = tmp_path / f"{backend}.json"
+    proc = commbench("tune", "--backend", backend, "--rounds", "2", "-o", str(out), *args, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_tune_on_sim_writes_the_model_fastest_and_sweep_follows_it(tmp_path):
+    table, printed = _tune(tmp_path, "sim", "-N", "4", "--hw", "dgx-h100", "--sizes", "1K,16M",
+                           "--algorithms", "ring,oneshot,rhd")
+    assert table["backend"] == "sim" and "2 paired round(s)" in table["source"]
+    by_size = {row["up_to_nbytes"]: row["algorithm"] for row in table["rows"]}
+    assert by_size == {1024: "oneshot", None: "rhd"}, table  # the cost model ranks them, deterministically
+    assert "winner" in printed and "rule's" in printed
+    path = tmp_path / "swept.jsonl"
+    proc = commbench("sweep", "--backend", "sim", "-N", "4", "--hw", "dgx-h100", "--sizes", "1K,16M",
+                     "--tuning", str(tmp_path / "sim.json"), "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    results, _ = results_of(path)
+    assert {r["tuning"] for r in results} == {table["name"]}
+    chosen = {r["nbytes"]: r["algorithm"] for r in results}
+    assert chosen[1024] == by_size.get(1024, table["rows"][0]["algorithm"]) and chosen[16 << 20] == \
+        table["rows"][-1]["algorithm"]
+
+
+def test_tune_on_shm_two_ranks(tmp_path):
+    table, _ = _tune(tmp_path, "shm", "-N", "2", "--sizes", "1K,64K", "--algorithms", "ring,oneshot",
+                     "--iters", "5", "--warmup", "1")
+    assert table["library"] == "shm" and {r["algorithm"] for r in table["rows"]} <= {"ring", "oneshot"}
+    assert table["rows"][-1]["up_to_nbytes"] is None and all(r["world"] == 2 for r in table["rows"])
+
+
+def test_without_a_file_the_shipped_table_or_the_rule_says_it_chose(tmp_path):
+    path = tmp_path / "r.jsonl"
+    proc = commbench("sweep", "--backend", "sim", "-N", "3", "--sizes", "1K", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert {r["tuning"] for r in results_of(path)[0]} == {"rule"}  # no table is shipped for sim
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tune", "--backend", "torch", "-o", "x.json"], "runs a library's algorithms"),
+    (["tune", "--backend", "sim", "--algorithms", "nonesuch", "-o", "x.json"], "--algorithms nonesuch"),
+    (["sweep", "--backend", "torch", "--tuning", "t.json"], "--tuning chooses among commbench's own algorithms"),
+    (["sweep", "--backend", "shm", "--tuning", "missing.json"], "--tuning missing.json: cannot read it"),
+])
+def test_bad_requests_are_one_line(tmp_path, args, message):
+    proc = commbench(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
