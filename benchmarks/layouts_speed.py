@@ -1,0 +1,52 @@
+"""How long `predict-scaling --layout` takes, in process (issue 34's target: under 2 s each): Llama 3.1 405B at
+TP8 x PP16 x FSDP64 on 8,192 GPUs, and six layouts of Llama 3.1 70B ranked at 1,024 GPUs. Prints the median of
+five runs, wall and CPU time, after one warm-up (imports and profile loading included in neither).
+
+    python benchmarks/layouts_speed.py
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+from commbench.analysis.predict_layout import Job, rank_layouts
+from commbench.costmodel import load_hardware
+from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.profile import load_profile
+
+CASES = {
+    "llama3.1-405b, tp8sp,pp16,fsdp64 on 8,192 GPUs": ("llama3.1-405b", 8192, ["tp8sp,pp16,fsdp64"]),
+    "llama3.1-70b, 6 layouts on 1,024 GPUs": ("llama3.1-70b", 1024, [
+        "tp8,fsdp128", "tp8sp,fsdp128", "tp4sp,pp2,fsdp128", "tp8sp,pp4,dp32", "tp8sp,pp4,fsdp32",
+        "tp8sp,cp2,fsdp64"]),
+}
+GLOBAL_BATCH = 2048  # sequences
+
+
+def run(model: str, gpus: int, texts: list[str]) -> None:
+    profile = load_profile(model)
+    job = Job(profile.transformer, profile, load_hardware("dgx-h100"), 8, 1, 400.0, peak_tflops=989.5)
+    layouts = []
+    for text in texts:
+        par = parse_layout(text, gpus=gpus)
+        layouts.append(replace(par, microbatches=GLOBAL_BATCH // par.dp))
+    rank_layouts(job, layouts)
+
+
+def main() -> None:
+    for label, (model, gpus, texts) in CASES.items():
+        run(model, gpus, texts)  # warm-up
+        wall, cpu = [], []
+        for _ in range(5):
+            w, c = time.perf_counter(), time.process_time()
+            run(model, gpus, texts)
+            wall.append(time.perf_counter() - w)
+            cpu.append(time.process_time() - c)
+        verdict = "met" if statistics.median(wall) < 2.0 else "MISSED"
+        print(f"{label}: median {statistics.median(wall):.3f} s wall ({min(wall):.3f}-{max(wall):.3f}), "
+              f"{statistics.median(cpu):.3f} s CPU; target 2 s: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
