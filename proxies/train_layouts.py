@@ -1,0 +1,262 @@
+"""Parallel layouts trained for real on CPU ranks: the ground truth of the layout plans.
+
+CLOSED_FORMS_PLACEHOLDER
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+from commbench.proxies.train_layout_trace import mesh_labels, trace_mode
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+DIMENSIONS = ("pp", "dp", "cp", "tp")  # the mesh, outermost first: tp innermost (consecutive ranks)
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """Degrees of a layout on `world` ranks; dp is what is left. EP borrows ep consecutive ranks of the
+    flattened (dp, cp) ranks; pp > 1 runs `schedule` over `microbatches` with `virtual` stages per rank."""
+    world: int = 4
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    virtual: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp * self.cp)
+
+    def check(self, shape: ModelShape) -> None:
+        """One ValueError for a layout that cannot run this shape."""
+        if self.tp * self.pp * self.cp * self.dp != self.world:
+            raise ValueError(f"tp {self.tp} x pp {self.pp} x cp {self.cp} does not divide {self.world} ranks")
+        if shape.heads % self.tp or shape.kv_heads % self.tp:
+            raise ValueError(f"tp {self.tp} does not divide {shape.heads} heads and {shape.kv_heads} kv heads")
+        if shape.layers % (self.pp * self.virtual):
+            raise ValueError(f"pp {self.pp} x {self.virtual} virtual stages does not divide {shape.layers} layers")
+        if (self.dp * self.cp) % self.ep or (self.ep > 1 and shape.experts % self.ep):
+            raise ValueError(f"ep {self.ep} does not divide dp x cp {self.dp * self.cp} and {shape.experts} experts")
+        if self.schedule not in SCHEDULES or (self.virtual > 1) != (self.schedule == "interleaved" and self.pp > 1):
+            raise ValueError(f"schedule {self.schedule!r} with {self.virtual} virtual stage(s)")
+        if shape.batch % self.microbatches or shape.seq_len % (self.cp * (self.tp if self.sequence_parallel else 1)):
+            raise ValueError(f"{self.microbatches} micro-batches or the sequence split does not fit {shape}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The small Llama that trains on 4 CPU ranks (`batch` sequences per data-parallel rank); experts > 0
+    replaces every MLP by a top-k mixture of experts of `ffn` each."""
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 128
+    vocab: int = 1000
+    seq_len: int = 64
+    batch: int = 4
+    experts: int = 0
+    top_k: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass
+class LayoutRun:
+    """One rank's run: the calls of each traced step, the step times, the losses, its mesh coordinates."""
+    rank: int
+    coordinates: dict
+    calls: list = field(default_factory=list)  # one list of trace.Call per traced step
+    step_time_us: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+
+
+def llama(shape: ModelShape, attention: str = "sdpa"):
+    """transformers' LlamaForCausalLM of `shape` (fp32, no dropout, untied output layer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, intermediate_size=shape.ffn, vocab_size=shape.vocab,
+                         max_position_embeddings=shape.seq_len, tie_word_embeddings=False)
+    config._attn_implementation = attention
+    return LlamaForCausalLM(config)
+
+
+def _batch(shape: ModelShape, seed: int):
+    """Tokens of one data-parallel rank's batch: inputs and next-token labels, (batch, seq_len) each."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq_len + 1), generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _loss(logits, labels):
+    import torch
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def _meshes(spec: LayoutSpec):
+    """The 4-D mesh, the data-parallel mesh of the dense parameters, and (EP) the experts' (edp, ep) mesh."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (spec.pp, spec.dp, spec.cp, spec.tp), mesh_dim_names=DIMENSIONS)
+    dense = mesh["dp", "cp"]._flatten("dp_cp") if spec.cp > 1 else mesh["dp"]
+    experts = None
+    if spec.ep > 1:
+        ranks = torch.arange(spec.world).view(spec.pp, spec.dp * spec.cp // spec.ep, spec.ep, spec.tp)
+        experts = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
+    return mesh, dense, experts
+
+
+def _dense(spec: LayoutSpec, shape: ModelShape, mesh, dense, experts):
+    """The model for TP, CP, EP or plain data parallelism, and its step: (forward + backward) -> loss."""
+    import torch
+
+    from commbench.proxies.train_layout_parts import shard_data_parallel, tensor_parallel
+
+    attention = "sdpa"
+    if spec.cp > 1:
+        from transformers import AttentionInterface, AttentionMaskInterface
+
+        from commbench.proxies.train_layout_ring import ring_attention
+        attention = "commbench_ring"
+        AttentionInterface.register(attention, ring_attention(mesh.get_group("cp")))
+        AttentionMaskInterface.register(attention, lambda *args, **kwargs: None)
+    model = llama(shape, attention)
+    if spec.ep > 1:
+        _moe(model, shape, experts)
+    if spec.tp > 1:
+        tensor_parallel(model, mesh["tp"], spec.sequence_parallel)
+    shard_data_parallel(model, list(model.model.layers), dense)
+    inputs, labels = _batch(shape, seed=mesh["dp"].get_local_rank())
+    cp_rank, block = mesh["cp"].get_local_rank(), shape.seq_len // spec.cp
+    positions = torch.arange(cp_rank * block, (cp_rank + 1) * block).unsqueeze(0)
+    inputs, labels = inputs[:, positions[0]], labels[:, positions[0]]
+
+    def step():
+        loss = _loss(model(input_ids=inputs, position_ids=positions).logits, labels)
+        loss.backward()
+        return loss.item()
+    return model, step
+
+
+def _moe(model, shape: ModelShape, experts) -> None:
+    """Every decoder layer's MLP replaced by an expert-parallel MoE, its experts FSDP2-sharded on "edp"
+    (the ranks holding the same experts), seeded by the EP rank so that experts differ."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from commbench.proxies.train_layout_moe import ExpertParallelMoE
+
+    torch.manual_seed(100 + experts["ep"].get_local_rank())
+    for layer in model.model.layers:
+        layer.mlp = ExpertParallelMoE(shape.hidden, shape.ffn, shape.experts, shape.top_k, experts.get_group("ep"))
+        fully_shard(layer.mlp.experts_here, mesh=experts["edp"])
+
+
+def _pipelined(spec: LayoutSpec, shape: ModelShape, mesh):
+    """The pipeline stages of this rank and their step: the schedule over the micro-batches."""
+    from commbench.proxies.train_layout_parts import pipeline_schedule, pipeline_stages
+
+    model = llama(shape)
+    stages = pipeline_stages(model, mesh, spec.virtual, shard=spec.dp > 1)
+    schedule = pipeline_schedule(stages, spec.schedule, spec.microbatches, _loss)
+    inputs, labels = _batch(shape, seed=mesh["dp"].get_local_rank())
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    modules = [s.submod for s in stages]
+
+    def step():
+        losses = []
+        schedule.step(*([inputs] if first else []), **({"target": labels, "losses": losses} if last else {}))
+        return sum(loss.item() for loss in losses) / len(losses) if losses else float("nan")
+    return modules, step
+
+
+def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
+    """Train `steps` optimizer steps (SGD) of a layout on this rank's initialised gloo process group and
+    trace the last `traced`: every call each issues, by mesh dimension."""
+    import torch
+    import torch.distributed as dist
+
+    spec.check(shape)
+    mesh, dense, experts = _meshes(spec)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    if spec.pp > 1:
+        modules, forward_backward = _pipelined(spec, shape, mesh)
+    else:
+        model, forward_backward = _dense(spec, shape, mesh, dense, experts)
+        modules = [model]
+    parameters = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
+    extra = {"dp_cp": dense.get_group()} if spec.cp > 1 else {}
+    if experts is not None:
+        extra.update(edp=experts.get_group("edp"), ep=experts.get_group("ep"))
+    labels = mesh_labels(mesh, extra)
+    run = LayoutRun(dist.get_rank(), mesh.get_coordinate() and dict(zip(DIMENSIONS, mesh.get_coordinate())))
+    for index in range(steps):
+        calls = []
+        tracing = trace_mode(calls, labels) if index >= steps - traced else None
+        start = time.perf_counter()
+        with tracing if tracing is not None else contextlib.nullcontext():
+            run.losses.append(forward_backward())
+            optimizer.step()
+            optimizer.zero_grad()
+        run.step_time_us.append((time.perf_counter() - start) * 1e6)
+        if tracing is not None:
+            run.calls.append(calls)
+    return run
+
+
+def _rank(rank: int, world: int, port: int, specs: dict, shape_of: dict, steps: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for name, spec in specs.items():
+            try:
+                out.put((name, rank, run_layout(spec, shape_of[name], steps)))
+            except Exception as error:  # said to the parent, which stops waiting
+                out.put((name, rank, f"{type(error).__name__}: {error}"))
+                raise
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def train_layouts(specs: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300) -> dict:
+    """Spawn `world` local gloo ranks that run each named layout in turn: name -> [LayoutRun per rank]."""
+    import torch.multiprocessing as mp
+
+    from commbench.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, specs, shape_of, steps, out)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    results: dict = {name: [None] * world for name in specs}
+    try:
+        for _ in range(len(specs) * world):
+            name, rank, run = out.get(timeout=timeout_s)
+            if isinstance(run, str):
+                raise RuntimeError(f"rank {rank} failed in layout {name}: {run}")
+            results[name][rank] = run
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.exitcode is None:
+                proc.kill()
+    return results

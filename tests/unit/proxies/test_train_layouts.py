@@ -1,0 +1,182 @@
+"""Each parallel layout trained for real on 4 gloo ranks (proxies/train_layouts.py), and what torch issues.
+
+One spawned 4-rank job trains a small Llama (transformers' LlamaForCausalLM) under every layout for three
+steps and traces the last two. The calls of a steady step must equal the closed forms below, written in
+the model's shape only: these are the closed forms of proxies/train_layouts.py's docstring and of
+docs/layouts.md ("What torch issues"), which the layout plans are checked against. The losses check that
+each layout trains the same model on the same data: TP, SP, CP and PP give the data-parallel loss.
+"""
+import os
+from collections import Counter
+
+import pytest
+from conftest import clean_env
+
+from commbench.proxies.train_layouts import LayoutSpec, ModelShape, train_layouts
+
+F32 = 4
+DENSE, MOE = ModelShape(), ModelShape(experts=4, top_k=2)
+LAYOUTS = {
+    "dp4": (LayoutSpec(), DENSE),
+    "tp2 dp2": (LayoutSpec(tp=2), DENSE),
+    "tp2 sp dp2": (LayoutSpec(tp=2, sequence_parallel=True), DENSE),
+    "pp2 dp2 1f1b": (LayoutSpec(pp=2, schedule="1f1b"), DENSE),
+    "pp2 dp2 gpipe": (LayoutSpec(pp=2, schedule="gpipe"), DENSE),
+    "pp2 dp2 interleaved": (LayoutSpec(pp=2, schedule="interleaved", virtual=2), DENSE),
+    "cp2 dp2": (LayoutSpec(cp=2), DENSE),
+    "ep2 dp4": (LayoutSpec(ep=2), MOE),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    old = {k: os.environ.pop(k) for k in list(os.environ) if k not in clean_env()}
+    try:
+        return train_layouts({n: spec for n, (spec, _) in LAYOUTS.items()},
+                             {n: shape for n, (_, shape) in LAYOUTS.items()}, world=4, steps=3, timeout_s=400)
+    finally:
+        os.environ.update(old)
+
+
+def _layer_elements(shape, tp=1, moe=False):
+    """A decoder layer's parameters on one rank: attention and MLP split over TP, norms replicated."""
+    kv = shape.kv_heads * shape.head_dim
+    attention = 2 * shape.hidden * shape.hidden + 2 * shape.hidden * kv
+    mlp = shape.experts * shape.hidden if moe else 3 * shape.hidden * shape.ffn  # MoE: the router only
+    return (attention + mlp) // tp + 2 * shape.hidden
+
+
+def _fsdp(layer_nbytes, units, roots, group, microbatches=0):
+    """FSDP2 (reshard after forward) per step: each unit gathered in the forward and again in the backward
+    (with micro-batches: in each micro-batch's forward, once in the backward), reduce-scattered once; each
+    root gathered once (kept from forward to backward) and reduce-scattered once."""
+    gathers = microbatches + 1 if microbatches else 2
+    calls = Counter({("allgather", layer_nbytes, group): gathers * units,
+                     ("reduce_scatter", layer_nbytes, group): units})
+    for root in roots:
+        calls.update({("allgather", root, group): 1, ("reduce_scatter", root, group): 1})
+    return calls
+
+
+def _root(shape, first=True, last=True):
+    """The embedding (first stage) and the final norm with the output layer (last stage), in bytes."""
+    embedding, head = shape.vocab * shape.hidden, shape.hidden + shape.vocab * shape.hidden
+    return F32 * ((embedding if first else 0) + (head if last else 0))
+
+
+def _expected(name, rank):
+    spec, shape = LAYOUTS[name]
+    activation = shape.batch * shape.seq_len * shape.hidden * F32
+    layers = shape.layers
+    if name == "dp4":
+        return _fsdp(F32 * _layer_elements(shape), layers, [_root(shape)], "dp")
+    if name.startswith("tp2"):
+        calls = _fsdp(F32 * _layer_elements(shape, tp=2), layers, [_root(shape)], "dp")
+        if spec.sequence_parallel:  # 2 gathers and 2 reduce-scatters per layer each way, entering and leaving
+            calls.update({("allgather", activation, "tp"): 4 * layers + 2,
+                          ("reduce_scatter", activation, "tp"): 4 * layers,
+                          ("allreduce", F32 * shape.hidden, "tp"): 2 * layers})  # the SequenceParallel norms' weights
+        else:  # forward: o and down; backward: q, k, v, gate and up each reduce their input's gradient
+            calls[("allreduce", activation, "tp")] = 7 * layers
+        return calls
+    if name.startswith("pp2"):
+        stages = spec.pp * spec.virtual
+        mine = range(rank // 2, stages, spec.pp)  # rank = pp x 2 + dp
+        roots = [r for r in (_root(shape, i == 0, i == stages - 1) for i in mine) if r]
+        calls = _fsdp(F32 * _layer_elements(shape), layers // spec.pp, roots, "dp", spec.microbatches)
+        micro = activation // spec.microbatches
+        sends = spec.microbatches * sum((i < stages - 1) + (i > 0) for i in mine)  # activations on, gradients back
+        calls.update({("send", micro, "pp"): sends, ("recv", micro, "pp"): sends})
+        return calls
+    if name.startswith("cp2"):
+        calls = _fsdp(F32 * _layer_elements(shape), layers, [_root(shape)], "dp_cp")
+        block = 2 * shape.batch * shape.seq_len // spec.cp * shape.kv_heads * shape.head_dim * F32  # keys and values
+        steps = (spec.cp - 1) + (spec.cp - 1) + spec.cp  # forward ring, backward ring, gradients home
+        calls.update({("send", block, "cp"): steps * layers, ("recv", block, "cp"): steps * layers})
+        return calls
+    calls = _fsdp(F32 * _layer_elements(shape, moe=True), layers, [_root(shape)], "dp")
+    calls.update(_fsdp(F32 * shape.experts // spec.ep * 3 * shape.hidden * shape.ffn, layers, [], "edp"))
+    calls[("alltoall", shape.experts * 8, "ep")] = layers  # the per-expert counts, int64
+    return calls
+
+
+def _observed(calls, name):
+    """Calls by (collective, bytes, group); an EP token all-to-all by the bytes this rank sends or receives
+    that do not depend on the routing (checked separately)."""
+    counted = Counter()
+    for call in calls:
+        if call.collective == "alltoall" and call.dtype == "float32":
+            continue
+        counted[(call.collective, call.nbytes, call.group)] += 1
+    return counted
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_steady_step_issues_the_closed_forms(runs, name):
+    for rank, run in enumerate(runs[name]):
+        first, second = ([c for c in step if not (c.collective == "alltoall" and c.dtype == "float32")]
+                         for step in run.calls)
+        assert [c.key for c in first] == [c.key for c in second]  # steady: both steps alike, in order
+        assert _observed(run.calls[-1], name) == _expected(name, rank), (name, rank)
+        assert {c.dtype for c in run.calls[-1]} <= {"float32", "int64"}
+
+
+def test_expert_parallel_all_to_all_moves_every_token_copy(runs):
+    """Per MoE layer: dispatch and combine in the forward, their transposes in the backward. Each sends
+    (dispatch, backward of the combine) or receives (combine, backward of the dispatch) the T x k copies
+    of hidden states, T tokens of this rank; what crosses the other way depends on the routing, and over
+    an EP group what is sent is what is received."""
+    spec, shape = LAYOUTS["ep2 dp4"]
+    copies = shape.batch * shape.seq_len * shape.top_k * shape.hidden * F32
+    routed = set()
+    for group in ((0, 1), (2, 3)):  # the EP groups: consecutive ranks
+        tokens = [[c for c in runs["ep2 dp4"][r].calls[-1] if c.collective == "alltoall" and c.dtype == "float32"]
+                  for r in group]
+        for calls in tokens:  # forward: (dispatch, combine) per layer; backward: their transposes, layers reversed
+            assert len(calls) == 4 * shape.layers and {c.group for c in calls} == {"ep"}
+            assert {c.send_nbytes for c in calls[0::2]} == {copies} == {c.recv_nbytes for c in calls[1::2]}
+            assert all(c.nbytes == max(c.send_nbytes, c.recv_nbytes) for c in calls)
+            routed.update(c.recv_nbytes for c in calls[0::2])
+        for index in range(4 * shape.layers):
+            sent = sum(calls[index].send_nbytes for calls in tokens)
+            assert sent == sum(calls[index].recv_nbytes for calls in tokens)
+    assert routed != {copies}  # not vacuous: the router's splits are uneven
+
+
+@pytest.mark.parametrize("name", ["tp2 dp2", "tp2 sp dp2", "pp2 dp2 1f1b", "pp2 dp2 gpipe", "pp2 dp2 interleaved"])
+def test_a_layout_trains_the_data_parallel_model(runs, name):
+    """Same weights, same data per data-parallel rank: the first step's loss equals the data-parallel run's (TP
+    and SP on both TP ranks; PP on the last stage, the mean over its micro-batches). Later steps differ: the
+    gradients are averaged over 2 data-parallel ranks here, over 4 there. Every layout's loss goes down."""
+    reference = {run.coordinates["dp"]: run.losses[0] for run in runs["dp4"]}
+    last_stages = [run for run in runs[name] if run.losses[0] == run.losses[0]]  # a first stage has no loss
+    assert len(last_stages) == (2 if name.startswith("pp") else 4)
+    for run in last_stages:
+        assert run.losses[0] == pytest.approx(reference[run.coordinates["dp"]], abs=2e-5), run.rank
+        assert run.losses[-1] < run.losses[0]
+
+
+def test_ring_attention_gives_the_whole_sequence_loss(runs):
+    """CP: the two halves of a sequence, each attending through the ring, average to the full loss."""
+    reference = {run.coordinates["dp"]: run.losses[0] for run in runs["dp4"]}
+    by_dp = {}
+    for run in runs["cp2 dp2"]:
+        by_dp.setdefault(run.coordinates["dp"], []).append(run.losses[0])
+    for dp, halves in by_dp.items():
+        assert len(halves) == 2 and sum(halves) / 2 == pytest.approx(reference[dp], abs=2e-5)
+
+
+def test_step_times_are_recorded(runs):
+    assert all(len(run.step_time_us) == 3 and min(run.step_time_us) > 0 for name in runs for run in runs[name])
+
+
+@pytest.mark.parametrize("spec, says", [
+    (LayoutSpec(tp=3), "does not divide 4 ranks"),
+    (LayoutSpec(tp=4, world=8), "does not divide 4 heads and 2 kv heads"),
+    (LayoutSpec(pp=4, virtual=2, schedule="interleaved"), "does not divide 4 layers"),
+    (LayoutSpec(ep=3, world=6, tp=2), "ep 3 does not divide"),
+    (LayoutSpec(pp=2, virtual=2), "schedule '1f1b' with 2 virtual"),
+])
+def test_a_layout_that_cannot_run_is_refused(spec, says):
+    with pytest.raises(ValueError, match=says):
+        spec.check(MOE)
