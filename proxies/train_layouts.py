@@ -1,6 +1,39 @@
 """Parallel layouts trained for real on CPU ranks: the ground truth of the layout plans.
 
-CLOSED_FORMS_PLACEHOLDER
+A layout runs a small transformers LlamaForCausalLM (`ModelShape`; an expert-parallel MoE in place of
+every MLP for EP) on a 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost; EP groups are ep consecutive
+ranks of the flattened (dp, cp) ranks. `run_layout` trains it on an initialised gloo group and traces
+each call of the last steps (proxies/train_layout_trace.py); `train_layouts` spawns the local ranks.
+
+What torch 2.14.1 issues per optimizer step, per rank (tests/unit/proxies/test_train_layouts.py pins
+each line on 4 gloo ranks). b sequences of s tokens per data-parallel rank, h hidden, L layers, f the
+FFN, kv = kv_heads x head_dim, V vocabulary, E experts, k top-k, M micro-batches, fp32 (4 bytes);
+bytes are nccl-tests' size (the larger per-rank buffer):
+
+  dimension      collective            group  bytes                  calls per step
+  TP             allreduce             tp     4bsh                   7L: 2 forward (o, down), 5 backward
+                                                                     (q, k, v, gate, up: one each, not 2)
+  TP + SP        allgather             tp     4bsh                   4L + 2 (2 forward + 2 backward per
+                                                                     layer; entering backward, leaving forward)
+                 reduce_scatter        tp     4bsh                   4L (2 forward + 2 backward per layer)
+                 allreduce             tp     4h                     2L (the SequenceParallel norms' weights)
+  PP             send, recv            pp     4(b/M)sh               M x (stages of this rank not last +
+                                                                     stages not first), each
+  CP (ring)      send, recv            cp     4 x 2b(s/cp)kv         L(3cp - 2): cp - 1 forward, cp - 1
+                                                                     backward, cp gradients going home
+  EP             alltoall (int64)      ep     8E                     L (per-expert counts, forward only)
+                 alltoall              ep     4bskh sent or received 4L (dispatch, combine, their transposes)
+  DP (FSDP2)     allgather             dp     a unit's bytes         2 per layer unit (with PP: M + 1), 1 root
+                 reduce_scatter        dp     a unit's bytes         1 per unit, 1 per root
+
+A unit's bytes are the decoder layer's parameters on this rank: (2h^2 + 2h kv + 3hf) / tp + 2h (norms
+replicated over TP), or with EP 2h^2 + 2h kv + Eh + 2h on "dp" and (E / ep) 3hf on "edp" (the ranks
+holding the same experts); the root is the embedding, the final norm and the output layer (on a
+pipeline, the first stage's and the last stage's parts); with CP, FSDP shards over "dp_cp".
+Where this differs from the textbook: TP's backward issues one allreduce per column-parallel linear
+(each redistributes its own replicated input), not Megatron's one per block; FSDP2 under a pipeline
+gathers a unit in each micro-batch's forward (reshard after forward) but once in the backward and
+reduce-scatters once (torch.distributed.pipelining defers gradient sync to the last micro-batch).
 """
 from __future__ import annotations
 
