@@ -4,8 +4,9 @@ Why not torch's own: `torch.distributed.tensor.experimental.context_parallel` (t
 only the CUDA attention kernels (aten._scaled_dot_product_flash/efficient/cudnn_attention); on CPU
 SDPA dispatches to aten._scaled_dot_product_flash_attention_for_cpu, and under context_parallel that
 fails with "Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
-strategy registered" (run on 2 gloo ranks, 2026-11-27). So this is the ring that Megatron-Core runs
-through Transformer Engine's AttnFuncWithCPAndKVP2P and that torch's _templated_ring_attention follows:
+strategy registered" (run on 2 gloo ranks, 2026-11-27). So this is the send/recv ring that Megatron-Core
+runs through Transformer Engine's AttnFuncWithCPAndKVP2P (torch's _templated_ring_attention has the same
+steps, but rotates keys and values by one all-gather by default and their gradients by all-to-all):
 
 - rank r of a CP group of c ranks holds the r-th contiguous block of the sequence (no load balancing:
   under the causal mask rank c-1 computes c blocks and rank 0 one; TE and torch halve-and-mirror the
