@@ -124,3 +124,13 @@ def mesh_labels(mesh, extra: dict | None = None) -> dict:
     groups = {name: mesh.get_group(name) for name in mesh.mesh_dim_names if mesh[name].size() > 1}
     groups.update(extra or {})
     return {frozenset(dist.get_process_group_ranks(group)): label for label, group in groups.items()}
+
+
+def totals(calls: list[Call]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(group label, collective) -> (calls, bytes summed) of one step: the form of
+    proxies/layout_calls.step_bytes, keyed by the group's label rather than the plan's dimension."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for call in calls:
+        count, nbytes = out.get((call.group, call.collective), (0, 0))
+        out[(call.group, call.collective)] = (count + 1, nbytes + call.nbytes)
+    return out

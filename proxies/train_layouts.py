@@ -78,7 +78,8 @@ class LayoutSpec:
             raise ValueError(f"ep {self.ep} does not divide dp x cp {self.dp * self.cp} and {shape.experts} experts")
         if self.schedule not in SCHEDULES or (self.virtual > 1) != (self.schedule == "interleaved" and self.pp > 1):
             raise ValueError(f"schedule {self.schedule!r} with {self.virtual} virtual stage(s)")
-        if shape.batch % self.microbatches or shape.seq_len % (self.cp * (self.tp if self.sequence_parallel else 1)):
+        if (self.pp > 1 and shape.batch % self.microbatches) or \
+                shape.seq_len % (self.cp * (self.tp if self.sequence_parallel else 1)):
             raise ValueError(f"{self.microbatches} micro-batches or the sequence split does not fit {shape}")
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 from conftest import clean_env
 
+from commbench.proxies.train_layout_trace import totals
 from commbench.proxies.train_layouts import LayoutSpec, ModelShape, train_layouts
 
 F32 = 4
@@ -164,6 +165,16 @@ def test_ring_attention_gives_the_whole_sequence_loss(runs):
         by_dp.setdefault(run.coordinates["dp"], []).append(run.losses[0])
     for dp, halves in by_dp.items():
         assert len(halves) == 2 and sum(halves) / 2 == pytest.approx(reference[dp], abs=2e-5)
+
+
+def test_totals_sum_a_steps_calls_by_group(runs):
+    """The form the layout plans' step totals take: (group, collective) -> (calls, bytes)."""
+    _, shape = LAYOUTS["cp2 dp2"]
+    calls = runs["cp2 dp2"][0].calls[-1]
+    summed = totals(calls)
+    assert sum(count for count, _ in summed.values()) == len(calls)
+    block = 2 * shape.batch * shape.seq_len // 2 * shape.kv_heads * shape.head_dim * F32
+    assert summed[("cp", "send")] == (4 * shape.layers, 4 * shape.layers * block)
 
 
 def test_step_times_are_recorded(runs):
