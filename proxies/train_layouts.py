@@ -102,6 +102,22 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @classmethod
+    def of(cls, transformer, batch: int) -> ModelShape:
+        """A profile's TransformerShape (proxies/transformer.py) as trained here, or one ValueError for what
+        this Llama cannot build (MLA, biases, shared experts, leading dense layers, un-gated MLPs, tied
+        embeddings, a head size other than hidden / heads)."""
+        t = transformer
+        unsupported = [name for name in ("q_lora_rank", "shared_experts", "dense_layers", "attention_bias",
+                                         "tied_embeddings") if getattr(t, name)]
+        if not t.gated_mlp or t.head_dim * t.heads != t.hidden or t.v_head_dim not in (0, t.head_dim):
+            unsupported.append("head sizes or MLP")
+        if unsupported:
+            raise ValueError(f"this shape does not train as a Llama here: {', '.join(unsupported)}")
+        return cls(layers=t.layers, hidden=t.hidden, heads=t.heads, kv_heads=t.kv_heads,
+                   ffn=t.expert_ffn if t.experts else t.ffn, vocab=t.vocab, seq_len=t.seq_len, batch=batch,
+                   experts=t.experts, top_k=t.top_k if t.experts else 2)
+
 
 @dataclass
 class LayoutRun:

@@ -6,17 +6,21 @@ the model's shape only: these are the closed forms of proxies/train_layouts.py's
 docs/layouts.md ("What torch issues"), which the layout plans are checked against. The losses check that
 each layout trains the same model on the same data: TP, SP, CP and PP give the data-parallel loss.
 """
+import dataclasses
 import os
 from collections import Counter
 
 import pytest
 from conftest import clean_env
 
+from commbench.proxies.profile import load_profile
 from commbench.proxies.train_layout_trace import totals
 from commbench.proxies.train_layouts import LayoutSpec, ModelShape, train_layouts
 
 F32 = 4
-DENSE, MOE = ModelShape(), ModelShape(experts=4, top_k=2)
+# the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2
+DENSE = ModelShape.of(load_profile("llama-tiny").transformer, batch=4)
+MOE = dataclasses.replace(DENSE, experts=4, top_k=2)
 LAYOUTS = {
     "dp4": (LayoutSpec(), DENSE),
     "tp2 dp2": (LayoutSpec(tp=2), DENSE),
@@ -191,3 +195,9 @@ def test_step_times_are_recorded(runs):
 def test_a_layout_that_cannot_run_is_refused(spec, says):
     with pytest.raises(ValueError, match=says):
         spec.check(MOE)
+
+
+def test_a_shape_this_llama_cannot_build_is_refused():
+    assert DENSE.ffn == 176 and DENSE.vocab == 1024  # from the profile, not the defaults
+    with pytest.raises(ValueError, match="q_lora_rank, shared_experts, dense_layers"):
+        ModelShape.of(load_profile("deepseek-v3").transformer, batch=1)
