@@ -286,7 +286,10 @@ def _rank(rank: int, world: int, port: int, specs: dict, shape_of: dict, steps: 
 
 
 def train_layouts(specs: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300) -> dict:
-    """Spawn `world` local gloo ranks that run each named layout in turn: name -> [LayoutRun per rank]."""
+    """Spawn `world` local gloo ranks that run each named layout in turn: name -> [LayoutRun per rank].
+    A rank that fails, dies or sends nothing for `timeout_s` ends the job with one RuntimeError."""
+    import queue
+
     import torch.multiprocessing as mp
 
     from commbench.launch import free_port
@@ -299,11 +302,20 @@ def train_layouts(specs: dict, shape_of: dict, world: int = 4, steps: int = 4, t
         proc.start()
     results: dict = {name: [None] * world for name in specs}
     try:
-        for _ in range(len(specs) * world):
-            name, rank, run = out.get(timeout=timeout_s)
+        waited_s, left = 0.0, len(specs) * world
+        while left:
+            try:
+                name, rank, run = out.get(timeout=1.0)
+            except queue.Empty:
+                waited_s += 1.0
+                dead = [r for r, proc in enumerate(procs) if proc.exitcode not in (None, 0)]
+                if dead or waited_s > timeout_s:
+                    said = f"rank(s) {dead} died" if dead else f"no rank reported in {timeout_s:g} s"
+                    raise RuntimeError(said) from None
+                continue
             if isinstance(run, str):
                 raise RuntimeError(f"rank {rank} failed in layout {name}: {run}")
-            results[name][rank] = run
+            results[name][rank], waited_s, left = run, 0.0, left - 1
     finally:
         for proc in procs:
             proc.join(timeout=30)

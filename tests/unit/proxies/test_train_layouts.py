@@ -201,3 +201,13 @@ def test_a_shape_this_llama_cannot_build_is_refused():
     assert DENSE.ffn == 176 and DENSE.vocab == 1024  # from the profile, not the defaults
     with pytest.raises(ValueError, match="q_lora_rank, shared_experts, dense_layers"):
         ModelShape.of(load_profile("deepseek-v3").transformer, batch=1)
+
+
+def test_a_rank_that_fails_ends_the_job_in_one_error():
+    """The layout is checked on the rank: its ValueError comes back as the job's one RuntimeError, at once."""
+    old = {k: os.environ.pop(k) for k in list(os.environ) if k not in clean_env()}
+    try:
+        with pytest.raises(RuntimeError, match="rank 0 failed in layout bad: ValueError: tp 2 x pp 1 x cp 1"):
+            train_layouts({"bad": LayoutSpec(world=1, tp=2)}, {"bad": DENSE}, world=1, steps=1, timeout_s=60)
+    finally:
+        os.environ.update(old)
