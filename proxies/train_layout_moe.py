@@ -47,13 +47,15 @@ class ExpertParallelMoE(nn.Module):
     """Router replicated, experts split over `group` (ep consecutive ranks): rank j holds experts
     j x E/ep .. (j + 1) x E/ep - 1."""
 
-    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, group):
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, group, seed: int = 100):
         super().__init__()
         self.group, self.experts, self.top_k = group, experts, top_k
         self.ep = dist.get_world_size(group)
         self.local = experts // self.ep
-        self.router = nn.Linear(hidden, experts, bias=False)
-        self.experts_here = LocalExperts(self.local, hidden, ffn)
+        self.router = nn.Linear(hidden, experts, bias=False)  # from the RNG every rank shares: the same weights
+        with torch.random.fork_rng(devices=[]):  # this rank's experts differ from the other EP ranks'
+            torch.manual_seed(seed + dist.get_rank(group))
+            self.experts_here = LocalExperts(self.local, hidden, ffn)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape

@@ -201,15 +201,14 @@ def _dense(spec: LayoutSpec, shape: ModelShape, mesh, dense, experts):
 
 def _moe(model, shape: ModelShape, experts) -> None:
     """Every decoder layer's MLP replaced by an expert-parallel MoE, its experts FSDP2-sharded on "edp"
-    (the ranks holding the same experts), seeded by the EP rank so that experts differ."""
-    import torch
+    (the ranks holding the same experts)."""
     from torch.distributed.fsdp import fully_shard
 
     from commbench.proxies.train_layout_moe import ExpertParallelMoE
 
-    torch.manual_seed(100 + experts["ep"].get_local_rank())
-    for layer in model.model.layers:
-        layer.mlp = ExpertParallelMoE(shape.hidden, shape.ffn, shape.experts, shape.top_k, experts.get_group("ep"))
+    for index, layer in enumerate(model.model.layers):
+        layer.mlp = ExpertParallelMoE(shape.hidden, shape.ffn, shape.experts, shape.top_k, experts.get_group("ep"),
+                                      seed=100 * (index + 1))
         fully_shard(layer.mlp.experts_here, mesh=experts["edp"])
 
 
