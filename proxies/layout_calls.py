@@ -13,6 +13,16 @@ the sequence), `h` wide, in the activations' dtype:
 | ep (MoE layers) | 2 all-to-alls of b s k h (dispatch, combine) | 2 all-to-alls of b s k h |
 | pp | one send of b s h per stage boundary and micro-batch (`boundary_nbytes`) | one send of its gradient |
 
+Two styles (`style`): "megatron" is the table above, as Megatron-LM issues it with its fused QKV and
+gate/up projections; "torch" is what torch's own tensor parallelism issues (docs/layouts.md, "What torch
+issues", traced on gloo): one backward allreduce per column-parallel linear (q, k, v, gate, up: 5 a layer
+for a gated MLP) instead of 2, and under SP two allreduces a layer of the norms' weight gradients (h) plus
+an all-gather entering and one leaving the layers per micro-batch (embedding and output layer replicated);
+Megatron-LM coalesces its norms' reduction into one call a step (finalize_model_grads). Both styles: a CP
+ring passes the key/value gradients cp times (each block's gradient ends where the block lives), and an
+EP layer's forward first exchanges the per-expert token counts (E int64), as torchtitan and Megatron-Core's
+all-to-all dispatcher do.
+
 Sizes are nccl-tests' (the larger per-rank buffer): an all-gather's output, a reduce-scatter's input, an
 all-to-all's whole send buffer. Full activation checkpointing runs the forward again in the backward,
 its calls included (`checkpointing="full"`); selective checkpointing recomputes the attention core only,
@@ -34,6 +44,7 @@ from commbench.proxies.parallelism import Parallelism
 
 DTYPES = {4: "float32", 2: "bfloat16"}  # a shape's dtype_bytes -> the calls' dtype
 CHECKPOINTING = ("none", "selective", "full")
+STYLES = ("megatron", "torch")
 
 
 @dataclass(frozen=True)
@@ -49,10 +60,12 @@ class LayerCall:
 
 
 def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "none",
-                moe: bool = False) -> list[LayerCall]:
+                moe: bool = False, style: str = "megatron") -> list[LayerCall]:
     """The calls one transformer layer issues for one micro-batch (`moe`: a layer with experts)."""
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"activation checkpointing {checkpointing!r}: choose from {', '.join(CHECKPOINTING)}")
+    if style not in STYLES:
+        raise ValueError(f"calls' style {style!r}: choose from {', '.join(STYLES)}")
     dtype = DTYPES.get(shape.dtype_bytes, "float16")
     act = shape.tp_activation_nbytes(microbatch, par.cp)  # b s h bytes of this CP rank's tokens
     calls: list[LayerCall] = []
@@ -63,19 +76,24 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
                 calls.append(LayerCall("tp", "allgather", act, dtype, phase, 2 * times, "", "tp all-gather (sp)"))
                 calls.append(LayerCall("tp", "reduce_scatter", act, dtype, phase, 2 * times, "",
                                        "tp reduce-scatter (sp)"))
+            if style == "torch":  # SequenceParallel norms: their weights' gradients are partial on each rank
+                calls.append(LayerCall("tp", "allreduce", shape.hidden * shape.dtype_bytes, dtype, "backward", 2, "",
+                                       "tp norm weights (sp)"))
         else:
+            column = 3 + (2 if shape.gated_mlp else 1) if style == "torch" else 2  # torch: q, k, v, gate, up
             calls.append(LayerCall("tp", "allreduce", act, dtype, "forward", 2, "", "tp allreduce"))
-            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", 2 * replays, "", "tp allreduce"))
+            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", column * replays, "", "tp allreduce"))
     if par.cp > 1:
         kv = shape.cp_kv_block_nbytes(microbatch, par.cp) * _kv_heads_per_rank(par, shape) // shape.kv_heads
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "forward", par.cp - 1, "attention", "cp ring K/V"))
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", (par.cp - 1) * replays, "attention",
                                "cp ring K/V (again)"))
-        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", par.cp - 1, "attention",
-                               "cp ring dK/dV"))
+        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", par.cp, "attention",
+                               "cp ring dK/dV (home included)"))
     if par.ep > 1 and moe:
         local = microbatch * shape.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
         routed = shape.ep_dispatch_nbytes(local)
+        calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "forward", 1, "", "ep token counts"))
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", "ep dispatch and combine"))
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", "ep dispatch and combine"))
     return calls
@@ -93,7 +111,7 @@ def boundary_nbytes(par: Parallelism, shape, microbatch: int) -> int:
 
 
 def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "none",
-               stage: int = 0) -> dict[tuple[str, str], tuple[int, int]]:
+               stage: int = 0, style: str = "megatron") -> dict[tuple[str, str], tuple[int, int]]:
     """(dimension, collective) -> (calls, bytes) on one rank of pipeline stage `stage` per step, summed over its
     layers and micro-batches, its pipeline sends included (each model chunk sends its activations on unless it
     is the last virtual stage, its gradients back unless it is the first): what a trace of the step is compared
@@ -107,8 +125,11 @@ def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "n
         out[key] = (before[0] + calls, before[1] + calls * nbytes)
 
     for kind, count in (("dense", layers - moe), ("moe", moe)):
-        for call in layer_calls(par, shape, microbatch, checkpointing, moe=kind == "moe"):
+        for call in layer_calls(par, shape, microbatch, checkpointing, moe=kind == "moe", style=style):
             add((call.dim, call.collective), call.count * count * par.microbatches, call.nbytes)
+    if par.tp > 1 and par.sequence_parallel:
+        for key, calls, nbytes in _sp_step_calls(par, shape, microbatch, stage, layers, style):
+            add(key, calls, nbytes)
     stages = par.pp * par.virtual_stages
     for chunk in range(par.virtual_stages if par.pp > 1 else 0):
         j = chunk * par.pp + stage
@@ -116,3 +137,14 @@ def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "n
         if sends:
             add(("pp", "send"), sends * par.microbatches, boundary_nbytes(par, shape, microbatch))
     return out
+
+
+def _sp_step_calls(par: Parallelism, shape, microbatch: int, stage: int, layers: int, style: str) -> list:
+    """Sequence parallelism's calls outside the layers, per step: torch gathers the sequence entering the
+    layers (the embedding's output, in the backward) and leaving them (into the replicated output layer) each
+    micro-batch, on the first and the last stage; Megatron-LM reduces its norms' weight gradients in one call."""
+    if style == "megatron":
+        return [(("tp", "allreduce"), 1, 2 * layers * shape.hidden * shape.dtype_bytes)]
+    act = shape.tp_activation_nbytes(microbatch, par.cp)
+    ends = (stage == 0) + (stage == par.pp - 1)
+    return [(("tp", "allgather"), ends * par.microbatches, act)] if ends else []

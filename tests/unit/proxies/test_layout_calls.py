@@ -37,17 +37,18 @@ def test_context_parallel_passes_kv_blocks_round_the_ring():
     ring = [c for c in calls if c.dim == "cp"]
     assert all(c.nbytes == kv and c.overlaps == "attention" for c in ring)
     assert sum(c.count for c in ring if c.phase == "forward") == 3
-    assert sum(c.count for c in ring if c.phase == "backward") == 6
+    assert sum(c.count for c in ring if c.phase == "backward") == 3 + 4  # K/V again, then dK/dV home: cp steps
 
 
 def test_expert_parallel_all_to_alls_on_moe_layers_only():
     shape = Shape(experts=8, top_k=2, dense_layers=2)
     routed = 128 * 64 * 2 * 2  # b s h x top_k, bf16
-    assert _by(layer_calls(Parallelism(ep=4, dp=4), shape, 1, moe=True)) == {
-        ("ep", "alltoall", "forward"): (2, routed), ("ep", "alltoall", "backward"): (2, routed)}
+    calls = [(c.phase, c.dtype, c.count, c.nbytes) for c in layer_calls(Parallelism(ep=4, dp=4), shape, 1, moe=True)]
+    assert sorted(calls) == [("backward", "bfloat16", 2, routed), ("forward", "bfloat16", 2, routed),
+                             ("forward", "int64", 1, 8 * 8)]  # the per-expert token counts first
     assert layer_calls(Parallelism(ep=4, dp=4), shape, 1, moe=False) == []
     totals = step_bytes(Parallelism(ep=4, dp=4, microbatches=3), shape, 1)
-    assert totals[("ep", "alltoall")] == (4 * 6 * 3, 4 * 6 * 3 * routed)  # 6 MoE layers, 3 micro-batches
+    assert totals[("ep", "alltoall")] == (5 * 6 * 3, (4 * routed + 64) * 6 * 3)  # 6 MoE layers, 3 micro-batches
 
 
 @pytest.mark.parametrize("stage,sends", [(0, 4), (1, 8), (3, 4)])
@@ -61,6 +62,19 @@ def test_interleaved_chunks_send_at_every_virtual_boundary():
     # rank 0 holds virtual stages 0 and 2 of 4: stage 0 sends on only, stage 2 both ways
     assert step_bytes(par, Shape(), 1, stage=0)[("pp", "send")][0] == 4 + 8
     assert boundary_nbytes(Parallelism(tp=4, pp=2, sequence_parallel=True), Shape(), 2) == 2 * 128 * 64 * 2 // 4
+
+
+def test_torch_reduces_each_column_linears_input_and_its_norms():
+    """torch's TP (docs/layouts.md, "What torch issues"): 5 backward allreduces a layer (q, k, v, gate, up), and
+    under SP the norms' weights and a gather entering and leaving the layers."""
+    act = 2 * 128 * 64 * 2
+    calls = step_bytes(Parallelism(tp=2, dp=2), Shape(), 2, style="torch")
+    assert calls[("tp", "allreduce")] == (7 * 8, 7 * 8 * act)
+    sp = step_bytes(Parallelism(tp=2, dp=2, sequence_parallel=True, microbatches=2), Shape(), 2, style="torch")
+    assert sp[("tp", "allreduce")] == (2 * 8 * 2, 2 * 8 * 2 * 64 * 2)
+    assert sp[("tp", "allgather")] == ((4 * 8 + 2) * 2, (4 * 8 + 2) * 2 * act)
+    assert step_bytes(Parallelism(tp=2, dp=2, sequence_parallel=True), Shape(), 2)[("tp", "allreduce")] == \
+        (1, 2 * 8 * 64 * 2)  # Megatron-LM: the norms in one call a step
 
 
 def test_a_step_sums_layers_and_micro_batches():

@@ -211,3 +211,36 @@ def test_a_rank_that_fails_ends_the_job_in_one_error():
             train_layouts({"bad": LayoutSpec(world=1, tp=2)}, {"bad": DENSE}, world=1, steps=1, timeout_s=60)
     finally:
         os.environ.update(old)
+
+
+def _planned(name: str, rank: int):
+    """proxies/layout_calls.step_bytes in torch's style for this layout and the rank's pipeline stage."""
+    from commbench.proxies.layout_calls import step_bytes
+    from commbench.proxies.parallelism import Parallelism
+
+    spec, shape = LAYOUTS[name]
+    moe = {"experts": shape.experts, "top_k": shape.top_k, "expert_ffn": shape.ffn} if shape.experts else {}
+    model = dataclasses.replace(load_profile("llama-tiny").transformer, dtype_bytes=F32, **moe)
+    micro = spec.microbatches if spec.pp > 1 else 1
+    par = Parallelism(tp=spec.tp, pp=spec.pp, cp=spec.cp, ep=spec.ep, dp=spec.dp,
+                      sequence_parallel=spec.sequence_parallel, pp_schedule=spec.schedule, microbatches=micro,
+                      virtual_stages=spec.virtual)
+    return step_bytes(par, model, shape.batch // micro, stage=par.coords(rank)["pp"], style="torch")
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "dp4"])
+def test_the_layout_plan_issues_what_torch_issues(runs, name):
+    """The plan's calls and bytes per step on each rank (tp, cp, ep and pp groups; the data-parallel setup is
+    the setups table's, tested in test_setups_torch.py) equal what torch issued: an EP token all-to-all's
+    bytes depend on the routing, so EP compares calls only."""
+    for rank, run in enumerate(runs[name]):
+        traced = totals(run.calls[-1])
+        planned = _planned(name, rank)
+        assert planned, name
+        for (dim, collective), (calls, nbytes) in planned.items():
+            got = traced.get((dim, "send" if collective == "sendrecv" else collective))
+            assert got is not None, (name, rank, dim, collective, sorted(traced))
+            assert (got[0] if dim == "ep" else got) == (calls if dim == "ep" else (calls, nbytes)), \
+                (name, rank, dim, collective, got, (calls, nbytes))
+        dims = {dim for dim, _ in planned}
+        assert {g for g, _ in traced if g in ("tp", "cp", "ep", "pp")} == dims, (name, rank)
