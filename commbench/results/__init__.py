@@ -39,7 +39,14 @@ from commbench.results.records import (  # noqa: F401
     point_result,
     statistic_us,
 )
-from commbench.results.sink import OutputError, ResultSink, append_record, new_run_id  # noqa: F401
+from commbench.results.sink import (  # noqa: F401
+    CSV_HEADER,
+    OutputError,
+    ResultSink,
+    append_record,
+    append_refusal,
+    new_run_id,
+)
 from commbench.results.times import (  # noqa: F401
     MAX_RAW_TIMES,
     RAW_TIMES_ENCODING,

@@ -473,9 +473,9 @@ def test_one_path_for_two_outputs_or_an_output_over_an_input_is_refused(tmp_path
 
 def test_the_up_front_check_truncates_nothing_and_leaves_nothing(tmp_path):
     existing = tmp_path / "old.jsonl"
-    existing.write_text("keep me\n")
+    existing.write_text('{"record": "header", "keep": "me"}\n')
     check_writable(str(existing), append=True)
-    assert existing.read_text() == "keep me\n"
+    assert existing.read_text() == '{"record": "header", "keep": "me"}\n'
     fresh = tmp_path / "sub" / "new.jsonl"
     check_writable(str(fresh))
     assert not fresh.exists() and fresh.parent.is_dir()  # the directory is the run's, as before
@@ -543,6 +543,47 @@ def test_an_output_that_holds_something_is_refused_and_kept(tmp_path, capsys, wr
     assert code == 2 and err.endswith(f" {target}: the file exists and is not empty; give a new name, or add "
                                       f"{leave}\n"), err
     assert err.count("\n") == 1 and target.read_text() == "16 lines of results\n"
+
+
+APPENDABLE = ("sweep --json", "sweep --csv", "predict --json", "predict-scaling --json", "check --json",
+              "compare --json", "nccl-tests -J")
+
+
+@pytest.mark.parametrize("writer", APPENDABLE)
+@pytest.mark.parametrize("foreign", ["a,b\n1,2\n", "hello\n", '["a list"]\n'])
+def test_append_refuses_a_file_that_is_not_commbench_results(tmp_path, capsys, writer, foreign, no_ranks):
+    """`--csv ex.csv --append` added 39-column rows under another tool's header `a,b` (exit 0, the file damaged),
+    and `--json --append` added records after any text (issue 32). Another header, or a first line that is no
+    record, is one line and exit 2, the file as it was."""
+    good = write_lines(tmp_path / "good.jsonl", records())
+    target = tmp_path / "theirs.out"
+    target.write_text(foreign)
+    argv = _writers(tmp_path, str(good), str(target))[writer]
+    argv = [argv[0], "--append", *argv[1:]]  # nccl-tests takes commbench's flags before the binary's name
+    code, _, err = run(capsys, *argv)
+    option = writer.split()[1]
+    assert code == 2 and err.startswith(f"commbench: error: {option} {target}: --append adds to a commbench results "
+                                        f"file, but "), err
+    assert err.count("\n") == 1 and target.read_text() == foreign
+
+
+def test_append_takes_a_file_of_its_own_kind(tmp_path, capsys):
+    """A CSV that commbench wrote takes the next run's rows under its one header; the JSON Lines beside it its
+    records; a CSV header of other columns (another version's) is refused."""
+    from commbench.results import CSV_HEADER
+
+    csv_out, json_out = tmp_path / "r.csv", tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--csv", csv_out,
+             "--json", json_out]
+    assert run(capsys, *sweep)[0] == 0
+    rows = csv_out.read_text().splitlines()
+    assert run(capsys, *sweep, "--append")[0] == 0
+    again = csv_out.read_text().splitlines()
+    assert again[:len(rows)] == rows and len(again) == 2 * len(rows) - 1 and again.count(CSV_HEADER) == 1
+    older = tmp_path / "older.csv"
+    older.write_text(CSV_HEADER.rsplit(",", 1)[0] + "\r\n")  # one column fewer
+    code, _, err = run(capsys, *sweep[:-4], "--csv", older, "--append")
+    assert code == 2 and "is not the header of commbench's results CSV" in err
 
 
 def test_report_refuses_to_overwrite_its_index(tmp_path, capsys):
