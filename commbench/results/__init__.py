@@ -49,6 +49,7 @@ from commbench.results.sink import (  # noqa: F401
 )
 from commbench.results.times import (  # noqa: F401
     MAX_RAW_TIMES,
+    MAX_RAW_TIMES_PER_FILE,
     RAW_TIMES_ENCODING,
     RAW_TIMES_INLINE_MAX,
     pack_times,

@@ -147,6 +147,27 @@ def test_a_malformed_result_line_is_one_line_with_file_and_line(tmp_path, capsys
     assert not (tmp_path / "hw.json").exists() and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("command", ["fit", "report", "compare", "check", "predict-scaling --jitter-from"])
+def test_a_file_declaring_too_many_times_ends_at_the_budget(tmp_path, capsys, command):
+    """Records of 10,000,000 zlib-compressed zeros each (issue 32: 100 of them, 5.3 MB, cost check 141 s, report
+    188 s, fit 39 s, predict-scaling --jitter-from over 90 s): the record past the file's budget is one line."""
+    from commbench.results import MAX_RAW_TIMES, MAX_RAW_TIMES_PER_FILE
+
+    zeros = {"encoding": "float32-zlib-base64", "count": MAX_RAW_TIMES,
+             "data": base64.b64encode(zlib.compress(bytes(4 * MAX_RAW_TIMES), 9)).decode()}
+    within = MAX_RAW_TIMES_PER_FILE // MAX_RAW_TIMES
+    lines = [{**r, "iteration_times_us": zeros} for r in records(sizes=tuple(1 << k for k in range(10, 20)))]
+    path = write_lines(tmp_path / "zeros.jsonl", lines)
+    good = write_lines(tmp_path / "good.jsonl", records())
+    argv = {**_commands(path, good, tmp_path), "predict-scaling --jitter-from": [
+        "predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--jitter-from", path]}[command]
+    code, _, err = run(capsys, *argv)
+    assert (code, err) == (2, f"commbench: error: {path}:{within + 1}: result record: iteration_times_us: the file's "
+                              f"records declare more than {MAX_RAW_TIMES_PER_FILE:,d} per-iteration times in all, "
+                              f"more than commbench reads from one file (a sweep keeps at most {MAX_RAW_TIMES:,d} a "
+                              f"point): split the file, or keep fewer iterations\n")
+
+
 @pytest.mark.parametrize("command", ["fit", "report", "compare"])
 @pytest.mark.parametrize("literal", sorted(NON_FINITE))
 def test_nan_and_infinity_in_a_result_are_refused(tmp_path, capsys, literal, command):
