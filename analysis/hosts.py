@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from commbench.backends.registry import record_capabilities
 from commbench.costmodel import Hardware
+from commbench.environment import host_cores
 
 
 # Where a run's ranks ran (docs/model.md, "Oversubscribed runs"). The model has no notion of cores:
@@ -34,13 +35,14 @@ class HostLoad:
 
 def host_load(header: dict | None) -> HostLoad | None:
     """A run header's busiest host (the most ranks per core), from the environment every rank gave
-    (`ranks`: host, device, cpus); None when the header has no such list."""
+    (`ranks`: host, device, cpus, cpu_affinity; its cores are those its ranks could run on together,
+    environment.host_cores); None when the header has no such list."""
     listed = (header or {}).get("ranks")
     ranks = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
     if not ranks:
         return None
     per_host = Counter(str(e.get("host")) for e in ranks)
-    cores = {str(e.get("host")): e.get("cpus") for e in ranks}
+    cores = {host: usable for host, (usable, _) in host_cores(ranks).items()}  # the ranks' cores, not one rank's
     devices = {str(e.get("device") or header.get("device") or "cpu") for e in ranks}
     device = "cpu" if devices == {"cpu"} else sorted(devices - {"cpu"})[0]  # any GPU rank: a GPU run
 

@@ -24,7 +24,7 @@ from commbench import collectives as C
 from commbench.backends import Backend, BackendError, OutOfMemory
 from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
-from commbench.environment import local_environment, software_versions
+from commbench.environment import host_cores, local_environment, software_versions
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
 from commbench.job import error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
@@ -177,11 +177,17 @@ def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = 
 
 
 def _oversubscribed(environment: list[dict]) -> str | None:
-    """'N ranks on a host of C cores' for the host with more ranks than cores, or None."""
-    ranks = Counter(e.get("host") for e in environment)
-    cores = {e.get("host"): e.get("cpus") for e in environment}
-    crowded = [(n, cores[h]) for h, n in ranks.items() if isinstance(cores[h], int) and 0 < cores[h] < n]
-    return f"{crowded[0][0]} ranks on a host of {crowded[0][1]} cores" if crowded else None
+    """'N ranks on a host of C cores' for a host whose ranks outnumber the cores they may run on together
+    (environment.host_cores: their affinities' union, not one rank's: mpirun binds each to its own core),
+    or None. '... on C of the host's H cores' when their affinity allows fewer than the host has."""
+    ranks = Counter(str(e.get("host")) for e in environment)
+    cores = host_cores(environment)
+    crowded = [(n, *cores[h]) for h, n in ranks.items() if cores[h][0] and cores[h][0] < n]
+    if not crowded:
+        return None
+    n, usable, host = crowded[0]
+    return f"{n} ranks on a host of {usable} cores" if host in (None, usable) else \
+        f"{n} ranks on {usable} of the host's {host} cores, by their CPU affinity"
 
 
 def _mean(values: list[float]) -> float:

@@ -69,10 +69,12 @@ def communication_variables(environ: dict[str, str] | None = None) -> dict[str, 
 
 
 def local_environment(device_name: str, gpus: list[int] | None = None) -> dict[str, Any]:
-    """What this process runs on; the harness gathers it from every rank. On a GPU: `gpus`, the
-    devices this rank drives (default: torch's current one), each described."""
+    """What this process runs on; the harness gathers it from every rank. `cpus` is the host's cores,
+    `cpu_affinity` those this rank may run on (host_cores counts a host's ranks together). On a GPU:
+    `gpus`, the devices this rank drives (default: torch's current one), each described."""
     env = {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
-           "cpus": usable_cpus(), "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
+           "cpus": os.cpu_count(), "cpu_affinity": affinity_text(cpu_affinity()),
+           "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
     if device_name == "cuda":
         env["gpus"] = describe_gpus(gpus)
     return env
@@ -221,11 +223,84 @@ def last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") ->
 
 def usable_cpus() -> int | None:
     """The cores this process may run on (its affinity: a container or taskset may allow fewer than the
-    host has), else the host's count."""
+    host has), else the host's count. What matters where this process's own children will run (ranks
+    spawned here inherit it); a launched rank's own affinity says nothing of the host: mpirun binds
+    each rank to one core (host_cores below counts a host's ranks together)."""
+    affinity = cpu_affinity()
+    return len(affinity) if affinity is not None else os.cpu_count()
+
+
+def cpu_affinity() -> frozenset[int] | None:
+    """The CPUs this process may run on, None where the system does not say."""
     try:
-        return len(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count()
+        return None
+
+
+MAX_CPU_ID = 1 << 16  # a CPU number beyond any kernel's (NR_CPUS is at most 8192): a header saying more is damaged
+
+
+def affinity_text(cpus: frozenset[int] | None) -> str | None:
+    """CPUs as taskset -c lists them: '0-3,8,10-11' (None stays None)."""
+    if cpus is None:
+        return None
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def parse_affinity(text: Any) -> list[tuple[int, int]] | None:
+    """The CPU ranges (first, last) of an affinity_text, None when it is not one (a file's header is not
+    trusted: ranges are counted, never expanded, and a CPU number past MAX_CPU_ID is refused)."""
+    if not isinstance(text, str) or not text:
+        return None
+    ranges = []
+    for part in text.split(","):
+        first, dash, last = part.partition("-")
+        if not (first.isascii() and first.isdigit() and (not dash or last.isascii() and last.isdigit())):
+            return None
+        low, high = int(first), int(last or first)
+        if not low <= high < MAX_CPU_ID:
+            return None
+        ranges.append((low, high))
+    return ranges
+
+
+def _cpus_in(ranges: list[tuple[int, int]]) -> int:
+    """How many CPUs the union of `ranges` holds."""
+    count, end = 0, -1
+    for low, high in sorted(ranges):
+        if high > end:
+            count += high - max(low, end + 1) + 1
+            end = high
+    return count
+
+
+def host_cores(ranks: list[dict]) -> dict[str, tuple[int | None, int | None]]:
+    """Per host of a run header's `ranks` (the environment each rank gave): (the cores its ranks could run
+    on together, the host's cores). The first is the union of the ranks' `cpu_affinity` when each of them
+    gave one: a container or taskset may allow fewer than the host has, and a launcher that binds each
+    rank to a core of its own (mpirun) gives the ranks as many cores as ranks. A header from before
+    `cpu_affinity` gave only `cpus`, then each rank's own affinity: the fewest of those. None: not said."""
+    by_host: dict[str, list[dict]] = {}
+    for entry in ranks:
+        by_host.setdefault(str(entry.get("host")), []).append(entry)
+    out = {}
+    for host, entries in by_host.items():
+        counts = [e.get("cpus") for e in entries if type(e.get("cpus")) is int and e.get("cpus") > 0]
+        texts = [e.get("cpu_affinity") for e in entries]
+        parsed = [parse_affinity(t) for t in dict.fromkeys(t if isinstance(t, str) else None for t in texts)]
+        if all(parsed):  # each distinct text once: a header's ranks mostly repeat a few
+            usable = _cpus_in([r for ranges in parsed for r in ranges])
+            out[host] = (min(usable, max(counts)) if counts else usable, max(counts) if counts else None)
+        else:  # the host's own count is not in such a header
+            out[host] = (min(counts) if counts else None, None)
+    return out
 
 
 def memory_limit_bytes(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> int | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import socket
 import sys
 import uuid
 
@@ -30,6 +31,7 @@ from commbench.backends.shm_segments import Segment, ShmBuffer, shm_page_note, u
 from commbench.backends.shm_waits import LINE, OVERSUBSCRIBED_SPIN_CHECKS, SPIN_CHECKS, ShmWaits, require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DTYPES, DType
+from commbench.environment import affinity_text, cpu_affinity, host_cores
 from commbench.launch import JOB_TAG_VAR, SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
 from commbench.topology import Topology
 
@@ -46,7 +48,7 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
         np.seterr(over="ignore", invalid="ignore")  # in-place prod/sum timing loops overflow by design
         self.topology, self.algorithm, self.timeout_s = topology, algorithm, timeout_s
         self._wait_s = peer_wait_s(timeout_s)  # as the control plane's: the rest is for stopping the job
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = self._host_cores()
         self._spin_budget = SPIN_CHECKS if self._ranks_on_host(launch) <= cores else OVERSUBSCRIBED_SPIN_CHECKS
         self._spin = self._spin_budget  # adapts between OVERSUBSCRIBED_SPIN_CHECKS and the budget (_wait)
         self.job = self.control.broadcast_object(  # rank 0's tag
@@ -72,6 +74,15 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
     def _ranks_on_host(self, launch: LaunchInfo) -> int:
         """How many of the job's ranks share this host's cores (all of them, for shm)."""
         return launch.local_world_size
+
+    def _host_cores(self) -> int:
+        """The cores this host's ranks may run on together: the union of their affinities (a rank spins
+        only where the peer it waits for has a core of its own; mpirun binds each rank to one core, so
+        one rank's affinity would call every mpirun job oversubscribed)."""
+        mine = (socket.gethostname(), affinity_text(cpu_affinity()))
+        every = self.control.all_gather_objects(mine)
+        cores = host_cores([{"host": host, "cpus": os.cpu_count(), "cpu_affinity": text} for host, text in every])
+        return cores[mine[0]][0] or 1
 
     @classmethod
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:

@@ -38,7 +38,9 @@ def check_writable(path: str | None, option: str = "", force: bool = False, appe
 
     Refused too: an empty name, anything but a regular file or a new path (a device, a FIFO, a
     directory; /dev/null, which swallows all, excepted), and a file that holds something unless
-    `force` or `append` (None: the command has no --append)."""
+    `force` or `append` (None: the command has no --append). With `append`, a file that is not a
+    commbench results file of the option's kind (`--csv`: this version's CSV header; else JSON Lines
+    records) is refused: rows added under another header would damage it."""
     if path is None:
         return
     named = f"{option} {path}".strip() if path else f"{option} ''".strip()
@@ -73,6 +75,13 @@ def _check_existing(path: str, named: str, force: bool, append: bool | None) -> 
     if info.st_size and not (force or append):
         leave = "--force to overwrite it" + (" or --append to add to it" if append is not None else "")
         raise UsageFault(f"{named}: the file exists and is not empty; give a new name, or add {leave}")
+    if info.st_size and append and not force:
+        from commbench.results import append_refusal
+
+        foreign = append_refusal(path, csv_file=named.startswith("--csv "))
+        if foreign:
+            raise UsageFault(f"{named}: --append adds to a commbench results file, but {foreign}; give a new name, "
+                             f"or --force instead of --append to overwrite it")
 
 
 def _open_for_writing(path: str) -> None:

@@ -39,9 +39,17 @@ from commbench.results.records import (  # noqa: F401
     point_result,
     statistic_us,
 )
-from commbench.results.sink import OutputError, ResultSink, append_record, new_run_id  # noqa: F401
+from commbench.results.sink import (  # noqa: F401
+    CSV_HEADER,
+    OutputError,
+    ResultSink,
+    append_record,
+    append_refusal,
+    new_run_id,
+)
 from commbench.results.times import (  # noqa: F401
     MAX_RAW_TIMES,
+    MAX_RAW_TIMES_PER_FILE,
     RAW_TIMES_ENCODING,
     RAW_TIMES_INLINE_MAX,
     pack_times,

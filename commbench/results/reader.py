@@ -12,7 +12,7 @@ from typing import Any
 from commbench import collectives as C
 from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, lines, open_regular, parse_json
 from commbench.results.records import RECORD_TYPES, RESULT_FIELDS
-from commbench.results.times import raw_times
+from commbench.results.times import TimesBudget, unpack_in_place
 
 
 class RecordError(ValueError):
@@ -43,12 +43,13 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {  # an annotation's base
 }
 
 
-def check_record(record: Any) -> str | None:
+def check_record(record: Any, budget: TimesBudget | None = None) -> str | None:
     """What is wrong with one record read from a file (None: nothing). Every field a record type
     declares must hold its declared type where present (numbers finite; an int field a whole number),
     the readers' fields (REQUIRED_FIELDS) must be present, counts at least 1, and a result's numbers
-    non-negative, its collective, dtype and placement ones commbench knows. The header is free-form;
-    a record type this version does not know is left alone (a newer file)."""
+    non-negative, its collective, dtype and placement ones commbench knows, its packed times whole (unpacked
+    here once, within `budget`: read_records passes the file's, and kept in the record as UnpackedTimes).
+    The header is free-form; a record type this version does not know is left alone (a newer file)."""
     if not isinstance(record, dict):
         return f"not a JSON object but {json_kind(record)}: every line of a results file is one record"
     bad = _non_finite(record)
@@ -70,7 +71,7 @@ def check_record(record: Any) -> str | None:
             problem = _type_problem(str(f.type), record[f.name])
             if problem:
                 return f"{kind} record: {f.name} must be {problem}, not {json_kind(record[f.name])}"
-    return _value_problem(kind, record)
+    return _value_problem(kind, record, budget)
 
 
 def _type_problem(annotation: str, value: Any) -> str | None:
@@ -81,7 +82,7 @@ def _type_problem(annotation: str, value: Any) -> str | None:
     return " or ".join(_KINDS[k][1] for k in kinds if k in _KINDS)
 
 
-def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
+def _value_problem(kind: str, record: dict[str, Any], budget: TimesBudget | None) -> str | None:
     for name in AT_LEAST_ONE:
         value = record.get(name)
         if isinstance(value, (int, float)) and value < 1:
@@ -99,8 +100,8 @@ def _value_problem(kind: str, record: dict[str, Any]) -> str | None:
         if record[name] not in names:
             return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
     if isinstance(record.get("iteration_times_us"), dict):  # packed: unpacked here, bounded, so no reader fails
-        try:
-            raw_times(record)
+        try:  # once: kept beside the record for the readers' raw_times (UnpackedTimes)
+            unpack_in_place(record, budget or TimesBudget())
         except ValueError as exc:
             return f"result record: {exc}"
     root = record.get("root")
@@ -130,14 +131,15 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, str] | None:
 
 
 def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """All records of a JSON Lines results file, each line checked (check_record). Blank lines are
+    """All records of a JSON Lines results file, each line checked (check_record), a result's packed times
+    unpacked once and within one TimesBudget for the file (past it: RecordError). Blank lines are
     ignored; a truncated last line (a run killed mid-write) is skipped, with `warn(message)`; any
     other bad line is one RecordError: 'PATH:LINE: what is wrong'."""
-    records = []
+    records, budget = [], TimesBudget()
     try:
         with open_regular(path) as handle:
             for number, raw in enumerate(lines(handle), 1):
-                record = _parse_line(path, number, raw, warn)
+                record = _parse_line(path, number, raw, warn, budget)
                 if record is not None:
                     records.append(record)
     except UnreadableFile as exc:
@@ -147,7 +149,8 @@ def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[d
     return records
 
 
-def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] | None) -> dict | None:
+def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] | None,
+                budget: TimesBudget) -> dict | None:
     if not raw.strip():
         return None
     try:
@@ -158,7 +161,7 @@ def _parse_line(path: str, number: int, raw: bytes, warn: Callable[[str], None] 
                 warn(f"{path}:{number}: the last line is cut short (a run killed mid-write): skipped")
             return None
         raise RecordError(f"{path}:{number}: {exc}: a results file is JSON Lines, one record a line") from None
-    problem = check_record(record)
+    problem = check_record(record, budget)
     if problem:
         raise RecordError(f"{path}:{number}: {problem}")
     return record

@@ -150,6 +150,35 @@ def append_record(path: str, record: Record) -> None:
         sink.write(record)
 
 
+CSV_HEADER = ",".join(RESULT_FIELDS)  # the first line of every results CSV this version writes
+
+
+def append_refusal(path: str, csv_file: bool) -> str | None:
+    """Why this run's rows cannot be added to the existing, non-empty `path` (one line), or None. --append
+    adds to a results file: a CSV must start with this version's header (rows under another header, another
+    tool's or an older commbench's with other columns, would be read under the wrong names), a JSON Lines
+    file with a record (a JSON object naming its `record` type). Only the first line is read."""
+    from commbench.files import MAX_LINE_BYTES, NotJson, UnreadableFile, open_regular, parse_json
+
+    try:
+        with open_regular(path) as handle:
+            first = handle.readline(MAX_LINE_BYTES + 1)
+    except (UnreadableFile, OSError):
+        return None  # the writability check that follows names the fault
+    if csv_file:
+        if first.rstrip(b"\r\n") == CSV_HEADER.encode():
+            return None
+        return ("its first line is not the header of commbench's results CSV (another tool's file, or one written "
+                "by another commbench version with other columns)")
+    try:
+        record = parse_json(first.strip()) if first.strip() else None
+    except NotJson:
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("record"), str):
+        return None
+    return "it holds no commbench records (its first line is not a JSON record)"
+
+
 def _open(path: str | None, mode: str = "w") -> IO[str] | None:
     if not path:
         return None

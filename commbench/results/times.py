@@ -1,6 +1,8 @@
 """The raw per-iteration times a result keeps beside its percentiles: packed when written
 (pack_times: a plain list up to RAW_TIMES_INLINE_MAX values, float32-zlib-base64 beyond), unpacked
-and bounded when read (raw_times), so any statistic can be recomputed after the run."""
+and bounded when read (raw_times), so any statistic can be recomputed after the run. A file is read with
+one TimesBudget: its records' packed times are unpacked once (unpack_in_place) and in all at most
+MAX_RAW_TIMES_PER_FILE, whatever a small file of compressed zeros declares."""
 from __future__ import annotations
 
 import base64
@@ -31,6 +33,42 @@ def pack_times(per_iteration_us: Any) -> list[float] | dict[str, Any] | None:
 
 
 MAX_RAW_TIMES = 10**7  # --iters' own bound: a packed record never holds more (40 MB unpacked)
+# The most packed per-iteration times one file is read with, all its records together: three points at
+# --iters' own bound (a default sweep keeps at most 1,000 a point). A few kilobytes of zlib-compressed zeros
+# declare 10,000,000 values; 100 such records made `check` spend minutes unpacking (issue 32).
+MAX_RAW_TIMES_PER_FILE = 3 * MAX_RAW_TIMES
+
+
+class TimesBudget:
+    """What one read of a file may still unpack: each packed record's declared count is taken from it
+    before its data is inflated, and a record past it is a ValueError naming the bound."""
+
+    def __init__(self, limit: int = MAX_RAW_TIMES_PER_FILE):
+        self.limit, self.left = limit, limit
+
+    def take(self, count: int) -> None:
+        if count > self.left:
+            raise ValueError(f"iteration_times_us: the file's records declare more than {self.limit:,d} per-iteration "
+                             f"times in all, more than commbench reads from one file (a sweep keeps at most "
+                             f"{MAX_RAW_TIMES:,d} a point): split the file, or keep fewer iterations")
+        self.left -= count
+
+
+class UnpackedTimes(dict):
+    """A record's packed times as read from a file: the same keys (so it is written back as it was read),
+    and the values unpacked once when the file was checked (`float32`, as stored), for raw_times."""
+
+    def __init__(self, packed: dict[str, Any], values: np.ndarray):
+        super().__init__(packed)
+        self.values = values
+
+
+def unpack_in_place(record: dict[str, Any], budget: TimesBudget) -> None:
+    """Unpack a record's packed times once, within `budget`, keeping them beside it (UnpackedTimes), so a
+    reader's raw_times inflates nothing again. ValueError as raw_times, or past the budget."""
+    packed = record.get("iteration_times_us")
+    if isinstance(packed, dict) and not isinstance(packed, UnpackedTimes):
+        record["iteration_times_us"] = UnpackedTimes(packed, _unpack(packed, budget))
 
 
 def raw_times(record: Any) -> np.ndarray:
@@ -45,6 +83,13 @@ def raw_times(record: Any) -> np.ndarray:
         return np.empty(0)
     if isinstance(packed, list):
         return np.asarray(packed, dtype=float)
+    if isinstance(packed, UnpackedTimes):  # read_records unpacked it already
+        return packed.values.astype(float)
+    return _unpack(packed, TimesBudget(MAX_RAW_TIMES)).astype(float)
+
+
+def _unpack(packed: Any, budget: TimesBudget) -> np.ndarray:
+    """A packed form's values as stored (float32), its count taken from `budget` before anything is inflated."""
     if not isinstance(packed, dict) or packed.get("encoding") != RAW_TIMES_ENCODING:
         what = packed.get("encoding") if isinstance(packed, dict) else packed
         raise ValueError(f"iteration_times_us: unknown encoding {what!r}")
@@ -54,6 +99,7 @@ def raw_times(record: Any) -> np.ndarray:
                          f"not {json_kind(count)}")
     if not isinstance(data, str):
         raise ValueError(f"iteration_times_us: data must be a string, not {json_kind(data)}")
+    budget.take(count)
     try:  # at most what `count` values take, and one byte more to see a file that holds more
         inflate = zlib.decompressobj()
         raw = inflate.decompress(base64.b64decode(data, validate=True), 4 * count + 1)
@@ -62,4 +108,4 @@ def raw_times(record: Any) -> np.ndarray:
     if len(raw) != 4 * count:
         held = "more" if len(raw) > 4 * count else f"{len(raw) / 4:g}"
         raise ValueError(f"iteration_times_us: {held} values, the record says {count}")
-    return np.frombuffer(raw, dtype="<f4").astype(float)
+    return np.frombuffer(raw, dtype="<f4")

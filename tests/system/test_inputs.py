@@ -147,6 +147,27 @@ def test_a_malformed_result_line_is_one_line_with_file_and_line(tmp_path, capsys
     assert not (tmp_path / "hw.json").exists() and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("command", ["fit", "report", "compare", "check", "predict-scaling --jitter-from"])
+def test_a_file_declaring_too_many_times_ends_at_the_budget(tmp_path, capsys, command):
+    """Records of 10,000,000 zlib-compressed zeros each (issue 32: 100 of them, 5.3 MB, cost check 141 s, report
+    188 s, fit 39 s, predict-scaling --jitter-from over 90 s): the record past the file's budget is one line."""
+    from commbench.results import MAX_RAW_TIMES, MAX_RAW_TIMES_PER_FILE
+
+    zeros = {"encoding": "float32-zlib-base64", "count": MAX_RAW_TIMES,
+             "data": base64.b64encode(zlib.compress(bytes(4 * MAX_RAW_TIMES), 9)).decode()}
+    within = MAX_RAW_TIMES_PER_FILE // MAX_RAW_TIMES
+    lines = [{**r, "iteration_times_us": zeros} for r in records(sizes=tuple(1 << k for k in range(10, 20)))]
+    path = write_lines(tmp_path / "zeros.jsonl", lines)
+    good = write_lines(tmp_path / "good.jsonl", records())
+    argv = {**_commands(path, good, tmp_path), "predict-scaling --jitter-from": [
+        "predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--jitter-from", path]}[command]
+    code, _, err = run(capsys, *argv)
+    assert (code, err) == (2, f"commbench: error: {path}:{within + 1}: result record: iteration_times_us: the file's "
+                              f"records declare more than {MAX_RAW_TIMES_PER_FILE:,d} per-iteration times in all, "
+                              f"more than commbench reads from one file (a sweep keeps at most {MAX_RAW_TIMES:,d} a "
+                              f"point): split the file, or keep fewer iterations\n")
+
+
 @pytest.mark.parametrize("command", ["fit", "report", "compare"])
 @pytest.mark.parametrize("literal", sorted(NON_FINITE))
 def test_nan_and_infinity_in_a_result_are_refused(tmp_path, capsys, literal, command):
@@ -473,9 +494,9 @@ def test_one_path_for_two_outputs_or_an_output_over_an_input_is_refused(tmp_path
 
 def test_the_up_front_check_truncates_nothing_and_leaves_nothing(tmp_path):
     existing = tmp_path / "old.jsonl"
-    existing.write_text("keep me\n")
+    existing.write_text('{"record": "header", "keep": "me"}\n')
     check_writable(str(existing), append=True)
-    assert existing.read_text() == "keep me\n"
+    assert existing.read_text() == '{"record": "header", "keep": "me"}\n'
     fresh = tmp_path / "sub" / "new.jsonl"
     check_writable(str(fresh))
     assert not fresh.exists() and fresh.parent.is_dir()  # the directory is the run's, as before
@@ -543,6 +564,47 @@ def test_an_output_that_holds_something_is_refused_and_kept(tmp_path, capsys, wr
     assert code == 2 and err.endswith(f" {target}: the file exists and is not empty; give a new name, or add "
                                       f"{leave}\n"), err
     assert err.count("\n") == 1 and target.read_text() == "16 lines of results\n"
+
+
+APPENDABLE = ("sweep --json", "sweep --csv", "predict --json", "predict-scaling --json", "check --json",
+              "compare --json", "nccl-tests -J")
+
+
+@pytest.mark.parametrize("writer", APPENDABLE)
+@pytest.mark.parametrize("foreign", ["a,b\n1,2\n", "hello\n", '["a list"]\n'])
+def test_append_refuses_a_file_that_is_not_commbench_results(tmp_path, capsys, writer, foreign, no_ranks):
+    """`--csv ex.csv --append` added 39-column rows under another tool's header `a,b` (exit 0, the file damaged),
+    and `--json --append` added records after any text (issue 32). Another header, or a first line that is no
+    record, is one line and exit 2, the file as it was."""
+    good = write_lines(tmp_path / "good.jsonl", records())
+    target = tmp_path / "theirs.out"
+    target.write_text(foreign)
+    argv = _writers(tmp_path, str(good), str(target))[writer]
+    argv = [argv[0], "--append", *argv[1:]]  # nccl-tests takes commbench's flags before the binary's name
+    code, _, err = run(capsys, *argv)
+    option = writer.split()[1]
+    assert code == 2 and err.startswith(f"commbench: error: {option} {target}: --append adds to a commbench results "
+                                        f"file, but "), err
+    assert err.count("\n") == 1 and target.read_text() == foreign
+
+
+def test_append_takes_a_file_of_its_own_kind(tmp_path, capsys):
+    """A CSV that commbench wrote takes the next run's rows under its one header; the JSON Lines beside it its
+    records; a CSV header of other columns (another version's) is refused."""
+    from commbench.results import CSV_HEADER
+
+    csv_out, json_out = tmp_path / "r.csv", tmp_path / "r.jsonl"
+    sweep = ["sweep", "--backend", "sim", "-N", "2", "--hw", "dgx-a100", "--sizes", "1K", "--csv", csv_out,
+             "--json", json_out]
+    assert run(capsys, *sweep)[0] == 0
+    rows = csv_out.read_text().splitlines()
+    assert run(capsys, *sweep, "--append")[0] == 0
+    again = csv_out.read_text().splitlines()
+    assert again[:len(rows)] == rows and len(again) == 2 * len(rows) - 1 and again.count(CSV_HEADER) == 1
+    older = tmp_path / "older.csv"
+    older.write_text(CSV_HEADER.rsplit(",", 1)[0] + "\r\n")  # one column fewer
+    code, _, err = run(capsys, *sweep[:-4], "--csv", older, "--append")
+    assert code == 2 and "is not the header of commbench's results CSV" in err
 
 
 def test_report_refuses_to_overwrite_its_index(tmp_path, capsys):

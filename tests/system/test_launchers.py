@@ -62,3 +62,52 @@ def test_a_rank_whose_peer_never_comes_ends_in_one_line(port):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "rendezvous at 127.0.0.1" in lines[0] and "timed out after 2 s" in lines[0], lines
     assert took_s < 3 + 6  # the timeout and the rank's start (importing torch); the store's own retries: 8.5 s
+
+
+def _bound_ranks(tmp_path, port, cores):
+    """Two ranks in Open MPI's environment, each bound to `cores[rank]` as mpirun's default binding does
+    (`--bind-to core`), without needing mpirun."""
+    import os
+
+    envs = [clean_env(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK=str(r),
+                      OMPI_COMM_WORLD_LOCAL_SIZE="2", MASTER_PORT=str(port)) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "commbench", *SWEEP, "--json", str(tmp_path / "r.jsonl")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=lambda core=cores[r]: os.sched_setaffinity(0, {core}))
+             for r, env in enumerate(envs)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    return outs[0][0], results_of(tmp_path / "r.jsonl")[1][0]
+
+
+def test_ranks_mpirun_binds_to_a_core_each_are_not_oversubscribed(tmp_path, port):
+    """`mpirun -np 2 commbench sweep` on a 2-core host printed "2 ranks on a host of 1 cores (oversubscribed)"
+    (each rank's own affinity, one core, read as the host's size) and check left the run out (issue 32)."""
+    import os
+
+    import pytest
+
+    from commbench.analysis.hosts import host_load
+
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(allowed) < 2:
+        pytest.skip("needs two cores to bind two ranks to")
+    out, header = _bound_ranks(tmp_path, port, allowed[:2])
+    assert "oversubscribed" not in out, out
+    assert [(e["cpus"], e["cpu_affinity"]) for e in header["ranks"]] == [(os.cpu_count(), str(c)) for c in allowed[:2]]
+    assert host_load(header).oversubscribed is None
+
+
+def test_ranks_bound_to_one_core_together_are_oversubscribed(tmp_path, port):
+    import os
+
+    import pytest
+
+    from commbench.analysis.hosts import host_load
+
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs a host of two cores, and affinity")
+    core = min(os.sched_getaffinity(0))
+    out, header = _bound_ranks(tmp_path, port, [core, core])
+    assert f"# note: 2 ranks on 1 of the host's {os.cpu_count()} cores, by their CPU affinity (oversubscribed)" in out
+    assert host_load(header).oversubscribed == "2 ranks on 1 cores"

@@ -1,6 +1,8 @@
 """The run header records, per rank, the variables that change how collectives run."""
 from __future__ import annotations
 
+import pytest
+
 from commbench.environment import communication_variables, local_environment
 
 
@@ -152,3 +154,57 @@ def test_the_commit_is_commbench_own_checkout_only(tmp_path):
         git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     assert _git_commit(str(outer / "export" / "commbench")) is None
     assert _git_commit(str(own / "commbench"))
+
+# ---------------------------------------------------------------- a host's cores, not one rank's (issue 32)
+
+
+def test_a_rank_bound_to_one_core_records_the_hosts_cores_and_its_affinity(monkeypatch):
+    """mpirun binds each rank to one core: the header said `cpus: 1` for each, and the sweep printed "2 ranks on a
+    host of 1 cores (oversubscribed)" on a 2-core host."""
+    import os
+
+    from commbench.bench import _oversubscribed
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    entries = []
+    for core in (0, 1):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, core=core: {core})
+        entries.append(local_environment("cpu"))
+    assert [(e["cpus"], e["cpu_affinity"]) for e in entries] == [(2, "0"), (2, "1")]
+    assert _oversubscribed(entries) is None
+    assert _oversubscribed([entries[0], entries[0]]) == "2 ranks on 1 of the host's 2 cores, by their CPU affinity"
+
+
+def test_a_hosts_cores_are_its_ranks_affinities_together():
+    from commbench.environment import host_cores
+
+    def ranks(*affinities, cpus=8, host="a"):
+        return [{"host": host, "cpus": cpus, "cpu_affinity": a} for a in affinities]
+
+    assert host_cores(ranks("0", "1", "2-3")) == {"a": (4, 8)}  # bound one rank a core, or two
+    assert host_cores(ranks("0-7", "0-7")) == {"a": (8, 8)}  # not bound: every core
+    assert host_cores(ranks("0-1", "0-1")) == {"a": (2, 8)}  # a container's cpuset, or taskset
+    assert host_cores(ranks("0", "0", "0")) == {"a": (1, 8)}  # all on one core: they take turns
+    assert host_cores(ranks("0") + ranks("0", host="b")) == {"a": (1, 8), "b": (1, 8)}
+    assert host_cores(ranks("0-3,2-5", "5,7", "1-2", cpus=16)) == {"a": (7, 16)}  # overlaps counted once
+    assert host_cores(ranks("0-65535", cpus=2)) == {"a": (2, 2)}  # never more than the host has
+    old = [{"host": "a", "cpus": 2}, {"host": "a", "cpus": 1}]  # before cpu_affinity: cpus was the rank's affinity
+    assert host_cores(old) == {"a": (1, None)}
+    assert host_cores([{"host": "a"}]) == {"a": (None, None)}
+
+
+@pytest.mark.parametrize("text", ["0-99999999999", "3-1", "x", "", "1,,2", "0-", "-1", 7, None, "٣"])
+def test_an_affinity_a_header_cannot_mean_is_not_expanded(text):
+    """A results file is not trusted: a range of 10**11 CPUs would be a set of 10**11 numbers."""
+    from commbench.environment import host_cores, parse_affinity
+
+    assert parse_affinity(text) is None
+    assert host_cores([{"host": "a", "cpus": 2, "cpu_affinity": text}]) == {"a": (2, None)}
+
+
+def test_affinity_text_is_tasksets_list():
+    from commbench.environment import affinity_text, parse_affinity
+
+    cpus = frozenset({0, 1, 2, 3, 8, 10, 11})
+    assert affinity_text(cpus) == "0-3,8,10-11" and parse_affinity("0-3,8,10-11") == [(0, 3), (8, 8), (10, 11)]
+    assert affinity_text(None) is None
