@@ -121,7 +121,6 @@ def fake_nccl_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
     monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", cupy.cuda.nccl)
-    monkeypatch.setattr("commbench.bench.gc", types.SimpleNamespace(collect=lambda: 0))  # 0.3 s each in pytest
     yield calls
     _clear_kernel_caches()
 
