@@ -31,7 +31,7 @@ CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "layouts.json")
 PRECISIONS = ("bf16", "fp8", "mixed16", "unstated")
 CHECKPOINTING = ("none", "selective", "full")
 FLOPS_FORMULAS = ("megatron-eq3", "palm")  # how a source counts the FLOPs behind its TFLOPs/GPU
-THROUGHPUT = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "aggregate_pflops")
+THROUGHPUT = ("tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu", "mfu", "aggregate_pflops")
 ROUNDING = 0.015  # printed figures (3 significant digits, percentages) against each other
 ASSUMED = {"microbatch": 1, "schedule": "1f1b", "virtual_stages": 1, "checkpointing": "selective",
            "sequence_parallel": None}  # None: sequence parallelism with tp > 1, as Megatron recipes run
@@ -265,9 +265,9 @@ def _throughput(row: dict, where: str, problems: list[str]) -> None:
             problems.append(f"{where}.throughput.{key}: not one of {', '.join(THROUGHPUT)}")
         elif not (_is_number(value) and value > 0) or key == "mfu" and value > 1:
             problems.append(f"{where}.throughput.{key} must be a positive number (mfu at most 1)")
-    if "tokens_per_s_per_gpu" not in stated and "tflops_per_gpu" not in stated:
-        problems.append(f"{where}.throughput: give tokens_per_s_per_gpu or tflops_per_gpu")
-    if "tokens_per_s_per_gpu" not in stated and row.get("flops_formula") not in FLOPS_FORMULAS:
+    if not {"tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu"} & set(stated):
+        problems.append(f"{where}.throughput: give tokens_per_s_per_gpu, step_time_s or tflops_per_gpu")
+    if not {"tokens_per_s_per_gpu", "step_time_s"} & set(stated) and row.get("flops_formula") not in FLOPS_FORMULAS:
         problems.append(f"{where}.flops_formula must be one of {', '.join(FLOPS_FORMULAS)} for a TFLOPs-only row")
 
 
@@ -297,10 +297,11 @@ def _derived(row: Row, raw: dict, shape: TransformerShape, system: System, where
     ga = raw.get("gradient_accumulation")
     if ga is not None and ga != row.global_batch // (mbs * lay["dp"]):
         problems.append(f"{where}.gradient_accumulation {ga}: the batch gives {row.global_batch // (mbs * lay['dp'])}")
-    try:
+    try:  # a row the model cannot lay out keeps the checks above only (why: its not_predicted)
         from dataclasses import replace
-        row.parallelism().check(row.gpus, system.gpus_per_node, None if row.not_predicted else
-                                replace(shape, seq_len=row.seq_len), within_node=("tp",))
+        if not row.not_predicted:
+            row.parallelism().check(row.gpus, system.gpus_per_node, replace(shape, seq_len=row.seq_len),
+                                    within_node=("tp",))
     except LayoutError as exc:
         problems.append(f"{where}: {exc}")
     _printed(row, raw, system, where, problems)
@@ -345,15 +346,19 @@ def source_flops_per_token(row: Row, shape: TransformerShape) -> float:
 
 
 def published_tokens_per_s_per_gpu(row: Row, shape: TransformerShape) -> float:
-    """The row's throughput as tokens a second per GPU: stated, or its TFLOPs/GPU over the source's FLOPs a token."""
+    """The row's throughput as tokens a second per GPU: stated, from the step time (global batch x sequence over
+    the step and the GPUs), or its TFLOPs/GPU over the source's FLOPs a token."""
     if "tokens_per_s_per_gpu" in row.throughput:
         return row.throughput["tokens_per_s_per_gpu"]
+    if "step_time_s" in row.throughput:
+        return row.global_batch * row.seq_len / row.throughput["step_time_s"] / row.gpus
     return row.throughput["tflops_per_gpu"] * 1e12 / source_flops_per_token(row, shape)
 
 
 def shape_profile(name: str, shape: TransformerShape) -> Profile:
     """A gradient profile of a shape without a shipped one (the data-parallel part of a prediction reads it): per
-    layer one attention and one MLP tensor, the embedding, final norm and head; gradients ready last layer first."""
+    layer one attention, one MLP and one routed-experts tensor, the embedding, final norm and head; gradients
+    ready last layer first."""
     per_token = [shape.layer_forward_flops(i) * 2 for i in range(shape.layers)]
     seq = shape.seq_len
     tensors: list[TensorSpec] = []
@@ -362,11 +367,12 @@ def shape_profile(name: str, shape: TransformerShape) -> Profile:
     tensors.append(TensorSpec("model.norm.weight", (shape.hidden,), "float32", ready, 1))
     for i in reversed(range(shape.layers)):
         ready += per_token[i] * seq
-        params = shape.layer_parameters(i)
-        for part, count in (("mlp", params["mlp"] + params["experts"] + params["shared_experts"] + params["router"]),
+        params = shape.layer_parameters(i)  # routed experts apart: predict_layout splits them over the EP ranks
+        for part, count in (("mlp.experts", params["experts"]),
+                            ("mlp", params["mlp"] + params["shared_experts"] + params["router"]),
                             ("attn", params["attention"] + params["norms"])):
-            tensors.append(TensorSpec(f"model.layers.{i}.{part}.weight", (max(1, count),), "float32", ready,
-                                      len(tensors)))
+            if count:
+                tensors.append(TensorSpec(f"model.layers.{i}.{part}.weight", (count,), "float32", ready, len(tensors)))
     tensors.append(TensorSpec("model.embed_tokens.weight", (shape.vocab, shape.hidden), "float32", ready, len(tensors)))
     ordered = tuple(reversed(tensors))  # registration order: embedding, layers 0.., norm, head
     units = tuple(UnitSpec(f"model.layers.{i}", tuple(j for j, t in enumerate(ordered)

@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commbench.analysis.layout_corpus import (
     ASSUMED,
@@ -91,6 +91,44 @@ def run(corpus: LayoutCorpus) -> tuple[list[Outcome], list[Row]]:
     return outcomes, skipped
 
 
+def unstated_depth(corpus: LayoutCorpus, outcomes: list[Outcome], depths=(2, 4)) -> list[str]:
+    """Groups run interleaved at a depth their source does not state (predicted at V = 1): each other row's
+    error at V = `depths` for every row of the group, the rate calibrated again on the first row at that V."""
+    lines = []
+    for group in dict.fromkeys(o.row.group for o in outcomes):
+        members = [o for o in outcomes if o.row.group == group]
+        if not any(o.row.layout.get("schedule") == "interleaved" and o.row.layout.get("virtual_stages") is None
+                   for o in members):
+            continue
+        for depth in depths:
+            try:
+                errors = _errors_at_depth(corpus, members, depth)
+            except ValueError as exc:
+                lines.append(f"# {group} at V = {depth}: {exc}")
+                continue
+            lines.append(f"# {group} at V = {depth} (not stated; the table above has V = 1): " +
+                         ", ".join(f"{label} {error:+.1%}" for label, error in errors))
+    return lines
+
+
+def _errors_at_depth(corpus: LayoutCorpus, members: list[Outcome], depth: int) -> list[tuple[str, float]]:
+    from commbench.proxies.parallelism import LayoutError
+
+    def at_depth(row: Row):
+        par = replace(row.parallelism(), virtual_stages=depth)
+        try:
+            par.check(row.gpus, corpus.systems[row.system].gpus_per_node, corpus.shape(row))
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
+        return predict_layout(job_for(corpus, row, tflops), par).tokens_per_s / row.gpus
+
+    first = members[0]
+    tflops = 100.0
+    for _ in range(12):
+        tflops *= first.published / at_depth(first.row)
+    return [(o.row.label, at_depth(o.row) / o.published - 1) for o in members[1:]]
+
+
 def table(outcomes: list[Outcome], skipped: list[Row]) -> list[str]:
     lines = [f"# {'group':<27} {'row':<44} {'TFLOPS':>7} {'published':>10} {'predicted':>10} {'error':>7} "
              f"{'bubble':>7} {'GB/GPU':>7}"]
@@ -102,8 +140,8 @@ def table(outcomes: list[Outcome], skipped: list[Row]) -> list[str]:
     if ratios:
         lines.append(f"# ratios: {len(ratios)} rows, median |error| {statistics.median(ratios):.1%}, "
                      f"max {max(ratios):.1%}; calibration rows: {sum(o.calibration for o in outcomes)}")
-    for kind in ("across scale, one model", "across models, one recipe"):
-        chosen = [abs(o.error) for o in outcomes if not o.calibration and _same_model(o, outcomes) == (kind[7] == "s")]
+    for kind, same in (("one model across scale or layout", True), ("across models at one recipe", False)):
+        chosen = [abs(o.error) for o in outcomes if not o.calibration and _same_model(o, outcomes) == same]
         if chosen:
             lines.append(f"#   {kind}: {len(chosen)} rows, median |error| {statistics.median(chosen):.1%}")
     for row in skipped:
@@ -125,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every row's outcome here")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    outcomes, skipped = run(load_layout_corpus())
-    print("\n".join(table(outcomes, skipped)))
+    corpus = load_layout_corpus()
+    outcomes, skipped = run(corpus)
+    print("\n".join(table(outcomes, skipped) + unstated_depth(corpus, outcomes)))
     print(f"# {time.perf_counter() - started:.1f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -53,7 +53,7 @@ def test_every_row_batches_into_whole_micro_batches():
 def test_tflops_rows_turn_into_tokens_by_the_source_count():
     corpus = L.load_layout_corpus()
     for row in corpus.rows:
-        if "tokens_per_s_per_gpu" in row.throughput:
+        if {"tokens_per_s_per_gpu", "step_time_s"} & set(row.throughput):
             continue
         shape = corpus.shape(row)
         tokens = L.published_tokens_per_s_per_gpu(row, shape)
@@ -64,6 +64,18 @@ def test_tflops_rows_turn_into_tokens_by_the_source_count():
             forward = 24 * shape.layers * shape.hidden ** 2 + 4 * shape.layers * shape.seq_len * shape.hidden
             head = 6 * shape.hidden * shape.vocab  # the logits' forward and backward, not recomputed
             assert tokens * (4 * forward + head) == pytest.approx(row.throughput["tflops_per_gpu"] * 1e12)
+
+
+def test_step_time_rows_turn_into_tokens_and_agree_with_their_tflops():
+    corpus = L.load_layout_corpus()
+    timed = [r for r in corpus.rows if "step_time_s" in r.throughput]
+    assert timed
+    for row in timed:
+        tokens = L.published_tokens_per_s_per_gpu(row, corpus.shape(row))
+        assert tokens * row.throughput["step_time_s"] * row.gpus == pytest.approx(row.global_batch * row.seq_len)
+    # one model, one sequence: the source's FLOPs a token (TFLOPs over tokens) is one figure, to the printed digits
+    per_token = [r.throughput["tflops_per_gpu"] / L.published_tokens_per_s_per_gpu(r, corpus.shape(r)) for r in timed]
+    assert max(per_token) / min(per_token) < 1 + 2 * L.ROUNDING
 
 
 def test_shape_profile_holds_the_shapes_parameters():
