@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -64,15 +65,19 @@ def predicted_per_gpu(corpus: LayoutCorpus, row: Row, tflops: float):
 
 
 def calibrate(corpus: LayoutCorpus, row: Row, target: float) -> float:
-    """The compute rate at which `row` runs at `target` tokens/s per GPU: throughput is nearly proportional to
-    the rate (the communication the step waits for is what is not), so a few fixed-point steps converge."""
-    tflops = 100.0
-    for _ in range(12):
-        got, _ = predicted_per_gpu(corpus, row, tflops)
-        if abs(got / target - 1) < 1e-5:
+    """The compute rate at which `row` runs at `target` tokens/s per GPU: secant steps on the log of the rate
+    (throughput is nearly proportional to it; the communication the step waits for is what is not)."""
+    def miss(log_rate: float) -> float:
+        return math.log(predicted_per_gpu(corpus, row, math.exp(log_rate))[0] / target)
+
+    x0, x1 = math.log(100.0), math.log(400.0)
+    f0, f1 = miss(x0), miss(x1)
+    for _ in range(30):
+        if abs(f1) < 1e-5 or f1 == f0:
             break
-        tflops *= target / got
-    return tflops
+        x0, x1, f0 = x1, min(x1 - f1 * (x1 - x0) / (f1 - f0), math.log(1e6)), f1
+        f1 = miss(x1)
+    return math.exp(x1)
 
 
 def run(corpus: LayoutCorpus) -> tuple[list[Outcome], list[Row]]:
@@ -123,7 +128,7 @@ def _errors_at_depth(corpus: LayoutCorpus, members: list[Outcome], depth: int) -
         return predict_layout(job_for(corpus, row, tflops), par).tokens_per_s / row.gpus
 
     first = members[0]
-    tflops = 100.0
+    tflops = first.tflops
     for _ in range(12):
         tflops *= first.published / at_depth(first.row)
     return [(o.row.label, at_depth(o.row) / o.published - 1) for o in members[1:]]
@@ -133,7 +138,7 @@ def table(outcomes: list[Outcome], skipped: list[Row]) -> list[str]:
     lines = [f"# {'group':<27} {'row':<44} {'TFLOPS':>7} {'published':>10} {'predicted':>10} {'error':>7} "
              f"{'bubble':>7} {'GB/GPU':>7}"]
     for o in outcomes:
-        error = "calib" if o.calibration else f"{o.error:+.1%}"
+        error = ("calib" if abs(o.error) < 1e-3 else f"calib{o.error:+.1%}") if o.calibration else f"{o.error:+.1%}"
         lines.append(f"  {o.row.group:<27} {o.row.label:<44} {o.tflops:>7.1f} {o.published:>10,.0f} "
                      f"{o.predicted:>10,.0f} {error:>7} {o.bubble:>7.3f} {o.memory_gb:>7.1f}")
     ratios = [abs(o.error) for o in outcomes if not o.calibration]
