@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
@@ -30,7 +30,7 @@ from commbench.proxies.transformer import TransformerShape, shape_from_dict
 CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "layouts.json")
 PRECISIONS = ("bf16", "fp8", "mixed16", "unstated")
 CHECKPOINTING = ("none", "selective", "full")
-FLOPS_FORMULAS = ("megatron-eq3", "palm")  # how a source counts the FLOPs behind its TFLOPs/GPU
+FLOPS_FORMULAS = ("megatron-eq3", "palm", "megatron-core")  # how a source counts the FLOPs behind its TFLOPs/GPU
 THROUGHPUT = ("tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu", "mfu", "aggregate_pflops")
 ROUNDING = 0.015  # printed figures (3 significant digits, percentages) against each other
 ASSUMED = {"microbatch": 1, "schedule": "1f1b", "virtual_stages": 1, "checkpointing": "selective",
@@ -98,7 +98,6 @@ class LayoutCorpus:
 
     def shape(self, row: Row) -> TransformerShape:
         """The row's model shape at the row's sequence length."""
-        from dataclasses import replace
         base = self.shapes[row.model] if row.model in self.shapes else load_profile(row.model).transformer
         return replace(base, seq_len=row.seq_len)
 
@@ -298,17 +297,17 @@ def _derived(row: Row, raw: dict, shape: TransformerShape, system: System, where
     if ga is not None and ga != row.global_batch // (mbs * lay["dp"]):
         problems.append(f"{where}.gradient_accumulation {ga}: the batch gives {row.global_batch // (mbs * lay['dp'])}")
     try:  # a row the model cannot lay out keeps the checks above only (why: its not_predicted)
-        from dataclasses import replace
         if not row.not_predicted:
             row.parallelism().check(row.gpus, system.gpus_per_node, replace(shape, seq_len=row.seq_len),
                                     within_node=("tp",))
     except LayoutError as exc:
         problems.append(f"{where}: {exc}")
-    _printed(row, raw, system, where, problems)
+    _printed(row, raw, shape, system, where, problems)
 
 
-def _printed(row: Row, raw: dict, system: System, where: str, problems: list[str]) -> None:
-    """MFU = TFLOPs / peak, aggregate = TFLOPs x GPUs, tokens a batch = batch x sequence, to the printed digits."""
+def _printed(row: Row, raw: dict, shape: TransformerShape, system: System, where: str, problems: list[str]) -> None:
+    """MFU = TFLOPs / peak, aggregate = TFLOPs x GPUs, TFLOPs = tokens x the source's FLOPs a token, tokens a
+    batch = batch x sequence, to the printed digits."""
     stated = row.throughput
     tflops = stated.get("tflops_per_gpu")
     peak = system.hardware.device_tflops.get("bf16") or system.hardware.device_tflops.get("fp16")
@@ -319,6 +318,12 @@ def _printed(row: Row, raw: dict, system: System, where: str, problems: list[str
             abs(tflops * row.gpus / 1e3 / stated["aggregate_pflops"] - 1) > ROUNDING:
         problems.append(f"{where}.throughput: aggregate_pflops {stated['aggregate_pflops']:g} but {tflops:g} TFLOPs x "
                         f"{row.gpus} GPUs = {tflops * row.gpus / 1e3:.1f}")
+    if tflops and row.flops_formula and {"tokens_per_s_per_gpu", "step_time_s"} & set(stated):
+        sized = replace(shape, seq_len=row.seq_len)
+        counted = published_tokens_per_s_per_gpu(row, sized) * source_flops_per_token(row, sized) / 1e12
+        if abs(counted / tflops - 1) > ROUNDING:
+            problems.append(f"{where}.throughput: {tflops:g} TFLOPs/GPU but its tokens x {row.flops_formula}'s "
+                            f"FLOPs a token give {counted:.0f}")
     tokens = raw.get("tokens_per_batch_stated")
     if tokens is not None and (not _is_number(tokens) or abs(row.global_batch * row.seq_len / tokens - 1) > 0.05):
         problems.append(f"{where}.tokens_per_batch_stated {tokens!r} but global_batch x seq_len = "
@@ -336,12 +341,22 @@ def _is_number(value: Any) -> bool:
 # ------------------------------------------------------------ what a prediction needs
 
 def source_flops_per_token(row: Row, shape: TransformerShape) -> float:
-    """The FLOPs a token that the source's TFLOPs/GPU counts: Narayanan et al. 2021 eq. 3 (96 B s l h^2 (1 + s/6h
-    + V/16lh) a step, so a token's share with full recomputation), or PaLM's model FLOPs (the shape's count:
-    6N + 12 L H Q T, proxies/transformer.py)."""
+    """The FLOPs a token that the source's TFLOPs/GPU counts:
+    - megatron-eq3: Narayanan et al. 2021 eq. 3, 96 B s l h^2 (1 + s/6h + V/16lh) a step (full recomputation);
+    - palm: model FLOPs, 6N + 12 L H Q T (the shape's count, proxies/transformer.py);
+    - megatron-core: Megatron-LM's num_floating_point_operations (megatron/training/training.py @ 001b00c2,
+      GQA branch): 6 x (the MLPs' and routed/shared experts' matrices, Q/K/V and output projections, the
+      attention core causal-halved, q s, and the logits) a token; no recomputation."""
+    s, layers, h, v = shape.seq_len, shape.layers, shape.hidden, shape.vocab
     if row.flops_formula == "megatron-eq3":
-        s, layers, h, v = shape.seq_len, shape.layers, shape.hidden, shape.vocab
         return 96.0 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    if row.flops_formula == "megatron-core":
+        ffn = 3 if shape.gated_mlp else 2
+        moe = shape.moe_layers
+        mlp = h * ffn * (shape.ffn * (layers - moe) + shape.expert_ffn * (shape.top_k + shape.shared_experts) * moe)
+        q, kv = shape.head_dim * shape.heads, shape.head_dim * shape.kv_heads
+        attention = layers * (h * (q + 2 * kv) + q * s + q * h)
+        return 6.0 * (mlp + attention + h * v)
     return shape.training_flops_per_token("none")
 
 

@@ -57,6 +57,8 @@ def test_tflops_rows_turn_into_tokens_by_the_source_count():
             continue
         shape = corpus.shape(row)
         tokens = L.published_tokens_per_s_per_gpu(row, shape)
+        if row.flops_formula == "megatron-core":  # pinned against printed figures below
+            continue
         if row.flops_formula == "palm":
             flops = shape.training_flops_per_token("none")
             assert tokens * flops == pytest.approx(row.throughput["tflops_per_gpu"] * 1e12)
@@ -76,6 +78,19 @@ def test_step_time_rows_turn_into_tokens_and_agree_with_their_tflops():
     # one model, one sequence: the source's FLOPs a token (TFLOPs over tokens) is one figure, to the printed digits
     per_token = [r.throughput["tflops_per_gpu"] / L.published_tokens_per_s_per_gpu(r, corpus.shape(r)) for r in timed]
     assert max(per_token) / min(per_token) < 1 + 2 * L.ROUNDING
+
+
+def test_megatron_core_count_reproduces_the_printed_tflops():
+    """Rows printing both a token rate (or step time) and TFLOPs/GPU: Megatron-LM's FLOP count of the row's
+    shape turns one into the other to within 1% (the shapes, vocabularies and the count are what they print)."""
+    corpus = L.load_layout_corpus()
+    both = [r for r in corpus.rows if r.flops_formula == "megatron-core"
+            and {"tokens_per_s_per_gpu", "step_time_s"} & set(r.throughput)]
+    assert len(both) >= 10
+    for row in both:
+        shape = corpus.shape(row)
+        counted = L.published_tokens_per_s_per_gpu(row, shape) * L.source_flops_per_token(row, shape) / 1e12
+        assert counted == pytest.approx(row.throughput["tflops_per_gpu"], rel=0.01), row.label
 
 
 def test_shape_profile_holds_the_shapes_parameters():
@@ -112,6 +127,7 @@ def test_not_json_and_wrong_schema(tmp_path, shipped):
     (lambda r: r["layout"].update(setup="ring"), "layout.setup must be one of"),
     (lambda r: r.update(memory_gb=-1), ".memory_gb must be a positive number"),
     (lambda r: r.update(gpus=True), ".gpus must be a whole number"),
+    (lambda r: r.update(flops_formula="guess"), ".flops_formula must be one of"),
 ])
 def test_damaged_row_is_refused_naming_it(tmp_path, shipped, damage, expected):
     data = copy.deepcopy(shipped)
@@ -153,6 +169,15 @@ def test_stated_gradient_accumulation_and_tokens_are_checked(tmp_path, shipped):
     lines = _problems(tmp_path, data)
     assert any(f"rows[{i}].gradient_accumulation" in line for line in lines)
     assert any(f"rows[{k}].tokens_per_batch_stated" in line for line in lines)
+
+
+def test_tflops_that_disagree_with_the_tokens_are_refused(tmp_path, shipped):
+    data = copy.deepcopy(shipped)
+    i = next(j for j, r in enumerate(data["rows"]) if r.get("flops_formula") == "megatron-core"
+             and "tokens_per_s_per_gpu" in r["throughput"])
+    data["rows"][i]["throughput"]["tflops_per_gpu"] *= 1.1
+    assert any(f"rows[{i}].throughput" in line and "megatron-core's FLOPs a token" in line
+               for line in _problems(tmp_path, data))
 
 
 def test_system_needs_one_kind_of_hardware(tmp_path, shipped):
