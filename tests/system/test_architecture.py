@@ -26,7 +26,7 @@ FLOORS = {
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
-        "commbench.analysis.collective_corpus",
+        "commbench.analysis.collective_corpus", "commbench.analysis.layout_corpus",
         "commbench.analysis.scale_terms", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.analysis.predict_layout",
         "commbench.proxies.profile",

@@ -1,0 +1,397 @@
+"""The corpus of published multi-dimensional training throughput (analysis/corpus/layouts.json): loaded,
+checked, and turned into what a layout prediction needs (analysis/predict_layout.py's Job and Parallelism).
+
+A row is one published (source, model, hardware, layout, batch) with the throughput as the source states it
+(tokens/s per GPU, TFLOPs per GPU, MFU, aggregate PFLOP/s). Its model is a shipped profile with a transformer
+shape or an entry of `shapes` (the hyper-parameters the source states); its hardware a `systems` entry (a
+preset only where the machine is that preset, else its own hardware figures and what was assumed). Rows of
+one `group` share source, hardware and software: benchmarks/model_layouts.py calibrates the compute rate on
+a group's first row and predicts the others' throughput from it.
+
+Reading the corpus runs no code (JSON). Every field is checked, and the derived quantities the source prints
+beside each other are checked against each other (the layout's product against the GPUs, the gradient
+accumulation against the batch, MFU against TFLOPs and the peak, the aggregate against TFLOPs x GPUs, tokens
+per batch against batch x sequence): LayoutCorpusError lists every problem found, one line each.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
+from commbench.proxies.parallelism import SCHEDULES, LayoutError, Parallelism
+from commbench.proxies.profile import Profile, ProfileError, TensorSpec, UnitSpec, load_profile
+from commbench.proxies.setups import SETUPS
+from commbench.proxies.transformer import TransformerShape, shape_from_dict
+
+CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "layouts.json")
+PRECISIONS = ("bf16", "fp8", "mixed16", "unstated")
+CHECKPOINTING = ("none", "selective", "full")
+FLOPS_FORMULAS = ("megatron-eq3", "palm", "megatron-core")  # how a source counts the FLOPs behind its TFLOPs/GPU
+THROUGHPUT = ("tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu", "mfu", "aggregate_pflops")
+ROUNDING = 0.015  # printed figures (3 significant digits, percentages) against each other
+ASSUMED = {"microbatch": 1, "schedule": "1f1b", "virtual_stages": 1, "checkpointing": "selective",
+           "sequence_parallel": None}  # None: sequence parallelism with tp > 1, as Megatron recipes run
+
+
+class LayoutCorpusError(ValueError):
+    """A layouts corpus that is not what this module reads: one line per problem."""
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    described: str
+    hardware: Hardware
+    gpus_per_node: int
+    assumed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    index: int
+    source: str
+    table: str
+    group: str
+    model: str
+    system: str
+    gpus: int
+    layout: dict[str, Any]
+    microbatch: int | None
+    global_batch: int
+    seq_len: int
+    precision: str
+    checkpointing: str | None
+    throughput: dict[str, float]
+    flops_formula: str | None
+    memory_gb: float | None
+    assumed: tuple[str, ...]
+    not_predicted: str | None = None  # why the model cannot lay this row out (kept: it is a published figure)
+
+    @property
+    def label(self) -> str:
+        lay = self.layout
+        parts = [f"{d}{lay[d]}" for d in ("tp", "pp", "cp", "ep") if lay[d] > 1] + [f"dp{lay['dp']}"]
+        if (lay.get("virtual_stages") or 1) > 1:
+            parts.append(f"v{lay['virtual_stages']}")
+        return f"{self.model} {self.gpus} GPUs {','.join(parts)} gbs{self.global_batch}"
+
+    def parallelism(self) -> Parallelism:
+        """The row's layout as predict_layout takes it (what the source leaves out: ASSUMED)."""
+        lay, mbs = self.layout, self.microbatch or ASSUMED["microbatch"]
+        sp = lay.get("sequence_parallel")
+        schedule = lay.get("schedule") or ASSUMED["schedule"]
+        return Parallelism(lay["tp"], lay["pp"], lay["cp"], lay["ep"], lay["dp"],
+                           lay["tp"] > 1 if sp is None else sp, lay["setup"], schedule,
+                           self.global_batch // (mbs * lay["dp"]), lay.get("virtual_stages") or 1)
+
+
+@dataclass(frozen=True)
+class LayoutCorpus:
+    sources: dict[str, dict[str, str]]
+    systems: dict[str, System]
+    shapes: dict[str, TransformerShape]
+    rows: tuple[Row, ...]
+
+    def shape(self, row: Row) -> TransformerShape:
+        """The row's model shape at the row's sequence length."""
+        base = self.shapes[row.model] if row.model in self.shapes else load_profile(row.model).transformer
+        return replace(base, seq_len=row.seq_len)
+
+    def groups(self) -> dict[str, list[Row]]:
+        out: dict[str, list[Row]] = {}
+        for row in self.rows:
+            out.setdefault(row.group, []).append(row)
+        return out
+
+
+def load_layout_corpus(path: str = CORPUS_PATH) -> LayoutCorpus:
+    """The corpus at `path`, every field checked (LayoutCorpusError: one line per problem, naming the file)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LayoutCorpusError(f"{path}: {exc}") from None
+    problems: list[str] = []
+    corpus = _corpus(data, problems)
+    if problems or corpus is None:
+        raise LayoutCorpusError("\n".join(f"{path}: {p}" for p in problems))
+    return corpus
+
+
+def _corpus(data: Any, problems: list[str]) -> LayoutCorpus | None:
+    if not isinstance(data, dict) or data.get("schema") != 1:
+        problems.append("not a layouts corpus of schema 1")
+        return None
+    sources = {k: v for k, v in _mapping(data, "sources", problems).items() if _source(k, v, problems)}
+    systems = {}
+    for name, entry in _mapping(data, "systems", problems).items():
+        system = _system(name, entry, problems)
+        if system:
+            systems[name] = system
+    shapes = {}
+    for name, entry in _mapping(data, "shapes", problems).items():
+        try:
+            shapes[name] = shape_from_dict(entry.get("shape"))
+        except ValueError as exc:
+            problems.append(f"shapes.{name}: {exc}")
+        if not entry.get("stated_in"):
+            problems.append(f"shapes.{name}.stated_in: say where the source states the shape")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows:
+        problems.append("rows must be a non-empty list")
+        return None
+    parsed = [_row(i, row, sources, systems, shapes, problems) for i, row in enumerate(rows)]
+    return LayoutCorpus(sources, systems, shapes, tuple(r for r in parsed if r is not None))
+
+
+def _mapping(data: dict, key: str, problems: list[str]) -> dict:
+    value = data.get(key)
+    if not isinstance(value, dict) or not value or not all(isinstance(v, dict) for v in value.values()):
+        problems.append(f"{key} must be an object of objects")
+        return {}
+    return value
+
+
+def _source(name: str, entry: dict, problems: list[str]) -> bool:
+    missing = [k for k in ("citation", "address", "organisation") if not isinstance(entry.get(k), str) or not entry[k]]
+    for key in missing:
+        problems.append(f"sources.{name}.{key} must be a non-empty string")
+    return not missing
+
+
+def _system(name: str, entry: dict, problems: list[str]) -> System | None:
+    where = f"systems.{name}"
+    preset, own = entry.get("preset"), entry.get("hardware")
+    if (preset is None) == (own is None):
+        problems.append(f"{where}: give either preset (the machine is that preset) or hardware (its own figures)")
+        return None
+    try:
+        hardware = load_hardware(preset) if isinstance(preset, str) else hardware_from_dict(own, f"{where}.hardware")
+    except HardwareError as exc:
+        problems.append(f"{where}: {exc}")
+        return None
+    per_node = entry.get("gpus_per_node")
+    if not _is_int(per_node) or per_node < 1:
+        problems.append(f"{where}.gpus_per_node must be a whole number of at least 1")
+        return None
+    assumed = entry.get("assumed", [])
+    if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
+        problems.append(f"{where}.assumed must be a list of strings")
+        assumed = []
+    if own is not None and not assumed:
+        problems.append(f"{where}.assumed: a system with its own hardware figures says which the source does not give")
+    return System(name, str(entry.get("described", "")), hardware, per_node, tuple(assumed))
+
+
+def _row(i: int, row: Any, sources: dict, systems: dict, shapes: dict, problems: list[str]) -> Row | None:
+    where = f"rows[{i}]"
+    if not isinstance(row, dict):
+        problems.append(f"{where} must be an object")
+        return None
+    before = len(problems)
+    for key, known in (("source", sources), ("system", systems)):
+        if row.get(key) not in known:
+            problems.append(f"{where}.{key} {row.get(key)!r} is not in {key}s")
+    for key in ("table", "group", "model"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            problems.append(f"{where}.{key} must be a non-empty string")
+    for key in ("gpus", "global_batch", "seq_len"):
+        if not _is_int(row.get(key)) or row[key] < 1:
+            problems.append(f"{where}.{key} must be a whole number of at least 1")
+    _choice(row, "precision", PRECISIONS, where, problems)
+    _choice(row, "checkpointing", CHECKPOINTING, where, problems, optional=True)
+    mbs = row.get("microbatch")
+    if mbs is not None and (not _is_int(mbs) or mbs < 1):
+        problems.append(f"{where}.microbatch must be a whole number of at least 1, or null (not stated)")
+    memory = row.get("memory_gb")
+    if memory is not None and not (_is_number(memory) and memory > 0):
+        problems.append(f"{where}.memory_gb must be a positive number, or null (not stated)")
+    assumed = row.get("assumed", [])
+    if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
+        problems.append(f"{where}.assumed must be a list of strings")
+    if row.get("not_predicted") is not None and not (isinstance(row["not_predicted"], str) and row["not_predicted"]):
+        problems.append(f"{where}.not_predicted must be a non-empty string (why), or absent")
+    _layout(row.get("layout"), where, problems)
+    _throughput(row, where, problems)
+    if len(problems) > before:
+        return None
+    shape = _model_shape(row["model"], shapes, where, problems)
+    if shape is None:
+        return None
+    parsed = Row(i, row["source"], row["table"], row["group"], row["model"], row["system"], row["gpus"], row["layout"],
+                 mbs, row["global_batch"], row["seq_len"], row["precision"], row.get("checkpointing"),
+                 {k: float(v) for k, v in row["throughput"].items()}, row.get("flops_formula"), memory, tuple(assumed),
+                 row.get("not_predicted"))
+    _derived(parsed, row, shape, systems[parsed.system], where, problems)
+    return parsed if len(problems) == before else None
+
+
+def _choice(row: dict, key: str, choices: tuple, where: str, problems: list[str], optional: bool = False) -> None:
+    value = row.get(key)
+    if not (optional and value is None) and value not in choices:
+        problems.append(f"{where}.{key} must be one of {', '.join(choices)}{' or null' if optional else ''}")
+
+
+def _layout(lay: Any, where: str, problems: list[str]) -> None:
+    if not isinstance(lay, dict):
+        problems.append(f"{where}.layout must be an object")
+        return
+    for dim in ("tp", "pp", "cp", "ep", "dp"):
+        if not _is_int(lay.get(dim)) or lay[dim] < 1:
+            problems.append(f"{where}.layout.{dim} must be a whole number of at least 1")
+    vp = lay.get("virtual_stages")
+    if vp is not None and (not _is_int(vp) or vp < 1):
+        problems.append(f"{where}.layout.virtual_stages must be a whole number of at least 1, or null")
+    if lay.get("schedule") is not None and lay["schedule"] not in SCHEDULES:
+        problems.append(f"{where}.layout.schedule must be one of {', '.join(SCHEDULES)} or null")
+    if lay.get("sequence_parallel") not in (True, False, None):
+        problems.append(f"{where}.layout.sequence_parallel must be true, false or null")
+    if lay.get("setup") not in SETUPS:
+        problems.append(f"{where}.layout.setup must be one of {', '.join(SETUPS)}")
+
+
+def _throughput(row: dict, where: str, problems: list[str]) -> None:
+    stated = row.get("throughput")
+    if not isinstance(stated, dict) or not stated:
+        problems.append(f"{where}.throughput must be an object of {', '.join(THROUGHPUT)}")
+        return
+    for key, value in stated.items():
+        if key not in THROUGHPUT:
+            problems.append(f"{where}.throughput.{key}: not one of {', '.join(THROUGHPUT)}")
+        elif not (_is_number(value) and value > 0) or key == "mfu" and value > 1:
+            problems.append(f"{where}.throughput.{key} must be a positive number (mfu at most 1)")
+    if not {"tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu"} & set(stated):
+        problems.append(f"{where}.throughput: give tokens_per_s_per_gpu, step_time_s or tflops_per_gpu")
+    if not {"tokens_per_s_per_gpu", "step_time_s"} & set(stated) and row.get("flops_formula") not in FLOPS_FORMULAS:
+        problems.append(f"{where}.flops_formula must be one of {', '.join(FLOPS_FORMULAS)} for a TFLOPs-only row")
+
+
+def _model_shape(model: str, shapes: dict, where: str, problems: list[str]) -> TransformerShape | None:
+    if model in shapes:
+        return shapes[model]
+    try:
+        shape = load_profile(model).transformer
+    except ProfileError:
+        shape = None
+    if shape is None:
+        problems.append(f"{where}.model {model!r} is neither in shapes nor a shipped profile with a transformer shape")
+    return shape
+
+
+def _derived(row: Row, raw: dict, shape: TransformerShape, system: System, where: str, problems: list[str]) -> None:
+    """The source's figures against each other, and the layout against the model and the machine."""
+    lay, mbs = row.layout, row.microbatch or ASSUMED["microbatch"]
+    if lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"] != row.gpus:
+        problems.append(f"{where}.layout: tp x pp x cp x dp = {lay['tp'] * lay['pp'] * lay['cp'] * lay['dp']}, not the "
+                        f"{row.gpus} GPUs")
+        return
+    if row.global_batch % (mbs * lay["dp"]):
+        problems.append(f"{where}: global_batch {row.global_batch} is not a whole number of micro-batches of {mbs} on "
+                        f"dp {lay['dp']}")
+        return
+    ga = raw.get("gradient_accumulation")
+    if ga is not None and ga != row.global_batch // (mbs * lay["dp"]):
+        problems.append(f"{where}.gradient_accumulation {ga}: the batch gives {row.global_batch // (mbs * lay['dp'])}")
+    try:  # a row the model cannot lay out keeps the checks above only (why: its not_predicted)
+        if not row.not_predicted:
+            row.parallelism().check(row.gpus, system.gpus_per_node, replace(shape, seq_len=row.seq_len),
+                                    within_node=("tp",))
+    except LayoutError as exc:
+        problems.append(f"{where}: {exc}")
+    _printed(row, raw, shape, system, where, problems)
+
+
+def _printed(row: Row, raw: dict, shape: TransformerShape, system: System, where: str, problems: list[str]) -> None:
+    """MFU = TFLOPs / peak, aggregate = TFLOPs x GPUs, TFLOPs = tokens x the source's FLOPs a token, tokens a
+    batch = batch x sequence, to the printed digits."""
+    stated = row.throughput
+    tflops = stated.get("tflops_per_gpu")
+    peak = system.hardware.device_tflops.get("bf16") or system.hardware.device_tflops.get("fp16")
+    if tflops and "mfu" in stated and peak and abs(tflops / peak - stated["mfu"]) > 0.01:
+        problems.append(f"{where}.throughput: mfu {stated['mfu']:g} but {tflops:g} TFLOPs of a {peak:g} peak is "
+                        f"{tflops / peak:.3f}")
+    if tflops and "aggregate_pflops" in stated and \
+            abs(tflops * row.gpus / 1e3 / stated["aggregate_pflops"] - 1) > ROUNDING:
+        problems.append(f"{where}.throughput: aggregate_pflops {stated['aggregate_pflops']:g} but {tflops:g} TFLOPs x "
+                        f"{row.gpus} GPUs = {tflops * row.gpus / 1e3:.1f}")
+    if tflops and row.flops_formula and {"tokens_per_s_per_gpu", "step_time_s"} & set(stated):
+        sized = replace(shape, seq_len=row.seq_len)
+        counted = published_tokens_per_s_per_gpu(row, sized) * source_flops_per_token(row, sized) / 1e12
+        if abs(counted / tflops - 1) > ROUNDING:
+            problems.append(f"{where}.throughput: {tflops:g} TFLOPs/GPU but its tokens x {row.flops_formula}'s "
+                            f"FLOPs a token give {counted:.0f}")
+    tokens = raw.get("tokens_per_batch_stated")
+    if tokens is not None and (not _is_number(tokens) or abs(row.global_batch * row.seq_len / tokens - 1) > 0.05):
+        problems.append(f"{where}.tokens_per_batch_stated {tokens!r} but global_batch x seq_len = "
+                        f"{row.global_batch * row.seq_len:,}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ------------------------------------------------------------ what a prediction needs
+
+def source_flops_per_token(row: Row, shape: TransformerShape) -> float:
+    """The FLOPs a token that the source's TFLOPs/GPU counts:
+    - megatron-eq3: Narayanan et al. 2021 eq. 3, 96 B s l h^2 (1 + s/6h + V/16lh) a step (full recomputation);
+    - palm: model FLOPs, 6N + 12 L H Q T (the shape's count, proxies/transformer.py);
+    - megatron-core: Megatron-LM's num_floating_point_operations (megatron/training/training.py @ 001b00c2,
+      GQA branch): 6 x (the MLPs' and routed/shared experts' matrices, Q/K/V and output projections, the
+      attention core causal-halved, q s, and the logits) a token; no recomputation."""
+    s, layers, h, v = shape.seq_len, shape.layers, shape.hidden, shape.vocab
+    if row.flops_formula == "megatron-eq3":
+        return 96.0 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    if row.flops_formula == "megatron-core":
+        ffn = 3 if shape.gated_mlp else 2
+        moe = shape.moe_layers
+        mlp = h * ffn * (shape.ffn * (layers - moe) + shape.expert_ffn * (shape.top_k + shape.shared_experts) * moe)
+        q, kv = shape.head_dim * shape.heads, shape.head_dim * shape.kv_heads
+        attention = layers * (h * (q + 2 * kv) + q * s + q * h)
+        return 6.0 * (mlp + attention + h * v)
+    return shape.training_flops_per_token("none")
+
+
+def published_tokens_per_s_per_gpu(row: Row, shape: TransformerShape) -> float:
+    """The row's throughput as tokens a second per GPU: stated, from the step time (global batch x sequence over
+    the step and the GPUs), or its TFLOPs/GPU over the source's FLOPs a token."""
+    if "tokens_per_s_per_gpu" in row.throughput:
+        return row.throughput["tokens_per_s_per_gpu"]
+    if "step_time_s" in row.throughput:
+        return row.global_batch * row.seq_len / row.throughput["step_time_s"] / row.gpus
+    return row.throughput["tflops_per_gpu"] * 1e12 / source_flops_per_token(row, shape)
+
+
+def shape_profile(name: str, shape: TransformerShape) -> Profile:
+    """A gradient profile of a shape without a shipped one (the data-parallel part of a prediction reads it): per
+    layer one attention, one MLP and one routed-experts tensor, the embedding, final norm and head; gradients
+    ready last layer first."""
+    per_token = [shape.layer_forward_flops(i) * 2 for i in range(shape.layers)]
+    seq = shape.seq_len
+    tensors: list[TensorSpec] = []
+    ready = shape.head_forward_flops() * 2 * seq
+    tensors.append(TensorSpec("lm_head.weight", (shape.vocab, shape.hidden), "float32", ready, 0))
+    tensors.append(TensorSpec("model.norm.weight", (shape.hidden,), "float32", ready, 1))
+    for i in reversed(range(shape.layers)):
+        ready += per_token[i] * seq
+        params = shape.layer_parameters(i)  # routed experts apart: predict_layout splits them over the EP ranks
+        for part, count in (("mlp.experts", params["experts"]),
+                            ("mlp", params["mlp"] + params["shared_experts"] + params["router"]),
+                            ("attn", params["attention"] + params["norms"])):
+            if count:
+                tensors.append(TensorSpec(f"model.layers.{i}.{part}.weight", (count,), "float32", ready, len(tensors)))
+    tensors.append(TensorSpec("model.embed_tokens.weight", (shape.vocab, shape.hidden), "float32", ready, len(tensors)))
+    ordered = tuple(reversed(tensors))  # registration order: embedding, layers 0.., norm, head
+    units = tuple(UnitSpec(f"model.layers.{i}", tuple(j for j, t in enumerate(ordered)
+                                                      if t.name.startswith(f"model.layers.{i}.")),
+                           shape.layer_forward_flops(i) * seq, per_token[i] * seq) for i in range(shape.layers))
+    forward = shape.forward_flops_per_token() * seq
+    return Profile(name, ordered, forward, 2 * forward, (seq,), "sequences", 1, {"built_from": "shape"}, units, shape)
