@@ -1,0 +1,106 @@
+"""Read a Chrome-trace JSON file (PyTorch's profiler writes one) without holding it in memory: the
+top-level object's keys one at a time, and the `traceEvents` array one event at a time.
+
+The file is read in chunks of CHUNK_CHARS; at most one chunk plus one event is held, so a trace of
+any size is read in memory bounded by its largest event. A `.gz` file is read through gzip. A file
+that ends before its object does (a job killed while it wrote its trace) raises TraceError.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from commbench.proxies.trace_calls import TraceError
+
+CHUNK_CHARS = 1 << 20
+EVENTS_KEY = "traceEvents"
+
+
+def open_text(path: str) -> TextIO:
+    """A trace file as text, gunzipped when it is gzip (by its magic bytes, not its name)."""
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+class _Reader:
+    """A text stream with a window of unread characters."""
+
+    def __init__(self, handle: TextIO, origin: str):
+        self.handle, self.origin = handle, origin
+        self.text, self.pos = "", 0
+        self.decoder = json.JSONDecoder()
+
+    def _more(self) -> bool:
+        try:
+            chunk = self.handle.read(CHUNK_CHARS)
+        except (OSError, EOFError) as exc:  # a truncated gzip stream
+            raise TraceError(f"{self.origin}: cannot be read to its end ({exc})") from exc
+        if not chunk:
+            return False
+        self.text = self.text[self.pos:] + chunk
+        self.pos = 0
+        return True
+
+    def skip(self, also: str = "") -> str:
+        """Skip whitespace (and the characters in `also`); the next character, or "" at the end."""
+        while True:
+            while self.pos < len(self.text) and (self.text[self.pos].isspace() or self.text[self.pos] in also):
+                self.pos += 1
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self._more():
+                return ""
+
+    def expect(self, char: str) -> None:
+        if self.skip() != char:
+            raise TraceError(f"{self.origin}: not a Chrome trace (JSON object) or cut short: expected {char!r}")
+        self.pos += 1
+
+    def value(self) -> Any:
+        """Decode the next JSON value, reading more of the file until it is whole."""
+        self.skip()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError as exc:
+                if not self._more():
+                    raise TraceError(f"{self.origin}: the file ends inside a JSON value (truncated?)") from exc
+                continue
+            if end == len(self.text) and self._more():  # a number may go on in the next chunk
+                continue
+            self.pos = end
+            return value
+
+
+def read_chrome_trace(handle: TextIO, origin: str) -> Iterator[tuple[str, Any]]:
+    """(key, value) for each top-level key; for `traceEvents`, (EVENTS_KEY, event) for each event in turn."""
+    reader = _Reader(handle, origin)
+    reader.expect("{")
+    while True:
+        char = reader.skip(",")
+        if char == "}":
+            return
+        if char != '"':
+            raise TraceError(f"{origin}: the file ends before its trace object does (truncated?)" if not char else
+                             f"{origin}: not a Chrome trace: unexpected {char!r} at the top level")
+        key = reader.value()
+        reader.expect(":")
+        if key != EVENTS_KEY:
+            yield key, reader.value()
+            continue
+        reader.expect("[")
+        while True:
+            char = reader.skip(",")
+            if char == "]":
+                reader.pos += 1
+                break
+            if not char:
+                raise TraceError(f"{origin}: the file ends inside traceEvents (truncated?)")
+            event = reader.value()
+            if isinstance(event, dict):
+                yield EVENTS_KEY, event
