@@ -129,7 +129,7 @@ def summary_of(fixed: dict[str, Any], rows: np.ndarray, run_id: str, status: str
     step = stats["step_us_p50"] or 0.0
     return ProxyResult(**fixed, steps=len(measured), status=status, error=error, telemetry=telemetry, run_id=run_id,
                        samples_per_s=fixed["batch"] * fixed["world_size"] * (fixed.get("knobs") or {}).get(
-                           "accumulate", 1) / (step * 1e-6) if step and fixed["batch"] else None,
+                           "accumulate", 1) / (step * 1e-6) if step else None,
                        **{k: v for k, v in stats.items() if not k.startswith("step_us")},
                        step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0)
 

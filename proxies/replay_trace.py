@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -176,7 +176,7 @@ def _fixed(cfg: TraceReplayConfig, backend, job: JobTrace) -> dict[str, Any]:
     trace = job.ranks[0]
     return {"kind": "proxy", "model": "trace:" + os.path.basename(cfg.traces[0]), "backend": backend.name,
             "library": backend.library, "device": backend.device, "world_size": backend.world_size, "nnodes": 1,
-            "batch": 0, "bucket_mb": None, "bucketing": "trace", "buckets": sum(len(s.calls) for s in trace.steps),
+            "batch": 1, "bucket_mb": None, "bucketing": "trace", "buckets": sum(len(s.calls) for s in trace.steps),
             "gradient_bytes": sum(c.nbytes for s in trace.steps for c in s.calls), "warmup_steps": cfg.warmup_steps,
             "compute": "trace" if cfg.compute == "trace" else "none", "setup": "trace", "knobs": {},
             **capabilities_of(backend).fields()}
@@ -212,4 +212,5 @@ def _finish(backend, log: StepLog, fixed: dict, rows: list, status: str, error: 
             ranks = gathered.reshape(backend.world_size, -1, len(METRICS))
             table = ranks[ranks[:, :, STEP].argmax(axis=0), np.arange(ranks.shape[1])]
     if backend.rank == 0:
-        log.summary(summary_of(fixed, table, log.run_id, status, error))
+        # a trace's step has no samples commbench knows of: no rate (batch 1 is the records' least)
+        log.summary(replace(summary_of(fixed, table, log.run_id, status, error), samples_per_s=None))

@@ -107,9 +107,11 @@ def _global_ranks(calls: dict, comms: dict, paths: list[str]) -> dict[tuple[str,
                 raise TraceError(f"{paths[0]}: process {':'.join(process)} has COLL lines but no communicator of "
                                  f"all {largest} ranks in the INIT lines (a log missing or cut short?)")
             ranks[process] = len(ranks)
-    if sorted(ranks.values()) != list(range(len(ranks))):
-        missing = sorted(set(range(max(ranks.values()) + 1)) - set(ranks.values()))
-        raise TraceError(f"{paths[0]}: no log lines of rank(s) {', '.join(map(str, missing))} (give every rank's log)")
+    world = largest or len(ranks)
+    missing = sorted(set(range(world)) - set(ranks.values()))
+    if missing or len(ranks) != world:
+        raise TraceError(f"{paths[0]}: a job of {world} ranks, but no log lines of rank(s) "
+                         f"{', '.join(map(str, missing)) or '?'} (give every rank's log)")
     return ranks
 
 

@@ -84,7 +84,7 @@ def _write(job, p, hw_spec: str, topo, argv: list[str], json_path: str) -> None:
                      "config": {"hw": hw_spec, "topology": f"{topo.nodes}x{topo.ranks_per_node}"},
                      "trace": {"source": job.source, "world": job.world, "notes": list(job.notes)}})
         sink.write(ProxyResult(kind="predicted", model="trace", backend="sim", library=p.hw, device="-",
-                               world_size=job.world, nnodes=topo.nodes, batch=0, bucket_mb=None, bucketing="trace",
+                               world_size=job.world, nnodes=topo.nodes, batch=1, bucket_mb=None, bucketing="trace",
                                buckets=sum(len(s.calls) for s in calls),
                                gradient_bytes=sum(c.nbytes for s in calls for c in s.calls), compute="trace",
                                steps=len(p.steps_us), warmup_steps=0, compute_us_p50=p.median(p.compute_us),
