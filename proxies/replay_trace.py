@@ -25,7 +25,7 @@ from commbench.environment import local_environment, software_versions
 from commbench.errors import EXIT_OK, BackendError
 from commbench.launch import peer_wait_s
 from commbench.proxies.channels import WorkChannel
-from commbench.proxies.clocks import CpuClock, SleepClock
+from commbench.proxies.clocks import SleepClock
 from commbench.proxies.context import summary_of
 from commbench.proxies.replay import run_plan
 from commbench.proxies.steps import METRICS, STEP, StepLog
@@ -73,8 +73,10 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
     plans = [step_plan(s, cfg.compute == "trace") for s in job.ranks[rank].steps]
     issued: list[list] = []
     issue = _torch_calls(job, rank, issued)
-    limit_s = peer_wait_s(cfg.timeout_s)
-    clock = CpuClock(limit_s) if backend.device == "cpu" else SleepClock(limit_s)
+    # The trace's compute is wall time (the issuing thread busy, whatever else ran on its core), so it is
+    # replayed as wall time, as the proxy replays a GPU's or a multi-threaded CPU's (clocks.SleepClock);
+    # spinning on CPU time would count the traced run's contention twice.
+    clock = SleepClock(peer_wait_s(cfg.timeout_s))
     state["channel"] = channel = WorkChannel([], clock, None, [call for step in issue for call in step])
     offsets = np.cumsum([0] + [len(p.comms) for p in plans])
     log = StepLog(cfg.json_path, rank == 0, 0)
@@ -192,7 +194,8 @@ def _header(cfg, backend, job: JobTrace, argv: list[str], fixed: dict) -> dict:
 
 
 def _lines(cfg: TraceReplayConfig, job: JobTrace) -> list[str]:
-    compute = ("the traced compute between calls (the issuing thread's busy time)" if cfg.compute == "trace" else
+    compute = ("the traced compute between calls (the issuing thread's busy time, replayed as wall time)"
+               if cfg.compute == "trace" else
                "no compute: the calls back to back, waits as traced")
     return [f"replay of {job.source} trace: {job.world} rank(s), {len(job.ranks[0].steps)} traced step(s), "
             f"{len(job.groups())} group(s); {compute}",

@@ -82,6 +82,20 @@ def merge_intervals(spans: Sequence[tuple[float, float]]) -> list[tuple[float, f
     return out
 
 
+def subtract_spans(spans: Sequence[tuple[float, float]],
+                   holes: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`spans` merged, less the `holes` (a thread's ops less the time it spent issuing calls)."""
+    out, merged_holes = [], merge_intervals(holes)
+    for start, end in merge_intervals(spans):
+        pieces = [(start, end)]
+        for h0, h1 in merged_holes:
+            if h1 <= start or h0 >= end:
+                continue
+            pieces = [(a, b) for p0, p1 in pieces for a, b in ((p0, min(p1, h0)), (max(p0, h1), p1)) if b > a]
+        out.extend(pieces)
+    return out
+
+
 class Busy:
     """The issuing thread's busy spans (merged, absolute microseconds), and progress along them."""
 

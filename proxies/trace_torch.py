@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from commbench.proxies.trace_calls import Busy, RankTrace, TraceCall, TraceError, build_step, merge_intervals
+from commbench.proxies.trace_calls import Busy, RankTrace, TraceCall, TraceError, build_step, subtract_spans
 from commbench.proxies.trace_json import EVENTS_KEY, open_text, read_chrome_trace
 
 KNOWN_SCHEMAS = (1,)  # schemaVersion values this reader has read (torch 2.14's kineto writes 1)
@@ -56,11 +56,13 @@ class _Collected:
     runs: list[tuple[float, float, str]] = field(default_factory=list)  # gloo worker spans (start, end, dtype)
     kernels: list[tuple[float, float]] = field(default_factory=list)
     busy: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    grads: list[tuple] = field(default_factory=list)  # AccumulateGrad: (tid, ts, shape, dtype), for profiles
+    backward: list[tuple] = field(default_factory=list)  # autograd's evaluate_function spans: (tid, ts, end)
     pids: set = field(default_factory=set)
     skipped: Counter = field(default_factory=Counter)
 
 
-def _collect(path: str) -> _Collected:
+def collect(path: str) -> _Collected:
     got = _Collected()
     try:
         with open_text(path) as handle:
@@ -95,11 +97,16 @@ def _event(got: _Collected, e: dict) -> None:
         got.runs.append((ts, ts + dur, str(types[0])))
     elif cat == "cpu_op" and not name.startswith("nccl:"):
         got.busy[tid].append((ts, ts + dur))
+        if name == "torch::autograd::AccumulateGrad":
+            args = e.get("args") or {}
+            got.grads.append((tid, ts, tuple((args.get("Input Dims") or [[]])[0]), (args.get("Input type") or [""])[0]))
+        elif name.startswith("autograd::engine::evaluate_function"):
+            got.backward.append((tid, ts, ts + dur))
 
 
 def read_torch_trace(path: str) -> tuple[int, int, RankTrace, list[str]]:
     """(rank, world, the rank's steps, notes) of one rank's profiler trace."""
-    got = _collect(path)
+    got = collect(path)
     schema = got.meta.get("schemaVersion")
     if schema not in KNOWN_SCHEMAS:
         raise TraceError(f"{path}: trace schemaVersion {schema!r}: this reader knows {list(KNOWN_SCHEMAS)} "
@@ -124,25 +131,12 @@ def _steps(got: _Collected, calls: list[TraceCall], tid: Any, path: str, notes: 
             raise TraceError(f"{path}: no events on the thread that issued the calls")
         spans = [(min(times), max(times))]
     issuing = [(e["ts"], e["ts"] + e["dur"]) for e in got.c10d + got.param if e["tid"] == tid]
-    busy = Busy(_minus(own, issuing))  # a call's own issue is not compute: the replay issues it again
+    busy = Busy(subtract_spans(own, issuing))  # a call's own issue is not compute: the replay issues it again
     steps = [build_step(start, end, busy, [c for c in calls if start <= c.issue_us < end]) for start, end in spans]
     outside = len(calls) - sum(len(s.calls) for s in steps)
     if outside:
         notes.append(f"{outside} call(s) issued outside the profiled steps, left out")
     return RankTrace(0, tuple(steps))
-
-
-def _minus(spans: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """`spans` merged, less the `holes`."""
-    out, holes = [], merge_intervals(holes)
-    for start, end in merge_intervals(spans):
-        pieces = [(start, end)]
-        for h0, h1 in holes:
-            if h1 <= start or h0 >= end:
-                continue
-            pieces = [(a, b) for p0, p1 in pieces for a, b in ((p0, min(p1, h0)), (max(p0, h1), p1)) if b > a]
-        out.extend(pieces)
-    return out
 
 
 def _param_calls(got: _Collected, path: str, notes: list[str]) -> tuple[list[TraceCall], Any]:
