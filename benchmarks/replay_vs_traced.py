@@ -1,11 +1,12 @@
 """The replay's step time against the traced run's own, on local CPU ranks over gloo.
 
-Each pair captures a real job's trace (benchmarks/capture_trace.py: DDP with its default buckets, or FSDP2
-fully_shard per layer; torch.profiler on every step after the warm-up) and replays it with `commbench
-replay` on as many ranks, at once after it (a replay needs its capture first, so the pairs cannot
-alternate their order; each pair's ratio compares two runs a few seconds apart). Per pair: the traced run's median step (per step, its slowest rank; wall time
-around the step, profiler included, as the trace shows it) and the replay's median step; then the
-median of the ratios replay / traced and their range.
+Each pair captures a real job's trace (benchmarks/capture_trace.py: DDP with its default buckets, or
+FSDP2 fully_shard per layer; torch.profiler on every step after the warm-up) and replays it with
+`commbench replay` on as many ranks, at once after it (a replay needs its capture first, so the pairs
+cannot alternate their order; each pair's ratio compares two runs a few seconds apart). Per pair: the
+traced run's median step (per step, its slowest rank; wall time around the step, profiler included,
+as the trace shows it) and the replay's median step; then the median of the ratios replay / traced
+and their range.
 
     python benchmarks/replay_vs_traced.py --setup ddp --pairs 4
 """

@@ -75,10 +75,12 @@ def main() -> None:
         got = read_in_child(paths)
         print(f"one rank's trace of {sizes[0]:.1f} MB read in {got['one_s']:.2f} s; "
               f"two traces of {sizes[0]:.1f} and {sizes[1]:.1f} MB ({copies} copies of the captured steps): "
-              f"read and checked in {got['read_s']:.2f} s ({time.perf_counter() - start:.2f} s with the interpreter's start), "
+              f"read and checked in {got['read_s']:.2f} s ({time.perf_counter() - start:.2f} s with the "
+              f"interpreter's start), "
               f"{got['steps']} steps and {got['calls']} calls per rank; peak RSS {got['rss_after_mib']:.0f} MiB "
               f"({got['rss_before_mib']:.0f} MiB before reading)")
-        print(f"# this process's own peak RSS (writing): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        writer_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"# this process's own peak RSS (writing): {writer_mib:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,12 @@ TRACED_TFLOPS = 1.0
 def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sample_unit: str = "samples") -> Profile:
     got = collect(path)
     issuing = got.c10d + got.param
+    sharded = [e for e in issuing if "gather" in e["name"] or "scatter" in e["name"]
+               or "gather" in str(e["args"].get("Collective name", "")) or "scatter" in str(
+                   e["args"].get("Collective name", ""))]
+    if sharded:
+        raise TraceError(f"{path}: a sharded job's trace (all-gathers, reduce-scatters: FSDP or ZeRO): its "
+                         f"AccumulateGrad events are shards; --from-trace reads a DDP trace")
     tids = Counter(e["tid"] for e in issuing)
     tid = tids.most_common(1)[0][0] if tids else (got.steps[0][0] if got.steps else None)
     steps = sorted((e - s, s, e) for t, s, e in got.steps if t == tid)
