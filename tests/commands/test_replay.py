@@ -69,3 +69,25 @@ def test_truncated_trace_is_one_line_and_exit_2(tmp_path):
     cut.write_text(text[: len(text) // 3])
     proc = commbench("replay", DDP[0], str(cut), "--table-only")
     assert proc.returncode == 2 and "truncated" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_nccl_log_replays_its_calls_on_two_ranks(tmp_path):
+    lines = []
+    for rank in (0, 1):
+        lines.append(f"node0:10{rank}:15{rank} [{rank}] NCCL INFO ncclCommInitRank comm 0x555{rank} rank {rank} "
+                     f"nranks 2 cudaDev {rank} nvmlDev {rank} busId {rank}b000 commId 0x1111 - Init COMPLETE")
+    for op_count, (name, count, dtype) in enumerate([("AllReduce", 65536, 7), ("AllGather", 1000, 9),
+                                                     ("Broadcast", 77, 6)]):
+        for rank in (1, 0):
+            lines.append(f"node0:10{rank}:15{rank} [{rank}] NCCL INFO {name}: opCount {op_count:x} sendbuff 0x7f{rank} "
+                         f"recvbuff 0x7f{rank} count {count} datatype {dtype} op 0 root 0 comm 0x555{rank} "
+                         f"[nranks=2] stream 0x1")
+    log = tmp_path / "nccl.log"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.jsonl"
+    proc = commbench("replay", str(log), "--compute", "none", "--steps", "1", "--warmup-steps", "0",
+                     "--json", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    (step,) = [r for r in read_records(str(out)) if r["record"] == "step"]
+    assert step["issued"] == [["allreduce", 65536 * 4, "float32", [0, 1]],
+                              ["allgather", 1000 * 2 * 2, "bfloat16", [0, 1]], ["broadcast", 77 * 2, "float16", [0, 1]]]
