@@ -72,12 +72,14 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
     rank = backend.rank
     plans = [step_plan(s, cfg.compute == "trace") for s in job.ranks[rank].steps]
     issued: list[list] = []
-    issue = _torch_calls(job, rank, issued)
+    device = _device(backend)
+    issue = _torch_calls(job, rank, issued, device)
     # The trace's compute is wall time (the issuing thread busy, whatever else ran on its core), so it is
     # replayed as wall time, as the proxy replays a GPU's or a multi-threaded CPU's (clocks.SleepClock);
     # spinning on CPU time would count the traced run's contention twice.
     clock = SleepClock(peer_wait_s(cfg.timeout_s))
-    state["channel"] = channel = WorkChannel([], clock, None, [call for step in issue for call in step])
+    state["channel"] = channel = WorkChannel([], clock, device if backend.device == "cuda" else None,
+                                             [call for step in issue for call in step])
     offsets = np.cumsum([0] + [len(p.comms) for p in plans])
     log = StepLog(cfg.json_path, rank == 0, 0)
     fixed = _fixed(cfg, backend, job)
@@ -118,7 +120,13 @@ class _Shifted:
         return self.channel.wait_all()
 
 
-def _torch_calls(job: JobTrace, rank: int, issued: list) -> list[list]:
+def _device(backend):
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if backend.device == "cuda" else torch.device("cpu")
+
+
+def _torch_calls(job: JobTrace, rank: int, issued: list, device) -> list[list]:
     """Per traced step, torch.distributed's async call for each of this rank's calls, on its group."""
     import torch.distributed as dist
 
@@ -134,7 +142,7 @@ def _torch_calls(job: JobTrace, rank: int, issued: list) -> list[list]:
         for call in step.calls:
             key = (call.collective, call.nbytes, call.dtype, len(call.group))
             if key not in buffers:
-                buffers[key] = _buffers(call.collective, call.nbytes, call.dtype, len(call.group))
+                buffers[key] = _buffers(call.collective, call.nbytes, call.dtype, len(call.group), device)
             send, recv = buffers[key]
             group, root = groups[call.group], call.group[0]
             note = [call.collective, call.nbytes, call.dtype, list(call.group)]
@@ -160,17 +168,26 @@ def _issue(dist, collective: str, send, recv, group, root: int, gather, scatter,
     return go
 
 
-def _buffers(collective: str, nbytes: int, dtype: str, size: int) -> tuple:
-    """(send, recv) torch tensors of zeros: the full buffer of nbytes, and a shard of it for all-gather's
-    input and reduce-scatter's output."""
+def _buffers(collective: str, nbytes: int, dtype: str, size: int, device) -> tuple:
+    """(send, recv) tensors of zeros on `device`: the full buffer of nbytes (whole shards: a multiple of the
+    group's size where the call splits it), and a shard of it for all-gather's input and reduce-scatter's
+    output."""
     import torch
 
     torch_dtype = getattr(torch, C.resolve_dtype(dtype).name)
     count = nbytes // C.resolve_dtype(dtype).itemsize
-    full = torch.zeros(count, dtype=torch_dtype)
+    if collective in ("allgather", "reduce_scatter", "alltoall"):
+        count = count // size * size
+
+    def zeros(n: int):
+        return torch.zeros(n, dtype=torch_dtype, device=device)
+
+    full = zeros(count)
+    if collective == "alltoall":
+        return full, zeros(count)
     if collective not in ("allgather", "reduce_scatter"):
-        return full, full if collective != "alltoall" else torch.zeros(count, dtype=torch_dtype)
-    shard = torch.zeros(count // size, dtype=torch_dtype)
+        return full, full
+    shard = zeros(count // size)
     return (shard, full) if collective == "allgather" else (full, shard)
 
 
