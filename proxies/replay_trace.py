@@ -85,7 +85,7 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
     fixed = _fixed(cfg, backend, job)
     rows: list[list[float]] = []
     log.header(_header(cfg, backend, job, argv, fixed), _lines(cfg, job))
-    state["finish"] = lambda status, error: _finish(backend, log, fixed, rows, status, error)
+    state["finish"] = lambda status, error: _finish(backend, log, fixed, rows, status, error, state)
     backend.barrier()
     sys.setswitchinterval(1e-4)
     for index in range(cfg.warmup_steps + cfg.steps):
@@ -101,7 +101,7 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
             values = dict(zip(METRICS, (float(v) for v in gathered[int(np.nanargmax(gathered[:, STEP]))])))
         log.step(index + 1, index < cfg.warmup_steps, {**values, "traced_step": k, "issued": list(issued),
                                                                 "calls_us": [list(i) for i in times.comm_intervals]})
-    _finish(backend, log, fixed, rows, "ok", None)
+    _finish(backend, log, fixed, rows, "ok", None, state)
 
 
 class _Shifted:
@@ -221,10 +221,11 @@ def _lines(cfg: TraceReplayConfig, job: JobTrace) -> list[str]:
             f"{cfg.warmup_steps} warm-up step(s), then {cfg.steps} measured; each row: the step's slowest rank"]
 
 
-def _finish(backend, log: StepLog, fixed: dict, rows: list, status: str, error: str | None) -> None:
-    if getattr(log, "done", False):
+def _finish(backend, log: StepLog, fixed: dict, rows: list, status: str, error: str | None, state: dict) -> None:
+    """The summary, once (a fault while it is written does not write a second)."""
+    if state.get("summarised"):
         return
-    log.done = True
+    state["summarised"] = True
     table = np.array(rows, dtype=float).reshape(-1, len(METRICS))
     if status == "ok" and backend.world_size > 1:
         gathered = backend.gather(table.ravel())

@@ -6,7 +6,11 @@ A call's place in its step is two points on the compute's progress, as a setup's
 (comm_plan.Comm): `progress_us`, the compute done (the issuing thread busy, not waiting) when it
 was issued, and `needed_us`, the progress at which the thread stopped to wait until it was done
 (math.inf: nothing waited for it before the step ended). A reader infers the wait from the trace:
-the issuing thread idle while the call ran, and busy again within `RESUME_SLACK_US` of its end.
+the issuing thread was idle when the call ended, in a gap that lasted past its issue (or
+resumed within `RESUME_SLACK_US` before: the two clocks' skew). A thread idle for another reason
+while a call ends (a data loader) reads as a wait too: the replay then waits for a call that is done
+or nearly, where missing a real wait would run the compute ahead of its data. The wake-up after a
+wait can be late on a loaded host, so how soon the thread resumed is not asked.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from commbench.collectives import COLLECTIVES
 from commbench.proxies.comm_plan import Comm, CommPlan, Phase
 
 IDLE_MIN_US = 20.0  # a gap between the issuing thread's ops shorter than this is not a wait
-RESUME_SLACK_US = 200.0  # a thread busy again this soon after a call ended was waiting for it
+RESUME_SLACK_US = 200.0  # a call that ended this soon after its thread resumed may still be what it waited for
 
 
 class TraceError(ValueError):
@@ -140,7 +144,7 @@ def build_step(start: float, end: float, busy: Busy, calls: Sequence[TraceCall])
         needed = math.inf
         if call.end_us is not None:
             for g0, g1 in gaps:
-                if g0 <= call.end_us + RESUME_SLACK_US and call.end_us <= g1 + RESUME_SLACK_US and g1 >= call.issue_us:
+                if g0 <= call.end_us <= g1 + RESUME_SLACK_US and g1 >= call.issue_us:  # (the issue is a gap too)
                     needed = busy.progress(g0) - p0
                     break
         progress = busy.progress(call.issue_us) - p0

@@ -58,3 +58,9 @@ def test_group_members_that_disagree_are_named():
         check_job(job([call(0, 0, 1)], [call(0, 0, 1, nbytes=8)]), "t")
     with pytest.raises(TraceError, match="no trace of rank.* 1"):
         check_job(job([call(0, 0, 1, group=(0,))]), "t")
+
+
+def test_a_call_that_ended_while_the_thread_computed_was_not_waited_for():
+    busy = Busy([(0, 100), (150, 2100)])  # busy again at 150, the call done at 300
+    (only,) = build_step(0, 2100, busy, [call(100, 120, 1200)]).calls
+    assert math.isinf(only.needed_us) and only.exposed_us == pytest.approx(30)
