@@ -3,7 +3,8 @@
 Writes a trace of about --mb MB per rank, laid out as torch's profiler writes one (indented JSON, one
 event per block): the events of tests/data/traces/ddp_2rank_gloo_rank*.json.gz repeated as later steps,
 their times shifted. Then reads the two ranks with proxies/trace_files.read_traces in a fresh process
-and prints the wall time and the process's peak resident memory (ru_maxrss) before and after.
+and prints the wall time, the CPU time (what a loaded host does not inflate) and the process's peak
+resident memory (ru_maxrss) before and after.
 
     python benchmarks/trace_read_speed.py --mb 100
 """
@@ -51,9 +52,10 @@ def read_in_child(paths: list[str]) -> dict:
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "from commbench.proxies.trace_files import read_traces\n"
             "from commbench.proxies.trace_torch import read_torch_trace\n"
-            "t = time.perf_counter(); read_torch_trace(sys.argv[1]); one = time.perf_counter() - t\n"
+            "c = time.process_time(); t = time.perf_counter(); read_torch_trace(sys.argv[1])\n"
+            "one, one_cpu = time.perf_counter() - t, time.process_time() - c\n"
             "t = time.perf_counter(); job = read_traces(sys.argv[1:]); s = time.perf_counter() - t\n"
-            "print(json.dumps({'read_s': s, 'one_s': one, 'rss_before_mib': before / 1024, "
+            "print(json.dumps({'read_s': s, 'one_s': one, 'one_cpu_s': one_cpu, 'rss_before_mib': before / 1024, "
             "'rss_after_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
             "'calls': sum(len(st.calls) for st in job.ranks[0].steps), 'steps': len(job.ranks[0].steps)}))\n")
     proc = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, check=True)
@@ -73,7 +75,7 @@ def main() -> None:
         sizes = [os.path.getsize(p) / 1e6 for p in paths]
         start = time.perf_counter()
         got = read_in_child(paths)
-        print(f"one rank's trace of {sizes[0]:.1f} MB read in {got['one_s']:.2f} s; "
+        print(f"one rank's trace of {sizes[0]:.1f} MB read in {got['one_s']:.2f} s ({got['one_cpu_s']:.2f} s of CPU); "
               f"two traces of {sizes[0]:.1f} and {sizes[1]:.1f} MB ({copies} copies of the captured steps): "
               f"read and checked in {got['read_s']:.2f} s ({time.perf_counter() - start:.2f} s with the "
               f"interpreter's start), "

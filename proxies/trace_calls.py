@@ -88,15 +88,20 @@ def merge_intervals(spans: Sequence[tuple[float, float]]) -> list[tuple[float, f
 
 def subtract_spans(spans: Sequence[tuple[float, float]],
                    holes: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """`spans` merged, less the `holes` (a thread's ops less the time it spent issuing calls)."""
-    out, merged_holes = [], merge_intervals(holes)
+    """`spans` merged, less the `holes` (a thread's ops less the time it spent issuing calls); one sweep."""
+    out: list[tuple[float, float]] = []
+    merged_holes, h = merge_intervals(holes), 0
     for start, end in merge_intervals(spans):
-        pieces = [(start, end)]
-        for h0, h1 in merged_holes:
-            if h1 <= start or h0 >= end:
-                continue
-            pieces = [(a, b) for p0, p1 in pieces for a, b in ((p0, min(p1, h0)), (max(p0, h1), p1)) if b > a]
-        out.extend(pieces)
+        while h < len(merged_holes) and merged_holes[h][1] <= start:
+            h += 1
+        k, at = h, start
+        while k < len(merged_holes) and merged_holes[k][0] < end:
+            if merged_holes[k][0] > at:
+                out.append((at, merged_holes[k][0]))
+            at = max(at, merged_holes[k][1])
+            k += 1
+        if at < end:
+            out.append((at, end))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, TextIO
 
@@ -16,6 +17,8 @@ from commbench.proxies.trace_calls import TraceError
 
 CHUNK_CHARS = 1 << 20
 EVENTS_KEY = "traceEvents"
+_PAST_SPACE = re.compile(r"\S")
+_PAST_COMMAS = re.compile(r"[^\s,]")
 
 
 def open_text(path: str) -> TextIO:
@@ -47,12 +50,14 @@ class _Reader:
         return True
 
     def skip(self, also: str = "") -> str:
-        """Skip whitespace (and the characters in `also`); the next character, or "" at the end."""
+        """Skip whitespace (and commas, with also=","); the next character, or "" at the end."""
+        pattern = _PAST_COMMAS if also else _PAST_SPACE
         while True:
-            while self.pos < len(self.text) and (self.text[self.pos].isspace() or self.text[self.pos] in also):
-                self.pos += 1
-            if self.pos < len(self.text):
+            found = pattern.search(self.text, self.pos)
+            if found:
+                self.pos = found.start()
                 return self.text[self.pos]
+            self.pos = len(self.text)
             if not self._more():
                 return ""
 
