@@ -49,7 +49,13 @@ def _read_torch(paths: list[str]) -> JobTrace:
     ranks: dict[int, RankTrace] = {}
     worlds, notes = set(), []
     for path in paths:
-        rank, world, trace, own = read_torch_trace(path)
+        try:
+            rank, world, trace, own = read_torch_trace(path)
+        except TraceError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a field of the wrong kind
+            raise TraceError(f"{path}: not a profiler trace this reader understands ({type(exc).__name__}: "
+                             f"{str(exc)[:120]})") from exc
         if rank in ranks:
             raise TraceError(f"{path}: a second trace of rank {rank}")
         ranks[rank] = RankTrace(rank, trace.steps)

@@ -2,7 +2,8 @@
 top-level object's keys one at a time, and the `traceEvents` array one event at a time.
 
 The file is read in chunks of CHUNK_CHARS; at most one chunk plus one event is held, so a trace of
-any size is read in memory bounded by its largest event. A `.gz` file is read through gzip. A file
+any size is read in memory bounded by its largest event (MAX_VALUE_CHARS: a value still unparsed that
+far is a broken file, said so, not read to its end). A `.gz` file is read through gzip. A file
 that ends before its object does (a job killed while it wrote its trace) raises TraceError.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TextIO
 from commbench.proxies.trace_calls import TraceError
 
 CHUNK_CHARS = 1 << 20
+MAX_VALUE_CHARS = 64 << 20  # one event or top-level value; past it unparsed, the file is not JSON
 EVENTS_KEY = "traceEvents"
 _PAST_SPACE = re.compile(r"\S")
 _PAST_COMMAS = re.compile(r"[^\s,]")
@@ -73,8 +75,12 @@ class _Reader:
             try:
                 value, end = self.decoder.raw_decode(self.text, self.pos)
             except json.JSONDecodeError as exc:
+                if len(self.text) - self.pos > MAX_VALUE_CHARS:  # no event is this long: a broken file
+                    raise TraceError(f"{self.origin}: not valid JSON ({exc.msg}, {MAX_VALUE_CHARS >> 20} MiB "
+                                     f"after where a value starts)") from exc
                 if not self._more():
-                    raise TraceError(f"{self.origin}: the file ends inside a JSON value (truncated?)") from exc
+                    raise TraceError(f"{self.origin}: the file ends inside a JSON value (truncated, or not valid "
+                                     f"JSON: {exc.msg})") from exc
                 continue
             if end == len(self.text) and self._more():  # a number may go on in the next chunk
                 continue

@@ -150,3 +150,22 @@ def test_group_ranks_cut_short_by_torch_are_completed(tmp_path):
     args = _param_event(0, "allreduce", 1, 1, ranks, "0")["args"]
     assert "..." in args["Process Group Ranks"]
     assert _ranks(args, "x") == tuple(ranks)
+
+
+def test_damaged_traces_are_read_or_refused_in_one_line(tmp_path):
+    """Random edits of a real trace's text: each is read, or refused with a TraceError, never another error."""
+    import random
+
+    text = gzip.open(DDP[1], "rt").read()
+    rng = random.Random(7)
+    for trial in range(40):
+        chars = list(text)
+        for _ in range(rng.randint(1, 5)):
+            at = rng.randrange(len(chars))
+            chars[at] = rng.choice(['"', "}", "]", ",", "x", "1", "-", " ", "[", "{"])
+        path = tmp_path / f"rank1_{trial}.json"
+        path.write_text("".join(chars))
+        try:
+            read_traces([DDP[0], str(path)])
+        except TraceError as exc:
+            assert str(exc) and "\n" not in str(exc)
