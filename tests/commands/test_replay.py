@@ -11,6 +11,7 @@ from commbench.results import read_records
 TRACES = DATA / "traces"
 DDP = [str(TRACES / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 FSDP = [str(TRACES / f"fsdp2_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
+DDP4 = [str(TRACES / f"ddp1bucket_4rank_gloo_rank{r}.json.gz") for r in range(4)]  # bucket_cap_mb=100: one bucket
 
 
 def test_table_only_lists_each_collective_and_size():
@@ -22,7 +23,7 @@ def test_table_only_lists_each_collective_and_size():
     assert "# replay" not in proc.stdout
 
 
-@pytest.mark.parametrize("traces", [DDP, FSDP], ids=["ddp", "fsdp2"])
+@pytest.mark.parametrize("traces", [DDP, FSDP, DDP4], ids=["ddp", "fsdp2", "ddp-one-bucket-4-ranks"])
 def test_replay_issues_exactly_the_traced_calls_in_order(tmp_path, traces):
     out = tmp_path / "r.jsonl"
     proc = commbench("replay", *traces, "--steps", "2", "--warmup-steps", "1", "--json", str(out), timeout=240)
@@ -32,7 +33,7 @@ def test_replay_issues_exactly_the_traced_calls_in_order(tmp_path, traces):
     records = read_records(str(out))
     steps = [r for r in records if r["record"] == "step"]
     (summary,) = [r for r in records if r["record"] == "proxy"]
-    assert len(steps) == 3 and summary["status"] == "ok" and summary["world_size"] == 2
+    assert len(steps) == 3 and summary["status"] == "ok" and summary["world_size"] == len(traces)
     for step in steps:
         expected = [[c.collective, c.nbytes, c.dtype, list(c.group)] for c in traced[step["traced_step"]].calls]
         assert step["issued"] == expected

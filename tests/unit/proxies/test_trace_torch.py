@@ -15,6 +15,7 @@ from commbench.proxies.trace_files import read_traces, table_rows
 TRACES = DATA / "traces"
 DDP = [str(TRACES / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 FSDP = [str(TRACES / f"fsdp2_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
+DDP4 = [str(TRACES / f"ddp1bucket_4rank_gloo_rank{r}.json.gz") for r in range(4)]  # bucket_cap_mb=100
 WIDTH_DDP, LAYERS_DDP = 512, 4  # the captured models: Linear(width, width) + ReLU, layers times
 LAYER_FSDP_BYTES = (256 * 256 + 256) * 4
 
@@ -32,6 +33,15 @@ def test_ddp_trace_gives_every_gradient_byte_once_per_step_in_default_buckets():
             assert all(c.group == (0, 1) and c.dtype == "float32" and c.time_us > 0 for c in step.calls)
             assert 0 < step.compute_us < step.step_us and [c.issue_us for c in step.calls] == sorted(
                 c.issue_us for c in step.calls)
+
+
+def test_one_bucket_on_four_ranks_carries_every_gradient_in_one_allreduce():
+    job = read_traces(DDP4)
+    assert job.world == 4 and job.groups() == [(0, 1, 2, 3)]
+    for rank in job.ranks:
+        for step in rank.steps:
+            (only,) = step.calls
+            assert only.nbytes == LAYERS_DDP * (WIDTH_DDP * WIDTH_DDP + WIDTH_DDP) * 4
 
 
 def test_ddp_trace_waits_for_its_last_bucket_before_the_optimizer():
