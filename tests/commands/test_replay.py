@@ -39,6 +39,9 @@ def test_replay_issues_exactly_the_traced_calls_in_order(tmp_path, traces):
         assert step["issued"] == expected
         assert len(step["calls_us"]) == len(expected)
         assert step["compute_us"] + step["exposed_comm_us"] + step["other_us"] == pytest.approx(step["step_us"])
+    checked = commbench("check", str(out), "--hw", "ethernet-25g")  # check predicts the same trace's steps
+    assert checked.returncode == 0, checked.stderr
+    assert any(line.startswith("trace:") and " step " in line for line in checked.stdout.splitlines())
 
 
 def test_hw_predicts_and_writes_a_predicted_record(tmp_path):
