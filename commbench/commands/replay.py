@@ -8,6 +8,7 @@ import sys
 import click
 
 from commbench.commands.common import UsageFault, check_writable, find_job, output_options
+from commbench.commands.emulate import emulate_options, emulated_shape
 
 EXAMPLES = """
 \b
@@ -16,6 +17,7 @@ Examples:
   commbench replay trace/rank*.json --table-only             # the table only
   commbench replay rank*.json --hw dgx-h100 -T 2x8 --json p.jsonl   # predicted on 2 nodes of 8 GPUs
   commbench replay nccl.log --compute none                   # NCCL's log: calls back to back (it has no times)
+  commbench replay rank*.json --emulate 2x1 --link 1gbit     # on an emulated cluster of 2 nodes (root)
 
 \b
 Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it), 3 a rank failed, 130 interrupted.
@@ -41,9 +43,10 @@ Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it),
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="JSON Lines: a header, one record per step, a summary (what check and report read).")
+@emulate_options
 @output_options(append=False)
 def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topology, compute_scale, torch_backend,
-                   device, launcher, timeout_s, json_path, force) -> None:
+                   device, launcher, timeout_s, json_path, force, emulate, link) -> None:
     """Tabulate, replay or predict the communication of a traced job (TRACE: one profiler JSON per rank, or
     NCCL log(s))."""
     from commbench.proxies.trace_calls import TraceError
@@ -68,12 +71,13 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
         from commbench.commands.replay_table import predict_and_print
 
         sys.exit(predict_and_print(job_trace, hw, topology, compute_scale, json_path, sys.argv))
+    shape = emulated_shape({"emulate": emulate, "link": link}, {"--launcher": launcher != "auto"})
     _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, device, launcher, timeout_s,
-            json_path, info)
+            json_path, info, shape)
 
 
 def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, device, launcher, timeout_s,
-            json_path, info) -> None:
+            json_path, info, shape) -> None:
     import os
 
     from commbench import job
@@ -81,13 +85,19 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
     from commbench.commands.backend_options import settle_backend
     from commbench.proxies.replay_trace import TraceReplayConfig
 
-    if info is not None and info.world_size != job_trace.world:
-        raise UsageFault(f"the trace is of {job_trace.world} ranks; this job has {info.world_size}")
-    plan = (job.Plan("join", info.world_size, info, info.nnodes, info.local_world_size) if info is not None else
-            job.Plan("spawn", job_trace.world, None, 1, job_trace.world))
+    world = info.world_size if info is not None else shape[0] * shape[1] if shape else job_trace.world
+    if world != job_trace.world:
+        raise UsageFault(f"the trace is of {job_trace.world} ranks; this job has {world}")
+    if shape:  # an emulated cluster of this host: every rank reads the trace files here
+        plan = job.Plan("emulate", world, None, shape[0], shape[1], link_bps=shape[2])
+    elif info is not None:
+        plan = job.Plan("join", info.world_size, info, info.nnodes, info.local_world_size)
+    else:
+        plan = job.Plan("spawn", world, None, 1, world)
     request = BackendConfig(backend="torch", torch_backend=torch_backend, device=device, nprocs=plan.world,
                             timeout_s=timeout_s)
-    _, settled = settle_backend(request, "spawn" if plan.mode == "spawn" else job.launcher_of(launcher))
+    _, settled = settle_backend(request, {"spawn": "spawn", "emulate": "torchrun"}.get(plan.mode)
+                                or job.launcher_of(launcher))
     cfg = TraceReplayConfig(traces=tuple(os.path.abspath(t) for t in traces), steps=steps,
                             warmup_steps=warmup_steps, compute=compute, backend=settled, json_path=json_path)
     job.end(job.run("replay", cfg, plan, sys.argv), plan)
