@@ -3,7 +3,8 @@
 Each rank trains a small MLP with torch DDP (default buckets, or --bucket-mb) or FSDP2
 (fully_shard per layer) on random data and profiles the last steps with torch.profiler, as
 docs/replay.md says to: one trace file per rank, `rank<R>.json` under --out, and the traced run's
-own step times (`steps.json`: per rank, each profiled step's wall time in microseconds).
+own step times (`steps.json`: per rank, each profiled step's wall time in microseconds); with
+--execution-trace, each rank's execution trace of the same steps too (`et_rank<R>.json`).
 
     python benchmarks/capture_trace.py --out /tmp/ddp --setup ddp --nprocs 2 --steps 3
 """
@@ -53,6 +54,11 @@ def _rank(rank: int, args) -> None:
     data = torch.randn(args.batch, args.width)
     schedule = torch.profiler.schedule(wait=0, warmup=args.warmup, active=args.steps)
     steps_us = []
+    observer = None
+    if args.execution_trace:  # the execution trace of the same steps, beside the profiler's
+        observer = torch.profiler.ExecutionTraceObserver().register_callback(
+            os.path.join(args.out, f"et_rank{rank}.json"))
+        observer.start()
     path = os.path.join(args.out, f"rank{rank}.json")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                                 on_trace_ready=lambda p: p.export_chrome_trace(path), record_shapes=True) as prof:
@@ -63,6 +69,9 @@ def _rank(rank: int, args) -> None:
             optimizer.step()
             steps_us.append((time.perf_counter() - start) * 1e6)
             prof.step()
+    if observer is not None:
+        observer.stop()
+        observer.unregister_callback()
     gathered = [None] * args.nprocs
     dist.all_gather_object(gathered, steps_us[args.warmup:])
     if rank == 0:
@@ -82,6 +91,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--execution-trace", action="store_true",
+                        help="Also write each rank's execution trace (ExecutionTraceObserver), et_rank<R>.json.")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))

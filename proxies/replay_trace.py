@@ -214,7 +214,7 @@ def _lines(cfg: TraceReplayConfig, job: JobTrace) -> list[str]:
     compute = ("the traced compute between calls (the issuing thread's busy time, replayed as wall time)"
                if cfg.compute == "trace" else
                "no compute: the calls back to back, waits as traced")
-    return [f"replay of {job.source} trace: {job.world} rank(s), {len(job.ranks[0].steps)} traced step(s), "
+    return [f"replay of the {job.source}: {job.world} rank(s), {len(job.ranks[0].steps)} traced step(s), "
             f"{len(job.groups())} group(s); {compute}",
             "step = compute + exposed + other: exposed is the time the compute waited for a call in flight; "
             "other is the rest (issuing the calls, a late wake-up)",

@@ -1,7 +1,8 @@
 """A job's trace files, whatever wrote them, read into one JobTrace; and the table of what it communicated.
 
-`read_traces` tells the formats apart by their content (a JSON object: PyTorch's profiler, one file
-per rank, .gz or not; lines with "NCCL INFO": NCCL's log), checks the set (every rank once, every
+`read_traces` tells the formats apart by their content (a JSON object with traceEvents: PyTorch's
+profiler, one file per rank, .gz or not; with nodes: an execution trace, one file per rank in rank
+order; lines with "NCCL INFO": NCCL's log), checks the set (every rank once, every
 group's members issuing the same calls) and raises TraceError with one line naming the problem.
 `table_rows` sums the calls per (collective, size, dtype, group): nccl-tests' columns (size, time,
 busbw: collectives.bandwidths_gbps) and the job's (calls, share of the step, exposed or overlapped).
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from commbench.collectives import bandwidths_gbps
 from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceError, check_job
+from commbench.proxies.trace_et import looks_like_execution_trace, read_execution_traces
 from commbench.proxies.trace_json import open_text
 from commbench.proxies.trace_nccl import looks_like_nccl_log, read_nccl_logs
 from commbench.proxies.trace_torch import read_torch_trace
@@ -25,7 +27,8 @@ def read_traces(paths: list[str]) -> JobTrace:
     if len(kinds) > 1:
         raise TraceError(f"{', '.join(paths)}: a mix of formats ({', '.join(sorted(kinds))}): give one kind")
     origin = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more)"
-    job = read_nccl_logs(paths) if kinds == {"nccl"} else _read_torch(paths)
+    reader = {"nccl": read_nccl_logs, "et": read_execution_traces, "torch": _read_torch}[kinds.pop()]
+    job = reader(paths)
     check_job(job, origin)
     return job
 
@@ -39,7 +42,7 @@ def _kind(path: str) -> str:
     except (EOFError, UnicodeError) as exc:
         raise TraceError(f"{path}: cannot be read ({exc})") from exc
     if head.lstrip().startswith("{"):
-        return "torch"
+        return "et" if looks_like_execution_trace(head) else "torch"
     if looks_like_nccl_log(head):
         return "nccl"
     raise TraceError(f"{path}: neither a PyTorch profiler trace (JSON) nor an NCCL log (no 'NCCL INFO' lines)")

@@ -88,8 +88,9 @@ class _Reader:
             return value
 
 
-def read_chrome_trace(handle: TextIO, origin: str) -> Iterator[tuple[str, Any]]:
-    """(key, value) for each top-level key; for `traceEvents`, (EVENTS_KEY, event) for each event in turn."""
+def read_chrome_trace(handle: TextIO, origin: str, array_key: str = EVENTS_KEY) -> Iterator[tuple[str, Any]]:
+    """(key, value) for each top-level key; for `array_key` (traceEvents; an execution trace's nodes),
+    (array_key, element) for each object in it in turn."""
     reader = _Reader(handle, origin)
     reader.expect("{")
     while True:
@@ -101,7 +102,7 @@ def read_chrome_trace(handle: TextIO, origin: str) -> Iterator[tuple[str, Any]]:
                              f"{origin}: not a Chrome trace: unexpected {char!r} at the top level")
         key = reader.value()
         reader.expect(":")
-        if key != EVENTS_KEY:
+        if key != array_key:
             yield key, reader.value()
             continue
         reader.expect("[")
@@ -111,7 +112,7 @@ def read_chrome_trace(handle: TextIO, origin: str) -> Iterator[tuple[str, Any]]:
                 reader.pos += 1
                 break
             if not char:
-                raise TraceError(f"{origin}: the file ends inside traceEvents (truncated?)")
+                raise TraceError(f"{origin}: the file ends inside {array_key} (truncated?)")
             event = reader.value()
             if isinstance(event, dict):
-                yield EVENTS_KEY, event
+                yield array_key, event

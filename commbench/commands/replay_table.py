@@ -25,7 +25,7 @@ def print_table(job) -> None:
     trace = job.ranks[0]
     steps = len(trace.steps)
     step_us = [s.step_us for s in trace.steps]
-    click.echo(f"# {job.source} trace: {job.world} rank(s), {steps} step(s), {len(job.groups())} group(s); "
+    click.echo(f"# {job.source}: {job.world} rank(s), {steps} step(s), {len(job.groups())} group(s); "
                f"rank 0's calls per collective and size (every member of a group issues the same)")
     if any(step_us):
         mean = sum(step_us) / len(step_us)
@@ -39,7 +39,7 @@ def print_table(job) -> None:
         group = ",".join(map(str, row.group)) if len(row.group) <= 4 else f"{len(row.group)} ranks"
         click.echo(f"  {row.collective:>14} {_size(row.nbytes):>11} {row.dtype:>8} {group:>12} {row.calls:>6} "
                    f"{_cell(row.time_us, '.1f'):>9} {_cell(row.busbw_gbps, '.3f'):>11} "
-                   f"{_cell(None if row.share is None else row.share * 100, '.1f'):>5}% "
+                   f"{'-' if row.share is None else format(row.share * 100, '.1f') + '%':>6} "
                    f"{row.exposed_us / 1e3:>11.3f} {row.overlapped_us / 1e3:>11.3f}")
     click.echo("# time: the median call's run (the worker's or kernel's span); share: the calls' run time over the "
                "step's; exposed: per step, the issuing thread waiting while they ran; overlap: the rest")

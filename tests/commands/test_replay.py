@@ -12,6 +12,7 @@ TRACES = DATA / "traces"
 DDP = [str(TRACES / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 FSDP = [str(TRACES / f"fsdp2_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 DDP4 = [str(TRACES / f"ddp1bucket_4rank_gloo_rank{r}.json.gz") for r in range(4)]  # bucket_cap_mb=100: one bucket
+ET = [str(TRACES / f"et_ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]  # execution traces
 
 
 def test_table_only_lists_each_collective_and_size():
@@ -23,7 +24,7 @@ def test_table_only_lists_each_collective_and_size():
     assert "# replay" not in proc.stdout
 
 
-@pytest.mark.parametrize("traces", [DDP, FSDP, DDP4], ids=["ddp", "fsdp2", "ddp-one-bucket-4-ranks"])
+@pytest.mark.parametrize("traces", [DDP, FSDP, DDP4, ET], ids=["ddp", "fsdp2", "ddp-one-bucket-4-ranks", "et"])
 def test_replay_issues_exactly_the_traced_calls_in_order(tmp_path, traces):
     out = tmp_path / "r.jsonl"
     proc = commbench("replay", *traces, "--steps", "2", "--warmup-steps", "1", "--json", str(out), timeout=240)
