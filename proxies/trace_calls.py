@@ -1,6 +1,7 @@
 """A user's own job, as its traces show it: per rank, each step's collective calls in issue order and
-the compute between them. Every trace reader (trace_torch: PyTorch's profiler; trace_nccl: NCCL's
-COLL log) gives this one form, and the replay, the table and the prediction read only it.
+the compute between them. Every trace reader (trace_torch: PyTorch's profiler; trace_et: its execution
+trace; trace_nccl: NCCL's COLL log) gives this one form, and the replay, the table and the prediction
+read only it.
 
 A call's place in its step is two points on the compute's progress, as a setup's calls have
 (comm_plan.Comm): `progress_us`, the compute done (the issuing thread busy, not waiting) when it
@@ -19,7 +20,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from commbench.collectives import COLLECTIVES
 from commbench.proxies.comm_plan import Comm, CommPlan, Phase
 
 IDLE_MIN_US = 20.0  # a gap between the issuing thread's ops shorter than this is not a wait
@@ -68,7 +68,7 @@ class RankTrace:
 class JobTrace:
     world: int
     ranks: tuple[RankTrace, ...]  # rank order
-    source: str  # what was read: "PyTorch profiler (c10d ops)", "NCCL COLL log", ...
+    source: str  # what was read: "PyTorch profiler", "PyTorch execution trace", "NCCL COLL log"
     notes: tuple[str, ...] = ()  # what the reader left out (barriers, send/recv), said with the table
 
     def groups(self) -> list[tuple[int, ...]]:
@@ -197,9 +197,3 @@ def step_plan(step: TraceStep, compute: bool = True) -> CommPlan:
     comms = tuple(Comm(c.collective, c.nbytes, c.dtype, ",".join(map(str, c.group)), at(c.progress_us),
                        at(c.needed_us), f"call {i + 1}") for i, c in enumerate(step.calls))
     return CommPlan((Phase("compute", "", 0, 0.0, step.compute_us if compute else 0.0),), comms)
-
-
-def known_collective(name: str, origin: str) -> str:
-    if name not in COLLECTIVES:
-        raise TraceError(f"{origin}: collective {name!r} is not one commbench runs")
-    return name
