@@ -25,9 +25,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def capture(folder: str, setup: str, nprocs: int, steps: int) -> float:
     """The traced run's median step, microseconds (per step, the slowest rank)."""
-    subprocess.run([sys.executable, os.path.join(HERE, "capture_trace.py"), "--out", folder, "--setup", setup,
-                    "--nprocs", str(nprocs), "--steps", str(steps), "--width", "512", "--layers", "4"],
-                   check=True, capture_output=True)
+    command = [sys.executable, os.path.join(HERE, "capture_trace.py"), "--out", folder, "--setup", setup,
+               "--nprocs", str(nprocs), "--steps", str(steps), "--width", "512", "--layers", "4"]
+    for attempt in range(3):  # a loaded host can time out gloo's rendezvous: say so, and try again
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"# capture failed ({last[:160]}){'; again' if attempt < 2 else ''}", flush=True)
+    else:
+        raise SystemExit("the capture failed three times")
     with open(os.path.join(folder, "steps.json"), encoding="utf-8") as f:
         ranks = json.load(f)["steps_us"]
     return statistics.median(max(step) for step in zip(*ranks))
