@@ -4,8 +4,8 @@ trace; trace_nccl: NCCL's COLL log) gives this one form, and the replay, the tab
 read only it.
 
 A call's place in its step is two points on the compute's progress, as a setup's calls have
-(comm_plan.Comm): `progress_us`, the compute done (the issuing thread busy, not waiting) when it
-was issued, and `needed_us`, the progress at which the thread stopped to wait until it was done
+(comm_plan.Comm): `progress_us`, the compute done (the issuing thread neither waiting nor issuing a
+call) when it was issued, and `needed_us`, the progress at which the thread stopped to wait until it was done
 (math.inf: nothing waited for it before the step ended). A reader infers the wait from the trace:
 the issuing thread was idle when the call ended, in a gap that lasted past its issue (or
 resumed within `RESUME_SLACK_US` before: the two clocks' skew). A thread idle for another reason
@@ -138,29 +138,43 @@ class Busy:
         return gaps
 
 
-def build_step(start: float, end: float, busy: Busy, calls: Sequence[TraceCall]) -> TraceStep:
-    """A step from absolute times: `calls` (issue, start and end absolute, in issue order) placed on the
-    compute's progress, each needed where the thread waited for it; times made relative to `start`."""
-    gaps = busy.idle(start, end)
-    p0 = busy.progress(start)
-    compute = busy.progress(end) - p0
-    placed = []
-    for call in calls:
-        needed = math.inf
+def _waits(gaps: list[tuple[float, float]], calls: Sequence[TraceCall]) -> dict[int, tuple[float, float]]:
+    """Call index -> the gap in which the thread waited for it: idle when the call ended, in a gap that
+    lasted past its issue (the issue is idle time too: it is not compute)."""
+    out = {}
+    for i, call in enumerate(calls):
         if call.end_us is not None:
             for g0, g1 in gaps:
-                if g0 <= call.end_us <= g1 + RESUME_SLACK_US and g1 >= call.issue_us:  # (the issue is a gap too)
-                    needed = busy.progress(g0) - p0
+                if g0 <= call.end_us <= g1 + RESUME_SLACK_US and g1 >= call.issue_us:
+                    out[i] = (g0, g1)
                     break
+    return out
+
+
+def build_step(start: float, end: float, ops: Busy, calls: Sequence[TraceCall],
+               issuing: Sequence[tuple[float, float]] = ()) -> TraceStep:
+    """A step from absolute times: `ops` the issuing thread's ops less its calls' `issuing` spans; `calls`
+    (issue, start and end absolute, in issue order). The thread's time in the step is issuing calls,
+    waiting for one (a gap in its ops in which a call ended), or compute: everything else, the time
+    between ops (Python, the profiler's own) and gaps no call ended in included. Each call is placed on
+    the compute's progress, needed where the thread waited for it; times made relative to `start`."""
+    waits = _waits(ops.idle(start, end), calls)
+    busy = Busy(subtract_spans([(start, end)], [*issuing, *waits.values()]))
+    p0 = busy.progress(start)
+    compute = busy.progress(end) - p0
+    wait_gaps = merge_intervals(list(waits.values()))
+    placed = []
+    for i, call in enumerate(calls):
         progress = busy.progress(call.issue_us) - p0
+        needed = busy.progress(waits[i][0]) - p0 if i in waits else math.inf
         exposed = 0.0 if call.end_us is None else sum(max(0.0, min(call.end_us, g1) - max(call.start_us, g0))
-                                                      for g0, g1 in gaps)
+                                                      for g0, g1 in wait_gaps)
         placed.append(replace(call, issue_us=call.issue_us - start, progress_us=progress, exposed_us=exposed,
                               needed_us=max(needed, progress) if needed < compute else math.inf,
                               start_us=None if call.start_us is None else call.start_us - start,
                               end_us=None if call.end_us is None else call.end_us - start))
     running = merge_intervals([(c.start_us, c.end_us) for c in calls if c.start_us is not None])
-    exposed = sum(max(0.0, min(e, g1) - max(s, g0)) for s, e in running for g0, g1 in gaps)
+    exposed = sum(max(0.0, min(e, g1) - max(s, g0)) for s, e in running for g0, g1 in wait_gaps)
     return TraceStep(end - start, compute, tuple(placed), exposed)
 
 

@@ -132,7 +132,8 @@ def _steps(got: _Collected, calls: list[TraceCall], tid: Any, path: str, notes: 
         spans = [(min(times), max(times))]
     issuing = [(e["ts"], e["ts"] + e["dur"]) for e in got.c10d + got.param if e["tid"] == tid]
     busy = Busy(subtract_spans(own, issuing))  # a call's own issue is not compute: the replay issues it again
-    steps = [build_step(start, end, busy, [c for c in calls if start <= c.issue_us < end]) for start, end in spans]
+    steps = [build_step(start, end, busy, [c for c in calls if start <= c.issue_us < end], issuing)
+             for start, end in spans]
     outside = len(calls) - sum(len(s.calls) for s in steps)
     if outside:
         notes.append(f"{outside} call(s) issued outside the profiled steps, left out")

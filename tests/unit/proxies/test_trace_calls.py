@@ -62,5 +62,13 @@ def test_group_members_that_disagree_are_named():
 
 def test_a_call_that_ended_while_the_thread_computed_was_not_waited_for():
     busy = Busy([(0, 100), (150, 2100)])  # busy again at 150, the call done at 300
-    (only,) = build_step(0, 2100, busy, [call(100, 120, 1200)]).calls
-    assert math.isinf(only.needed_us) and only.exposed_us == pytest.approx(30)
+    step = build_step(0, 2100, busy, [call(100, 120, 1200)])
+    (only,) = step.calls
+    assert math.isinf(only.needed_us) and only.exposed_us == 0
+    assert step.compute_us == 2100  # the gap no call ended in is the thread's own work
+
+
+def test_issuing_is_not_compute_and_time_between_ops_is():
+    busy = Busy([(0, 100), (110, 200), (215, 300)])  # 10 us between two ops: Python, not a wait
+    step = build_step(0, 300, busy, [call(200, 210, 260)], issuing=[(200, 215)])
+    assert step.compute_us == 300 - 15 and step.calls[0].progress_us == 200
