@@ -47,13 +47,16 @@ Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it),
 @output_options(append=False)
 def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topology, compute_scale, torch_backend,
                    device, launcher, timeout_s, json_path, force, emulate, link) -> None:
-    """Tabulate, replay or predict the communication of a traced job (TRACE: one profiler JSON per rank, or
-    NCCL log(s))."""
+    """Tabulate, replay or predict the communication of a traced job (TRACE: one profiler JSON per rank, one
+    execution trace per rank in rank order, or NCCL log(s); docs/replay.md)."""
     from commbench.proxies.trace_calls import TraceError
     from commbench.proxies.trace_files import read_traces
 
-    if steps < 1 or warmup_steps < 0 or not compute_scale > 0:
-        raise UsageFault("--steps must be at least 1, --warmup-steps at least 0, --compute-scale above 0")
+    if steps < 1 or warmup_steps < 0 or not compute_scale > 0 or not 0 < timeout_s < 1e6:
+        raise UsageFault("--steps must be at least 1, --warmup-steps at least 0, --compute-scale above 0, "
+                         "--timeout above 0 (and below 1e6 s)")
+    if not table_only:
+        check_writable(json_path, "--json", force)
     try:
         job_trace = read_traces(list(traces))
     except TraceError as exc:
@@ -66,7 +69,6 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
         print_table(job_trace)
     if table_only:
         return
-    check_writable(json_path, "--json", force)
     if hw:
         from commbench.commands.replay_table import predict_and_print
 
