@@ -68,7 +68,7 @@ def check(records: list[dict], hw: Hardware) -> tuple[list[Row], list[str]]:
     """(rows, notes): every point of `records` the model can predict, and one note per kind it cannot."""
     notes: list[str] = []
     records, foreign = applicable(records, hw)
-    rows = _sweep_rows(records, hw, notes) + _proxy_rows(records, hw, notes)
+    rows = _sweep_rows(records, hw, notes) + _proxy_rows(records, hw, notes) + _trace_rows(records, hw, notes)
     return rows, foreign + notes
 
 
@@ -129,8 +129,38 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     replays = _measured_replays(records, headers, notes)
     rows, loads = [], run_loads(records)
     for r in records:
-        if r.get("record") == "proxy" and r.get("kind") in ("proxy", "train") and r.get("status", "ok") == "ok":
+        if r.get("record") == "proxy" and r.get("kind") in ("proxy", "train") and r.get("status", "ok") == "ok" \
+                and r.get("setup") != "trace":
             rows += _run_rows(r, headers, replays, loads, hw, notes)
+    return rows
+
+
+def _trace_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
+    """A step row and a comm row per replay of a user's trace (`commbench replay`): the same trace's calls and
+    traced compute predicted (analysis/predict_trace.py) against the replay's medians."""
+    from commbench.analysis.predict_trace import predict_trace
+    from commbench.proxies.trace_calls import TraceError
+    from commbench.proxies.trace_files import read_traces
+
+    headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
+    rows, loads = [], run_loads(records)
+    for r in records:
+        if r.get("record") != "proxy" or r.get("setup") != "trace" or r.get("kind") != "proxy" or \
+                r.get("status", "ok") != "ok" or not r.get("step_us_p50"):
+            continue
+        traces = ((headers.get(r.get("run_id")) or {}).get("config") or {}).get("traces") or []
+        nodes = int(r.get("nnodes") or 1)
+        try:
+            p = predict_trace(read_traces(list(traces)), hw, Topology(nodes, int(r["world_size"]) // nodes))
+        except (TraceError, ValueError) as exc:
+            notes.append(f"{r.get('model')}: its trace cannot be predicted ({str(exc).splitlines()[0]})")
+            continue
+        setup, over = _marked(f"{r.get('model')}, {r['world_size']} ranks, {r.get('backend')}", r, loads)
+        rows.append(Row("proxy", setup, "step", int(r.get("gradient_bytes") or 0), float(r["step_us_p50"]),
+                        p.median(p.steps_us), None, over))
+        if r.get("comm_us_p50"):
+            rows.append(Row("proxy", setup, "comm", int(r.get("gradient_bytes") or 0), float(r["comm_us_p50"]),
+                            p.median(p.comm_us), None, over))
     return rows
 
 

@@ -21,6 +21,7 @@ from commbench.commands import (
     predict,
     predict_scaling,
     proxy,
+    replay,
     report,
     selftest,
     sweep,
@@ -38,7 +39,7 @@ def cli() -> None:
 for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
                 proxy.profiles_group, fit.fit_command, predict.predict_command, predict_scaling.predict_scaling_command,
                 report.report_command, compare.compare_command, selftest.selftest_command, check.check_command,
-                emulate.emulate_group, tune.tune_command):
+                emulate.emulate_group, tune.tune_command, replay.replay_command):
     cli.add_command(command)
 
 

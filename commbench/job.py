@@ -65,6 +65,8 @@ JOBS = {
               "commbench.proxies.context:summary_from_records"),
     "train": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.train:run_train",
               "commbench.proxies.context:summary_from_records"),
+    "replay": ("commbench.proxies.replay_trace:TraceReplayConfig", "commbench.proxies.replay_trace:run_trace_replay",
+               "commbench.proxies.context:summary_from_records"),
 }
 SUMMARY_RECORDS = ("summary", "proxy", "validate")  # a results file that ends in one of these is complete
 

@@ -58,7 +58,7 @@ class StepLog:
         if not self.lead:
             return
         step_us = values["step_us"]
-        rate = self.samples / (step_us * 1e-6) if step_us else None  # a step of 0 us has no rate
+        rate = self.samples / (step_us * 1e-6) if step_us and self.samples else None  # 0 us, or no samples
         cells = " ".join(f"{_ms(values.get(name)):>{width}}" for name, _, width in COLUMNS)
         shown = "-" if rate is None else f"{rate:.1f}"
         print(f"  {index:>6} {cells} {shown:>11}{'  (warm-up)' if warmup else ''}", flush=True)

@@ -244,8 +244,10 @@ def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, s
 @click.option("--unit", "sample_unit", default=None, help="What a sample is: images, sequences, ...")
 @click.option("--wrap", default=None, metavar="CLASS[,CLASS...]",
               help="Classes whose modules are sharding units [default: the model family's FSDP wrapping].")
+@click.option("--from-trace", is_flag=True,
+              help="SPEC is one rank's PyTorch profiler trace of a data-parallel job (docs/replay.md).")
 @output_options(append=False)
-def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit, wrap, force) -> None:
+def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit, wrap, from_trace, force) -> None:
     """Build a profile from a model definition (random weights; nothing is downloaded).
 
     \b
@@ -257,7 +259,8 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
 
     check_writable(output, "-o", force)
     try:
-        profile = R.extract_profile(spec, input_shape, name, default_batch, sample_unit, wrap)
+        profile = (_profile_from_trace(spec, input_shape, name, default_batch, sample_unit, wrap) if from_trace else
+                   R.extract_profile(spec, input_shape, name, default_batch, sample_unit, wrap))
     except R.ProxyUsageError as exc:
         raise UsageFault(str(exc)) from exc
     try:
@@ -267,3 +270,16 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
     click.echo(f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors, "
                f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
                f"backward per sample, {len(profile.units)} sharding unit(s); wrote {os.path.abspath(output)}")
+
+
+def _profile_from_trace(path, input_shape, name, default_batch, sample_unit, wrap):
+    """profiles extract --from-trace: the gradients and compute of a traced DDP job (proxies/trace_profile.py)."""
+    from commbench.proxies.trace_calls import TraceError
+    from commbench.proxies.trace_profile import profile_from_trace
+
+    if input_shape or wrap:
+        raise UsageFault("--input-shape and --wrap describe a model definition: a trace has neither (--from-trace)")
+    try:
+        return profile_from_trace(path, name, default_batch or 1, sample_unit or "samples")
+    except TraceError as exc:
+        raise UsageFault(str(exc)) from exc

@@ -171,6 +171,8 @@ class StepRecord(Record):
     other_us: float | None = None  # step - compute - exposed_comm (None: train, or an older file)
     schema: int = SCHEMA_VERSION
     calls_us: list[list[float]] | None = None  # a replay: rank 0's calls, [start, end] from the step's start
+    traced_step: int | None = None  # `replay` of a trace: which traced step this one replays (from 0)
+    issued: list[list] | None = None  # `replay`: rank 0's calls as issued, [collective, nbytes, dtype, group ranks]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""Read PyTorch's execution trace (torch.profiler.ExecutionTraceObserver's JSON, Chakra's input; one
+file per rank) into the job's calls, streamed (trace_json.py) as the profiler's trace is.
+
+An execution trace lists every operator the rank ran as a node, in execution order (its `id`), with
+its inputs' shapes and types but no times. The calls are the `c10d::` nodes (the same operators
+trace_torch.C10D_OPS sizes: the input whose elements are nccl-tests' size, the dtype from its type,
+"Tensor(float)" or "GenericList[Tensor(float)]"). What it cannot know: which rank wrote the file (the
+schema 1.1.1 header has a pid, no rank: the files are taken in rank order, as given), which process
+group a call used (its group is written "<Object>": every call is taken to be on all ranks, and a trace
+of several groups is caught only when its ranks disagree), and any time (compute and run times zero,
+the whole trace one step). Known schemas: SCHEMA_PREFIXES.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep
+from commbench.proxies.trace_json import open_text, read_chrome_trace
+from commbench.proxies.trace_torch import C10D_OPS, DTYPES, ITEMSIZE
+
+SCHEMA_PREFIXES = ("1.0.", "1.1.")  # torch 2.14.1 writes "1.1.1-chakra.0.0.4"
+NODES_KEY = "nodes"
+
+
+def looks_like_execution_trace(head: str) -> bool:
+    return '"traceEvents"' not in head and '"nodes"' in head and '"schema"' in head
+
+
+def read_execution_traces(paths: list[str]) -> JobTrace:
+    world = len(paths)
+    ranks, dropped = [], Counter()
+    for rank, path in enumerate(paths):
+        calls = _calls(path, tuple(range(world)), dropped)
+        ranks.append(RankTrace(rank, (TraceStep(0.0, 0.0, tuple(calls)),)))
+    notes = ["an execution trace has no times, ranks or groups: files taken in rank order, every call on all "
+             "ranks, compute and run times zero"]
+    if dropped:
+        notes.append("left out (not replayed): " + ", ".join(f"{n} {name}" for name, n in sorted(dropped.items())))
+    return JobTrace(world, tuple(ranks), "PyTorch execution trace", tuple(notes))
+
+
+def _calls(path: str, group: tuple[int, ...], dropped: Counter) -> list[TraceCall]:
+    nodes, schema = [], None
+    try:
+        with open_text(path) as handle:
+            for key, value in read_chrome_trace(handle, path, NODES_KEY):
+                if key == "schema":
+                    schema = str(value)
+                elif key == NODES_KEY and str(value.get("name", "")).startswith("c10d::"):
+                    nodes.append(value)
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+    if schema is None or not schema.startswith(SCHEMA_PREFIXES):
+        raise TraceError(f"{path}: execution trace schema {schema!r}: this reader knows {', '.join(SCHEMA_PREFIXES)}*")
+    calls = []
+    for node in sorted(nodes, key=lambda n: int(n.get("id", 0))):
+        name = node["name"]
+        if name not in C10D_OPS:
+            dropped[name] += 1
+            continue
+        collective, which = C10D_OPS[name]
+        inputs = node.get("inputs") or {}
+        shapes, types = inputs.get("shapes") or [], inputs.get("types") or []
+        if len(shapes) <= which or len(types) <= which:
+            raise TraceError(f"{path}: node {node.get('id')} ({name}) lacks its input {which}")
+        dtype = _dtype(str(types[which]), path)
+        calls.append(TraceCall(collective, _numel(shapes[which]) * ITEMSIZE[dtype], dtype, "", group, "0", 0.0,
+                               None, None))
+    return calls
+
+
+def _dtype(text: str, path: str) -> str:
+    found = re.search(r"Tensor\(([^)]*)\)", text)
+    name = found.group(1).strip().lower() if found else ""
+    if name not in DTYPES:
+        raise TraceError(f"{path}: a call of type {text!r}, which this reader does not know")
+    return DTYPES[name]
+
+
+def _numel(shape) -> int:
+    if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape):
+        count = 1
+        for d in shape:
+            count *= d
+        return count
+    return sum(_numel(s) for s in shape) if isinstance(shape, list) else 0

@@ -1,0 +1,138 @@
+"""Read NCCL's debug log (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL) into the job's calls.
+
+The lines are NCCL's own. Every INFO line starts "HOST:PID:TID [DEV] NCCL INFO " (NVIDIA/nccl
+src/debug.cc, ncclDebugLog); each collective call prints one line from ncclEnqueueCheck (src/enqueue.cc,
+the same fields from 2.7 to 2.20.5, count printed %zi then %zu):
+
+    AllReduce: opCount 3 sendbuff 0x7f.. recvbuff 0x7f.. count 1024 datatype 7 op 0 root 0
+    comm 0x55.. [nranks=8] stream 0x..                                   (one line in the log)
+
+and each communicator one line when it is ready (src/init.cc: "... comm 0x55.. rank 3 nranks 8
+cudaDev 3 nvmlDev 3 busId 1b000 commId 0x4a.. - Init COMPLETE"). A process is HOST:PID; its global
+rank is its rank in the largest communicator; a communicator's group is the processes that hold one
+of its commId. One log of every rank (lines interleaved) or one log per rank: all lines are read
+alike. Count is per rank for AllReduce, Broadcast and Reduce; AllGather's is what each rank sends and
+ReduceScatter's what each receives (so nccl-tests' size is count x nranks). The log has no times:
+compute and run times are unknown (zero), and the whole log is one step. Send/Recv are left out and
+counted in the notes.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep
+
+PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
+COLL = re.compile(r"^(?P<name>\w+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
+                  r"datatype (?P<dtype>\d+) op (?P<op>\d+) root (?P<root>-?\d+) comm (?P<comm>\S+) "
+                  r"\[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)")
+INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) .*?"
+                  r"commId (?P<commid>0x[0-9a-fA-F]+) - Init COMPLETE")
+NAMES = {"AllReduce": "allreduce", "AllGather": "allgather", "ReduceScatter": "reduce_scatter",
+         "Broadcast": "broadcast", "Reduce": "reduce"}
+GATHERS = ("allgather", "reduce_scatter")  # count is one rank's share
+# ncclDataType_t (nccl.h): 0 int8, 1 uint8, 2 int32, 3 uint32, 4 int64, 5 uint64, 6 half, 7 float, 8 double,
+# 9 bfloat16, 10/11 fp8 e4m3/e5m2; unsigned and fp8 replay as the signed type of their size
+DTYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("int32", 4), 4: ("int64", 8), 5: ("int64", 8),
+          6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("uint8", 1),
+          11: ("uint8", 1)}
+OPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}  # beyond: a PreMulSum op, replayed as sum
+
+
+def looks_like_nccl_log(head: str) -> bool:
+    return "NCCL INFO" in head or "NCCL WARN" in head or "NCCL version" in head
+
+
+def read_nccl_logs(paths: list[str]) -> JobTrace:
+    """The job's calls from its NCCL log(s)."""
+    calls: dict[tuple[str, str], list[tuple[dict, str]]] = defaultdict(list)  # process -> (COLL fields, origin)
+    comms: dict[tuple[str, str, str], dict] = {}  # (host, pid, comm pointer) -> INIT fields
+    for path in paths:
+        _read(path, calls, comms)
+    if not calls:
+        raise TraceError(f"{', '.join(paths)}: no NCCL COLL lines (run with NCCL_DEBUG=INFO "
+                         f"NCCL_DEBUG_SUBSYS=INIT,COLL)")
+    ranks = _global_ranks(calls, comms, paths)
+    members: dict[str, list[int]] = defaultdict(list)
+    for (host, pid, _), init in comms.items():
+        if (host, pid) in ranks:
+            members[init["commid"]].append(ranks[(host, pid)])
+    world = len(ranks)
+    dropped: Counter = Counter()
+    traces = []
+    for process, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        own = []
+        for fields, origin in calls[process]:
+            call = _call(fields, comms.get((*process, fields["comm"])), members, world, origin)
+            if call is None:
+                dropped[fields["name"]] += 1
+            else:
+                own.append(call)
+        traces.append(RankTrace(rank, (TraceStep(0.0, 0.0, tuple(own)),)))
+    notes = ["NCCL's log has no times: compute between calls and the calls' own times are unknown (zero)"]
+    if dropped:
+        notes.append("left out (not replayed): " + ", ".join(f"{n} {name}" for name, n in sorted(dropped.items())))
+    return JobTrace(world, tuple(traces), "NCCL COLL log", tuple(notes))
+
+
+def _read(path: str, calls: dict, comms: dict) -> None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                match = PREFIX.search(line.rstrip("\n"))
+                if not match:
+                    continue
+                process, msg = (match["host"], match["pid"]), match["msg"]
+                coll = COLL.match(msg)
+                if coll:
+                    calls[process].append((coll.groupdict(), f"{path}:{number}"))
+                    continue
+                init = INIT.search(msg)
+                if init:
+                    comms[(*process, init["comm"])] = {**init.groupdict(), "rank": int(init["rank"]),
+                                                       "nranks": int(init["nranks"])}
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+
+
+def _global_ranks(calls: dict, comms: dict, paths: list[str]) -> dict[tuple[str, str], int]:
+    """Each process's rank in the largest communicator (the world); without INIT lines, the order the
+    processes first appear in, which is right only when every call is on the world."""
+    largest = max((c["nranks"] for c in comms.values()), default=0)
+    ranks = {(host, pid): c["rank"] for (host, pid, _), c in comms.items() if c["nranks"] == largest}
+    for process in calls:
+        if process not in ranks:
+            if comms:
+                raise TraceError(f"{paths[0]}: process {':'.join(process)} has COLL lines but no communicator of "
+                                 f"all {largest} ranks in the INIT lines (a log missing or cut short?)")
+            ranks[process] = len(ranks)
+    world = largest or len(ranks)
+    missing = sorted(set(range(world)) - set(ranks.values()))
+    if missing or len(ranks) != world:
+        raise TraceError(f"{paths[0]}: a job of {world} ranks, but no log lines of rank(s) "
+                         f"{', '.join(map(str, missing)) or '?'} (give every rank's log)")
+    return ranks
+
+
+def _call(fields: dict, init: dict | None, members: dict, world: int, origin: str) -> TraceCall | None:
+    collective = NAMES.get(fields["name"])
+    if collective is None:
+        return None
+    nranks = int(fields["nranks"])
+    if init is not None:
+        group = tuple(sorted(members[init["commid"]]))
+    elif nranks == world:
+        group = tuple(range(world))
+    else:
+        raise TraceError(f"{origin}: communicator {fields['comm']} of {nranks} ranks has no INIT line naming its "
+                         f"ranks (capture with NCCL_DEBUG_SUBSYS=INIT,COLL)")
+    if len(group) != nranks:
+        raise TraceError(f"{origin}: communicator {fields['comm']} has {nranks} ranks but the logs show "
+                         f"{len(group)} of them (a rank's log missing?)")
+    dtype, itemsize = DTYPES.get(int(fields["dtype"]), (None, 0))
+    if dtype is None:
+        raise TraceError(f"{origin}: NCCL datatype {fields['dtype']}, which this reader does not know")
+    count = int(fields["count"]) * (nranks if collective in GATHERS else 1)
+    return TraceCall(collective, count * itemsize, dtype, OPS.get(int(fields["op"]), "sum"), group,
+                     fields["comm"], 0.0, None, None)

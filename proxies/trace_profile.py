@@ -1,0 +1,76 @@
+"""A gradient profile (proxies/profile.py) from one rank's PyTorch profiler trace of a data-parallel job,
+so that `proxy`, `profiles show --buckets` and `predict-scaling` can take the user's own model as traced.
+
+What the trace gives (captured with record_shapes=True): each gradient's shape and dtype, in the order
+autograd accumulated them (`torch::autograd::AccumulateGrad` events: the ready order DDP sees), and the
+issuing thread's busy time in the forward (the step's start to autograd's first evaluate_function), the
+backward (to its last) and after. Times become FLOPs at TRACED_TFLOPS, so `predict-scaling --tflops 1`
+(or `proxy --compute flops --tflops 1`) puts back the traced compute; per sample: divided by --batch.
+The step read is the traced step of median length.
+
+What it cannot know: parameter names and registration order (the profile lists them as param0.. in the
+reverse of ready order, which is registration order for a model whose backward runs its layers in
+reverse), the input shape (1), the model's FLOPs (only times at the traced device's rate), and sharding
+units (an FSDP trace's AccumulateGrad events are the sharded parameters', not the model's: not read).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from collections import Counter
+
+from commbench.proxies.profile import DTYPE_BYTES, Profile, TensorSpec
+from commbench.proxies.trace_calls import Busy, TraceError, subtract_spans
+from commbench.proxies.trace_torch import DTYPES, collect
+
+TRACED_TFLOPS = 1.0
+
+
+def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sample_unit: str = "samples") -> Profile:
+    got = collect(path)
+    issuing = got.c10d + got.param
+    sharded = [e for e in issuing if "gather" in e["name"] or "scatter" in e["name"]
+               or "gather" in str(e["args"].get("Collective name", "")) or "scatter" in str(
+                   e["args"].get("Collective name", ""))]
+    if sharded:
+        raise TraceError(f"{path}: a sharded job's trace (all-gathers, reduce-scatters: FSDP or ZeRO): its "
+                         f"AccumulateGrad events are shards; --from-trace reads a DDP trace")
+    tids = Counter(e["tid"] for e in issuing)
+    tid = tids.most_common(1)[0][0] if tids else (got.steps[0][0] if got.steps else None)
+    steps = sorted((e - s, s, e) for t, s, e in got.steps if t == tid)
+    if not steps:
+        raise TraceError(f"{path}: no ProfilerStep spans on the thread that issued the calls (profile with "
+                         f"torch.profiler's schedule and call prof.step() each step)")
+    _, start, end = steps[(len(steps) - 1) // 2]
+    grads = sorted((g for g in got.grads if g[0] == tid and start <= g[1] < end), key=lambda g: g[1])
+    if not grads or not all(g[2] for g in grads):
+        raise TraceError(f"{path}: no AccumulateGrad events with shapes in a step (capture with record_shapes=True; "
+                         f"an FSDP trace's gradients are sharded: not read)")
+    spans = [b for b in got.backward if b[0] == tid and start <= b[1] < end]
+    backward_start, backward_end = min(b[1] for b in spans), max(b[2] for b in spans)
+    busy = Busy(subtract_spans(got.busy.get(tid, []), [(e["ts"], e["ts"] + e["dur"]) for e in issuing]))
+    per_sample = TRACED_TFLOPS * 1e12 * 1e-6 / max(1, batch)  # FLOPs per microsecond, per sample
+
+    def flops(t0: float, t1: float) -> float:
+        return (busy.progress(t1) - busy.progress(t0)) * per_sample
+
+    count = len(grads)
+    tensors = []
+    for index in range(count):  # registration order: the reverse of ready order
+        ready = count - 1 - index
+        _, ts, shape, dtype = grads[ready]
+        tensors.append(TensorSpec(f"param{index}", tuple(int(d) for d in shape), _dtype(dtype, path),
+                                  flops(backward_start, ts), ready))
+    return Profile(name or os.path.basename(path).split(".")[0], tuple(tensors), flops(start, backward_start),
+                   flops(backward_start, backward_end), (1,), sample_unit, max(1, batch),
+                   source={"package": "trace", "trace": os.path.abspath(path), "traced_tflops": TRACED_TFLOPS,
+                           "step_us": statistics.median(e - s for _, s, e in steps),
+                           "note": "FLOPs are the traced busy time at traced_tflops; names and registration "
+                                   "order are inferred (reverse of ready order)"})
+
+
+def _dtype(name: str, path: str) -> str:
+    dtype = DTYPES.get(str(name).lower())
+    if dtype not in DTYPE_BYTES:
+        raise TraceError(f"{path}: a gradient of dtype {name!r}, which a profile cannot hold")
+    return dtype

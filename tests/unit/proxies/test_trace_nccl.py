@@ -1,0 +1,93 @@
+"""proxies/trace_nccl.py on lines in the format NCCL prints them: the INFO prefix of src/debug.cc
+(ncclDebugLog: "HOST:PID:TID [DEV] NCCL INFO "), the COLL line of src/enqueue.cc (ncclEnqueueCheck) and
+the INIT line of src/init.cc ("... commId 0x.. - Init COMPLETE"), NVIDIA/nccl 2.20.5."""
+import pytest
+
+from commbench.proxies.trace_calls import TraceError
+from commbench.proxies.trace_files import read_traces
+
+PIDS = {0: 101, 1: 102, 2: 103, 3: 104}
+
+
+def coll(rank, name, op_count, count, dtype, comm, nranks, op=0):
+    return (f"node0:{PIDS[rank]}:{PIDS[rank] + 50} [{rank}] NCCL INFO {name}: opCount {op_count:x} sendbuff "
+            f"0x7f00{rank}0000000 recvbuff 0x7f00{rank}0100000 count {count} datatype {dtype} op {op} root 0 "
+            f"comm {comm} [nranks={nranks}] stream 0x5600000{rank}")
+
+
+def init(rank, comm, comm_rank, nranks, comm_id, split=False):
+    how = (f"ncclCommSplit comm {comm} rank {comm_rank} nranks {nranks} cudaDev {rank} nvmlDev {rank} busId "
+           f"{rank}b000 parent 0xaaa{rank} color 1 key {rank}" if split else
+           f"ncclCommInitRank comm {comm} rank {comm_rank} nranks {nranks} cudaDev {rank} nvmlDev {rank} busId "
+           f"{rank}b000")
+    return f"node0:{PIDS[rank]}:{PIDS[rank] + 60} [{rank}] NCCL INFO {how} commId {comm_id} - Init COMPLETE"
+
+
+def four_rank_log():
+    """4 ranks: a world communicator and two pair communicators ({0,1}, {2,3}), their lines interleaved
+    as one log of the whole job shows them (torchrun's merged output)."""
+    lines = ["node0:101:101 [0] NCCL INFO NCCL version 2.20.5+cuda12.4"]
+    for r in range(4):
+        lines.append(init(r, f"0x55500000{r}", r, 4, "0x1111"))
+    for r in (2, 0, 3, 1):  # a pair's own commId; ranks join in any order
+        lines.append(init(r, f"0x66600000{r}", r % 2, 2, "0x2222" if r < 2 else "0x3333", split=True))
+    for step in range(2):
+        for r in (0, 2, 1, 3):
+            lines.append(coll(r, "AllReduce", step, 1 << 20, 9, f"0x66600000{r}", 2))  # bf16 pair allreduce
+        for r in (3, 1, 0, 2):
+            lines.append(coll(r, "AllGather", step, 4096, 7, f"0x55500000{r}", 4))  # per-rank send count
+            lines.append(coll(r, "ReduceScatter", 2 * step + 1, 1024, 7, f"0x55500000{r}", 4, op=2))
+    lines.append("node0:101:101 [0] NCCL INFO Send: opCount 9 sendbuff 0x1 recvbuff (nil) count 8 datatype 7 op 0 "
+                 "root 1 comm 0x555000000 [nranks=4] stream 0x5")
+    return lines
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_interleaved_communicators_give_each_rank_its_groups_and_bytes(tmp_path):
+    job = read_traces([write(tmp_path, "nccl.log", four_rank_log())])
+    assert job.world == 4 and job.groups() == [(0, 1), (2, 3), (0, 1, 2, 3)]
+    (step,) = job.ranks[3].steps
+    assert [(c.collective, c.nbytes, c.dtype, c.group) for c in step.calls[:3]] == [
+        ("allreduce", 2 << 20, "bfloat16", (2, 3)), ("allgather", 4096 * 4 * 4, "float32", (0, 1, 2, 3)),
+        ("reduce_scatter", 1024 * 4 * 4, "float32", (0, 1, 2, 3))]
+    assert step.calls[2].op == "max" and len(step.calls) == 6
+    assert any("1 Send" in n for n in job.notes) and any("no times" in n for n in job.notes)
+
+
+def test_one_log_per_rank_reads_as_the_merged_log(tmp_path):
+    lines = four_rank_log()
+    paths = [write(tmp_path, f"rank{r}.log", [x for x in lines if f":{PIDS[r]}:" in x]) for r in range(4)]
+    merged = read_traces([write(tmp_path, "all.log", lines)])
+    assert read_traces(paths) == merged
+
+
+def test_a_rank_missing_from_the_set_is_named(tmp_path):
+    lines = [x for x in four_rank_log() if ":104:" not in x]  # rank 3's log not given
+    with pytest.raises(TraceError, match="a job of 4 ranks, but no log lines of rank.* 3"):
+        read_traces([write(tmp_path, "nccl.log", lines)])
+
+
+def test_coll_lines_without_init_lines_read_when_every_call_is_on_the_world(tmp_path):
+    lines = [coll(r, "AllReduce", 0, 256, 7, f"0x5550{r}", 2) for r in (0, 1)]
+    job = read_traces([write(tmp_path, "nccl.log", lines)])
+    assert job.world == 2 and job.ranks[1].steps[0].calls[0].nbytes == 1024
+    sub = lines + [coll(0, "AllReduce", 1, 256, 7, "0x7770", 1)]
+    with pytest.raises(TraceError, match="INIT"):
+        read_traces([write(tmp_path, "sub.log", sub)])
+
+
+def test_a_log_cut_short_on_one_rank_is_named(tmp_path):
+    lines = four_rank_log()
+    cut = [x for x in lines if not (":104:" in x and "opCount 1 " in x and "AllReduce" in x)]
+    with pytest.raises(TraceError, match="disagree"):
+        read_traces([write(tmp_path, "nccl.log", cut)])
+
+
+def test_text_that_is_no_trace_is_named(tmp_path):
+    with pytest.raises(TraceError, match="neither"):
+        read_traces([write(tmp_path, "notes.txt", ["hello"])])
