@@ -211,7 +211,8 @@ def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
     for t in profile.tensors:
         layer = _LAYER.search(t.name)
         if layer is not None and int(layer.group(1)) in mine or layer is None and _outside_layers_here(t, stage, pp):
-            split = par.tp * (par.ep if "expert" in t.name and "shared" not in t.name else 1)
+            expert = "expert" in t.name and "shared" not in t.name
+            split = par.ep * (par.expert_tp or par.tp) if expert else par.tp
             shape = (max(1, math.ceil(t.shape[0] / split)), *t.shape[1:]) if t.shape else t.shape
             kept.append(replace(t, shape=shape))
     # the stage's backward starts where its first gradient is ready: ready FLOPs and order from there
@@ -240,7 +241,7 @@ def _memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
                  / par.virtual_stages for s in range(par.pp))
     sharding = settle(par.setup).setup.memory_sharding
     layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
-                      par.sequence_parallel)
+                      par.sequence_parallel, par.expert_tp)
     return M.memory_per_gpu(job.shape, layout)
 
 

@@ -4,8 +4,11 @@ A layout gives each parallel dimension its degree: tensor (`tp`, optionally with
 parallelism), pipeline (`pp`, with its schedule, micro-batches and virtual stages), context (`cp`),
 expert (`ep`) and data (`dp`, run as one of the setups of proxies/setups.py: ddp, fsdp-full, ...).
 `tp x pp x cp x dp` is the number of GPUs; expert parallelism is carved out of the data- and
-context-parallel ranks of one tensor and pipeline position (Megatron-Core's MoE layout; torchtitan
-borrows its EP ranks from dp_shard x cp the same way), so `ep` divides `dp x cp`.
+context-parallel ranks of one tensor and pipeline position (torchtitan borrows its EP ranks from
+dp_shard x cp), so `ep` divides `dp x cp`; with the experts' own tensor parallelism at 1 (`etp1`,
+Megatron-Core's `--expert-tensor-parallel-size 1`, which its MoE recipes set), the tensor-parallel ranks
+join them: EP groups are then `ep` consecutive ranks of the flattened dp x cp x tp ranks of a pipeline
+stage, so an EP group of 8 fills a node under TP 2, and `ep` divides `dp x cp x tp`.
 
 Ranks are laid out on a mesh (pp, dp, cp, tp), tensor innermost: consecutive ranks form a TP group,
 so TP stays inside a node, then CP, then DP, with pipeline stages outermost (Megatron-LM's default
@@ -14,8 +17,8 @@ order "tp-cp-ep-dp-pp", arguments.py `--rank-order`, read outermost last). torch
 same groups (tests/unit/proxies/test_parallelism.py checks it).
 
 Spelling (`--layout` on predict-scaling and friends): comma-separated degrees, each a dimension and
-its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, and the data-parallel
-part as `dpN` (the command's `--setup`), `ddpN`, `fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or
+its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, `etp1` (the experts
+without tensor parallelism), and the data-parallel part as `dpN` (the command's `--setup`), `ddpN`, `fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or
 `SETUP:N` for any setup (`zero1:32`). A dimension left out has degree 1; `dp` may be left out and is
 then what the GPUs leave (`tp8,pp2` on 256 GPUs: dp 16).
 """
@@ -49,6 +52,7 @@ class Parallelism:
     pp_schedule: str = "1f1b"
     microbatches: int = 1
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    expert_tp: int | None = None  # the experts' tensor parallelism: None (tp, Megatron-Core's default) or 1
 
     @property
     def world(self) -> int:
@@ -59,7 +63,7 @@ class Parallelism:
         """The layout as `--layout` spells it (degree-1 dimensions left out)."""
         parts = [f"tp{self.tp}{'sp' if self.sequence_parallel else ''}" if self.tp > 1 else "",
                  f"pp{self.pp}" if self.pp > 1 else "", f"cp{self.cp}" if self.cp > 1 else "",
-                 f"ep{self.ep}" if self.ep > 1 else ""]
+                 f"ep{self.ep}" if self.ep > 1 else "", "etp1" if self.expert_tp == 1 and self.tp > 1 else ""]
         short = {v: k for k, v in DP_SHORTHANDS.items()}
         parts.append(f"{short[self.setup]}{self.dp}" if self.setup in short else f"{self.setup}:{self.dp}")
         return ",".join(p for p in parts if p)
@@ -91,14 +95,16 @@ class Parallelism:
         at = self.coords(rank)
         if dim in MESH:
             return tuple(self.rank_of({**at, dim: i}) for i in range(getattr(self, dim)))
-        flat = at["dp"] * self.cp + at["cp"]  # the rank's index among the dp x cp ranks of its pp/tp position
+        inner = self.tp if self.expert_tp == 1 else 1  # the TP ranks join the experts' ranks under etp1
+        flat = (at["dp"] * self.cp + at["cp"]) * inner + (at["tp"] if inner > 1 else 0)
         if dim == "ep":
             members = [flat - flat % self.ep + i for i in range(self.ep)]
         elif dim == "edp":
-            members = [flat % self.ep + i * self.ep for i in range(self.dp * self.cp // self.ep)]
+            members = [flat % self.ep + i * self.ep for i in range(self.dp * self.cp * inner // self.ep)]
         else:
             raise KeyError(dim)
-        return tuple(self.rank_of({**at, "dp": f // self.cp, "cp": f % self.cp}) for f in members)
+        return tuple(self.rank_of({**at, "dp": f // inner // self.cp, "cp": f // inner % self.cp,
+                                   "tp": f % inner if inner > 1 else at["tp"]}) for f in members)
 
     def nodes_spanned(self, dim: str, ranks_per_node: int) -> tuple[int, int]:
         """(nodes, ranks per node) of one group along `dim` when nodes hold `ranks_per_node` consecutive ranks."""
@@ -119,9 +125,15 @@ class Parallelism:
         if gpus is not None and self.world != gpus:
             raise LayoutError(f"{self.name}: tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {self.dp} = "
                               f"{self.world} GPUs, not {gpus}")
-        if (self.dp * self.cp) % self.ep:
+        if self.expert_tp not in (None, 1, self.tp):
+            raise LayoutError(f"{self.name}: the experts' tensor parallelism is tp ({self.tp}) or 1 (etp1)")
+        if self.expert_tp == 1 and self.tp > 1:
+            if (self.dp * self.cp * self.tp) % self.ep:
+                raise LayoutError(f"{self.name}: ep {self.ep} must divide dp x cp x tp = {self.dp * self.cp * self.tp} "
+                                  "(under etp1, expert-parallel ranks are data-, context- or tensor-parallel ranks)")
+        elif (self.dp * self.cp) % self.ep:
             raise LayoutError(f"{self.name}: ep {self.ep} must divide dp x cp = {self.dp * self.cp} (expert-parallel "
-                              "ranks are data- or context-parallel ranks)")
+                              "ranks are data- or context-parallel ranks; etp1 lets tensor-parallel ranks join)")
         self._check_schedule()
         if shape is not None:
             self._check_shape(shape)
@@ -184,7 +196,7 @@ def parse_layout(text: str, setup: str = "ddp", gpus: int | None = None, **sched
     return par
 
 
-_PART = re.compile(r"^(tp|pp|cp|ep)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)$|^([a-z][a-z0-9-]*):(\d+)$")
+_PART = re.compile(r"^(tp|pp|cp|ep|etp)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)$|^([a-z][a-z0-9-]*):(\d+)$")
 
 
 def _part(part: str, setup: str) -> tuple[str, dict]:
@@ -192,6 +204,10 @@ def _part(part: str, setup: str) -> tuple[str, dict]:
     if not match or (match.group(3) and match.group(1) != "tp"):
         raise LayoutError(f"layout part {part!r}: spell a layout like {EXAMPLE}")
     dim, size, sp, dp_name, dp_size, named, named_size = match.groups()
+    if dim == "etp":
+        if size != "1":
+            raise LayoutError(f"layout part {part!r}: the experts' tensor parallelism is tp (leave it out) or etp1")
+        return "expert_tp", {"expert_tp": 1}
     if dim:
         return dim, {dim: _degree(part, size), **({"sequence_parallel": True} if sp else {})}
     name = (DP_SHORTHANDS[dp_name] if dp_name != "dp" else setup) if dp_name else named

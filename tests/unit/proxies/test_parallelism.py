@@ -93,6 +93,22 @@ def test_groups_are_the_mesh_torch_lays_out():
     assert par.group(5, "ep") == (5, 7) and par.group(5, "edp") == (1, 5)
 
 
+def test_experts_without_tensor_parallelism_take_the_tp_ranks_too():
+    """etp1 (Megatron-Core's --expert-tensor-parallel-size 1): EP groups of consecutive ranks of the flattened
+    dp x cp x tp ranks, so EP 8 under TP 2 fills one node of 8 instead of spanning two."""
+    par = Parallelism(tp=2, dp=8, ep=8, expert_tp=1)
+    assert par.group(0, "ep") == tuple(range(8)) and par.nodes_spanned("ep", 8) == (1, 8)
+    assert par.group(3, "edp") == (3, 11)
+    assert Parallelism(tp=2, dp=8, ep=8).nodes_spanned("ep", 8) == (2, 4)  # etp = tp: dp x cp ranks only
+    assert parse_layout("tp2,ep8,etp1,fsdp8") == Parallelism(tp=2, dp=8, ep=8, expert_tp=1, setup="fsdp-full")
+    assert parse_layout("tp2,ep8,etp1,fsdp8").name == "tp2,ep8,etp1,fsdp8"
+    par.check(gpus=16, ranks_per_node=8)
+    with pytest.raises(LayoutError, match="ep 16 must divide dp x cp = 8"):
+        Parallelism(tp=2, dp=8, ep=16).check()
+    with pytest.raises(LayoutError, match="tp .leave it out. or etp1"):
+        parse_layout("tp2,etp2,dp8")
+
+
 def test_tensor_parallel_stays_inside_a_node():
     par = Parallelism(tp=8, pp=2, dp=16)
     assert par.nodes_spanned("tp", 8) == (1, 8)
