@@ -19,8 +19,8 @@ same groups (tests/unit/proxies/test_parallelism.py checks it).
 Spelling (`--layout` on predict-scaling and friends): comma-separated degrees, each a dimension and
 its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, `etp1` (the experts
 without tensor parallelism), and the data-parallel part as `dpN` (the command's `--setup`), `ddpN`,
-`fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or `SETUP:N` for any setup (`zero1:32`). A dimension left out has degree 1; `dp` may be left out and is
-then what the GPUs leave (`tp8,pp2` on 256 GPUs: dp 16).
+`fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or `SETUP:N` for any setup (`zero1:32`). A dimension left
+out has degree 1; `dp` may be left out and is then what the GPUs leave (`tp8,pp2` on 256 GPUs: dp 16).
 """
 from __future__ import annotations
 
