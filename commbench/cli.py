@@ -27,6 +27,7 @@ from commbench.commands import (
     sweep,
     tune,
 )
+from commbench.commands.common import refuse_empty_values
 from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -41,6 +42,7 @@ for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, 
                 report.report_command, compare.compare_command, selftest.selftest_command, check.check_command,
                 emulate.emulate_group, tune.tune_command, replay.replay_command):
     cli.add_command(command)
+refuse_empty_values(cli)  # one rule for every command: an empty value is one line and exit 2
 
 
 def main(argv: list[str] | None = None) -> int:

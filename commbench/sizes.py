@@ -54,7 +54,7 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | int | None =
     if "," in spec:
         if factor is not None or step is not None:
             raise SizeError("--factor/--step apply to a range START-END, not to a list of sizes")
-        return sorted({parse_size(part) for part in spec.split(",") if part.strip()} or _empty(spec))
+        return sorted({parse_size(part) for part in split_list(spec, "--sizes")})
     if "-" not in spec:
         if factor is not None or step is not None:
             raise SizeError("--factor/--step apply to a range START-END, not to a single size")
@@ -82,8 +82,14 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | int | None =
     return sorted(set(sizes))
 
 
-def _empty(spec: str) -> list[int]:
-    raise SizeError(f"bad --sizes {spec!r}: no sizes in the list")
+def split_list(text: str, flag: str) -> list[str]:
+    """The items of a comma list given on the command line (`--sizes 1K,4K`, `--gpus 8,16`), stripped. The
+    one rule for every such list: an empty item (`1K,`, `1K,,2K`, `,`) is a typo, refused (SizeError, a
+    ValueError), never skipped, so what runs is what was typed."""
+    items = [part.strip() for part in text.split(",")]
+    if not all(items):
+        raise SizeError(f"bad {flag} {text!r}: an empty item in the comma list")
+    return items
 
 
 def _check_count(count: int, spec: str) -> None:

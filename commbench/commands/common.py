@@ -112,6 +112,36 @@ def check_directory(path: str, own_file: str, force: bool = False) -> None:
     check_writable(os.path.join(path, own_file), "-o", force=force)
 
 
+def refuse_empty_values(command: click.Command) -> None:
+    """The one rule for an empty value, on every parameter of `command` and of the commands under it: a
+    value given as '' (or blanks) is one line and exit 2, for an option (`--hw ''`), an argument, or an
+    item of a repeatable one, never taken as "not given" and the default run in its place."""
+    for sub in getattr(command, "commands", {}).values():
+        refuse_empty_values(sub)
+    for param in command.params:
+        param.callback = _refusing_empty(param, param.callback)
+
+
+def _refusing_empty(param: click.Parameter, callback: Callable | None) -> Callable:
+    given_by = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+
+    def check(ctx: click.Context, parameter: click.Parameter, value):
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if ctx.get_parameter_source(parameter.name) in given_by and any(
+                isinstance(v, str) and not v.strip() for v in values):
+            raise UsageFault(f"{_named(parameter, values)} '': an empty value")
+        return callback(ctx, parameter, value) if callback else value
+    return check
+
+
+def _named(parameter: click.Parameter, values: tuple) -> str:
+    """The option's flag; for arguments passed on (nccl-tests' flags), the flag before the empty one."""
+    if isinstance(parameter, click.Option):
+        return parameter.opts[0]
+    at = next(i for i, v in enumerate(values) if isinstance(v, str) and not v.strip())
+    return str(values[at - 1]) if at else f"argument {parameter.human_readable_name.rstrip('.')}"
+
+
 def warn(message: str) -> None:
     """A warning on stderr, one line: input that was skipped as the docs say (a truncated last line)."""
     click.echo(f"commbench: warning: {message}", err=True)
@@ -126,6 +156,9 @@ def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = (), 
     --append, --append adds to the record files and --force overwrites the whole ones (a plot); without
     a whole file among the outputs, the two contradict each other."""
     whole = set(whole)
+    if append and not any(path for option, path in outputs if option not in whole):
+        named = " or ".join(option for option, _ in outputs if option not in whole) or "an output file"
+        raise UsageFault(f"--append adds to an output file, and none is given: add {named} FILE")
     if force and append and not any(path for option, path in outputs if option in whole):
         raise UsageFault("--force and --append: choose one (overwrite, or add to the file)")
     read = {os.path.realpath(p) for p in inputs}

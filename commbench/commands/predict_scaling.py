@@ -225,8 +225,12 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
 
 def _counts(flag: str, text: str, what: str, most: int) -> list[int]:
     """A comma list of `what` (GPU, node) counts, each at least 1 and at most `most`, or one line."""
+    from commbench.sizes import SizeError, split_list
+
     try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
+        counts = [int(part) for part in split_list(text, flag)]
+    except SizeError as exc:
+        raise UsageFault(str(exc)) from exc
     except ValueError as exc:
         raise UsageFault(f"{flag} {text!r}: expected a comma list of {what} counts, e.g. 1,8,16") from exc
     if not counts or min(counts) < 1:

@@ -305,7 +305,12 @@ def selftest_command(only: tuple[str, ...], timeout_s: float) -> None:
     GPU: the kernels against CuPy, NCCL through CuPy and torch, NVML, peer access and CUDA
     IPC between the visible GPUs. Exit 0 when nothing failed, 1 when a check failed.
     """
-    names = [name for entry in only for name in entry.split(",") if name]
+    from commbench.sizes import SizeError, split_list
+
+    try:
+        names = [name for entry in only for name in split_list(entry, "--only")]
+    except SizeError as exc:
+        raise UsageFault(str(exc)) from exc
     known = {c.name: c for c in CHECKS}
     unknown = [name for name in names if name not in known]
     if unknown:

@@ -238,7 +238,7 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             world = request.nprocs if request.nprocs is not None else cls.default_world(request, device)
         if world < 1:
             raise UsageFault(f"--nprocs {world}: need at least 1 rank")
-        if not 0 <= options["root"] < world and any(C.COLLECTIVES[n].rooted for n in names):
+        if not 0 <= options["root"] < world:  # out of range is refused alike for every collective
             raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
         if _asks_for_all(options["collective_names"]):
             names = _runnable(names, cls, request, library, dtype, op, world, launched)

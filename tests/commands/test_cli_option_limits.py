@@ -26,7 +26,7 @@ def no_ranks(monkeypatch):
     (["sweep", "--sizes", "1K", "--min-time", "nan"], "--min-time nan: must be a finite number"),
     (["sweep", "--sizes", "99999999999999999999999"], "at most 4 TiB per rank"),
     (["sweep", "--sizes", "9" * 400], "at most 4 TiB per rank"),
-    (["sweep", "--sizes", ""], "empty --sizes"),
+    (["sweep", "--sizes", ""], "--sizes '': an empty value"),
     (["sweep", "--sizes", "1K", "--step", "1K"], "not to a single size"),
     (["sweep", "--backend", "sim", "-N", "100000", "--sizes", "1K"], "at most 1024"),
     (["sweep", "--nprocs", CROWDED, "--sizes", "1K"], "add --oversubscribe"),

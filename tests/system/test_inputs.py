@@ -652,7 +652,7 @@ def test_a_device_fifo_or_empty_name_is_refused_as_an_output(tmp_path, capsys, w
         pytest.skip(f"no {device}")
     good = write_lines(tmp_path / "good.jsonl", records())
     code, _, err = run(capsys, *_writers(tmp_path, str(good), device)[writer])
-    reason = "an empty file name" if not device else "not a regular file (a device, FIFO or directory)"
+    reason = "an empty value" if not device else "not a regular file (a device, FIFO or directory)"
     assert code == 2 and reason in err and err.count("\n") == 1, err
 
 
@@ -692,10 +692,10 @@ def test_the_record_closing_sums_up_only_the_appended_run(tmp_path, capsys):
     (["predict", "--hw", "dgx-a100", "-T", "1x2", "--sizes", "1K-"], "bad --sizes '1K-': sizes are positive numbers "
                                                                      "of bytes, and a range is START-END with both "
                                                                      "ends (e.g. 1K-1M)"),
-    (["sweep", "--sizes", "1K", "--emulate", ""], "--emulate '': empty; give NODESxRANKS"),
-    (["sweep", "--sizes", "1K", "--emulate", "2x1", "--link", ""], "--link '': empty; give a rate, e.g. 1gbit"),
-    (["sweep", "--sizes", "1K", "--json", ""], "--json '': an empty file name"),
-    (["proxy", "resnet18", "--emulate", "", "--tflops", "1"], "--emulate '': empty; give NODESxRANKS"),
+    (["sweep", "--sizes", "1K", "--emulate", ""], "--emulate '': an empty value"),
+    (["sweep", "--sizes", "1K", "--emulate", "2x1", "--link", ""], "--link '': an empty value"),
+    (["sweep", "--sizes", "1K", "--json", ""], "--json '': an empty value"),
+    (["proxy", "resnet18", "--emulate", "", "--tflops", "1"], "--emulate '': an empty value"),
 ])
 def test_what_was_taken_silently_or_failed_oddly_is_one_line(capsys, no_ranks, args, message):
     """`selftest --timeout nan` failed its checks with Python's errors (exit 1); `--sizes -1` said "bad size ''";

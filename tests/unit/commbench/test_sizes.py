@@ -32,7 +32,8 @@ def test_single_size():
 
 @pytest.mark.parametrize("spec,needle", [("1K-1Q", "'1Q'"), ("0", "positive"), ("1M-1K", "smaller than start"),
                                          ("abc", "'abc'"), ("", "empty"), ("1.3", "whole number"),
-                                         ("-5", "sizes are positive"), (",", "no sizes")])
+                                         ("-5", "sizes are positive"), (",", "an empty item"),
+                                         ("1K,", "an empty item"), ("1K,,2K", "an empty item")])
 def test_bad_sizes_name_the_bad_part(spec, needle):
     with pytest.raises(SizeError, match=needle.replace("(", r"\(")):
         parse_sizes(spec)
