@@ -48,6 +48,7 @@ def check_writable(path: str | None, option: str = "", force: bool = False, appe
         raise UsageFault(f"{named}: an empty file name")
     if "\x00" in path:
         raise UsageFault(f"cannot write {path!r}: a file name cannot hold a NUL byte")
+    _check_not_kernel(path, named)
     _check_existing(path, named, force, append)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -84,6 +85,40 @@ def _check_existing(path: str, named: str, force: bool, append: bool | None) -> 
                              f"or --force instead of --append to overwrite it")
 
 
+# the kernel's own file systems: their files look regular (/proc/self/mem) but a write is a request to the
+# kernel, not data kept, and most refuse; an output there fails only after the run's work
+KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
+                                "bpf", "pstore", "efivarfs", "fusectl", "devpts", "binfmt_misc"})
+
+
+def _check_not_kernel(path: str, named: str) -> None:
+    """Refuse an output on one of the kernel's file systems (/proc, /sys, ...), naming it."""
+    mount, kind = mount_of(os.path.realpath(path))
+    if kind in KERNEL_FILESYSTEMS:
+        raise UsageFault(f"{named}: {mount} is the kernel's {kind} file system, which holds no files to write; "
+                         f"give a path on a disk")
+
+
+def mount_of(path: str, mounts: str = "/proc/self/mounts") -> tuple[str, str]:
+    """(mount point, file system type) that holds the absolute `path`: the longest mount point above it
+    (the last one mounted there), or ("", "") when the mount table cannot be read."""
+    best = ("", "")
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].encode().decode("unicode_escape") if "\\" in fields[1] else fields[1]  # \040: a blank
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, fields[2])
+    return best
+
+
 def _open_for_writing(path: str) -> None:
     """Open (or create) `path` write-only and close it again, truncating nothing; remove it if made here."""
     flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # NONBLOCK: a FIFO without reader fails
@@ -101,6 +136,9 @@ def check_directory(path: str, own_file: str, force: bool = False) -> None:
     its `own_file` (report's index.md) is not overwritten unless `force`."""
     if not path.strip():
         raise UsageFault(f"-o {path!r}: an empty directory name")
+    _check_not_kernel(path, f"-o {path}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageFault(f"-o {path}: not a directory (a file or device is there); -o names a directory to write in")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:

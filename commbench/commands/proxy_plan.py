@@ -64,12 +64,12 @@ def _check_ranks(options: dict, plan: job.Plan) -> None:
 def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     """Everything that can be checked before a rank starts, as (config, plan)."""
     _check_numbers(options)
+    bucketing = _check_setup_flags(options)
     options = _settle_layout(options)
     try:
         profile = load_profile(options["model"])
     except ProfileError as exc:
         raise UsageFault(str(exc)) from exc
-    bucketing = bucketing_mode(options["no_bucketing"], options["single_bucket"])
     compute = options["compute"] or ("flops" if options["tflops"] else "measured")
     if compute == "flops" and not options["tflops"]:
         raise UsageFault("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
@@ -89,10 +89,6 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     device = _device(options)
     choice = settle_setup(options.get("setup") or "ddp", options, plan.nodes, plan.ranks_per_node,
                           "cpu" if device == "cpu" else "cuda", plan.world)
-    if options.get("train") or options.get("validate"):
-        check_trainable(choice)
-    if not choice.setup.proxy_buckets and bucketing != "ddp":
-        raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
     if plan.mode != "local" and not cls.runs_rank_groups and not choice.setup.allreduce_only:
         raise UsageFault(f"setup {choice.name} issues all-gathers and reduce-scatters on groups of ranks: replay it "
                          f"on --backend torch (commbench's schedules replay the allreduce setups)")
@@ -107,6 +103,19 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       trust_profile_code=bool(options.get("trust_profile_code")), setup=choice.name,
                       knobs={k: v for k, v in given_knobs(options).items() if k != "bucket_mb"})
     return cfg, plan
+
+
+def _check_setup_flags(options: dict) -> str:
+    """The setup's flags, checked before anything slow (loading the model, its library, a rank): a knob the
+    setup does not take, a setup `train` cannot run, DDP's bucketing flags on another setup. The knobs'
+    fit to the layout is checked once the layout is known. Returns the bucketing mode."""
+    bucketing = bucketing_mode(options["no_bucketing"], options["single_bucket"])
+    choice = settle_setup(options.get("setup") or "ddp", options)
+    if options.get("train") or options.get("validate"):
+        check_trainable(choice)
+    if not choice.setup.proxy_buckets and bucketing != "ddp":
+        raise UsageFault(f"--no-bucketing/--single-bucket are DDP's; setup {choice.name} has its own calls")
+    return bucketing
 
 
 def _backend_config(options: dict, plan: job.Plan, cls, device: str):
