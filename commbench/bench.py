@@ -206,8 +206,8 @@ class Sweep:
         self.lead = backend.rank == 0
         self.run_id = uuid.uuid4().hex[:12]
         self.sink = ResultSink(cfg.json_path, cfg.csv_path, cfg.append) if self.lead else None
-        total = len(cfg.collectives) * len(cfg.sizes) * len(cfg.placements)
-        self.progress = Progress(total, enabled=None if self.lead else False)
+        points = [size for _ in cfg.collectives for size in cfg.sizes for _ in cfg.placements]  # in run order
+        self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points)
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
                            marks_in_rows=not cfg.nccl_tests_rows)
@@ -328,10 +328,10 @@ class Sweep:
     def _point(self, plan: C.Plan, placement: str, pattern: C.Pattern, op: str | None) -> Result | None:
         coll = C.COLLECTIVES[plan.collective]
         label = f"{plan.collective} {format_size(plan.nbytes)} {placement}"
-        self.progress.update(label)
         if placement == "in-place" and not coll.inplace:
-            self.progress.advance()
+            self.progress.done += 1  # nothing runs: no time to learn the size's cost from
             return None
+        self.progress.update(label)
         reason = self.backend.unsupported(plan.collective, self.dtype, op, placement)
         if reason:
             raise BackendError(reason)

@@ -126,6 +126,10 @@ def launcher_of(launcher_option: str = "auto", env: Mapping[str, str] | None = N
 def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
     """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s)."""
     if plan.mode in ("spawn", "emulate"):
+        where = "on this host" if plan.mode == "spawn" else f"on an emulated cluster of {plan.nodes} node(s)"
+        # the first line, at once: the ranks' start (torch's import, the rendezvous) takes seconds, more under load
+        print(f"commbench: {job}: starting {plan.world} rank(s) {where}; their first line follows once they meet",
+              file=sys.stderr, flush=True)
         payload = json.dumps({"job": job, "config": cfg.to_json(), "argv": list(argv)})
         if plan.mode == "spawn":
             code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)

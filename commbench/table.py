@@ -6,8 +6,10 @@ who read nccl-tests output every day can read this one without a legend.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
+import threading
 import time
 from typing import IO, Callable
 
@@ -36,7 +38,13 @@ class Table:
 
     def _print(self, line: str) -> None:
         if self.progress:
-            self.progress.clear()  # the progress line shares the terminal; never print over it
+            with self.progress.lock:  # the progress line shares the terminal; never print over it
+                self.progress.clear()
+                self._write(line)
+        else:
+            self._write(line)
+
+    def _write(self, line: str) -> None:
         try:
             print(line, file=self.stream, flush=True)
         except BrokenPipeError:  # `| head` closed the pipe: go on quietly, as other tools do (JSON still written)
@@ -128,13 +136,21 @@ def _fmt_time(time_us: float) -> str:
 
 class Progress:
     """A one-line progress bar with an ETA on stderr when it is a terminal; elsewhere (a log, CI)
-    one plain line every LOG_INTERVAL_S seconds, so a long run is never silent.
-    `enabled=False` draws nothing at all (ranks other than 0)."""
+    one plain line every LOG_INTERVAL_S seconds, so a long run is never silent. `enabled=False`
+    draws nothing at all (ranks other than 0).
 
-    LOG_INTERVAL_S = 30.0
+    In a real run (`enabled` None: decided by the stream) a heartbeat thread keeps the line alive while
+    one point runs long (a 256 MiB allreduce of 50 iterations): the bar's clock ticks every second and
+    the log gets its line every LOG_INTERVAL_S. `nbytes`, one per point in run order, makes the ETA count
+    the sizes still to come (point_estimate_s), not the points: the last points of 1K-1G hold most of
+    the bytes and most of the time."""
+
+    LOG_INTERVAL_S = 5.0
+    BEAT_S = 1.0
 
     def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, unit: str = "points"):
+                 clock: Callable[[], float] = time.monotonic, unit: str = "points",
+                 nbytes: list[int] | None = None):
         self.total, self.done, self.clock, self.unit = total, 0, clock, unit
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
@@ -142,40 +158,107 @@ class Progress:
         self.started = clock()
         self._logged = self.started
         self._width = 0
+        self.nbytes = list(nbytes) if nbytes is not None and len(nbytes) == total else None
+        self.durations: list[tuple[int, float]] = []  # (nbytes, seconds) of each point done
+        self._point: tuple[int, float] | None = None  # the point running: (its index, when it began)
+        self.label = ""
+        self.lock = threading.RLock()  # the heartbeat and the table print to one terminal
+        self._stop = threading.Event()
+        if enabled is None and clock is time.monotonic and (self.enabled or self.logging):  # a real run's
+            threading.Thread(target=self._beat, name="commbench-progress", daemon=True).start()
 
     def eta_s(self, now: float) -> float | None:
-        """Seconds left at the pace so far (None before the first point is done)."""
+        """Seconds left (None before the first point is done): the points still to come, each at its
+        size's estimated time, plus what the running point has left of its estimate."""
         if not self.done:
             return None
-        return (now - self.started) / self.done * (self.total - self.done)
+        if self.nbytes is None or not self.durations:
+            return (now - self.started) / self.done * (self.total - self.done)
+        left = sum(point_estimate_s(self.durations, n) for n in self.nbytes[self.done + 1:])
+        if self.done < self.total:
+            running = point_estimate_s(self.durations, self.nbytes[self.done])
+            began = self._point[1] if self._point and self._point[0] == self.done else now
+            left += max(0.0, running - (now - began))
+        return left
 
     def update(self, label: str) -> None:
-        now = self.clock()
+        """Point `self.done` begins (`label` names it)."""
+        with self.lock:
+            self._point, self.label = (self.done, self.clock()), label
+            self._show(self._point[1])
+
+    def _show(self, now: float) -> None:
         eta = self.eta_s(now)
         eta_text = f" ETA {eta:.0f}s" if eta is not None else ""
         if self.logging and now - self._logged >= self.LOG_INTERVAL_S:
             self._logged = now
             self.stream.write(f"commbench: {self.done}/{self.total} {self.unit}, {now - self.started:.0f} s{eta_text}: "
-                              f"{label}\n")
+                              f"{self.label}\n")
             self.stream.flush()
         if not self.enabled:
             return
-        elapsed = now - self.started
         bar_len = 24
         filled = int(bar_len * self.done / max(self.total, 1))
         bar = f"[{'#' * filled}{'.' * (bar_len - filled)}]"
-        line = f"\r{bar} {self.done}/{self.total} {elapsed:5.0f}s{eta_text} {label}"
+        line = f"\r{bar} {self.done}/{self.total} {now - self.started:5.0f}s{eta_text} {self.label}"
         self._width = max(self._width, len(line))
         self.stream.write(line.ljust(self._width))
         self.stream.flush()
 
+    def beat(self) -> None:
+        """The heartbeat: the line redrawn (terminal) or logged when LOG_INTERVAL_S passed without one."""
+        with self.lock:
+            if self.label and not self._stop.is_set():
+                self._show(self.clock())
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.BEAT_S):
+            try:
+                self.beat()
+            except (OSError, ValueError):  # the stream closed under us: nothing more to say
+                return
+
     def advance(self) -> None:
-        self.done += 1
+        """The running point is done: its time is kept for the ETA of the sizes to come."""
+        with self.lock:
+            if self._point is not None and self._point[0] == self.done and self.nbytes is not None:
+                self.durations.append((self.nbytes[self.done], self.clock() - self._point[1]))
+            self._point = None
+            self.done += 1
 
     def clear(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
+        with self.lock:
+            if self.enabled and self._width:
+                self.stream.write("\r" + " " * self._width + "\r")
+                self.stream.flush()
+                self._width = 0
 
-    close = clear
+    def close(self) -> None:
+        self._stop.set()
+        self.clear()
+
+
+GROWS_BY = 0.2  # time that grows by less than this fraction over the sizes done is taken as flat (noise)
+
+
+def point_estimate_s(durations: list[tuple[int, float]], nbytes: int) -> float:
+    """The time a point of `nbytes` will take, from the (nbytes, seconds) of the points done: the mean of
+    that size's own points when there are some, else the nearest size's time plus the extra bytes at the
+    seconds per byte of a straight line (latency + bytes / bandwidth) fitted to the sizes done. The line's
+    slope counts only once time grows measurably with size over them (GROWS_BY): a few small sizes that
+    differ by noise alone would otherwise predict hours for 1 GiB. Before that, the nearest size's time."""
+    by_size: dict[int, list[float]] = {}
+    for size, seconds in durations:
+        by_size.setdefault(size, []).append(seconds)
+    means = {size: sum(times) / len(times) for size, times in by_size.items()}
+    if nbytes in means:
+        return means[nbytes]
+    sizes = sorted(means)
+    nearest = min(sizes, key=lambda size: abs(math.log(max(size, 1) / max(nbytes, 1))))
+    per_byte_s = 0.0
+    if len(sizes) > 1:
+        x, y = np.array(sizes, dtype=float), np.array([means[size] for size in sizes])
+        per_byte_s = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+        if per_byte_s * (x[-1] - x[0]) < GROWS_BY * y.mean():
+            per_byte_s = 0.0
+    return max(0.0, means[nearest] + per_byte_s * (nbytes - nearest))

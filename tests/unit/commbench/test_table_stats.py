@@ -6,13 +6,15 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
 from commbench import bench
 from commbench import collectives as C
 from commbench.results import Result, point_result, raw_times
-from commbench.table import Progress, Table
+from commbench.table import Progress, Table, point_estimate_s
 
 
 def _result(p50_us: float, p99_us: float, time_us: float = 100.0) -> Result:
@@ -85,12 +87,12 @@ def test_the_average_bus_bandwidth_is_never_in_exponent_notation():
 
 
 def test_progress_has_an_eta_and_logs_where_stderr_is_no_terminal():
-    clock = iter([0.0, 0.0, 10.0, 40.0])
+    clock = iter([0.0, 0.0, 3.0, 40.0])
     log = io.StringIO()
-    progress = Progress(4, stream=log, clock=lambda: next(clock))  # no terminal: a plain line every 30 s
+    progress = Progress(4, stream=log, clock=lambda: next(clock))  # no terminal: a plain line every 5 s
     progress.update("first")
     progress.advance()
-    progress.update("second")  # 10 s: too early for a line
+    progress.update("second")  # 3 s: too early for a line
     progress.update("third")  # 40 s: one line, ETA from 1 of 4 done in 40 s
     assert log.getvalue() == "commbench: 1/4 points, 40 s ETA 120s: third\n"
 
@@ -102,3 +104,72 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     sweep.stdout.close()  # as `| head -1` does
     assert sweep.wait(timeout=120) == 0
     assert b"Traceback" not in sweep.stderr.read() and '"status": "ok"' in (tmp_path / "r.jsonl").read_text()
+
+
+# ------------------------------------------------------- progress: ETA by bytes, a heartbeat (issue 32, item 10)
+
+
+def test_the_eta_counts_the_bytes_still_to_come():
+    """`--sizes 1K-1G` said "ETA 6s" at 34 s and finished at 121 s: the ETA counted points, and the last
+    points hold most of the bytes. Two points done (1 KiB in 1 s, 1 MiB in 2 s), two to come (64 MiB, 256 MiB)."""
+    clock = iter([0.0, 0.0, 1.0, 1.0, 3.0, 3.0])
+    sizes = [1 << 10, 1 << 20, 64 << 20, 256 << 20]
+    progress = Progress(4, stream=io.StringIO(), enabled=False, clock=lambda: next(clock), nbytes=sizes)
+    for _ in range(2):
+        progress.update("point")
+        progress.advance()
+    per_byte = 1.0 / ((1 << 20) - (1 << 10))
+    expected = (2.0 + per_byte * (sizes[2] - sizes[1])) + (2.0 + per_byte * (sizes[3] - sizes[1]))
+    assert progress.eta_s(3.0) == pytest.approx(expected)
+    assert progress.eta_s(3.0) > 100 * (3.0 / 2 * 2)  # what counting points said
+
+
+def test_the_eta_keeps_a_size_already_timed_and_ignores_noise():
+    # a size done before (an earlier collective): its own time
+    assert point_estimate_s([(1024, 0.5), (1 << 20, 0.9), (1024, 0.7)], 1024) == pytest.approx(0.6)
+    # 1 KiB and 2 KiB differ by noise only: no line through them predicts hours for 1 GiB
+    assert point_estimate_s([(1024, 0.20), (2048, 0.21)], 1 << 30) == pytest.approx(0.21)
+    # time that grows with size: the nearest size's time plus the extra bytes at the fitted rate
+    assert point_estimate_s([(1 << 20, 1.0), (2 << 20, 2.0)], 8 << 20) == pytest.approx(8.0)
+
+
+def test_the_running_point_counts_what_is_left_of_it():
+    clock = iter([0.0, 0.0, 2.0, 2.0])
+    progress = Progress(3, stream=io.StringIO(), enabled=False, clock=lambda: next(clock), nbytes=[8, 8, 8])
+    progress.update("a")
+    progress.advance()  # 2 s a point
+    progress.update("b")  # begins at 2 s
+    assert progress.eta_s(3.0) == pytest.approx(1.0 + 2.0)  # 1 s left of b, then c
+    assert progress.eta_s(9.0) == pytest.approx(2.0)  # b overran its estimate: c still to come
+
+
+def test_a_long_point_is_not_silent(monkeypatch):
+    """`--sizes 1K,1M,256M --iters 50` was silent for 54 s: one point's calls gave no line. The heartbeat logs
+    while a point runs, at LOG_INTERVAL_S apart."""
+    class Log(io.StringIO):
+        def isatty(self):
+            return False
+
+    monkeypatch.setattr(Progress, "LOG_INTERVAL_S", 0.2)
+    monkeypatch.setattr(Progress, "BEAT_S", 0.02)
+    log = Log()
+    progress = Progress(2, stream=log, nbytes=[1 << 28, 1 << 28])  # enabled None: a real run's, with its heartbeat
+    progress.update("allreduce 256 MiB out-of-place")
+    time.sleep(1.0)  # the point runs
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 2 and all(": allreduce 256 MiB out-of-place" in line for line in lines), lines
+    count = len(lines)
+    time.sleep(0.3)
+    assert len(log.getvalue().splitlines()) == count  # closed: the heartbeat stopped
+
+
+def test_the_first_line_comes_before_the_ranks_start(monkeypatch, capsys):
+    """Under load 8-24 s passed before the first line: the ranks import torch and meet first. The spawner
+    says what it starts before it starts them."""
+    from commbench import cli, job
+
+    seen = []
+    monkeypatch.setattr(job, "spawn_local", lambda *a, **k: seen.append(capsys.readouterr().err) or 0)
+    assert cli.main(["sweep", "--sizes", "1K", "--nprocs", "2"]) == 0
+    assert seen == ["commbench: sweep: starting 2 rank(s) on this host; their first line follows once they meet\n"]
