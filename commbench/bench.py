@@ -28,7 +28,15 @@ from commbench.environment import host_cores, local_environment, software_versio
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
 from commbench.job import error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
-from commbench.results import Result, ResultSink, SweepSummary, percentiles_us, point_result, statistic_us
+from commbench.results import (
+    Result,
+    ResultSink,
+    SweepSummary,
+    busbw_averages,
+    percentiles_us,
+    point_result,
+    statistic_us,
+)
 from commbench.sizes import format_size
 from commbench.sweep_config import SweepConfig
 from commbench.table import Progress, Table
@@ -190,10 +198,6 @@ def _oversubscribed(environment: list[dict]) -> str | None:
         f"{n} ranks on {usable} of the host's {host} cores, by their CPU affinity"
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
 # ---------------------------------------------------------------- the sweep
 
 
@@ -243,9 +247,10 @@ class Sweep:
             if self.lead:
                 wrong = sum(r.wrong or 0 for r in self.results)
                 status = "wrong" if status == "ok" and wrong else status
-                busbw = _mean([r.busbw_gbps for r in self.results if r.busbw_gbps is not None])
+                busbw, by_collective = busbw_averages([(r.collective, r.busbw_gbps) for r in self.results])
                 self.sink.summary(SweepSummary(run_id=self.run_id, status=status, error=error, points=len(self.results),
                                                wrong=wrong, avg_busbw_gbps=busbw, stat=self.cfg.stat,
+                                               avg_busbw_gbps_by_collective=by_collective,
                                                telemetry=self._telemetry_summary().get("telemetry")))
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
@@ -384,6 +389,6 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
         if not sweeps and launch.rank == 0 and cfg.json_path:
             with ResultSink(cfg.json_path, append=cfg.append) as sink:
                 sink.summary(SweepSummary(run_id=uuid.uuid4().hex[:12], status=status, error=error, points=0,
-                                          wrong=0, avg_busbw_gbps=0.0))
+                                          wrong=0, avg_busbw_gbps=None))
 
     return run_on_backend(cfg.backend, launch, body, on_fault)

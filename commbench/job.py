@@ -175,14 +175,14 @@ def close_records(job: str, path: str) -> None:
 
 def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any:
     """A sweep's summary from its header and result records (status failed)."""
-    from commbench.results import SweepSummary
+    from commbench.results import SweepSummary, busbw_averages
 
     results = [r for r in records if r.get("record") == "result"]
-    busbw = [r["busbw_gbps"] for r in results if r.get("busbw_gbps") is not None]
+    busbw, by_collective = busbw_averages([(r.get("collective", ""), r.get("busbw_gbps")) for r in results])
     return SweepSummary(run_id=records[0].get("run_id", ""), status="failed", error=error, points=len(results),
-                        wrong=sum(r.get("wrong") or 0 for r in results),
-                        avg_busbw_gbps=sum(busbw) / len(busbw) if busbw else 0.0,
-                        stat=(records[0].get("config") or {}).get("stat", "mean"))
+                        wrong=sum(r.get("wrong") or 0 for r in results), avg_busbw_gbps=busbw,
+                        stat=(records[0].get("config") or {}).get("stat", "mean"),
+                        avg_busbw_gbps_by_collective=by_collective)
 
 
 def end(code: int, plan: Plan) -> None:

@@ -1,6 +1,7 @@
 """Shared helpers: run the real `commbench` command as users do, and find its rank processes."""
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,15 @@ def commbench(*args, timeout=180, env=None, **kwargs):
     """Run `python -m commbench ARGS` to completion; CompletedProcess with text output."""
     return subprocess.run([sys.executable, "-m", "commbench", *args], capture_output=True, text=True,
                           timeout=timeout, env=env or clean_env(), **kwargs)
+
+
+# the spawner's first line and a log's progress lines (commbench/job.py, commbench/table.py): not what a run says
+PROGRESS_LINE = re.compile(r"^commbench: (\w[\w-]*: starting \d+ rank|\d+/\d+ \w+, )")
+
+
+def said_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` that say something (errors, notes), without the progress lines."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]
 
 
 def results_of(path):

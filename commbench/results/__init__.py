@@ -35,6 +35,7 @@ from commbench.results.records import (  # noqa: F401
     StepRecord,
     SweepSummary,
     ValidateRecord,
+    busbw_averages,
     percentiles_us,
     point_result,
     statistic_us,

@@ -146,10 +146,25 @@ class SweepSummary(Record):
     error: str | None  # the one-line message
     points: int
     wrong: int  # wrong elements over every point
-    avg_busbw_gbps: float  # mean over the points of their busbw_gbps (that of the statistic `stat`)
+    # mean over every timed point of the run, all collectives together, of their busbw_gbps (that of the
+    # statistic `stat`); the table shows it only when one collective ran. None: no point was timed (sim, no --hw)
+    avg_busbw_gbps: float | None
     telemetry: dict[str, float] | None = None  # --monitor: averages over the whole run
     schema: int = SCHEMA_VERSION
     stat: str = "mean"  # the statistic the points' times are (sweep --stat)
+    # each collective's own mean, the figure its footer prints ("Avg bus bandwidth"); None where not timed
+    avg_busbw_gbps_by_collective: dict[str, float | None] | None = None
+
+
+def busbw_averages(points: list[tuple[str, float | None]]) -> tuple[float | None, dict[str, float | None]]:
+    """(mean busbw over every point, {collective: its mean}) of (collective, busbw_gbps) pairs in run order: the
+    summary's figures, the second those of the table's footers. None where no point of it was timed."""
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    timed = [busbw for _, busbw in points if busbw is not None]
+    names = list(dict.fromkeys(name for name, _ in points))
+    return mean(timed), {name: mean([b for n, b in points if n == name and b is not None]) for name in names}
 
 
 @dataclass(frozen=True)

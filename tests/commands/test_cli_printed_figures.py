@@ -113,3 +113,33 @@ def test_every_figure_of_check_is_in_its_records_and_the_runs(runs):
         assert found and int(found.group(1)) == part["rows"]
         assert close(found.group(2), 100 * part["median_abs_error"])
         assert close(found.group(3), 100 * part["max_abs_error"])
+
+
+def test_each_collectives_footer_is_in_the_summary(tmp_path, capsys):
+    """With several collectives the summary's avg_busbw_gbps was the mean over all of them, a figure no line on
+    screen shows (issue 32, item 11): each footer's figure is in avg_busbw_gbps_by_collective."""
+    from commbench import cli
+
+    path = tmp_path / "r.jsonl"
+    assert cli.main(["sweep", "--backend", "sim", "--hw", "dgx-a100", "-N", "4", "-c", "allreduce,allgather,broadcast",
+                     "--sizes", "1K,1M", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    footers = dict(re.findall(r"# Collective: (\w+).*?# Avg bus bandwidth    : (\S+) GB/s", out, re.S))
+    records = read_records(str(path))
+    summary = records[-1]
+    assert list(summary["avg_busbw_gbps_by_collective"]) == list(footers) == ["allreduce", "allgather", "broadcast"]
+    for name, printed in footers.items():
+        assert float(printed) == pytest.approx(summary["avg_busbw_gbps_by_collective"][name], rel=1e-3)
+    every = [r["busbw_gbps"] for r in records if r["record"] == "result"]
+    assert summary["avg_busbw_gbps"] == pytest.approx(np.mean(every), rel=1e-12)  # the run's, as documented
+
+
+def test_an_untimed_run_writes_null_not_zero(tmp_path, capsys):
+    """The sim backend without --hw prints n/m and wrote avg_busbw_gbps 0.0, a figure that was never measured."""
+    from commbench import cli
+
+    path = tmp_path / "r.jsonl"
+    assert cli.main(["sweep", "--backend", "sim", "--sizes", "1K", "--json", str(path)]) == 0
+    assert "# Avg bus bandwidth    : n/m" in capsys.readouterr().out
+    summary = read_records(str(path))[-1]
+    assert summary["avg_busbw_gbps"] is None and summary["avg_busbw_gbps_by_collective"] == {"allreduce": None}

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import clean_env, default_sigint, results_of, torch_import_vm_bytes
+from conftest import clean_env, default_sigint, results_of, said_lines, torch_import_vm_bytes
 
 from commbench.launch import SHM_DIR, SPAWN_VAR
 from commbench.results import read_records
@@ -145,7 +145,7 @@ def check(outcome):
         problems.append(f"took {outcome.took_s:.1f} s after the fault (--timeout {TIMEOUT_S:g} s)")
     if outcome.code != code:
         problems.append(f"exit code {outcome.code}, not {code}")
-    if "Traceback" in outcome.stderr or len(outcome.stderr.strip().splitlines()) > 2 or said not in outcome.stderr:
+    if "Traceback" in outcome.stderr or len(said_lines(outcome.stderr)) > 2 or said not in outcome.stderr:
         problems.append("not the expected lines on stderr")
     if outcome.after[:len(outcome.before)] != outcome.before:
         problems.append("records written before the fault were lost")
@@ -242,7 +242,7 @@ def test_out_of_memory_names_the_size_and_keeps_results(tmp_path):
                           capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 3
     assert "out of memory at 2 GiB (allreduce, out-of-place)" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert len(said_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
     results, records = results_of(tmp_path / "r.jsonl")
     assert [r["nbytes"] for r in results] == [1024, 1024]
     assert records[-1]["status"] == "failed" and "out of memory" in records[-1]["error"]
