@@ -214,7 +214,7 @@ class Sweep:
         self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points)
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
-                           marks_in_rows=not cfg.nccl_tests_rows)
+                           marks_in_rows=not cfg.nccl_tests_rows, json_kept=bool(cfg.json_path))
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on

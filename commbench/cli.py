@@ -72,11 +72,27 @@ def _main(argv: list[str] | None) -> int:
         print("commbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except click.ClickException as exc:
-        print(f"commbench: error: {exc.format_message()}", file=sys.stderr)
+        print(f"commbench: error: {_message(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+# torchrun's flag given to commbench: click's guess by spelling (--gpus-per-node) sends a CPU user the wrong way
+TORCHRUN_NPROCS = ("--nproc-per-node", "--nproc_per_node")
+OWN_WAYS = (("--nprocs", "--nprocs N spawns N local ranks (CPU or GPU)"),
+            ("--gpus-per-node", "--nodes N --gpus-per-node G lays them out in nodes"),
+            ("-g", "-g N runs N ranks, as nccl-tests' flag"))
+
+
+def _message(exc: click.ClickException) -> str:
+    if isinstance(exc, click.NoSuchOption) and exc.option_name in TORCHRUN_NPROCS and exc.ctx is not None:
+        flags = {flag for param in exc.ctx.command.params for flag in getattr(param, "opts", [])}
+        ways = [text for flag, text in OWN_WAYS if flag in flags]
+        if ways:
+            return f"no option {exc.option_name} (torchrun's): here, {'; '.join(ways)}"
+    return exc.format_message()
 
 
 if __name__ == "__main__":

@@ -19,17 +19,19 @@ from commbench.results import PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
 NOISY_MARK = "~"
+KEPT = "p50_us, p99_us and iteration_times_us in the JSON"  # where a noisy row's spread is kept
 
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
-                 show_algorithm: bool = False, marks_in_rows: bool = True):
+                 show_algorithm: bool = False, marks_in_rows: bool = True, json_kept: bool = True):
         self.placements = placements
         self.timed_as = "mean"  # the statistic of the rows' times (their records' `stat`), which the footer names
         self.noisy_rows = 0
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
         # nccl-tests' parsers count 13 columns: the noisy mark only in the footer then (the JSON has every figure)
         self.marks_in_rows = marks_in_rows
+        self.json_kept = json_kept  # --json given: the footer may point at the records' figures
         self.stream = stream or sys.stdout
         self.progress = progress
         self.busbw_sum = 0.0
@@ -106,7 +108,7 @@ class Table:
         if self.noisy_rows:
             marked = f"{NOISY_MARK} : " if self.marks_in_rows else ""
             self._print(f"# {marked}{self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
-                        f"varied between iterations (p50_us, p99_us and iteration_times_us in the JSON)")
+                        f"varied between iterations ({KEPT if self.json_kept else 'add --json FILE to keep ' + KEPT})")
             self.noisy_rows = 0
         self._print("#")
 

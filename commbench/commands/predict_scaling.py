@@ -281,11 +281,16 @@ def _scaling_table(run, records) -> list[str]:
     if chosen:
         lines.append("# nccl: what NCCL 2.20.3's tuning model runs per bucket size (size x buckets "
                      "algorithm/protocol channels), docs/model.md")
-    for r in chosen:
-        lines.append(f"#   {r.gpus:>6} GPUs: " + "; ".join(
+    for r in chosen:  # each row labelled as the table's are: with two setups, two blocks of the same GPU counts
+        lines.append(f"#   {_labelled(r, setups, swidth)}{r.gpus:>6} GPUs: " + "; ".join(
             f"{c['nbytes'] / (1 << 20):.4g} MiB x{c['buckets']} {c['algorithm']}/{c['protocol']} {c['channels']}ch"
             for c in r.nccl_choices))
     return lines
+
+
+def _labelled(record, setups: bool, width: int = 0) -> str:
+    """The setup's name before a row's figures where the table has a setup column (two setups, or not ddp)."""
+    return f"{record.setup:<{width}} " if setups else ""
 
 
 def _interval_ms(interval) -> str:
@@ -309,7 +314,9 @@ def _interval_notes(run, records) -> list[str]:
     corpus = [r for r in records if r.interval_source == "corpus calibration"]
     if corpus and run.calibration:
         low, high = run.calibration.bounds()
-        each = ", ".join(f"{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-{r.linearity_interval[1]:.3f}]" for r in corpus)
+        setups = len({r.setup for r in records}) > 1 or any(r.setup != "ddp" for r in records)
+        each = ", ".join(f"{_labelled(r, setups)}{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-"
+                         f"{r.linearity_interval[1]:.3f}]" for r in corpus)
         lines.append(f"# step 80%(ms) corpus: corpus calibration, not a fit: split conformal on the linearity errors "
                      f"of {len(run.calibration.residuals)} published rows from {len(set(run.calibration.sources))} "
                      f"sources (analysis/corpus/, docs/model.md): linearity {100 * low:+.1f} to {100 * high:+.1f} "

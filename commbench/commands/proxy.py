@@ -160,8 +160,9 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
 
     lead = plan.lead
     if lead:
-        click.echo("# validate: real DDP training with the same model, batch, ranks, buckets and backend"
-                   + _validate_eta(cfg))
+        knobs = "buckets" if cfg.setup == "ddp" else "knobs"
+        click.echo(f"# validate: real training of setup {cfg.setup} with the same model, batch, ranks, {knobs} and "
+                   f"backend" + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
     code = _launch("train", train_cfg, plan, force)
     if code == EXIT_OK and lead:

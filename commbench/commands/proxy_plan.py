@@ -161,7 +161,8 @@ def _check_validate(plan: job.Plan, bucketing: str, compute: str, cls) -> None:
         ("--no-bucketing/--single-bucket (training uses DDP's buckets)", bucketing == "ddp"),
         (f"--compute {compute} (training runs the real model)", compute == "measured")) if not same]
     if differs:
-        raise UsageFault(f"--validate compares the proxy with real DDP training; not with {differs[0]}")
+        raise UsageFault(f"--validate compares the proxy with real training (torch DDP or FSDP, as --setup says); "
+                         f"not with {differs[0]}")
 
 
 def _check_model_available(model: str, profile: Profile, trust_code: bool) -> None:

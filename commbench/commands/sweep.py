@@ -55,7 +55,8 @@ class SweepCommand(click.Command):
 
 
 def _nccl_tests_hint(args: list[str]) -> str:
-    return (f"sweep does not take nccl-tests' flags (here -b is --backend): give sizes as --sizes START-END "
+    backend = " (here -b is --backend)" if "-b" in args else ""
+    return (f"sweep does not take nccl-tests' flags{backend}: give sizes as --sizes START-END "
             f"(e.g. --sizes 8-1M), or run them as they are: commbench nccl-tests all_reduce_perf {' '.join(args)}")
 
 
