@@ -128,6 +128,15 @@ def model_series(records: list[dict], hw) -> list[Series]:
     return collect_series(predicted)
 
 
+def line_style(series: Series) -> tuple[str, str | None, str]:
+    """(line style, marker, the words index.md says of it) of one series: the one place both are decided."""
+    if series.kind == PREDICTED:
+        return "--", None, "dashed: predicted by the cost model"
+    if series.placement == "out-of-place":
+        return ":", "s", "dotted with squares: measured out-of-place"
+    return "-", "o", f"solid with dots: measured{' in-place' if series.placement == 'in-place' else ''}"
+
+
 def plot(series: list[Series], out_dir: str) -> list[str]:
     """One PNG per collective: busbw and time against size; the time panel shades each measured
     series' p10-p90 of the iterations; busbw on a log axis (any positive value), one colour per setup and
@@ -145,8 +154,7 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
         fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
         for s in mine:
             colour = colours[(s.setup, s.placement)]
-            style = "--" if s.kind == PREDICTED else (":" if s.placement == "out-of-place" else "-")
-            marker = None if s.kind == PREDICTED else ("o" if s.placement == "in-place" else "s")
+            style, marker, _ = line_style(s)
             name = s.label + ("" if s.kind == MEASURED else " (predicted)")
             ax_bw.plot(s.nbytes, s.busbw_gbps, style, marker=marker, ms=3, color=colour, label=name)
             ax_t.plot(s.nbytes, s.time_us, style, marker=marker, ms=3, color=colour, label=name)
@@ -241,8 +249,8 @@ def write_index(series: list[Series], pngs: list[str], out_dir: str, sources: li
             lines.append(f"| {s.collective} | {s.label} | {s.kind} | {len(s.nbytes)} | {R.ms_text(s.time_us[0])} us "
                          f"at {s.nbytes[0]} B | {R.ms_text(s.busbw_gbps[-1])} GB/s at {s.nbytes[-1]} B | "
                          f"{R.ms_text(max(s.busbw_gbps))} GB/s |")
-        lines += ["", "Solid: measured; dashed: predicted by the cost model. busbw as nccl-tests defines it "
-                  "(docs/metrics.md).", ""]
+        key = "; ".join(dict.fromkeys(line_style(s)[2] for s in series))  # what the charts draw, said as drawn
+        lines += ["", key[:1].upper() + key[1:] + ". busbw as nccl-tests defines it (docs/metrics.md).", ""]
     lines += list(extra)
     lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
     path = os.path.join(out_dir, "index.md")

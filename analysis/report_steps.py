@@ -94,7 +94,7 @@ def _plot_small_parts(ax, rows: list[dict]) -> None:
             ax.text(max(value, min(values, default=1.0) / 3), y + offset, text, va="center", fontsize=6.5)
     if values:
         ax.set_xlim(min(values) / 3, max(values) * 4)
-    ax.set(xscale="log", xlabel="ms (log)", title="The median step's own parts (ms; not each column's median)")
+    ax.set(xscale="log", xlabel="ms (log)", title="Its own parts (ms), not columns' medians")
     import matplotlib.ticker
 
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels ran into each other

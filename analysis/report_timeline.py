@@ -10,7 +10,9 @@ from commbench.backends.registry import record_capabilities
 
 COLOURS = {"allreduce": "tab:blue", "allgather": "tab:green", "reduce_scatter": "tab:orange"}
 PHASE_COLOURS = {"forward": "0.75", "backward": "0.55", "optimizer": "0.35", "own": "0.9"}
+PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "own": "the setup's own work"}
 MAX_RUNS = 10
+MARK_ROUNDING_US = 1.0  # marks are written to 0.1 us: a phase's end within this of a mark is at that mark
 
 
 def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
@@ -63,11 +65,21 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
     if not runs:
         return None
     plt = _plt()
+    shown_phases: set[str] = set()
+    shown_kinds: set[str] = set()
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.3 * len(runs)), squeeze=False)
     for ax, (header, summary, step) in zip(axes[:, 0], runs):
         plan, predicted = _plan_and_prediction(header, summary, hw)
-        lanes = [("compute (plan)", [(p.start_us, p.end_us, PHASE_COLOURS.get(p.name, "0.6")) for p in plan.phases])]
+        marks = step.get("compute_marks_us")
+        spans = [(p.start_us, p.end_us) for p in plan.phases]
+        if isinstance(marks, list) and len(marks) > 1:  # the compute as it ran, on the calls' wall clock
+            spans = [(wall_at(marks, start, late=True), wall_at(marks, end, late=False)) for start, end in spans]
+        phase_names = [p.name for p in plan.phases]
+        lanes = [("compute (as it ran)" if isinstance(marks, list) and len(marks) > 1 else "compute (plan)",
+                  [(start, end, PHASE_COLOURS.get(name, "0.6")) for (start, end), name in zip(spans, phase_names)])]
+        shown_phases.update(phase_names)
         kinds = [c.collective for c in plan.comms]
+        shown_kinds.update(kinds[:len(step["calls_us"])])
         measured = "calls predicted" if summary.get("kind") == "predicted" else "calls measured"
         lanes.append((measured, [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
                                           zip(step["calls_us"], kinds)]))
@@ -88,6 +100,29 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
                      + (f", {predicted.step_us / 1e3:.1f} ms predicted (dashed)" if predicted is not None else ""),
                      fontsize=9)
         ax.set_xlabel("ms from the step's start (rank 0)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    fig.legend(handles, list(COLOURS), loc="lower center", ncol=3, fontsize=8)
+    # the legend names what is drawn: the compute's phases (its grey shades) and the collectives the runs have
+    keys = [(PHASE_NAMES.get(n, n), PHASE_COLOURS[n]) for n in PHASE_COLOURS if n in shown_phases]
+    keys += [(k, c) for k, c in COLOURS.items() if k in shown_kinds]
+    keys += [(k, "tab:red") for k in sorted(shown_kinds - set(COLOURS))]
+    fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in keys], [k for k, _ in keys], loc="lower center",
+               ncol=max(1, len(keys)), fontsize=8)
     return save_png(fig, out_dir, "timeline.png", rect=(0, 0.06, 1, 1))
+
+
+def wall_at(marks: list[list[float]], progress_us: float, late: bool) -> float:
+    """Wall time at which the compute reached `progress_us`, from a step's compute_marks_us ([progress, wall],
+    in order; a wait is two marks of one progress): `late`, the last time it stood there (a phase begins after
+    a wait), else the first (a phase ends before one); between marks the compute ran at an even pace."""
+    points = [(float(x), float(wall)) for x, wall in marks]
+    if late:
+        i = max((k for k, (x, _) in enumerate(points) if x <= progress_us + MARK_ROUNDING_US), default=0)
+        j = i + 1
+    else:
+        j = min((k for k, (x, _) in enumerate(points) if x >= progress_us - MARK_ROUNDING_US),
+                default=len(points) - 1)
+        i = max(j - 1, 0)
+    if j >= len(points) or i == j or points[j][0] <= points[i][0]:
+        return points[min(i, len(points) - 1)][1] if late else points[j][1]
+    (x0, w0), (x1, w1) = points[i], points[j]
+    share = min(max((progress_us - x0) / (x1 - x0), 0.0), 1.0)
+    return w0 + share * (w1 - w0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -101,11 +102,19 @@ def _replay_steps(ctx: RankContext) -> None:
         times = run_step(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
-                           "other_us": times.other_us}, {"calls_us": [list(i) for i in times.comm_intervals]})
+                           "other_us": times.other_us}, _calls_and_marks(times))
     if backend.device == "cpu" and started is not None:  # the rank's other threads: the communication's CPU
         comm_cpu_s = (time.process_time() - started[0]) - (time.thread_time() - started[1])
         allreduced = sum(b.nbytes for b in ctx.buckets) * cfg.steps
         ctx.fixed["comm_cpu_gbps"] = allreduced / comm_cpu_s / 1e9 if comm_cpu_s > 0 and allreduced else None
+
+
+def _calls_and_marks(times: StepTimes) -> dict[str, Any]:
+    """Rank 0's own figures of a step: its calls and its compute's wall-time marks, [start, end] and [progress,
+    wall] in microseconds from the step's start (one decimal: the file stays small, a 0.1 us step is below
+    any clock's resolution here)."""
+    return {"calls_us": [list(i) for i in times.comm_intervals],
+            "compute_marks_us": [[round(x, 1), round(wall, 1)] for x, wall in times.compute_marks]}
 
 
 def run_proxy(cfg, launch, argv: list[str]) -> int:
@@ -121,11 +130,13 @@ def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
     the plan issues them, and the compute waiting where the plan needs a call done. exposed: the time spent
     waiting (a call in flight each time: the channel returns once it is done)."""
     t0 = clock.now_us()
+    marks = [(0.0, 0.0)]  # (compute progress, wall time): the timeline's compute as it ran
     clock.begin()
     exposed = 0.0
     launched = 0
     for x, issued, waited in points(plan):
         clock.compute_until(x)
+        marks.append((x, clock.now_us() - t0))
         for i in issued:
             channel.launch(i)
             launched += 1
@@ -133,6 +144,7 @@ def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
             before = clock.now_us()
             channel.wait_for(max(waited) + 1)  # calls finish in issue order
             exposed += clock.now_us() - before
+            marks.append((x, clock.now_us() - t0))
             clock.rebase(x)
     before = clock.now_us()
     intervals = channel.wait_all()
@@ -140,7 +152,7 @@ def run_plan(plan: CommPlan, clock, channel) -> StepTimes:
     step = clock.now_us() - t0
     return StepTimes(plan.compute_us, busy_us(intervals), exposed, step,
                      tuple((start - t0, end - t0) for start, end in intervals),
-                     other_us=max(0.0, step - plan.compute_us - exposed))
+                     other_us=max(0.0, step - plan.compute_us - exposed), compute_marks=tuple(marks))
 
 
 def _replay_setup(ctx: RankContext) -> None:
@@ -180,7 +192,7 @@ def _replay_setup(ctx: RankContext) -> None:
         times = run_plan(plan, clock, ctx.channel)
         ctx.record(index, {"compute_us": times.compute_us, "comm_us": times.comm_us,
                            "exposed_comm_us": times.exposed_comm_us, "step_us": times.step_us,
-                           "other_us": times.other_us}, {"calls_us": [list(i) for i in times.comm_intervals]})
+                           "other_us": times.other_us}, _calls_and_marks(times))
 
 
 def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:

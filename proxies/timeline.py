@@ -58,6 +58,9 @@ class StepTimes:
     step_us: float
     comm_intervals: tuple[tuple[float, float], ...] = ()  # (start, end) of each allreduce
     other_us: float = 0.0  # step - compute - exposed: neither computing nor waiting for communication
+    # executed steps: (compute progress, wall time) at each point the compute reached, from the step's start; where
+    # the compute waited, two marks of one progress. Maps the plan's phases onto the wall time the calls are in
+    compute_marks: tuple[tuple[float, float], ...] = ()
 
     def samples_per_s(self, samples: int) -> float:
         return samples / (self.step_us * 1e-6) if self.step_us > 0 else math.inf
@@ -183,20 +186,26 @@ class Channel(Protocol):
 def run_step(plan: StepPlan, clock: Clock, channel: Channel) -> StepTimes:
     """Execute one step: emulate compute on `clock`, launch each bucket on `channel` when ready."""
     t0 = clock.now_us()
+    marks = [(0.0, 0.0)]
     clock.begin()
     clock.compute_until(plan.forward_us)
+    marks.append((plan.forward_us, clock.now_us() - t0))
     for bucket, ready in enumerate(plan.bucket_ready_us):
         clock.compute_until(plan.forward_us + ready)
+        marks.append((plan.forward_us + ready, clock.now_us() - t0))
         channel.launch(bucket)
-    clock.compute_until(plan.forward_us + plan.backward_us)
+    computed = plan.forward_us + plan.backward_us
+    clock.compute_until(computed)
     backward_done = clock.now_us()
     intervals = channel.wait_all()
     waited = clock.now_us()
+    marks += [(computed, backward_done - t0), (computed, waited - t0)]
     clock.begin()
     clock.compute_until(plan.optimizer_us)
     step = clock.now_us() - t0
+    marks.append((plan.compute_us, step))
     # exposed: the wait after the backward, counted only while an allreduce was in flight
     exposed = busy_us(intervals, within=(backward_done, waited))
     return StepTimes(plan.compute_us, busy_us(intervals), exposed, step,
                      tuple((start - t0, end - t0) for start, end in intervals),
-                     other_us=max(0.0, step - plan.compute_us - exposed))
+                     other_us=max(0.0, step - plan.compute_us - exposed), compute_marks=tuple(marks))

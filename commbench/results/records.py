@@ -188,6 +188,9 @@ class StepRecord(Record):
     calls_us: list[list[float]] | None = None  # a replay: rank 0's calls, [start, end] from the step's start
     traced_step: int | None = None  # `replay` of a trace: which traced step this one replays (from 0)
     issued: list[list] | None = None  # `replay`: rank 0's calls as issued, [collective, nbytes, dtype, group ranks]
+    # a replay: rank 0's compute as it ran, [progress, wall] from the step's start (two marks of one progress where
+    # it waited for a call); the compute's phases on the wall clock the calls are timed by (report's timeline)
+    compute_marks_us: list[list[float]] | None = None
 
 
 @dataclass(frozen=True)

@@ -37,3 +37,17 @@ def test_the_prediction_plot_pairs_each_measured_point_with_its_prediction(tmp_p
     path = plot_prediction(collect_series(records), str(tmp_path))
     assert path and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert plot_prediction(collect_series(records[:2]), str(tmp_path)) is None  # nothing predicted: no plot
+
+
+def test_index_md_says_each_line_style_as_drawn(tmp_path):
+    """index.md said "dashed = predicted" while measured out-of-place lines were dotted (issue 32, item 12): the
+    key comes from the one function that styles the lines, and names only the styles drawn."""
+    from commbench.analysis.report import line_style, plot, write_index
+
+    records = [_record(n, 10.0, placement=p) for n in (1024, 4096) for p in ("in-place", "out-of-place")]
+    series = collect_series(records)
+    assert {s.placement: line_style(s)[0] for s in series} == {"in-place": "-", "out-of-place": ":"}
+    pngs = plot(series, str(tmp_path))
+    index = open(write_index(series, pngs, str(tmp_path), ["a.jsonl"]), encoding="utf-8").read()
+    assert "Solid with dots: measured in-place; dotted with squares: measured out-of-place." in index
+    assert "dashed" not in index  # nothing predicted here

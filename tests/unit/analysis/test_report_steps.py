@@ -73,3 +73,25 @@ def test_measured_runs_stand_beside_the_predicted_curve_of_their_model_and_batch
     assert ("resnet18", 16, "proxy", "torch", "gloo") in found  # measured, but no curve of batch 16 in the files
     path = plot_scaling([*curve, *runs, other_batch], str(tmp_path))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_title_of_proxy_steps_fits_in_the_picture(tmp_path, monkeypatch):
+    """proxy_steps.png's right-hand title ran past the picture's edge (issue 32, item 12)."""
+    from commbench.analysis import report_steps
+
+    kept = []
+    real = report_steps.save_png
+
+    def keep(fig, out_dir, name, rect=None):
+        fig.tight_layout(rect=rect)
+        renderer = fig.canvas.get_renderer()
+        kept.extend((ax.title.get_text(), ax.title.get_window_extent(renderer), fig.bbox) for ax in fig.axes)
+        return real(fig, out_dir, name, rect)
+
+    monkeypatch.setattr(report_steps, "save_png", keep)
+    rows = step_rows([_summary("a.jsonl", compute_us=1000.0, comm_us=60.0, exposed_comm_us=20.0, other_us=7.0,
+                               step_us=1027.0)])
+    plot_steps(rows, str(tmp_path))
+    assert len(kept) == 2
+    for title, box, figure in kept:
+        assert title and figure.x0 <= box.x0 and box.x1 <= figure.x1, (title, box, figure)

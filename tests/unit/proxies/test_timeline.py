@@ -199,3 +199,18 @@ def test_a_bucket_ready_a_hair_after_the_backward_still_ends_the_walk():
     plan = StepPlan(10.0, 100.0, 5.0, (50.0, 100.0 * (1 + 1e-10)), (1, 1))  # profile rounding past the end
     t = compute_with_steal(plan, [10.0, 10.0], [5.0, 5.0])
     assert t.step_us == pytest.approx(10 + 105 + 10 + 5, rel=1e-6)
+
+
+def test_an_executed_step_marks_its_compute_on_the_wall_clock():
+    """A rank descheduled in its backward: the compute's marks say where on the wall clock (the calls' clock) each
+    point was reached, so report's timeline draws the compute as it ran, not as planned (issue 32, item 12)."""
+    clock = LateClock(late_us=500.0, at_us=PLAN.forward_us + 120.0)
+    t = run_step(PLAN, clock, FakeChannel(clock, [30.0, 30.0, 20.0]))
+    marks = dict(t.compute_marks[:-3])  # progress -> wall, up to the backward's last bucket
+    assert marks[0.0] == 0.0 and marks[PLAN.forward_us] == 100.0
+    assert marks[PLAN.forward_us + 50.0] == 150.0 and marks[PLAN.forward_us + 120.0] == 720.0  # 500 us late
+    backward_end, after_wait, done = t.compute_marks[-3:]
+    assert backward_end == (300.0, 800.0) and after_wait[0] == 300.0 and after_wait[1] >= backward_end[1]
+    assert done == (PLAN.compute_us, t.step_us)
+    # every call the step made lies on the same clock as the marks: the last one ends at or before the wait's end
+    assert max(end for _, end in t.comm_intervals) <= after_wait[1]
