@@ -89,6 +89,29 @@ def uncertainty(hw: Hardware) -> Uncertainty | None:
     return Uncertainty(fitted, resamples, residuals, paired)
 
 
+WIDE_FACTOR = 10.0  # a leave-one-out error beyond this factor (either way) is a point the model does not describe
+
+
+def wide_note(hw: Hardware) -> str | None:
+    """Why the intervals of `hw` are wide, when they are: jackknife+ spreads every prediction by the fit's
+    leave-one-out errors, pooled over all its points, so a few points the model does not describe (a loaded host's
+    small sizes, 1000x its latency) widen the interval of every size, the well-described included, by up to their
+    factor. None when no point was off by more than WIDE_FACTOR."""
+    parsed = uncertainty(hw)
+    if parsed is None:
+        return None
+    factors = np.exp(np.abs(np.log1p(parsed.residuals)))
+    far = int((factors > WIDE_FACTOR).sum())
+    if not far:
+        return None
+    n = len(factors)
+    extremes = " (with fewer than 9 points the bounds are the extremes)" if n < 9 else ""
+    return (f"wide intervals: {far} of the fit's {n} points were off by more than {WIDE_FACTOR:g}x when left out "
+            f"(the largest {factors.max():,.0f}x): the model does not describe them (noise, a loaded host, another "
+            f"regime), and jackknife+ spreads every prediction by these errors{extremes}; refit on quieter data "
+            f"or on the sizes the model describes (fit --sizes), docs/model.md")
+
+
 def levels_fitted(hw: Hardware, topo: Topology) -> bool:
     """Whether the fit of `hw` measured every link level `topo` communicates over: the level inside a
     node when a node holds 2+ ranks, the one between nodes when there are 2+ nodes. A level the fit

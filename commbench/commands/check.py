@@ -70,7 +70,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
         raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result), proxy "
                          f"replay, or training records beside a replay of the same setup")
     warn_poor(hw, hw_spec)  # after the input is known good: a refusal stays one line
-    _table(rows, hw.name)
+    _table(rows, hw)
     summary = K.summary(rows, include_oversubscribed)
     _summary_lines(rows, summary, include_oversubscribed)
     if json_path:
@@ -115,16 +115,26 @@ def _write(path: str, append: bool, records: list[dict]) -> None:
         raise UsageFault(str(exc)) from exc
 
 
-def _table(rows, hw_name: str) -> None:
-    click.echo(f"# predicted by {hw_name}; error = predicted / measured - 1")
+def _table(rows, hw) -> None:
+    """One row per point; every column as wide as its widest cell, so no long name or large time shifts the
+    rest. With intervals, why they are wide where they are (intervals.wide_note)."""
+    from commbench.analysis.intervals import wide_note
+
+    click.echo(f"# predicted by {hw.name}; error = predicted / measured - 1")
     width = max(len(r.setup) for r in rows)
-    intervals = any(r.interval_us for r in rows)
-    extra = f"  {'80% interval (us)':>23}" if intervals else ""
-    click.echo(f"#{'setup':>{width - 1}}  {'point':<26} {'measured(us)':>13} {'predicted(us)':>14} {'error':>8}{extra}")
-    for r in rows:
-        interval = ""
-        if r.interval_us:
-            interval = f"  {r.interval_us[0]:>10.1f}-{r.interval_us[1]:<10.1f} {'in' if r.inside else 'OUT'}"
-        what = f"{r.what} (training)" if r.kind == "train" else r.what
-        click.echo(f"{r.setup:>{width}}  {what:<26} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
-                   f"{100 * r.error:>+7.1f}%{interval}")
+    whats = [f"{r.what} (training)" if r.kind == "train" else r.what for r in rows]
+    spans = [f"{r.interval_us[0]:.1f}-{r.interval_us[1]:.1f}" if r.interval_us else "" for r in rows]
+    point_w = max(26, *map(len, whats))
+    measured_w = max(13, *(len(f"{r.measured_us:.1f}") for r in rows))
+    predicted_w = max(14, *(len(f"{r.predicted_us:.1f}") for r in rows))
+    span_w = max(len("80% interval (us)"), *map(len, spans))
+    extra = f"  {'80% interval (us)':>{span_w}}" if any(spans) else ""
+    click.echo(f"#{'setup':>{width - 1}}  {'point':<{point_w}} {'measured(us)':>{measured_w}} "
+               f"{'predicted(us)':>{predicted_w}} {'error':>8}{extra}")
+    for r, what, span in zip(rows, whats, spans):
+        interval = f"  {span:>{span_w}} {'in' if r.inside else 'OUT'}" if span else ""
+        click.echo(f"{r.setup:>{width}}  {what:<{point_w}} {r.measured_us:>{measured_w}.1f} "
+                   f"{r.predicted_us:>{predicted_w}.1f} {100 * r.error:>+7.1f}%{interval}")
+    note = wide_note(hw) if any(spans) else None
+    if note:
+        click.echo(f"# {note}")

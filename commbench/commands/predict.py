@@ -117,8 +117,11 @@ def _notes(hw, hw_spec: str, topo: Topology, results) -> list[str]:
                      f"its figures there were copied or given (meta.notes), so these times rest on no measurement "
                      f"and their interval is the published corpus's, as without a fit")
     if any(r.interval_source == FIT_PROVENANCE for r in results):
+        from commbench.analysis.intervals import wide_note
+
         notes.append("[low-high] fit after a row: its 80% interval in us, from the fit's resamples (jackknife+: the "
                      "fit without each point, spread by that point's error; docs/model.md)")
+        notes += [note for note in [wide_note(hw)] if note]
     if any(r.interval_source == CORPUS_PROVENANCE for r in results):
         low, high = collective_corpus.shipped_bounds(row_us)
         corpus = collective_corpus.load_collectives()

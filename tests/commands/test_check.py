@@ -344,3 +344,54 @@ def test_a_one_rank_replay_has_a_step_row_without_interval_and_no_comm_row(runs,
     rows, _ = K.check(read_records(str(one)), load_hardware(str(hw_path)))
     assert [(r.kind, r.what) for r in rows] == [("proxy", "step")]
     assert rows[0].interval_us is None and rows[0].inside is None
+
+
+def test_the_readmes_check_line_reads_files_its_own_lines_make_on_the_fitted_backend():
+    """The README's `commbench check shm.jsonl p.jsonl --hw shm-hw.json` could not work: p.jsonl was a gloo
+    replay, always left out against an shm fit, and no line made shm.jsonl (issue 32, item 13). Each input of
+    each `check` line is made by an earlier line, with the backend of the sweep its --hw was fitted on."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    lines = [line.split("#")[0].split() for line in readme.splitlines() if line.startswith("commbench ")]
+    made: dict[str, str] = {}  # file -> backend of the line that wrote it
+    fitted: dict[str, str] = {}  # hardware file -> backend of the sweep it was fitted on
+    checked = 0
+    for words in lines:
+        options = dict(zip(words, words[1:]))
+        backend = options.get("--backend", "torch")
+        if words[1] in ("sweep", "proxy") and "--json" in options:
+            made[options["--json"]] = backend
+        if words[1] == "fit" and "-o" in options:
+            fitted[options["-o"]] = made.get(words[2], "?")
+        if words[1] == "check":
+            inputs = [w for w in words[2:words.index("--hw")] if re.search(r"\.jsonl$", w)]
+            assert all(f in made for f in inputs), (words, made)
+            assert {made[f] for f in inputs} == {fitted[options["--hw"]]}, (words, made, fitted)
+            checked += 1
+    assert checked
+
+
+def test_the_table_stays_aligned_past_999_us_and_long_point_names(capsys):
+    """The columns shifted once a time passed 999.9 us or an interval or a point's name outgrew its column."""
+    from types import SimpleNamespace
+
+    from commbench.commands import check as command
+    from commbench.costmodel import load_hardware
+
+    def row(what, measured, predicted, interval):
+        return SimpleNamespace(setup="shm/shm/ring, 2 ranks", what=what, kind="sweep", measured_us=measured,
+                               predicted_us=predicted, error=predicted / measured - 1, interval_us=interval,
+                               inside=interval[0] <= measured <= interval[1])
+
+    rows = [row("allreduce 4KiB in-place", 10.1, 10.2, (2.1, 198.2)),
+            row("allreduce 256KiB out-of-place", 542.1, 1436.5, (297.3, 6940.2)),
+            row("allreduce 64MiB in-place", 27985.0, 29187.8, (170.5, 4995060.4))]
+    command._table(rows, load_hardware("dgx-a100"))
+    lines = capsys.readouterr().out.splitlines()[2:2 + len(rows)]
+    measured_ends = {line.index(f" {r.measured_us:.1f} ") + len(f" {r.measured_us:.1f}")
+                     for line, r in zip(lines, rows)}
+    error_ends = {line.index("%") for line in lines}
+    interval_ends = {len(line.rsplit(" ", 1)[0]) for line in lines}
+    assert len(measured_ends) == len(error_ends) == len(interval_ends) == 1, "\n".join(lines)

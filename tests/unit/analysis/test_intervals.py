@@ -285,3 +285,19 @@ def test_each_resample_is_the_refit_its_residual_came_from(name, column, tmp_pat
         predicted = F.predict_records([point], hw)[0]
         assert interval_us(hw, lambda v, p=point: F.predict_records([p], v)[0]) == pytest.approx(
             schedule_interval_us(hw, schedule, topo, DTYPES[point["dtype"]].itemsize, predicted), rel=1e-9)
+
+
+def test_a_fit_with_points_it_does_not_describe_says_why_its_intervals_are_wide():
+    """On a loaded host the 80% intervals spanned three orders of magnitude (466-754,317 us) with nothing said
+    (issue 32, item 13): jackknife+ pools the leave-one-out errors, and a few points off by 1000x widen every
+    interval. wide_note names them; a fit without such points says nothing."""
+    from commbench.analysis.intervals import WIDE_FACTOR, wide_note
+
+    hw = _exact(TRUE_HW)
+    assert wide_note(hw) is None
+    block = dict(hw.meta["uncertainty"], pairing=F.JACKKNIFE, resamples=[hw.meta["uncertainty"]["fit"]] * 9,
+                 relative_residuals=[4042.0, 170.0, 0.05, -0.03, 0.02, -0.9995, 0.01, 0.0, 0.04])
+    note = wide_note(replace(hw, meta={**hw.meta, "uncertainty": block}))
+    assert note.startswith(f"wide intervals: 3 of the fit's 9 points were off by more than {WIDE_FACTOR:g}x when "
+                           f"left out (the largest 4,043x)")
+    assert "fewer than 9" not in note
