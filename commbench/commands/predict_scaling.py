@@ -244,7 +244,7 @@ def _scaling_table(run, records) -> list[str]:
     """The table printed on stdout, one line per record; with a fitted hardware file, the step's 80%
     interval beside the step."""
     intervals = any(r.step_interval_us or r.linearity_interval for r in records)
-    setups = len({r.setup for r in records}) > 1 or any(r.setup != DEFAULT_SETUP for r in records)
+    setups = _shows_setups(records)
     swidth = max([5, *(len(r.setup) for r in records)])
     cells = [_interval_ms(r.step_interval_us) + _FROM.get(r.interval_source, "") for r in records]
     width = max([len("step 80%(ms)"), *map(len, cells)])
@@ -288,6 +288,11 @@ def _scaling_table(run, records) -> list[str]:
     return lines
 
 
+def _shows_setups(records) -> bool:
+    """Whether the table has a setup column: two setups, or one that is not the default."""
+    return len({r.setup for r in records}) > 1 or any(r.setup != DEFAULT_SETUP for r in records)
+
+
 def _labelled(record, setups: bool, width: int = 0) -> str:
     """The setup's name before a row's figures where the table has a setup column (two setups, or not ddp)."""
     return f"{record.setup:<{width}} " if setups else ""
@@ -314,7 +319,7 @@ def _interval_notes(run, records) -> list[str]:
     corpus = [r for r in records if r.interval_source == "corpus calibration"]
     if corpus and run.calibration:
         low, high = run.calibration.bounds()
-        setups = len({r.setup for r in records}) > 1 or any(r.setup != "ddp" for r in records)
+        setups = _shows_setups(records)
         each = ", ".join(f"{_labelled(r, setups)}{r.gpus} GPUs [{r.linearity_interval[0]:.3f}-"
                          f"{r.linearity_interval[1]:.3f}]" for r in corpus)
         lines.append(f"# step 80%(ms) corpus: corpus calibration, not a fit: split conformal on the linearity errors "

@@ -160,8 +160,7 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
 
     lead = plan.lead
     if lead:
-        knobs = "buckets" if cfg.setup == "ddp" else "knobs"
-        click.echo(f"# validate: real training of setup {cfg.setup} with the same model, batch, ranks, {knobs} and "
+        click.echo(f"# validate: real training of setup {cfg.setup} with the same model, batch, ranks, knobs and "
                    f"backend" + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
     code = _launch("train", train_cfg, plan, force)
