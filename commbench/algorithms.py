@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from commbench.alltoall import bruck_alltoall, hier_alltoall, pairwise_alltoall
 from commbench.collectives import COLLECTIVES
 from commbench.schedule import Chunk, Phases, Schedule, Transfer, split
 from commbench.topology import Topology
@@ -310,6 +311,9 @@ TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -
     Algorithm("ring", "reduce_scatter", ring_reduce_scatter, library=True, phases=ring_reduce_scatter_phases),
     Algorithm("chain", "broadcast", chain_broadcast, library=True),
     Algorithm("chain", "reduce", chain_reduce, library=True),
+    Algorithm("pairwise", "alltoall", pairwise_alltoall),
+    Algorithm("bruck", "alltoall", bruck_alltoall),
+    Algorithm("hier", "alltoall", hier_alltoall),
 )
 
 # The name predictions give the allreduce a library runs (DDP's NCCL): the library ring, with

@@ -17,6 +17,13 @@ reads the state its source had when the round began. The same value is
 Where the result lives after the last round: allreduce and allgather fill the
 whole buffer on every rank; reduce_scatter leaves rank r's reduced chunk at
 `chunk_of(r)`; broadcast fills every rank from the root; reduce fills the root.
+
+alltoall moves a block from one offset of the sender to another of the receiver, which
+a transfer (same elements at both ends) cannot say. Its schedules therefore name every
+block's place in the working buffers, `blocks[s][d]`: where rank s's block for rank d lies
+in s's buffer before the first round and in d's buffer after the last (and in every rank's
+that forwards it). The backends copy the send buffer into these places and the result out
+of them, the local permutation (Bruck's rotations) that an alltoall needs around its rounds.
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ class Schedule:
     rounds: tuple[tuple[Transfer, ...], ...]
     root: int = 0
     parts: tuple[Chunk, ...] = field(default=())  # reduce_scatter/allgather: rank r's own chunk
+    blocks: tuple[tuple[Chunk, ...], ...] = field(default=())  # alltoall: blocks[s][d], rank s's block for d
 
     @property
     def steps(self) -> int:
@@ -279,6 +287,9 @@ def initial_masks(schedule: Schedule) -> np.ndarray:
         if schedule.collective == "allgather":
             start, stop = schedule.parts[r]
             masks[r, start:stop] = _bit(r, world)
+        elif schedule.collective == "alltoall":
+            for start, stop in schedule.blocks[r]:
+                masks[r, start:stop] = _bit(r, world)
         elif schedule.collective != "broadcast" or r == schedule.root:
             masks[r, :] = _bit(r, world)
     return masks
@@ -287,6 +298,8 @@ def initial_masks(schedule: Schedule) -> np.ndarray:
 def verify(schedule: Schedule) -> None:
     """Raise ScheduleError unless every element that must hold the result holds exactly
     the right ranks' inputs (each reduction counts every rank once)."""
+    if schedule.collective == "alltoall":
+        check_blocks(schedule)
     masks = contributions(schedule)
     world = schedule.world
     full = (1 << world) - 1
@@ -313,7 +326,25 @@ def _required(schedule: Schedule, full, root_mask):
         return [(r, schedule.parts[r], full) for r in range(world)]
     if name == "allgather":
         return [(r, schedule.parts[s], _bit(s, world)) for r in range(world) for s in range(world)]
+    if name == "alltoall":  # transfers keep offsets, so rank s's bit at d's blocks[s][d] is s's block for d
+        return [(d, schedule.blocks[s][d], _bit(s, world)) for d in range(world) for s in range(world)]
     raise ScheduleError(f"no verification rule for {name}")
+
+
+def check_blocks(schedule: Schedule) -> None:
+    """An alltoall's block places: n x n blocks of one length inside the buffer, rank r's own blocks
+    (blocks[r][*], its input) disjoint, and the blocks it receives (blocks[*][r], its result) disjoint."""
+    n, blocks = schedule.world, schedule.blocks
+    if len(blocks) != n or any(len(row) != n for row in blocks):
+        raise ScheduleError(f"{schedule.name} alltoall: blocks is not {n} x {n}")
+    lengths = {hi - lo for row in blocks for lo, hi in row}
+    if len(lengths) != 1 or any(not 0 <= lo <= hi <= schedule.count for row in blocks for lo, hi in row):
+        raise ScheduleError(f"{schedule.name} alltoall: blocks of different lengths or outside the buffer")
+    for r in range(n):
+        for group, what in (([blocks[r][d] for d in range(n)], "input"), ([blocks[s][r] for s in range(n)], "result")):
+            ordered = sorted(group)
+            if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+                raise ScheduleError(f"{schedule.name} alltoall: rank {r}'s {what} blocks overlap")
 
 
 def _ranks(mask) -> list[int]:

@@ -12,6 +12,8 @@ collective call with a send and a receive buffer that means:
 | allgather      | recv (n parts)          | copy send -> this rank's part of recv first      |
 | reduce_scatter | send (n parts)          | copy send -> a scratch buffer, run there, then   |
 |                |                         | copy this rank's part -> recv                    |
+| alltoall       | scratch (the schedule's | copy send's n blocks to their places             |
+|                | block layout)           | (Schedule.blocks), run, copy n blocks -> recv    |
 
 In place, the harness lays the buffers out as nccl-tests does, so the working
 buffer already holds the input and (for reduce_scatter) the result lands in recv.
@@ -130,6 +132,8 @@ class ScheduleBackend(Backend):
         count = send_count if collective == "reduce_scatter" else recv_count
         schedule = self.schedule(collective, count, self.itemsize(recv), root)
         self._last = schedule
+        if collective == "alltoall":
+            return self._alltoall_call(schedule, send, recv)
         steps: list[Callable[[], None]] = []
         working = recv
         direct = self.executor_reading(schedule, recv, send, op or "sum") \
@@ -158,6 +162,25 @@ class ScheduleBackend(Backend):
         def call() -> None:
             for step in steps:
                 step()
+        return call
+
+    def _alltoall_call(self, schedule: Schedule, send: Any, recv: Any) -> Callable[[], None]:
+        """alltoall (always out of place): every block of send to its place in a scratch buffer, the
+        rounds there, then the block of every source from its place to recv (the local permutation)."""
+        world, (start, stop) = schedule.world, schedule.blocks[0][0]
+        size, working = stop - start, self.scratch(schedule.count, recv)
+        ins = [(self.rank_view(working, lambda r, d=d: schedule.blocks[r][d][0], size),
+                self.rank_view(send, lambda r, d=d: d * size, size)) for d in range(world)]
+        outs = [(self.rank_view(recv, lambda r, s=s: s * size, size),
+                 self.rank_view(working, lambda r, s=s: schedule.blocks[s][r][0], size)) for s in range(world)]
+        run = self.executor(schedule, working, "sum")
+
+        def call() -> None:
+            for dst, src in ins:
+                self.copy(dst, src)
+            run()
+            for dst, src in outs:
+                self.copy(dst, src)
         return call
 
     # ---------------------------------------------------------------- what each backend provides

@@ -19,8 +19,8 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 # 1 core data, 2 pure models and workloads, 3 runtime, 4 commands and readers of results.
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
-        "commbench.tuning", "commbench.topology", "commbench.results", "commbench.environment", "commbench.files",
-        "commbench.analysis",
+        "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
+        "commbench.files", "commbench.analysis",
         "commbench.proxies", "commbench.results*", "commbench.errors",
         "commbench.backends.registry"],
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",

@@ -53,7 +53,7 @@ def test_launch_tables_reproduce_sim(collective, name, world, count):
     every block order, at element sizes 1, 2 and 8 (spans and alignment differ)."""
     topo = Topology(1, world)
     schedule = build(collective, name, topo, count)
-    inputs = random_inputs(world, count)
+    inputs = random_inputs(world, schedule.count)  # alltoall: its block layout, not count
     for op in ("sum", "max"):
         want = sim_result(schedule, topo, inputs, op)
         for groups, order, itemsize in itertools.product(([list(range(world))], [[r] for r in range(world)]),

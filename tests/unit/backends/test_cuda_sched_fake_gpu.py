@@ -507,3 +507,12 @@ def test_ipc_failed_point_closes_nothing_and_meets_no_one(fake_gpus, port, monke
     backend.end_point(failed=True)
     backend.close()
     assert events == [] and len(backend._exported) == 1 and backend._opened == [0xABC]
+
+
+@pytest.mark.parametrize("mode,world,topology", [("virtual", 3, None), ("peer", 4, (2, 2))])
+@pytest.mark.parametrize("algorithm", ["pairwise", "bruck", "hier"])
+def test_every_alltoall_algorithm_passes_the_check(fake_gpus, tmp_path, mode, world, topology, algorithm):
+    """alltoall's block layout (copies in and out of a scratch buffer around the rounds) on the kernels."""
+    results = run(tmp_path, mode, world, algorithm, collectives=("alltoall",), topology=topology,
+                  sizes=(1000, 40_000))
+    assert {r["algorithm"] for r in results} == {algorithm} and {r["collective"] for r in results} == {"alltoall"}

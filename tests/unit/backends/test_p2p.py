@@ -54,7 +54,18 @@ def test_sweep_runs_and_checks(name, tmp_path):
         assert {r["nnodes"] for r in results} == {2}
 
 
-@pytest.mark.parametrize("args", [["-c", "alltoall"], ["--algorithm", "tree", "-c", "allgather"]])
+@pytest.mark.parametrize("world,algorithm,topology", [(2, "pairwise", "1x2"), (3, "bruck", "1x3"), (4, "hier", "2x2")])
+def test_alltoall_runs_and_checks(tmp_path, world, algorithm, topology):
+    path = tmp_path / "r.jsonl"
+    proc = commbench("sweep", "--backend", "p2p", "-N", str(world), "-c", "alltoall", "-A", algorithm, "-T", topology,
+                     "-d", "int32", "--sizes", "1K,100K", *ITERS, "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    results, records = results_of(path)
+    assert records[-1]["status"] == "ok" and len(results) == 2  # out of place only
+    assert all(r["wrong"] == 0 and r["algorithm"] == algorithm and r["steps"] > 0 for r in results)
+
+
+@pytest.mark.parametrize("args", [["-c", "sendrecv"], ["--algorithm", "tree", "-c", "allgather"]])
 def test_what_no_schedule_runs_is_refused(args):
     proc = commbench("sweep", "--backend", "p2p", "-N", "2", "--sizes", "1K", *args)
     assert proc.returncode == 2

@@ -164,8 +164,10 @@ def test_auto_rule_and_unknown_algorithm():
     assert A.choose("allgather", Topology(1, 4), 1 << 20) == "ring"
     with pytest.raises(A.AlgorithmError, match="no algorithm 'tree' for allgather"):
         A.build("allgather", "tree", Topology(1, 4), 16, 64)
-    with pytest.raises(A.AlgorithmError, match="alltoall"):
+    with pytest.raises(A.AlgorithmError, match="no algorithm 'ring' for alltoall; available: pairwise, bruck, hier"):
         A.build("alltoall", "ring", Topology(1, 4), 16, 64)
+    with pytest.raises(A.AlgorithmError, match="no algorithm for sendrecv"):
+        A.build("sendrecv", "ring", Topology(1, 4), 16, 64)
 
 
 def test_split_and_topology():
@@ -185,7 +187,8 @@ def test_the_table_and_its_views():
         assert all(e.collective == collective and e.name == name for name, e in entries.items())
     assert list(A.available("allreduce")) == ["ring", "hier", "tree", "rhd", "oneshot", "binomial"]
     assert list(A.available("allreduce", gpu=True)) == [*A.available("allreduce"), "twoshot"]
-    assert A.TABLE["allreduce"]["twoshot"].gpu_only and A.available("alltoall") == {}
+    assert A.TABLE["allreduce"]["twoshot"].gpu_only and A.available("sendrecv") == {}
+    assert list(A.available("alltoall")) == ["pairwise", "bruck", "hier"]
     assert A.ALGORITHMS == {c: {n: e.build for n, e in A.available(c).items()} for c in A.TABLE}
     assert A.LIBRARY_ALGORITHM == {"allreduce": "ring", "allgather": "ring", "reduce_scatter": "ring",
                                    "broadcast": "chain", "reduce": "chain"}

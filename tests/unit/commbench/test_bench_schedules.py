@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from conftest import (
@@ -49,11 +50,29 @@ def test_shm_runs_pass_the_check(tmp_path, clean_shm, nprocs, args):
         assert {r["algorithm"] for r in results} == {args[args.index("--algorithm") + 1]}
 
 
+@pytest.mark.parametrize("nprocs,algorithm,executor,topology", [
+    (2, "pairwise", "native", "1x2"), (3, "pairwise", "python", "1x3"), (3, "bruck", "native", "1x3"),
+    (2, "bruck", "python", "1x2"), (3, "hier", "native", "1x3"), (4, "hier", "python", "2x2"),
+])
+def test_shm_alltoall_passes_the_check(tmp_path, clean_shm, nprocs, algorithm, executor, topology):
+    """Both executors run the all-to-all schedules (copies only; bruck and hier stage every round)."""
+    proc = commbench("sweep", "--backend", "shm", "-N", str(nprocs), *QUICK, "-c", "alltoall", "--algorithm", algorithm,
+                     "--topology", topology, "--sizes", "1K,300K", "--json", str(tmp_path / "r.jsonl"),
+                     env=clean_env(COMMBENCH_SHM_EXECUTOR=executor))
+    assert proc.returncode == 0, proc.stderr
+    assert f"executor {executor}" in proc.stdout
+    results, _ = results_of(tmp_path / "r.jsonl")
+    assert len(results) == 2 and all(r["wrong"] == 0 and r["collective"] == "alltoall" and r["algorithm"] == algorithm
+                                     and r["time_us"] > 0 for r in results)
+
+
 @pytest.mark.parametrize("nprocs,args", [
     (4, ["--topology", "2x2", "--algorithm", "hier", "--sizes", "1K,1M", "--dtype", "bfloat16", "--op", "avg"]),
     (4, ["--topology", "2x2", "-c", "allreduce", "-c", "allgather", "-c", "reduce_scatter", "-c", "broadcast",
          "-c", "reduce", "--sizes", "1K,300K", "--op", "max"]),
     (3, ["--topology", "3x1", "--algorithm", "ring", "--sizes", "4K,1M", "--dtype", "int32"]),
+    (4, ["--topology", "2x2", "-c", "alltoall", "--sizes", "1K,300K", "--dtype", "float16"]),
+    (4, ["--topology", "2x2", "-c", "alltoall", "--algorithm", "bruck", "--sizes", "1K,300K"]),
 ])
 def test_hybrid_shm_inside_nodes_send_recv_between(tmp_path, clean_shm, nprocs, args):
     proc = commbench("sweep", "--backend", "hybrid", "-N", str(nprocs), *QUICK, *args,
@@ -94,6 +113,27 @@ def _misrouted_ring(topo, count):
     return Schedule("broken", "allreduce", ring.world, ring.count, tuple(rounds))
 
 
+def _alltoall_missing_its_last_round(topo, count):
+    pairwise = A.pairwise_alltoall(topo, count)
+    return replace(pairwise, name="broken", rounds=pairwise.rounds[:-1])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sim_alltoall_passes_and_a_broken_one_fails_the_check(tmp_path, monkeypatch, world):
+    for name in ("pairwise", "bruck", "hier"):
+        cfg = SweepConfig(sizes=(1000, 65536), collectives=("alltoall",), json_path=str(tmp_path / f"{name}.jsonl"),
+                          backend=BackendConfig(backend="sim", nprocs=world, algorithm=name))
+        assert Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(world, Topology(1, world), name)).run() == 0
+        results, _ = results_of(tmp_path / f"{name}.jsonl")
+        assert len(results) == 2 and all(r["wrong"] == 0 and r["algorithm"] == name for r in results)
+    broken = A.Algorithm("broken", "alltoall", _alltoall_missing_its_last_round)
+    monkeypatch.setitem(A.TABLE["alltoall"], "broken", broken)
+    cfg = SweepConfig(sizes=(1000,), collectives=("alltoall",), json_path=str(tmp_path / "broken.jsonl"),
+                      backend=BackendConfig(backend="sim", nprocs=world, algorithm="broken"))
+    assert Sweep(cfg, LaunchInfo.local(0, 1, 0), SimBackend(world, Topology(1, world), "broken")).run() == EXIT_WRONG
+    assert all(r["wrong"] > 0 for r in results_of(tmp_path / "broken.jsonl")[0])
+
+
 def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(A.TABLE["allreduce"], "broken", A.Algorithm("broken", "allreduce", _misrouted_ring))
     cfg = SweepConfig(sizes=(4096, 65536), backend=BackendConfig(backend="sim", nprocs=4, algorithm="broken"),
@@ -108,7 +148,8 @@ def test_broken_schedule_is_caught_by_the_check(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--backend", "shm", "--algorithm", "tree", "-c", "allgather"], "no algorithm 'tree' for allgather"),
     (["--backend", "sim", "--algorithm", "spiral"], "no algorithm 'spiral' for allreduce"),
-    (["--backend", "shm", "-c", "alltoall"], "no algorithm for alltoall"),
+    (["--backend", "shm", "-c", "sendrecv"], "no algorithm for sendrecv"),
+    (["--backend", "shm", "-c", "alltoall", "--algorithm", "ring"], "no algorithm 'ring' for alltoall"),
     (["--backend", "sim", "--nprocs", "8", "--topology", "3x3"], "--topology 3x3 is 9 ranks but --nprocs 8"),
     (["--backend", "shm", "--nprocs", "4", "--topology", "2by2"], "bad --topology"),
     (["--backend", "torch", "--algorithm", "ring"], "--algorithm/--topology"),

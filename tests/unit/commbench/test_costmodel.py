@@ -241,7 +241,7 @@ def test_sweep_fit_predict_and_sim_from_the_command_line(tmp_path):
     (["fit", "{tmp}/empty.jsonl", "-o", "{tmp}/fitted.json"], "0 usable points"),
     (["predict", "--hw", "nope", "--topology", "2x8"], "no hardware file or preset 'nope'"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "2by8"], "bad --topology"),
-    (["predict", "--hw", "{tmp}/hw.json", "--topology", "2x8", "-c", "alltoall"], "alltoall"),
+    (["predict", "--hw", "{tmp}/hw.json", "--topology", "2x8", "-c", "sendrecv"], "sendrecv"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "-c", "broadcast", "--root", "9"], "--root 9"),
     (["predict", "--hw", "{tmp}/hw.json", "--topology", "1x4", "--json", "/proc/nope/p.jsonl"], "/proc/nope"),
     (["fit", "/bin/ls", "-o", "{tmp}/x.json"], "/bin/ls:1: not UTF-8 text"),
