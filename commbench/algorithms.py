@@ -1,13 +1,12 @@
 """commbench's collective algorithms: each a function (topology, count) -> Schedule, and
 the one table of them (`TABLE`) that every other module reads.
 
-Every schedule here is at once runnable (the shm, p2p, hybrid, sim and cuda backends
-execute it), checked (commbench.schedule.verify) and costed (the analytic model). A
-table entry (`Algorithm`) says which collective it computes, whether only the GPU
-kernels run it (`gpu_only`: twoshot), whether it is what a library (gloo, NCCL) runs
-for its collective (`library`: the model and the fit cost libraries by it), and its
-closed form for costing at any scale (`phases`, optional; tests pin it to the full
-schedule). docs/algorithms.md gives each one's traffic per rank and number of steps.
+Every schedule (the all-to-all ones in commbench/alltoall.py) is at once runnable (shm, p2p,
+hybrid, sim and cuda execute it), checked (schedule.verify) and costed (the analytic model). A table
+entry (`Algorithm`) says which collective it computes, whether only the GPU kernels run it
+(`gpu_only`: twoshot), whether a library (gloo, NCCL) runs it for its collective (`library`: the
+model and the fit cost libraries by it), and its closed form for costing at any scale (`phases`,
+optional; tests pin it to the full schedule). docs/algorithms.md: each one's traffic and steps.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from commbench.alltoall import bruck_alltoall, hier_alltoall, pairwise_alltoall
+from commbench.alltoall import ALLTOALL, choose_alltoall
 from commbench.collectives import COLLECTIVES
 from commbench.schedule import Chunk, Phases, Schedule, Transfer, split
 from commbench.topology import Topology
@@ -311,9 +310,7 @@ TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -
     Algorithm("ring", "reduce_scatter", ring_reduce_scatter, library=True, phases=ring_reduce_scatter_phases),
     Algorithm("chain", "broadcast", chain_broadcast, library=True),
     Algorithm("chain", "reduce", chain_reduce, library=True),
-    Algorithm("pairwise", "alltoall", pairwise_alltoall),
-    Algorithm("bruck", "alltoall", bruck_alltoall),
-    Algorithm("hier", "alltoall", hier_alltoall),
+    *(Algorithm(name, "alltoall", build) for name, build in ALLTOALL.items()),  # pairwise, bruck, hier
 )
 
 # The name predictions give the allreduce a library runs (DDP's NCCL): the library ring, with
@@ -362,15 +359,15 @@ def chosen_by(collective: str, topo: Topology, nbytes: int, pushes: bool = False
 def choose(collective: str, topo: Topology, nbytes: int, pushes: bool = False,
            tuning: TuningTable | None = None) -> str:
     """`auto`: `tuning`'s row for this point if any (chosen_by), else the rule: small allreduce oneshot
-    on 2-8 ranks, rhd on more; hier across nodes; else ring; other collectives their one algorithm
-    (docs/algorithms.md). `pushes` (the executor pushes: a 2-rank ring is one round): ring on 2 ranks."""
+    on 2-8 ranks, rhd on more; hier across nodes; else ring; alltoall: choose_alltoall; others their one
+    algorithm (docs/algorithms.md). `pushes` (the executor pushes: a 2-rank ring is one round): ring on 2 ranks."""
     if tuning is not None:
         return chosen_by(collective, topo, nbytes, pushes, tuning)[0]
     table = ALGORITHMS.get(collective)
     if not table:
         raise KeyError(collective)
     if collective != "allreduce":
-        return next(iter(table))
+        return choose_alltoall(topo) if collective == "alltoall" else next(iter(table))
     if pushes and topo.world == 2:
         return "ring"
     if nbytes <= ONESHOT_MAX_BYTES and topo.world > 1:

@@ -79,3 +79,13 @@ def hier_alltoall(topo: Topology, count: int) -> Schedule:
     between = [[(rank(a, j), rank(a + k, j), k * local, local) for a in range(nodes) for j in range(local)]
                for k in range(1, nodes)]
     return _schedule("hier", topo, count, topo.world, rotated, inside + between)
+
+
+ALLTOALL: dict[str, Callable[[Topology, int], Schedule]] = {  # algorithms.TABLE's alltoall entries, in order
+    "pairwise": pairwise_alltoall, "bruck": bruck_alltoall, "hier": hier_alltoall}
+
+
+def choose_alltoall(topo: Topology) -> str:
+    """`auto`'s rule: hier across nodes of several ranks (one cross-node message per node pair and
+    local index instead of L), else pairwise at every size (measured: docs/algorithms.md)."""
+    return "hier" if topo.nodes > 1 and topo.ranks_per_node > 1 else "pairwise"

@@ -162,6 +162,10 @@ def test_auto_rule_and_unknown_algorithm():
     assert A.choose("allreduce", Topology(1, 4), 1 << 20) == "ring"
     assert A.choose("allreduce", Topology(2, 4), 1 << 20) == "hier"
     assert A.choose("allgather", Topology(1, 4), 1 << 20) == "ring"
+    for size in (1024, 1 << 20, 1 << 28):  # measured in pairs on 2-4 shm ranks (docs/algorithms.md)
+        assert A.choose("alltoall", Topology(1, 4), size) == "pairwise"
+        assert A.choose("alltoall", Topology(2, 4), size) == "hier"
+        assert A.choose("alltoall", Topology(4, 1), size) == "pairwise"  # one rank per node: nothing to gather
     with pytest.raises(A.AlgorithmError, match="no algorithm 'tree' for allgather"):
         A.build("allgather", "tree", Topology(1, 4), 16, 64)
     with pytest.raises(A.AlgorithmError, match="no algorithm 'ring' for alltoall; available: pairwise, bruck, hier"):
