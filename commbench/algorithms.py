@@ -1,12 +1,11 @@
 """commbench's collective algorithms: each a function (topology, count) -> Schedule, and
 the one table of them (`TABLE`) that every other module reads.
 
-Every schedule (the all-to-all ones in commbench/alltoall.py) is at once runnable (shm, p2p,
-hybrid, sim and cuda execute it), checked (schedule.verify) and costed (the analytic model). A table
-entry (`Algorithm`) says which collective it computes, whether only the GPU kernels run it
-(`gpu_only`: twoshot), whether a library (gloo, NCCL) runs it for its collective (`library`: the
-model and the fit cost libraries by it), and its closed form for costing at any scale (`phases`,
-optional; tests pin it to the full schedule). docs/algorithms.md: each one's traffic and steps.
+Every schedule (all-to-all's in commbench/alltoall.py) is runnable (shm, p2p, hybrid, sim, cuda),
+checked (schedule.verify) and costed (the analytic model). An entry (`Algorithm`) says its collective,
+whether only the GPU kernels run it (`gpu_only`: twoshot), whether a library (gloo, NCCL) runs it for its
+collective (`library`: the model and the fit cost libraries by it), and its closed form for costing at any
+scale (`phases`, optional; tests pin it to the full schedule). docs/algorithms.md: each one's traffic, steps.
 """
 from __future__ import annotations
 
