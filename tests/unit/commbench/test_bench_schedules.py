@@ -20,6 +20,7 @@ from conftest import (
 )
 
 from commbench import algorithms as A
+from commbench.alltoall import pairwise_alltoall
 from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep
@@ -114,7 +115,7 @@ def _misrouted_ring(topo, count):
 
 
 def _alltoall_missing_its_last_round(topo, count):
-    pairwise = A.pairwise_alltoall(topo, count)
+    pairwise = pairwise_alltoall(topo, count)
     return replace(pairwise, name="broken", rounds=pairwise.rounds[:-1])
 
 
