@@ -63,8 +63,9 @@ def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, ran
         send, recv = backend.alloc(plan.send_count, dtype), backend.alloc(plan.recv_count, dtype)
         return send, recv, (send, recv)
     whole = backend.alloc(max(plan.send_count, plan.recv_count), dtype)
-    send_at = (lambda r: r * plan.send_count) if plan.collective == "allgather" else (lambda r: 0)
-    recv_at = (lambda r: r * plan.recv_count) if plan.collective == "reduce_scatter" else (lambda r: 0)
+    coll = C.COLLECTIVES[plan.collective]  # the chunk of a rank sits at its place in the n-chunk buffer
+    send_at = (lambda r: r * plan.send_count) if coll.recv_all and not coll.send_all else (lambda r: 0)
+    recv_at = (lambda r: r * plan.recv_count) if coll.send_all and not coll.recv_all else (lambda r: 0)
     return backend.rank_view(whole, send_at, plan.send_count), backend.rank_view(whole, recv_at, plan.recv_count), \
         (whole,)
 
@@ -141,8 +142,8 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
         send = recv = owners = None
         gc.collect()
     _agree(backend, failed)
-    call = backend.prepare(plan.collective, send, recv, cfg.op if C.COLLECTIVES[plan.collective].reduces else None,
-                           plan.root, placement == "in-place")
+    call = backend.prepare(plan.collective, send, recv, pattern.op, plan.root, placement == "in-place",
+                           **({"splits": plan.splits} if plan.splits else {}))
     if backend.timed:
         warmup, iters = _iteration_counts(backend, cfg, call)
         if monitor is not None:  # before the barrier: nothing on rank 0 between it and the timed calls
@@ -207,10 +208,12 @@ class Sweep:
     def __init__(self, cfg: SweepConfig, launch: LaunchInfo, backend: Backend, argv: list[str] | None = None):
         self.cfg, self.launch, self.backend = cfg, launch, backend
         self.dtype = C.resolve_dtype(cfg.dtype)
+        self.passes = [(C.resolve_dtype(dtype), op) for dtype, op in cfg.passes] or [(self.dtype, cfg.op)]
         self.lead = backend.rank == 0
         self.run_id = uuid.uuid4().hex[:12]
         self.sink = ResultSink(cfg.json_path, cfg.csv_path, cfg.append) if self.lead else None
-        points = [size for _ in cfg.collectives for size in cfg.sizes for _ in cfg.placements]  # in run order
+        points = [size for _ in cfg.collectives for _ in self.passes for size in cfg.sizes
+                  for _ in cfg.placements]  # in run order
         self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points)
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
@@ -281,13 +284,20 @@ class Sweep:
         if crowded:
             self.table.comment(f"note: {crowded} (oversubscribed): ranks take turns on the cores and the times hold "
                                f"that contention; check and predict mark such runs")
-        self.table.comment(f"dtype {self.dtype.name}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
+        self.table.comment(f"{self._passes_text()}, {self._timing_text()}, check {'on' if cfg.check else 'off'}")
         if self.monitor is not None and self.monitor.note:
             self.table.comment(self.monitor.note)
         if cfg.backend.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
         for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.backend.hw):
             self.table.comment(note)
+
+    def _passes_text(self) -> str:
+        """'dtype float32', or the passes of one job (nccl-tests' -d all -o all -N) in the order they run."""
+        if len(self.passes) == 1:
+            return f"dtype {self.dtype.name}"
+        return f"{len(self.passes)} passes over the sizes (dtype op: " \
+               f"{', '.join(f'{dtype.name} {op}' for dtype, op in self.passes)})"
 
     def _timing_text(self) -> str:
         cfg = self.cfg
@@ -300,15 +310,26 @@ class Sweep:
         return f"{iters}, time = {cfg.stat} of the iterations, each iteration the {RANK_AGG_TEXT[cfg.rank_agg]}"
 
     def _collective(self, collective: str) -> None:
-        cfg, world = self.cfg, self.backend.world_size
+        cfg = self.cfg
         coll = C.COLLECTIVES[collective]
-        op = cfg.op if coll.reduces else None
-        pattern = C.make_pattern(self.dtype, op, world)
         if self.lead:
             self.table.header(collective)
+        for dtype, op in self.passes:
+            self.dtype = dtype
+            self._pass(collective, op if coll.reduces else None)
+        if self.lead:
+            if not coll.inplace and cfg.placements == ("in-place",):
+                self.table.comment(f"{collective} has no in-place form: nothing to measure with --placement in-place")
+            self.table.footer(cfg.check)
+
+    def _pass(self, collective: str, op: str | None) -> None:
+        """One pass over the sizes with one dtype and op: a row per size."""
+        cfg, world = self.cfg, self.backend.world_size
+        pattern = C.make_pattern(self.dtype, op, world)
         seen: set[int] = set()
         for size in cfg.sizes:
-            plan = C.plan(collective, size, self.dtype, world, cfg.root if coll.rooted else -1)
+            plan = C.plan(collective, size, self.dtype, world, cfg.root if C.COLLECTIVES[collective].rooted else -1,
+                          cfg.split_weights)
             if plan.count == 0 or plan.nbytes in seen:
                 self._skip(plan)
                 continue
@@ -318,10 +339,6 @@ class Sweep:
                 row[placement] = self._point(plan, placement, pattern, op)
             if self.lead and any(row.values()):
                 self.table.row(row, self.dtype.nccl_name)
-        if self.lead:
-            if not coll.inplace and cfg.placements == ("in-place",):
-                self.table.comment(f"{collective} has no in-place form: nothing to measure with --placement in-place")
-            self.table.footer(cfg.check)
 
     def _skip(self, plan: C.Plan) -> None:
         self.progress.done += len(self.cfg.placements)

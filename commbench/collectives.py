@@ -77,6 +77,8 @@ class Plan:
     recv_count: int
     world: int
     root: int
+    # alltoallv: elements rank s sends rank d (splits[s][d]); every row sums to send_count (commbench/splits.py)
+    splits: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class Collective:
     recv_all: bool  # the receive buffer holds n chunks (allgather, alltoall)
     bus_factor: Callable[[int], float]
     inplace: bool  # in-place is meaningful (alltoall / sendrecv have none)
+    alg_factor: Callable[[int], float] = lambda n: 1.0  # algbw = size / time x this (hypercube: (n-1)/n)
+    in_all: bool = True  # `-c all` runs it (not hypercube: an algorithm nccl-tests tests, on 2^k ranks only)
 
 
 COLLECTIVES = {c.name: c for c in (
@@ -101,7 +105,25 @@ COLLECTIVES = {c.name: c for c in (
     Collective("reduce", "reduce", True, True, False, False, False, lambda n: 1.0, True),
     Collective("alltoall", "alltoall", False, False, True, True, True, lambda n: (n - 1) / n, False),
     Collective("sendrecv", "sendrecv", False, False, False, False, False, lambda n: 1.0, False),
+    # nccl-tests 2.x src/gather.cu, scatter.cu, alltoallv.cu, hypercube.cu (GetCollByteCount, GetBw): each
+    # rank's chunk is size/n, size the whole buffer; algbw = size / time, busbw = algbw x (n-1)/n; hypercube
+    # moves (n-1) chunks into each rank: algbw = size x (n-1)/n / time and busbw = algbw.
+    Collective("gather", "gather", False, True, True, False, True, lambda n: (n - 1) / n, True),
+    Collective("scatter", "scatter", False, True, True, True, False, lambda n: (n - 1) / n, True),
+    Collective("alltoallv", "alltoallv", False, False, True, True, True, lambda n: (n - 1) / n, False),
+    Collective("hypercube", "hypercube", False, False, True, False, True, lambda n: 1.0, True,
+               alg_factor=lambda n: (n - 1) / n, in_all=False),
 )}
+
+
+def refused_world(collective: str, world: int) -> str | None:
+    """Why `collective` cannot run on `world` ranks, or None: nccl-tests' hypercube exchanges with
+    rank ^ 2^k, so it needs a power of two (there it prints 'not a power of 2, skipping')."""
+    if collective == "sendrecv" and world == 1:
+        return "-c sendrecv needs at least 2 ranks (each rank sends to the next one)"
+    if collective == "hypercube" and world & (world - 1):
+        return f"-c hypercube needs a power-of-two number of ranks (rank r exchanges with r xor 2^k), not {world}"
+    return None
 
 
 def resolve_collectives(names: tuple[str, ...] | list[str]) -> list[str]:
@@ -111,40 +133,64 @@ def resolve_collectives(names: tuple[str, ...] | list[str]) -> list[str]:
         for name in raw.split(","):
             key = name.strip().lower().replace("-", "_")
             key = {"all_reduce": "allreduce", "all_gather": "allgather", "all_to_all": "alltoall",
-                   "reducescatter": "reduce_scatter", "bcast": "broadcast", "send_recv": "sendrecv"}.get(key, key)
+                   "reducescatter": "reduce_scatter", "bcast": "broadcast", "send_recv": "sendrecv",
+                   "all_to_allv": "alltoallv"}.get(key, key)
             if key == "all":
-                keys = list(COLLECTIVES)
+                keys = [name for name, entry in COLLECTIVES.items() if entry.in_all]
             elif key in COLLECTIVES:
                 keys = [key]
             else:
-                raise ValueError(f"unknown collective {name.strip()!r}; choose from {', '.join(COLLECTIVES)} or all")
+                raise ValueError(f"unknown collective {name.strip()!r}; choose from {', '.join(COLLECTIVES)} or all "
+                                 f"(every one but hypercube)")
             out.extend(k for k in keys if k not in out)
     return out
 
 
-def plan(collective: str, requested_nbytes: int, dtype: DType, world: int, root: int = 0) -> Plan:
+def plan(collective: str, requested_nbytes: int, dtype: DType, world: int, root: int = 0,
+         split_weights: tuple[tuple[float, ...], ...] = ()) -> Plan:
     """Round a requested size down to what the collective can use, as nccl-tests does.
 
     For chunked collectives the per-rank chunk is `size // (itemsize * n)` elements
     and the size used is `chunk * n * itemsize`; otherwise `size // itemsize`.
     A plan with count 0 means the size is too small for this dtype and world.
+    alltoallv splits each rank's `count` elements over the peers by `split_weights` (rows: senders;
+    none: `chunk` each, nccl-tests' alltoallv); each receive buffer holds the largest column's sum.
     """
     coll = COLLECTIVES[collective]
     if coll.chunked:
         chunk = requested_nbytes // (dtype.itemsize * world)
+        chunk -= chunk % 4 if collective == "hypercube" else 0  # hypercube.cu: ALIGN 4 elements per chunk
         count = chunk * world
     else:
         chunk = count = requested_nbytes // dtype.itemsize
     send = chunk * world if coll.send_all else chunk
     recv = chunk * world if coll.recv_all else chunk
-    return Plan(collective, requested_nbytes, count * dtype.itemsize, count, send, recv, world, root)
+    splits = None
+    if collective == "alltoallv":
+        splits = apportion(split_weights, world, count) if split_weights else ((chunk,) * world,) * world
+        recv = max(sum(row[dst] for row in splits) for dst in range(world))
+    return Plan(collective, requested_nbytes, count * dtype.itemsize, count, send, recv, world, root, splits)
+
+
+def apportion(weights: tuple[tuple[float, ...], ...], world: int, count: int) -> tuple[tuple[int, ...], ...]:
+    """Each sender's `count` elements shared out over the peers in proportion to its row of `weights`
+    (largest remainders, ties to the lower peer), so every row sums to `count` exactly."""
+    rows = []
+    for row in weights:
+        share = np.asarray(row, dtype=np.float64) / (sum(row) or 1.0) * count
+        whole = np.floor(share).astype(np.int64)
+        left = int(count - whole.sum())
+        for peer in sorted(range(world), key=lambda d: (-(share[d] - whole[d]), d))[:left]:
+            whole[peer] += 1
+        rows.append(tuple(int(x) for x in whole))
+    return tuple(rows)
 
 
 def bandwidths_gbps(collective: str, nbytes: int, world: int, time_us: float) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (1e9 bytes/s) for `nbytes` moved in `time_us`."""
     if time_us <= 0:
         return 0.0, 0.0
-    algbw = nbytes / (time_us * 1e-6) / 1e9
+    algbw = nbytes / (time_us * 1e-6) / 1e9 * COLLECTIVES[collective].alg_factor(world)
     return algbw, algbw * COLLECTIVES[collective].bus_factor(world)
 
 
@@ -246,11 +292,33 @@ def expected_segments(pattern: Pattern, p: Plan, rank: int) -> list[Segment]:
         return [Segment(0, p.recv_count, host(t[(rank - 1) % n]), 0)]
     if name == "reduce_scatter":
         return [Segment(0, p.recv_count, host(pattern.reduced()), rank * p.recv_count)]
-    if name == "allgather":
+    if name in ("allgather", "hypercube") or (name == "gather" and rank == p.root):
         return [Segment(src * chunk, chunk, host(t[src]), 0) for src in range(n)]
+    if name == "gather":
+        return []
+    if name == "scatter":
+        return [Segment(0, p.recv_count, host(t[p.root]), rank * p.recv_count)]
     if name == "alltoall":
         return [Segment(src * chunk, chunk, host(t[src]), rank * chunk) for src in range(n)]
+    if name == "alltoallv":
+        return _alltoallv_segments(pattern, p, rank)
     raise ValueError(name)
+
+
+def split_offsets(splits: tuple[tuple[int, ...], ...], rank: int) -> tuple[list[int], list[int]]:
+    """alltoallv on `rank`: where each peer's part starts in its send buffer and in its receive buffer
+    (peers' parts follow one another in rank order, as MPI_Alltoallv's displacements)."""
+    send = np.concatenate([[0], np.cumsum(splits[rank])[:-1]])
+    column = [row[rank] for row in splits]
+    recv = np.concatenate([[0], np.cumsum(column)[:-1]])
+    return [int(x) for x in send], [int(x) for x in recv]
+
+
+def _alltoallv_segments(pattern: Pattern, p: Plan, rank: int) -> list[Segment]:
+    """Rank `rank` receives from each source s the part s sends it, from where it sits in s's send buffer."""
+    _, recv_at = split_offsets(p.splits, rank)
+    return [Segment(recv_at[src], p.splits[src][rank], to_host(pattern.table[src], pattern.dtype),
+                    split_offsets(p.splits, src)[0][rank]) for src in range(p.world) if p.splits[src][rank]]
 
 
 def tolerance(pattern: Pattern) -> float:

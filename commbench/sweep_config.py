@@ -19,6 +19,11 @@ class SweepConfig(RanksConfig):
     sizes: tuple[int, ...] = (1 << 10,)
     dtype: str = "float32"
     op: str = "sum"
+    # (dtype, op) of each pass over the sizes, in order, under one header and footer per collective
+    # (`commbench nccl-tests -d all -o all -N 2`, as nccl-tests runs them in one job); empty: (dtype, op) once
+    passes: tuple[tuple[str, str], ...] = ()
+    splits: str = "uniform"  # alltoallv's per-peer counts, as given (commbench/splits.py)
+    split_weights: tuple[tuple[float, ...], ...] = ()  # ... and as weights (rows: senders); (): uniform
     root: int = 0
     placements: tuple[str, ...] = PLACEMENTS
     warmup: int | None = None  # None: adaptive
@@ -35,3 +40,8 @@ class SweepConfig(RanksConfig):
     append: bool = False  # --append: add to --json/--csv instead of starting them anew
     monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
     nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
+
+    def __post_init__(self) -> None:
+        # JSON (the way to the ranks) turns the pairs into lists: pairs again, so a config arrives unchanged
+        object.__setattr__(self, "passes", tuple(tuple(pair) for pair in self.passes))
+        object.__setattr__(self, "split_weights", tuple(tuple(row) for row in self.split_weights))

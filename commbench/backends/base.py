@@ -210,7 +210,8 @@ class Backend(ABC):
     @abstractmethod
     def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
                 inplace: bool) -> Callable[[], None]:
-        """A zero-argument callable that issues one collective call, as bare as possible."""
+        """A zero-argument callable that issues one collective call, as bare as possible. alltoallv's
+        call also gets `splits=` (collectives.Plan.splits): only backends that run alltoallv take it."""
 
     @abstractmethod
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:

@@ -135,9 +135,12 @@ class CupyBackend(Backend):
     # ---------------------------------------------------------------- the measured call
 
     def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
-                inplace: bool) -> Callable[[], None]:
+                inplace: bool, splits: tuple | None = None) -> Callable[[], None]:
         comm, nccl, stream = self.comm, self._nccl, self.stream.ptr
         dtype = getattr(nccl, NCCL_DTYPES[dtype_of(recv).name])
+        if collective in ("gather", "scatter", "alltoallv", "hypercube"):
+            return grouped_calls(nccl, comm, stream, dtype,
+                                 personalized_steps(collective, send, recv, root, self.rank, self.world_size, splits))
         reduce_op = getattr(nccl, NCCL_OPS[op]) if op else None
         s, r = send.data.ptr, recv.data.ptr
         if collective == "allreduce":
@@ -237,3 +240,60 @@ class CupyBackend(Backend):
             else:
                 comm.abort()
         self._torch.close()
+
+
+# ---------------------------------------------------------------- gather, scatter, alltoallv, hypercube
+
+# One step: (sends, receives), each a list of (pointer, count, peer), issued inside one NCCL group.
+Step = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]
+
+
+def personalized_steps(collective: str, send: Any, recv: Any, root: int, rank: int, world: int,
+                       splits: tuple | None) -> list[Step]:
+    """The grouped sends and receives nccl-tests issues for these (src/gather.cu, scatter.cu,
+    alltoallv.cu, hypercube.cu): NCCL has no such collective call, only send and recv in a group."""
+    item, s, r = send.itemsize, send.data.ptr, recv.data.ptr
+    if collective == "gather":
+        chunk = send.size
+        return [([(s, chunk, root)], [(r + p * chunk * item, chunk, p) for p in range(world)] if rank == root else [])]
+    if collective == "scatter":
+        chunk = recv.size
+        return [([(s + p * chunk * item, chunk, p) for p in range(world)] if rank == root else [], [(r, chunk, root)])]
+    if collective == "alltoallv":
+        from commbench.collectives import split_offsets
+
+        send_at, recv_at = split_offsets(splits, rank)
+        return [([(s + send_at[p] * item, splits[rank][p], p) for p in range(world)],
+                 [(r + recv_at[p] * item, splits[p][rank], p) for p in range(world)])]
+    chunk, steps, mask = send.size, [], 1  # hypercube: the own chunk is copied first (grouped_calls)
+    while mask < world:
+        held = rank & ~(mask - 1)
+        steps.append(([(r + held * chunk * item, mask * chunk, rank ^ mask)],
+                      [(r + (held ^ mask) * chunk * item, mask * chunk, rank ^ mask)]))
+        mask <<= 1
+    return [([(s, chunk * item, -1)], [(r + rank * chunk * item, chunk * item, -1)]), *steps]
+
+
+def grouped_calls(nccl: Any, comm: Any, stream: int, dtype: int, steps: list[Step]) -> Callable[[], None]:
+    """One NCCL group per step; a step whose peer is -1 is a device copy of that many bytes (hypercube's
+    own chunk, left out in place)."""
+    def call() -> None:
+        for sends, receives in steps:
+            if sends and sends[0][2] == -1:
+                (source, nbytes, _), (target, _, _) = sends[0], receives[0]
+                if source != target:
+                    _copy(target, source, nbytes, stream)
+                continue
+            nccl.groupStart()
+            for pointer, count, peer in sends:
+                comm.send(pointer, count, dtype, peer, stream)
+            for pointer, count, peer in receives:
+                comm.recv(pointer, count, dtype, peer, stream)
+            nccl.groupEnd()
+    return call
+
+
+def _copy(target: int, source: int, nbytes: int, stream: int) -> None:
+    import cupy
+
+    cupy.cuda.runtime.memcpyAsync(target, source, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.control import GroupControl
-from commbench.collectives import COLLECTIVES, DType
+from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
 from commbench.launch import LaunchInfo, peer_wait_s
 
@@ -86,9 +86,9 @@ class TorchBackend(Backend):
 
     @classmethod
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
-        if "sendrecv" in collectives and world == 1:
-            raise BackendError("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
         for name in collectives:
+            if refused_world(name, world):
+                raise BackendError(refused_world(name, world))
             reason = unsupported(library, name, dtype, op if COLLECTIVES[name].reduces else None, "both")
             if reason:
                 raise BackendError(f"--op {op} with --dtype {dtype.name}: {reason}")
@@ -156,7 +156,9 @@ class TorchBackend(Backend):
     # ---------------------------------------------------------------- the measured call
 
     def prepare(self, collective: str, send: torch.Tensor, recv: torch.Tensor, op: str | None, root: int,
-                inplace: bool) -> Callable[[], None]:
+                inplace: bool, splits: tuple | None = None) -> Callable[[], None]:
+        if collective in ("gather", "scatter", "alltoallv", "hypercube"):
+            return _personalized(collective, send, recv, root, self.rank, self.world_size, splits)
         reduce_op = REDUCE_OPS[op] if op else None
         rank, world = self.rank, self.world_size
         copy_first = not inplace and collective in ("allreduce", "broadcast", "reduce")
@@ -339,6 +341,46 @@ def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev:
         ops = [dist.P2POp(dist.irecv, recv, peer_prev), dist.P2POp(dist.isend, send, peer_next)]
         for request in dist.batch_isend_irecv(ops):
             request.wait()
+    return call
+
+
+def _personalized(collective: str, send: torch.Tensor, recv: torch.Tensor, root: int, rank: int, world: int,
+                  splits: tuple | None) -> Callable[[], None]:
+    """gather, scatter, alltoallv and hypercube as a user writes them with torch.distributed (gather and
+    scatter with a list of the root's chunks, alltoallv as all_to_all_single with split sizes)."""
+    if collective == "gather":
+        parts = list(recv.chunk(world)) if rank == root else None
+        return lambda: dist.gather(send, gather_list=parts, dst=root)
+    if collective == "scatter":
+        parts = list(send.chunk(world)) if rank == root else None
+        return lambda: dist.scatter(recv, scatter_list=parts, src=root)
+    if collective == "alltoallv":
+        sent, received = list(splits[rank]), [row[rank] for row in splits]
+        used = recv.narrow(0, 0, sum(received))  # the buffer holds the largest rank's receipt
+        return lambda: dist.all_to_all_single(used, send, output_split_sizes=received, input_split_sizes=sent)
+    return _hypercube(send, recv, rank, world)
+
+
+def _hypercube(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int) -> Callable[[], None]:
+    """nccl-tests' hypercube (src/hypercube.cu): an allgather by recursive doubling. The own chunk is
+    copied into place, then in step k each rank swaps the 2^k chunks it holds with rank xor 2^k."""
+    chunk = send.numel()
+    steps = []
+    mask = 1
+    while mask < world:
+        held = rank & ~(mask - 1)
+        steps.append((recv.narrow(0, held * chunk, mask * chunk), recv.narrow(0, (held ^ mask) * chunk, mask * chunk),
+                      rank ^ mask))
+        mask <<= 1
+    own = recv.narrow(0, rank * chunk, chunk)
+
+    def call() -> None:
+        if own.data_ptr() != send.data_ptr():
+            own.copy_(send)
+        for outgoing, incoming, peer in steps:
+            ops = [dist.P2POp(dist.irecv, incoming, peer), dist.P2POp(dist.isend, outgoing, peer)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
     return call
 
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field, replace
 import click
 
 from commbench.commands.common import UsageFault, output_options
-from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
 
 BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
-            "sendrecv_perf": "sendrecv"}
-UNSUPPORTED_BINARIES = ("gather_perf", "scatter_perf", "hypercube_perf")
+            "sendrecv_perf": "sendrecv", "gather_perf": "gather", "scatter_perf": "scatter",
+            "alltoallv_perf": "alltoallv", "hypercube_perf": "hypercube"}
 SHORT = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:"
 LONG = ["nthreads=", "ngpus=", "minbytes=", "maxbytes=", "stepbytes=", "stepfactor=", "iters=", "agg_iters=",
         "warmup_iters=", "run_cycles=", "parallel_init=", "check=", "op=", "datatype=", "root=", "blocking=",
@@ -52,17 +51,17 @@ REFUSED_UNLESS_DEFAULT = {  # flag: (its default, why commbench cannot do otherw
 @dataclass
 class Translation:
     """The `commbench sweep` argument lists an nccl-tests command line becomes (one per -d/-o
-    value and per -N cycle), and the notes to print before running them."""
+    pair; they run as the passes of one job, -N times over), and the notes to print before running."""
     runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     local_ranks: int = 1  # -g: the ranks to spawn when no launcher started the command
+    cycles: int = 1  # -N: every pair's pass, this many times over (in one job, as nccl-tests)
+    ranks_given: bool = False  # -g was given
 
 
 def translate(binary: str, flags: list[str]) -> Translation:
     """nccl-tests' command line -> commbench sweep arguments; UsageFault (one line) for what cannot map."""
     name = binary.rsplit("/", 1)[-1]
-    if name in UNSUPPORTED_BINARIES:
-        raise UsageFault(f"{name}: commbench has no {name[:-5]} collective")
     if name not in BINARIES:
         raise UsageFault(f"unknown nccl-tests binary {binary!r}; choose from {', '.join(BINARIES)}")
     try:
@@ -84,9 +83,10 @@ def translate(binary: str, flags: list[str]) -> Translation:
     cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
+    out.cycles = cycles
     for dtype in _dtypes(values.get("d", "float")):
         for op in _ops(values.get("o", "sum")):
-            out.runs += [[*base, "--dtype", dtype, "--op", op] for _ in range(cycles)]
+            out.runs.append([*base, "--dtype", dtype, "--op", op])
     return out
 
 
@@ -177,6 +177,7 @@ def _rank_options(values: dict, out: Translation) -> list[str]:
     if gpus < 1:
         raise UsageFault(f"-g {gpus}: need at least one rank")
     out.local_ranks = gpus  # without a launcher: -g ranks, as nccl-tests runs -g GPUs (1 by default)
+    out.ranks_given = "g" in values
     if "J" in values:
         args += ["--json", values["J"]]
         out.notes.append(f"-J {values['J']}: written as commbench's JSON Lines (docs/results.md), not nccl-tests' "
@@ -222,31 +223,41 @@ refused (one line, exit 2) because commbench cannot honour them.
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True)
 @click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (-g).")
+@click.option("--splits", default="uniform", show_default=True, metavar="uniform|skewed[:ALPHA[:SEED]]|FILE",
+              help="alltoallv_perf: what each rank sends each peer (as sweep's --splits; nccl-tests: uniform).")
 @output_options(append=True)
 @click.argument("binary", metavar="NAME_perf")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, metavar="[NCCL-TESTS FLAGS]...")
-def nccl_tests_command(backend, algorithm, launcher, oversubscribe, force, append, binary, flags) -> None:
+def nccl_tests_command(backend, algorithm, launcher, oversubscribe, splits, force, append, binary, flags) -> None:
     """Run an nccl-tests command line (all_reduce_perf, all_gather_perf, ...) on commbench.
 
-    -N, -d all and -o all run one sweep after another; every table's records go to the -J
-    file (each sweep's after the last), and Ctrl-C or a failed rank stops them all."""
+    -N, -d all and -o all run as one job with one table, as nccl-tests runs them: each type and
+    op pass after the last, every record in the -J file."""
     from commbench import job
     from commbench.commands.sweep import plan_sweep, sweep
 
     translation = translate(binary, list(flags))
     _refuse_graphs(translation, backend)
-    extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher,
+    extra = ["--backend", backend, "--algorithm", algorithm, "--launcher", launcher, "--splits", splits,
              *(["--oversubscribe"] if oversubscribe else []), *(["--force"] if force else []),
              *(["--append"] if append else [])]
     if job.find_job(launcher)[1] is None:  # spawned here: -g ranks (under a launcher, the launcher's)
         extra += ["--nprocs", str(translation.local_ranks)]
-    plans = _plans(translation, extra, plan_sweep, sweep)
-    if len(plans) > 1 and any(plan.mode == "join" for _, plan in plans):
-        raise UsageFault("-d all, -o all and -N above 1 run several sweeps: under a launcher, run one per launch")
-    lead = all(plan.lead for _, plan in plans)
-    for note in translation.notes if lead else ():
+        if not translation.ranks_given:
+            translation.notes.append("no -g: one rank, as nccl-tests runs one GPU; its busbw is 0 (nothing crosses "
+                                     "a link): -g N runs N local ranks")
+    cfg, plan = one_job(translation, _plans(translation, extra, plan_sweep, sweep))
+    for note in translation.notes if plan.lead else ():
         click.echo(f"# note: {note}")
-    job.end(run_all(job, plans), plans[-1][1])
+    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+
+
+def one_job(translation: Translation, plans: list) -> tuple:
+    """Every -d/-o pair (and -N cycle) as the passes of one job, as nccl-tests runs them: one rank start,
+    one header and one footer (issue 32: 36 jobs of ~2 s start-up each, each with its own table)."""
+    cfg, plan = plans[0]
+    passes = tuple((each.dtype, each.op) for each, _ in plans) * translation.cycles
+    return (replace(cfg, passes=passes) if len(passes) > 1 else cfg), plan
 
 
 def _refuse_graphs(translation: Translation, backend: str) -> None:
@@ -259,31 +270,13 @@ def _refuse_graphs(translation: Translation, backend: str) -> None:
                          f"(a GPU), not -B {backend}")
 
 
-# bad input, a failed rank, interrupted: the sweeps after it would not fare better
-STOPPING_CODES = (EXIT_USAGE, EXIT_FAULT, EXIT_INTERRUPTED)
-
-
-def run_all(job, plans: list) -> int:
-    """Run the sweeps one after another, the worst exit code; a stopping one ends the series at once."""
-    code = 0
-    for cfg, plan in plans:
-        status = job.run("sweep", cfg, plan, sys.argv)
-        code = max(code, status)
-        if status in STOPPING_CODES:
-            break
-    return code
-
-
 def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
-    """(config, plan) of every run; with -d all / -o all, the type x op pairs the backend refuses
+    """(config, plan) of every -d/-o pair; with -d all / -o all, the pairs the backend refuses
     (avg of integers on gloo, say) are left out with a note, as long as one remains."""
     plans, refused = [], []
     for run in translation.runs:
         try:
-            cfg, plan = plan_sweep(sweep.make_context("sweep", [*run, *extra]).params)
-            if plans and cfg.json_path:  # every sweep after the first adds its records to -J's file
-                cfg = replace(cfg, append=True)
-            plans.append((cfg, plan))
+            plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
         except UsageFault as exc:
             if exc.message.startswith("--json "):  # the output the user named -J
                 raise UsageFault("-J " + exc.message[len("--json "):]) from None

@@ -69,8 +69,12 @@ def _nccl_tests_hint(args: list[str]) -> str:
 @click.option("--step", default=None, metavar="BYTES", help="Add this many bytes between steps instead of --factor.")
 @click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True,
               metavar="NAME", help="allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, sendrecv, "
-                                   "or all. Repeatable, or comma-separated.")
-@click.option("--root", type=int, default=0, show_default=True, help="Root rank of broadcast and reduce.")
+                                   "gather, scatter, alltoallv, hypercube, or all. Repeatable, or comma-separated.")
+@click.option("--root", type=int, default=0, show_default=True,
+              help="Root rank of broadcast, reduce, gather and scatter.")
+@click.option("--splits", default="uniform", show_default=True, metavar="uniform|skewed[:ALPHA[:SEED]]|FILE",
+              help="alltoallv: what each rank sends each peer: alike (nccl-tests' alltoallv), skewed as a "
+                   "mixture-of-experts router's tokens (seeded), or a JSON matrix of weights (docs/nccl-tests.md).")
 @click.option("--dtype", "-d", default="float32", show_default=True,
               help="float32, float16, bfloat16, float64, int32, int8, uint8, int64.")
 @click.option("--op", "-o", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg.")
@@ -217,6 +221,7 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
                   launched: bool = False):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
     from commbench import collectives as C
+    from commbench import splits
     from commbench.backends import BackendError
     from commbench.sizes import SizeError, parse_sizes
     from commbench.sweep_config import PLACEMENTS, SweepConfig
@@ -243,8 +248,12 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
         if _asks_for_all(options["collective_names"]):
             names = _runnable(names, cls, request, library, dtype, op, world, launched)
+        refused = next((C.refused_world(n, world) for n in names if C.refused_world(n, world)), None)
+        if refused:
+            raise UsageFault(refused)
+        split_weights = splits.weights(options["splits"], world) if "alltoallv" in names else ()
         cls.check_request(request, library, names, dtype, op, world)
-    except BackendError as exc:
+    except (BackendError, splits.SplitsError) as exc:
         raise UsageFault(str(exc)) from exc
     _check_scale(options, cls, request, device, sizes, world, local_ranks or world, launched)
     check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]), force=options["force"],
@@ -256,7 +265,7 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
         backend=replace(request, device=device, nprocs=world), json_path=options["json_path"],
         csv_path=options["csv_path"], append=options["append"], monitor=options["monitor"],
-        nccl_tests_rows=options["nccl_tests_rows"])
+        nccl_tests_rows=options["nccl_tests_rows"], splits=options["splits"], split_weights=split_weights)
     return cfg, world
 
 

@@ -2,12 +2,15 @@
 sweep` or refused with one line naming it; defaults are nccl-tests' own."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import REPO
 
 from commbench import cli, job
+from commbench import collectives as C
 from commbench.commands.common import UsageFault
-from commbench.commands.nccltests import LONG, translate
+from commbench.commands.nccltests import DTYPES, LONG, translate
 
 
 def _one(*flags: str, binary: str = "all_reduce_perf") -> list[str]:
@@ -67,10 +70,11 @@ def test_check_graph_and_no_op_flags():
     assert _one("-t", "1", "-m", "1", "-z", "0", "-y", "0", "-C", "0", "-S", "0", "-R", "0", "-D", "0", "-M", "0")
 
 
-def test_all_and_cycles_make_several_sweeps():
+def test_all_and_cycles_make_passes_of_one_sweep():
     assert len(translate("all_reduce_perf", ["-d", "all"]).runs) == 8
     assert len(translate("all_reduce_perf", ["-o", "all"]).runs) == 5
-    assert len(translate("all_reduce_perf", ["-N", "3", "-o", "all"]).runs) == 15
+    cycled = translate("all_reduce_perf", ["-N", "3", "-o", "all"])
+    assert (len(cycled.runs), cycled.cycles) == (5, 3)
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -103,27 +107,34 @@ def test_every_documented_flag_is_handled_and_documented():
 
 def test_binaries():
     assert _value(_one(binary="/opt/nccl-tests/build/sendrecv_perf"), "-c") == "sendrecv"
-    with pytest.raises(UsageFault, match="no gather collective"):
-        translate("gather_perf", [])
+    for binary, name in (("gather_perf", "gather"), ("scatter_perf", "scatter"), ("alltoallv_perf", "alltoallv"),
+                         ("hypercube_perf", "hypercube")):  # issue 39: refused before
+        assert _value(_one(binary=binary), "-c") == name
     with pytest.raises(UsageFault, match="unknown nccl-tests binary"):
         translate("all_to_all_perf", [])
 
 
-def test_the_command_runs_every_sweep_it_planned(monkeypatch, capsys):
+def test_the_command_runs_every_pass_in_one_job(monkeypatch, capsys):
+    """Issue 32: -d all -o all ran 36 jobs, each starting its ranks and printing its own table."""
     planned = []
-    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.append((cfg.dtype, plan.world)) or 0)
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.append((cfg.passes, plan.world)) or 0)
     assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-g", "2", "-d", "all", "-p", "1"]) == 0
-    assert len(planned) == 8 and {world for _, world in planned} == {2}
-    assert "# note: -p 1" in capsys.readouterr().out
+    assert len(planned) == 1 and planned[0][1] == 2 and len(planned[0][0]) == 8
+    assert {dtype for dtype, _ in planned[0][0]} == set(C.DTYPES)
+    out = capsys.readouterr().out
+    assert "# note: -p 1" in out and "no -g" not in out
     assert cli.main(["nccl-tests", "all_reduce_perf", "-g", "64"]) == 2  # 64 local ranks: --oversubscribe
 
 
 def test_all_types_and_ops_leave_out_what_the_backend_lacks(monkeypatch, capsys):
     planned = []
-    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.append((cfg.dtype, cfg.op)) or 0)
+    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: planned.extend(cfg.passes or [(cfg.dtype, cfg.op)])
+                        or 0)
     assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-d", "all", "-o", "all"]) == 0
     assert ("int32", "avg") not in planned and ("float32", "avg") in planned and len(planned) == 8 * 5 - 4
-    assert "left out (the backend has no such reduction): int8 avg" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "left out (the backend has no such reduction): int8 avg" in out
+    assert out.count("# note: no -g: one rank") == 1
     planned.clear()
     assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K"]) == 0
     assert planned == [("float32", "sum")]
@@ -158,14 +169,20 @@ def test_a_factor_read_as_nccl_tests_reads_it_is_said():
                      "is not a digit)"]
 
 
-def test_every_table_goes_to_the_json_file_and_an_interrupt_stops_the_series(monkeypatch, tmp_path, capsys):
-    """Issue 26: -N 3 kept only the last table in -J's file, and Ctrl-C ran the remaining tables."""
-    runs, codes = [], iter([0, 130, 0, 0, 0, 0])
-    monkeypatch.setattr(job, "run", lambda name, cfg, plan, argv: runs.append((cfg.json_path, cfg.append)) or
-                        next(codes))
-    out = str(tmp_path / "n.jsonl")
-    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-N", "6", "-J", out]) == 130
-    assert runs == [(out, False), (out, True)]  # the second adds to the first's file; the third never starts
+def test_all_types_ops_and_cycles_print_one_table(tmp_path, capsys):
+    """Issue 32: one header, one footer, every pass's rows in the order nccl-tests runs them, one JSON run."""
+    out = tmp_path / "n.jsonl"
+    args = ["nccl-tests", "-B", "sim", "all_reduce_perf", "-b", "1K", "-e", "2K", "-f", "2", "-g", "2", "-o", "max",
+            "-d", "all", "-N", "2", "-J", str(out)]
+    assert cli.main(args) == 0
+    text = capsys.readouterr().out
+    assert text.count("# Collective:") == 1 and text.count("# Avg bus bandwidth") == 1
+    rows = [line.split() for line in text.splitlines() if line.startswith(" ")]
+    order = [C.DTYPES[dtype].nccl_name for dtype in dict.fromkeys(DTYPES.values())]  # nccl-tests' -d all order
+    assert [row[2] for row in rows] == [name for name in order for _ in (1, 2)] * 2  # two sizes, two cycles
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["record"] for r in records].count("header") == 1 and len({r.get("run_id") for r in records}) == 1
+    assert sum(r["record"] == "result" for r in records) == len(rows) * 2  # both placements
 
 
 def test_graphs_on_a_backend_without_them_are_refused_naming_g(capsys):
@@ -213,3 +230,25 @@ def test_an_existing_j_file_is_refused_naming_j(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"commbench: error: -J {out}: the file exists") and "--json" not in err
     assert out.read_text() == "mine\n"
+
+
+def test_gather_scatter_alltoallv_and_hypercube_run_checked_on_gloo(tmp_path, capsys):
+    """Issue 39: nccl-tests' gather_perf, scatter_perf, alltoallv_perf (here with skewed splits) and
+    hypercube_perf run on torch (gloo) with #wrong 0, algbw and busbw as nccl-tests computes them."""
+    for binary, extra in (("gather_perf", ["-r", "1"]), ("scatter_perf", []), ("hypercube_perf", []),
+                          ("alltoallv_perf", [])):
+        out = tmp_path / f"{binary}.jsonl"
+        options = ["--splits", "skewed:1:4"] if binary == "alltoallv_perf" else []
+        assert cli.main(["nccl-tests", *options, binary, "-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "-g", "2",
+                         *extra, "-J", str(out)]) == 0, binary
+        results = [json.loads(line) for line in out.read_text().splitlines() if '"result"' in line]
+        assert results and all(r["wrong"] == 0 for r in results), binary
+        for r in results:
+            algbw, busbw = C.bandwidths_gbps(r["collective"], r["nbytes"], 2, r["time_us"])
+            assert (r["algbw_gbps"], r["busbw_gbps"]) == pytest.approx((algbw, busbw))
+    assert "hypercube needs a power-of-two" in _refusal(["nccl-tests", "hypercube_perf", "-g", "3"], capsys)
+
+
+def _refusal(args, capsys):
+    assert cli.main(args) == 2
+    return capsys.readouterr().err

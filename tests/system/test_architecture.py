@@ -21,7 +21,7 @@ FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
         "commbench.files", "commbench.analysis",
-        "commbench.proxies", "commbench.results*", "commbench.errors",
+        "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
     2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",

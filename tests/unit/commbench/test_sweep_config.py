@@ -14,7 +14,7 @@ from commbench.sweep_config import SweepConfig
 SWEEP_HEADER_KEYS = {"collectives", "sizes", "dtype", "op", "root", "placements", "warmup", "iters", "min_time_s",
                      "min_iters", "max_iters", "rank_agg", "stat", "check", "backend", "torch_backend", "device",
                      "json_path", "csv_path", "append", "timeout_s", "algorithm", "topology", "nprocs", "hw",
-                     "cuda_mode", "graph", "monitor", "nccl_tests_rows"}
+                     "cuda_mode", "graph", "monitor", "nccl_tests_rows", "passes", "splits", "split_weights"}
 PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tflops", "steps", "warmup_steps", "amp",
                      "backend", "torch_backend", "device", "algorithm", "topology", "hw", "json_path", "timeout_s",
                      "monitor", "trust_profile_code", "setup", "knobs"}
@@ -22,6 +22,7 @@ PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tfl
 
 def test_a_sweep_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
     cfg = SweepConfig(collectives=("allreduce", "broadcast"), sizes=(1024, 4096), warmup=2,
+                      passes=(("float32", "sum"), ("int8", "max")),
                       backend=BackendConfig(backend="sim", algorithm="binomial", topology="2x2", nprocs=4,
                                             hw="dgx-a100", timeout_s=30.0))
     assert SweepConfig.from_json(cfg.to_json()) == cfg

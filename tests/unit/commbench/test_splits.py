@@ -1,0 +1,42 @@
+"""alltoallv's per-peer counts (commbench/splits.py): uniform, skewed as MoE routing (seeded), a file."""
+import json
+
+import numpy as np
+import pytest
+
+from commbench import collectives as C
+from commbench import splits
+
+
+def test_uniform_is_no_weights_and_skewed_is_seeded_and_skewed():
+    assert splits.weights("uniform", 4) == ()
+    a, b, c = splits.weights("skewed", 8), splits.weights("skewed:1:0", 8), splits.weights("skewed:1:1", 8)
+    assert a == b and a != c
+    counts = np.array(C.apportion(a, 8, 8000))
+    received = counts.sum(axis=0)
+    assert received.max() > 3 * received.min()  # a popular expert gets several times a rare one's tokens
+    flat = np.array(C.apportion(splits.weights("skewed:0", 8), 8, 8000)).sum(axis=0)
+    assert flat.max() < 1.5 * flat.min()  # ALPHA 0: popularity alike, only the senders' noise
+
+
+def test_a_file_of_weights(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([[0, 1], [3, 1]]))
+    assert C.apportion(splits.weights(str(path), 2), 2, 100) == ((0, 100), (75, 25))
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("[[1, 2], [3]]", "2 rows of 2"), ("[[1, -1], [1, 1]]", "non-negative"), ("[[0, 0], [1, 1]]", "row of zeros"),
+    ("import os", "readable JSON matrix"), ('[[1, true], [1, 1]]', "non-negative"),
+])
+def test_bad_files_are_one_line(tmp_path, content, needle):
+    path = tmp_path / "w.json"
+    path.write_text(content)
+    with pytest.raises(splits.SplitsError, match=needle):
+        splits.weights(str(path), 2)
+
+
+@pytest.mark.parametrize("spec", ["skewed:x", "skewed:1:-2", "skewed:1:2:3", "skewed:nan", "nofile.json"])
+def test_bad_specs_are_one_line(spec):
+    with pytest.raises(splits.SplitsError, match="--splits"):
+        splits.weights(spec, 4)
