@@ -2,7 +2,7 @@
 
 Every loop that these scripts time themselves (the bare torch.distributed loop, the
 mpi4py loop) follows the rule commbench's harness follows in its adaptive mode
-(commbench/bench.py `warmup_calls`, `timed_calls`), so that a difference between tools is a
+(commbench/point_timing.py `warmup_calls`, `timed_calls`), so that a difference between tools is a
 difference in the tools, not in how long or how often each was timed:
 
 - one first call (setup), then warm-up calls filling ~10% of the time budget
@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from commbench.bench import timed_calls, warmup_calls
 from commbench.collectives import bandwidths_gbps
+from commbench.point_timing import timed_calls, warmup_calls
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_MIN_TIME_S = 0.2  # commbench sweep --min-time default

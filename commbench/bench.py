@@ -9,7 +9,6 @@ docs/metrics.md describes the method.
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 import time
@@ -28,6 +27,15 @@ from commbench.environment import host_cores, local_environment, software_versio
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
 from commbench.job import error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
+from commbench.point_timing import (
+    iteration_counts,
+    memory_lines,
+    memory_report,
+    misaligned,
+    time_calls,
+    timing_fields,
+    timing_notes,
+)
 from commbench.results import (
     Result,
     ResultSink,
@@ -52,20 +60,23 @@ class PointOutcome:
     warmup: int
     wrong: int  # this rank's wrong elements (-1 when not checked)
     telemetry: dict[str, float] | None = None  # --monitor, on rank 0: averages over the timed calls
+    timed_start: float | None = None  # when the timed calls began (epoch seconds, UTC)
 
 
 # ---------------------------------------------------------------- one point
 
 
-def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, rank: int) -> tuple[Any, Any, Any]:
-    """(send, recv, owners) for a placement; in-place views share one buffer as nccl-tests lays it out."""
+def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, shift: int = 0) -> tuple[Any, Any, Any]:
+    """(send, recv, owners) for a placement; in-place views share one buffer as nccl-tests lays it out.
+    `shift`: elements every buffer starts past its allocation (sweep --misalign)."""
     if placement == "out-of-place":
-        send, recv = backend.alloc(plan.send_count, dtype), backend.alloc(plan.recv_count, dtype)
-        return send, recv, (send, recv)
-    whole = backend.alloc(max(plan.send_count, plan.recv_count), dtype)
+        (send_owner, send), (recv_owner, recv) = (misaligned(backend, count, dtype, shift)
+                                                  for count in (plan.send_count, plan.recv_count))
+        return send, recv, (send_owner, recv_owner)
+    whole = backend.alloc(max(plan.send_count, plan.recv_count) + shift, dtype)
     coll = C.COLLECTIVES[plan.collective]  # the chunk of a rank sits at its place in the n-chunk buffer
-    send_at = (lambda r: r * plan.send_count) if coll.recv_all and not coll.send_all else (lambda r: 0)
-    recv_at = (lambda r: r * plan.recv_count) if coll.send_all and not coll.recv_all else (lambda r: 0)
+    send_at = (lambda r: shift + r * plan.send_count) if coll.recv_all and not coll.send_all else (lambda r: shift)
+    recv_at = (lambda r: shift + r * plan.recv_count) if coll.send_all and not coll.recv_all else (lambda r: shift)
     return backend.rank_view(whole, send_at, plan.send_count), backend.rank_view(whole, recv_at, plan.recv_count), \
         (whole,)
 
@@ -102,40 +113,12 @@ def _agree(backend: Backend, failed: str | None) -> None:
         raise JobFault(first or "a rank failed to prepare its buffers", agreed=True)
 
 
-def warmup_calls(first_us: float, min_time_s: float) -> int:
-    """Adaptive warm-up after the first call: enough calls to fill a tenth of the time budget (1..100)."""
-    return int(min(100, max(1, math.ceil(0.1 * min_time_s * 1e6 / max(first_us, 1.0)))))
-
-
-def timed_calls(estimate_us: float, min_time_s: float, min_iters: int = 5, max_iters: int = 1000) -> int:
-    """Adaptive timed iterations: fill `min_time_s` at `estimate_us` per call, within [min_iters, max_iters]."""
-    return int(min(max_iters, max(min_iters, math.ceil(min_time_s * 1e6 / max(estimate_us, 0.01)))))
-
-
-def _iteration_counts(backend: Backend, cfg: SweepConfig, call) -> tuple[int, int]:
-    """(warmup, iters): fixed if given, else sized from timed warm-up runs, agreed across ranks.
-    Warm-up runs eagerly where a backend says how (time_warmup: --graph captures only the timed calls)."""
-    warm = getattr(backend, "time_warmup", backend.time_iterations)
-    if cfg.warmup is None:
-        first = warm(call, 1)  # includes one-time setup: never used as the estimate
-        extra = warmup_calls(float(backend.agree_max(first)[0]), cfg.min_time_s)
-        warm_times, warmup = warm(call, extra), 1 + extra
-    else:
-        warm_times, warmup = warm(call, cfg.warmup), cfg.warmup
-    if cfg.iters is not None:
-        return warmup, cfg.iters
-    if warm_times.size == 0:  # --warmup 0 with adaptive iterations: one probe, counted as warm-up
-        warm_times, warmup = warm(call, 1), warmup + 1
-    estimate_us = float(backend.agree_max(np.array([np.median(warm_times)]))[0])
-    return warmup, timed_calls(estimate_us, cfg.min_time_s, cfg.min_iters, cfg.max_iters)
-
-
 def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: str, pattern: C.Pattern,
                   monitor: Any = None) -> PointOutcome:
     dtype, rank = pattern.dtype, backend.rank
     failed = None
     try:
-        send, recv, owners = _buffers(backend, plan, dtype, placement, rank)
+        send, recv, owners = _buffers(backend, plan, dtype, placement, cfg.misalign_nbytes // dtype.itemsize)
         _fill(backend, send, owners, pattern, plan)
     except (OutOfMemory, MemoryError) as exc:
         failed = f"out of memory at {format_size(plan.nbytes)} ({plan.collective}, {placement}) on rank {rank}: {exc}"
@@ -145,14 +128,15 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     call = backend.prepare(plan.collective, send, recv, pattern.op, plan.root, placement == "in-place",
                            **({"splits": plan.splits} if plan.splits else {}))
     if backend.timed:
-        warmup, iters = _iteration_counts(backend, cfg, call)
+        warmup, iters = iteration_counts(backend, cfg, call)
         if monitor is not None:  # before the barrier: nothing on rank 0 between it and the timed calls
             monitor.mark(f"{plan.collective} {plan.nbytes} {placement}")
         backend.barrier()
-        times_us = backend.time_iterations(call, iters)
+        timed_start = time.time()
+        times_us = time_calls(backend, call, iters + cfg.skip_iters, cfg.blocking)  # -K: leading ones, left out
         telemetry = monitor.window() if monitor is not None else None
     else:  # nothing to time with (sim without a cost model): run once, for the check only
-        warmup, times_us, telemetry = 0, np.empty(0), None
+        warmup, times_us, telemetry, timed_start = 0, np.empty(0), None, None
     wrong = -1
     if cfg.check:
         _fill(backend, send, owners, pattern, plan)  # timing may have changed the data (in-place)
@@ -160,29 +144,32 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
         call()
         backend.synchronize()
         wrong = _count_wrong(backend, recv, pattern, plan)
-    return PointOutcome(times_us, warmup, wrong, telemetry)
+    return PointOutcome(times_us, warmup, wrong, telemetry, timed_start)
 
 
-def summarize(all_times_us: np.ndarray, rank_agg: str, stat: str = "mean") -> dict[str, float | None]:
+def summarize(all_times_us: np.ndarray, rank_agg: str, stat: str = "mean", skip: int = 0) -> dict[str, Any]:
     """Aggregate a (ranks x iterations) time matrix. One sample per iteration: the ranks' times of
     that iteration combined with `rank_agg` (max: the slowest rank's). Every figure is a statistic of
-    those samples: time_us is `stat`'s, the percentiles and mean_us the others (docs/metrics.md)."""
+    those samples: time_us is `stat`'s, the percentiles and mean_us the others (docs/metrics.md).
+    The first `skip` iterations (-K) are left out of every figure; their samples are kept apart."""
     if all_times_us.shape[1] == 0:  # not timed (sim without a cost model): no figure at all
         return {"time_us": None, **percentiles_us(np.empty(0)), "per_iteration_us": None}
     reduce = {"max": np.max, "avg": np.mean, "min": np.min}[rank_agg]
     per_iteration = reduce(all_times_us, axis=0)
-    return {"time_us": statistic_us(per_iteration, stat), **percentiles_us(per_iteration),
-            "per_iteration_us": per_iteration}
+    counted = per_iteration[skip:]
+    return {"time_us": statistic_us(counted, stat), **percentiles_us(counted), "per_iteration_us": counted,
+            "skipped_us": per_iteration[:skip], "rank_times_us": all_times_us[:, skip:]}
 
 
-def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = "mean") -> dict[str, float] | None:
+def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = "mean",
+            skip: int = 0) -> dict[str, Any] | None:
     """Gather every rank's times and error count; on rank 0, the reported numbers
     (time_us, percentiles, and `wrong` summed over ranks, -1 when not checked)."""
     gathered = backend.gather(np.concatenate([[outcome.wrong], outcome.times_us]))
     if gathered is None:
         return None
     wrong = gathered[:, 0]
-    return {**summarize(gathered[:, 1:], rank_agg, stat), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
+    return {**summarize(gathered[:, 1:], rank_agg, stat, skip), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
 def _oversubscribed(environment: list[dict]) -> str | None:
@@ -217,12 +204,14 @@ class Sweep:
         self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points)
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
-                           marks_in_rows=not cfg.nccl_tests_rows, json_kept=bool(cfg.json_path))
+                           marks_in_rows=not cfg.nccl_tests_rows, json_kept=bool(cfg.json_path),
+                           show_p99=cfg.show_p99, timestamps=cfg.timestamps)
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on
         self.nnodes = backend.topology.nodes if backend.runs_schedules else launch.nnodes
         self.monitor = run_monitor(backend, self.lead) if cfg.monitor else None
+        self.memory: list[dict] | None = None  # --memory-report: every rank's, at the end
 
     def run(self) -> int:
         # What is alive now (torch, the backend) is left out of every later collection: the collection after each
@@ -239,6 +228,10 @@ class Sweep:
         try:
             for collective in self.cfg.collectives:
                 self._collective(collective)
+            memory = self.backend.gather_objects(memory_report(self.backend)) if self.cfg.memory_report else None
+            for line in memory_lines(memory) if memory and self.lead else ():
+                self.table.comment(line)
+            self.memory = memory
         except (JobFault, BackendError) as exc:
             status, error = "failed", str(exc)
             raise
@@ -254,7 +247,8 @@ class Sweep:
                 self.sink.summary(SweepSummary(run_id=self.run_id, status=status, error=error, points=len(self.results),
                                                wrong=wrong, avg_busbw_gbps=busbw, stat=self.cfg.stat,
                                                avg_busbw_gbps_by_collective=by_collective,
-                                               telemetry=self._telemetry_summary().get("telemetry")))
+                                               telemetry=self._telemetry_summary().get("telemetry"),
+                                               memory=self.memory))
                 self.sink.close()
         wrong_total = sum(r.wrong or 0 for r in self.results)
         return EXIT_WRONG if wrong_total else EXIT_OK
@@ -289,6 +283,8 @@ class Sweep:
             self.table.comment(self.monitor.note)
         if cfg.backend.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
+        for line in timing_notes(cfg):
+            self.table.comment(line)
         for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.backend.hw):
             self.table.comment(note)
 
@@ -360,7 +356,7 @@ class Sweep:
         failed = True
         try:
             outcome = measure_point(self.backend, self.cfg, plan, placement, pattern, self.monitor)
-            stats = collect(self.backend, outcome, self.cfg.rank_agg, self.cfg.stat)
+            stats = collect(self.backend, outcome, self.cfg.rank_agg, self.cfg.stat, self.cfg.skip_iters)
             failed = False
         except JobFault:
             raise
@@ -382,6 +378,7 @@ class Sweep:
                               warmup=outcome.warmup, rank_agg=self.cfg.rank_agg,
                               wrong=int(stats["wrong"]) if self.cfg.check else None, run_id=self.run_id,
                               kind=self.backend.kind, telemetry=outcome.telemetry, stat=self.cfg.stat,
+                              **timing_fields(stats, outcome.timed_start, self.cfg.skip_iters),
                               **self.backend.describe(), **capabilities_of(self.backend).fields())
         self.sink.write(result)
         self.results.append(result)

@@ -40,6 +40,14 @@ class SweepConfig(RanksConfig):
     append: bool = False  # --append: add to --json/--csv instead of starting them anew
     monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
     nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
+    # nccl-tests 2.19's -K, -I, -S, -M, -u, -z (sweep's --skip-iters, --p99, --timestamps, --memory-report,
+    # --misalign, --blocking): commbench/point_timing.py and docs/nccl-tests.md
+    skip_iters: int = 0  # the first this many timed iterations are left out of every statistic
+    show_p99: bool = False  # a p99 column beside each time
+    timestamps: bool = False  # a UTC timestamp (the start of the timed calls) at the end of each row
+    memory_report: bool = False  # each rank's memory at the end
+    misalign_nbytes: int = 0  # every buffer starts this many bytes past its allocation's alignment
+    blocking: int = 0  # point_timing.BLOCKING
 
     def __post_init__(self) -> None:
         # JSON (the way to the ranks) turns the pairs into lists: pairs again, so a config arrives unchanged

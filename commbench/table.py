@@ -24,8 +24,11 @@ KEPT = "p50_us, p99_us and iteration_times_us in the JSON"  # where a noisy row'
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
-                 show_algorithm: bool = False, marks_in_rows: bool = True, json_kept: bool = True):
+                 show_algorithm: bool = False, marks_in_rows: bool = True, json_kept: bool = True,
+                 show_p99: bool = False, timestamps: bool = False):
         self.placements = placements
+        self.show_p99 = show_p99  # nccl-tests -I: the p99 of the iterations beside each time
+        self.timestamps = timestamps  # nccl-tests -S: when the row's timed calls began (UTC), at its end
         self.timed_as = "mean"  # the statistic of the rows' times (their records' `stat`), which the footer names
         self.noisy_rows = 0
         self.show_algorithm = show_algorithm  # schedule backends: which algorithm ran, and its steps
@@ -59,11 +62,13 @@ class Table:
         self._print("#")
         self._print(f"# Collective: {collective}")
         self.busbw_sum, self.busbw_points, self.wrong_total = 0.0, 0, 0  # the footer covers one collective
-        title = "".join(f"{p:^38s}" for p in self.placements)
+        p99, p99_unit = (f" {'p99':>9s}", f" {'(us)':>9s}") if self.show_p99 else ("", "")
+        title = "".join(f"{p:^{38 + len(p99)}s}" for p in self.placements)
         self._print(f"#{'':53s}{title}".rstrip())
-        cols = "".join(f"{'time':>9s} {'algbw':>8s} {'busbw':>8s} {'#wrong':>8s}  " for _ in self.placements)
-        units = "".join(f"{'(us)':>9s} {'(GB/s)':>8s} {'(GB/s)':>8s} {'':>8s}  " for _ in self.placements)
+        cols = "".join(f"{'time':>9s}{p99} {'algbw':>8s} {'busbw':>8s} {'#wrong':>8s}  " for _ in self.placements)
+        units = "".join(f"{'(us)':>9s}{p99_unit} {'(GB/s)':>8s} {'(GB/s)':>8s} {'':>8s}  " for _ in self.placements)
         algo = f"{'algorithm':>12s}" if self.show_algorithm else ""
+        algo += f"  {'timestamp (UTC)':>20s}" if self.timestamps else ""
         self._print(f"#{'size':>12s} {'count':>13s} {'type':>9s} {'redop':>6s} {'root':>5s}    {cols}{algo}".rstrip())
         self._print(f"#{'(B)':>12s} {'(elements)':>13s} {'':>9s} {'':>6s} {'':>5s}    {units}".rstrip())
 
@@ -76,19 +81,24 @@ class Table:
         for placement in self.placements:
             result = results.get(placement)
             if result is None:
-                cells.append(f"{'N/A':>9s} {'N/A':>8s} {'N/A':>8s} {'N/A':>8s}  ")
+                cells.append(f"{'N/A':>9s}{' N/A'.rjust(10) if self.show_p99 else ''} {'N/A':>8s} {'N/A':>8s} "
+                             f"{'N/A':>8s}  ")
                 continue
             wrong = "N/A" if result.wrong is None else str(result.wrong)
+            p99 = f" {_fmt_time(result.p99_us) if result.p99_us is not None else '-':>9s}" if self.show_p99 else ""
             if result.time_us is None:  # not timed (sim without a cost model)
-                cells.append(f"{'n/m':>9s} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
+                cells.append(f"{'n/m':>9s}{p99} {'-':>8s} {'-':>8s} {wrong:>8s}  ")
             else:
                 time_us, algbw, busbw = result.time_us, result.algbw_gbps, result.busbw_gbps  # as the record holds
-                cells.append(f"{_fmt_time(time_us):>9s} {algbw:8.2f} {busbw:8.2f} {wrong:>8s}  ")
+                cells.append(f"{_fmt_time(time_us):>9s}{p99} {algbw:8.2f} {busbw:8.2f} {wrong:>8s}  ")
                 self.busbw_sum += busbw
                 self.timed_as = "predicted" if result.kind == "predicted" else result.stat
                 self.busbw_points += 1
             self.wrong_total += result.wrong or 0
         algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
+        if self.timestamps:
+            started = first.timed_start if first.timed_start is not None else first.timestamp
+            algo = f"{algo:>12s}  {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started)):>20s}"
         noisy = any(r is not None and is_noisy(r) for r in results.values())
         self.noisy_rows += noisy
         mark = f" {NOISY_MARK}" if noisy and self.marks_in_rows else ""

@@ -169,6 +169,11 @@ class Backend(ABC):
         """Ranks whose buffers this process holds: its own, or all of them (sim)."""
         return [self.rank]
 
+    def device_memory(self) -> dict[str, int]:
+        """What the device's allocator reports of this rank's buffers (name_bytes: value), for
+        sweep --memory-report (nccl-tests -M); {} on the CPU, where the host's figure is all there is."""
+        return {}
+
     def rank_view(self, buffer: Any, start_of: Callable[[int], int], count: int) -> Any:
         """A view whose offset depends on the rank (in-place allgather / reduce_scatter layouts)."""
         return self.view(buffer, start_of(self.rank), count)

@@ -105,6 +105,15 @@ class CupyBackend(Backend):
     def unsupported(self, collective: str, dtype: DType, op: str | None, placement: str) -> str | None:
         return None
 
+    def device_memory(self) -> dict[str, int]:
+        import cupy
+
+        from commbench.point_timing import nvml_used_bytes
+
+        pool = cupy.get_default_memory_pool()
+        return {"cupy_pool_used_bytes": int(pool.used_bytes()), "cupy_pool_total_bytes": int(pool.total_bytes()),
+                **nvml_used_bytes(self.gpu)}
+
     def alloc(self, count: int, dtype: DType) -> Any:
         import cupy
 

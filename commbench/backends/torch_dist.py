@@ -138,6 +138,15 @@ class TorchBackend(Backend):
         except (RuntimeError, MemoryError) as exc:
             raise _as_oom(exc, count * dtype.itemsize, self.device) from exc
 
+    def device_memory(self) -> dict[str, int]:
+        if self.device != "cuda":
+            return {}
+        from commbench.point_timing import nvml_used_bytes
+
+        return {"torch_allocated_peak_bytes": int(torch.cuda.max_memory_allocated()),
+                "torch_reserved_bytes": int(torch.cuda.memory_reserved()),
+                **nvml_used_bytes(torch.cuda.current_device())}
+
     def view(self, buffer: torch.Tensor, start: int, count: int) -> torch.Tensor:
         if start == 0 and count == buffer.numel():
             return buffer  # a narrowed view costs ~0.4 us per call in the timed loop

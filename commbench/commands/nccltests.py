@@ -21,7 +21,7 @@ BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "red
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
             "sendrecv_perf": "sendrecv", "gather_perf": "gather", "scatter_perf": "scatter",
             "alltoallv_perf": "alltoallv", "hypercube_perf": "hypercube"}
-SHORT = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:"
+SHORT = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:I:K:u:"  # -I, -K, -u: 2.19 (no long form here)
 LONG = ["nthreads=", "ngpus=", "minbytes=", "maxbytes=", "stepbytes=", "stepfactor=", "iters=", "agg_iters=",
         "warmup_iters=", "run_cycles=", "parallel_init=", "check=", "op=", "datatype=", "root=", "blocking=",
         "stream_null=", "timeout=", "cudagraph=", "report_cputime=", "report_timestamps=", "output_file=", "average=",
@@ -36,15 +36,13 @@ AVERAGE = {"1": "avg", "2": "min", "3": "max"}  # -a: 0 (rank 0's time) has no c
 REFUSED_UNLESS_DEFAULT = {  # flag: (its default, why commbench cannot do otherwise)
     "-t": ("1", "commbench runs one rank per process: start more processes (-g, or your launcher)"),
     "-m": ("1", "commbench times every call on its own; it does not aggregate calls per iteration"),
-    "-z": ("0", "commbench times calls back to back, as nccl-tests does by default; it has no blocking mode"),
     "-y": ("0", "commbench's GPU backends use their own stream, not the null stream"),
     "-C": ("0", "commbench reports the device clock's time, not CPU time"),
-    "-S": ("0", "commbench prints no per-point timestamps (the JSON has them)"),
-    "-R": ("0", "commbench registers no NCCL buffers"),
+    "-R": ("0", "commbench registers no buffers: CuPy's NCCL binding has no ncclCommRegister, and torch.distributed "
+                "registers whole CUDA memory pools (register_mem_pool), which commbench's buffers do not come from"),
     "-x": (None, "commbench sets no NCCL CTA policy"),
     "-D": ("0", "commbench has no NCCL device-API implementation"),
     "-V": (None, "commbench has no NCCL device-API implementation"),
-    "-M": ("0", "commbench prints no GPU memory report"),
 }
 
 
@@ -79,7 +77,7 @@ def translate(binary: str, flags: list[str]) -> Translation:
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
     out = Translation()
     base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out),
-            "--nccl-tests-rows"]
+            *_timing(values, out), "--nccl-tests-rows"]
     cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
@@ -95,7 +93,7 @@ STRTOL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 SIZE = re.compile(r"\s*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
                   r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?))\s*(\S?)")
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-NON_NEGATIVE = "bicnmwNTgG"  # flags whose negative value nccl-tests would misread (a size_t, a count, a timeout)
+NON_NEGATIVE = "bicnmwNTgGKu"  # flags whose negative value nccl-tests would misread (a size_t, a count, a timeout)
 
 
 def _integer(values: dict, flag: str, default: int, notes: list[str] | None = None) -> int:
@@ -185,6 +183,20 @@ def _rank_options(values: dict, out: Translation) -> list[str]:
     return args
 
 
+def _timing(values: dict, out: Translation) -> list[str]:
+    """nccl-tests 2.19's -I, -K, -S, -M, -u and -z as sweep's options (commbench/point_timing.py)."""
+    blocking = _integer(values, "z", 0, out.notes)
+    if blocking not in (0, 1, 3):
+        raise UsageFault(f"-z {values['z']}: commbench runs blocking modes 0, 1 and 3 (docs/nccl-tests.md); "
+                         f"mode 2's definition in nccl-tests 2.19 was not available to reproduce")
+    if blocking and _integer(values, "G", 0) > 0:
+        raise UsageFault(f"-z {blocking} with -G: a CUDA graph cannot wait or hold a barrier between its calls")
+    args = ["--blocking", str(blocking), "--skip-iters", str(_integer(values, "K", 0, out.notes)),
+            "--misalign", str(_integer(values, "u", 0, out.notes))]
+    flags = (("I", "--p99"), ("S", "--timestamps"), ("M", "--memory-report"))
+    return args + [option for flag, option in flags if _integer(values, flag, 0, out.notes)]
+
+
 def _dtypes(text: str) -> list[str]:
     if text == "all":
         return sorted(set(DTYPES.values()), key=list(DTYPES.values()).index)
@@ -270,6 +282,9 @@ def _refuse_graphs(translation: Translation, backend: str) -> None:
                          f"(a GPU), not -B {backend}")
 
 
+SWEEP_OPTION_FLAGS = (("--json ", "-J "), ("--misalign ", "-u "), ("--blocking ", "-z "), ("--skip-iters", "-K"))
+
+
 def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
     """(config, plan) of every -d/-o pair; with -d all / -o all, the pairs the backend refuses
     (avg of integers on gloo, say) are left out with a note, as long as one remains."""
@@ -278,8 +293,9 @@ def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> lis
         try:
             plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
         except UsageFault as exc:
-            if exc.message.startswith("--json "):  # the output the user named -J
-                raise UsageFault("-J " + exc.message[len("--json "):]) from None
+            for option, flag in SWEEP_OPTION_FLAGS:  # said with the flag the user gave
+                if exc.message.startswith(option):
+                    raise UsageFault(flag + exc.message[len(option):].replace("(--graph)", "(-G)")) from None
             if len(translation.runs) == 1 or "--op" not in exc.message and "--dtype" not in exc.message:
                 raise
             refused.append(f"{run[run.index('--dtype') + 1]} {run[run.index('--op') + 1]}")

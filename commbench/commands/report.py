@@ -15,14 +15,37 @@ from commbench.results import RecordError
 Examples:
   commbench report shm.jsonl gloo.jsonl -o report/
   commbench report shm.jsonl --hw shm-hw.json -o report/     # the fitted model dashed beside the measurements
+  commbench report --stragglers sweep.jsonl --json stragglers.json   # the slowest rank and node, spikes
 """)
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write.")
+@click.option("-o", "--output", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Directory to write (required but with --stragglers).")
+@click.option("--stragglers", is_flag=True,
+              help="Print instead the slowest rank and node of every point (the wait it caused the others), the "
+                   "iterations that spiked and when, and per node (nccl-tests' analyze_perf_json --straggler "
+                   "--spikes --nodes).")
+@click.option("--spike", "spike_factor", type=float, default=3.0, show_default=True, metavar="K",
+              help="--stragglers: an iteration over K x its point's median is a spike.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="--stragglers: also write the report as one JSON document.")
 @click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
               help="Also draw this cost model's prediction of every measured setup (dashed).")
 @output_options(append=False)
-def report_command(files: tuple[str, ...], out_dir: str, hw_spec: str | None, force: bool) -> None:
-    """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md)."""
+def report_command(files: tuple[str, ...], out_dir: str | None, hw_spec: str | None, stragglers: bool,
+                   spike_factor: float, json_path: str | None, force: bool) -> None:
+    """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md); with
+    --stragglers, which rank and node held each point up and which iterations spiked."""
+    if stragglers:
+        if out_dir or hw_spec:
+            raise UsageFault(f"--stragglers prints its report (and --json writes it): not with "
+                             f"{'-o' if out_dir else '--hw'}")
+        from commbench.commands.report_stragglers import stragglers as straggler_report
+
+        return straggler_report(list(files), spike_factor, json_path, force)
+    if out_dir is None:
+        raise UsageFault("missing -o/--output DIRECTORY (or --stragglers, which prints its report)")
+    if json_path:
+        raise UsageFault("--json writes the --stragglers report: give --stragglers, or leave --json out")
     # analysis inside the command: report draws with matplotlib, and the analysis modules add ~40 ms to
     # every `commbench --help` (commands/fit.py)
     from commbench.analysis import report as R

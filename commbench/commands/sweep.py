@@ -134,6 +134,20 @@ def _nccl_tests_hint(args: list[str]) -> str:
               help="The time printed and recorded (time_us, its algbw/busbw, the footer's average): the mean of "
                    "the per-iteration samples as nccl-tests prints, their median, or the fastest. The record names "
                    "it (stat) and keeps the others and the raw samples.")
+@click.option("--skip-iters", type=int, default=0, show_default=True, metavar="K",
+              help="Time K more iterations first and leave them out of every figure (nccl-tests -K).")
+@click.option("--p99", "show_p99", is_flag=True, help="A p99 column beside each time (nccl-tests -I).")
+@click.option("--timestamps", is_flag=True,
+              help="Each row ends with when its timed calls began, in UTC (nccl-tests -S; records: timed_start).")
+@click.option("--memory-report", is_flag=True,
+              help="At the end, each rank's memory: the host process's peak RSS, and on a GPU the allocator's and "
+                   "NVML's figures (nccl-tests -M).")
+@click.option("--misalign", "misalign_nbytes", type=int, default=0, show_default=True, metavar="BYTES",
+              help="Start every buffer this many bytes past its allocation (a multiple of the dtype's size; "
+                   "nccl-tests -u).")
+@click.option("--blocking", type=click.Choice(["0", "1", "3"]), default="0", show_default=True,
+              help="0: calls back to back; 1: each call, a wait for it and a barrier, all timed; 3: the barrier "
+                   "left out of the timing (nccl-tests -z).")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Verify every result; any wrong element makes the run exit 1.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -265,7 +279,8 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
         min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
         backend=replace(request, device=device, nprocs=world), json_path=options["json_path"],
         csv_path=options["csv_path"], append=options["append"], monitor=options["monitor"],
-        nccl_tests_rows=options["nccl_tests_rows"], splits=options["splits"], split_weights=split_weights)
+        nccl_tests_rows=options["nccl_tests_rows"], splits=options["splits"], split_weights=split_weights,
+        **_timing_options(options, dtype))
     return cfg, world
 
 
@@ -294,6 +309,21 @@ def _runnable(names: list[str], cls, request, library: str, dtype, op: str, worl
         print("commbench: -c all leaves out " + ", ".join(f"{name} ({why})" for name, why in left_out),
               file=sys.stderr)
     return kept
+
+
+
+def _timing_options(options: dict, dtype) -> dict:
+    """--skip-iters, --p99, --timestamps, --memory-report, --misalign, --blocking, checked (one line each)."""
+    shift, blocking = options["misalign_nbytes"], int(options["blocking"])
+    if options["skip_iters"] < 0 or shift < 0:
+        raise UsageFault(f"{'--skip-iters' if options['skip_iters'] < 0 else '--misalign'}: must not be negative")
+    if shift % dtype.itemsize:
+        raise UsageFault(f"--misalign {shift}: not a multiple of {dtype.name}'s {dtype.itemsize} B (buffers are "
+                         f"arrays of elements on every backend)")
+    if blocking and options["graph"]:
+        raise UsageFault(f"--blocking {blocking}: a CUDA graph (--graph) cannot wait or hold a barrier between calls")
+    return {"skip_iters": options["skip_iters"], "show_p99": options["show_p99"], "timestamps": options["timestamps"],
+            "memory_report": options["memory_report"], "misalign_nbytes": shift, "blocking": blocking}
 
 
 def _check_counts(options: dict) -> None:

@@ -89,6 +89,12 @@ class Result(Record):
     schedule: bool | None = None
     timing: str | None = None
     tuning: str | None = None  # `auto`'s chooser: a tuning table's name, or "rule" (the built-in); None: not auto
+    timed_start: float | None = None  # when the timed calls began (epoch s): iteration i began ~ there + sum before it
+    skipped_iters: int = 0  # -K / --skip-iters: leading timed iterations left out of every figure above
+    skipped_times_us: list[float] | dict[str, Any] | None = None  # ... their samples, packed as iteration_times_us
+    # every rank's time of every counted iteration (packed row after row: rank 0's, rank 1's, ...), for
+    # `report --stragglers`; None: not kept (a file from before, or more than point_timing.MAX_RANK_TIMES values)
+    rank_times_us: dict[str, Any] | None = None
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
@@ -154,6 +160,7 @@ class SweepSummary(Record):
     stat: str = "mean"  # the statistic the points' times are (sweep --stat)
     # each collective's own mean, the figure its footer prints ("Avg bus bandwidth"); None where not timed
     avg_busbw_gbps_by_collective: dict[str, float | None] | None = None
+    memory: list[dict[str, Any]] | None = None  # --memory-report (nccl-tests -M): each rank's (point_timing.py)
 
 
 def busbw_averages(points: list[tuple[str, float | None]]) -> tuple[float | None, dict[str, float | None]]:

@@ -64,7 +64,7 @@ class ResultSink:
         self._write_json(result.to_dict())
         if self._csv:
             row = dataclasses.asdict(result)
-            for name in ("telemetry", "iteration_times_us"):  # one JSON cell each
+            for name in ("telemetry", "iteration_times_us", "skipped_times_us", "rank_times_us"):  # one JSON cell each
                 row[name] = json.dumps(row[name]) if row[name] else None
             with _writing(self._csv_path):
                 self._csv.writerow(row)

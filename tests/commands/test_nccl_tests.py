@@ -70,6 +70,24 @@ def test_check_graph_and_no_op_flags():
     assert _one("-t", "1", "-m", "1", "-z", "0", "-y", "0", "-C", "0", "-S", "0", "-R", "0", "-D", "0", "-M", "0")
 
 
+@pytest.mark.parametrize("flags,expected", [
+    (["-I", "1"], ["--p99"]), (["-S", "1"], ["--timestamps"]), (["-M", "1"], ["--memory-report"]),
+    (["-K", "3"], ["--skip-iters", "3"]), (["-u", "8"], ["--misalign", "8"]), (["-z", "1"], ["--blocking", "1"]),
+    (["-z", "3"], ["--blocking", "3"]),
+])
+def test_nccl_tests_2_19_timing_flags_map_onto_the_sweep(flags, expected):
+    """Issue 39: -I, -K, -S, -M, -u and -z were refused or not recognized."""
+    args = _one(*flags)
+    assert any(args[i:i + len(expected)] == expected for i in range(len(args)))
+
+
+def test_timing_flags_the_sweep_refuses_are_named_as_given(capsys):
+    assert cli.main(["nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-u", "2"]) == 2
+    assert capsys.readouterr().err.startswith("commbench: error: -u 2: not a multiple of float32's 4 B")
+    with pytest.raises(UsageFault, match="-z 1 with -G"):
+        translate("all_reduce_perf", ["-z", "1", "-G", "1"])
+
+
 def test_all_and_cycles_make_passes_of_one_sweep():
     assert len(translate("all_reduce_perf", ["-d", "all"]).runs) == 8
     assert len(translate("all_reduce_perf", ["-o", "all"]).runs) == 5
@@ -78,9 +96,9 @@ def test_all_and_cycles_make_passes_of_one_sweep():
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["-t", "2"], "-t 2"), (["-m", "4"], "-m 4"), (["-z", "1"], "-z 1"), (["-y", "1"], "-y 1"),
-    (["-C", "1"], "-C 1"), (["-S", "1"], "-S 1"), (["-R", "1"], "-R 1"), (["-x", "1"], "-x 1"),
-    (["-D", "1"], "-D 1"), (["-V", "16"], "-V 16"), (["-M", "1"], "-M 1"), (["-c", "5"], "-c 5"),
+    (["-t", "2"], "-t 2"), (["-m", "4"], "-m 4"), (["-z", "2"], "-z 2"), (["-y", "1"], "-y 1"),
+    (["-C", "1"], "-C 1"), (["-R", "1"], "-R 1"), (["-x", "1"], "-x 1"), (["-K", "-1"], "-K -1"),
+    (["-D", "1"], "-D 1"), (["-V", "16"], "-V 16"), (["-u", "-4"], "-u -4"), (["-c", "5"], "-c 5"),
     (["-a", "0"], "-a 0"), (["-o", "mulsum"], "-o mulsum"), (["-d", "uint32"], "-d uint32"),
     (["-d", "f8e4m3"], "-d f8e4m3"), (["-N", "0"], "-N 0"), (["-b", "1G", "-e", "1K"], "minbytes"),
     (["-b", "lots"], "minbytes"), (["-n", "ten"], "-n 'ten'"), (["-q", "1"], "option -q not recognized"),
