@@ -262,10 +262,7 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
         if _asks_for_all(options["collective_names"]):
             names = _runnable(names, cls, request, library, dtype, op, world, launched)
-        refused = next((C.refused_world(n, world) for n in names if C.refused_world(n, world)), None)
-        if refused:
-            raise UsageFault(refused)
-        split_weights = splits.weights(options["splits"], world) if "alltoallv" in names else ()
+        split_weights = _world_checks(names, world, options["splits"])
         cls.check_request(request, library, names, dtype, op, world)
     except (BackendError, splits.SplitsError) as exc:
         raise UsageFault(str(exc)) from exc
@@ -310,6 +307,17 @@ def _runnable(names: list[str], cls, request, library: str, dtype, op: str, worl
               file=sys.stderr)
     return kept
 
+
+
+def _world_checks(names: list[str], world: int, splits_spec: str) -> tuple:
+    """A collective `world` ranks cannot run (hypercube on 3) is one line; alltoallv's split weights."""
+    from commbench import collectives as C
+    from commbench import splits
+
+    refused = next((C.refused_world(n, world) for n in names if C.refused_world(n, world)), None)
+    if refused:
+        raise UsageFault(refused)
+    return splits.weights(splits_spec, world) if "alltoallv" in names else ()
 
 
 def _timing_options(options: dict, dtype) -> dict:
