@@ -10,11 +10,11 @@ normalised). The weights become whole element counts per size in collectives.app
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import numpy as np
+
+from commbench.files import parse_json, read_small
 
 MAX_FILE_BYTES = 16 << 20  # a 1,024-rank matrix in JSON is ~10 MiB
 GAMMA_SHAPE = 8.0
@@ -52,15 +52,12 @@ def _skewed(text: str, world: int) -> tuple[tuple[float, ...], ...]:
 
 
 def _from_file(path: str, world: int) -> tuple[tuple[float, ...], ...]:
-    """A JSON matrix, read as data only (json.loads), bounded in size."""
+    """A JSON matrix, read as data only (a regular file, bounded in size, parsed as JSON)."""
     try:
-        if os.path.getsize(path) > MAX_FILE_BYTES:
-            raise SplitsError(f"--splits {path}: larger than {MAX_FILE_BYTES >> 20} MiB")
-        with open(path, encoding="utf-8") as file:
-            rows = json.loads(file.read())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        rows = parse_json(read_small(path, MAX_FILE_BYTES, "--splits"))
+    except (OSError, ValueError) as exc:
         raise SplitsError(f"--splits {path}: not uniform, skewed[:ALPHA[:SEED]] or a readable JSON matrix "
-                          f"({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})") from None
+                          f"({getattr(exc, 'strerror', None) or exc})") from None
     good = isinstance(rows, list) and len(rows) == world and all(
         isinstance(row, list) and len(row) == world and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in row)

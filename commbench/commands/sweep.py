@@ -322,9 +322,11 @@ def _world_checks(names: list[str], world: int, splits_spec: str) -> tuple:
 
 def _timing_options(options: dict, dtype) -> dict:
     """--skip-iters, --p99, --timestamps, --memory-report, --misalign, --blocking, checked (one line each)."""
+    from commbench.commands import options as O
+
     shift, blocking = options["misalign_nbytes"], int(options["blocking"])
-    if options["skip_iters"] < 0 or shift < 0:
-        raise UsageFault(f"{'--skip-iters' if options['skip_iters'] < 0 else '--misalign'}: must not be negative")
+    O.check({"--skip-iters": (O.NONNEGATIVE_COUNT, options["skip_iters"]),
+             "--misalign": (O.Range(0, 1 << 16, integer=True), shift)})  # an offset from alignment, not a size
     if shift % dtype.itemsize:
         raise UsageFault(f"--misalign {shift}: not a multiple of {dtype.name}'s {dtype.itemsize} B (buffers are "
                          f"arrays of elements on every backend)")

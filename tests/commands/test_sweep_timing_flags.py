@@ -41,8 +41,9 @@ def test_misaligned_buffers_on_the_schedule_backends_are_checked(tmp_path, capfd
 
 @pytest.mark.parametrize("args,message", [
     (["--misalign", "2"], "--misalign 2: not a multiple of float32's 4 B"),
-    (["--misalign", "-4"], "--misalign: must not be negative"),
-    (["--skip-iters", "-1"], "--skip-iters: must not be negative"),
+    (["--misalign", "-4"], "--misalign -4: must be at least 0"),
+    (["--misalign", str(1 << 40)], "--misalign 1099511627776: must be at most 65536"),
+    (["--skip-iters", "-1"], "--skip-iters -1: must be at least 0"),
     (["--blocking", "2"], "'2' is not one of '0', '1', '3'"),
     (["-c", "alltoallv", "--splits", "skewed:q"], "--splits skewed:q"),
     (["-c", "hypercube", "--nprocs", "3"], "power-of-two"),

@@ -36,7 +36,7 @@ def test_bad_files_are_one_line(tmp_path, content, needle):
         splits.weights(str(path), 2)
 
 
-@pytest.mark.parametrize("spec", ["skewed:x", "skewed:1:-2", "skewed:1:2:3", "skewed:nan", "nofile.json"])
+@pytest.mark.parametrize("spec", ["skewed:x", "skewed:1:-2", "skewed:1:2:3", "skewed:nan", "nofile.json", "/dev/zero"])
 def test_bad_specs_are_one_line(spec):
     with pytest.raises(splits.SplitsError, match="--splits"):
         splits.weights(spec, 4)
