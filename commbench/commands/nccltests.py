@@ -4,7 +4,8 @@ defaults), mapped onto `commbench sweep` on any backend, and the same table prin
 
 A flag commbench cannot honour is refused with one line naming it; a flag that changes
 nothing here (parallel init) is accepted and said. docs/nccl-tests.md lists every flag.
-The flag set is nccl-tests' src/common.cu as of its 2.17 series (NCCL 2.28).
+The flag set is nccl-tests' src/common.cu as of its 2.17 series (NCCL 2.28), with 2.19's -I, -K
+and -u (short forms: their long names were not available to read) and its alltoallv_perf.
 """
 from __future__ import annotations
 

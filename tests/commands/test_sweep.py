@@ -19,10 +19,10 @@ def test_two_ranks_every_collective(two_rank_run):
     results, records = results_of(out / "r.jsonl")
     assert records[0]["record"] == "header" and records[-1]["record"] == "summary"
     assert records[-1]["status"] == "ok" and records[-1]["points"] == len(results)
-    # 5 collectives x 2 sizes x 2 placements + alltoall/sendrecv x 2 sizes out-of-place only
-    assert len(results) == 5 * 2 * 2 + 2 * 2
+    # 7 collectives x 2 sizes x 2 placements + alltoall/sendrecv/alltoallv x 2 sizes out-of-place only
+    assert len(results) == 7 * 2 * 2 + 3 * 2
     assert {r["collective"] for r in results} == {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
-                                                  "alltoall", "sendrecv"}
+                                                  "alltoall", "sendrecv", "gather", "scatter", "alltoallv"}
     for r in results:
         assert r["wrong"] == 0 and r["iters"] == 3 and r["warmup"] == 1
         assert r["time_us"] > 0 and r["library"] == "gloo" and r["world_size"] == 2
@@ -47,8 +47,8 @@ def test_table_shows_sizes_actually_used(two_rank_run):
     rows = [row[:-1] if row[-1] == "~" else row for row in rows]  # the mark of a noisy point (p99 > 2 x p50)
     assert all(len(row) in (13, 9) for row in rows), rows
     assert ["1024", "256", "float", "sum", "-1"] == rows[0][:5]
-    assert "N/A" in proc.stdout  # alltoall and sendrecv have no in-place column
-    assert proc.stdout.count("# Out of bounds values : 0 OK") == 7
+    assert "N/A" in proc.stdout  # alltoall, sendrecv and alltoallv have no in-place column
+    assert proc.stdout.count("# Out of bounds values : 0 OK") == 10  # every collective but hypercube
 
 
 def test_csv_matches_json(two_rank_run):
