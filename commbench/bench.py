@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from commbench import collectives as C
+from commbench import point_timing as timing
 from commbench.backends import Backend, BackendError, OutOfMemory
 from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
@@ -27,15 +28,6 @@ from commbench.environment import host_cores, local_environment, software_versio
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
 from commbench.job import error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
-from commbench.point_timing import (
-    iteration_counts,
-    memory_lines,
-    memory_report,
-    misaligned,
-    time_calls,
-    timing_fields,
-    timing_notes,
-)
 from commbench.results import (
     Result,
     ResultSink,
@@ -70,7 +62,7 @@ def _buffers(backend: Backend, plan: C.Plan, dtype: C.DType, placement: str, shi
     """(send, recv, owners) for a placement; in-place views share one buffer as nccl-tests lays it out.
     `shift`: elements every buffer starts past its allocation (sweep --misalign)."""
     if placement == "out-of-place":
-        (send_owner, send), (recv_owner, recv) = (misaligned(backend, count, dtype, shift)
+        (send_owner, send), (recv_owner, recv) = (timing.misaligned(backend, count, dtype, shift)
                                                   for count in (plan.send_count, plan.recv_count))
         return send, recv, (send_owner, recv_owner)
     whole = backend.alloc(max(plan.send_count, plan.recv_count) + shift, dtype)
@@ -128,12 +120,12 @@ def measure_point(backend: Backend, cfg: SweepConfig, plan: C.Plan, placement: s
     call = backend.prepare(plan.collective, send, recv, pattern.op, plan.root, placement == "in-place",
                            **({"splits": plan.splits} if plan.splits else {}))
     if backend.timed:
-        warmup, iters = iteration_counts(backend, cfg, call)
+        warmup, iters = timing.iteration_counts(backend, cfg, call)
         if monitor is not None:  # before the barrier: nothing on rank 0 between it and the timed calls
             monitor.mark(f"{plan.collective} {plan.nbytes} {placement}")
         backend.barrier()
         timed_start = time.time()
-        times_us = time_calls(backend, call, iters + cfg.skip_iters, cfg.blocking)  # -K: leading ones, left out
+        times_us = timing.time_calls(backend, call, iters + cfg.skip_iters, cfg.blocking)  # -K: leading ones, left out
         telemetry = monitor.window() if monitor is not None else None
     else:  # nothing to time with (sim without a cost model): run once, for the check only
         warmup, times_us, telemetry, timed_start = 0, np.empty(0), None, None
@@ -228,8 +220,8 @@ class Sweep:
         try:
             for collective in self.cfg.collectives:
                 self._collective(collective)
-            memory = self.backend.gather_objects(memory_report(self.backend)) if self.cfg.memory_report else None
-            for line in memory_lines(memory) if memory and self.lead else ():
+            memory = self.backend.gather_objects(timing.memory_report(self.backend)) if self.cfg.memory_report else None
+            for line in timing.memory_lines(memory) if memory and self.lead else ():
                 self.table.comment(line)
             self.memory = memory
         except (JobFault, BackendError) as exc:
@@ -283,7 +275,7 @@ class Sweep:
             self.table.comment(self.monitor.note)
         if cfg.backend.graph:
             self.table.comment("--graph: the timed calls of a point run as one CUDA graph; times are its mean per call")
-        for line in timing_notes(cfg):
+        for line in timing.timing_notes(cfg):
             self.table.comment(line)
         for note in self.backend.header_notes(cfg.collectives, cfg.placements, cfg.backend.hw):
             self.table.comment(note)
@@ -378,7 +370,7 @@ class Sweep:
                               warmup=outcome.warmup, rank_agg=self.cfg.rank_agg,
                               wrong=int(stats["wrong"]) if self.cfg.check else None, run_id=self.run_id,
                               kind=self.backend.kind, telemetry=outcome.telemetry, stat=self.cfg.stat,
-                              **timing_fields(stats, outcome.timed_start, self.cfg.skip_iters),
+                              **timing.timing_fields(stats, outcome.timed_start, self.cfg.skip_iters),
                               **self.backend.describe(), **capabilities_of(self.backend).fields())
         self.sink.write(result)
         self.results.append(result)
