@@ -92,8 +92,8 @@ def test_progress_is_silent_when_not_a_terminal(two_rank_run):
 
 @pytest.mark.parametrize("backend", ["sim", "shm"])
 def test_all_runs_what_the_backend_runs_and_names_what_it_leaves_out(tmp_path, backend):
-    """-c all on a schedule backend: the six collectives it has algorithms for, and one line on
-    stderr naming sendrecv, which it has none for (before: exit 2, "no algorithm for alltoall";
+    """-c all on a schedule backend: the six collectives it has algorithms for, and one line on stderr
+    naming sendrecv, gather, scatter and alltoallv, which it has none for (before: exit 2, "no algorithm for alltoall";
     alltoall runs on them since its schedules, issue 34 item 6)."""
     path = tmp_path / "all.jsonl"
     proc = commbench("sweep", "--backend", backend, "-c", "all", "--sizes", "1K", "--iters", "2", "--warmup", "1",
@@ -103,7 +103,8 @@ def test_all_runs_what_the_backend_runs_and_names_what_it_leaves_out(tmp_path, b
     assert {r["collective"] for r in results} == {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
                                                   "alltoall"}
     notes = [line for line in proc.stderr.splitlines() if "-c all" in line]
-    assert len(notes) == 1 and "leaves out sendrecv (" in notes[0] and "alltoall" not in notes[0], proc.stderr
+    assert len(notes) == 1 and "leaves out sendrecv (" in notes[0] and "alltoall (" not in notes[0], proc.stderr
+    assert all(f"{name} (" in notes[0] for name in ("gather", "scatter", "alltoallv"))  # no schedules for them
 
 
 def test_all_with_an_algorithm_only_some_collectives_have_keeps_those(tmp_path):
