@@ -46,7 +46,7 @@ class LayoutPrediction:
     exposed_us: dict[str, float]  # per dimension: the part the step waited for
     memory: M.MemoryBreakdown
     fits: bool | None  # None: the hardware file gives no device memory
-    mfu: float  # model FLOPs per second / (GPUs x the rate), the rate being `tflops`'s peak when given
+    mfu: float | None  # model FLOPs per second / (GPUs x the device's peak); None: the hardware gives no peak
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,11 @@ def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
     memory = _memory(job, par)
     gpu_bytes = job.hw.device_memory_gb * 1e9 if job.hw.device_memory_gb else None
     model_flops = job.shape.training_flops_per_token() * tokens / (step * 1e-6) if step > 0 else 0.0
-    peak = job.peak_tflops or job.tflops
+    peak = job.peak_tflops
     return LayoutPrediction(par, step, tokens / (step * 1e-6) if step > 0 else 0.0, compute, piped.bubble, comm,
                             exposed, memory, None if gpu_bytes is None else M.fits(memory, gpu_bytes,
                                                                                    RESERVED_FRACTION),
-                            model_flops / (par.world * peak * 1e12))
+                            model_flops / (par.world * peak * 1e12) if peak else None)
 
 
 def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[float, float, dict]:
@@ -114,18 +114,26 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
         attention = shape.attention_score_flops() * local / par.tp / rate
         recompute = {"none": 0.0, "selective": attention * rate, "full": flops}[job.checkpointing]
         f_us, b_us = flops / rate, (2 * flops + recompute) / rate
+        beside = {"forward": [0.0, attention], "backward": [0.0, 2 * attention]}  # overlapping calls, their cover
         for call in layer_calls(par, shape, job.microbatch, job.checkpointing, moe=shape.is_moe_layer(index)):
             if call not in costs:
                 costs[call] = _call_us(job, par, call)
             total = costs[call] * call.count
-            shown = max(0.0, total - attention * (2 if call.phase == "backward" else 1)) if call.overlaps else total
             entry = dims.setdefault(call.dim, [0.0, 0.0])
             entry[0] += total
-            entry[1] += shown
+            if call.overlaps:  # what outlasts the phase's attention shows, counted once per phase below
+                beside[call.phase][0] += total
+                continue
+            entry[1] += total
             if call.phase == "forward":
-                f_us += shown
+                f_us += total
             else:
-                b_us += shown
+                b_us += total
+        for phase, (total, cover) in beside.items():
+            if total:
+                shown = max(0.0, total - cover)
+                dims["cp"][1] += shown
+                f_us, b_us = (f_us + shown, b_us) if phase == "forward" else (f_us, b_us + shown)
         forward, backward = forward + f_us, backward + b_us
     if head:
         head_flops = shape.head_forward_flops() * local / par.tp
@@ -211,10 +219,7 @@ def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
     for t in profile.tensors:
         layer = _LAYER.search(t.name)
         if layer is not None and int(layer.group(1)) in mine or layer is None and _outside_layers_here(t, stage, pp):
-            expert = "expert" in t.name and "shared" not in t.name
-            split = par.ep * (par.expert_tp or par.tp) if expert else par.tp
-            shape = (max(1, math.ceil(t.shape[0] / split)), *t.shape[1:]) if t.shape else t.shape
-            kept.append(replace(t, shape=shape))
+            kept.append(replace(t, shape=(max(1, math.ceil(math.prod(t.shape or (1,)) / _split(par, t))),)))
     # the stage's backward starts where its first gradient is ready: ready FLOPs and order from there
     low = min(t.ready_flops for t in kept) if kept else 0.0
     ranked = sorted(range(len(kept)), key=lambda i: kept[i].ready_index)
@@ -230,6 +235,16 @@ def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
                    backward_flops=max(backward, sum(u.backward_flops for u in units)))
 
 
+def _split(par: Parallelism, tensor: TensorSpec) -> int:
+    """Over how many ranks of its stage a tensor is split: routed experts over ep x the experts' tp, matrices
+    over tp; norms (one dimension) and an MoE router (`.gate.weight`, not a gate_proj) are whole on each."""
+    if "expert" in tensor.name and "shared" not in tensor.name:
+        return par.ep * (par.expert_tp or par.tp)
+    if len(tensor.shape) < 2 or tensor.name.endswith((".gate.weight", ".router.weight")):
+        return 1
+    return par.tp
+
+
 def _outside_layers_here(tensor: TensorSpec, stage: int, pp: int) -> bool:
     """A tensor outside the layers: the embedding on the first stage, the final norm and head on the last."""
     embedding = "embed" in tensor.name or "wte" in tensor.name
@@ -239,9 +254,12 @@ def _outside_layers_here(tensor: TensorSpec, stage: int, pp: int) -> bool:
 def _memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
     held = tuple(pipeline.in_flight(pipeline.order(par.pp_schedule, par.pp, s, par.microbatches, par.virtual_stages))
                  / par.virtual_stages for s in range(par.pp))
-    sharding = settle(par.setup).setup.memory_sharding
-    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
-                      par.sequence_parallel, par.expert_tp)
+    choice = settle(par.setup)
+    within_node = choice.get("shard_group") == "node" if "shard_group" in choice.setup.knobs or choice.setup.fixed \
+        else False
+    degree = _replica_layout(job, par)[1] if within_node else None  # HSDP shards inside a node only
+    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, choice.setup.memory_sharding,
+                      job.checkpointing, par.sequence_parallel, par.expert_tp, shard_degree=degree)
     return M.memory_per_gpu(job.shape, layout)
 
 

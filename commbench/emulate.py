@@ -208,7 +208,7 @@ def destroy(cluster: Cluster) -> None:
     _kill_inside(present)
     for ns in present:
         _run(["ip", "netns", "del", ns], check=False)
-    remove_segments(cluster.tag)
+    remove_segments(cluster.tag, tagged=True)
     try:
         os.unlink(_state_path(cluster.tag))
     except FileNotFoundError:

@@ -217,9 +217,25 @@ def segment_prefix(job: str) -> str:
     return f"cb_{job}_"
 
 
-def remove_segments(job: str) -> int:
-    """Unlink every shared-memory segment of job `job` (what a killed rank left behind)."""
-    removed, prefix = 0, segment_prefix(job)
+def job_tag() -> str:
+    """$COMMBENCH_JOB_TAG, which starts the name of every shared-memory segment of a job started under it ("" when
+    unset): letters and digits only, as it becomes part of a file name in /dev/shm."""
+    tag = os.environ.get(JOB_TAG_VAR, "")
+    if not re.fullmatch(r"[A-Za-z0-9]{0,32}", tag):
+        raise LaunchError(f"{JOB_TAG_VAR}={tag!r}: a job tag is at most 32 letters and digits (it names files in "
+                          f"{SHM_DIR})")
+    return tag
+
+
+def new_job_id() -> str:
+    """A job's id, unique on this host, under its job tag: what its shared-memory segments are named after."""
+    return job_tag() + uuid.uuid4().hex[:12]
+
+
+def remove_segments(job: str, tagged: bool = False) -> int:
+    """Unlink every shared-memory segment of job `job` (what a killed rank left behind); `tagged`: of every job
+    whose id starts with the tag `job` (an emulated cluster's runs)."""
+    removed, prefix = 0, f"cb_{job}" if tagged else segment_prefix(job)
     for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
         if name.startswith(prefix):
             try:
@@ -268,7 +284,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
     read end of a pipe whose write end only this process holds: when this process dies, however
     it dies, the ranks read end-of-file and stop (job.py's watchdog).
     """
-    job = os.environ.get(JOB_TAG_VAR, "") + uuid.uuid4().hex[:12]
+    job = new_job_id()
     grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
     watch_read, watch_write = os.pipe()
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),

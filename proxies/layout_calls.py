@@ -82,7 +82,8 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
         else:
             column = 3 + (2 if shape.gated_mlp else 1) if style == "torch" else 2  # torch: q, k, v, gate, up
             calls.append(LayerCall("tp", "allreduce", act, dtype, "forward", 2, "", "tp allreduce"))
-            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", column * replays, "", "tp allreduce"))
+            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", column + 2 * (replays - 1), "",
+                                   "tp allreduce (recomputed forward's included)"))
     if par.cp > 1:
         kv = shape.cp_kv_block_nbytes(microbatch, par.cp) * _kv_heads_per_rank(par, shape) // shape.kv_heads
         calls.append(LayerCall("cp", "sendrecv", kv, dtype, "forward", par.cp - 1, "attention", "cp ring K/V"))
@@ -94,6 +95,9 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
         local = microbatch * shape.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
         routed = shape.ep_dispatch_nbytes(local)
         calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "forward", 1, "", "ep token counts"))
+        if replays > 1:
+            calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "backward", 1, "",
+                                   "ep token counts (recomputed forward)"))
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", "ep dispatch and combine"))
         calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", "ep dispatch and combine"))
     return calls

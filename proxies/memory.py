@@ -147,6 +147,7 @@ class Layout:
     sequence_parallel: bool = True
     expert_tp: int | None = None  # TP inside an expert; None: tp (Megatron-Core's default)
     dropout: bool = False
+    shard_degree: int | None = None  # ranks the model states shard over; None: dp x cp (HSDP: a node's replicas)
 
 
 def memory_per_gpu(shape: TransformerShape, layout: Layout, precision: Precision = ZERO) -> MemoryBreakdown:
@@ -168,8 +169,10 @@ def _check(shape: TransformerShape, layout: Layout) -> None:
             raise ValueError(f"layout: {name} must be at least 1")
     if isinstance(layout.in_flight, tuple) and len(layout.in_flight) != layout.pp:
         raise ValueError(f"layout: in_flight gives {len(layout.in_flight)} stages' counts for pp {layout.pp}")
-    if (layout.dp * layout.cp) % layout.ep:
-        raise ValueError(f"layout: ep {layout.ep} must divide dp x cp = {layout.dp * layout.cp}")
+    ranks = layout.dp * layout.cp * _expert_ranks(layout)
+    if ranks % layout.ep:
+        raise ValueError(f"layout: ep {layout.ep} must divide dp x cp{' x tp' if _expert_ranks(layout) > 1 else ''} "
+                         f"= {ranks}")
     if shape.moe and shape.experts % layout.ep:
         raise ValueError(f"layout: ep {layout.ep} does not divide the {shape.experts} experts")
     if shape.heads % layout.tp:
@@ -199,14 +202,21 @@ def stage_parameters(shape: TransformerShape, layout: Layout, stage: int,
     return dense, experts, largest_layer
 
 
+def _expert_ranks(layout: Layout) -> int:
+    """The tensor-parallel ranks that join the experts' data-parallel ranks: tp when the experts have no tensor
+    parallelism of their own (expert_tp 1, Megatron-Core's etp1), else 1."""
+    return layout.tp if layout.expert_tp == 1 else 1
+
+
 def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision, stage: int,
                   counts: list[int]) -> MemoryBreakdown:
     tp = layout.tp
     first = sum(counts[:stage])
     dense, experts, largest_layer = stage_parameters(shape, layout, stage, counts)
-    replicas = layout.dp * layout.cp
+    replicas = layout.shard_degree or layout.dp * layout.cp
+    expert_replicas = max(1, (layout.shard_degree or layout.dp * layout.cp * _expert_ranks(layout)) // layout.ep)
     states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, layout.sharding, precision),
-                                    model_state_nbytes(experts, replicas // layout.ep, layout.sharding, precision))]
+                                    model_state_nbytes(experts, expert_replicas, layout.sharding, precision))]
     if isinstance(layout.in_flight, tuple):
         held = layout.in_flight[stage]
     else:

@@ -155,7 +155,10 @@ class Parallelism:
             raise LayoutError(f"{self.name}: tp {self.tp} neither divides the model's {shape.kv_heads} key/value heads "
                               "nor is a multiple of them (each TP rank holds whole key/value heads, or copies)")
         stages = self.pp * self.virtual_stages
-        if shape.layers % stages and ((shape.layers + 2) % stages or stages < 3):
+        if stages > shape.layers:
+            raise LayoutError(f"{self.name}: {stages} pipeline stages for the model's {shape.layers} layers (a stage "
+                              "holds one layer at least)")
+        if shape.layers % stages and ((shape.layers + 2) % stages or stages < 3 or shape.layers + 2 < 2 * stages):
             virtual = " x virtual stages" if self.virtual_stages > 1 else ""
             raise LayoutError(f"{self.name}: pp{virtual} = {stages} does not divide the model's {shape.layers} layers "
                               "(nor do they divide with one layer fewer on the first and last stage, as Llama 3 "

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-import uuid
 
 import numpy as np
 
@@ -32,7 +31,7 @@ from commbench.backends.shm_waits import LINE, OVERSUBSCRIBED_SPIN_CHECKS, SPIN_
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DTYPES, DType
 from commbench.environment import affinity_text, cpu_affinity, host_cores
-from commbench.launch import JOB_TAG_VAR, SHM_DIR, SPAWN_VAR, LaunchInfo, peer_wait_s, segment_prefix
+from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, new_job_id, peer_wait_s, segment_prefix
 from commbench.topology import Topology
 
 
@@ -51,8 +50,8 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
         cores = self._host_cores()
         self._spin_budget = SPIN_CHECKS if self._ranks_on_host(launch) <= cores else OVERSUBSCRIBED_SPIN_CHECKS
         self._spin = self._spin_budget  # adapts between OVERSUBSCRIBED_SPIN_CHECKS and the budget (_wait)
-        self.job = self.control.broadcast_object(  # rank 0's tag
-            os.environ.get(SPAWN_VAR) or os.environ.get(JOB_TAG_VAR) or uuid.uuid4().hex[:10])
+        self.job = self.control.broadcast_object(  # rank 0's: the spawner's id, else a new one under the job tag
+            os.environ.get(SPAWN_VAR) or new_job_id())
         self._own: dict[int, Segment] = {}
         self._peers: dict[tuple[int, int], Segment] = {}
         self._seq = 0

@@ -8,6 +8,7 @@ import click
 
 from commbench.commands.common import UsageFault
 
+MAX_MICROBATCHES = 4096  # a step's micro-batches per rank: the pipeline's work grows with them
 LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtual_stages", "checkpointing", "seq_len")
 GB = 1e9  # as GPU vendors state memory
 
@@ -21,7 +22,8 @@ def layout_options(fn):
                           "(--setup), ddpN, fsdpN, hsdpN or SETUP:N. Needs a profile with a transformer shape."),
         click.option("--microbatch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
         click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
-                     help="Sequences per optimizer step, all GPUs [default: 8 micro-batches at the largest dp]."),
+                     help="Sequences per optimizer step, all GPUs [default: 8 micro-batches at the least common "
+                          "multiple of the layouts' dp]."),
         click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
                      show_default=True, help="Pipeline schedule."),
         click.option("--virtual-stages", type=int, default=1, show_default=True,
@@ -43,6 +45,7 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     from commbench.analysis.predict_layout import Job, rank_layouts
     from commbench.proxies.parallelism import LayoutError
     from commbench.proxies.profile import ProfileError, load_profile
+    from commbench.proxies.setups import SetupError
 
     try:
         profile = load_profile(model)
@@ -53,17 +56,18 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
         raise UsageFault(f"--layout needs a transformer's shape, and profile {profile.name} has none (layouts: "
                          "llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3, llama-tiny, or `profiles extract` of a "
                          "transformers model)")
-    if flags["seq_len"]:
+    if flags["seq_len"] is not None:
         shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"]))
     try:
         layouts = _layouts(flags, setup, gpus, gpus_per_node, shape)
-    except LayoutError as exc:
+    except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
     peak = hw.device_tflops.get("bf16") or hw.device_tflops.get("fp16")
     rate = tflops or (peak if precision == "amp" else hw.device_tflops.get("fp32"))
     if not rate:
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --tflops (the achieved rate)")
-    job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm, peak)
+    job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm,
+              peak or None)
     return rank_layouts(job, layouts), job, layouts[0]
 
 
@@ -75,15 +79,25 @@ def _positive(flag: str, value: int) -> int:
 
 def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> list:
     """Each --layout spelled, sized to the global batch and checked against the GPUs, the node and the model."""
+    import math
     from dataclasses import replace
 
     from commbench.proxies.parallelism import LayoutError, parse_layout
+    from commbench.proxies.setups import settle
 
     microbatch = _positive("--microbatch", flags["microbatch"])
-    parsed = [parse_layout(text, setup, gpus, pp_schedule=flags["pp_schedule"],
-                           virtual_stages=_positive("--virtual-stages", flags["virtual_stages"]))
+    virtual = _positive("--virtual-stages", flags["virtual_stages"])
+    if flags["pp_schedule"] == "interleaved" and virtual < 2:
+        raise LayoutError("--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)")
+    parsed = [parse_layout(text, setup, gpus, pp_schedule=flags["pp_schedule"], virtual_stages=virtual)
               for text in flags["layouts"]]
-    batch = flags["global_batch"] or 8 * microbatch * max(p.dp for p in parsed)
+    for par in parsed:
+        settle(par.setup)  # a setup the table does not have is one line
+    dps = math.lcm(*(p.dp for p in parsed))
+    batch = 8 * microbatch * dps if flags["global_batch"] is None else _positive("--global-batch",
+                                                                                 flags["global_batch"])
+    if batch // microbatch // min(p.dp for p in parsed) > MAX_MICROBATCHES:
+        raise LayoutError(f"--global-batch {batch}: more than {MAX_MICROBATCHES:,} micro-batches on a rank")
     out = []
     for par in parsed:
         per_step = par.dp * microbatch
@@ -112,8 +126,9 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
     for rank, p in enumerate(predictions, 1):
         inner = sum(p.exposed_us.get(d, 0.0) for d in ("tp", "cp", "ep"))
         fits = "-" if p.fits is None else "yes" if p.fits else "NO"
+        mfu = "-" if p.mfu is None else f"{p.mfu:.3f}"
         lines.append(f"  {rank:>4}  {p.layout.name:<22} {p.step_us / 1e3:>10.1f} {p.tokens_per_s:>12,.0f} "
-                     f"{p.mfu:>6.3f} {p.bubble:>7.3f} {inner / 1e3:>13.1f} {p.exposed_us.get('pp', 0.0) / 1e3:>9.1f} "
+                     f"{mfu:>6} {p.bubble:>7.3f} {inner / 1e3:>13.1f} {p.exposed_us.get('pp', 0.0) / 1e3:>9.1f} "
                      f"{p.exposed_us.get('dp', 0.0) / 1e3:>9.1f} {p.memory.total_nbytes / GB:>8.1f} {fits:>5} "
                      f"{p.tokens_per_s / first.tokens_per_s:>9.3f}")
     if hw.device_memory_gb:

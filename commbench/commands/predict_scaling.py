@@ -88,6 +88,11 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path), force=force, append=append)
     if flags["layouts"]:
+        _only_data_parallel({"--batch": batch, "--throughput-1gpu": throughput_1gpu, "--ddp-ms": ddp_ms or None,
+                             "--jitter-from": jitter_from, "--bucket-mb": bucket_mb, "--baseline": baseline,
+                             "--candidate": candidate, "--baseline-setup": baseline_setup,
+                             "--candidate-setup": candidate_setup,
+                             **{"--" + k.replace("_", "-"): v for k, v in knobs.items()}})
         return _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags,
                                 json_path, append)
     pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
@@ -101,11 +106,23 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
         _write(json_path, records, append)
 
 
+def _only_data_parallel(given: dict) -> None:
+    """Options of the data-parallel curves are one line under --layout, not silently dropped."""
+    named = [flag for flag, value in given.items() if value is not None]
+    if named:
+        raise UsageFault(f"{', '.join(named)}: data-parallel curves' option(s), not --layout's (a layout's batch is "
+                         "--microbatch and --global-batch, its compute --tflops, its setup named in the layout)")
+
+
 def _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
                      append) -> None:
     """--layout: the layouts ranked at one GPU count (commands/predict_layouts.py)."""
+    from commbench.analysis.scaling import ALGORITHMS
+
     if len(scale[1]) != 1:
         raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
+    if algorithm not in ALGORITHMS:
+        raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     try:
         hw = load_hardware(hw_spec)
     except HardwareError as exc:

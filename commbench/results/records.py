@@ -321,7 +321,7 @@ class LayoutRecord(Record):
     step_us: float
     compute_us: float
     tokens_per_s: float  # all GPUs
-    mfu: float
+    mfu: float | None  # null: the hardware file gives no peak rate
     bubble: float
     comm_us: dict  # per dimension (tp, cp, ep, pp, dp): its calls' time per step on the busiest rank
     exposed_us: dict  # per dimension: what the step waited for

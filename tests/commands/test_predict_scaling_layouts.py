@@ -3,7 +3,7 @@ refused in one line."""
 import json
 
 import pytest
-from conftest import commbench
+from conftest import REPO, commbench
 
 
 def test_layouts_are_ranked_with_memory_beside(tmp_path):
@@ -34,8 +34,38 @@ def test_layouts_are_ranked_with_memory_beside(tmp_path):
     (["llama3.1-8b", "--gpus", "8,16", "--layout", "tp8,dp1"], "one --gpus"),
     (["llama3.1-8b", "--gpus", "16", "--layout", "tq2"], "spell a layout like"),
     (["llama3.1-8b", "--gpus", "16", "--layout", "tp2,dp8", "--global-batch", "12"], "not a whole number"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp2,dp8", "--global-batch", "0"], "--global-batch 0"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp2,dp8", "--seq-len", "0"], "--seq-len 0"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,bogus:2"], "unknown setup 'bogus'"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2", "-A", "bogus"], "unknown allreduce algorithm"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2", "--batch", "4"], "--batch: data-parallel"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2", "--accumulate", "4"], "--accumulate: data-parallel"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "pp2,dp8", "--pp-schedule", "interleaved"], "--virtual-stages 2"),
+    (["llama3.1-8b", "--gpus", "80", "--layout", "pp40,dp2"], "40 pipeline stages for the model's 32 layers"),
+    (["mixtral-8x7b", "--gpus", "16", "--layout", "tp2,ep16,fsdp8"], "ep 16 must divide dp x cp = 8"),
 ])
 def test_layouts_that_cannot_run_are_one_line(args, message):
     proc = commbench("predict-scaling", *args, "--hw", "dgx-h100", "--tflops", "400")
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_experts_without_tensor_parallelism_and_a_hardware_without_a_peak(tmp_path):
+    """etp1 lays EP over the TP ranks too (memory counted so, no crash); a hardware file without device_tflops
+    prints no MFU rather than the given rate over itself."""
+    import json as _json
+
+    hw = _json.loads((REPO / "commbench" / "presets" / "dgx-h100.json").read_text())
+    hw.pop("device_tflops")
+    path = tmp_path / "hw.json"
+    path.write_text(_json.dumps(hw))
+    proc = commbench("predict-scaling", "mixtral-8x7b", "--hw", str(path), "--gpus", "16", "--tflops", "400",
+                     "--layout", "tp2,ep8,etp1,ddp8", "--layout", "tp2,ep8,ddp8", "--json", str(tmp_path / "l.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    records = [_json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
+    assert {r["layout"]["layout"] for r in records} == {"tp2,ep8,etp1,ddp8", "tp2,ep8,ddp8"}
+    assert all(r["mfu"] is None for r in records)
+    etp1 = next(r for r in records if r["layout"]["expert_tp"] == 1)
+    other = next(r for r in records if r["layout"]["expert_tp"] is None)
+    # unsharded (DDP): experts over ep 8 alone under etp1, over ep 8 x tp 2 otherwise
+    assert etp1["memory_nbytes"]["parameters"] > other["memory_nbytes"]["parameters"]

@@ -67,3 +67,38 @@ def test_layouts_that_do_not_fit_rank_last(job):
     small = Parallelism(tp=8, dp=8, setup="fsdp-full", microbatches=1)
     ranked = rank_layouts(job, [big, small])
     assert [p.layout for p in ranked] == [small, big] and ranked[1].fits is False and ranked[0].fits is True
+
+
+def test_a_ranks_share_of_the_experts_is_their_element_count_over_ep_and_tp():
+    """Stacked expert tensors (experts x ...) are split by their elements, not by rounding their first dimension:
+    Mixtral's 8 experts over ep 8 x tp 8 leave a rank 1/64 of them."""
+    from commbench.analysis.predict_layout import _stage_profile
+
+    profile = load_profile("mixtral-8x7b")
+    job = Job(profile.transformer, profile, load_hardware("dgx-h100"), 8, 1, 400.0)
+    share = _stage_profile(job, Parallelism(tp=8, ep=8, dp=8), 0)
+    experts = sum(t.numel for t in profile.tensors if "expert" in t.name)
+    assert sum(t.numel for t in share.tensors) < profile.parameters / 8 + experts / 64 + 1e6
+
+
+def test_context_parallel_steps_show_only_what_outlasts_the_phases_attention(job):
+    """Overlapping calls of a phase are summed, then the phase's attention covers them once."""
+    from commbench.analysis.predict_layout import _call_us, _chunk_us
+    from commbench.proxies.layout_calls import layer_calls
+
+    par = Parallelism(tp=8, cp=16, dp=1)
+    forward, backward, dims = _chunk_us(job, par, range(1), head=False)
+    calls = layer_calls(par, job.shape, 1, job.checkpointing)
+    rate, local = job.tflops * 1e6, job.shape.seq_len / par.cp
+    attention = job.shape.attention_score_flops() * local / par.tp / rate
+    ring = {phase: sum(_call_us(job, par, c) * c.count for c in calls if c.phase == phase if c.overlaps)
+            for phase in ("forward", "backward")}
+    shown = max(0, ring["forward"] - attention) + max(0, ring["backward"] - 2 * attention)
+    assert dims["cp"][1] == pytest.approx(shown)
+
+
+def test_hybrid_sharding_shards_inside_a_node_only(job):
+    """fsdp-hybrid (HSDP) shards the model states over a node's replicas, fsdp-full over all of them."""
+    full = predict_layout(job, Parallelism(tp=2, dp=32, setup="fsdp-full"))
+    hybrid = predict_layout(job, Parallelism(tp=2, dp=32, setup="fsdp-hybrid"))
+    assert hybrid.memory.optimizer_nbytes == pytest.approx(8 * full.memory.optimizer_nbytes, rel=0.01)  # 4 vs 32

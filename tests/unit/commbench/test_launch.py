@@ -143,3 +143,18 @@ def test_a_spawners_job_tag_starts_its_ranks_spawn_id(tmp_path, monkeypatch):
     assert spawn_local("show_spawn_id", 2, {"PYTHONPATH": str(tmp_path)}, timeout_s=60) == 0
     ids = {(tmp_path / f"id{rank}").read_text() for rank in (0, 1)}
     assert len(ids) == 1 and ids.pop().startswith("tagX")
+
+
+def test_a_job_tag_names_files_so_it_is_letters_and_digits_and_each_job_is_its_own(monkeypatch):
+    """Two jobs under one tag get ids of their own (a second shm job under the same tag once found the first's
+    control segment: "File exists"); a tag that could leave /dev/shm is one line."""
+    from commbench.launch import JOB_TAG_VAR, new_job_id
+
+    monkeypatch.setenv(JOB_TAG_VAR, "tagA")
+    first, second = new_job_id(), new_job_id()
+    assert first != second and first.startswith("tagA") and second.startswith("tagA")
+    monkeypatch.setenv(JOB_TAG_VAR, "x/../y")
+    with pytest.raises(LaunchError, match="letters and digits"):
+        new_job_id()
+    proc = commbench("sweep", "--backend", "shm", "--sizes", "1K", env=clean_env(**{JOB_TAG_VAR: "x/../y"}))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "letters and digits" in proc.stderr

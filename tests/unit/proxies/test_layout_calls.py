@@ -73,6 +73,8 @@ def test_torch_reduces_each_column_linears_input_and_its_norms():
     sp = step_bytes(Parallelism(tp=2, dp=2, sequence_parallel=True, microbatches=2), Shape(), 2, style="torch")
     assert sp[("tp", "allreduce")] == (2 * 8 * 2, 2 * 8 * 2 * 64 * 2)
     assert sp[("tp", "allgather")] == ((4 * 8 + 2) * 2, (4 * 8 + 2) * 2 * act)
+    full = layer_calls(Parallelism(tp=2, dp=2), Shape(), 2, "full", style="torch")
+    assert [(c.phase, c.count) for c in full] == [("forward", 2), ("backward", 5 + 2)]  # the recomputed forward's 2
     assert step_bytes(Parallelism(tp=2, dp=2, sequence_parallel=True), Shape(), 2)[("tp", "allreduce")] == \
         (1, 2 * 8 * 64 * 2)  # Megatron-LM: the norms in one call a step
 
