@@ -237,10 +237,11 @@ def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
 
 def _split(par: Parallelism, tensor: TensorSpec) -> int:
     """Over how many ranks of its stage a tensor is split: routed experts over ep x the experts' tp, matrices
-    over tp; norms (one dimension) and an MoE router (`.gate.weight`, not a gate_proj) are whole on each."""
+    over tp; norms and an MoE router (`.gate.weight`, not a gate_proj) are whole on each (by name: a profile may
+    hold a layer's matrices flattened to one dimension)."""
     if "expert" in tensor.name and "shared" not in tensor.name:
         return par.ep * (par.expert_tp or par.tp)
-    if len(tensor.shape) < 2 or tensor.name.endswith((".gate.weight", ".router.weight")):
+    if "norm" in tensor.name or tensor.name.endswith((".gate.weight", ".router.weight")):
         return 1
     return par.tp
 
