@@ -17,9 +17,7 @@ How a step is put together (docs/layouts.md, "Predicting a layout"):
 """
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from commbench.analysis.scaling import comm_us
 from commbench.costmodel import Hardware
@@ -28,8 +26,9 @@ from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import Comm, simulate
 from commbench.proxies.layout_calls import LayerCall, boundary_nbytes, layer_calls
 from commbench.proxies.parallelism import Parallelism
-from commbench.proxies.profile import Profile, TensorSpec, UnitSpec
+from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Compute, Layout, settle
+from commbench.proxies.stage_share import stage_profile
 from commbench.topology import Topology
 
 RESERVED_FRACTION = 0.1  # of a GPU's memory kept free for the allocator, the CUDA context and NCCL's buffers
@@ -204,52 +203,9 @@ def _replica_layout(job: Job, par: Parallelism) -> tuple[int, int]:
     return nodes, len(members) // nodes
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
 def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
-    """The profile cut to what one rank of pipeline stage `stage` holds: its layers' tensors (the embedding on
-    the first stage, the rest outside the layers on the last), each split over the TP ranks and experts' over
-    the EP ranks too (reduced on a group ep times smaller, whose ring moves ep times fewer bytes: counted so)."""
-    profile, pp, v = job.profile, par.pp, par.virtual_stages
-    counts = M.stage_layers(job.shape.layers, pp * v)
-    starts = [sum(counts[:j]) for j in range(pp * v)]
-    mine = {i for c in range(v) for i in range(starts[c * pp + stage], starts[c * pp + stage] + counts[c * pp + stage])}
-    kept: list[TensorSpec] = []
-    for t in profile.tensors:
-        layer = _LAYER.search(t.name)
-        if layer is not None and int(layer.group(1)) in mine or layer is None and _outside_layers_here(t, stage, pp):
-            kept.append(replace(t, shape=(max(1, math.ceil(math.prod(t.shape or (1,)) / _split(par, t))),)))
-    # the stage's backward starts where its first gradient is ready: ready FLOPs and order from there
-    low = min(t.ready_flops for t in kept) if kept else 0.0
-    ranked = sorted(range(len(kept)), key=lambda i: kept[i].ready_index)
-    kept = [replace(t, ready_flops=t.ready_flops - low, ready_index=ranked.index(i)) for i, t in enumerate(kept)]
-    index = {t.name: i for i, t in enumerate(kept)}
-    units = tuple(UnitSpec(u.name, tuple(index[profile.tensors[i].name] for i in u.tensors
-                                         if profile.tensors[i].name in index), u.forward_flops, u.backward_flops)
-                  for u in profile.units)
-    units = tuple(u for u in units if u.tensors)
-    backward = max((t.ready_flops for t in kept), default=0.0)
-    forward = sum(u.forward_flops for u in units) or backward / 2
-    return replace(profile, tensors=tuple(kept), units=units, forward_flops=forward,
-                   backward_flops=max(backward, sum(u.backward_flops for u in units)))
-
-
-def _split(par: Parallelism, tensor: TensorSpec) -> int:
-    """Over how many ranks of its stage a tensor is split: routed experts over ep x the experts' tp, matrices
-    over tp; norms and an MoE router (`.gate.weight`, not a gate_proj) are whole on each (by name: a profile may
-    hold a layer's matrices flattened to one dimension)."""
-    if "expert" in tensor.name and "shared" not in tensor.name:
-        return par.ep * (par.expert_tp or par.tp)
-    if "norm" in tensor.name or tensor.name.endswith((".gate.weight", ".router.weight")):
-        return 1
-    return par.tp
-
-
-def _outside_layers_here(tensor: TensorSpec, stage: int, pp: int) -> bool:
-    """A tensor outside the layers: the embedding on the first stage, the final norm and head on the last."""
-    embedding = "embed" in tensor.name or "wte" in tensor.name
-    return stage == 0 if embedding else stage == pp - 1
+    """The profile cut to what one rank of pipeline stage `stage` holds (proxies/stage_share.py)."""
+    return stage_profile(job.profile, job.shape.layers, par, stage)
 
 
 def _memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
