@@ -31,6 +31,11 @@ class ProxyConfig(RanksConfig):
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
     setup: str = "ddp"  # proxies/setups.py
     knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
+    # proxy --layout: a parallel layout's fields (proxies/parallelism.py Parallelism), replayed by
+    # proxies/replay_layout.py on micro-batches of `microbatch` sequences; None: data parallel alone
+    layout: dict[str, Any] | None = None
+    microbatch: int = 1
+    checkpointing: str = "none"
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
         """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""

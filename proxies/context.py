@@ -58,8 +58,9 @@ class RankContext:
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": self.cfg.header_fields(), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}
+        replicas = self.cfg.layout["dp"] if getattr(self.cfg, "layout", None) else world  # a layout's dp ranks
         self.log = StepLog(self.cfg.json_path, self.backend.rank == 0,
-                           self.batch * world * self.choice.get("accumulate"))
+                           self.batch * replicas * self.choice.get("accumulate"))
         if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered
             from commbench.telemetry import run_monitor
 
@@ -127,8 +128,9 @@ def summary_of(fixed: dict[str, Any], rows: np.ndarray, run_id: str, status: str
     measured = rows[fixed["warmup_steps"]:]
     stats = summarize(measured)
     step = stats["step_us_p50"] or 0.0
+    replicas = (fixed.get("layout") or {}).get("dp") or fixed["world_size"]  # a layout's samples: its dp ranks'
     return ProxyResult(**fixed, steps=len(measured), status=status, error=error, telemetry=telemetry, run_id=run_id,
-                       samples_per_s=fixed["batch"] * fixed["world_size"] * (fixed.get("knobs") or {}).get(
+                       samples_per_s=fixed["batch"] * replicas * (fixed.get("knobs") or {}).get(
                            "accumulate", 1) / (step * 1e-6) if step else None,
                        **{k: v for k, v in stats.items() if not k.startswith("step_us")},
                        step_us_p50=step, step_us_p90=stats["step_us_p90"] or 0.0)

@@ -11,6 +11,7 @@ import click
 
 from commbench.commands.common import UsageFault, check_writable, output_options
 from commbench.commands.emulate import emulate_options
+from commbench.commands.proxy_parallel import layout_replay_options
 from commbench.commands.setup_flags import setup_options
 from commbench.errors import EXIT_OK
 
@@ -21,6 +22,7 @@ Examples:
   commbench proxy bert-base --nprocs 2 --bucket-mb 25 --steps 30 --json p.jsonl
   commbench proxy resnet50 --nprocs 2 --batch 16 --validate       # and real DDP training; error %
   commbench proxy resnet50 --nodes 4 --gpus-per-node 8 --hw dgx-a100 --tflops 100   # predicted (sim)
+  commbench proxy llama-tiny --layout tp2,pp2 -N 4 --tflops 0.01   # a parallel layout on 4 CPU ranks
   torchrun --nnodes 4 --nproc-per-node 8 ... -m commbench proxy resnet50 --tflops 100  # real, 32 ranks
 
 \b
@@ -83,6 +85,7 @@ def _common(fn):
 @click.option("--hw", default=None, metavar="FILE|PRESET",
               help="Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.")
 @click.option("--validate", is_flag=True, help="Also train the real model with the same settings; print the error.")
+@layout_replay_options
 def proxy_command(**options) -> None:
     """Replay the gradient allreduces DDP issues for MODEL, with the backward compute emulated.
 

@@ -76,6 +76,9 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
     if compute == "measured":
         _check_model_available(options["model"], profile, bool(options.get("trust_profile_code")))
     plan = _plan(options)
+    from commbench.commands.proxy_parallel import layout_fields
+
+    layout = layout_fields(options, profile, compute, plan.world, plan.ranks_per_node)
     _check_compute_time(profile, options, compute, plan)
     _check_ranks(options, plan)
     if plan.mode == "local" and not options["compute"] and not options["tflops"]:
@@ -102,7 +105,7 @@ def make_config(options: dict) -> tuple[ProxyConfig, job.Plan]:
                       monitor=bool(options.get("monitor")),
                       trust_profile_code=bool(options.get("trust_profile_code")), setup=choice.name,
                       knobs={k: v for k, v in given_knobs(options).items() if k != "bucket_mb"})
-    return cfg, plan
+    return replace(cfg, **layout), plan
 
 
 def _check_setup_flags(options: dict) -> str:

@@ -1,0 +1,68 @@
+"""`proxy MODEL --layout SPEC`: the options that replay a parallel layout on real ranks
+(proxies/replay_layout.py), checked before any rank starts. The spelling is predict-scaling's
+(commands/predict_layouts.py); proxy takes one layout, and the micro-batches a step runs."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+
+from commbench.commands.common import UsageFault
+
+
+def layout_replay_options(fn):
+    """--layout and the pipeline's schedule, micro-batches and activation checkpointing beside it."""
+    options = [
+        click.option("--layout", "layout", default=None, metavar="SPEC",
+                     help="Replay a parallel layout (a transformer profile; --backend torch): tp2,dp2; tp2sp,dp2 "
+                          "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
+                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. Compute from FLOPs at --tflops."),
+        click.option("--microbatch", type=int, default=1, show_default=True,
+                     help="With --layout: sequences per micro-batch."),
+        click.option("--microbatches", type=int, default=None,
+                     help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
+        click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
+                     show_default=True, help="With --layout: the pipeline schedule."),
+        click.option("--virtual-stages", type=int, default=1, show_default=True,
+                     help="With --layout: model chunks per pipeline rank (interleaved 1F1B)."),
+        click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default="none",
+                     show_default=True, help="With --layout: activation checkpointing (full replays the forward's "
+                                             "calls in the backward)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_node: int) -> dict:
+    """The ProxyConfig fields of `--layout` ({} without it); a layout that cannot run here is one line."""
+    from commbench.proxies.parallelism import LayoutError, parse_layout
+
+    text = options.get("layout")
+    if text is None:
+        return {}
+    shape = profile.transformer
+    refusals = [(shape is None, f"--layout needs a transformer's shape, and profile {profile.name} has none "
+                                "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
+                (options.get("backend") != "torch", "--layout replays on --backend torch (gloo or NCCL groups)"),
+                (compute == "measured", "--layout emulates the compute from the shape's FLOPs: give --tflops RATE "
+                                        "or --compute none"),
+                (bool(options.get("validate")), "--validate compares with DDP training, not with a --layout"),
+                (options.get("batch") is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
+                                                   "--microbatches, not --batch")]
+    for refused, line in refusals:
+        if refused:
+            raise UsageFault(line)
+    for flag in ("microbatch", "microbatches", "virtual_stages"):
+        if options.get(flag) is not None and options[flag] < 1:
+            raise UsageFault(f"--{flag.replace('_', '-')} {options[flag]}: must be at least 1")
+    try:
+        par = parse_layout(text, options.get("setup") or "ddp", world, pp_schedule=options["pp_schedule"],
+                           virtual_stages=options["virtual_stages"])
+        microbatches = options.get("microbatches") or (2 * par.pp if par.pp > 1 else 1)
+        par = replace(par, microbatches=microbatches)
+        par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
+    except LayoutError as exc:
+        raise UsageFault(str(exc)) from exc
+    return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": options["microbatch"],
+            "checkpointing": options["checkpointing"], "setup": par.setup}

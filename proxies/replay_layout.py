@@ -1,0 +1,311 @@
+"""Replay a parallel layout's communication on real ranks (torch.distributed), with the compute emulated.
+
+`commbench proxy MODEL --layout tp2,dp2 -N 4` runs this on each rank. Every rank makes the process groups of
+every dimension (tp, cp, ep and the data-parallel replicas, dp x cp: every group, in one order on all ranks,
+as torch.distributed.new_group needs). Each step, a rank runs its pipeline stage's passes in the schedule's
+order (proxies/pipeline.py):
+- a forward pass of a model chunk receives the activation from the previous virtual stage, runs each layer
+  (its FLOPs at --tflops, waited for as a GPU's kernels: proxies/clocks.py) with the layer's calls
+  (proxies/layout_calls.py: TP allreduces, or SP all-gathers and reduce-scatters, on the tp group; CP ring
+  steps on the cp group, each overlapped with its share of the attention; EP all-to-alls on the ep group in
+  MoE layers) on zero buffers of the calls' sizes, then sends the activation on;
+- a backward pass mirrors it: the gradient from the next virtual stage, the layers in reverse with their
+  backward calls, the gradient sent back.
+Pipeline sends are asynchronous (isend, waited for at the step's end) and each receive names its pass by tag,
+so no two neighbours wait on each other: a receive's send is always issued, as the schedule's order is the
+order proxies/pipeline.py proves free of cycles. Ranks of one stage run the same program, so the collectives
+of tp, cp, ep and the replicas (all inside a stage) are issued in one order on every member.
+
+After the last pass the data-parallel setup runs on the replicas: the setups table's plan (proxies/setups.py)
+for the stage's share of the model (proxies/stage_share.py, as analysis/predict_layout.py cuts it), its calls
+issued at once and waited for: not overlapped with the last backward, as a real job overlaps them.
+
+A step's figures: compute (the emulated compute), comm = exposed (the time the rank waited for calls and for
+its pipeline neighbours: the bubble included; ring steps count only what outlasts their attention) and other
+(the rest), step = compute + exposed + other, as the data-parallel proxy's (proxies/steps.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from itertools import zip_longest
+
+from commbench.launch import peer_wait_s
+from commbench.proxies.clocks import SleepClock
+from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls
+from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.pipeline import Pass, order
+from commbench.proxies.setup_steps import Compute, Layout
+from commbench.proxies.setups import settle
+from commbench.proxies.stage_share import stage_layer_ranges, stage_profile
+
+GROUP_DIMS = ("tp", "cp", "ep", "replicas")  # replicas: the dp x cp ranks holding the same weights
+
+
+def replica_ranks(par: Parallelism, rank: int) -> tuple[int, ...]:
+    """The ranks holding `rank`'s weights: its dp x cp group (same tp and pp position)."""
+    return tuple(sorted({r for c in par.group(rank, "cp") for r in par.group(c, "dp")}))
+
+
+def make_groups(par: Parallelism, rank: int) -> dict[str, object]:
+    """This rank's process group of each dimension with more than one rank; every rank creates every group
+    in the same order (new_group is collective over the world)."""
+    import torch.distributed as dist
+
+    mine: dict[str, object] = {}
+    for dim in GROUP_DIMS:
+        seen: list[tuple[int, ...]] = []
+        for r in range(par.world):
+            members = replica_ranks(par, r) if dim == "replicas" else par.group(r, dim)
+            if len(members) > 1 and members not in seen:
+                seen.append(members)
+        for members in seen:
+            group = dist.new_group(list(members))
+            if rank in members:
+                mine[dim] = group
+    return mine
+
+
+@dataclass
+class StepFigures:
+    compute_us: float = 0.0
+    exposed_us: float = 0.0
+    step_us: float = 0.0
+    by_dim_us: dict[str, float] = field(default_factory=dict)  # the wait per dimension (pp: the bubble's too)
+
+    @property
+    def other_us(self) -> float:
+        return max(0.0, self.step_us - self.compute_us - self.exposed_us)
+
+
+class LayoutReplay:
+    """One rank's step of a layout: `rate` is FLOP per microsecond (0: no compute)."""
+
+    def __init__(self, par: Parallelism, shape, profile, rank: int, microbatch: int, checkpointing: str = "none",
+                 rate: float = 0.0, limit_s: float = math.inf, groups: dict | None = None):
+        import torch
+
+        self.par, self.shape, self.rank, self.microbatch = par, shape, rank, microbatch
+        self.checkpointing, self.rate = checkpointing, rate
+        self.coords = par.coords(rank)
+        self.stage = self.coords["pp"]
+        self.chunks = stage_layer_ranges(shape.layers, par, self.stage)
+        self.dtype = getattr(torch, DTYPES.get(shape.dtype_bytes, "float16"))
+        self.groups = make_groups(par, rank) if groups is None else groups
+        self.calls = {moe: _ordered(layer_calls(par, shape, microbatch, checkpointing, moe)) for moe in (False, True)}
+        self.boundary_nbytes = boundary_nbytes(par, shape, microbatch)
+        self.clock = SleepClock(limit_s)
+        self.buffers: dict[tuple, object] = {}
+        self.figures = StepFigures()
+        self.dp_plan = self._data_parallel_plan(profile)
+
+    # ------------------------------------------------------------ the step
+
+    def step(self) -> StepFigures:
+        self.figures = StepFigures()
+        started = time.perf_counter()
+        sends: list = []
+        for p in order(self.par.pp_schedule, self.par.pp, self.stage, self.par.microbatches,
+                       self.par.virtual_stages):
+            self._pass(p, sends)
+        self._wait("pp", sends)
+        self._data_parallel()
+        self.figures.step_us = (time.perf_counter() - started) * 1e6
+        return self.figures
+
+    def _pass(self, p: Pass, sends: list) -> None:
+        par, stages = self.par, self.par.pp * self.par.virtual_stages
+        j = p.chunk * par.pp + self.stage
+        forward = p.kind == "F"
+        source, target = (j - 1, j + 1) if forward else (j + 1, j - 1)
+        if 0 <= source < stages:
+            self._wait("pp", [self._p2p("recv", source, p)])
+        layers = self.chunks[p.chunk]
+        for index in (layers if forward else reversed(layers)):
+            self._layer(index, forward)
+        if j == stages - 1:  # the head: the last virtual stage's
+            head = self.shape.head_forward_flops() * self._tokens() / par.tp
+            self._compute(head if forward else 2 * head)
+        if 0 <= target < stages:
+            sends.append(self._p2p("send", target, p))
+
+    def _layer(self, index: int, forward: bool) -> None:
+        """One layer's compute with its calls: ring steps beside their share of the attention, then the rest of
+        the compute in equal slices, each followed by one of the exposed calls (a matrix product, then its
+        collective)."""
+        shape, tokens = self.shape, self._tokens() / self.par.tp
+        flops = shape.layer_forward_flops(index) * tokens
+        attention = shape.attention_score_flops() * tokens
+        recompute = {"none": 0.0, "selective": attention, "full": flops}[self.checkpointing]
+        total = flops if forward else 2 * flops + recompute
+        phase = "forward" if forward else "backward"
+        calls = [c for c in self.calls[shape.is_moe_layer(index)] if c.phase == phase]
+        ring = [c for c in calls if c.dim == "cp"]
+        exposed = [c for c in calls if c.dim != "cp"]
+        overlapped = min(total, attention * (1 if forward else 2)) if ring else 0.0
+        for call in ring:
+            self._ring_step(call, overlapped / len(ring))
+        rest = total - overlapped
+        for call in exposed:
+            self._compute(rest / len(exposed))
+            self._collective(call)
+        if not exposed:
+            self._compute(rest)
+
+    def _tokens(self) -> float:
+        return self.microbatch * self.shape.seq_len / self.par.cp
+
+    # ------------------------------------------------------------ compute and calls
+
+    def _compute(self, flops: float) -> None:
+        if self.rate <= 0 or flops <= 0:
+            return
+        us = flops / self.rate
+        self.clock.rebase(0.0)
+        self.clock.compute_until(us)
+        self.figures.compute_us += us
+
+    def _wait(self, dim: str, works: list) -> None:
+        started = time.perf_counter()
+        for work in works:
+            work.wait()
+        waited = (time.perf_counter() - started) * 1e6
+        self.figures.exposed_us += waited
+        self.figures.by_dim_us[dim] = self.figures.by_dim_us.get(dim, 0.0) + waited
+        works.clear()
+
+    def _buffer(self, count: int, role: str, dtype=None):
+        import torch
+
+        key = (count, role, dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.zeros(max(count, 0), dtype=dtype or self.dtype)
+        return self.buffers[key]
+
+    def _collective(self, call: LayerCall) -> None:
+        import torch.distributed as dist
+
+        group = self.groups[call.dim]
+        size = dist.get_world_size(group)
+        count = call.nbytes // self.dtype.itemsize // size * size
+        full = self._buffer(count, "full")
+        if call.collective == "allreduce":
+            work = dist.all_reduce(full, group=group, async_op=True)
+        elif call.collective == "allgather":
+            work = dist.all_gather_single(full, self._buffer(count // size, "shard"), group=group, async_op=True)
+        elif call.collective == "reduce_scatter":
+            work = dist.reduce_scatter_single(self._buffer(count // size, "shard"), full, group=group, async_op=True)
+        else:  # alltoall: the whole send buffer, count / size to each member
+            work = dist.all_to_all_single(self._buffer(count, "received"), full, group=group, async_op=True)
+        self._wait(call.dim, [work])
+
+    def _ring_step(self, call: LayerCall, attention_flops: float) -> None:
+        """One ring-attention step: this rank's K/V block to the next CP rank while the previous one's arrives,
+        beside the attention on the block in hand."""
+        import torch.distributed as dist
+
+        members = self.par.group(self.rank, "cp")
+        at = members.index(self.rank)
+        count = call.nbytes // self.dtype.itemsize
+        group = self.groups["cp"]
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, self._buffer(count, "ring send"), members[(at + 1) % len(members)], group),
+            dist.P2POp(dist.irecv, self._buffer(count, "ring recv"), members[at - 1], group)])
+        self._compute(attention_flops)
+        self._wait("cp", works)
+
+    def _p2p(self, kind: str, virtual_stage: int, p: Pass):
+        """The isend or irecv of pass `p`'s activation (forward) or gradient (backward) with the rank of
+        `virtual_stage` at this rank's dp, cp and tp position; the tag names the pass, so that a receive
+        matches its own send whatever else is in flight."""
+        import torch.distributed as dist
+
+        peer = self.par.rank_of({**self.coords, "pp": virtual_stage % self.par.pp})
+        stages = self.par.pp * self.par.virtual_stages
+        sender = min(virtual_stage, p.chunk * self.par.pp + self.stage) if p.kind == "F" else \
+            max(virtual_stage, p.chunk * self.par.pp + self.stage)
+        tag = ((p.kind == "B") * self.par.microbatches + p.microbatch) * stages + sender
+        buffer = self._buffer(self.boundary_nbytes // self.dtype.itemsize, kind)
+        return (dist.isend if kind == "send" else dist.irecv)(buffer, peer, tag=tag)
+
+    # ------------------------------------------------------------ data parallel
+
+    def _data_parallel_plan(self, profile):
+        """The setup's plan for this stage's share of the model over the replicas (None: no replicas)."""
+        par = self.par
+        replicas = par.dp * par.cp
+        if replicas == 1 or profile is None:
+            return None
+        share = stage_profile(profile, self.shape.layers, par, self.stage)
+        accumulate = par.microbatches if par.pp == 1 and par.microbatches > 1 else 1
+        choice = settle(par.setup, {"accumulate": accumulate} if accumulate > 1 else {})
+        return choice.plan(share, Compute(1.0, 2.0), Layout(1, replicas, "cpu"))
+
+    def _data_parallel(self) -> None:
+        """The plan's calls on the replicas, issued at once and waited for (one node: its node and world
+        groups are the replicas; its cross-node group is this rank alone, so those calls are left out)."""
+        if self.dp_plan is None:
+            return
+        import torch
+        import torch.distributed as dist
+
+        group, size = self.groups["replicas"], self.par.dp * self.par.cp
+        works = []
+        for comm in self.dp_plan.comms:
+            if comm.group == "cross":
+                continue
+            dtype = getattr(torch, comm.dtype)
+            count = comm.nbytes // dtype.itemsize // size * size
+            full, shard = self._buffer(count, "dp full", dtype), self._buffer(count // size, "dp shard", dtype)
+            if comm.collective == "allreduce":
+                works.append(dist.all_reduce(full, group=group, async_op=True))
+            elif comm.collective == "allgather":
+                works.append(dist.all_gather_single(full, shard, group=group, async_op=True))
+            else:
+                works.append(dist.reduce_scatter_single(shard, full, group=group, async_op=True))
+        self._wait("dp", works)
+
+
+def replay_layout_steps(ctx) -> None:
+    """The `proxy --layout` body on one rank (proxies/context.py's RankContext): the header, then each step's
+    record."""
+    import torch
+
+    cfg, backend = ctx.cfg, ctx.backend
+    par = Parallelism(**cfg.layout)
+    shape = ctx.profile.transformer
+    torch.set_num_threads(1)  # the compute is emulated: the ranks' cores are the communication's
+    rate = cfg.tflops * 1e6 if cfg.compute == "flops" and cfg.tflops else 0.0
+    replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, cfg.checkpointing, rate,
+                          peer_wait_s(cfg.timeout_s))
+    backend.barrier()
+    label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else "none"
+    per_step = "; ".join(f"{dim} {c.collective} x{c.count} {c.phase} of {c.nbytes:,d} B"
+                         for dim in ("tp", "cp", "ep") for c in layer_calls(par, shape, cfg.microbatch,
+                                                                            cfg.checkpointing, shape.moe)
+                         if c.dim == dim)
+    ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
+    ctx.start(label, [f"layout {par.name} on {par.world} ranks: stage {replay.stage} of {par.pp} here, "
+                      f"{par.microbatches} micro-batch(es) of {cfg.microbatch} sequence(s) of {shape.seq_len} tokens, "
+                      f"{cfg.checkpointing} activation checkpointing; per layer and micro-batch: "
+                      f"{per_step or 'no calls'}" + (f"; pipeline {par.pp_schedule}" + (
+                          f" with {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "") +
+                          f", sends of {replay.boundary_nbytes:,d} B" if par.pp > 1 else ""),
+                      "compute emulated (" + label + "); step = compute + exposed + other: exposed is the time the "
+                      "rank waited for its calls and its pipeline neighbours (comm = exposed); the data-parallel "
+                      f"setup {par.setup} runs after the last pass, not overlapped"], {"layout": par.to_dict()})
+    ctx.fixed["layout"] = par.to_dict()
+    backend.barrier()
+    for index in range(cfg.warmup_steps + cfg.steps):
+        figures = replay.step()
+        ctx.record(index, {"compute_us": figures.compute_us, "comm_us": figures.exposed_us,
+                           "exposed_comm_us": figures.exposed_us, "step_us": figures.step_us,
+                           "other_us": figures.other_us},
+                   {"layout": par.name, "exposed_by_dim_us": dict(figures.by_dim_us)})
+
+
+def _ordered(calls: list[LayerCall]) -> list[LayerCall]:
+    """Each call repeated by its count, kinds taken in turn (an all-gather, then its reduce-scatter)."""
+    runs = [[c] * c.count for c in calls]
+    return [c for turn in zip_longest(*runs) for c in turn if c is not None]
