@@ -167,6 +167,8 @@ class LayoutReplay:
         self.figures.compute_us += us
 
     def _wait(self, dim: str, works: list) -> None:
+        if not works:
+            return
         started = time.perf_counter()
         for work in works:
             work.wait()

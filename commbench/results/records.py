@@ -198,6 +198,8 @@ class StepRecord(Record):
     # a replay: rank 0's compute as it ran, [progress, wall] from the step's start (two marks of one progress where
     # it waited for a call); the compute's phases on the wall clock the calls are timed by (report's timeline)
     compute_marks_us: list[list[float]] | None = None
+    layout: str | None = None  # proxy --layout: the parallel layout's name (tp2,ddp2)
+    exposed_by_dim_us: dict[str, float] | None = None  # proxy --layout: rank 0's wait per dimension (pp: its bubble)
 
 
 @dataclass(frozen=True)
