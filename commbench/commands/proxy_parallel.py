@@ -44,7 +44,8 @@ def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_no
     shape = profile.transformer
     refusals = [(shape is None, f"--layout needs a transformer's shape, and profile {profile.name} has none "
                                 "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
-                (options.get("backend") != "torch", "--layout replays on --backend torch (gloo or NCCL groups)"),
+                (not _makes_torch_calls(options.get("backend")),
+                 "--layout replays on --backend torch (gloo or NCCL groups)"),
                 (compute == "measured", "--layout emulates the compute from the shape's FLOPs: give --tflops RATE "
                                         "or --compute none"),
                 (bool(options.get("validate")), "--validate compares with DDP training, not with a --layout"),
@@ -66,3 +67,14 @@ def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_no
         raise UsageFault(str(exc)) from exc
     return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": options["microbatch"],
             "checkpointing": options["checkpointing"], "setup": par.setup}
+
+
+def _makes_torch_calls(backend: str | None) -> bool:
+    """The backend issues torch.distributed's calls on groups of ranks (what the replay runs on)."""
+    from commbench.backends import BackendError, backend_class
+
+    try:
+        cls = backend_class(backend or "torch")
+    except BackendError:
+        return False
+    return cls.makes_ddp_calls and cls.runs_rank_groups
