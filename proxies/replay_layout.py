@@ -295,8 +295,8 @@ def replay_layout_steps(ctx) -> None:
                           f" with {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "") +
                           f", sends of {replay.boundary_nbytes:,d} B" if par.pp > 1 else ""),
                       "compute emulated (" + label + "); step = compute + exposed + other: exposed is the time the "
-                      "rank waited for its calls and its pipeline neighbours (comm = exposed); the data-parallel "
-                      f"setup {par.setup} runs after the last pass, not overlapped"], {"layout": par.to_dict()})
+                      "rank waited for its calls and its pipeline neighbours (comm = exposed); " + _dp_text(replay)],
+              {"layout": par.to_dict()})
     ctx.fixed["layout"] = par.to_dict()
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
@@ -305,6 +305,15 @@ def replay_layout_steps(ctx) -> None:
                            "exposed_comm_us": figures.exposed_us, "step_us": figures.step_us,
                            "other_us": figures.other_us},
                    {"layout": par.name, "exposed_by_dim_us": dict(figures.by_dim_us)})
+
+
+def _dp_text(replay: LayoutReplay) -> str:
+    par, plan = replay.par, replay.dp_plan
+    if plan is None:
+        return "no data-parallel replicas"
+    by = ", ".join(f"{n} {c} ({b / 2**20:.2f} MiB)" for (c, g), (n, b) in plan.bytes_by().items() if g != "cross")
+    return (f"data parallel: setup {par.setup} on dp x cp = {par.dp * par.cp} ranks, {by or 'no calls'} of this "
+            "stage's share, after the last pass (not overlapped)")
 
 
 def _ordered(calls: list[LayerCall]) -> list[LayerCall]:
