@@ -131,9 +131,8 @@ def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "n
     for kind, count in (("dense", layers - moe), ("moe", moe)):
         for call in layer_calls(par, shape, microbatch, checkpointing, moe=kind == "moe", style=style):
             add((call.dim, call.collective), call.count * count * par.microbatches, call.nbytes)
-    if par.tp > 1 and par.sequence_parallel:
-        for key, calls, nbytes in _sp_step_calls(par, shape, microbatch, stage, layers, style):
-            add(key, calls, nbytes)
+    for key, calls, nbytes in outside_layer_calls(par, shape, microbatch, stage, style):
+        add(key, calls, nbytes)
     stages = par.pp * par.virtual_stages
     for chunk in range(par.virtual_stages if par.pp > 1 else 0):
         j = chunk * par.pp + stage
@@ -141,6 +140,15 @@ def step_bytes(par: Parallelism, shape, microbatch: int, checkpointing: str = "n
         if sends:
             add(("pp", "send"), sends * par.microbatches, boundary_nbytes(par, shape, microbatch))
     return out
+
+
+def outside_layer_calls(par: Parallelism, shape, microbatch: int, stage: int = 0,
+                        style: str = "megatron") -> list[tuple[tuple[str, str], int, int]]:
+    """The calls a step of pipeline stage `stage` issues outside its layers, as ((dimension, collective), calls,
+    bytes each): sequence parallelism's (below); none otherwise."""
+    if par.tp > 1 and par.sequence_parallel:
+        return _sp_step_calls(par, shape, microbatch, stage, shape.layers // par.pp, style)
+    return []
 
 
 def _sp_step_calls(par: Parallelism, shape, microbatch: int, stage: int, layers: int, style: str) -> list:

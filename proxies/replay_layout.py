@@ -8,7 +8,7 @@ order (proxies/pipeline.py):
   (its FLOPs at --tflops, waited for as a GPU's kernels: proxies/clocks.py) with the layer's calls
   (proxies/layout_calls.py: TP allreduces, or SP all-gathers and reduce-scatters, on the tp group; CP ring
   steps on the cp group, each overlapped with its share of the attention; EP all-to-alls on the ep group in
-  MoE layers) on zero buffers of the calls' sizes, then sends the activation on;
+  MoE layers, the token counts' first) on zero buffers of the calls' sizes, then sends the activation on;
 - a backward pass mirrors it: the gradient from the next virtual stage, the layers in reverse with their
   backward calls, the gradient sent back.
 Pipeline sends are asynchronous (isend, waited for at the step's end) and each receive names its pass by tag,
@@ -19,6 +19,8 @@ of tp, cp, ep and the replicas (all inside a stage) are issued in one order on e
 After the last pass the data-parallel setup runs on the replicas: the setups table's plan (proxies/setups.py)
 for the stage's share of the model (proxies/stage_share.py, as analysis/predict_layout.py cuts it), its calls
 issued at once and waited for: not overlapped with the last backward, as a real job overlaps them.
+Then the calls outside the layers (`layout_calls.outside_layer_calls`: sequence parallelism's norm gradients,
+reduced once a step on the tp group, as Megatron-LM's finalize_model_grads does).
 
 A step's figures: compute (the emulated compute), comm = exposed (the time the rank waited for calls and for
 its pipeline neighbours: the bubble included; ring steps count only what outlasts their attention) and other
@@ -33,7 +35,7 @@ from itertools import zip_longest
 
 from commbench.launch import peer_wait_s
 from commbench.proxies.clocks import SleepClock
-from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls
+from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.pipeline import Pass, order
 from commbench.proxies.setup_steps import Compute, Layout
@@ -95,6 +97,7 @@ class LayoutReplay:
         self.groups = make_groups(par, rank) if groups is None else groups
         self.calls = {moe: _ordered(layer_calls(par, shape, microbatch, checkpointing, moe)) for moe in (False, True)}
         self.boundary_nbytes = boundary_nbytes(par, shape, microbatch)
+        self.step_calls = outside_layer_calls(par, shape, microbatch, self.stage)
         self.clock = SleepClock(limit_s)
         self.buffers: dict[tuple, object] = {}
         self.figures = StepFigures()
@@ -111,6 +114,10 @@ class LayoutReplay:
             self._pass(p, sends)
         self._wait("pp", sends)
         self._data_parallel()
+        for (dim, collective), calls, nbytes in self.step_calls:  # after the gradients' reduction, as Megatron-LM's
+            for _ in range(calls):                                  # finalize_model_grads reduces the SP norms'
+                self._collective(LayerCall(dim, collective, nbytes, str(self.dtype).replace("torch.", ""), "step",
+                                           1, "", "outside the layers"))
         self.figures.step_us = (time.perf_counter() - started) * 1e6
         return self.figures
 
@@ -186,20 +193,22 @@ class LayoutReplay:
         return self.buffers[key]
 
     def _collective(self, call: LayerCall) -> None:
+        import torch
         import torch.distributed as dist
 
         group = self.groups[call.dim]
         size = dist.get_world_size(group)
-        count = call.nbytes // self.dtype.itemsize // size * size
-        full = self._buffer(count, "full")
+        dtype = getattr(torch, call.dtype)  # the activations', or int64 (an all-to-all of token counts)
+        count = call.nbytes // dtype.itemsize // size * size
+        full, shard = self._buffer(count, "full", dtype), self._buffer(count // size, "shard", dtype)
         if call.collective == "allreduce":
             work = dist.all_reduce(full, group=group, async_op=True)
         elif call.collective == "allgather":
-            work = dist.all_gather_single(full, self._buffer(count // size, "shard"), group=group, async_op=True)
+            work = dist.all_gather_single(full, shard, group=group, async_op=True)
         elif call.collective == "reduce_scatter":
-            work = dist.reduce_scatter_single(self._buffer(count // size, "shard"), full, group=group, async_op=True)
+            work = dist.reduce_scatter_single(shard, full, group=group, async_op=True)
         else:  # alltoall: the whole send buffer, count / size to each member
-            work = dist.all_to_all_single(self._buffer(count, "received"), full, group=group, async_op=True)
+            work = dist.all_to_all_single(self._buffer(count, "received", dtype), full, group=group, async_op=True)
         self._wait(call.dim, [work])
 
     def _ring_step(self, call: LayerCall, attention_flops: float) -> None:

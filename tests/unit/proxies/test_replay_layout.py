@@ -30,6 +30,7 @@ CASES = {  # name: (layout, schedule, MoE shape)
     "cp2 dp2 full checkpointing": ("cp2,dp2", {}, False),
     "ep2 dp4": ("ep2,dp4", {"microbatches": 2}, True),  # experts over 2 of the 4 data-parallel ranks
     "tp2 ep2 dp2": ("tp2,ep2,dp2", {}, True),
+    "tp2sp ep4 etp1 dp2": ("tp2sp,ep4,etp1,dp2", {}, True),  # experts without TP: EP spans the TP ranks
 }
 CHECKPOINTING = {"cp2 dp2 full checkpointing": "full"}
 MICROBATCH = 2
