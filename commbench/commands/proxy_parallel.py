@@ -37,6 +37,7 @@ def layout_replay_options(fn):
 def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_node: int) -> dict:
     """The ProxyConfig fields of `--layout` ({} without it); a layout that cannot run here is one line."""
     from commbench.proxies.parallelism import LayoutError, parse_layout
+    from commbench.proxies.setups import SetupError, settle
 
     text = options.get("layout")
     if text is None:
@@ -63,7 +64,8 @@ def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_no
         microbatches = options.get("microbatches") or (2 * par.pp if par.pp > 1 else 1)
         par = replace(par, microbatches=microbatches)
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
-    except LayoutError as exc:
+        settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
+    except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
     return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": options["microbatch"],
             "checkpointing": options["checkpointing"], "setup": par.setup}

@@ -29,12 +29,13 @@ def test_a_layout_replays_end_to_end_with_records(tmp_path):
     (["--layout", "tp3,dp2", "--tflops", "1"], "tp3,ddp2: tp x pp x cp x dp = 3 x 1 x 1 x 2 = 6 GPUs, not 4"),
     (["--layout", "ep2,dp4", "--tflops", "1"], "ep 2 on a model without experts"),
     (["--layout", "pp4,dp1", "--tflops", "1", "--pp-schedule", "interleaved", "--virtual-stages", "2"],
-     "does not divide the model's 4 layers"),
+     "8 pipeline stages for the model's 4 layers"),
     (["--layout", "tp2,dp2"], "--layout emulates the compute from the shape's FLOPs"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--batch", "4"], "give --microbatch"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--microbatches", "0"], "--microbatches 0: must be at least 1"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--backend", "shm"], "--layout replays on --backend torch"),
     (["--layout", "tp2,bogus", "--tflops", "1"], "layout part 'bogus'"),
+    (["--layout", "tp2,bogus:2", "--tflops", "1"], "unknown setup 'bogus'"),
 ])
 def test_a_layout_that_cannot_run_is_one_line_and_exit_2(extra, message):
     run = commbench("proxy", "llama-tiny", "-N", "4", *extra, timeout=120)
