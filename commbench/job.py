@@ -49,7 +49,7 @@ from commbench.launch import (
     LaunchInfo,
     detect_launcher,
     from_environment,
-    job_tag,
+    new_job_id,
     remove_segments,
     spawn_local,
     stop_margin_s,
@@ -112,7 +112,7 @@ def find_job(launcher_option: str = "auto",
     environment raises launch.LaunchError (one line for the user)."""
     env = os.environ if env is None else env
     if env is os.environ:
-        job_tag()  # a tag that cannot name a file in /dev/shm: one line before anything starts
+        new_job_id()  # a job tag that cannot name a file in /dev/shm: one line before anything starts
     launcher = launcher_of(launcher_option, env)
     if launcher in (None, "spawn") and SPAWN_VAR not in env:
         return launcher, None

@@ -10,6 +10,7 @@ timeout less a stop margin (`peer_wait_s`); the margin is the supervisor's, to s
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,8 +28,7 @@ from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
 EXIT_DIR_VAR = "COMMBENCH_EXIT_DIR"  # where each rank of an emulated run leaves its exit code
-JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # names a job's shared memory when no spawn id does (an emulated cluster);
-# a spawner's own tag starts its ranks' spawn id, so every segment of a job started under a tag begins cb_<tag>
+JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # starts every job id, so the segments of jobs under a tag begin cb_<tag>
 WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 DEFAULT_PORT = 29500
@@ -217,32 +217,21 @@ def segment_prefix(job: str) -> str:
     return f"cb_{job}_"
 
 
-def job_tag() -> str:
-    """$COMMBENCH_JOB_TAG, which starts the name of every shared-memory segment of a job started under it ("" when
-    unset): letters and digits only, as it becomes part of a file name in /dev/shm."""
+def new_job_id() -> str:
+    """A job's id, unique on this host, after $COMMBENCH_JOB_TAG (letters and digits: it names files in /dev/shm)."""
     tag = os.environ.get(JOB_TAG_VAR, "")
     if not re.fullmatch(r"[A-Za-z0-9]{0,32}", tag):
-        raise LaunchError(f"{JOB_TAG_VAR}={tag!r}: a job tag is at most 32 letters and digits (it names files in "
-                          f"{SHM_DIR})")
-    return tag
-
-
-def new_job_id() -> str:
-    """A job's id, unique on this host, under its job tag: what its shared-memory segments are named after."""
-    return job_tag() + uuid.uuid4().hex[:12]
+        raise LaunchError(f"{JOB_TAG_VAR}={tag!r}: a job tag is at most 32 letters and digits (names in {SHM_DIR})")
+    return tag + uuid.uuid4().hex[:12]
 
 
 def remove_segments(job: str, tagged: bool = False) -> int:
-    """Unlink every shared-memory segment of job `job` (what a killed rank left behind); `tagged`: of every job
-    whose id starts with the tag `job` (an emulated cluster's runs)."""
+    """Unlink the segments of job `job` (a killed rank leaves them), or, `tagged`, of every job under tag `job`."""
     removed, prefix = 0, f"cb_{job}" if tagged else segment_prefix(job)
-    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed += 1
-            except FileNotFoundError:
-                pass
+    for name in (n for n in (os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ()) if n.startswith(prefix)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed += 1
     return removed
 
 
