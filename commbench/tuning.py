@@ -25,6 +25,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from commbench.files import NotJson, parse_json
+
 FORMAT = "commbench-tuning/1"
 RULE = "rule"  # what a record says when the built-in rule chose
 PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "tuning")
@@ -78,9 +80,9 @@ def _int_or_none(value: Any, what: str) -> int | None:
 def parse(text: str, where: str) -> TuningTable:
     """A table from its JSON text; TuningError (one line naming `where`) if it is not one."""
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise TuningError(f"{where}: not JSON ({exc})") from None
+        data = parse_json(text)  # nesting too deep, a huge integer: one line too
+    except NotJson as exc:
+        raise TuningError(f"{where}: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TuningError(f"{where}: not a tuning file (its \"format\" is not {FORMAT!r}; commbench tune writes one)")
     try:

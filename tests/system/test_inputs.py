@@ -14,6 +14,7 @@ import pytest
 from commbench import algorithms as A
 from commbench import costmodel as M
 from commbench.cli import main
+from commbench.collectives import COLLECTIVES
 from commbench.commands.common import check_writable
 from commbench.results import OutputError, RecordError, Result, ResultSink, read_records
 from commbench.topology import Link, Topology
@@ -91,7 +92,7 @@ RESULT_CASES = {
     "negative time": (_set("time_us", -3.0), "result record: time_us cannot be negative (-3.0)"),
     "wrong string": (_set("wrong", "0"), 'result record: wrong must be a whole number or null, not the string "0"'),
     "unknown collective": (_set("collective", "allfoo"), "result record: unknown collective 'allfoo'; known: "
-                           "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, sendrecv"),
+                           + ", ".join(COLLECTIVES)),
     "unknown dtype": (_set("dtype", "float8"), "result record: unknown dtype 'float8'; known: float32, float16, "
                       "bfloat16, float64, int32, int8, uint8, int64"),
     "root outside": (_set("root", 9), "result record: root 9 is not a rank of 2"),

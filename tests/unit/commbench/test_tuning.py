@@ -79,3 +79,13 @@ def test_winners_compare_within_each_round():
               {"a": {1024: 20.0, 4096: 60.0}, "b": {1024: 24.0, 4096: 40.0}}]
     won = winners(rounds)
     assert won[1024][0] == "a" and won[4096][0] == "b" and won[4096][1]["a"] == pytest.approx(1.5)
+
+
+def test_a_tuning_file_nested_too_deep_is_one_line(tmp_path):
+    """A hostile file (deeper than the JSON reader follows) is a TuningError, not a RecursionError."""
+    from commbench import tuning
+
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(tuning.TuningError, match="nested deeper"):
+        tuning.load(str(path))
