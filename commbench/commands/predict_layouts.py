@@ -13,23 +13,33 @@ LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtua
 GB = 1e9  # as GPU vendors state memory
 
 
+def schedule_options(checkpointing: str) -> list:
+    """What a layout's step runs beside its degrees, spelled alike on predict-scaling and proxy: the micro-batch,
+    the pipeline's schedule and virtual stages, activation checkpointing (default `checkpointing`)."""
+    return [
+        click.option("--microbatch", type=int, default=1, show_default=True,
+                     help="With --layout: sequences per micro-batch."),
+        click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
+                     show_default=True, help="With --layout: the pipeline schedule."),
+        click.option("--virtual-stages", type=int, default=1, show_default=True,
+                     help="With --layout: model chunks per pipeline rank (interleaved 1F1B)."),
+        click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default=checkpointing,
+                     show_default=True, help="With --layout: activation checkpointing (selective recomputes the "
+                                             "attention core; full the whole forward, its calls included)."),
+    ]
+
+
 def layout_options(fn):
     """--layout and what a layout's step depends on beside it."""
     options = [
         click.option("--layout", "layouts", multiple=True, metavar="SPEC",
                      help="A parallel layout to predict and rank (repeat it): tp8,fsdp32; tp4,pp2,fsdp32; "
-                          "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8; the data-parallel part as dpN "
-                          "(--setup), ddpN, fsdpN, hsdpN or SETUP:N. Needs a profile with a transformer shape."),
-        click.option("--microbatch", type=int, default=1, show_default=True, help="Sequences per micro-batch."),
+                          "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8, etp1; the data-parallel part as "
+                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. Needs a profile with a transformer shape."),
+        *schedule_options("selective"),
         click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
                      help="Sequences per optimizer step, all GPUs [default: 8 micro-batches at the least common "
                           "multiple of the layouts' dp]."),
-        click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
-                     show_default=True, help="Pipeline schedule."),
-        click.option("--virtual-stages", type=int, default=1, show_default=True,
-                     help="Model chunks per pipeline rank (interleaved 1F1B)."),
-        click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default="selective",
-                     show_default=True, help="Activation checkpointing: selective recomputes the attention core."),
         click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: the profile's]."),
     ]
     for option in reversed(options):

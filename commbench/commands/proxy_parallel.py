@@ -8,6 +8,7 @@ from dataclasses import replace
 import click
 
 from commbench.commands.common import UsageFault
+from commbench.commands.predict_layouts import schedule_options
 
 
 def layout_replay_options(fn):
@@ -17,17 +18,9 @@ def layout_replay_options(fn):
                      help="Replay a parallel layout (a transformer profile; --backend torch): tp2,dp2; tp2sp,dp2 "
                           "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
                           "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. Compute from FLOPs at --tflops."),
-        click.option("--microbatch", type=int, default=1, show_default=True,
-                     help="With --layout: sequences per micro-batch."),
         click.option("--microbatches", type=int, default=None,
                      help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
-        click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
-                     show_default=True, help="With --layout: the pipeline schedule."),
-        click.option("--virtual-stages", type=int, default=1, show_default=True,
-                     help="With --layout: model chunks per pipeline rank (interleaved 1F1B)."),
-        click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default="none",
-                     show_default=True, help="With --layout: activation checkpointing (full replays the forward's "
-                                             "calls in the backward)."),
+        *schedule_options("none"),
     ]
     for option in reversed(options):
         fn = option(fn)
