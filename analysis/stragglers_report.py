@@ -95,7 +95,10 @@ def spikes(record: dict[str, Any], factor: float = SPIKE_FACTOR) -> list[Spike]:
         at = None
         if isinstance(began, (int, float)):
             moment = began + float(clock[:i].sum()) * 1e-6
-            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{int(moment % 1 * 1000):03d}Z"
+            try:
+                at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{int(moment % 1 * 1000):03d}Z"
+            except (OverflowError, OSError, ValueError):  # times past what a clock renders: no moment to say
+                at = None
         found.append(Spike(int(i), float(samples[i]), float(samples[i] / median) if median > 0 else float("inf"), at,
                            int(culprit[i]) if culprit is not None and culprit[i] >= 0 else None))
     return found

@@ -206,9 +206,8 @@ class Sweep:
         self.memory: list[dict] | None = None  # --memory-report: every rank's, at the end
 
     def run(self) -> int:
-        # What is alive now (torch, the backend) is left out of every later collection: the collection after each
-        # point (measure_point's buffers) then scans this sweep's own objects only, not torch's: a full one took
-        # 0.24 s a point with torch imported, 2026-11-27 on the CI machine, and 20 us after the freeze.
+        # What is alive now (torch, the backend) is left out of the collections after each point until the sweep
+        # ends: one took 0.24 s with torch imported, 20 us after the freeze (docs/performance.md).
         gc.freeze()
         environment = self.backend.gather_objects(local_environment(self.backend.device,
                                                                         getattr(self.backend, "gpus", None)))
@@ -231,6 +230,7 @@ class Sweep:
             status, error = "interrupted", type(exc).__name__
             raise
         finally:
+            gc.unfreeze()  # a library caller's later objects are its own again
             self.progress.close()
             if self.lead:
                 wrong = sum(r.wrong or 0 for r in self.results)

@@ -177,7 +177,9 @@ def apportion(weights: tuple[tuple[float, ...], ...], world: int, count: int) ->
     (largest remainders, ties to the lower peer), so every row sums to `count` exactly."""
     rows = []
     for row in weights:
-        share = np.asarray(row, dtype=np.float64) / (sum(row) or 1.0) * count
+        weights = np.asarray(row, dtype=np.float64)
+        weights = weights / (weights.max() or 1.0)  # shares: huge weights cannot sum past a float
+        share = weights / (weights.sum() or 1.0) * count
         whole = np.floor(share).astype(np.int64)
         left = int(count - whole.sum())
         for peer in sorted(range(world), key=lambda d: (-(share[d] - whole[d]), d))[:left]:

@@ -67,4 +67,5 @@ def _from_file(path: str, world: int) -> tuple[tuple[float, ...], ...]:
                           f"sending rank), for the {world} ranks of this run")
     if any(sum(row) == 0 for row in rows):
         raise SplitsError(f"--splits {path}: a row of zeros: every rank sends something (its whole buffer)")
-    return tuple(tuple(float(x) for x in row) for row in rows)
+    # shares, not sizes: each row over its largest, so a row of huge numbers cannot sum past a float
+    return tuple(tuple(float(x) / max(row) for x in row) for row in rows)

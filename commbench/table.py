@@ -98,7 +98,8 @@ class Table:
         algo = f"{first.algorithm or '-'}/{first.steps or 0}" if self.show_algorithm else ""
         if self.timestamps:
             started = first.timed_start if first.timed_start is not None else first.timestamp
-            algo = f"{algo:>12s}  {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started)):>20s}"
+            stamp = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started))
+            algo = (f"{algo:>12s}" if self.show_algorithm else "") + f"  {stamp:>20s}"
         noisy = any(r is not None and is_noisy(r) for r in results.values())
         self.noisy_rows += noisy
         mark = f" {NOISY_MARK}" if noisy and self.marks_in_rows else ""

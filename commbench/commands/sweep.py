@@ -54,6 +54,8 @@ class SweepCommand(click.Command):
         return parsed
 
 
+
+MAX_ROOT = 1 << 24  # a root no job's ranks reach: refused even where the collective ignores it
 def _nccl_tests_hint(args: list[str]) -> str:
     backend = " (here -b is --backend)" if "-b" in args else ""
     return (f"sweep does not take nccl-tests' flags{backend}: give sizes as --sizes START-END "
@@ -258,7 +260,9 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             world = request.nprocs if request.nprocs is not None else cls.default_world(request, device)
         if world < 1:
             raise UsageFault(f"--nprocs {world}: need at least 1 rank")
-        if not 0 <= options["root"] < world:  # out of range is refused alike for every collective
+        # a rooted collective needs a rank of this run; any other ignores the root, as nccl-tests' all_reduce_perf
+        # ignores -r, but a value no run could have is refused alike
+        if not 0 <= options["root"] < (world if any(C.COLLECTIVES[n].rooted for n in names) else MAX_ROOT):
             raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
         if _asks_for_all(options["collective_names"]):
             names = _runnable(names, cls, request, library, dtype, op, world, launched)

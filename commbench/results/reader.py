@@ -99,15 +99,21 @@ def _value_problem(kind: str, record: dict[str, Any], budget: TimesBudget | None
     for name, names in known:
         if record[name] not in names:
             return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
-    if isinstance(record.get("iteration_times_us"), dict):  # packed: unpacked here, bounded, so no reader fails
-        try:  # once: kept beside the record for the readers' raw_times (UnpackedTimes)
+    if any(isinstance(record.get(k), dict) for k in ("iteration_times_us", "skipped_times_us", "rank_times_us")):
+        try:  # packed: unpacked here, once, bounded, kept beside the record for the readers (UnpackedTimes)
             unpack_in_place(record, budget or TimesBudget())
         except ValueError as exc:
             return f"result record: {exc}"
     root = record.get("root")
     if root is not None and root >= record["world_size"]:
         return f"result record: root {root} is not a rank of {record['world_size']}"
+    started = record.get("timed_start")
+    if started is not None and not 0 <= started < LATEST_EPOCH_S:
+        return f"result record: timed_start {started!r} is not a time (epoch seconds before the year 9999)"
     return None
+
+
+LATEST_EPOCH_S = 253402300800  # 9999-12-31T23:59:59Z + 1 s: what time.gmtime renders everywhere
 
 
 LARGEST_INTEGER = 2**63 - 1  # what a count or size is stored in (int64); beyond it, float() and numpy overflow

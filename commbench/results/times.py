@@ -66,9 +66,15 @@ class UnpackedTimes(dict):
 def unpack_in_place(record: dict[str, Any], budget: TimesBudget) -> None:
     """Unpack a record's packed times once, within `budget`, keeping them beside it (UnpackedTimes), so a
     reader's raw_times inflates nothing again. ValueError as raw_times, or past the budget."""
-    packed = record.get("iteration_times_us")
-    if isinstance(packed, dict) and not isinstance(packed, UnpackedTimes):
-        record["iteration_times_us"] = UnpackedTimes(packed, _unpack(packed, budget))
+    for holder, key in ((record, "iteration_times_us"), (record, "skipped_times_us"),
+                        (record.get("rank_times_us") or {}, "times_us")):  # every packed field, in one budget
+        packed = holder.get(key) if isinstance(holder, dict) else None
+        if isinstance(packed, dict) and not isinstance(packed, UnpackedTimes):
+            holder[key] = UnpackedTimes(packed, _unpack(packed, budget))
+        elif isinstance(packed, list):
+            budget.take(len(packed))
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in packed):
+                raise ValueError(f"{key} holds something other than numbers")
 
 
 def raw_times(record: Any) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
+from conftest import REPO, commbench
 
 from commbench import cli, job
 from commbench import collectives as C
@@ -270,3 +270,9 @@ def test_gather_scatter_alltoallv_and_hypercube_run_checked_on_gloo(tmp_path, ca
 def _refusal(args, capsys):
     assert cli.main(args) == 2
     return capsys.readouterr().err
+
+
+def test_all_reduce_perf_ignores_a_root_as_nccl_tests_does():
+    """-r names the root of rooted collectives; all_reduce_perf takes it and ignores it (no -g: one rank)."""
+    proc = commbench("nccl-tests", "all_reduce_perf", "-b", "1K", "-e", "1K", "-r", "1", "-n", "1", "-w", "1")
+    assert proc.returncode == 0, proc.stderr

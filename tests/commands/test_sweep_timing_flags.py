@@ -26,6 +26,9 @@ def test_every_timing_flag_on_gloo(tmp_path, capfd):
     columns = [len(row.rstrip(" ~").split()) for row in rows]  # a noisy row ends with ~
     assert rows and set(columns) == {5 + 2 * 5 + 1}  # 13 columns, p99 twice, the timestamp
     assert all(re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row) for row in rows)
+    header = next(line for line in printed.out.splitlines() if "timestamp (UTC)" in line)
+    end = header.index("timestamp (UTC)") + len("timestamp (UTC)")
+    assert all(re.search(r"Z\s*~?$", row[:end + 2]) for row in rows)  # each row's time ends under its header
     assert "each call, a wait for it to finish and a barrier" in printed.out and "-K 2" in printed.out
     assert printed.out.count("# memory: rank ") == 2
     assert len(records[-1]["memory"]) == 2 and records[-1]["memory"][1]["host_peak_rss_bytes"] > 0

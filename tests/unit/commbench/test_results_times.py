@@ -89,3 +89,26 @@ def test_a_damaged_record_is_still_refused_by_its_line(tmp_path):
     path.write_text(json.dumps(RESULT) + "\n" + json.dumps({**RESULT, "iteration_times_us": packed}) + "\n")
     with pytest.raises(RecordError, match=r":2: result record: iteration_times_us: 10 values, the record says 11$"):
         read_records(str(path))
+
+
+def test_every_packed_field_is_charged_to_the_files_budget(tmp_path, inflations):
+    """A straggler report's per-rank times and the skipped leading iterations count against the same budget as
+    iteration_times_us (20 records of 10,000,000 packed per-rank times took 8.6 s and 357 MB to report)."""
+    path = tmp_path / "ranks.jsonl"
+    within = MAX_RAW_TIMES_PER_FILE // MAX_RAW_TIMES
+    path.write_text("".join(json.dumps({**RESULT, "rank_times_us": {"ranks": 2, "times_us": zeros(MAX_RAW_TIMES)}})
+                            + "\n" for _ in range(within + 2)))
+    with pytest.raises(RecordError, match=f"{path}:{within + 1}: result record: .*per-iteration times in all"):
+        read_records(str(path))
+    assert len(inflations) == within
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**RESULT, "skipped_times_us": {"encoding": "zzz", "count": 2, "data": ""}}) + "\n"
+                   + json.dumps({**RESULT, "rank_times_us": {"ranks": 2, "times_us": ["a", "b"]}}) + "\n")
+    with pytest.raises(RecordError, match="bad.jsonl:1: result record: "):
+        read_records(str(bad))
+    bad.write_text(json.dumps({**RESULT, "rank_times_us": {"ranks": 2, "times_us": ["a", "b"]}}) + "\n")
+    with pytest.raises(RecordError, match="bad.jsonl:1: result record: times_us holds something other"):
+        read_records(str(bad))
+    bad.write_text(json.dumps({**RESULT, "timed_start": 1e20}) + "\n")
+    with pytest.raises(RecordError, match="timed_start 1e.20 is not a time"):
+        read_records(str(bad))

@@ -40,3 +40,16 @@ def test_bad_files_are_one_line(tmp_path, content, needle):
 def test_bad_specs_are_one_line(spec):
     with pytest.raises(splits.SplitsError, match="--splits"):
         splits.weights(spec, 4)
+
+
+def test_huge_weights_are_shares_not_sums_past_a_float(tmp_path):
+    """A splits file of 1e308s: each row is read as shares of its largest, so every sender still sends its
+    whole buffer (the sum once overflowed to inf and the rows fell apart, failing both ranks)."""
+    from commbench import collectives as C
+    from commbench.splits import _from_file
+
+    path = tmp_path / "big.json"
+    path.write_text("[[1e308, 1e308], [1, 1]]")
+    weights = _from_file(str(path), 2)
+    plan = C.plan("alltoallv", 1024, C.resolve_dtype("float32"), 2, -1, weights)
+    assert [sum(row) for row in plan.splits] == [256, 256] and plan.splits[0] == (128, 128)
