@@ -19,7 +19,8 @@ SWEEP_HEADER_KEYS = {"collectives", "sizes", "dtype", "op", "root", "placements"
                      "tuning"}
 PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tflops", "steps", "warmup_steps", "amp",
                      "backend", "torch_backend", "device", "algorithm", "topology", "hw", "json_path", "timeout_s",
-                     "monitor", "trust_profile_code", "setup", "knobs"}
+                     "monitor", "trust_profile_code", "setup", "knobs",
+                     "layout", "microbatch", "checkpointing"}  # proxy --layout (2026-11-27)
 
 
 def test_a_sweep_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
@@ -41,7 +42,7 @@ def test_a_proxy_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
                       hw="dgx-a100", setup="ddp", knobs={"accumulate": 2})
     assert ProxyConfig.from_json(cfg.to_json()) == cfg
     header = cfg.header_fields()
-    assert set(header) == PROXY_HEADER_KEYS  # the keys a proxy header has always had: no nprocs, cuda_mode, graph
+    assert set(header) == PROXY_HEADER_KEYS  # a proxy header's keys: no nprocs, cuda_mode, graph
     assert (header["backend"], header["topology"], header["hw"], header["timeout_s"]) == ("shm", "1x2", "dgx-a100",
                                                                                             40.0)
 
