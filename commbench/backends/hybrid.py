@@ -22,7 +22,6 @@ import socket
 from typing import Callable
 
 import numpy as np
-import torch
 
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
@@ -32,9 +31,13 @@ from commbench.backends.shm_executor import pull, reducer
 from commbench.backends.shm_segments import ShmBuffer
 from commbench.backends.shm_waits import require_x86
 from commbench.backends.torch_dist import TorchBackend
+from commbench.backends.torch_lazy import LazyModule
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
+
+# torch on first use, as torch_dist does: the parent settles options before any rank imports torch
+torch = LazyModule("torch", globals(), "torch")
 
 
 class HybridBackend(ShmBackend):

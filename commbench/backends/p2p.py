@@ -24,15 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
 from commbench.backends.base import BackendError
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend, _as_oom
+from commbench.backends.torch_lazy import LazyModule
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
+
+# torch on first use, as torch_dist does: the parent settles options before any rank imports torch
+torch = LazyModule("torch", globals(), "torch")
+dist = LazyModule("torch.distributed", globals(), "dist")
 
 
 def _reducer(op: str) -> Callable[[torch.Tensor, torch.Tensor], Any]:

@@ -21,25 +21,19 @@ from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.control import GroupControl
+from commbench.backends.torch_lazy import LazyModule, cuda_available
 from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
 from commbench.launch import LaunchInfo, peer_wait_s
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                "float64": torch.float64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8,
-                "int64": torch.int64}
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
-              "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
+# torch on first use: the parent settles options and prints before a rank imports torch (torch_lazy)
+torch = LazyModule("torch", globals(), "torch")
+dist = LazyModule("torch.distributed", globals(), "dist")
+REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}  # dist.ReduceOp's
 LOOPBACK, LOOPBACK_SCHEME = "127.0.0.1", "commbench-loopback"  # a local spawn's rendezvous
-
-# Newer torch renamed the tensor forms of all-gather and reduce-scatter.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def default_library(device: str) -> str:
@@ -49,7 +43,7 @@ def default_library(device: str) -> str:
 
 def resolve_device(device: str, torch_backend: str) -> tuple[str, str]:
     """(device, library) for `--device` and `--torch-backend`, or a one-line BackendError."""
-    has_cuda = torch.cuda.is_available()
+    has_cuda = device != "cpu" and cuda_available()
     if device == "auto":
         device = "cuda" if has_cuda and torch_backend != "gloo" else "cpu"
     if device == "cuda" and not has_cuda:
@@ -134,7 +128,7 @@ class TorchBackend(Backend):
 
     def alloc(self, count: int, dtype: DType) -> torch.Tensor:
         try:
-            return torch.empty(count, dtype=TORCH_DTYPES[dtype.name], device=self._torch_device)
+            return torch.empty(count, dtype=getattr(torch, dtype.name), device=self._torch_device)
         except (RuntimeError, MemoryError) as exc:
             raise _as_oom(exc, count * dtype.itemsize, self.device) from exc
 
@@ -168,7 +162,7 @@ class TorchBackend(Backend):
                 inplace: bool, splits: tuple | None = None) -> Callable[[], None]:
         if collective in ("gather", "scatter", "alltoallv", "hypercube"):
             return _personalized(collective, send, recv, root, self.rank, self.world_size, splits)
-        reduce_op = REDUCE_OPS[op] if op else None
+        reduce_op = getattr(dist.ReduceOp, REDUCE_OPS[op]) if op else None
         rank, world = self.rank, self.world_size
         copy_first = not inplace and collective in ("allreduce", "broadcast", "reduce")
         if collective == "allreduce" and op == "sum":
@@ -181,9 +175,11 @@ class TorchBackend(Backend):
         elif collective == "reduce":
             call = lambda: dist.reduce(recv, dst=root, op=reduce_op)  # noqa: E731
         elif collective == "allgather":
-            call = lambda: _ALL_GATHER(recv, send)  # noqa: E731
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # newer torch's name
+            call = lambda: gather(recv, send)  # noqa: E731
         elif collective == "reduce_scatter":
-            call = lambda: _REDUCE_SCATTER(recv, send, op=reduce_op)  # noqa: E731
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            call = lambda: scatter(recv, send, op=reduce_op)  # noqa: E731
         elif collective == "alltoall":
             call = lambda: dist.all_to_all_single(recv, send)  # noqa: E731
         elif collective == "sendrecv":

@@ -120,6 +120,6 @@ def _runs_schedules(backend: str | None) -> bool:
 
 
 def local_gpus() -> int:
-    import torch
+    from commbench.backends.torch_lazy import local_gpu_count
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return local_gpu_count()

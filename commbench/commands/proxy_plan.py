@@ -222,9 +222,9 @@ def _device(options: dict) -> str:
 
 
 def _local_gpus() -> int:
-    import torch
+    from commbench.backends.torch_lazy import local_gpu_count
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return local_gpu_count()
 
 
 def _plan(options: dict) -> job.Plan:
