@@ -86,7 +86,8 @@ class Row:
         schedule = lay.get("schedule") or ASSUMED["schedule"]
         return Parallelism(lay["tp"], lay["pp"], lay["cp"], lay["ep"], lay["dp"],
                            lay["tp"] > 1 if sp is None else sp, lay["setup"], schedule,
-                           self.global_batch // (mbs * lay["dp"]), lay.get("virtual_stages") or 1)
+                           self.global_batch // (mbs * lay["dp"]), lay.get("virtual_stages") or 1,
+                           lay.get("expert_tp"))
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,8 @@ def _layout(lay: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}.layout.sequence_parallel must be true, false or null")
     if lay.get("setup") not in SETUPS:
         problems.append(f"{where}.layout.setup must be one of {', '.join(SETUPS)}")
+    if lay.get("expert_tp") not in (None, 1, lay.get("tp")):
+        problems.append(f"{where}.layout.expert_tp must be 1 (Megatron-Core's ETP 1), the row's tp, or null (tp)")
 
 
 def _throughput(row: dict, where: str, problems: list[str]) -> None:

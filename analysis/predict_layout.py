@@ -60,6 +60,7 @@ class Job:
     checkpointing: str = "selective"
     algorithm: str = "nccl"
     peak_tflops: float | None = None  # for MFU
+    causal_halved: bool = True  # attention kernels skip the masked half of the scores (FlashAttention's causal)
 
 
 def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
@@ -109,8 +110,8 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     dims: dict[str, list[float]] = {}
     costs: dict[LayerCall, float] = {}
     for index in layers:
-        flops = shape.layer_forward_flops(index) * local / par.tp
-        attention = shape.attention_score_flops() * local / par.tp / rate
+        flops = shape.layer_forward_flops(index, causal_halved=job.causal_halved) * local / par.tp
+        attention = shape.attention_score_flops(causal_halved=job.causal_halved) * local / par.tp / rate
         recompute = {"none": 0.0, "selective": attention * rate, "full": flops}[job.checkpointing]
         f_us, b_us = flops / rate, (2 * flops + recompute) / rate
         beside = {"forward": [0.0, attention], "backward": [0.0, 2 * attention]}  # overlapping calls, their cover

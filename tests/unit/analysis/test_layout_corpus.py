@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -128,6 +129,7 @@ def test_not_json_and_wrong_schema(tmp_path, shipped):
     (lambda r: r.update(memory_gb=-1), ".memory_gb must be a positive number"),
     (lambda r: r.update(gpus=True), ".gpus must be a whole number"),
     (lambda r: r.update(flops_formula="guess"), ".flops_formula must be one of"),
+    (lambda r: r["layout"].update(expert_tp=3), ".layout.expert_tp must be 1"),
 ])
 def test_damaged_row_is_refused_naming_it(tmp_path, shipped, damage, expected):
     data = copy.deepcopy(shipped)
@@ -188,3 +190,13 @@ def test_system_needs_one_kind_of_hardware(tmp_path, shipped):
     data = copy.deepcopy(shipped)
     data["systems"][name]["assumed"] = []
     assert any(f"systems.{name}.assumed" in line for line in _problems(tmp_path, data))
+
+
+def test_expert_tp_reaches_the_layout_and_moves_the_expert_group(shipped):
+    corpus = L.load_layout_corpus()
+    row = next(r for r in corpus.rows if r.layout.get("expert_tp") == 1 and r.layout["tp"] > 1 and not r.not_predicted)
+    par = row.parallelism()
+    assert par.expert_tp == 1 and "etp1" in par.name
+    # under etp1 an EP group takes consecutive ranks (inside a node for EP 8); without, it strides over TP
+    assert par.group(0, "ep") == tuple(range(par.ep))
+    assert replace(par, expert_tp=None).group(0, "ep") != tuple(range(par.ep))

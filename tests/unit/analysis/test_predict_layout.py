@@ -1,5 +1,7 @@
 """A layout's predicted step: its parts are the compute, the calls and the pipeline that the modules below give,
 put together exactly as analysis/predict_layout.py says."""
+from dataclasses import replace
+
 import pytest
 
 from commbench.analysis.predict_layout import Job, predict_layout, rank_layouts
@@ -20,9 +22,18 @@ def job():
 
 def _compute_us(job, tokens_per_rank, tp=1):
     shape = job.shape
-    forward = shape.forward_flops_per_token() * tokens_per_rank / tp
-    recompute = shape.layers * shape.attention_score_flops() * tokens_per_rank / tp
+    forward = shape.forward_flops_per_token(causal_halved=job.causal_halved) * tokens_per_rank / tp
+    recompute = shape.layers * shape.attention_score_flops(causal_halved=job.causal_halved) * tokens_per_rank / tp
     return (3 * forward + recompute) / (job.tflops * 1e6)
+
+
+def test_causal_attention_counts_half_the_scores_in_time_not_in_mfu(job):
+    par = Parallelism(dp=8, setup="ddp", microbatches=4)
+    full, halved = (predict_layout(replace(job, causal_halved=c), par) for c in (False, True))
+    scores = job.shape.layers * job.shape.attention_score_flops() * job.shape.seq_len
+    # forward, backward (twice) and selective recompute (once) of half the scores, 4 micro-batches
+    assert full.compute_us - halved.compute_us == pytest.approx(4 * 4 * scores / 2 / (job.tflops * 1e6), rel=1e-9)
+    assert halved.mfu * halved.step_us == pytest.approx(full.mfu * full.step_us, rel=1e-9)  # same model FLOPs
 
 
 def test_data_parallel_alone_is_compute_and_what_the_setup_exposes(job):
@@ -90,7 +101,7 @@ def test_context_parallel_steps_show_only_what_outlasts_the_phases_attention(job
     forward, backward, dims = _chunk_us(job, par, range(1), head=False)
     calls = layer_calls(par, job.shape, 1, job.checkpointing)
     rate, local = job.tflops * 1e6, job.shape.seq_len / par.cp
-    attention = job.shape.attention_score_flops() * local / par.tp / rate
+    attention = job.shape.attention_score_flops(causal_halved=job.causal_halved) * local / par.tp / rate
     ring = {phase: sum(_call_us(job, par, c) * c.count for c in calls if c.phase == phase if c.overlaps)
             for phase in ("forward", "backward")}
     shown = max(0, ring["forward"] - attention) + max(0, ring["backward"] - 2 * attention)
