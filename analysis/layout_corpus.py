@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
+from commbench.proxies.layout_calls import EP_DISPATCHERS
 from commbench.proxies.parallelism import SCHEDULES, LayoutError, Parallelism
 from commbench.proxies.profile import Profile, ProfileError, TensorSpec, UnitSpec, load_profile
 from commbench.proxies.setups import SETUPS
@@ -253,6 +254,8 @@ def _layout(lay: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}.layout.sequence_parallel must be true, false or null")
     if lay.get("setup") not in SETUPS:
         problems.append(f"{where}.layout.setup must be one of {', '.join(SETUPS)}")
+    if lay.get("ep_dispatcher") not in (None, *EP_DISPATCHERS):
+        problems.append(f"{where}.layout.ep_dispatcher must be one of {', '.join(EP_DISPATCHERS)} or null (alltoall)")
     if lay.get("expert_tp") not in (None, 1, lay.get("tp")):
         problems.append(f"{where}.layout.expert_tp must be 1 (Megatron-Core's ETP 1), the row's tp, or null (tp)")
 

@@ -18,13 +18,14 @@ How a step is put together (docs/layouts.md, "Predicting a layout"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from commbench.analysis.scaling import comm_us
 from commbench.costmodel import Hardware
 from commbench.proxies import memory as M
 from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import Comm, simulate
-from commbench.proxies.layout_calls import LayerCall, boundary_nbytes, layer_calls
+from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Compute, Layout, settle
@@ -61,6 +62,7 @@ class Job:
     algorithm: str = "nccl"
     peak_tflops: float | None = None  # for MFU
     causal_halved: bool = True  # attention kernels skip the masked half of the scores (FlashAttention's causal)
+    ep_dispatcher: str = "alltoall"  # layout_calls.EP_DISPATCHERS: how MoE tokens reach their experts
 
 
 def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
@@ -152,6 +154,8 @@ def _call_us(job: Job, par: Parallelism, call: LayerCall) -> float:
     if call.collective == "sendrecv":
         return _p2p_us(job, par, call.dim, call.nbytes)
     topo = _group_topology(job, par, call.dim)
+    if call.collective == "alltoall" and call.label == EP_DISPATCH and job.ep_dispatcher == "deepep":
+        return _deepep_us(job.hw, topo, call.nbytes, job.shape)
     if call.collective == "alltoall":
         return _alltoall_us(job.hw, topo, call.nbytes)
     comm = Comm(call.collective, call.nbytes, call.dtype, "world", 0.0, 0.0, call.label)
@@ -176,6 +180,26 @@ def _alltoall_us(hw: Hardware, topo: Topology, nbytes: int) -> float:
     nics = min(1.0, (hw.inter.links_per_node or 1) / topo.ranks_per_node)
     over_nic = outside / (hw.inter.bw_gbps * 1e3 * nics) + (hw.inter.latency_us if outside else 0.0)
     return hw.per_call_overhead_us + max(inside / (hw.intra.bw_gbps * 1e3) + hw.intra.latency_us, over_nic)
+
+
+def _deepep_us(hw: Hardware, topo: Topology, nbytes: int, shape) -> float:
+    """DeepEP's dispatch (or combine) of a rank's `nbytes` (one copy a routed expert): a token crosses the NICs
+    once to each other node holding any of its experts and NVLink once to each GPU holding any (DeepEP's
+    README: "asymmetric-domain bandwidth forwarding", NVLink to RDMA), experts evenly placed, routing uniform
+    (the forced-balance figures)."""
+    n, nodes = topo.world, topo.nodes
+    if n <= 1 or not shape.top_k:
+        return 0.0
+    copy = nbytes / shape.top_k
+
+    def holds(experts: int) -> float:  # the chance that a token's top_k experts include one of `experts`
+        return 1.0 - comb(shape.experts - experts, shape.top_k) / comb(shape.experts, shape.top_k)
+
+    remote = (nodes - 1) * holds(shape.experts // nodes) * copy
+    local = (n - 1) * holds(shape.experts // n) * copy  # its own node's GPUs, and what it forwards from others
+    nics = min(1.0, (hw.inter.links_per_node or 1) / topo.ranks_per_node)
+    over_nic = remote / (hw.inter.bw_gbps * 1e3 * nics) + hw.inter.latency_us if remote else 0.0
+    return hw.per_call_overhead_us + max(local / (hw.intra.bw_gbps * 1e3) + hw.intra.latency_us, over_nic)
 
 
 def _data_parallel_us(job: Job, par: Parallelism, stage: int, forward: list[float],

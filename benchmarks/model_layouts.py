@@ -56,7 +56,8 @@ def job_for(corpus: LayoutCorpus, row: Row, tflops: float) -> Job:
     system = corpus.systems[row.system]
     peak = system.hardware.device_tflops.get("bf16") or system.hardware.device_tflops.get("fp16")
     return Job(shape, profile, system.hardware, system.gpus_per_node, row.microbatch or ASSUMED["microbatch"], tflops,
-               row.checkpointing or ASSUMED["checkpointing"], "nccl", peak)
+               row.checkpointing or ASSUMED["checkpointing"], "nccl", peak,
+               ep_dispatcher=row.layout.get("ep_dispatcher") or "alltoall")
 
 
 def predicted_per_gpu(corpus: LayoutCorpus, row: Row, tflops: float):

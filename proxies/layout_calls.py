@@ -45,6 +45,8 @@ from commbench.proxies.parallelism import Parallelism
 DTYPES = {4: "float32", 2: "bfloat16"}  # a shape's dtype_bytes -> the calls' dtype
 CHECKPOINTING = ("none", "selective", "full")
 STYLES = ("megatron", "torch")
+EP_DISPATCHERS = ("alltoall", "deepep")  # Megatron's all-to-all token dispatcher; DeepEP's normal kernels
+EP_DISPATCH = "ep dispatch and combine"  # the label of the MoE tokens' all-to-alls (a dispatcher may cost them its way)
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,8 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
         if replays > 1:
             calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "backward", 1, "",
                                    "ep token counts (recomputed forward)"))
-        calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", "ep dispatch and combine"))
-        calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", "ep dispatch and combine"))
+        calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", EP_DISPATCH))
+        calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", EP_DISPATCH))
     return calls
 
 

@@ -130,6 +130,7 @@ def test_not_json_and_wrong_schema(tmp_path, shipped):
     (lambda r: r.update(gpus=True), ".gpus must be a whole number"),
     (lambda r: r.update(flops_formula="guess"), ".flops_formula must be one of"),
     (lambda r: r["layout"].update(expert_tp=3), ".layout.expert_tp must be 1"),
+    (lambda r: r["layout"].update(ep_dispatcher="nvshmem"), ".layout.ep_dispatcher must be one of"),
 ])
 def test_damaged_row_is_refused_naming_it(tmp_path, shipped, damage, expected):
     data = copy.deepcopy(shipped)

@@ -113,3 +113,37 @@ def test_hybrid_sharding_shards_inside_a_node_only(job):
     full = predict_layout(job, Parallelism(tp=2, dp=32, setup="fsdp-full"))
     hybrid = predict_layout(job, Parallelism(tp=2, dp=32, setup="fsdp-hybrid"))
     assert hybrid.memory.optimizer_nbytes == pytest.approx(8 * full.memory.optimizer_nbytes, rel=0.01)  # 4 vs 32
+
+
+def _routed_copies(experts, top_k, holders, draws=20000, seed=7):
+    """Monte Carlo: the mean number of holder groups (nodes or GPUs, `holders` of them, experts evenly placed)
+    that a token's top_k distinct experts, drawn uniformly, touch."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    picks = np.argsort(rng.random((draws, experts)), axis=1)[:, :top_k] // (experts // holders)
+    return float(np.mean([len(set(row)) for row in picks]))
+
+
+@pytest.mark.parametrize("nodes, per_node", [(4, 8), (2, 8), (1, 8)])
+def test_deepep_sends_a_token_once_a_node_over_the_nics_and_once_a_gpu_over_nvlink(nodes, per_node):
+    from commbench.analysis.predict_layout import _alltoall_us, _deepep_us
+    from commbench.topology import Link
+
+    shape = replace(load_profile("llama3.1-8b").transformer, experts=128, top_k=8, expert_ffn=1536)
+    hw = load_hardware("dgx-h100")
+    slow, fast = Link("slow", bw_gbps=1.0, latency_us=0.0), Link("fast", bw_gbps=1e9, latency_us=0.0)
+    nbytes = 8 * 1_000_000  # top_k copies of a 1 MB token block
+    topo = Topology(nodes, per_node)
+    n = nodes * per_node
+    # NICs alone slow (one a GPU): the time is the remote copies, once per other node holding an expert
+    nic_bound = replace(hw, intra=fast, inter=replace(slow, links_per_node=per_node), per_call_overhead_us=0.0)
+    expected_remote = (nodes - 1) / nodes * _routed_copies(128, 8, nodes)  # touched nodes other than its own
+    assert _deepep_us(nic_bound, topo, nbytes, shape) == pytest.approx(expected_remote * 1_000_000 / 1e3, rel=0.03,
+                                                                        abs=1e-3)
+    # NVLink alone slow: one copy a touched GPU other than its own (and what it forwards, the same by symmetry)
+    nvlink_bound = replace(hw, intra=slow, inter=replace(fast, links_per_node=per_node), per_call_overhead_us=0.0)
+    expected_local = (n - 1) / n * _routed_copies(128, 8, n)
+    assert _deepep_us(nvlink_bound, topo, nbytes, shape) == pytest.approx(expected_local * 1_000_000 / 1e3, rel=0.03)
+    # never more than the all-to-all of one copy a routed expert
+    assert _deepep_us(hw, topo, nbytes, shape) <= _alltoall_us(hw, topo, nbytes)
