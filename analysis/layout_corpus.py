@@ -1,12 +1,11 @@
 """The corpus of published multi-dimensional training throughput (analysis/corpus/layouts.json): loaded,
 checked, and turned into what a layout prediction needs (analysis/predict_layout.py's Job and Parallelism).
 
-A row is one published (source, model, hardware, layout, batch) with the throughput as the source states it
-(tokens/s per GPU, TFLOPs per GPU, MFU, aggregate PFLOP/s). Its model is a shipped profile with a transformer
-shape or an entry of `shapes` (the hyper-parameters the source states); its hardware a `systems` entry (a
-preset only where the machine is that preset, else its own hardware figures and what was assumed). Rows of
-one `group` share source, hardware and software: benchmarks/model_layouts.py calibrates the compute rate on
-a group's first row and predicts the others' throughput from it.
+A row is one published (source, model, hardware, layout, batch) with the throughput as the source states it (tokens/s
+per GPU, TFLOPs per GPU, MFU, aggregate PFLOP/s). Its model is a shipped profile with a transformer shape or an entry
+of `shapes` (the hyper-parameters the source states); its hardware a `systems` entry (a preset only where the machine
+is that preset, else its own hardware figures and what was assumed). Rows of one `group` share source, hardware and
+software: benchmarks/model_layouts.py calibrates the compute rate on a group's first row and predicts the others.
 
 Reading the corpus runs no code (JSON). Every field is checked, and the derived quantities the source prints
 beside each other are checked against each other (the layout's product against the GPUs, the gradient
@@ -248,14 +247,12 @@ def _layout(lay: Any, where: str, problems: list[str]) -> None:
     vp = lay.get("virtual_stages")
     if vp is not None and (not _is_int(vp) or vp < 1):
         problems.append(f"{where}.layout.virtual_stages must be a whole number of at least 1, or null")
-    if lay.get("schedule") is not None and lay["schedule"] not in SCHEDULES:
-        problems.append(f"{where}.layout.schedule must be one of {', '.join(SCHEDULES)} or null")
     if lay.get("sequence_parallel") not in (True, False, None):
         problems.append(f"{where}.layout.sequence_parallel must be true, false or null")
-    if lay.get("setup") not in SETUPS:
-        problems.append(f"{where}.layout.setup must be one of {', '.join(SETUPS)}")
-    if lay.get("ep_dispatcher") not in (None, *EP_DISPATCHERS):
-        problems.append(f"{where}.layout.ep_dispatcher must be one of {', '.join(EP_DISPATCHERS)} or null (alltoall)")
+    for key, choices, null in (("schedule", SCHEDULES, True), ("setup", SETUPS, False),
+                               ("ep_dispatcher", EP_DISPATCHERS, True)):  # ep_dispatcher null: alltoall
+        if lay.get(key) not in (*choices, *((None,) if null else ())):
+            problems.append(f"{where}.layout.{key} must be one of {', '.join(choices)}" + (" or null" if null else ""))
     if lay.get("expert_tp") not in (None, 1, lay.get("tp")):
         problems.append(f"{where}.layout.expert_tp must be 1 (Megatron-Core's ETP 1), the row's tp, or null (tp)")
 
