@@ -13,7 +13,6 @@ import os
 import sys
 import time
 import uuid
-from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,9 +23,9 @@ from commbench import point_timing as timing
 from commbench.backends import Backend, BackendError, OutOfMemory
 from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
-from commbench.environment import host_cores, local_environment, software_versions
+from commbench.environment import local_environment, oversubscribed, software_versions
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
-from commbench.job import error_line
+from commbench.job import Job, error_line
 from commbench.launch import EMULATED_VAR, LaunchInfo
 from commbench.results import (
     Result,
@@ -164,20 +163,6 @@ def collect(backend: Backend, outcome: PointOutcome, rank_agg: str, stat: str = 
     return {**summarize(gathered[:, 1:], rank_agg, stat, skip), "wrong": -1 if (wrong < 0).any() else int(wrong.sum())}
 
 
-def _oversubscribed(environment: list[dict]) -> str | None:
-    """'N ranks on a host of C cores' for a host whose ranks outnumber the cores they may run on together
-    (environment.host_cores: their affinities' union, not one rank's: mpirun binds each to its own core),
-    or None. '... on C of the host's H cores' when their affinity allows fewer than the host has."""
-    ranks = Counter(str(e.get("host")) for e in environment)
-    cores = host_cores(environment)
-    crowded = [(n, *cores[h]) for h, n in ranks.items() if cores[h][0] and cores[h][0] < n]
-    if not crowded:
-        return None
-    n, usable, host = crowded[0]
-    return f"{n} ranks on a host of {usable} cores" if host in (None, usable) else \
-        f"{n} ranks on {usable} of the host's {host} cores, by their CPU affinity"
-
-
 # ---------------------------------------------------------------- the sweep
 
 
@@ -266,7 +251,7 @@ class Sweep:
                            f"{world} rank{'s' if world != 1 else ''} on {where}, launcher {launch.launcher}")
         if os.environ.get(EMULATED_VAR):
             self.table.comment(f"emulated cluster: {os.environ[EMULATED_VAR]}")
-        crowded = _oversubscribed(environment) if self.backend.device == "cpu" else None
+        crowded = oversubscribed(environment) if self.backend.device == "cpu" else None
         if crowded:
             self.table.comment(f"note: {crowded} (oversubscribed): ranks take turns on the cores and the times hold "
                                f"that contention; check and predict mark such runs")
@@ -381,7 +366,7 @@ class Sweep:
 
 
 def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = None) -> int:
-    """Run the sweep on this rank (the `sweep` job of commbench/job.py); returns the exit code.
+    """Run the sweep on this rank (the `sweep` job, SWEEP_JOB); returns the exit code.
     Faults end in one line on stderr; the summary record is written by Sweep.run itself."""
     sweeps: list[Sweep] = []
 
@@ -398,3 +383,6 @@ def run_sweep(cfg: SweepConfig, launch: LaunchInfo, argv: list[str] | None = Non
                                           wrong=0, avg_busbw_gbps=None))
 
     return run_on_backend(cfg.backend, launch, body, on_fault)
+
+
+SWEEP_JOB = Job("sweep", f"{__name__}:SWEEP_JOB", SweepConfig, run_sweep, SweepSummary.failed_from)  # sweep, nccl-tests

@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections import Counter
 from importlib import metadata, util
 from typing import Any
 
@@ -345,3 +346,17 @@ def _read_limit(path: str) -> list[int]:
     except (OSError, UnicodeDecodeError):
         return []
     return [int(text)] if text.isdigit() else []  # "max": no limit
+
+
+def oversubscribed(environment: list[dict]) -> str | None:
+    """'N ranks on a host of C cores' for a host whose ranks outnumber the cores they may run on together
+    (host_cores: their affinities' union, not one rank's: mpirun binds each to its own core),
+    or None. '... on C of the host's H cores' when their affinity allows fewer than the host has."""
+    ranks = Counter(str(e.get("host")) for e in environment)
+    cores = host_cores(environment)
+    crowded = [(n, *cores[h]) for h, n in ranks.items() if cores[h][0] and cores[h][0] < n]
+    if not crowded:
+        return None
+    n, usable, host = crowded[0]
+    return f"{n} ranks on a host of {usable} cores" if host in (None, usable) else \
+        f"{n} ranks on {usable} of the host's {host} cores, by their CPU affinity"

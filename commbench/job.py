@@ -4,9 +4,12 @@ ranks (sweep, proxy, train).
 A command validates its options into a frozen config and a `Plan`: spawn local ranks,
 join the job a launcher started (torchrun, srun, mpirun), or run every rank in this
 process (sim, cuda's virtual and peer modes, a predicted proxy). `run` carries the plan
-out. Every rank runs one job function (`JOBS`) inside `run_rank`, which maps exceptions
-to the documented exit codes once for all jobs, and every rank commbench starts (itself, or
-through torchrun on an emulated cluster) enters through `python -m commbench.job`. launch.py
+out. A job is declared beside its work as a `Job` (its config class, its rank function and the
+summary that closes a results file whose rank 0 died) and handed to `run`; the frame imports
+none of them. Every rank runs its job's function inside `run_rank`, which maps exceptions to the
+documented exit codes once for all jobs, and every rank commbench starts (itself, or through
+torchrun on an emulated cluster) enters through `python -m commbench.job`, finding its job again
+by the declaration's own `module:attr` reference (`Job.ref`). launch.py
 holds the launchers' variables and the supervisor; emulate.py the emulated cluster, emulated_run.py
 a job's run on it.
 
@@ -20,9 +23,9 @@ spawner dies: a watchdog thread reads end-of-file on a pipe from it.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
+import pkgutil
 import re
 import signal
 import sys
@@ -55,20 +58,7 @@ from commbench.launch import (
     stop_margin_s,
 )
 
-JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": name, "config": JSON, "argv": [...]}
-
-# job name -> (its config class, its rank function(cfg, launch, argv) -> exit code, and the function
-# (records, error) -> summary record that ends a results file whose rank 0 died before writing its own)
-JOBS = {
-    "sweep": ("commbench.sweep_config:SweepConfig", "commbench.bench:run_sweep",
-              "commbench.job:sweep_summary_from_records"),
-    "proxy": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.replay:run_proxy",
-              "commbench.proxies.context:summary_from_records"),
-    "train": ("commbench.proxies.config:ProxyConfig", "commbench.proxies.train:run_train",
-              "commbench.proxies.context:summary_from_records"),
-    "replay": ("commbench.proxies.replay_trace:TraceReplayConfig", "commbench.proxies.replay_trace:run_trace_replay",
-               "commbench.proxies.context:summary_from_records"),
-}
+JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": Job.ref, "config": JSON, "argv": [...]}
 SUMMARY_RECORDS = ("summary", "proxy", "validate")  # a results file that ends in one of these is complete
 
 
@@ -86,6 +76,30 @@ class _SignalsSeen:
 
 
 _SIGNALS = _SignalsSeen()
+
+
+@dataclass(frozen=True)
+class Job:
+    """A command's work on ranks, declared beside that work (the sweep in bench.py, the proxy's replay in
+    proxies/replay.py, ...) and handed to `run`. A spawned rank imports the declaration again by `ref`,
+    which names where it is declared, so the frame holds no table of jobs."""
+    name: str  # what messages call it: sweep, proxy, train, replay
+    ref: str  # "module:attribute" of this declaration, e.g. f"{__name__}:SWEEP_JOB"
+    config: type  # its frozen config (backends.base.RanksConfig: from_json, to_json, timeout_s, json_path)
+    rank: Callable[[Any, LaunchInfo, list[str]], int]  # (config, this rank, argv) -> exit code
+    # (records, error) -> the summary record that ends a results file whose rank 0 died before writing its own
+    summary: Callable[[list[dict[str, Any]], str], Any]
+
+
+def declared_job(ref: str) -> Job:
+    """The job a spawned rank was given: the declaration at `ref`, inside this package only (the
+    environment names it; nothing outside commbench is imported by it)."""
+    if ref.partition(".")[0] != __package__:
+        raise ValueError(f"{ref!r} is not a job of {__package__}")
+    found = pkgutil.resolve_name(ref)
+    if not isinstance(found, Job) or found.ref != ref:
+        raise ValueError(f"{ref!r} does not declare itself a job")
+    return found
 
 
 @dataclass(frozen=True)
@@ -126,16 +140,18 @@ def launcher_of(launcher_option: str = "auto", env: Mapping[str, str] | None = N
     return detect_launcher(os.environ if env is None else env)
 
 
-def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
+def run(job: Job, cfg: Any, plan: Plan, argv: list[str]) -> int:
     """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s)."""
+    if not isinstance(cfg, job.config):
+        raise TypeError(f"the {job.name} job runs a {job.config.__name__}, not a {type(cfg).__name__}")
     if plan.mode in ("spawn", "emulate"):
         where = "on this host" if plan.mode == "spawn" else f"on an emulated cluster of {plan.nodes} node(s)"
         # the first line, at once: the ranks' start (torch's import, the rendezvous) takes seconds, more under load
-        print(f"commbench: {job}: starting {plan.world} rank(s) {where}; their first line follows once they meet",
+        print(f"commbench: {job.name}: starting {plan.world} rank(s) {where}; their first line follows once they meet",
               file=sys.stderr, flush=True)
-        payload = json.dumps({"job": job, "config": cfg.to_json(), "argv": list(argv)})
+        payload = json.dumps({"job": job.ref, "config": cfg.to_json(), "argv": list(argv)})
         if plan.mode == "spawn":
-            code = spawn_local("commbench.job", plan.world, {JOB_VAR: payload}, cfg.timeout_s)
+            code = spawn_local(__name__, plan.world, {JOB_VAR: payload}, cfg.timeout_s)
         else:
             from commbench.emulate import EmulateError
             from commbench.emulated_run import run_job
@@ -150,10 +166,10 @@ def run(job: str, cfg: Any, plan: Plan, argv: list[str]) -> int:
         return code
     if plan.mode == "join":
         handle_stop_signals()
-    return _load(JOBS[job][1])(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
+    return job.rank(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
 
 
-def close_records(job: str, path: str) -> None:
+def close_records(job: Job, path: str) -> None:
     """After a failed spawn: if rank 0 died before the summary (killed, or stopped outright after a
     hang), end its results file with one, status failed, from the records it holds (a torn last line,
     cut by the kill, is dropped first)."""
@@ -170,22 +186,10 @@ def close_records(job: str, path: str) -> None:
     records = records[runs[-1]:] if runs else records  # --append: this run's records, not the ones before
     if not records or records[-1].get("record") in SUMMARY_RECORDS:
         return
-    summary = _load(JOBS[job][2])(records, "rank 0 ended before it wrote the summary (see the messages of the "
-                                           "run); written by the spawner from the records above")
+    summary = job.summary(records, "rank 0 ended before it wrote the summary (see the messages of the run); "
+                                   "written by the spawner from the records above")
     if summary is not None:
         append_record(path, summary)
-
-
-def sweep_summary_from_records(records: list[dict[str, Any]], error: str) -> Any:
-    """A sweep's summary from its header and result records (status failed)."""
-    from commbench.results import SweepSummary, busbw_averages
-
-    results = [r for r in records if r.get("record") == "result"]
-    busbw, by_collective = busbw_averages([(r.get("collective", ""), r.get("busbw_gbps")) for r in results])
-    return SweepSummary(run_id=records[0].get("run_id", ""), status="failed", error=error, points=len(results),
-                        wrong=sum(r.get("wrong") or 0 for r in results), avg_busbw_gbps=busbw,
-                        stat=(records[0].get("config") or {}).get("stat", "mean"),
-                        avg_busbw_gbps_by_collective=by_collective)
 
 
 def end(code: int, plan: Plan) -> None:
@@ -274,11 +278,6 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _load(path: str) -> Any:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def handle_stop_signals() -> None:
     """In a rank's main thread: the first SIGINT raises KeyboardInterrupt, the first SIGTERM `Stopped`,
     and any later SIGINT or SIGTERM is ignored (see the module's docstring). A SIGINT ignored from the
@@ -321,12 +320,16 @@ def main() -> None:
     handle_stop_signals()
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        payload = json.loads(os.environ[JOB_VAR])
-        config_class, function = (_load(path) for path in JOBS[payload["job"]][:2])
-        cfg = config_class.from_json(payload["config"])
+        try:
+            payload = json.loads(os.environ[JOB_VAR])
+            job = declared_job(payload["job"])
+        except (KeyError, TypeError, ValueError, ImportError, AttributeError) as exc:  # not a commbench spawner's
+            fail(LaunchInfo.local(0, 1, 0), f"error: {JOB_VAR}: {exc}")
+            exit_now(EXIT_USAGE)
+        cfg = job.config.from_json(payload["config"])
         if WATCHDOG_VAR in os.environ:
             watch_spawner(int(os.environ[WATCHDOG_VAR]), stop_margin_s(cfg.timeout_s))
-        code = function(cfg, from_environment(os.environ, detect_launcher(os.environ) or "spawn"), payload["argv"])
+        code = job.rank(cfg, from_environment(os.environ, detect_launcher(os.environ) or "spawn"), payload["argv"])
     except KeyboardInterrupt:  # before the rank's frame started, or after it ended
         code = EXIT_INTERRUPTED
     report_exit(code)
@@ -346,4 +349,8 @@ def report_exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # the rank runs in the module as the package imports it, not in this copy (__main__): the jobs' declarations
+    # are of its Job, and its signal state is the one run_rank reads
+    from commbench import job as frame
+
+    frame.main()

@@ -10,7 +10,7 @@ and times each; the step ends when the backward and the last allreduce are done,
 the optimizer. A step splits into the replayed compute, the exposed communication (the wait
 after the backward while an allreduce is in flight) and other (the rest: see StepTimes).
 
-`run_proxy` is the `proxy` job of commbench/job.py; its header, per-step records and summary
+`run_proxy` is the `proxy` job (PROXY_JOB, handed to commbench/job.py); its header, per-step records and summary
 are proxies/context.py's, shared with `train`, inside the rank frame of every job
 (backends/rank_frame.py).
 """
@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 
 from commbench import collectives as C
+from commbench.job import Job
 from commbench.launch import peer_wait_s
 from commbench.proxies.channels import ThreadChannel, WorkChannel
 from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.comm_plan import CommPlan, describe_calls, points
-from commbench.proxies.context import RankContext, run_rank
+from commbench.proxies.config import ProxyConfig
+from commbench.proxies.context import RankContext, run_rank, summary_from_records
 from commbench.proxies.setup_steps import Compute, Layout
 from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step
 
@@ -124,6 +126,9 @@ def run_proxy(cfg, launch, argv: list[str]) -> int:
 
         return run_rank(cfg, launch, argv, replay_layout_steps, kind="proxy")
     return run_rank(cfg, launch, argv, _replay_steps, kind="proxy")
+
+
+PROXY_JOB = Job("proxy", f"{__name__}:PROXY_JOB", ProxyConfig, run_proxy, summary_from_records)
 
 
 # ---------------------------------------------------------------- any setup (proxies/setups.py)

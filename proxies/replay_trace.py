@@ -23,10 +23,11 @@ from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
 from commbench.errors import EXIT_OK, BackendError
+from commbench.job import Job
 from commbench.launch import peer_wait_s
 from commbench.proxies.channels import WorkChannel
 from commbench.proxies.clocks import SleepClock
-from commbench.proxies.context import summary_of
+from commbench.proxies.context import summary_from_records, summary_of
 from commbench.proxies.replay import run_plan
 from commbench.proxies.steps import METRICS, STEP, StepLog
 from commbench.proxies.trace_calls import JobTrace, step_plan
@@ -66,6 +67,10 @@ def run_trace_replay(cfg: TraceReplayConfig, launch, argv: list[str]) -> int:
             state["channel"].close()
 
     return run_on_backend(cfg.backend, launch, body, on_fault, close)
+
+
+TRACE_REPLAY_JOB = Job("replay", f"{__name__}:TRACE_REPLAY_JOB", TraceReplayConfig, run_trace_replay,
+                       summary_from_records)
 
 
 def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], state: dict) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commbench.job import Job
 from commbench.proxies.catalog import (
     CATALOG,
     BuiltModel,
@@ -26,6 +27,8 @@ from commbench.proxies.catalog import (
     loss_of,
     runs_foreign_code,
 )
+from commbench.proxies.config import ProxyConfig
+from commbench.proxies.context import run_rank, summary_from_records
 from commbench.proxies.profile import Profile
 
 LEARNING_RATE, MOMENTUM = 0.01, 0.9
@@ -245,9 +248,10 @@ def _free_bytes(device: str) -> int | None:
 
 def run_train(cfg, launch, argv: list[str]) -> int:
     """The `train` job on this rank; returns the exit code (2: does not fit, 3: a rank failed)."""
-    from commbench.proxies.context import run_rank
-
     return run_rank(cfg, launch, argv, _train_steps)
+
+
+TRAIN_JOB = Job("train", f"{__name__}:TRAIN_JOB", ProxyConfig, run_train, summary_from_records)
 
 
 def _train_steps(ctx) -> None:

@@ -247,6 +247,7 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, splits, forc
     -N, -d all and -o all run as one job with one table, as nccl-tests runs them: each type and
     op pass after the last, every record in the -J file."""
     from commbench import job
+    from commbench.bench import SWEEP_JOB
     from commbench.commands.sweep import plan_sweep, sweep
 
     translation = translate(binary, list(flags))
@@ -262,7 +263,7 @@ def nccl_tests_command(backend, algorithm, launcher, oversubscribe, splits, forc
     cfg, plan = one_job(translation, _plans(translation, extra, plan_sweep, sweep))
     for note in translation.notes if plan.lead else ():
         click.echo(f"# note: {note}")
-    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+    job.end(job.run(SWEEP_JOB, cfg, plan, sys.argv), plan)
 
 
 def one_job(translation: Translation, plans: list) -> tuple:

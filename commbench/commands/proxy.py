@@ -97,6 +97,7 @@ def proxy_command(**options) -> None:
     """
     from commbench import job
     from commbench.commands.proxy_plan import make_config, say_note
+    from commbench.proxies.replay import PROXY_JOB
 
     cfg, plan = make_config(options)
     if plan.mode == "local":  # predicted by the cost model: no ranks
@@ -110,7 +111,7 @@ def proxy_command(**options) -> None:
 
         check_writable(train_twin(cfg).json_path, "--validate", options["force"])
     try:
-        code = _launch("proxy", cfg, plan, options["force"])
+        code = _launch(PROXY_JOB, cfg, plan, options["force"])
         if code == EXIT_OK and options["validate"]:
             code = _validate(cfg, plan, keep=bool(options["json_path"]), force=options["force"])
     finally:
@@ -135,7 +136,9 @@ def train_command(**options) -> None:
     from commbench.commands.proxy_plan import make_config
 
     cfg, plan = make_config(options)
-    job.end(_launch("train", cfg, plan, options["force"]), plan)
+    from commbench.proxies.train import TRAIN_JOB
+
+    job.end(_launch(TRAIN_JOB, cfg, plan, options["force"]), plan)
 
 
 def _usage(call):
@@ -149,13 +152,13 @@ def _usage(call):
         raise UsageFault(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
 
-def _launch(name: str, cfg, plan, force: bool) -> int:
+def _launch(run_job, cfg, plan, force: bool) -> int:
     from commbench import job
     from commbench.commands.proxy_plan import say_note
 
     check_writable(cfg.json_path, "--json", force)
     say_note(plan)
-    return job.run(name, cfg, plan, sys.argv)
+    return job.run(run_job, cfg, plan, sys.argv)
 
 
 def _validate(cfg, plan, keep: bool, force: bool) -> int:
@@ -166,7 +169,9 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
         click.echo(f"# validate: real training of setup {cfg.setup} with the same model, batch, ranks, knobs and "
                    f"backend" + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
-    code = _launch("train", train_cfg, plan, force)
+    from commbench.proxies.train import TRAIN_JOB
+
+    code = _launch(TRAIN_JOB, train_cfg, plan, force)
     if code == EXIT_OK and lead:
         R.report_validation(cfg, train_cfg, show_paths=keep)
     return code

@@ -85,7 +85,7 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
     from commbench import job
     from commbench.backends import BackendConfig
     from commbench.commands.backend_options import settle_backend
-    from commbench.proxies.replay_trace import TraceReplayConfig
+    from commbench.proxies.replay_trace import TRACE_REPLAY_JOB, TraceReplayConfig
 
     world = info.world_size if info is not None else shape[0] * shape[1] if shape else job_trace.world
     if world != job_trace.world:
@@ -102,4 +102,4 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
                                 or job.launcher_of(launcher))
     cfg = TraceReplayConfig(traces=tuple(os.path.abspath(t) for t in traces), steps=steps,
                             warmup_steps=warmup_steps, compute=compute, backend=settled, json_path=json_path)
-    job.end(job.run("replay", cfg, plan, sys.argv), plan)
+    job.end(job.run(TRACE_REPLAY_JOB, cfg, plan, sys.argv), plan)

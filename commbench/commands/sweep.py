@@ -168,9 +168,10 @@ def sweep(**options) -> None:
     joins the existing job.
     """
     from commbench import job
+    from commbench.bench import SWEEP_JOB
 
     cfg, plan = plan_sweep(options)
-    job.end(job.run("sweep", cfg, plan, sys.argv), plan)
+    job.end(job.run(SWEEP_JOB, cfg, plan, sys.argv), plan)
 
 
 def plan_sweep(options: dict):

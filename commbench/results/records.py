@@ -162,6 +162,17 @@ class SweepSummary(Record):
     avg_busbw_gbps_by_collective: dict[str, float | None] | None = None
     memory: list[dict[str, Any]] | None = None  # --memory-report (nccl-tests -M): each rank's (point_timing.py)
 
+    @classmethod
+    def failed_from(cls, records: list[dict[str, Any]], error: str) -> SweepSummary:
+        """A sweep's summary, status failed, from its header and result records (the spawner ends a file so
+        when rank 0 died before writing its own: job.close_records)."""
+        results = [r for r in records if r.get("record") == "result"]
+        busbw, by_collective = busbw_averages([(r.get("collective", ""), r.get("busbw_gbps")) for r in results])
+        return cls(run_id=records[0].get("run_id", ""), status="failed", error=error, points=len(results),
+                   wrong=sum(r.get("wrong") or 0 for r in results), avg_busbw_gbps=busbw,
+                   stat=(records[0].get("config") or {}).get("stat", "mean"),
+                   avg_busbw_gbps_by_collective=by_collective)
+
 
 def busbw_averages(points: list[tuple[str, float | None]]) -> tuple[float | None, dict[str, float | None]]:
     """(mean busbw over every point, {collective: its mean}) of (collective, busbw_gbps) pairs in run order: the

@@ -141,14 +141,14 @@ def test_progress_names_its_unit():
 
 
 def test_sweep_notes_ranks_beyond_the_hosts_cores():
-    from commbench.bench import _oversubscribed
+    from commbench.environment import oversubscribed
 
-    assert _oversubscribed([{"host": "a", "cpus": 2}] * 4) == "4 ranks on a host of 2 cores"
-    assert _oversubscribed([{"host": "a", "cpus": 2}] * 2) is None
-    assert _oversubscribed([{"host": "a", "cpus": None}] * 4) is None
+    assert oversubscribed([{"host": "a", "cpus": 2}] * 4) == "4 ranks on a host of 2 cores"
+    assert oversubscribed([{"host": "a", "cpus": 2}] * 2) is None
+    assert oversubscribed([{"host": "a", "cpus": None}] * 4) is None
     bound = [{"host": "a", "cpus": 2, "cpu_affinity": str(r)} for r in range(2)]  # mpirun: a core each
-    assert _oversubscribed(bound) is None
-    assert _oversubscribed(bound * 2) == "4 ranks on a host of 2 cores"
+    assert oversubscribed(bound) is None
+    assert oversubscribed(bound * 2) == "4 ranks on a host of 2 cores"
 
 
 def test_an_emulated_clusters_header_does_not_say_one_host_above_its_nodes(capsys, monkeypatch):

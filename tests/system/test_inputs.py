@@ -664,7 +664,8 @@ def test_the_record_closing_reads_no_device_back(tmp_path):
     import sys
 
     script = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
-              "from commbench import job; job.close_records('sweep', '/dev/zero'); print('done')")
+              "from commbench import job; from commbench.bench import SWEEP_JOB; "
+              "job.close_records(SWEEP_JOB, '/dev/zero'); print('done')")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr[-500:]
 
@@ -677,7 +678,9 @@ def test_the_record_closing_sums_up_only_the_appended_run(tmp_path, capsys):
     assert run(capsys, *sweep)[0] == 0
     earlier = out.read_text().splitlines()
     out.write_text("\n".join([*earlier, earlier[0], earlier[1]]) + "\n{\"record\": \"res")  # a second run, killed
-    job.close_records("sweep", str(out))
+    from commbench.bench import SWEEP_JOB
+
+    job.close_records(SWEEP_JOB, str(out))
     summary = read_records(str(out))[-1]
     assert summary["record"] == "summary" and summary["status"] == "failed" and summary["points"] == 1
 

@@ -163,7 +163,7 @@ def test_a_rank_bound_to_one_core_records_the_hosts_cores_and_its_affinity(monke
     host of 1 cores (oversubscribed)" on a 2-core host."""
     import os
 
-    from commbench.bench import _oversubscribed
+    from commbench.environment import oversubscribed
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     entries = []
@@ -171,8 +171,8 @@ def test_a_rank_bound_to_one_core_records_the_hosts_cores_and_its_affinity(monke
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, core=core: {core})
         entries.append(local_environment("cpu"))
     assert [(e["cpus"], e["cpu_affinity"]) for e in entries] == [(2, "0"), (2, "1")]
-    assert _oversubscribed(entries) is None
-    assert _oversubscribed([entries[0], entries[0]]) == "2 ranks on 1 of the host's 2 cores, by their CPU affinity"
+    assert oversubscribed(entries) is None
+    assert oversubscribed([entries[0], entries[0]]) == "2 ranks on 1 of the host's 2 cores, by their CPU affinity"
 
 
 def test_a_hosts_cores_are_its_ranks_affinities_together():
