@@ -40,17 +40,17 @@ def emulate_options(function):
              "(docs/emulation.md).")(function)
 
 
-def emulated_shape(options: dict, conflicts: dict[str, object]) -> tuple[int, int, int] | None:
+def emulated_shape(emulate: str | None, link: str | None, conflicts: dict[str, object]) -> tuple[int, int, int] | None:
     """(nodes, ranks per node, link bit/s) when --emulate is given, else None (and --link refused).
     Options that say the scale or the launch another way are refused beside it, one line."""
     from commbench.emulate import EmulateError, parse_rate, parse_shape, require_privileges
     from commbench.launch import detect_launcher
 
-    for flag in ("emulate", "link"):  # given but empty: not the default, not "no cluster"
-        if options.get(flag) is not None and not options[flag].strip():
+    for flag, value in (("emulate", emulate), ("link", link)):  # given but empty: not the default, not "no cluster"
+        if value is not None and not value.strip():
             raise UsageFault(f"--{flag} '': empty; give {'NODESxRANKS' if flag == 'emulate' else 'a rate, e.g. 1gbit'}")
-    if not options.get("emulate"):
-        if options.get("link") is not None:
+    if not emulate:
+        if link is not None:
             raise UsageFault("--link sets the rate of an emulated cluster's links: give --emulate NODESxRANKS too")
         return None
     given = [flag for flag, value in conflicts.items() if value]
@@ -59,8 +59,8 @@ def emulated_shape(options: dict, conflicts: dict[str, object]) -> tuple[int, in
     if detect_launcher(os.environ) is not None:
         raise UsageFault("--emulate starts its own launchers: run it outside torchrun, srun or mpirun")
     try:
-        nodes, ranks = parse_shape(options["emulate"])
-        rate = parse_rate(options["link"] or DEFAULT_LINK)
+        nodes, ranks = parse_shape(emulate)
+        rate = parse_rate(link or DEFAULT_LINK)
         require_privileges()
     except EmulateError as exc:
         raise UsageFault(str(exc)) from exc

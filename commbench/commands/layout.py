@@ -7,7 +7,7 @@ only part of the layout is given (the ranks per node of its hardware, of this ho
 stays its own, and its help says so."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commbench.commands.common import UsageFault
 
@@ -83,31 +83,32 @@ def complete(layout: Layout, world: int | None, per_node_default: int) -> Layout
     return Layout(nodes, per_node)
 
 
-def for_sweep(options: dict, joined: bool) -> dict:
+def for_sweep(options, joined: bool):
     """sweep's options with the layout said once: --nodes/--gpus-per-node folded into --topology, and
     when this command makes the ranks (spawned, or in process) into --nprocs too, so that --topology
     2x4 runs 8 ranks. In a launcher's job (`joined`) the job has its own size, which the backend
-    checks the layout against. Beside --emulate (its own layout), --nodes/--gpus-per-node are refused."""
-    nodes, per_node = options.get("nodes"), options.get("gpus_per_node")
-    if options.get("emulate"):
+    checks the layout against. Beside --emulate (its own layout), --nodes/--gpus-per-node are refused.
+    `options`: commands/sweep_options.SweepOptions; returned with its topology and nprocs settled."""
+    nodes, per_node = options.nodes, options.gpus_per_node
+    if options.emulate:
         given = [flag for flag, value in (("--nodes", nodes), ("--gpus-per-node", per_node)) if value is not None]
         if given:
             raise UsageFault(f"--emulate NODESxRANKS sets the job's layout and launch: drop {', '.join(given)}")
         return options
-    world = None if joined else options.get("nprocs")
-    said = settle(options.get("topology"), nodes, per_node, world)
+    world = None if joined else options.nprocs
+    said = settle(options.topology, nodes, per_node, world)
     if not said.given:
         return options
     said = complete(said, world, local_gpus() or 1)
-    nprocs = options.get("nprocs") if joined or world is not None else said.nodes * said.per_node
-    if not _runs_schedules(options.get("backend")):  # a library lays out its own ranks: the layout says how many
+    nprocs = options.nprocs if joined or world is not None else said.nodes * said.per_node
+    if not _runs_schedules(options.backend):  # a library lays out its own ranks: the layout says how many
         if not joined and said.nodes > 1:
             raise UsageFault(f"layout {said.spec()}: ranks spawned here are all on this host, and --backend "
-                             f"{options.get('backend')} cannot lay them out as {said.nodes} nodes: start them with "
+                             f"{options.backend} cannot lay them out as {said.nodes} nodes: start them with "
                              f"a launcher (torchrun --nnodes {said.nodes}), emulate the nodes (--emulate "
                              f"{said.spec()}), or give --nprocs {said.nodes * said.per_node} alone")
-        return {**options, "topology": None, "nprocs": nprocs}
-    return {**options, "topology": said.spec(), "nprocs": nprocs}
+        return replace(options, topology=None, nprocs=nprocs)
+    return replace(options, topology=said.spec(), nprocs=nprocs)
 
 
 def _runs_schedules(backend: str | None) -> bool:

@@ -290,10 +290,12 @@ SWEEP_OPTION_FLAGS = (("--json ", "-J "), ("--misalign ", "-u "), ("--blocking "
 def _plans(translation: Translation, extra: list[str], plan_sweep, sweep) -> list:
     """(config, plan) of every -d/-o pair; with -d all / -o all, the pairs the backend refuses
     (avg of integers on gloo, say) are left out with a note, as long as one remains."""
+    from commbench.commands.sweep_options import SweepOptions
+
     plans, refused = [], []
     for run in translation.runs:
         try:
-            plans.append(plan_sweep(sweep.make_context("sweep", [*run, *extra]).params))
+            plans.append(plan_sweep(SweepOptions.from_click(sweep.make_context("sweep", [*run, *extra]).params)))
         except UsageFault as exc:
             for option, flag in SWEEP_OPTION_FLAGS:  # said with the flag the user gave
                 if exc.message.startswith(option):

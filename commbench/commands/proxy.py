@@ -96,26 +96,28 @@ def proxy_command(**options) -> None:
     backward), other (the rest of the step) and step time: step = compute + exposed + other.
     """
     from commbench import job
+    from commbench.commands.proxy_options import ProxyOptions
     from commbench.commands.proxy_plan import make_config, say_note
     from commbench.proxies.replay import PROXY_JOB
 
-    cfg, plan = make_config(options)
+    o = ProxyOptions.from_click(options)
+    cfg, plan = make_config(o)
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.analysis.predict_proxy import predict_proxy
 
-        check_writable(cfg.json_path, "--json", options["force"])
+        check_writable(cfg.json_path, "--json", o.force)
         say_note(plan)
         sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
-    if options["validate"] and options["json_path"]:  # the training twin's file, refused before any work
+    if o.validate and o.json_path:  # the training twin's file, refused before any work
         from commbench.proxies.run import train_twin
 
-        check_writable(train_twin(cfg).json_path, "--validate", options["force"])
+        check_writable(train_twin(cfg).json_path, "--validate", o.force)
     try:
-        code = _launch(PROXY_JOB, cfg, plan, options["force"])
-        if code == EXIT_OK and options["validate"]:
-            code = _validate(cfg, plan, keep=bool(options["json_path"]), force=options["force"])
+        code = _launch(PROXY_JOB, cfg, plan, o.force)
+        if code == EXIT_OK and o.validate:
+            code = _validate(cfg, plan, keep=bool(o.json_path), force=o.force)
     finally:
-        if options["validate"] and not options["json_path"]:  # records in a folder of our own: kept with --json only
+        if o.validate and not o.json_path:  # records in a folder of our own: kept with --json only
             shutil.rmtree(os.path.dirname(cfg.json_path), ignore_errors=True)
     job.end(code, plan)
 
@@ -130,15 +132,14 @@ Examples:
 @click.option("--amp", is_flag=True, help="Mixed precision (fp16 autocast with a grad scaler) on GPU.")
 def train_command(**options) -> None:
     """Train MODEL for real as --setup says (torch DDP or FSDP2; random weights, synthetic data) and time each step."""
-    options.update(backend="torch", algorithm="auto", nodes=None, gpus_per_node=None, spawn_local=False, hw=None,
-                   compute=None, tflops=None, no_bucketing=False, single_bucket=False, validate=False, train=True)
     from commbench import job
+    from commbench.commands.proxy_options import ProxyOptions
     from commbench.commands.proxy_plan import make_config
-
-    cfg, plan = make_config(options)
     from commbench.proxies.train import TRAIN_JOB
 
-    job.end(_launch(TRAIN_JOB, cfg, plan, options["force"]), plan)
+    o = ProxyOptions.from_click(options, train=True)  # what train has no option for keeps its default: torch, real
+    cfg, plan = make_config(o)
+    job.end(_launch(TRAIN_JOB, cfg, plan, o.force), plan)
 
 
 def _usage(call):

@@ -27,49 +27,39 @@ def layout_replay_options(fn):
     return fn
 
 
-def layout_fields(options: dict, profile, compute: str, world: int, ranks_per_node: int) -> dict:
-    """The ProxyConfig fields of `--layout` ({} without it); a layout that cannot run here is one line."""
+def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int) -> dict:
+    """The ProxyConfig fields of `--layout` ({} without it); a layout that cannot run here is one line.
+    `o`: the command's options (commands/proxy_options.ProxyOptions); `cls`: the backend's class."""
     from commbench.proxies.parallelism import LayoutError, parse_layout
     from commbench.proxies.setups import SetupError, settle
 
-    text = options.get("layout")
+    text = o.layout
     if text is None:
         return {}
     shape = profile.transformer
     refusals = [(shape is None, f"--layout needs a transformer's shape, and profile {profile.name} has none "
                                 "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
-                (not _makes_torch_calls(options.get("backend")),
+                (not (cls.makes_ddp_calls and cls.runs_rank_groups),  # torch.distributed's calls on groups
                  "--layout replays on --backend torch (gloo or NCCL groups)"),
                 (compute == "measured", "--layout emulates the compute from the shape's FLOPs: give --tflops RATE "
                                         "or --compute none"),
-                (bool(options.get("validate")), "--validate compares with DDP training, not with a --layout"),
-                (options.get("batch") is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
-                                                   "--microbatches, not --batch")]
+                (o.validate, "--validate compares with DDP training, not with a --layout"),
+                (o.batch is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
+                                      "--microbatches, not --batch")]
     for refused, line in refusals:
         if refused:
             raise UsageFault(line)
     for flag in ("microbatch", "microbatches", "virtual_stages"):
-        if options.get(flag) is not None and options[flag] < 1:
-            raise UsageFault(f"--{flag.replace('_', '-')} {options[flag]}: must be at least 1")
+        if getattr(o, flag) is not None and getattr(o, flag) < 1:
+            raise UsageFault(f"--{flag.replace('_', '-')} {getattr(o, flag)}: must be at least 1")
     try:
-        par = parse_layout(text, options.get("setup") or "ddp", world, pp_schedule=options["pp_schedule"],
-                           virtual_stages=options["virtual_stages"])
-        microbatches = options.get("microbatches") or (2 * par.pp if par.pp > 1 else 1)
+        par = parse_layout(text, o.setup, world, pp_schedule=o.pp_schedule, virtual_stages=o.virtual_stages)
+        microbatches = o.microbatches or (2 * par.pp if par.pp > 1 else 1)
         par = replace(par, microbatches=microbatches)
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
         settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
     except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
-    return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": options["microbatch"],
-            "checkpointing": options["checkpointing"], "setup": par.setup}
+    return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": o.microbatch,
+            "checkpointing": o.checkpointing, "setup": par.setup}
 
-
-def _makes_torch_calls(backend: str | None) -> bool:
-    """The backend issues torch.distributed's calls on groups of ranks (what the replay runs on)."""
-    from commbench.backends import BackendError, backend_class
-
-    try:
-        cls = backend_class(backend or "torch")
-    except BackendError:
-        return False
-    return cls.makes_ddp_calls and cls.runs_rank_groups

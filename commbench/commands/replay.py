@@ -73,7 +73,7 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
         from commbench.commands.replay_table import predict_and_print
 
         sys.exit(predict_and_print(job_trace, hw, topology, compute_scale, json_path, sys.argv))
-    shape = emulated_shape({"emulate": emulate, "link": link}, {"--launcher": launcher != "auto"})
+    shape = emulated_shape(emulate, link, {"--launcher": launcher != "auto"})
     _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, device, launcher, timeout_s,
             json_path, info, shape)
 

@@ -11,6 +11,7 @@ from commbench.algorithms import listing
 from commbench.commands import layout
 from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
+from commbench.commands.sweep_options import SweepOptions
 
 SWEEP_EXAMPLES = """
 \b
@@ -170,45 +171,45 @@ def sweep(**options) -> None:
     from commbench import job
     from commbench.bench import SWEEP_JOB
 
-    cfg, plan = plan_sweep(options)
+    cfg, plan = plan_sweep(SweepOptions.from_click(options))
     job.end(job.run(SWEEP_JOB, cfg, plan, sys.argv), plan)
 
 
-def plan_sweep(options: dict):
-    """The sweep's options (click's dict) checked into (SweepConfig, job.Plan), or one line and exit 2."""
+def plan_sweep(o: SweepOptions):
+    """The sweep's options checked into (SweepConfig, job.Plan), or one line and exit 2."""
     from commbench import job
 
-    _check_counts(options)
-    options = layout.for_sweep(options, joined=job.launcher_of(options["launcher"]) is not None)
-    shape = emulated_shape(options, {"--nprocs": options["nprocs"], "--topology": options["topology"],
-                                     "--launcher": options["launcher"] != "auto"})
-    cls, request = _backend(options, "torchrun" if shape else job.launcher_of(options["launcher"]))
+    _check_counts(o)
+    o = layout.for_sweep(o, joined=job.launcher_of(o.launcher) is not None)
+    shape = emulated_shape(o.emulate, o.link, {"--nprocs": o.nprocs, "--topology": o.topology,
+                                               "--launcher": o.launcher != "auto"})
+    cls, request = _backend(o, "torchrun" if shape else job.launcher_of(o.launcher))
     if shape:
-        return _emulated(options, cls, request, *shape)
+        return _emulated(o, cls, request, *shape)
     if cls.in_process(request):  # every rank lives in this process: nothing to launch or join
-        cfg, world = _sweep_config(options, cls, request, world=None)
+        cfg, world = _sweep_config(o, cls, request, world=None)
         return cfg, job.Plan("local", world)
-    return _spawn_or_join(options, cls, request)
+    return _spawn_or_join(o, cls, request)
 
 
-def _spawn_or_join(options: dict, cls, request):
+def _spawn_or_join(o: SweepOptions, cls, request):
     """(SweepConfig, Plan) for ranks in processes: spawn them here, or join the launcher's job
     (its variables are read only then, so an in-process backend never depends on them)."""
     from commbench import job
 
-    launcher, info = find_job(options["launcher"])
+    launcher, info = find_job(o.launcher)
     if info is None:
-        cfg, world = _sweep_config(options, cls, request, world=None)
+        cfg, world = _sweep_config(o, cls, request, world=None)
         return cfg, job.Plan("spawn", world)
-    if options["nprocs"] is not None and options["nprocs"] != info.world_size and info.rank == 0:
-        click.echo(f"commbench: note: --nprocs {options['nprocs']} ignored: {launcher} started "
+    if o.nprocs is not None and o.nprocs != info.world_size and info.rank == 0:
+        click.echo(f"commbench: note: --nprocs {o.nprocs} ignored: {launcher} started "
                    f"{info.world_size} rank(s)", err=True)
-    cfg, world = _sweep_config(options, cls, request, world=info.world_size, local_ranks=info.local_world_size,
+    cfg, world = _sweep_config(o, cls, request, world=info.world_size, local_ranks=info.local_world_size,
                                launched=True)
     return cfg, job.Plan("join", world, info)
 
 
-def _emulated(options: dict, cls, request, nodes: int, ranks: int, link_bps: int):
+def _emulated(o: SweepOptions, cls, request, nodes: int, ranks: int, link_bps: int):
     """(SweepConfig, Plan) for ranks on an emulated cluster: torchrun starts them, node by node."""
     from commbench import job
 
@@ -218,23 +219,22 @@ def _emulated(options: dict, cls, request, nodes: int, ranks: int, link_bps: int
     if cls.one_host and nodes > 1:
         raise UsageFault(f"--backend {cls.name} needs every rank on one host: --emulate {nodes}x{ranks} has "
                          f"{nodes} nodes (try --backend hybrid: shared memory inside a node)")
-    cfg, world = _sweep_config(options, cls, request, world=nodes * ranks, local_ranks=nodes * ranks)
+    cfg, world = _sweep_config(o, cls, request, world=nodes * ranks, local_ranks=nodes * ranks)
     return cfg, job.Plan("emulate", world, None, nodes, ranks, link_bps=link_bps)
 
 
-def _backend(options: dict, launcher: str | None):
+def _backend(o: SweepOptions, launcher: str | None):
     """(backend class, settled BackendConfig): the options a backend reads, checked by the backend."""
     from commbench.backends import BackendConfig
     from commbench.commands.backend_options import settle_backend
 
     return settle_backend(BackendConfig(
-        backend=options["backend"], torch_backend=options["torch_backend"], device=options["device"],
-        algorithm=options["algorithm"], topology=options["topology"], nprocs=options["nprocs"], hw=options["hw"],
-        cuda_mode=options["cuda_mode"], graph=options["graph"], timeout_s=options["timeout_s"],
-        tuning=options.get("tuning")), launcher)
+        backend=o.backend, torch_backend=o.torch_backend, device=o.device, algorithm=o.algorithm,
+        topology=o.topology, nprocs=o.nprocs, hw=o.hw, cuda_mode=o.cuda_mode, graph=o.graph, timeout_s=o.timeout_s,
+        tuning=o.tuning), launcher)
 
 
-def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: int | None = None,
+def _sweep_config(o: SweepOptions, cls, request, world: int | None, local_ranks: int | None = None,
                   launched: bool = False):
     """Validate everything that can be checked before any rank starts; (SweepConfig, world size)."""
     from commbench import collectives as C
@@ -244,17 +244,17 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
     from commbench.sweep_config import PLACEMENTS, SweepConfig
 
     try:
-        spec = options["sizes"] if options["sizes"] is not None else cls.default_sizes
-        sizes = parse_sizes(spec, options["factor"], options["step"])
-        names = C.resolve_collectives(options["collective_names"])
-        dtype = C.resolve_dtype(options["dtype"])
+        spec = o.sizes if o.sizes is not None else cls.default_sizes
+        sizes = parse_sizes(spec, o.factor, o.step)
+        names = C.resolve_collectives(o.collective_names)
+        dtype = C.resolve_dtype(o.dtype)
     except (SizeError, ValueError) as exc:
         raise UsageFault(str(exc)) from exc
-    op = options["op"].lower()
+    op = o.op.lower()
     if op not in C.OPS:
         hint = ("; -o is the reduction op, as in nccl-tests: results go to --json FILE or --csv FILE"
                 if any(mark in op for mark in "./") else "")
-        raise UsageFault(f"unknown op {options['op']!r}; choose from {', '.join(C.OPS)}{hint}")
+        raise UsageFault(f"unknown op {o.op!r}; choose from {', '.join(C.OPS)}{hint}")
     try:
         device, library = cls.resolve_device(request)
         if world is None:
@@ -263,26 +263,23 @@ def _sweep_config(options: dict, cls, request, world: int | None, local_ranks: i
             raise UsageFault(f"--nprocs {world}: need at least 1 rank")
         # a rooted collective needs a rank of this run; any other ignores the root, as nccl-tests' all_reduce_perf
         # ignores -r, but a value no run could have is refused alike
-        if not 0 <= options["root"] < (world if any(C.COLLECTIVES[n].rooted for n in names) else MAX_ROOT):
-            raise UsageFault(f"--root {options['root']}: must be a rank in 0..{world - 1}")
-        if _asks_for_all(options["collective_names"]):
+        if not 0 <= o.root < (world if any(C.COLLECTIVES[n].rooted for n in names) else MAX_ROOT):
+            raise UsageFault(f"--root {o.root}: must be a rank in 0..{world - 1}")
+        if _asks_for_all(o.collective_names):
             names = _runnable(names, cls, request, library, dtype, op, world, launched)
-        split_weights = _world_checks(names, world, options["splits"])
+        split_weights = _world_checks(names, world, o.splits)
         cls.check_request(request, library, names, dtype, op, world)
     except (BackendError, splits.SplitsError) as exc:
         raise UsageFault(str(exc)) from exc
-    _check_scale(options, cls, request, device, sizes, world, local_ranks or world, launched)
-    check_outputs(("--json", options["json_path"]), ("--csv", options["csv_path"]), force=options["force"],
-                  append=options["append"])
-    placements = PLACEMENTS if options["placement"] == "both" else (options["placement"],)
+    _check_scale(o, cls, request, device, sizes, world, local_ranks or world, launched)
+    check_outputs(("--json", o.json_path), ("--csv", o.csv_path), force=o.force, append=o.append)
+    placements = PLACEMENTS if o.placement == "both" else (o.placement,)
     cfg = SweepConfig(
-        collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=options["root"],
-        placements=tuple(placements), warmup=options["warmup"], iters=options["iters"],
-        min_time_s=options["min_time"], rank_agg=options["rank_agg"], stat=options["stat"], check=options["check"],
-        backend=replace(request, device=device, nprocs=world), json_path=options["json_path"],
-        csv_path=options["csv_path"], append=options["append"], monitor=options["monitor"],
-        nccl_tests_rows=options["nccl_tests_rows"], splits=options["splits"], split_weights=split_weights,
-        **_timing_options(options, dtype))
+        collectives=tuple(names), sizes=tuple(sizes), dtype=dtype.name, op=op, root=o.root,
+        placements=tuple(placements), warmup=o.warmup, iters=o.iters, min_time_s=o.min_time, rank_agg=o.rank_agg,
+        stat=o.stat, check=o.check, backend=replace(request, device=device, nprocs=world), json_path=o.json_path,
+        csv_path=o.csv_path, append=o.append, monitor=o.monitor, nccl_tests_rows=o.nccl_tests_rows,
+        splits=o.splits, split_weights=split_weights, **_timing_options(o, dtype))
     return cfg, world
 
 
@@ -325,38 +322,38 @@ def _world_checks(names: list[str], world: int, splits_spec: str) -> tuple:
     return splits.weights(splits_spec, world) if "alltoallv" in names else ()
 
 
-def _timing_options(options: dict, dtype) -> dict:
+def _timing_options(o: SweepOptions, dtype) -> dict:
     """--skip-iters, --p99, --timestamps, --memory-report, --misalign, --blocking, checked (one line each)."""
     from commbench.commands import options as O
 
-    shift, blocking = options["misalign_nbytes"], int(options["blocking"])
-    O.check({"--skip-iters": (O.NONNEGATIVE_COUNT, options["skip_iters"]),
+    shift, blocking = o.misalign_nbytes, int(o.blocking)
+    O.check({"--skip-iters": (O.NONNEGATIVE_COUNT, o.skip_iters),
              "--misalign": (O.Range(0, 1 << 16, integer=True), shift)})  # an offset from alignment, not a size
     if shift % dtype.itemsize:
         raise UsageFault(f"--misalign {shift}: not a multiple of {dtype.name}'s {dtype.itemsize} B (buffers are "
                          f"arrays of elements on every backend)")
-    if blocking and options["graph"]:
+    if blocking and o.graph:
         raise UsageFault(f"--blocking {blocking}: a CUDA graph (--graph) cannot wait or hold a barrier between calls")
-    return {"skip_iters": options["skip_iters"], "show_p99": options["show_p99"], "timestamps": options["timestamps"],
-            "memory_report": options["memory_report"], "misalign_nbytes": shift, "blocking": blocking}
+    return {"skip_iters": o.skip_iters, "show_p99": o.show_p99, "timestamps": o.timestamps,
+            "memory_report": o.memory_report, "misalign_nbytes": shift, "blocking": blocking}
 
 
-def _check_counts(options: dict) -> None:
+def _check_counts(o: SweepOptions) -> None:
     from commbench.commands import options as O
 
-    O.check({"--iters": (O.COUNT, options["iters"]), "--warmup": (O.NONNEGATIVE_COUNT, options["warmup"]),
-             "--min-time": (O.SECONDS, options["min_time"]), "--timeout": (O.TIMEOUT, options["timeout_s"]),
-             "--nprocs": (O.COUNT, options["nprocs"])})
+    O.check({"--iters": (O.COUNT, o.iters), "--warmup": (O.NONNEGATIVE_COUNT, o.warmup),
+             "--min-time": (O.SECONDS, o.min_time), "--timeout": (O.TIMEOUT, o.timeout_s),
+             "--nprocs": (O.COUNT, o.nprocs)})
 
 
-def _check_scale(options: dict, cls, request, device: str, sizes: list[int], world: int, local_ranks: int,
+def _check_scale(o: SweepOptions, cls, request, device: str, sizes: list[int], world: int, local_ranks: int,
                  launched: bool = False) -> None:
     """Refuse what this host cannot hold or run before any rank starts: more local ranks than it
     carries, more virtual ranks than the backend can step through, buffers larger than its memory."""
     from commbench.commands import options as O
 
     if local_ranks > 1 and not cls.in_process(request):
-        O.check_local_ranks(local_ranks, options["oversubscribe"], launched=launched)
+        O.check_local_ranks(local_ranks, o.oversubscribe, launched=launched)
     if cls.max_virtual_ranks is not None and world > cls.max_virtual_ranks:
         raise UsageFault(f"--nprocs {world}: {cls.name} runs every virtual rank's schedule in this process and "
                          f"its work grows as ranks^2: at most {cls.max_virtual_ranks}; `commbench predict` costs "
