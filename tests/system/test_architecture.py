@@ -406,6 +406,122 @@ def test_the_test_check_can_fail(tmp_path):
         "commbench/", "commands/test_swept.py: names no command", "unit/nowhere/: no such source folder"]
 
 
+# ---------------------------------------------------------------- every module has its tests (the other direction)
+
+# Modules with no test file of their own name, each with where its behaviour is tested instead, or that it is not.
+# The check fails on a module missing from here without a test file, and on an entry that has come to have one or
+# no longer exists, so the list only shrinks honestly. Keys as folder/module: the unit folders' keys, or commands/.
+UNTESTED_BY_NAME = {
+    # the emulated cluster needs root and network namespaces: tests/system/test_emulate*.py (skipped without root)
+    "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
+    "commands/emulate": "system/test_emulate.py",
+    # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py
+    "commbench/files": "unit/proxies/test_trace_*.py, system/test_inputs.py (devices, FIFOs, sizes)",
+    # the topology's links and levels are pinned by the cost model's and the algorithms' exact-value tests
+    "commbench/topology": "unit/commbench/test_costmodel*.py, test_algorithms.py",
+    # the backend interface and its shared parts, exercised by every backend's runs
+    "backends/base": "unit/commbench/test_sweep_config.py (BackendConfig), test_bench_*.py",
+    "backends/schedule_base": "unit/commbench/test_bench_schedules.py (every schedule backend)",
+    "backends/rank_frame": "every job's ranks: unit/commbench/test_bench_*.py, commands/test_proxy.py",
+    "backends/registry": "unit/commbench/test_results.py (record capabilities), this file (names)",
+    "backends/control": "unit/backends/test_cuda_sched_fake_gpu.py; the CPU backends' runs",
+    "backends/bfloat16": "unit/commbench/test_bench_schedules.py, test_collectives.py (bfloat16 results checked)",
+    # backends run by the harness's and the commands' tests, by name (--backend)
+    "backends/torch_dist": "commands/test_sweep.py, test_proxy.py (the default backend)",
+    "backends/sim": "unit/commbench/test_bench_schedules.py, test_costmodel.py",
+    "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_waits.py",
+    "backends/shm_segments": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_native.py",
+    # GPU parts: run only where a GPU is (tests/unit/backends/test_cuda_*.py, test_cupy_*.py skip without one)
+    "backends/gpu": "unit/backends/test_cuda_sched*.py, test_cupy_nccl*.py",
+    "backends/cuda_ipc": "unit/backends/test_cuda_sched.py (GPU), test_cuda_sched_fake_gpu.py",
+    "backends/kernel_checks": "unit/backends/test_cuda_host.py, commands/test_selftest.py",
+    # analysis/ pieces pinned through the analyses that use them
+    "analysis/check": "commands/test_check.py, unit/analysis/test_fit_oversubscribed.py",
+    "analysis/hosts": "unit/analysis/test_fit_oversubscribed.py, system/test_launchers.py",
+    "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
+    "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",
+    "analysis/provenance": "unit/analysis/test_intervals.py, test_predict_interval.py",
+    "analysis/published": "unit/analysis/test_calibration.py",
+    "analysis/scale_terms": "unit/analysis/test_calibration.py, test_stragglers.py",
+    # proxies/: the replay's and training's runtime, tested by the proxy, train and replay commands
+    "proxies/config": "commands/test_proxy*.py, unit/commbench/test_sweep_config.py (RanksConfig)",
+    "proxies/context": "commands/test_proxy.py (headers, steps, summaries), system/test_faults.py (after faults)",
+    "proxies/run": "commands/test_proxy.py (--validate, profiles)",
+    "proxies/steps": "unit/commbench/test_results.py, commands/test_proxy.py",
+    "proxies/channels": "unit/proxies/test_timeline.py, system/test_faults.py",
+    "proxies/clocks": "unit/proxies/test_timeline.py, system/test_faults.py",
+    "proxies/comm_plan": "unit/proxies/test_setups.py, test_trace_calls.py, unit/analysis/test_predict_layout.py",
+    "proxies/setup_steps": "unit/proxies/test_setups_torch.py, test_replay_layout.py",
+    "proxies/train_setups": "unit/proxies/test_setups_torch.py",
+    "proxies/catalog": "unit/proxies/test_profile_shipped.py, test_units.py, system/test_security.py",
+    "proxies/replay_trace": "commands/test_replay.py, system/test_emulate_replay.py",
+    "proxies/trace_files": "unit/proxies/test_trace_*.py, unit/analysis/test_predict_trace.py",
+    "proxies/trace_json": "unit/proxies/test_trace_torch.py",
+    "proxies/stage_share": "unit/proxies/test_replay_layout.py, unit/analysis/test_predict_layout.py",
+    "proxies/train_layout_parts": "unit/proxies/test_train_layouts.py (one 4-rank job trains every layout)",
+    "proxies/train_layout_moe": "unit/proxies/test_train_layouts.py",
+    "proxies/train_layout_ring": "unit/proxies/test_train_layouts.py",
+    "proxies/train_layout_trace": "unit/proxies/test_train_layouts.py",
+    # commands/: helpers shared by several commands, tested through them; commands tested under other names
+    "commands/__main__": "commands/test_cli.py (python -m commbench)",
+    "commands/common": "commands/test_cli*.py, system/test_inputs.py (outputs, one-line faults)",
+    "commands/options": "commands/test_cli_option_limits.py, system/test_inputs.py",
+    "commands/layout": "commands/test_cli_layout.py, test_sweep_layout.py",
+    "commands/setup_flags": "commands/test_proxy_setups.py, test_cli_exit_codes.py",
+    "commands/backend_options": "unit/commbench/test_sweep_config.py (the ranks get what the backend settled)",
+    "commands/predict_layouts": "commands/test_predict_scaling_layouts.py",
+    "commands/proxy_plan": "commands/test_proxy*.py, test_cli_exit_codes.py",
+    "commands/replay_table": "commands/test_replay.py",
+    "commands/fit": "unit/analysis/test_fit_*.py, system/test_inputs.py (the command's bad input)",
+    "commands/compare": "unit/analysis/test_compare.py, test_report_compare.py",
+}
+COMMANDS_FOLDER = ROOT / "commbench" / "commands"
+
+
+def _command_names_by_module() -> dict[str, set[str]]:
+    """commands/<module> -> the commands it defines, as test files name them (`nccl-tests`: nccl_tests)."""
+    from commbench.cli import cli
+
+    found: dict[str, set[str]] = {}
+    for name, command in cli.commands.items():
+        callback = command.callback or next(iter(getattr(command, "commands", {}).values())).callback
+        found.setdefault(callback.__module__.rpartition(".")[2], set()).add(name.replace("-", "_"))
+    return found
+
+
+def modules_without_tests(tests: Path = TESTS, allowed: dict | None = None, commands: dict | None = None) -> list[str]:
+    """Modules with no test file of their name (unit/<folder>/test_<module>[_aspect].py; for commands/, and cli.py and
+    __main__.py, commands/test_<module or its command>[_aspect].py) and not in UNTESTED_BY_NAME; and entries there
+    that have a test file of their name or name no module."""
+    allowed = UNTESTED_BY_NAME if allowed is None else allowed
+    commands = _command_names_by_module() if commands is None else commands
+    wanted = {f"{key}/{name}": ({name}, tests / "unit" / key) for key, folder in UNIT_FOLDERS.items()
+              for name in _names_in(folder) - ({"cli", "__main__", "commands", "backends"} if key == "commbench" else set())}
+    wanted |= {f"commands/{name}": ({name} | commands.get(name, set()), tests / "commands")
+               for name in _names_in(COMMANDS_FOLDER) | {"cli", "__main__"}}
+    tested = {key for key, (names, folder) in wanted.items()
+              if any(_named_after(p.stem, names) for p in folder.glob("test_*.py"))}
+    return ([f"{key}: no test file of its name; write one, or say in UNTESTED_BY_NAME where it is tested"
+             for key in sorted(set(wanted) - tested - set(allowed))] +
+            [f"{key}: in UNTESTED_BY_NAME but {'has a test file of its name' if key in tested else 'no such module'}"
+             for key in sorted(set(allowed) & tested | set(allowed) - set(wanted))])
+
+
+def test_every_module_has_a_test_file_of_its_name_or_says_where_it_is_tested():
+    assert modules_without_tests() == []
+
+
+def test_the_module_check_can_fail(tmp_path):
+    (tmp_path / "unit" / "commbench").mkdir(parents=True)
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "unit" / "commbench" / "test_sizes.py").write_text("")
+    found = modules_without_tests(tmp_path, {"commbench/sizes": "x", "commbench/nowhere": "y"}, {})
+    assert "commbench/sizes: in UNTESTED_BY_NAME but has a test file of its name" in found
+    assert "commbench/nowhere: in UNTESTED_BY_NAME but no such module" in found
+    assert "commbench/collectives: no test file of its name; write one, or say in UNTESTED_BY_NAME where it is " \
+           "tested" in found
+
+
 
 if __name__ == "__main__":
     graph = import_graph()
