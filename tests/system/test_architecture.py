@@ -495,8 +495,9 @@ def modules_without_tests(tests: Path = TESTS, allowed: dict | None = None, comm
     that have a test file of their name or name no module."""
     allowed = UNTESTED_BY_NAME if allowed is None else allowed
     commands = _command_names_by_module() if commands is None else commands
+    elsewhere = {"cli", "__main__", "commands", "backends"}  # commbench/'s modules tested under another key
     wanted = {f"{key}/{name}": ({name}, tests / "unit" / key) for key, folder in UNIT_FOLDERS.items()
-              for name in _names_in(folder) - ({"cli", "__main__", "commands", "backends"} if key == "commbench" else set())}
+              for name in _names_in(folder) - (elsewhere if key == "commbench" else set())}
     wanted |= {f"commands/{name}": ({name} | commands.get(name, set()), tests / "commands")
                for name in _names_in(COMMANDS_FOLDER) | {"cli", "__main__"}}
     tested = {key for key, (names, folder) in wanted.items()
