@@ -55,6 +55,14 @@ def bounds(residuals: Sequence[float], level: Fraction = LEVEL) -> tuple[float, 
     return float(low), float(high)
 
 
+def centre(residuals: Sequence[float]) -> float:
+    """The median residual: the offset that centres a prediction inside its interval (see Calibration.centre)."""
+    values = np.asarray(residuals, dtype=float)
+    if not len(values) or not np.isfinite(values).all():
+        raise CalibrationError("calibration needs at least one finite residual")
+    return float(np.median(values))
+
+
 def leave_one_source_out(residuals: Mapping[str, Sequence[float]],
                          level: Fraction = LEVEL) -> dict[str, tuple[float, float]]:
     """For each source, the bounds from every other source's residuals (never its own)."""
@@ -72,6 +80,21 @@ class Calibration:
 
     def bounds(self) -> tuple[float, float]:
         return bounds(self.residuals, self.level)
+
+    def centre(self) -> float:
+        """The offset that centres a prediction: the median residual. It lies between the interval's order
+        statistics (k_lo <= (n + 1) / 2 <= k_hi at any level), so the calibrated point is inside its interval."""
+        return centre(self.residuals)
+
+    def linearity_estimate(self, linearity: float) -> float:
+        """The calibrated linearity of a raw prediction: raw + centre(), clipped at 0."""
+        return max(0.0, linearity + self.centre())
+
+    def step_estimate_us(self, one_rank_step_us: float, step_us: float) -> float | None:
+        """The calibrated step of N ranks (weak scaling: the one-rank step over the calibrated linearity); None
+        when the calibrated linearity is 0 (no finite step)."""
+        linearity = self.linearity_estimate(one_rank_step_us / step_us)
+        return one_rank_step_us / linearity if linearity > 0 else None
 
     def step_interval_us(self, one_rank_step_us: float, step_us: float) -> tuple[float, float] | None:
         """The interval of a step of N ranks whose one-rank step is `one_rank_step_us` (weak scaling: the

@@ -261,9 +261,20 @@ def residuals(corpus: Corpus, predicted_us: Callable[[Hardware, Row], float],
 
 
 @lru_cache(maxsize=4)
+def shipped_residuals(predicted_us: Callable[[Hardware, Row], float]) -> tuple[float, ...]:
+    """The log-time residuals of the shipped corpus's calibrated rows (computed once a process)."""
+    return tuple(r for values in residuals(load_collectives(), predicted_us).values() for r in values)
+
+
 def shipped_bounds(predicted_us: Callable[[Hardware, Row], float]) -> tuple[float, float]:
-    """The log-time offsets (low, high) of the shipped corpus's calibrated rows (computed once a process)."""
-    return calibration.bounds([r for values in residuals(load_collectives(), predicted_us).values() for r in values])
+    """The log-time offsets (low, high) of the shipped corpus's calibrated rows."""
+    return calibration.bounds(shipped_residuals(predicted_us))
+
+
+def shipped_centre(predicted_us: Callable[[Hardware, Row], float]) -> float:
+    """The log-time offset that centres a prediction without a fit: the calibrated rows' median residual, which
+    lies inside shipped_bounds (calibration.centre), so the calibrated time t exp(centre) is inside its interval."""
+    return calibration.centre(shipped_residuals(predicted_us))
 
 
 def time_interval_us(time_us: float, offsets: tuple[float, float]) -> tuple[float, float]:

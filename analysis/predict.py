@@ -1,9 +1,11 @@
 """Predict collective times from a hardware description: the same Schedule the backends run,
 costed round by round (costmodel.schedule_us), written as Result records of kind `predicted`, each with
 its 80% interval and where it comes from (`interval_source`): a fitted file's resamples (jackknife+,
-analysis/intervals.py), else the published collectives corpus's calibration (analysis/collective_corpus.py)."""
+analysis/intervals.py), else the published collectives corpus's calibration (analysis/collective_corpus.py), which
+also centres the time shown (`estimate: calibrated`; the cost model's own figure is `raw_time_us`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from commbench import algorithms
@@ -12,7 +14,7 @@ from commbench.analysis import collective_corpus
 from commbench.analysis.intervals import schedule_interval_us
 from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, schedule_us
-from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, Result, point_result
+from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, FIT_PROVENANCE, RAW_ESTIMATE, Result, point_result
 from commbench.topology import Topology
 from commbench.tuning import TuningTable
 
@@ -35,16 +37,20 @@ def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, to
     if algorithm == "auto" and collective in algorithms.ALGORITHMS:
         algorithm, chooser = algorithms.chosen_by(collective, topo, plan.nbytes, tuning=tuning)
     schedule = algorithms.build(collective, algorithm, topo, plan.count, plan.nbytes, root)
-    time_us = schedule_us(schedule, topo, hw, dtype.itemsize)
-    interval, source = schedule_interval_us(hw, schedule, topo, dtype.itemsize, time_us), FIT_PROVENANCE
+    raw_us = schedule_us(schedule, topo, hw, dtype.itemsize)
+    interval, source = schedule_interval_us(hw, schedule, topo, dtype.itemsize, raw_us), FIT_PROVENANCE
+    time_us, estimate = raw_us, RAW_ESTIMATE
     if interval is None:  # no fit resamples (a preset, a hand-written file) or a level the fit did not measure
-        interval = collective_corpus.time_interval_us(time_us, collective_corpus.shipped_bounds(row_us))
+        interval = collective_corpus.time_interval_us(raw_us, collective_corpus.shipped_bounds(row_us))
         source = CORPUS_PROVENANCE
+        time_us, estimate = raw_us * math.exp(collective_corpus.shipped_centre(row_us)), CALIBRATED_ESTIMATE
+    else:  # a fit's interval holds its own prediction, stretched where every refit moved one way
+        interval = (min(interval[0], raw_us), max(interval[1], raw_us))
     result = point_result(plan, dtype=dtype.name, op="sum" if C.COLLECTIVES[collective].reduces else None,
                           placement="in-place", nnodes=topo.nodes, backend=MODEL, library=hw.name, device="-",
                           time_us=time_us, algorithm=schedule.name, steps=schedule.steps, kind="predicted",
                           tuning=chooser, **PREDICTED.fields())
-    return replace(result, interval_us=list(interval), interval_source=source)
+    return replace(result, interval_us=list(interval), interval_source=source, estimate=estimate, raw_time_us=raw_us)
 
 
 def row_us(hw: Hardware, row: collective_corpus.Row) -> float:

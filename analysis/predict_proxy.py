@@ -15,7 +15,7 @@ from typing import Any
 from commbench.algorithms import LIBRARY
 from commbench.analysis.calibration import load_calibration
 from commbench.analysis.intervals import levels_fitted
-from commbench.analysis.predict_scaling import evidence_terms
+from commbench.analysis.predict_scaling import applied_terms, evidence_terms
 from commbench.analysis.scaling import StepPrediction, predict_step, step_interval_us
 from commbench.analysis.stragglers import expected_max
 from commbench.backends.registry import MODEL, PREDICTED
@@ -28,7 +28,8 @@ from commbench.proxies.run import ProxyUsageError
 from commbench.proxies.setups import Choice
 from commbench.proxies.steps import ProxyResult, StepLog
 from commbench.proxies.timeline import flops_times_us
-from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE
+from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, FIT_PROVENANCE, RAW_ESTIMATE
+from commbench.step_terms import StepTerms
 from commbench.topology import Topology
 
 Compute = tuple[float, float, float, float]  # forward, backward, optimizer, DDP's own work: us per step on one rank
@@ -49,6 +50,20 @@ class ProxyPrediction:
     interval: tuple[float, float] | None  # the step's 80% interval, us
     interval_source: str | None  # FIT_PROVENANCE or CORPUS_PROVENANCE
     terms: tuple[str, ...]  # predict-scaling's terms applied for a hardware without a fit
+    estimate_us: float  # the step users see: calibrated where the corpus gave the interval, else the raw step
+    step_terms: StepTerms | None  # the step terms applied (predict_scaling.applied_terms)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.estimate_us != self.step.times.step_us
+
+    @property
+    def times(self):
+        """The step's parts with the estimate as its time: what the calibration adds is counted as other (time the
+        cost model does not see)."""
+        t = self.step.times
+        extra = self.estimate_us - t.step_us
+        return replace(t, step_us=self.estimate_us, other_us=t.other_us + extra) if extra else t
 
     @property
     def samples(self) -> int:
@@ -63,15 +78,22 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     prediction = predict(cfg, Topology(plan.nodes, plan.ranks_per_node))
     log = StepLog(cfg.json_path, True, prediction.samples)
     log.header(_header(prediction, cfg, argv), _header_lines(prediction, cfg))
-    t = prediction.step.times
+    t = prediction.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
                         "step_us": t.step_us, "other_us": t.other_us,
                         "calls_us": [list(i) for i in t.comm_intervals]})
     log.summary(_summary(prediction, cfg, log.run_id))
+    raw = prediction.step.times.step_us
     if prediction.interval:
         low, high = prediction.interval
-        print(f"# step 80% interval ({prediction.interval_source}): {low / 1e3:.2f}-{high / 1e3:.2f} ms (predicted "
-              f"{t.step_us / 1e3:.2f} ms)", flush=True)
+        print(f"# step 80% interval ({prediction.interval_source}): {low / 1e3:.2f}-{high / 1e3:.2f} ms, estimate "
+              f"{t.step_us / 1e3:.2f} ms", flush=True)
+    if prediction.calibrated:
+        print(f"# step: the calibrated estimate (the raw step moved by the corpus calibration's median error, inside "
+              f"its interval; the {(t.step_us - raw) / 1e3:.2f} ms it adds is in other); raw {raw / 1e3:.2f} ms: "
+              f"the cost model's own figure", flush=True)
+    else:
+        print(f"# step: the cost model's raw figure ({raw / 1e3:.2f} ms); no corpus calibration applies", flush=True)
     return 0
 
 
@@ -83,14 +105,18 @@ def predict(cfg: ProxyConfig, topo: Topology) -> ProxyPrediction:
     compute, label = _compute_split(profile, batch, cfg)
     algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
+    step_terms = applied_terms(hw)
     hw, late, terms = _evidence_terms(hw, profile, batch, topo, compute, cfg, choice)
     step_args = (profile, batch, topo, hw, *compute[:3], cfg.bucket_mb, cfg.bucketing, algorithm, compute[3], late)
-    step = predict_step(*step_args, choice=choice)
-    interval = step_interval_us(*step_args, choice=choice)
-    source = FIT_PROVENANCE if interval else None
-    if interval is None and topo.world > 1:
-        interval, source = _corpus_interval(profile, batch, hw, compute, cfg, step, choice)
-    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms)
+    step = predict_step(*step_args, choice=choice, terms=step_terms)
+    interval = step_interval_us(*step_args, choice=choice, terms=step_terms)
+    source, estimate = (FIT_PROVENANCE if interval else None), step.times.step_us
+    if interval:  # a fit's interval holds its own prediction, stretched where every refit moved one way
+        interval = (min(interval[0], estimate), max(interval[1], estimate))
+    elif topo.world > 1:
+        interval, source, estimate = _corpus_interval(profile, batch, hw, compute, cfg, step, choice)
+    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms,
+                           estimate, step_terms)
 
 
 def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Compute, str]:
@@ -135,15 +161,19 @@ def _one_rank_step(profile: Profile, batch: int, hw: Hardware, compute: Compute,
 
 
 def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
-                     step: StepPrediction, choice: Choice) -> tuple[tuple[float, float] | None, str | None]:
-    """(step interval, "corpus calibration") from the published corpus's calibration of linearity, against this
-    step's compute on one rank; (None, None) without a calibration or where the interval reaches 0."""
+                     step: StepPrediction, choice: Choice) -> tuple[tuple[float, float] | None, str | None, float]:
+    """(step interval, "corpus calibration", calibrated step) from the published corpus's calibration of linearity,
+    against this step's compute on one rank; (None, None, raw step) without a calibration or where the interval
+    reaches 0 (the raw step then stays the estimate)."""
     calibration = load_calibration()
+    raw = step.times.step_us
     if calibration is None:
-        return None, None
-    interval = calibration.step_interval_us(_one_rank_step(profile, batch, hw, compute, cfg, choice),
-                                            step.times.step_us)
-    return (interval, CORPUS_PROVENANCE) if interval else (None, None)
+        return None, None, raw
+    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
+    interval = calibration.step_interval_us(one, raw)
+    if not interval:
+        return None, None, raw
+    return interval, CORPUS_PROVENANCE, calibration.step_estimate_us(one, raw) or raw
 
 
 # ---------------------------------------------------------------- the records
@@ -155,7 +185,17 @@ def _header(p: ProxyPrediction, cfg: ProxyConfig, argv: list[str]) -> dict:
             "compute_split_us": {"forward": forward, "backward": backward, "optimizer": optimizer, "ddp": ddp},
             "config": cfg.header_fields(), "hardware": p.hw.name, "topology": str(p.topo),
             "calls": describe_calls(p.step.plan), "setup": p.choice.name, "knobs": dict(p.choice.knobs),
-            "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source}
+            "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source,
+            "step_terms": p.step_terms.summary() if p.step_terms else None, **_estimate_fields(p)}
+
+
+def _estimate_fields(p: ProxyPrediction) -> dict:
+    return {"estimate": CALIBRATED_ESTIMATE if p.calibrated else RAW_ESTIMATE, "raw_step_us": p.step.times.step_us}
+
+
+def _step_terms_line(p: ProxyPrediction) -> str:
+    return "step terms: " + (p.step_terms.said() if p.step_terms else "none (a fitted file without a step_terms "
+                                                                      "block: its figures are measured)")
 
 
 def _header_lines(p: ProxyPrediction, cfg: ProxyConfig) -> list[str]:
@@ -165,7 +205,7 @@ def _header_lines(p: ProxyPrediction, cfg: ProxyConfig) -> list[str]:
             f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
             f"{cfg.warmup_steps} do not apply to a prediction)",
             *_interval_lines(p.hw, p.topo, p.algorithm, p.interval, p.interval_source),
-            *(f"without a fit: {t}" for t in p.terms)]
+            *(f"without a fit: {t}" for t in p.terms), _step_terms_line(p)]
 
 
 def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tuple[float, float] | None,
@@ -189,7 +229,7 @@ def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tupl
 
 def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
     """The summary record: one step, so every median is its p90."""
-    t = p.step.times
+    t = p.times
     return ProxyResult(kind="predicted", model=p.profile.name, backend=MODEL, **PREDICTED.fields(), library=p.hw.name,
                        device="-",
                        world_size=p.topo.world, nnodes=p.topo.nodes, batch=p.batch, bucket_mb=cfg.bucket_mb,
@@ -201,4 +241,5 @@ def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
                        other_us_p90=t.other_us, samples_per_s=t.samples_per_s(p.samples) if t.step_us > 0 else None,
                        run_id=run_id,
                        step_interval_us=list(p.interval) if p.interval else None,
-                       interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs))
+                       interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs),
+                       **_estimate_fields(p))

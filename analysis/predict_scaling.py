@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from commbench.analysis import calibration as C
 from commbench.analysis import scale_terms as T
 from commbench.analysis.scaling import ScalingError, predict_scaling
-from commbench.costmodel import Hardware
+from commbench.costmodel import Hardware, terms_of
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import flops_times_us
-from commbench.results import CORPUS_PROVENANCE, ScalingRecord
+from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, RAW_ESTIMATE, ScalingRecord
+from commbench.step_terms import StepTerms
 
 LONGEST_STEP_S = 86400.0  # a day: a compute step longer than this comes from a wrong rate, not from a model
 
@@ -106,8 +107,9 @@ def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_
     (one algorithm and no choices: DDP), the setup's own work `ddp_us` per step and, given a 1-rank run's
     `step_ratios`, the expected slowest of N ranks (analysis/stragglers.py). `baseline`/`candidate` name curves
     (curve_label). A hardware without a fit gets the terms of analysis/scale_terms.py that the published corpus
-    keeps, and every point of 2+ GPUs without a fit's interval gets the corpus calibration's. ScalingError: a GPU
-    count that does not fill whole nodes, or a compute time `check_compute_us` refuses."""
+    keeps, and every point of 2+ GPUs without a fit's interval gets the corpus calibration's estimate and interval
+    (corpus_interval). ScalingError: a GPU count that does not fill whole nodes, or a compute time
+    `check_compute_us` refuses."""
     check_compute_us(forward_us, backward_us, compute_label)
     measured = step_ratios is not None
     used, step_ratios, terms = evidence_terms(hw, step_ratios)
@@ -120,11 +122,10 @@ def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_
         if label not in curves:
             curves[label] = predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us,
                                             backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice,
-                                            compute_label)
+                                            compute_label, applied_terms(hw))
     calibration = C.load_calibration()
-    if calibration is not None:
-        curves = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
-                         for p in points] for name, points in curves.items()}
+    curves = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
+                     for p in points] for name, points in curves.items()}
     return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, measured, terms,
                       calibration)
 
@@ -134,33 +135,71 @@ def unfitted(hw: Hardware) -> bool:
     return not any((hw.meta.get("levels_fitted") or {}).values())
 
 
+def applied_terms(hw: Hardware) -> StepTerms | None:
+    """The step terms a prediction on `hw` applies (commbench/step_terms.py): the file's own block; for a hardware
+    without a fit, its device class's defaults; a fitted file without a block: none (its figures are measured,
+    as scale_terms says of the other terms)."""
+    if hw.step_terms is not None:
+        return hw.step_terms
+    return terms_of(hw) if unfitted(hw) else None
+
+
 def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[str, ...]]:
     """(hardware, step ratios, what was applied): for a hardware without a fit, the terms the published corpus
-    keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency, and stragglers from the published
-    step-time distribution unless a measured one is given. A fitted file is used as it is."""
-    if not unfitted(hw):
-        return hw, step_ratios, ()
+    keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency; and stragglers, unless a measured
+    distribution is given, from the step terms' `step_cv` (applied_terms: a file's own block, or the class
+    default for a hardware without a fit). A fitted file without a block is used as it is."""
+    terms = applied_terms(hw)
     said = []
-    evidence = T.nic_efficiency(hw) if "nic" in T.KEPT else None
+    evidence = T.nic_efficiency(hw) if "nic" in T.KEPT and unfitted(hw) else None
     if evidence:
         hw = T.delivered(hw)
         said.append(f"NICs at {100 * evidence.value:.1f}% of their line rate ({evidence.source})")
-    if step_ratios is None and "stragglers" in T.KEPT:
-        step_ratios = T.default_step_ratios()
+    if step_ratios is None and "stragglers" in T.KEPT and terms is not None and terms.step_cv.value > 0:
+        step_ratios = T.default_step_ratios(terms.step_cv.value)
         said.append(f"stragglers: the expected slowest of N ranks, steps normal with CV "
-                    f"{100 * T.DEFAULT_STEP_CV.value:.2f}% ({T.DEFAULT_STEP_CV.source}; --jitter-from for your own)")
+                    f"{100 * terms.step_cv.value:.2f}% (step_cv, {terms.step_cv.source}: {terms.step_cv.evidence}; "
+                    f"--jitter-from for your own)")
     return hw, step_ratios, tuple(said)
 
 
-def corpus_interval(point: ScalingRecord, batch: int, calibration: C.Calibration) -> ScalingRecord:
-    """`point` with the corpus calibration's 80% interval of its linearity, and the throughput and step at its
-    ends, where it has none from a fit (1 GPU: nothing to spread). A linearity interval reaching 0 leaves the
-    step's upper end unbounded: no step interval then."""
-    if point.gpus == 1 or point.step_interval_us is not None or not point.linearity > 0:
+def corpus_interval(point: ScalingRecord, batch: int, calibration: C.Calibration | None) -> ScalingRecord:
+    """`point` with the estimate users see and its 80% interval (docs/model.md, "The estimate users see"). Where
+    a fit gives no interval, the corpus calibration gives both: the linearity moved by the corpus's median error
+    (the calibrated estimate, inside its interval by construction) and the interval of its order statistics; the
+    throughput and step follow from the linearity. The cost model's own figures stay as raw_*. A fit's interval
+    keeps the raw figure as the estimate, stretched to hold it where every refit moved one way. 1 GPU: nothing to
+    calibrate (the linearity is 1 by definition). A linearity interval reaching 0 leaves the step's upper end
+    unbounded: no step interval then."""
+    point = replace(point, estimate=RAW_ESTIMATE, raw_step_us=point.step_us, raw_samples_per_s=point.samples_per_s,
+                    raw_linearity=point.linearity)
+    if point.step_interval_us is not None:
+        return _holding(point)
+    if point.gpus == 1 or calibration is None or not point.linearity > 0:
         return point
     low, high = calibration.linearity_interval(point.linearity)
     one_gpu = point.samples_per_s / (point.gpus * point.linearity)
     rates = (low * point.gpus * one_gpu, high * point.gpus * one_gpu)
     step = (batch * point.gpus / rates[1] * 1e6, batch * point.gpus / rates[0] * 1e6) if rates[0] > 0 else None
-    return replace(point, step_interval_us=step, samples_per_s_interval=rates, linearity_interval=(low, high),
-                   interval_source=CORPUS_PROVENANCE)
+    point = replace(point, step_interval_us=step, samples_per_s_interval=rates, linearity_interval=(low, high),
+                    interval_source=CORPUS_PROVENANCE)
+    linearity = calibration.linearity_estimate(point.linearity)
+    if not linearity > 0:  # the corpus's median error takes it to 0: no finite step to show, the raw one stays
+        return point
+    rate = linearity * point.gpus * one_gpu
+    return replace(point, estimate=CALIBRATED_ESTIMATE, step_us=batch * point.gpus / rate * 1e6, samples_per_s=rate,
+                   speedup=linearity * point.gpus, linearity=linearity, linearity_offset=linearity - point.linearity)
+
+
+def _holding(point: ScalingRecord) -> ScalingRecord:
+    """A fit's interval stretched, where it must be, to hold its own prediction (the jackknife+ order statistics
+    need not hold it when every refit moves one way); the rates at its ends follow."""
+    low, high = point.step_interval_us
+    if low <= point.step_us <= high:
+        return point
+    low, high = min(low, point.step_us), max(high, point.step_us)
+    per_step = point.samples_per_s * point.step_us  # samples x 1e6 per step
+    rates = (per_step / high, per_step / low)
+    one_gpu = point.samples_per_s / (point.gpus * point.linearity)
+    return replace(point, step_interval_us=(low, high), samples_per_s_interval=rates,
+                   linearity_interval=(rates[0] / (point.gpus * one_gpu), rates[1] / (point.gpus * one_gpu)))

@@ -162,6 +162,9 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
         ax_t.plot(gpus, rate, "o-", ms=3, color=colour, label=f"{model} on {hw}, {algorithm}, batch {batch}")
         ax_t.plot(gpus, [g * one for g in gpus], ":", color=colour, alpha=0.7)
         ax_l.plot(gpus, [p["linearity"] for p in points], "o-", ms=3, color=colour, label=f"{model}, {algorithm}")
+        if any(p.get("estimate") == "calibrated" for p in points):  # the model's own figure beside the estimate
+            ax_l.plot(gpus, [p.get("raw_linearity", p["linearity"]) for p in points], "--", lw=1, color=colour,
+                      alpha=0.6, label=f"{model}, {algorithm}: raw (before calibration)")
         for key, runs in measured.items():
             if key[:2] == (model, batch) and key not in drawn:
                 drawn.add(key)
@@ -185,6 +188,7 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
     ax_t.yaxis.set_minor_formatter(plain if ax_t.get_ylim()[1] < 10 * ax_t.get_ylim()[0] else
                                    matplotlib.ticker.NullFormatter())
     ax_t.legend(fontsize=8)
+    ax_l.legend(fontsize=8)
     path = save_png(fig, out_dir, "scaling.png")
     return path
 
@@ -268,12 +272,19 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
     scaling = [r for r in records if r.get("record") == "scaling"]
     if scaling:
         lines += ["## Predicted scaling", "",
-                  "| model | hardware | algorithm | GPUs | samples/s | linearity | acc_ratio |",
-                  "|---|---|---|---|---|---|---|"]
+                  "samples/s and linearity are the estimate (`estimate`: calibrated, the raw prediction moved by the "
+                  "corpus calibration's median error; raw, the cost model's own); raw linearity is the cost model's "
+                  "own figure, before any calibration (docs/model.md).", "",
+                  "| model | hardware | algorithm | GPUs | samples/s | linearity | linearity 80% | raw linearity | "
+                  "estimate | acc_ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in scaling:
             acc = "-" if r.get("acc_ratio") is None else f"{r['acc_ratio']:.3f}"
+            span = r.get("linearity_interval")
+            span = f"{span[0]:.3f}-{span[1]:.3f}" if span else "-"
+            raw = r.get("raw_linearity")
             lines.append(f"| {r['model']} | {r['hardware']} | {r['algorithm']} | {r['gpus']} | "
-                         f"{r['samples_per_s']:.1f} | {r['linearity']:.3f} | {acc} |")
+                         f"{r['samples_per_s']:.1f} | {r['linearity']:.3f} | {span} | "
+                         f"{'-' if raw is None else f'{raw:.3f}'} | {r.get('estimate') or '-'} | {acc} |")
         lines.append("")
     return lines
 

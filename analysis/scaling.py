@@ -32,6 +32,7 @@ from commbench.proxies.setups import Choice, Compute, Layout, settle
 from commbench.proxies.timeline import StepTimes
 from commbench.results import FIT_PROVENANCE, ScalingRecord
 from commbench.schedule import Phases, Schedule
+from commbench.step_terms import StepTerms
 from commbench.topology import Topology
 
 LIBRARY_RING = "nccl-ring"  # the library's ring, one channel per NIC: `nccl` before NCCL's tuning model
@@ -186,13 +187,14 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
                  optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
                  algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0,
                  comm_cpu_gbps: float | None = None, choice: Choice | None = None,
-                 device: str = "cuda") -> StepPrediction:
+                 device: str = "cuda", terms: StepTerms | None = None) -> StepPrediction:
     """One data-parallel step on `topo` in the setup `choice` (None: DDP with `bucket_mb`): compute as given per
     micro-step, the setup's own work (`ddp_us`, measured at 1 rank) where the setup places it, each call from the
     model, and `straggler_us` (the expected slowest rank's delay: analysis/stragglers.py) added to the step.
     `comm_cpu_gbps`: on CPU ranks with no spare core, the bytes the communication library moves per second of
     the CPU it takes from the compute's core (a replay measures it); each call then slows the compute it
-    overlaps."""
+    overlaps. `terms` (commbench/step_terms.py): the compute slowed while a call runs (`overlap_slowdown`) and the
+    framework's time per call (`per_bucket_us`, counted as other); None: neither."""
     plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
                      device)
     costs = {}
@@ -203,14 +205,30 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
     pairs = [costs[(c.collective, c.group, c.nbytes, c.dtype)] for c in plan.comms]
     comm = [t for t, _ in pairs]
     choices = [c for _, c in pairs] if algorithm == LIBRARY and topo.world > 1 else None
-    return StepPrediction(_late(simulate(plan, comm, steal_us(plan, comm_cpu_gbps)), straggler_us), plan, comm, choices)
+    times = simulate(plan, comm, steal_us(plan, comm_cpu_gbps, comm, terms))
+    return StepPrediction(_late(times, straggler_us + framework_us(plan, topo, terms)), plan, comm, choices)
 
 
-def steal_us(plan: CommPlan, comm_cpu_gbps: float | None) -> list[float] | None:
-    """The CPU time each call takes from the compute's core (None: it takes none), by its bytes."""
-    if not comm_cpu_gbps or not comm_cpu_gbps > 0:  # none measured, or a damaged figure: nothing taken
+def steal_us(plan: CommPlan, comm_cpu_gbps: float | None, comm: list[float] | None = None,
+             terms: StepTerms | None = None) -> list[float] | None:
+    """The time each call takes from the compute beside it (None: it takes none): the CPU its bytes cost at
+    `comm_cpu_gbps` (a CPU rank with no spare core), plus, with `terms`, the share s / (1 + s) of its duration
+    that an `overlap_slowdown` s takes (the compute runs at 1 / (1 + s) of its pace while the call runs)."""
+    slowdown = terms.overlap_slowdown.value if terms is not None and comm is not None else 0.0
+    cpu = comm_cpu_gbps if comm_cpu_gbps and comm_cpu_gbps > 0 else None  # none measured, or a damaged figure
+    if cpu is None and not slowdown > 0:
         return None
-    return [c.nbytes / (comm_cpu_gbps * 1e3) for c in plan.comms]
+    out = [c.nbytes / (cpu * 1e3) if cpu else 0.0 for c in plan.comms]
+    if slowdown > 0:
+        out = [min(t, s + t * slowdown / (1 + slowdown)) for s, t in zip(out, comm)]
+    return out
+
+
+def framework_us(plan: CommPlan, topo: Topology, terms: StepTerms | None) -> float:
+    """The framework's own time per step for its calls (`per_bucket_us` each; none on one rank: no calls)."""
+    if terms is None or topo.world == 1:
+        return 0.0
+    return terms.per_bucket_us.value * len(plan.comms)
 
 
 def _late(times: StepTimes, straggler_us: float) -> StepTimes:
@@ -227,7 +245,7 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
                      backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                      bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
                      straggler_us: float = 0.0, comm_cpu_gbps: float | None = None, choice: Choice | None = None,
-                     device: str = "cuda") -> tuple[float, float] | None:
+                     device: str = "cuda", terms: StepTerms | None = None) -> tuple[float, float] | None:
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each call costed on every
     resample of the fit (intervals.Uncertainty: the fit without each point), times that resample's factors (one
     for all of a step's calls), through the same timeline; compute is as given, not spread. None: one rank
@@ -240,14 +258,15 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
     plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
                      device)
     n = len(plan.comms)
+    extra_us = straggler_us + framework_us(plan, topo, terms)
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
         comm = _variant_comm_us(hardware, topo, plan, algorithm)
         rows = (comm[:, None, :] * factors[:, :, None]).reshape(-1, n)  # each resample its own factors
-        steal = steal_us(plan, comm_cpu_gbps)
-        if steal is None:
-            return simulate_many(plan, rows) + straggler_us
-        return np.array([simulate(plan, row, steal).step_us for row in rows]) + straggler_us  # no closed form
+        if steal_us(plan, comm_cpu_gbps, list(rows[0]) if len(rows) else None, terms) is None:
+            return simulate_many(plan, rows) + extra_us
+        return np.array([simulate(plan, row, steal_us(plan, comm_cpu_gbps, list(row), terms)).step_us
+                         for row in rows]) + extra_us  # no closed form
 
     return partial_interval_us(hw, steps)
 
@@ -275,7 +294,7 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
                     forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
                     bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
                     step_ratios: np.ndarray | None = None, choice: Choice | None = None,
-                    compute_label: str = "") -> list[ScalingRecord]:
+                    compute_label: str = "", terms: StepTerms | None = None) -> list[ScalingRecord]:
     """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU and micro-step)
     in the setup `choice` (None: DDP with `bucket_mb`), one `scaling` record each (`compute_label`: where the
     compute time came from). `ddp_us`: the setup's own work per step (measured at 1 rank); `step_ratios`: a
@@ -297,13 +316,14 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
             late = max(0.0, one_step * (expected_max(step_ratios, gpus) - 1.0))
         node_hw = replace(hw, ranks_per_node=topo.ranks_per_node)
         pred = predict_step(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb, bucketing,
-                            algorithm, ddp_us, late, choice=choice)
+                            algorithm, ddp_us, late, choice=choice, terms=terms)
         t = pred.times
         one_step = one_step or t.step_us
         rate = samples * gpus / (t.step_us * 1e-6)
         base = base or rate
         step = step_interval_us(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb,
-                                bucketing, algorithm, ddp_us, late, choice=choice) if gpus in gpu_counts else None
+                                bucketing, algorithm, ddp_us, late, choice=choice, terms=terms) \
+            if gpus in gpu_counts else None
         rates = (samples * gpus / (step[1] * 1e-6), samples * gpus / (step[0] * 1e-6)) if step else None
         choices = size_choices(pred)
         points.append(ScalingRecord(
@@ -313,5 +333,6 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
             linearity=rate / (gpus * base), nccl_choices=None if choices is None else tuple(asdict(c) for c in choices),
             setup=choice.name, knobs=dict(choice.knobs), step_interval_us=step, samples_per_s_interval=rates,
             linearity_interval=(rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
-            straggler_us=late, interval_source=FIT_PROVENANCE if step else None))
+            straggler_us=late, interval_source=FIT_PROVENANCE if step else None,
+            step_terms=terms.summary() if terms is not None else None))
     return points[1:]

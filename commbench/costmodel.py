@@ -32,6 +32,8 @@ from typing import Any
 from commbench import algorithms
 from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, parse_json, read_small
 from commbench.schedule import Phases, Schedule, Transfer
+from commbench.step_terms import StepTerms, StepTermsError, device_class, step_terms_from_dict
+from commbench.step_terms import defaults as step_term_defaults
 from commbench.topology import INTRA, Link, Topology
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
@@ -52,6 +54,7 @@ class Hardware:
     device_tflops: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # description, sources, fit quality
     device_memory_gb: float | None = None  # one GPU's memory, GB (1e9 bytes) as its vendor states it
+    step_terms: StepTerms | None = None  # the file's own; None: its device class's defaults (terms_of)
 
     def level(self, topo: Topology, src: int, dst: int) -> Link:
         return self.intra if topo.link(src, dst) == INTRA else self.inter
@@ -71,7 +74,13 @@ class Hardware:
 
 # any other top-level field (description, sources) goes to meta
 HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", "per_call_overhead_us",
-                   "device_tflops", "meta", "device_memory_gb")
+                   "device_tflops", "meta", "device_memory_gb", "step_terms")
+
+
+def terms_of(hw: Hardware) -> StepTerms:
+    """`hw`'s step terms: the file's own, else its device class's defaults (a fit on CPU ranks says cpu in
+    meta.measured_on; a preset or a file that says nothing is a GPU's)."""
+    return hw.step_terms or step_term_defaults(device_class(hw.meta))
 
 
 
@@ -98,11 +107,15 @@ def _hardware(data: Any, origin: str) -> Hardware:
         raise HardwareError(f"name must be a string, not {json_kind(name)}")
     meta = {k: v for k, v in data.items() if k not in HARDWARE_FIELDS}
     meta.update(_object(data.get("meta") or {}, "meta"))
+    try:
+        terms = None if data.get("step_terms") is None else step_terms_from_dict(data["step_terms"], device_class(meta))
+    except StepTermsError as exc:
+        raise HardwareError(str(exc)) from None
     return Hardware(name, int(_number(data, "ranks_per_node", "", whole=True, at_least=1)), intra, inter,
                     _number(data, "reduce_gbps", "", positive=True, optional=True),
                     _number(data, "per_call_overhead_us", "", optional=True) or 0.0,
                     {key: _number(tflops, key, "device_tflops.", positive=True, optional=True) for key in tflops}, meta,
-                    _number(data, "device_memory_gb", "", positive=True, optional=True))
+                    _number(data, "device_memory_gb", "", positive=True, optional=True), terms)
 
 
 def _link(data: dict[str, Any], where: str) -> Link:

@@ -15,7 +15,7 @@ from typing import IO, Callable
 
 import numpy as np
 
-from commbench.results import PROVENANCE_LABELS, Result
+from commbench.results import CALIBRATED_ESTIMATE, PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
 NOISY_MARK = "~"
@@ -107,6 +107,8 @@ class Table:
             label = PROVENANCE_LABELS.get(first.interval_source or "", "")
             mark += f"  [{_fmt_time(first.interval_us[0]).strip()}-{_fmt_time(first.interval_us[1]).strip()}]"
             mark += f" {label}" if label else ""
+        if first.raw_time_us is not None and first.estimate == CALIBRATED_ESTIMATE:  # the model's own, labelled
+            mark += f"  raw {_fmt_time(first.raw_time_us).strip()}"
         self._print(f" {first.nbytes:12d} {first.count:13d} {dtype_label:>9s} {op:>6s} {root:5d}    {''.join(cells)}"
                     f"{algo:>12s}".rstrip() + mark)
 

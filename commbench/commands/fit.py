@@ -95,6 +95,19 @@ def _print_fit(hw, output: str) -> None:
     click.echo(f"# wrote {output}")
 
 
+def load_hw(spec: str, say_poor: bool = True):
+    """The hardware file or preset `spec`, checked by costmodel.load_hardware (UsageFault: one line, exit 2), and
+    said to be a poor fit where `fit --accept-poor-fit` wrote it (warn_poor): the one loader of the commands that
+    read --hw (predict, predict-scaling, proxy --hw, report --hw)."""
+    try:
+        hw = load_hardware(spec)
+    except HardwareError as exc:
+        raise UsageFault(str(exc)) from exc
+    if say_poor:
+        warn_poor(hw, spec)
+    return hw
+
+
 def warn_poor(hw, spec: str | None) -> None:
     """A hardware file `fit --accept-poor-fit` wrote is used, and said to be poor, every time."""
     if hw is not None and hw.meta.get("poor_fit"):

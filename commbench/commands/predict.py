@@ -10,8 +10,8 @@ from commbench import collectives as C
 from commbench import tuning
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.fit import warn_poor
-from commbench.costmodel import HardwareError, load_hardware, with_topology
+from commbench.commands.fit import load_hw
+from commbench.costmodel import HardwareError, with_topology
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
 from commbench.sizes import SizeError, parse_sizes
 from commbench.table import Table
@@ -77,9 +77,8 @@ def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, r
     from commbench.analysis.predict import predict
 
     try:
-        hw = load_hardware(hw_spec)
+        hw = load_hw(hw_spec)
         uncertainty(hw)  # its intervals' block, checked: one line, not a traceback per row
-        warn_poor(hw, hw_spec)
         size_list = parse_sizes(sizes, factor)
         names = C.resolve_collectives(collective_names)
         dt = C.resolve_dtype(dtype)
@@ -128,6 +127,8 @@ def _notes(hw, hw_spec: str, topo: Topology, results) -> list[str]:
         rows = corpus.calibrated_rows
         notes.append(f"[low-high] corpus after a row: its 80% interval in us, no fit resamples: split-conformal on "
                      f"{len(rows)} published nccl-tests figures ({len({r.source for r in rows})} sources) predicted "
-                     f"from their systems' descriptions, x{math.exp(low):.2f} to x{math.exp(high):.2f} the time "
-                     f"(analysis/corpus/collectives.json, docs/model.md)")
+                     f"from their systems' descriptions, x{math.exp(low):.2f} to x{math.exp(high):.2f} the raw time; "
+                     f"the time shown is the calibrated estimate, the raw time x"
+                     f"{math.exp(collective_corpus.shipped_centre(row_us)):.2f} (their median error), and `raw` after "
+                     f"the interval is the cost model's own figure (analysis/corpus/collectives.json, docs/model.md)")
     return notes

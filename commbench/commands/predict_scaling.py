@@ -11,7 +11,7 @@ from commbench.algorithms import LIBRARY, TABLE
 from commbench.commands import layout as L
 from commbench.commands import options as O
 from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.fit import warn_poor
+from commbench.commands.fit import load_hw
 from commbench.commands.predict_layouts import (
     LAYOUT_PARAMS,
     layout_lines,
@@ -20,7 +20,6 @@ from commbench.commands.predict_layouts import (
     predict_layouts,
 )
 from commbench.commands.setup_flags import settle_setup, setup_options
-from commbench.costmodel import HardwareError, load_hardware
 from commbench.proxies.profile import ProfileError, load_profile
 from commbench.proxies.setups import DEFAULT_SETUP, SETUPS
 from commbench.results import OutputError, ResultSink, new_run_id
@@ -123,10 +122,7 @@ def _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, al
         raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
     if algorithm not in ALGORITHMS:
         raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    try:
-        hw = load_hardware(hw_spec)
-    except HardwareError as exc:
-        raise UsageFault(str(exc)) from exc
+    hw = load_hw(hw_spec)
     per_node = gpus_per_node or hw.ranks_per_node
     count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
     predictions, job, first = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup, flags)
@@ -203,10 +199,10 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     from commbench.analysis.scaling import ALGORITHMS, ScalingError
 
     try:
-        profile, hw = load_profile(model), load_hardware(hw_spec)
-        warn_poor(hw, hw_spec)
-    except (ProfileError, HardwareError) as exc:
+        profile = load_profile(model)
+    except ProfileError as exc:
         raise UsageFault(str(exc)) from exc
+    hw = load_hw(hw_spec)
     O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
              "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb),
              "--throughput-1gpu": (O.Range(0, 1e12, low_open=True), throughput),
@@ -269,18 +265,20 @@ def _scaling_table(run, records) -> list[str]:
              f"batch {run.batch} per GPU, compute from {run.compute_label}",
              "# " + (f"{'setup':>{swidth}} " if setups else "")
              + f"{'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} "
-             + (f"{'step 80%(ms)':>{width}} " if intervals else "")
+             + (f"{'step 80%(ms)':>{width}} " if intervals else "") + f"{'raw step(ms)':>12} "
              + f"{'comm(ms)':>9} {'exposed(ms)':>11} {'samples/s':>11} {'per GPU':>8} {'speedup':>8} {'linearity':>9}"
-             + (f" {'acc_ratio':>9}" if run.baseline else "")]
+             + f" {'raw linearity':>13}" + (f" {'acc_ratio':>9}" if run.baseline else "")]
     for r, cell in zip(records, cells):
         lines.append("  " + (f"{r.setup:>{swidth}} " if setups else "")
                      + f"{r.algorithm:>9} {r.gpus:>6} {r.nodes:>6} {r.step_us / 1e3:>9.2f} "
-                     + (f"{cell:>{width}} " if intervals else "")
+                     + (f"{cell:>{width}} " if intervals else "") + f"{r.raw_step_us / 1e3:>12.2f} "
                      + f"{r.comm_us / 1e3:>9.2f} {r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} "
-                     f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f}"
+                     f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f} {r.raw_linearity:>13.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
+    lines.append(_estimate_note(records))
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
     lines += [f"# without a fit: {term}" for term in run.terms]
+    lines.append(_step_terms_line(run.hw))
     lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
                  " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))
     for r in records:
@@ -303,6 +301,23 @@ def _scaling_table(run, records) -> list[str]:
             f"{c['nbytes'] / (1 << 20):.4g} MiB x{c['buckets']} {c['algorithm']}/{c['protocol']} {c['channels']}ch"
             for c in r.nccl_choices))
     return lines
+
+
+def _step_terms_line(hw) -> str:
+    """The step terms applied (commbench/step_terms.py), each with its value and source."""
+    from commbench.analysis.predict_scaling import applied_terms
+
+    applied = applied_terms(hw)
+    return "# step terms: " + (applied.said() if applied else "none (a fitted file without a step_terms block: its "
+                                                              "figures are measured; docs/model.md, Step terms)")
+
+
+def _estimate_note(records) -> str:
+    """What the step and linearity columns are: the calibrated estimate, and the raw columns the model's own."""
+    if any(r.estimate == "calibrated" for r in records):
+        return ("# step(ms), samples/s, speedup, linearity: the calibrated estimate (the raw prediction moved by the "
+                "corpus calibration's median error, inside its interval); raw: the cost model's own figure, before it")
+    return "# raw: the cost model's own figure; no calibration applies here, so the estimate is the raw figure"
 
 
 def _shows_setups(records) -> bool:
@@ -342,8 +357,8 @@ def _interval_notes(run, records) -> list[str]:
         lines.append(f"# step 80%(ms) corpus: corpus calibration, not a fit: split conformal on the linearity errors "
                      f"of {len(run.calibration.residuals)} published rows from {len(set(run.calibration.sources))} "
                      f"sources (analysis/corpus/, docs/model.md): linearity {100 * low:+.1f} to {100 * high:+.1f} "
-                     f"points (the corpus's errors added to the prediction: it may lie beside it, the model having "
-                     f"been optimistic on published runs); linearity 80%: {each}")
+                     f"points around the raw prediction, centred by their median {100 * run.calibration.centre():+.1f} "
+                     f"points (the estimate shown); linearity 80%: {each}")
     if any(r.algorithm == LIBRARY and not r.step_interval_us and r.gpus > 1 for r in records):
         lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")

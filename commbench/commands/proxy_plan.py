@@ -263,15 +263,13 @@ def _predicted_layout(o: ProxyOptions) -> job.Plan:
 
 
 def _hardware(o: ProxyOptions):
-    """--hw loaded (once for the command: the ranks' cost model loads its own), or one line."""
-    from commbench.costmodel import HardwareError, load_hardware
+    """--hw loaded (once for the command: the ranks' cost model loads its own), or one line; a poor fit said
+    (commands/fit.load_hw, the loader of every command that reads --hw)."""
+    from commbench.commands.fit import load_hw
 
     if not o.hw:
         raise UsageFault("--backend sim predicts with the cost model: give --hw PRESET|FILE")
-    try:
-        return load_hardware(o.hw)
-    except HardwareError as exc:
-        raise UsageFault(str(exc)) from exc
+    return load_hw(o.hw)
 
 
 def _sim_plan(o: ProxyOptions, nodes: int, per_node: int, why: str) -> job.Plan:

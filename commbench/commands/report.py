@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from commbench.commands.common import UsageFault, check_directory, output_options, warn
-from commbench.commands.fit import warn_poor
-from commbench.costmodel import HardwareError, load_hardware
+from commbench.commands.fit import load_hw
+from commbench.costmodel import HardwareError
 from commbench.results import RecordError
 
 
@@ -52,8 +52,7 @@ def report_command(files: tuple[str, ...], out_dir: str | None, hw_spec: str | N
     from commbench.analysis.fit import FitError
 
     try:
-        hw = load_hardware(hw_spec) if hw_spec else None
-        warn_poor(hw, hw_spec)
+        hw = load_hw(hw_spec) if hw_spec else None
         records = R.read_all(list(files), warn)
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc

@@ -19,9 +19,11 @@ from commbench.results.reader import (  # noqa: F401 - the public names
     read_records,
 )
 from commbench.results.records import (  # noqa: F401
+    CALIBRATED_ESTIMATE,
     CORPUS_PROVENANCE,
     FIT_PROVENANCE,
     PROVENANCE_LABELS,
+    RAW_ESTIMATE,
     RECORD_TYPES,
     RESULT_FIELDS,
     SCHEMA_VERSION,

@@ -24,6 +24,9 @@ SCHEMA_VERSION = 1
 FIT_PROVENANCE = "fit resamples"  # the fit's jackknife+ resamples
 CORPUS_PROVENANCE = "corpus calibration"  # no fit: the published corpus's calibration
 PROVENANCE_LABELS = {FIT_PROVENANCE: "fit", CORPUS_PROVENANCE: "corpus"}  # the word beside an interval in a table
+# A predicted record's `estimate`: what its point figures are (docs/model.md, "The estimate users see").
+CALIBRATED_ESTIMATE = "calibrated"  # the raw figure moved by the corpus calibration's median error
+RAW_ESTIMATE = "raw"  # the cost model's own figure (a fit: its interval is from the same fit)
 
 
 class Record:
@@ -95,6 +98,10 @@ class Result(Record):
     # every rank's time of every counted iteration (packed row after row: rank 0's, rank 1's, ...), for
     # `report --stragglers`; None: not kept (a file from before, or more than point_timing.MAX_RANK_TIMES values)
     rank_times_us: dict[str, Any] | None = None
+    # kind predicted: what time_us is (CALIBRATED_ESTIMATE: the cost model's time moved by the collectives
+    # corpus's median error; RAW_ESTIMATE: the model's own), and the model's own time before any calibration
+    estimate: str | None = None
+    raw_time_us: float | None = None
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
@@ -253,6 +260,10 @@ class ProxyResult(Record):
     # resamples or, without a fit, the published corpus's calibration; interval_source says which
     step_interval_us: list[float] | tuple[float, float] | None = None
     interval_source: str | None = None
+    # kind predicted: what step_us_p50 is (CALIBRATED_ESTIMATE: the raw step moved by the corpus calibration, the
+    # difference counted as other; RAW_ESTIMATE), and the cost model's own step before any calibration
+    estimate: str | None = None
+    raw_step_us: float | None = None
     # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
     # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
     comm_cpu_gbps: float | None = None
@@ -316,6 +327,15 @@ class ScalingRecord(Record):
     linearity_interval: list[float] | tuple[float, float] | None = None
     straggler_us: float = 0.0  # the step's expected wait for its slowest rank (predict-scaling --jitter-from)
     interval_source: str | None = None  # "fit resamples" (the fit's jackknife+) or "corpus calibration" (no fit)
+    # The estimate (step_us, samples_per_s, speedup, linearity) is the calibrated one where `estimate` is
+    # CALIBRATED_ESTIMATE (the raw linearity moved by `linearity_offset`, the corpus's median error); the cost
+    # model's own figures, before any calibration, are the raw_* fields. None: a file from before 2026-11-27.
+    estimate: str | None = None  # CALIBRATED_ESTIMATE or RAW_ESTIMATE
+    raw_step_us: float | None = None
+    raw_samples_per_s: float | None = None
+    raw_linearity: float | None = None
+    linearity_offset: float | None = None  # calibrated minus raw linearity (fractions: 0.01 = 1 point)
+    step_terms: dict | None = None  # the step terms applied, {name: {value, source}} (commbench/step_terms.py)
 
 
 @dataclass(frozen=True)

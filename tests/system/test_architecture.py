@@ -24,7 +24,7 @@ FLOORS = {
         "commbench.files", "commbench.analysis",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
-    2: ["commbench.costmodel", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
+    2: ["commbench.costmodel", "commbench.step_terms", "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus", "commbench.analysis.layout_corpus",

@@ -165,8 +165,13 @@ def test_predict_scaling_prints_and_writes_the_interval(hw_file, tmp_path):
     assert "corpus calibration, not a fit" in preset.stdout  # no resamples: the published corpus calibrates it
     [record] = read_records(str(tmp_path / "p.jsonl"))
     assert record["interval_source"] == "corpus calibration"
-    offsets = C.bounds(C.load_calibration().residuals)  # published - predicted: the model's own bias, not centred
-    assert record["linearity_interval"] == pytest.approx([record["linearity"] + o for o in offsets])
+    calibration = C.load_calibration()
+    offsets = C.bounds(calibration.residuals)  # published - predicted: the interval is around the raw prediction
+    assert record["linearity_interval"] == pytest.approx([record["raw_linearity"] + o for o in offsets])
+    # ... and the estimate shown is the raw one moved by the residuals' median: inside the interval
+    assert record["estimate"] == "calibrated"
+    assert record["linearity"] == pytest.approx(record["raw_linearity"] + calibration.centre())
+    assert offsets[0] <= calibration.centre() <= offsets[1]
     low, high = record["step_interval_us"]
     assert low == pytest.approx(record["batch"] * record["gpus"] / record["samples_per_s_interval"][1] * 1e6)
 

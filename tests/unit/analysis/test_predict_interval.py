@@ -32,9 +32,13 @@ def test_predict_with_a_preset_prints_and_writes_the_corpus_interval(tmp_path):
     assert len(results) == 2
     for r in results:
         assert r["interval_source"] == R.CORPUS_PROVENANCE
-        assert r["interval_us"] == pytest.approx(list(K.time_interval_us(r["time_us"], offsets)), rel=1e-12)
+        # the interval is around the raw time; the time shown is the calibrated one, inside it, the raw beside it
+        assert r["interval_us"] == pytest.approx(list(K.time_interval_us(r["raw_time_us"], offsets)), rel=1e-12)
+        assert r["estimate"] == "calibrated"
+        assert r["time_us"] == pytest.approx(r["raw_time_us"] * math.exp(K.shipped_centre(row_us)), rel=1e-12)
+        assert r["interval_us"][0] <= r["time_us"] <= r["interval_us"][1]
         line = next(x for x in proc.stdout.splitlines() if x.split()[:1] == [str(r["nbytes"])])
-        assert line.endswith(" corpus") and "[" in line
+        assert "] corpus  raw " in line  # the model's own time after the interval, labelled raw
     corpus = K.load_collectives()
     rows = corpus.calibrated_rows
     assert f"split-conformal on {len(rows)} published nccl-tests figures ({len({r.source for r in rows})} sources)" \
