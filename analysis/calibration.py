@@ -70,6 +70,13 @@ def leave_one_source_out(residuals: Mapping[str, Sequence[float]],
             for held in residuals}
 
 
+def leave_one_source_out_centres(residuals: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """For each source, the centre (median residual) of every other source's residuals: the calibrated estimate
+    of its rows, as a prediction that belongs to none of the calibrating sources gets it."""
+    return {held: centre([r for source, values in residuals.items() if source != held for r in values])
+            for held in residuals}
+
+
 @dataclass(frozen=True)
 class Calibration:
     residuals: tuple[float, ...]  # published - predicted linearity, fractions (0.01 = 1 point)

@@ -99,6 +99,7 @@ def hop_latency(enabled: bool):
 
 def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     """The row's linearity (against its reference count) as commbench predicts it with `terms`."""
+    from commbench.analysis.predict_scaling import applied_terms
     from commbench.analysis.published import setup_choice
     from commbench.analysis.scale_terms import default_step_ratios, delivered
     from commbench.analysis.scaling import predict_scaling
@@ -108,12 +109,14 @@ def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     blocking = system.oversubscription if terms.congestion else None
     hw = delivered(hw, terms.nic, blocking)
     choice = setup_choice(corpus.setup(row))
-    ratios = default_step_ratios() if terms.stragglers else None
+    step_terms = applied_terms(hw)  # a preset's: its device class's defaults (commbench/step_terms.py)
+    ratios = default_step_ratios(step_terms.step_cv.value) if terms.stragglers else None
     share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
 
     def rate(gpus: int, step_us: float) -> float:
         point = predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
-                                step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice)[0]
+                                step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice,
+                                terms=step_terms)[0]
         return point.samples_per_s
 
     with hop_latency(terms.hop_latency):
@@ -170,6 +173,7 @@ def main() -> int:
     loso = C.leave_one_source_out(residuals)
     print_rows(corpus, kept, loso)
     report_intervals(corpus, kept, loso)
+    report_calibrated(corpus, kept, loso, C.leave_one_source_out_centres(residuals))
     if args.json:
         write_json(args.json, corpus, kept, loso)
     if args.write_calibration:
@@ -209,6 +213,24 @@ def report_intervals(corpus, predicted: list[float], loso: dict) -> None:
     print(f"\nall rows: {summary(errors)}")
     print(f"80% intervals: {sum(inside)} of {len(inside)} inside ({100 * sum(inside) / len(inside):.0f}%), "
           f"median width {100 * statistics.median(widths):.2f} points")
+
+
+def report_calibrated(corpus, predicted: list[float], loso: dict, centres: dict) -> None:
+    """The estimate predict-scaling shows (issue 35): each row's raw prediction moved by the median residual of
+    the other sources (leave-one-source-out, as its interval), its error, and whether it lies in its interval."""
+    print("\n## The calibrated estimate, leave-one-source-out (the raw prediction + the other sources' median "
+          "residual)\n")
+    errors, inside = [], 0
+    for source in corpus.sources:
+        rows = [(p, row) for p, row in zip(predicted, corpus.rows) if row.source == source]
+        mine = [p + centres[source] - row.linearity for p, row in rows]
+        errors += mine
+        low, high = loso[source]
+        inside += sum(p + low <= p + centres[source] <= p + high for p, _ in rows)
+        print(f"- {source} ({len(rows)} rows): centre {100 * centres[source]:+.2f} points; {summary(mine)}")
+    on_one_side = max(sum(e > 0 for e in errors), sum(e < 0 for e in errors)) / len(errors)
+    print(f"\nall rows, calibrated: {summary(errors)}; {100 * on_one_side:.0f}% on one side; the estimate inside "
+          f"its own interval on {inside} of {len(errors)} rows")
 
 
 def write_json(path: str, corpus, predicted: list[float], loso: dict) -> None:

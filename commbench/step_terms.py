@@ -63,11 +63,18 @@ GPU_DEFAULTS = StepTerms(
                                       "over 1.645, median of its 4 models (0.14-0.41%); a published figure, not a "
                                       "measurement of this machine"),
     per_bucket_us=Term(0.0, "defaulted", NO_GPU))
-# benchmarks/model_step_terms.py on the 2-core VM (docs/model.md, "Step terms"): 2 CPU ranks, one core each.
+# Measured on the project's 2-core x86-64 VM (docs/model.md, "Step terms"), 2 CPU ranks with one core each.
 CPU_DEFAULTS = StepTerms(
-    overlap_slowdown=Term(0.0, "defaulted", "pending"),
-    step_cv=Term(0.0, "defaulted", "pending"),
-    per_bucket_us=Term(0.0, "defaulted", "pending"))
+    overlap_slowdown=Term(0.486, "measured", "benchmarks/model_step_terms.py --experiments interference, 2026-11-27: "
+                                             "GEMM compute alone vs beside a gloo allreduce loop on the same rank, 2 "
+                                             "ranks on 2 cores, 16 ABBA pairs, ratio - 1 median 0.486 [IQR "
+                                             "0.247-0.703], host load 10-12"),
+    step_cv=Term(0.030, "measured", "benchmarks/model_terms.py --experiments stragglers, 2026-11-23: resnet18 batch 4, "
+                                    "60 steps at 1 rank, CV 3.0% (load 0.8-2.6; under load 10, 2026-11-27, "
+                                    "model_step_terms.py read 29-59%: the host's other jobs, not the CPU)"),
+    per_bucket_us=Term(20.0, "measured", "benchmarks/model_step_terms.py --experiments buckets, 2026-11-27: DDP at 1 "
+                                         "rank, 1-65 buckets, main-thread CPU time over no_sync(), least-squares slope "
+                                         "20.0 us per bucket (95% CI 14.4-25.5)"))
 DEFAULTS = {"cpu": CPU_DEFAULTS, "cuda": GPU_DEFAULTS}
 
 

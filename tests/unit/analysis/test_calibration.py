@@ -37,6 +37,28 @@ def test_coverage_is_the_guaranteed_share_on_exchangeable_residuals():
     assert abs(hits / len(draws) - 0.8) < 0.025
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 19, 44, 99])
+def test_the_centre_lies_inside_the_interval_at_any_size(n):
+    """The calibrated estimate (raw + the median residual) is inside [raw + r_lo, raw + r_hi] for any n and any
+    residuals: the issue's point outside its own interval cannot happen again."""
+    rng = random.Random(n)
+    for _ in range(50):
+        residuals = [rng.uniform(-0.3, 0.05) for _ in range(n)]
+        low, high = C.bounds(residuals)
+        assert low <= C.centre(residuals) <= high
+        calibration = C.Calibration(tuple(residuals), ("s",) * n, C.LEVEL, "", "")
+        for raw in (0.2, 0.9, 1.0):
+            estimate = calibration.linearity_estimate(raw)
+            lin_low, lin_high = calibration.linearity_interval(raw)
+            assert lin_low <= estimate <= lin_high
+
+
+def test_leave_one_source_out_centres_never_use_the_held_out_source():
+    residuals = {"a": [0.0, 0.0], "b": [-0.1, -0.1], "c": [-0.3]}
+    centres = C.leave_one_source_out_centres(residuals)
+    assert centres == {"a": pytest.approx(-0.1), "b": pytest.approx(0.0), "c": pytest.approx(-0.05)}
+
+
 def test_leave_one_source_out_never_uses_the_held_out_source():
     residuals = {"a": [0.5, 0.6, 0.7, 0.8, 0.9], "b": [0.01 * i for i in range(10)],
                  "c": [-0.01 * i for i in range(10)]}
