@@ -92,8 +92,9 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
         print(f"# step: the calibrated estimate (the raw step moved by the corpus calibration's median error, inside "
               f"its interval; the {(t.step_us - raw) / 1e3:.2f} ms it adds is in other); raw {raw / 1e3:.2f} ms: "
               f"the cost model's own figure", flush=True)
-    else:
-        print(f"# step: the cost model's raw figure ({raw / 1e3:.2f} ms); no corpus calibration applies", flush=True)
+    elif prediction.interval:
+        print(f"# step: the cost model's raw figure ({raw / 1e3:.2f} ms), from the fit its interval comes from; no "
+              f"corpus calibration applies", flush=True)
     return 0
 
 
