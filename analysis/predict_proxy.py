@@ -206,7 +206,7 @@ def _header_lines(p: ProxyPrediction, cfg: ProxyConfig) -> list[str]:
             f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
             f"{cfg.warmup_steps} do not apply to a prediction)",
             *_interval_lines(p.hw, p.topo, p.algorithm, p.interval, p.interval_source),
-            *(f"without a fit: {t}" for t in p.terms), _step_terms_line(p)]
+            *p.terms, _step_terms_line(p)]
 
 
 def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tuple[float, float] | None,

@@ -145,8 +145,8 @@ def applied_terms(hw: Hardware) -> StepTerms | None:
 
 
 def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[str, ...]]:
-    """(hardware, step ratios, what was applied): for a hardware without a fit, the terms the published corpus
-    keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency; and stragglers, unless a measured
+    """(hardware, step ratios, what was applied, each said with where it applies): for a hardware without a fit,
+    the terms the published corpus keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency; and stragglers, unless a measured
     distribution is given, from the step terms' `step_cv` (applied_terms: a file's own block, or the class
     default for a hardware without a fit). A fitted file without a block is used as it is."""
     terms = applied_terms(hw)
@@ -154,10 +154,11 @@ def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[s
     evidence = T.nic_efficiency(hw) if "nic" in T.KEPT and unfitted(hw) else None
     if evidence:
         hw = T.delivered(hw)
-        said.append(f"NICs at {100 * evidence.value:.1f}% of their line rate ({evidence.source})")
+        said.append(f"without a fit: NICs at {100 * evidence.value:.1f}% of their line rate ({evidence.source})")
     if step_ratios is None and "stragglers" in T.KEPT and terms is not None and terms.step_cv.value > 0:
         step_ratios = T.default_step_ratios(terms.step_cv.value)
-        said.append(f"stragglers: the expected slowest of N ranks, steps normal with CV "
+        said.append(("without a fit" if unfitted(hw) else "the file's step_terms")
+                    + f": stragglers: the expected slowest of N ranks, steps normal with CV "
                     f"{100 * terms.step_cv.value:.2f}% (step_cv, {terms.step_cv.source}: {terms.step_cv.evidence}; "
                     f"--jitter-from for your own)")
     return hw, step_ratios, tuple(said)

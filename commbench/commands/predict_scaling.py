@@ -277,7 +277,7 @@ def _scaling_table(run, records) -> list[str]:
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
     lines.append(_estimate_note(records))
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
-    lines += [f"# without a fit: {term}" for term in run.terms]
+    lines += [f"# {term}" for term in run.terms]
     lines.append(_step_terms_line(run.hw))
     lines.append(f"# DDP's own work: {run.ddp_us / 1e3:.2f} ms per step" + (" (--ddp-ms)" if run.ddp_us else
                  " (none given: --ddp-ms, or a 1-GPU throughput measured in DDP)"))

@@ -77,3 +77,15 @@ def test_the_terms_lengthen_the_step_as_they_say():
     slowed = step(overlap_slowdown=1.0)  # half pace while a call runs: the overlapped compute takes longer
     assert plain.times.step_us < slowed.times.step_us <= plain.times.step_us + plain.times.comm_us
     assert slowed.times.other_us > plain.times.other_us  # what it takes shows as other, as measured
+
+
+def test_a_fitted_files_own_step_cv_gives_stragglers_said_as_its_own():
+    from commbench.analysis.predict_scaling import evidence_terms
+
+    fitted = {**_file(), "meta": {"levels_fitted": {"intra": True, "inter": True}},
+              "step_terms": {"step_cv": {"value": 0.05, "source": "fitted", "evidence": "run.jsonl"}}}
+    hw = hardware_from_dict(fitted)
+    used, ratios, said = evidence_terms(hw, None)
+    assert used == hw  # its bandwidths are measured: no NIC term
+    assert ratios is not None and said == tuple(s for s in said if s.startswith("the file's step_terms: stragglers"))
+    assert len(said) == 1 and "CV 5.00% (step_cv, fitted: run.jsonl" in said[0]
