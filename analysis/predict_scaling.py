@@ -146,9 +146,9 @@ def applied_terms(hw: Hardware) -> StepTerms | None:
 
 def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[str, ...]]:
     """(hardware, step ratios, what was applied, each said with where it applies): for a hardware without a fit,
-    the terms the published corpus keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency; and stragglers, unless a measured
-    distribution is given, from the step terms' `step_cv` (applied_terms: a file's own block, or the class
-    default for a hardware without a fit). A fitted file without a block is used as it is."""
+    the terms the published corpus keeps (scale_terms.KEPT): NICs at their class's nccl-tests efficiency; and
+    stragglers, unless a measured distribution is given, from the step terms' `step_cv` (applied_terms: a file's
+    own block, or the class default for a hardware without a fit). A fitted file without a block is used as it is."""
     terms = applied_terms(hw)
     said = []
     evidence = T.nic_efficiency(hw) if "nic" in T.KEPT and unfitted(hw) else None
