@@ -10,7 +10,7 @@ from commbench import collectives as C
 from commbench import tuning
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.fit import load_hw
+from commbench.commands.fit import load_hw, warn_poor
 from commbench.costmodel import HardwareError, with_topology
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
 from commbench.sizes import SizeError, parse_sizes
@@ -77,8 +77,9 @@ def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, r
     from commbench.analysis.predict import predict
 
     try:
-        hw = load_hw(hw_spec)
+        hw = load_hw(hw_spec, say_poor=False)
         uncertainty(hw)  # its intervals' block, checked: one line, not a traceback per row
+        warn_poor(hw, hw_spec)  # after the block is known good: a refusal stays one line
         size_list = parse_sizes(sizes, factor)
         names = C.resolve_collectives(collective_names)
         dt = C.resolve_dtype(dtype)
