@@ -98,10 +98,8 @@ class Result(Record):
     # every rank's time of every counted iteration (packed row after row: rank 0's, rank 1's, ...), for
     # `report --stragglers`; None: not kept (a file from before, or more than point_timing.MAX_RANK_TIMES values)
     rank_times_us: dict[str, Any] | None = None
-    # kind predicted: what time_us is (CALIBRATED_ESTIMATE: the cost model's time moved by the collectives
-    # corpus's median error; RAW_ESTIMATE: the model's own), and the model's own time before any calibration
-    estimate: str | None = None
-    raw_time_us: float | None = None
+    estimate: str | None = None  # kind predicted: what time_us is, CALIBRATED_ESTIMATE or RAW_ESTIMATE (results.md)
+    raw_time_us: float | None = None  # kind predicted: the cost model's own time, before any calibration
 
 
 RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
@@ -260,10 +258,8 @@ class ProxyResult(Record):
     # resamples or, without a fit, the published corpus's calibration; interval_source says which
     step_interval_us: list[float] | tuple[float, float] | None = None
     interval_source: str | None = None
-    # kind predicted: what step_us_p50 is (CALIBRATED_ESTIMATE: the raw step moved by the corpus calibration, the
-    # difference counted as other; RAW_ESTIMATE), and the cost model's own step before any calibration
-    estimate: str | None = None
-    raw_step_us: float | None = None
+    estimate: str | None = None  # kind predicted: what step_us_p50 is, CALIBRATED_ESTIMATE or RAW_ESTIMATE
+    raw_step_us: float | None = None  # kind predicted: the cost model's own step, before any calibration
     # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
     # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
     comm_cpu_gbps: float | None = None
