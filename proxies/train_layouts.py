@@ -119,6 +119,28 @@ class ModelShape:
                    experts=t.experts, top_k=t.top_k if t.experts else 2)
 
 
+def spec_of(par, transformer, microbatch: int) -> tuple[LayoutSpec, ModelShape]:
+    """A layout as `proxy --layout` spells it (proxies/parallelism.py's Parallelism) and a profile's shape, as
+    trained here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
+    One ValueError for what this trainer cannot run: the data-parallel part other than FSDP2 (fsdp-full)
+    where there are replicas, the experts' own tensor parallelism (etp1), micro-batches without a pipeline."""
+    replicas = par.dp * par.cp
+    if replicas > 1 and par.setup != "fsdp-full":
+        raise ValueError(f"train --layout shards the data-parallel part with FSDP2: spell it fsdp{par.dp} "
+                         f"(or --setup fsdp-full), not setup {par.setup}")
+    if par.expert_tp is not None:
+        raise ValueError("train --layout draws expert parallelism from the dp x cp ranks only: etp1 is not trained")
+    if par.pp == 1 and par.microbatches > 1:
+        raise ValueError("train --layout runs micro-batches through a pipeline only: without pp give --microbatch "
+                         "(sequences per step), not --microbatches")
+    shape = ModelShape.of(transformer, batch=microbatch * par.microbatches)
+    spec = LayoutSpec(world=par.world, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
+                      sequence_parallel=par.sequence_parallel, schedule=par.pp_schedule,
+                      microbatches=par.microbatches, virtual=par.virtual_stages if par.pp > 1 else 1)
+    spec.check(shape)
+    return spec, shape
+
+
 @dataclass
 class LayoutRun:
     """One rank's run: the calls of each traced step, the step times, the losses, its mesh coordinates."""
@@ -230,11 +252,27 @@ def _pipelined(spec: LayoutSpec, shape: ModelShape, mesh):
     return modules, step
 
 
-def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
-    """Train `steps` optimizer steps (SGD) of a layout on this rank's initialised gloo process group and
-    trace the last `traced`: every call each issues, by mesh dimension."""
+@dataclass
+class BuiltLayout:
+    """A layout built on this rank: its step (forward and backward of every micro-batch, then SGD) and the
+    mesh's labels of each process group (for the trace)."""
+    forward_backward: object
+    optimizer: object
+    labels: dict
+    coordinates: dict | None
+
+    def step(self) -> float:
+        """One optimizer step; its loss (nan on a pipeline stage that is not the last)."""
+        loss = self.forward_backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return loss
+
+
+def build_layout(spec: LayoutSpec, shape: ModelShape) -> BuiltLayout:
+    """The model of `shape` laid out as `spec` on this rank's initialised gloo process group (every rank
+    calls it: the mesh's groups are made collectively), with its SGD optimizer."""
     import torch
-    import torch.distributed as dist
 
     spec.check(shape)
     mesh, dense, experts = _meshes(spec)
@@ -249,16 +287,23 @@ def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int 
     extra = {"dp_cp": dense.get_group()} if spec.cp > 1 else {}
     if experts is not None:
         extra.update(edp=experts.get_group("edp"), ep=experts.get_group("ep"))
-    labels = mesh_labels(mesh, extra)
-    run = LayoutRun(dist.get_rank(), mesh.get_coordinate() and dict(zip(DIMENSIONS, mesh.get_coordinate())))
+    coordinates = mesh.get_coordinate() and dict(zip(DIMENSIONS, mesh.get_coordinate()))
+    return BuiltLayout(forward_backward, optimizer, mesh_labels(mesh, extra), coordinates)
+
+
+def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
+    """Train `steps` optimizer steps (SGD) of a layout on this rank's initialised gloo process group and
+    trace the last `traced`: every call each issues, by mesh dimension."""
+    import torch.distributed as dist
+
+    built = build_layout(spec, shape)
+    run = LayoutRun(dist.get_rank(), built.coordinates)
     for index in range(steps):
         calls = []
-        tracing = trace_mode(calls, labels) if index >= steps - traced else None
+        tracing = trace_mode(calls, built.labels) if index >= steps - traced else None
         start = time.perf_counter()
         with tracing if tracing is not None else contextlib.nullcontext():
-            run.losses.append(forward_backward())
-            optimizer.step()
-            optimizer.zero_grad()
+            run.losses.append(built.step())
         run.step_time_us.append((time.perf_counter() - start) * 1e6)
         if tracing is not None:
             run.calls.append(calls)

@@ -127,9 +127,12 @@ def proxy_command(**options) -> None:
 Examples:
   commbench train resnet50 --nprocs 2 --batch 16 --steps 40        # 2 CPU ranks, gloo
   torchrun --nproc-per-node 8 -m commbench train resnet50 --amp --warmup-steps 20 --steps 100
+  commbench train llama-tiny --layout tp2,fsdp2 -N 4               # a parallel layout on 4 CPU ranks
+  commbench train llama-tiny --layout pp2,fsdp2 --microbatches 4 -N 4 --emulate 2x2
 """)
 @_common
 @click.option("--amp", is_flag=True, help="Mixed precision (fp16 autocast with a grad scaler) on GPU.")
+@layout_replay_options
 def train_command(**options) -> None:
     """Train MODEL for real as --setup says (torch DDP or FSDP2; random weights, synthetic data) and time each step."""
     from commbench import job

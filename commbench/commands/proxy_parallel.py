@@ -1,6 +1,7 @@
-"""`proxy MODEL --layout SPEC`: the options that replay a parallel layout on real ranks
-(proxies/replay_layout.py), checked before any rank starts. The spelling is predict-scaling's
-(commands/predict_layouts.py); proxy takes one layout, and the micro-batches a step runs."""
+"""`proxy MODEL --layout SPEC` and `train MODEL --layout SPEC`: the options that replay a parallel layout on
+real ranks (proxies/replay_layout.py) or train it for real (proxies/train_layout_run.py), checked before any
+rank starts. The spelling is predict-scaling's (commands/predict_layouts.py); proxy and train take one layout,
+and the micro-batches a step runs."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,9 +16,11 @@ def layout_replay_options(fn):
     """--layout and the pipeline's schedule, micro-batches and activation checkpointing beside it."""
     options = [
         click.option("--layout", "layout", default=None, metavar="SPEC",
-                     help="Replay a parallel layout (a transformer profile; --backend torch): tp2,dp2; tp2sp,dp2 "
+                     help="Replay (proxy) or train (train) a parallel layout (a transformer profile; --backend torch): "
+                          "tp2,dp2; tp2sp,dp2 "
                           "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
-                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. Compute from FLOPs at --tflops."),
+                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops; "
+                          "train: data parallel as FSDP2 (fsdpN)."),
         click.option("--microbatches", type=int, default=None,
                      help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
         *schedule_options("none"),
@@ -37,15 +40,17 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
     if text is None:
         return {}
     shape = profile.transformer
+    training = o.train
     refusals = [(shape is None, f"--layout needs a transformer's shape, and profile {profile.name} has none "
                                 "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
-                (not (cls.makes_ddp_calls and cls.runs_rank_groups),  # torch.distributed's calls on groups
+                (not training and not (cls.makes_ddp_calls and cls.runs_rank_groups),  # torch.distributed's calls
                  "--layout replays on --backend torch (gloo or NCCL groups)"),
-                (compute == "measured", "--layout emulates the compute from the shape's FLOPs: give --tflops RATE "
-                                        "or --compute none"),
+                (not training and compute == "measured", "--layout emulates the compute from the shape's FLOPs: "
+                                                         "give --tflops RATE or --compute none"),
                 (o.validate, "--validate compares with DDP training, not with a --layout"),
                 (o.batch is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
-                                      "--microbatches, not --batch")]
+                                      "--microbatches, not --batch"),
+                *(_training_refusals(o) if training else [])]
     for refused, line in refusals:
         if refused:
             raise UsageFault(line)
@@ -58,8 +63,20 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
         par = replace(par, microbatches=microbatches)
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
         settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
-    except (LayoutError, SetupError) as exc:
+        if training:
+            from commbench.proxies.train_layouts import spec_of
+
+            spec_of(par, shape, o.microbatch)
+    except (LayoutError, SetupError, ValueError) as exc:
         raise UsageFault(str(exc)) from exc
     return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": o.microbatch,
             "checkpointing": o.checkpointing, "setup": par.setup}
 
+
+
+def _training_refusals(o) -> list[tuple[bool, str]]:
+    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+    return [(o.device == "cuda" or o.torch_backend == "nccl", "train --layout trains on CPU ranks over gloo "
+                                                              "(--device cpu)"),
+            (o.amp, "train --layout trains in fp32: drop --amp"),
+            (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]
