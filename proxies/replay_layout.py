@@ -16,10 +16,12 @@ so no two neighbours wait on each other: a receive's send is always issued, as t
 order proxies/pipeline.py proves free of cycles. Ranks of one stage run the same program, so the collectives
 of tp, cp, ep and the replicas (all inside a stage) are issued in one order on every member.
 
-After the last pass the data-parallel setup runs on the replicas: the setups table's plan (proxies/setups.py)
-for the stage's share of the model (proxies/stage_share.py, as analysis/predict_layout.py cuts it), its calls
-issued at once and waited for: not overlapped with the last backward, as a real job overlaps them.
-Then the calls outside the layers (`layout_calls.outside_layer_calls`: sequence parallelism's norm gradients,
+The data-parallel setup runs on the replicas: the setups table's plan (proxies/setups.py) for the stage's share
+of the model (proxies/stage_share.py, as analysis/predict_layout.py cuts it), its last micro-step laid over the
+rank's last forward and last backward pass: each call is issued (asynchronously) at the layer where the plan
+issues it and waited for where the plan needs it, so DDP's buckets and FSDP's reduce-scatters overlap the last
+backward as in training, and FSDP's gathers are waited for in the forward; the rest is waited for after the
+last pass. Then the calls outside the layers (`layout_calls.outside_layer_calls`: sequence parallelism's norm gradients,
 reduced once a step on the tp group, as Megatron-LM's finalize_model_grads does).
 
 A step's figures: compute (the emulated compute), comm = exposed (the time the rank waited for calls and for
@@ -102,6 +104,11 @@ class LayoutReplay:
         self.buffers: dict[tuple, object] = {}
         self.figures = StepFigures()
         self.dp_plan = self._data_parallel_plan(profile)
+        # the plan's last micro-step starts here (its compute: forward 1 us, backward 2 us a micro-step)
+        self.dp_offset_us = max((ph.start_us for ph in self.dp_plan.phases if ph.name == "forward"), default=0.0) \
+            if self.dp_plan else 0.0
+        self.dp_pending: list = []
+        self.dp_works: list = []
 
     # ------------------------------------------------------------ the step
 
@@ -109,11 +116,14 @@ class LayoutReplay:
         self.figures = StepFigures()
         started = time.perf_counter()
         sends: list = []
-        for p in order(self.par.pp_schedule, self.par.pp, self.stage, self.par.microbatches,
-                       self.par.virtual_stages):
-            self._pass(p, sends)
+        passes = order(self.par.pp_schedule, self.par.pp, self.stage, self.par.microbatches, self.par.virtual_stages)
+        last = {p.kind: index for index, p in enumerate(passes)}  # the rank's last forward and last backward
+        self.dp_pending = [c for c in self.dp_plan.comms if c.group != "cross"] if self.dp_plan else []
+        self.dp_works = []
+        for index, p in enumerate(passes):
+            self._pass(p, sends, index == last[p.kind])
         self._wait("pp", sends)
-        self._data_parallel()
+        self._dp_progress(math.inf)  # what the last backward left: issued now, and every call waited for
         for (dim, collective), calls, nbytes in self.step_calls:  # after the gradients' reduction, as Megatron-LM's
             for _ in range(calls):                                  # finalize_model_grads reduces the SP norms'
                 self._collective(LayerCall(dim, collective, nbytes, str(self.dtype).replace("torch.", ""), "step",
@@ -121,7 +131,9 @@ class LayoutReplay:
         self.figures.step_us = (time.perf_counter() - started) * 1e6
         return self.figures
 
-    def _pass(self, p: Pass, sends: list) -> None:
+    def _pass(self, p: Pass, sends: list, last: bool = False) -> None:
+        """One pass; the rank's `last` forward and backward carry the data-parallel plan's progress: its calls
+        are issued and waited for where the plan's last micro-step issues and needs them (_dp_progress)."""
         par, stages = self.par, self.par.pp * self.par.virtual_stages
         j = p.chunk * par.pp + self.stage
         forward = p.kind == "F"
@@ -129,11 +141,16 @@ class LayoutReplay:
         if 0 <= source < stages:
             self._wait("pp", [self._p2p("recv", source, p)])
         layers = self.chunks[p.chunk]
-        for index in (layers if forward else reversed(layers)):
+        begin, span = (self.dp_offset_us if forward else self.dp_offset_us + 1.0), (1.0 if forward else 2.0)
+        for k, index in enumerate(layers if forward else reversed(layers)):
+            if last:
+                self._dp_progress(begin + span * k / max(1, len(layers)))
             self._layer(index, forward)
         if j == stages - 1:  # the head: the last virtual stage's
             head = self.shape.head_forward_flops() * self._tokens() / par.tp
             self._compute(head if forward else 2 * head)
+        if last:
+            self._dp_progress(begin + span)
         if 0 <= target < stages:
             sends.append(self._p2p("send", target, p))
 
@@ -253,29 +270,32 @@ class LayoutReplay:
         choice = settle(par.setup, {"accumulate": accumulate} if accumulate > 1 else {})
         return choice.plan(share, Compute(1.0, 2.0), Layout(1, replicas, "cpu"))
 
-    def _data_parallel(self) -> None:
-        """The plan's calls on the replicas, issued at once and waited for (one node: its node and world
-        groups are the replicas; its cross-node group is this rank alone, so those calls are left out)."""
-        if self.dp_plan is None:
-            return
+    def _dp_progress(self, at_us: float) -> None:
+        """The data-parallel plan's calls at compute progress `at_us` of its last micro-step (forward 1 us,
+        backward 2 us, from `dp_offset_us`): those issued by then are started (asynchronous), and those
+        needed by then are waited for, as the setup overlaps them with the last backward (DDP's buckets,
+        FSDP's reduce-scatters) or waits for them in its forward (FSDP's gathers). One node: its node and
+        world groups are the replicas; its cross-node group is this rank alone, so those calls are left out."""
+        while self.dp_pending and self.dp_pending[0].ready_us <= at_us:
+            comm = self.dp_pending.pop(0)
+            self.dp_works.append((comm.needed_us, self._dp_issue(comm)))
+        due = [work for needed, work in self.dp_works if needed <= at_us]
+        self.dp_works = [(needed, work) for needed, work in self.dp_works if needed > at_us]
+        self._wait("dp", due)
+
+    def _dp_issue(self, comm):
         import torch
         import torch.distributed as dist
 
         group, size = self.groups["replicas"], self.par.dp * self.par.cp
-        works = []
-        for comm in self.dp_plan.comms:
-            if comm.group == "cross":
-                continue
-            dtype = getattr(torch, comm.dtype)
-            count = comm.nbytes // dtype.itemsize // size * size
-            full, shard = self._buffer(count, "dp full", dtype), self._buffer(count // size, "dp shard", dtype)
-            if comm.collective == "allreduce":
-                works.append(dist.all_reduce(full, group=group, async_op=True))
-            elif comm.collective == "allgather":
-                works.append(dist.all_gather_single(full, shard, group=group, async_op=True))
-            else:
-                works.append(dist.reduce_scatter_single(shard, full, group=group, async_op=True))
-        self._wait("dp", works)
+        dtype = getattr(torch, comm.dtype)
+        count = comm.nbytes // dtype.itemsize // size * size
+        full, shard = self._buffer(count, "dp full", dtype), self._buffer(count // size, "dp shard", dtype)
+        if comm.collective == "allreduce":
+            return dist.all_reduce(full, group=group, async_op=True)
+        if comm.collective == "allgather":
+            return dist.all_gather_single(full, shard, group=group, async_op=True)
+        return dist.reduce_scatter_single(shard, full, group=group, async_op=True)
 
 
 def replay_layout_steps(ctx) -> None:
@@ -322,7 +342,7 @@ def _dp_text(replay: LayoutReplay) -> str:
         return "no data-parallel replicas"
     by = ", ".join(f"{n} {c} ({b / 2**20:.2f} MiB)" for (c, g), (n, b) in plan.bytes_by().items() if g != "cross")
     return (f"data parallel: setup {par.setup} on dp x cp = {par.dp * par.cp} ranks, {by or 'no calls'} of this "
-            "stage's share, after the last pass (not overlapped)")
+            "stage's share, overlapped with the rank's last forward and backward as the setup's plan issues them")
 
 
 def _ordered(calls: list[LayerCall]) -> list[LayerCall]:

@@ -173,3 +173,13 @@ def test_the_compute_is_the_stages_flops_at_the_rate(traced):
         _, compute_us, step_us = traced[("pp2 dp2 1f1b", rank)]
         assert compute_us == pytest.approx(3 * flops * tokens * par.microbatches / RATE)
         assert step_us >= compute_us
+
+
+def test_data_parallel_calls_overlap_the_passes_as_the_setups_plan_issues_them(traced):
+    """FSDP's gathers come before the forward's first TP call and some reduce-scatters before the backward's
+    last one: the plan's calls are issued inside the rank's last passes, not all after them."""
+    for rank in range(4):
+        calls, _, _ = traced[("tp2 fsdp2", rank)]
+        tp = [i for i, (_, _, group) in enumerate(calls) if group == "tp"]
+        assert any(c == "allgather" and g == "replicas" for c, _, g in calls[:tp[0]])
+        assert any(c == "reduce_scatter" and g == "replicas" for c, _, g in calls[:tp[-1]])

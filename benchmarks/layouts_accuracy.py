@@ -1,0 +1,136 @@
+"""Parallel layouts: replay (`proxy --layout`) and prediction (analysis/predict_layout.py) against real
+training (`train --layout`), step time per layout, on local CPU ranks over gloo (or an emulated cluster).
+
+For each layout, in turn: `commbench train llama-tiny --layout L` (transformers' Llama, TP by parallelize_module,
+torch.distributed.pipelining, FSDP2), then `commbench proxy llama-tiny --layout L` with the compute emulated at
+one rate. The rate is fitted once, on the first layout (the calibration row, whose replay error is then ~0 by
+construction): its replay at a nominal rate gives the FLOPs per rank and step and the time that is not compute,
+and the rate is the FLOPs over what the training step leaves for compute. Every other layout is predicted
+from that one rate. The prediction (`--hw FIT`, a `commbench fit` of this machine's sweep) uses the same rate.
+Error = replay (or prediction) / training - 1, of the median step (the slowest rank's per step).
+
+    python benchmarks/layouts_accuracy.py --hw fit4.json                      # 4 local ranks
+    python benchmarks/layouts_accuracy.py --hw fit4.json --emulate 2x2        # 2 emulated nodes x 2 ranks
+
+Prints a Markdown table; every run's JSON Lines are kept in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+LAYOUTS = ("fsdp4", "tp2,fsdp2", "pp2,fsdp2", "tp2,pp2")
+NOMINAL_TFLOPS = 0.01
+
+
+def commbench(kind: str, layout: str, args: argparse.Namespace, *extra: str) -> dict:
+    """Run `commbench KIND llama-tiny --layout LAYOUT`; its summary record (or {"failed": its last line})."""
+    name = f"{kind}-{layout.replace(',', '_')}{''.join(extra).replace('-', '').replace('.', 'p')}.jsonl"
+    out = os.path.join(args.out, name)
+    cmd = [sys.executable, "-m", "commbench", kind, args.model, "--layout", layout, "-N", str(args.nprocs),
+           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--json", out, "--force", *extra]
+    if "pp" in layout:
+        cmd += ["--microbatches", str(args.microbatches)]
+    if args.emulate:
+        cmd += ["--emulate", args.emulate]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"failed": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    with open(out, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    summary = records[-1]
+    steps = [r for r in records if r.get("record") == "step" and not r.get("warmup")]
+    summary["compute_us_p50"] = statistics.median(s["compute_us"] or 0.0 for s in steps)
+    return summary
+
+
+def fit_rate(train_step_us: float, nominal: dict) -> float:
+    """The compute rate (TFLOP/s) that makes the calibration layout's replay step equal its training step:
+    FLOPs per rank and step over the training step less the replay's time outside compute."""
+    flop = nominal["compute_us_p50"] * NOMINAL_TFLOPS * 1e6
+    left_us = train_step_us - (nominal["step_us_p50"] - nominal["compute_us_p50"])
+    if left_us <= 0:
+        raise SystemExit(f"the replay's time outside compute ({nominal['step_us_p50'] - nominal['compute_us_p50']:.0f} "
+                         f"us) exceeds the training step ({train_step_us:.0f} us): no rate fits")
+    return flop / left_us / 1e6
+
+
+def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | None:
+    """analysis/predict_layout.py's step for the layout at `rate`, costed by the fitted hardware."""
+    if not args.hw:
+        return None
+    from commbench.analysis.predict_layout import Job, predict_layout
+    from commbench.costmodel import load_hardware
+    from commbench.proxies.parallelism import parse_layout
+    from commbench.proxies.profile import load_profile
+
+    profile = load_profile(args.model)
+    par = parse_layout(layout, "ddp", args.nprocs)
+    par = replace(par, microbatches=args.microbatches if par.pp > 1 else 1)
+    per_node = int(args.emulate.split("x")[1]) if args.emulate else args.nprocs
+    job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, 1, rate, "none", args.algorithm)
+    return predict_layout(job, par).step_us
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-tiny")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS).replace(",f", ";f").replace(",p", ";p"),
+                        help="Layouts separated by ';' (the first calibrates the rate).")
+    parser.add_argument("--nprocs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--emulate", default=None, metavar="NODESxRANKS")
+    parser.add_argument("--hw", default=None, help="A fit of this machine's sweep, for the prediction column.")
+    parser.add_argument("--algorithm", default="ring", help="The prediction's collective algorithm.")
+    parser.add_argument("--out", default="runs/layouts-accuracy")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    layouts = [x.strip() for x in args.layouts.split(";") if x.strip()]
+    started = time.time()
+    trained = {layouts[0]: commbench("train", layouts[0], args)}
+    nominal = commbench("proxy", layouts[0], args, "--tflops", str(NOMINAL_TFLOPS))
+    for run in (trained[layouts[0]], nominal):
+        if "failed" in run:
+            raise SystemExit(f"{layouts[0]}: {run['failed']}")
+    rate = fit_rate(trained[layouts[0]]["step_us_p50"], nominal)
+    print(f"# rate fitted on {layouts[0]}: {rate:.5f} TFLOP/s per rank; {args.nprocs} ranks"
+          + (f", emulated {args.emulate}" if args.emulate else "") + f"; load {os.getloadavg()[0]:.1f}")
+    print("| layout | train step (ms) | replay step (ms) | replay error | predicted step (ms) | predicted error |")
+    print("|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"replay": [], "predicted": []}
+    for layout in layouts:
+        train = trained.get(layout) or commbench("train", layout, args)
+        replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
+        predicted = predicted_us(layout, rate, args)
+        if "failed" in train or "failed" in replay:
+            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | |")
+            continue
+        t, r = train["step_us_p50"], replay["step_us_p50"]
+        cells = [f"{t / 1e3:.2f}", f"{r / 1e3:.2f}", f"{100 * (r / t - 1):+.1f}%"]
+        if layout != layouts[0]:
+            errors["replay"].append(abs(r / t - 1))
+        if predicted is not None:
+            cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
+            if layout != layouts[0]:
+                errors["predicted"].append(abs(predicted / t - 1))
+        print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells)
+              + (" | | |" if predicted is None else " |"), flush=True)
+    for what, values in errors.items():
+        if values:
+            print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
+                  f"over {len(values)} layout(s) besides the calibration")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))}-{time.strftime('%H:%M', time.gmtime())} UTC, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
