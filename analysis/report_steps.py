@@ -4,6 +4,7 @@ linearity (one colour per cluster size), from `proxy` and `scaling` records."""
 from __future__ import annotations
 
 import os
+import statistics
 from collections import defaultdict
 
 
@@ -34,8 +35,9 @@ def step_rows(records: list[dict]) -> list[dict]:
     for r in (r for r in records if r.get("record") == "proxy" and r.get("status", "ok") == "ok"):
         nodes = r.get("nnodes") or 1
         layout = f"{nodes}x{r['world_size'] // nodes}" if nodes > 1 and r["world_size"] % nodes == 0 else ""
+        parallel = (r.get("layout") or {}).get("layout")  # proxy or train --layout: the parallel layout's name
         label = (f"{r['model']} {r['kind']}, {r['world_size']} ranks{f' ({layout})' if layout else ''}, "
-                 f"{r['backend']}/{r['library']}, batch {r['batch']}")
+                 f"{f'layout {parallel}, ' if parallel else ''}{r['backend']}/{r['library']}, batch {r['batch']}")
         medians = {k: _ms(r.get(f"{k}_us_p50")) for k in ("compute", "comm", "exposed_comm", "other", "step")}
         rows.append({"label": label, "file": r.get("_file") or "", "step_ms": medians["step"], "medians": medians,
                      **_median_step(r, steps.get((r.get("_file"), r.get("run_id")), []))})
@@ -269,6 +271,7 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
                          "is step - compute, as then computed; the chart caps it at the step's communication and "
                          "draws the rest as other.")
         lines.append("")
+    lines += _layout_lines(rows, records)
     scaling = [r for r in records if r.get("record") == "scaling"]
     if scaling:
         lines += ["## Predicted scaling", "",
@@ -287,6 +290,28 @@ def index_lines(rows: list[dict], records: list[dict]) -> list[str]:
                          f"{'-' if raw is None else f'{raw:.3f}'} | {r.get('estimate') or '-'} | {acc} |")
         lines.append("")
     return lines
+
+
+def _layout_lines(rows: list[dict], records: list[dict]) -> list[str]:
+    """Per parallel layout replayed (proxy --layout): each dimension's median wait per step (ms, rank 0's
+    exposed_by_dim_us; pp: the bubble with the transfers)."""
+    waits: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("record") == "step" and not r.get("warmup") and r.get("exposed_by_dim_us") is not None:
+            waits[(r.get("_file"), r.get("run_id"))].append(r["exposed_by_dim_us"])
+    summaries = [r for r in records if r.get("record") == "proxy" and r.get("status", "ok") == "ok"]
+    found = [(row, waits[(r.get("_file"), r.get("run_id"))]) for row, r in zip(rows, summaries)
+             if waits.get((r.get("_file"), r.get("run_id")))]
+    if not found:
+        return []
+    dims = [d for d in ("tp", "cp", "ep", "pp", "dp") if any(d in w for _, steps in found for w in steps)]
+    lines = ["## Parallel layouts", "", "Rank 0's wait per dimension and step, the median over the measured steps (ms; "
+             "pp: the pipeline's bubble with its transfers; 0 where the dimension made no call).", "",
+             "| run | " + " | ".join(dims) + " |", "|---|" + "---|" * len(dims)]
+    for row, steps in found:
+        lines.append(f"| {row['label']} | " + " | ".join(
+            f"{statistics.median(w.get(d, 0.0) for w in steps) / 1e3:.2f}" for d in dims) + " |")
+    return [*lines, ""]
 
 
 def _median_step_lines(rows: list[dict]) -> list[str]:

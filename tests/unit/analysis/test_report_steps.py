@@ -95,3 +95,18 @@ def test_every_title_of_proxy_steps_fits_in_the_picture(tmp_path, monkeypatch):
     assert len(kept) == 2
     for title, box, figure in kept:
         assert title and figure.x0 <= box.x0 and box.x1 <= figure.x1, (title, box, figure)
+
+
+def test_a_layout_run_is_named_by_its_layout_with_each_dimensions_median_wait():
+    layout = {"layout": "tp2,fsdp2", "tp": 2, "dp": 2}
+    steps = [{**_step("l.jsonl", i, 1000.0, w, w, 1000.0 + w, 0.0), "exposed_by_dim_us": {"tp": w, "dp": 2 * w}}
+             for i, w in enumerate([100.0, 300.0, 200.0])]
+    records = [*steps, {**_summary("l.jsonl", compute_us=1000.0, comm_us=200.0, exposed_comm_us=200.0,
+                                   other_us=0.0, step_us=1200.0), "layout": layout},
+               {**_summary("t.jsonl", run_id="t", kind="train", step_us=1500.0), "layout": layout}]
+    rows = step_rows(records)
+    assert [row["label"].split(", ")[2] for row in rows] == ["layout tp2,fsdp2"] * 2
+    lines = index_lines(rows, records)
+    table = lines[lines.index("## Parallel layouts") + 6:]
+    assert table[0].split(" | ")[1:] == ["0.20", "0.40 |"]  # tp, then dp: the medians of 0.1, 0.3, 0.2 ms
+    assert "| tp | dp |" in lines[lines.index("## Parallel layouts") + 4] and not table[1]  # training: no waits
