@@ -33,12 +33,13 @@ def commbench(kind: str, layout: str, args: argparse.Namespace, *extra: str) -> 
     """Run `commbench KIND llama-tiny --layout LAYOUT`; its summary record (or {"failed": its last line})."""
     name = f"{kind}-{layout.replace(',', '_')}{''.join(extra).replace('-', '').replace('.', 'p')}.jsonl"
     out = os.path.join(args.out, name)
-    cmd = [sys.executable, "-m", "commbench", kind, args.model, "--layout", layout, "-N", str(args.nprocs),
-           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--json", out, "--force", *extra]
-    if "pp" in layout:
+    cmd = [sys.executable, "-m", "commbench", kind, args.model, "--layout", layout,
+           *(["--emulate", args.emulate] if args.emulate else ["-N", str(args.nprocs)]), "--steps", str(args.steps),
+           "--warmup-steps", str(args.warmup_steps), "--json", out, "--force", *extra]
+    pipelined = "pp" in layout
+    cmd += ["--microbatch", str(args.sequences // args.microbatches if pipelined else args.sequences)]
+    if pipelined:
         cmd += ["--microbatches", str(args.microbatches)]
-    if args.emulate:
-        cmd += ["--emulate", args.emulate]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"failed": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -74,7 +75,8 @@ def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | 
     par = parse_layout(layout, "ddp", args.nprocs)
     par = replace(par, microbatches=args.microbatches if par.pp > 1 else 1)
     per_node = int(args.emulate.split("x")[1]) if args.emulate else args.nprocs
-    job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, 1, rate, "none", args.algorithm)
+    microbatch = args.sequences // par.microbatches
+    job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, microbatch, rate, "none", args.algorithm)
     return predict_layout(job, par).step_us
 
 
@@ -86,7 +88,9 @@ def main() -> int:
     parser.add_argument("--nprocs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--microbatches", type=int, default=4, help="Micro-batches per step with a pipeline.")
+    parser.add_argument("--sequences", type=int, default=4,
+                        help="Sequences per data-parallel rank and step (a pipeline's: --microbatches of them).")
     parser.add_argument("--emulate", default=None, metavar="NODESxRANKS")
     parser.add_argument("--hw", default=None, help="A fit of this machine's sweep, for the prediction column.")
     parser.add_argument("--algorithm", default="ring", help="The prediction's collective algorithm.")
@@ -102,7 +106,9 @@ def main() -> int:
             raise SystemExit(f"{layouts[0]}: {run['failed']}")
     rate = fit_rate(trained[layouts[0]]["step_us_p50"], nominal)
     print(f"# rate fitted on {layouts[0]}: {rate:.5f} TFLOP/s per rank; {args.nprocs} ranks"
-          + (f", emulated {args.emulate}" if args.emulate else "") + f"; load {os.getloadavg()[0]:.1f}")
+          + (f", emulated {args.emulate}" if args.emulate else "") + f"; {args.sequences} sequence(s) per "
+          f"data-parallel rank and step ({args.microbatches} micro-batches with a pipeline); load "
+          f"{os.getloadavg()[0]:.1f}")
     print("| layout | train step (ms) | replay step (ms) | replay error | predicted step (ms) | predicted error |")
     print("|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"replay": [], "predicted": []}

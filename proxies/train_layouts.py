@@ -123,7 +123,11 @@ def spec_of(par, transformer, microbatch: int) -> tuple[LayoutSpec, ModelShape]:
     """A layout as `proxy --layout` spells it (proxies/parallelism.py's Parallelism) and a profile's shape, as
     trained here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
     One ValueError for what this trainer cannot run: the data-parallel part other than FSDP2 (fsdp-full)
-    where there are replicas, the experts' own tensor parallelism (etp1), micro-batches without a pipeline."""
+    where there are replicas, the experts' own tensor parallelism (etp1), cp, ep or sequence parallelism
+    beside a pipeline, micro-batches without a pipeline."""
+    if par.pp > 1 and (par.cp > 1 or par.ep > 1 or par.sequence_parallel):
+        raise ValueError("train --layout composes a pipeline with tp (no sp) and FSDP2 only: cp, ep or sequence "
+                         "parallelism beside pp is not trained")
     replicas = par.dp * par.cp
     if replicas > 1 and par.setup != "fsdp-full":
         raise ValueError(f"train --layout shards the data-parallel part with FSDP2: spell it fsdp{par.dp} "
@@ -236,9 +240,11 @@ def _moe(model, shape: ModelShape, experts) -> None:
 
 def _pipelined(spec: LayoutSpec, shape: ModelShape, mesh):
     """The pipeline stages of this rank and their step: the schedule over the micro-batches."""
-    from commbench.proxies.train_layout_parts import pipeline_schedule, pipeline_stages
+    from commbench.proxies.train_layout_parts import pipeline_schedule, pipeline_stages, tensor_parallel
 
     model = llama(shape)
+    if spec.tp > 1:  # the decoder layers' TP plan, then the stages cut from them (torchtitan's order)
+        tensor_parallel(model, mesh["tp"], spec.sequence_parallel)
     stages = pipeline_stages(model, mesh, spec.virtual, shard=spec.dp > 1)
     schedule = pipeline_schedule(stages, spec.schedule, spec.microbatches, _loss)
     inputs, labels = _batch(shape, seed=mesh["dp"].get_local_rank())

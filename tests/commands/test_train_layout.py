@@ -32,6 +32,7 @@ def test_a_pipelined_layout_trains_end_to_end_with_records(tmp_path):
     (["--layout", "tp3,fsdp2"], "tp3,fsdp2: tp x pp x cp x dp = 3 x 1 x 1 x 2 = 6 GPUs, not 4"),
     (["--layout", "ep2,fsdp4"], "ep 2 on a model without experts"),
     (["--layout", "tp2,fsdp2", "--microbatches", "2"], "runs micro-batches through a pipeline only"),
+    (["--layout", "cp2,pp2"], "cp, ep or sequence parallelism beside pp is not trained"),
     (["--layout", "tp2,fsdp2", "--checkpointing", "full"], "keeps every activation"),
 ])
 def test_a_layout_train_cannot_run_is_one_line_and_exit_2(extra, message):
