@@ -1,8 +1,8 @@
 """`commbench proxy` and `train`'s command lines as one frozen value, built once from click's parameters:
 commands/proxy_plan.py and proxy_parallel.py read typed fields, never a dict of options. `train` has no
 options for the backend or the compute: its value keeps their defaults (torch's library allreduce, the job's
-own ranks, the real model) and says `train`; its --layout options are proxy's (trained for real). The setup's knobs (one flag each,
-commands/setup_flags.py) are kept together, as given."""
+own ranks, the real model) and says `train`; its --layout options are proxy's (trained for real). The setup's
+knobs (one flag each, commands/setup_flags.py) are kept together, as given."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
