@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import replace
 
-LAYOUTS = ("fsdp4", "tp2,fsdp2", "pp2,fsdp2", "tp2,pp2")
+LAYOUTS = ("fsdp4", "tp2,fsdp2", "pp2,fsdp2", "tp2,pp2", "cp2,fsdp2")
 NOMINAL_TFLOPS = 0.01
 
 
@@ -80,10 +80,38 @@ def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | 
     return predict_layout(job, par).step_us
 
 
+def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespace) -> None:
+    """Each layout trained (unless done), replayed and predicted: a Markdown row each, then the medians."""
+    print("| layout | train step (ms) | replay step (ms) | replay error | predicted step (ms) | predicted error |")
+    print("|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"replay": [], "predicted": []}
+    for layout in layouts:
+        train = trained.get(layout) or commbench("train", layout, args)
+        replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
+        predicted = predicted_us(layout, rate, args)
+        if "failed" in train or "failed" in replay:
+            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | |")
+            continue
+        t, r = train["step_us_p50"], replay["step_us_p50"]
+        cells = [f"{t / 1e3:.2f}", f"{r / 1e3:.2f}", f"{100 * (r / t - 1):+.1f}%"]
+        if layout != layouts[0]:
+            errors["replay"].append(abs(r / t - 1))
+        if predicted is not None:
+            cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
+            if layout != layouts[0]:
+                errors["predicted"].append(abs(predicted / t - 1))
+        print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells)
+              + (" | | |" if predicted is None else " |"), flush=True)
+    for what, values in errors.items():
+        if values:
+            print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
+                  f"over {len(values)} layout(s) besides the calibration")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS).replace(",f", ";f").replace(",p", ";p"),
+    parser.add_argument("--layouts", default=";".join(LAYOUTS),
                         help="Layouts separated by ';' (the first calibrates the rate).")
     parser.add_argument("--nprocs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
@@ -109,30 +137,7 @@ def main() -> int:
           + (f", emulated {args.emulate}" if args.emulate else "") + f"; {args.sequences} sequence(s) per "
           f"data-parallel rank and step ({args.microbatches} micro-batches with a pipeline); load "
           f"{os.getloadavg()[0]:.1f}")
-    print("| layout | train step (ms) | replay step (ms) | replay error | predicted step (ms) | predicted error |")
-    print("|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"replay": [], "predicted": []}
-    for layout in layouts:
-        train = trained.get(layout) or commbench("train", layout, args)
-        replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
-        predicted = predicted_us(layout, rate, args)
-        if "failed" in train or "failed" in replay:
-            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | |")
-            continue
-        t, r = train["step_us_p50"], replay["step_us_p50"]
-        cells = [f"{t / 1e3:.2f}", f"{r / 1e3:.2f}", f"{100 * (r / t - 1):+.1f}%"]
-        if layout != layouts[0]:
-            errors["replay"].append(abs(r / t - 1))
-        if predicted is not None:
-            cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
-            if layout != layouts[0]:
-                errors["predicted"].append(abs(predicted / t - 1))
-        print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells)
-              + (" | | |" if predicted is None else " |"), flush=True)
-    for what, values in errors.items():
-        if values:
-            print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
-                  f"over {len(values)} layout(s) besides the calibration")
+    table(layouts, trained, rate, args)
     print(f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))}-{time.strftime('%H:%M', time.gmtime())} UTC, "
           f"load average {os.getloadavg()[0]:.1f}")
     return 0

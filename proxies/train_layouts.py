@@ -128,8 +128,11 @@ def spec_of(par, transformer, microbatch: int) -> tuple[LayoutSpec, ModelShape]:
     if par.pp > 1 and (par.cp > 1 or par.ep > 1 or par.sequence_parallel):
         raise ValueError("train --layout composes a pipeline with tp (no sp) and FSDP2 only: cp, ep or sequence "
                          "parallelism beside pp is not trained")
-    replicas = par.dp * par.cp
-    if replicas > 1 and par.setup != "fsdp-full":
+    from commbench.proxies.setups import SETUPS
+
+    setup = SETUPS.get(par.setup)  # what the trainer runs: FSDP2 sharding over every replica, resharded after forward
+    as_trained = setup is not None and setup.trains_as == "fsdp" and setup.reshard_after_forward and not setup.fixed
+    if par.dp * par.cp > 1 and not as_trained:
         raise ValueError(f"train --layout shards the data-parallel part with FSDP2: spell it fsdp{par.dp} "
                          f"(or --setup fsdp-full), not setup {par.setup}")
     if par.expert_tp is not None:

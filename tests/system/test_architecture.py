@@ -436,6 +436,8 @@ UNTESTED_BY_NAME = {
     "backends/gpu": "unit/backends/test_cuda_sched*.py, test_cupy_nccl*.py",
     "backends/cuda_ipc": "unit/backends/test_cuda_sched.py (GPU), test_cuda_sched_fake_gpu.py",
     "backends/kernel_checks": "unit/backends/test_cuda_host.py, commands/test_selftest.py",
+    # train --layout's rank body: trained end to end by its command's test
+    "proxies/train_layout_run": "commands/test_train_layout.py",
     # analysis/ pieces pinned through the analyses that use them
     "analysis/check": "commands/test_check.py, unit/analysis/test_fit_oversubscribed.py",
     "analysis/hosts": "unit/analysis/test_fit_oversubscribed.py, system/test_launchers.py",
