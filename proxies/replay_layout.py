@@ -159,8 +159,9 @@ class LayoutReplay:
         the compute in equal slices, each followed by one of the exposed calls (a matrix product, then its
         collective)."""
         shape, tokens = self.shape, self._tokens() / self.par.tp
-        flops = shape.layer_forward_flops(index) * tokens
-        attention = shape.attention_score_flops() * tokens
+        # the attention's masked half skipped, as causal kernels do and predict_layout counts (Job.causal_halved)
+        flops = shape.layer_forward_flops(index, causal_halved=True) * tokens
+        attention = shape.attention_score_flops(causal_halved=True) * tokens
         recompute = {"none": 0.0, "selective": attention, "full": flops}[self.checkpointing]
         total = flops if forward else 2 * flops + recompute
         phase = "forward" if forward else "backward"
