@@ -3,9 +3,9 @@
 For each measured point of a sweep (a result record) the cost model predicts the same call
 (its collective, size, dtype, ranks, nodes and schedule, costed as fit.predict_records does); for each proxy
 replay (a proxy record of kind proxy) it predicts the same step (its model, batch, buckets and
-compute on its nodes x ranks: scaling.predict_step). Each row gives measured, predicted and the
-error, predicted / measured - 1 (negative: the model is optimistic); the summary gives the
-median and largest |error| over all rows and over the points of at least 64 KiB (where issue
+compute on its nodes x ranks: scaling.predict_step; a parallel layout's replay: check_layout.py). Each row
+gives measured, predicted and the error, predicted / measured - 1 (negative: the model is optimistic); the summary
+gives the median and largest |error| over all rows and over the points of at least 64 KiB (where issue
 targets are set: small calls are latency, which the model fits least well). A model from `fit`
 carries its leave-one-out refits (intervals.py): each row then has its 80% interval, and the
 summary the coverage, the share of measured values inside their interval (80% is what an honest interval gives).
@@ -131,7 +131,26 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     for r in records:
         if r.get("record") == "proxy" and r.get("kind") in ("proxy", "train") and r.get("status", "ok") == "ok" \
                 and r.get("setup") != "trace":
-            rows += _run_rows(r, headers, replays, loads, hw, notes)
+            rows += _layout_rows(r, headers, loads, hw, notes) if r.get("layout") else \
+                _run_rows(r, headers, replays, loads, hw, notes)
+    return rows
+
+
+def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[str]) -> list[Row]:
+    """The step row, and a replay's exposed-communication row, of a parallel layout's run (check_layout.py)."""
+    from commbench.analysis.check_layout import LayoutCheckError, check_layout_run
+
+    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    try:
+        checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"])
+    except LayoutCheckError as exc:
+        notes.append(str(exc))
+        return []
+    setup, over = _marked(checked.setup, r, loads)
+    nbytes = int(r.get("gradient_bytes") or 0)
+    rows = [Row("proxy", setup, "step", nbytes, float(r["step_us_p50"]), checked.step_us, None, over)]
+    if r.get("comm_us_p50"):
+        rows.append(Row("proxy", setup, "comm", nbytes, float(r["comm_us_p50"]), checked.exposed_us, None, over))
     return rows
 
 

@@ -1,0 +1,74 @@
+"""`check` for runs of a parallel layout (records that carry `layout`: `proxy --layout`, `train --layout`):
+the step analysis/predict_layout.py predicts for the run's model, layout, micro-batches and compute rate on
+the fitted hardware, against the run's median step, and its exposed communication against the replay's.
+
+Only a replay whose compute is FLOPs at a given rate (`--tflops`, `compute: flops`) is predicted: its compute
+is then exactly what the prediction assumes, so the rows check the communication and the pipeline. A run
+whose compute rate is not known (training, or a replay measuring its compute) is left out with the reason:
+benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from commbench.analysis.predict_layout import Job, predict_layout
+from commbench.costmodel import Hardware, with_topology
+from commbench.proxies.parallelism import LayoutError, Parallelism
+from commbench.proxies.profile import ProfileError, load_profile
+from commbench.topology import Topology
+
+LAYOUT_FIELDS = {f.name for f in fields(Parallelism)}
+
+
+class LayoutCheckError(ValueError):
+    """Why a layout run cannot be predicted (one line, for check's notes)."""
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    setup: str  # the row's setup column: model, layout, micro-batches, rate, backend/algorithm, topology
+    step_us: float  # predicted step
+    exposed_us: float  # predicted communication the step waits for (a replay's comm_us is its exposed time)
+
+
+def parallelism_of(record: dict) -> Parallelism:
+    """The layout a record carries (Parallelism.to_dict), or LayoutCheckError."""
+    layout = record.get("layout")
+    if not isinstance(layout, dict):
+        raise LayoutCheckError(f"{record.get('model')}: the record carries no layout")
+    try:
+        par = Parallelism(**{k: v for k, v in layout.items() if k in LAYOUT_FIELDS})
+        par.check()  # whole degrees of at least 1 (a damaged file may hold anything)
+        return par
+    except (TypeError, ValueError) as exc:  # LayoutError is a ValueError
+        raise LayoutCheckError(f"{record.get('model')}: its layout {layout.get('layout')!r} is damaged "
+                               f"({exc})") from exc
+
+
+def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -> LayoutCheck:
+    """The prediction of one layout run (a proxy record and its header's config), or LayoutCheckError."""
+    par = parallelism_of(record)
+    name = f"{record.get('model')} {par.name}"
+    if record.get("kind") != "proxy" or config.get("compute") != "flops" or not config.get("tflops"):
+        raise LayoutCheckError(f"{name} ({record.get('kind')}): its compute rate is not known (only a replay's "
+                               "--tflops is); benchmarks/layouts_accuracy.py fits one; left out")
+    try:
+        profile = load_profile(record["model"])
+    except (ProfileError, ValueError) as exc:
+        raise LayoutCheckError(f"{record['model']}: {exc}") from exc
+    if profile.transformer is None:
+        raise LayoutCheckError(f"{name}: the profile has no transformer shape; left out")
+    world, nodes = int(record.get("world_size") or 0), int(record.get("nnodes") or 1)
+    if world != par.world or nodes < 1 or world % nodes:
+        raise LayoutCheckError(f"{name}: {world} rank(s) on {nodes} node(s) do not hold the layout; left out")
+    topo = Topology(nodes, world // nodes)
+    microbatch = int(config.get("microbatch") or 1)
+    job = Job(profile.transformer, profile, with_topology(hw, topo), topo.ranks_per_node, microbatch,
+              float(config["tflops"]), config.get("checkpointing") or "none", algorithm)
+    try:
+        par.check(world, topo.ranks_per_node, profile.transformer)
+        prediction = predict_layout(job, par)
+    except LayoutError as exc:
+        raise LayoutCheckError(f"{name}: {exc}; left out") from exc
+    setup = (f"{name} mb{par.microbatches}x{microbatch} at {job.tflops:g} TFLOP/s, "
+             f"{record.get('backend')}/{algorithm}, {topo}")
+    return LayoutCheck(setup, prediction.step_us, sum(prediction.exposed_us.values()))

@@ -1,0 +1,70 @@
+"""`check` on parallel-layout runs: a replay at a given rate is predicted by predict_layout for its own layout,
+micro-batches and topology; a run whose compute rate is not known is left out with the reason."""
+from __future__ import annotations
+
+import pytest
+
+from commbench.analysis.check import check
+from commbench.analysis.check_layout import LayoutCheckError, check_layout_run, parallelism_of
+from commbench.analysis.predict_layout import Job, predict_layout
+from commbench.costmodel import load_hardware, with_topology
+from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.profile import load_profile
+from commbench.topology import Topology
+
+
+def _run(layout: str = "tp2,dp2", kind: str = "proxy", compute: str = "flops", nodes: int = 1,
+         step_us: float = 50_000.0, comm_us: float = 30_000.0, **schedule) -> list[dict]:
+    """A header and a proxy record as `proxy --layout` (or `train --layout`) writes them."""
+    par = parse_layout(layout, "ddp", 4, **schedule)
+    config = {"model": "llama-tiny", "compute": compute, "tflops": 0.01 if compute == "flops" else None,
+              "microbatch": 1, "checkpointing": "none", "layout": par.to_dict()}
+    header = {"record": "header", "run_id": "r1", "kind": kind, "model": "llama-tiny", "config": config}
+    record = {"record": "proxy", "run_id": "r1", "kind": kind, "model": "llama-tiny", "backend": "torch",
+              "world_size": 4, "nnodes": nodes, "status": "ok", "step_us_p50": step_us, "comm_us_p50": comm_us,
+              "gradient_bytes": 1 << 20, "layout": par.to_dict()}
+    return [header, record]
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return load_hardware("dgx-a100")
+
+
+@pytest.mark.parametrize("layout, nodes, schedule", [("tp2,dp2", 1, {}), ("pp2,dp2", 2, {"microbatches": 4}),
+                                                     ("cp2,fsdp2", 1, {})])
+def test_a_replay_is_predicted_for_its_own_layout_rate_and_topology(hw, layout, nodes, schedule):
+    header, record = _run(layout, nodes=nodes, **schedule)
+    checked = check_layout_run(record, header["config"], hw, "ring")
+    profile = load_profile("llama-tiny")
+    topo = Topology(nodes, 4 // nodes)
+    expected = predict_layout(Job(profile.transformer, profile, with_topology(hw, topo), 4 // nodes, 1, 0.01, "none",
+                                  "ring"), parallelism_of(record))
+    assert checked.step_us == pytest.approx(expected.step_us)
+    assert checked.exposed_us == pytest.approx(sum(expected.exposed_us.values()))
+    assert parallelism_of(record).name in checked.setup and f"{topo}" in checked.setup
+
+
+def test_check_gives_a_step_and_a_comm_row_for_a_layout_replay(hw):
+    rows, notes = check(_run("tp2,dp2"), hw)
+    assert [(r.kind, r.what) for r in rows] == [("proxy", "step"), ("proxy", "comm")]
+    assert "tp2" in rows[0].setup and rows[0].measured_us == 50_000.0
+    assert not any("llama-tiny" in n for n in notes)
+
+
+@pytest.mark.parametrize("kind, compute", [("train", "flops"), ("proxy", "measured")])
+def test_a_run_without_a_known_rate_is_left_out_with_the_reason(hw, kind, compute):
+    rows, notes = check(_run(kind=kind, compute=compute), hw)
+    assert rows == []
+    assert any("compute rate is not known" in n for n in notes), notes
+
+
+def test_a_damaged_or_mismatched_layout_is_a_note_not_a_traceback(hw):
+    header, record = _run()
+    record["layout"] = {"layout": "tp2,dp2", "tp": "two"}
+    with pytest.raises(LayoutCheckError, match="damaged|left out"):
+        check_layout_run(record, header["config"], hw, "ring")
+    header, record = _run()
+    record["world_size"] = 8  # the layout holds 4 ranks
+    rows, notes = check([header, record], hw)
+    assert rows == [] and any("do not hold the layout" in n for n in notes)
