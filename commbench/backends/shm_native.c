@@ -64,6 +64,7 @@ typedef struct {
     int64_t prefetch_bytes;          /* software prefetch of a fused op's inputs this far ahead (0: none) */
     int64_t fused_nt;                /* 1 + STORE_* bits: which streaming outputs use non-temporal stores
                                         (0: both, as 1 + STORE_OUT + STORE_PUSH) */
+    int64_t fused_nt_in_place;       /* the same where the op reduces in place (out == a; 0: as fused_nt) */
 } cb_ctx;
 
 static inline int64_t now_ns(void) {
@@ -194,13 +195,17 @@ static const int64_t ITEMSIZE[] = {4, 8, 1, 1, 4, 8};
    stores can stream), then stored to both: the inputs are read once and the outputs written once (a
    reduce, then a pull of its result by the peer, reads the chunk a third time and writes it from the
    other core). `streams`: both outputs may stream (every block of at least 64 bytes, as copy_bytes').
-   The same arithmetic as reduce(): bitwise the same results. The block size, the prefetch distance and which outputs stream
-   are the context's (the planner's, shm_plan.py; 0: FUSED_BLOCK, none, both). */
+   The same arithmetic as reduce(): bitwise the same results. The block size, the prefetch distance and
+   which outputs stream (in place and not) are the context's (the planner's, shm_plan.py; 0: FUSED_BLOCK,
+   none, both). */
 static void reduce_push(const cb_op *op, const cb_ctx *c, int streams) {
     _Alignas(64) char tmp[FUSED_BLOCK_MAX + 64];
     int64_t block = c->fused_block > 0 && c->fused_block <= FUSED_BLOCK_MAX ? c->fused_block & ~(int64_t)63 : 0;
     int64_t ahead = c->prefetch_bytes > 0 ? c->prefetch_bytes : 0;
-    int64_t nt_bits = c->fused_nt > 0 ? c->fused_nt - 1 : STORE_OUT | STORE_PUSH;
+    /* In place the output's lines were just read (they are in the cache): whether streaming them pays
+       differs from out of place, where a store that does not stream first reads the line it writes. */
+    int64_t mode = op->out == op->a && c->fused_nt_in_place > 0 ? c->fused_nt_in_place : c->fused_nt;
+    int64_t nt_bits = mode > 0 ? mode - 1 : STORE_OUT | STORE_PUSH;
     int64_t nt_out = streams && (nt_bits & STORE_OUT) ? 0 : INT64_MAX;
     int64_t nt_push = streams && (nt_bits & STORE_PUSH) ? 0 : INT64_MAX;
     int64_t size = ITEMSIZE[op->dtype], nbytes = op->count * size;

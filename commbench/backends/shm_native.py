@@ -57,7 +57,8 @@ class Context(ctypes.Structure):
                 ("npeers", ctypes.c_int64), ("mine", ctypes.c_int64), ("flag_words", ctypes.c_int64),
                 ("spin_ns", ctypes.c_int64), ("spin_budget_ns", ctypes.c_int64), ("spin_floor_ns", ctypes.c_int64),
                 ("nt_bytes", ctypes.c_int64), ("waiting_index", ctypes.c_int64), ("waiting_epoch", ctypes.c_int64),
-                ("fused_block", ctypes.c_int64), ("prefetch_bytes", ctypes.c_int64), ("fused_nt", ctypes.c_int64)]
+                ("fused_block", ctypes.c_int64), ("prefetch_bytes", ctypes.c_int64), ("fused_nt", ctypes.c_int64),
+                ("fused_nt_in_place", ctypes.c_int64)]
 
 
 def requested() -> str:

@@ -2,7 +2,8 @@
 
 The fused reduce-and-push (shm_native.c reduce_push) has knobs whose best values depend on the machine:
 how many bytes it reduces at a time before storing them (`block_bytes`), which of its two outputs use
-non-temporal stores (`nt`: both, out, push, none) and how far ahead it prefetches its inputs
+non-temporal stores out of place (`nt`: both, out, push, none) and in place (`nt_in_place`, where the
+output's lines were just read into the cache), and how far ahead it prefetches its inputs
 (`prefetch_bytes`). On one 2-core AMD EPYC VM the 8 KiB block the code was tuned with ran the fused
 operation at half a copy's speed, where 512 B-2 KiB ran it at a copy's (docs/performance.md, issue 38).
 
@@ -13,7 +14,7 @@ incumbent. The result is cached beside the built library (plan.json, JSON only) 
 header of every run says the values and where they came from, and every record carries them.
 
 $COMMBENCH_SHM_PLAN overrides: `default` (the built-in values, nothing measured) or any of
-`block=1K,nt=none,prefetch=0`; knobs it leaves out come from the cached or measured plan.
+`block=1K,nt=both,nt_in_place=none,prefetch=0`; knobs it leaves out come from the cached or measured plan.
 """
 from __future__ import annotations
 
@@ -31,25 +32,28 @@ from commbench.sizes import SizeError, format_size, parse_sizes
 
 PLAN_VAR = "COMMBENCH_SHM_PLAN"
 PLAN_FILE = "plan.json"
-FORMAT = 1  # of plan.json: a change measures again
+FORMAT = 2  # of plan.json: a change measures again
 NT_MODES = {"both": 4, "out": 2, "push": 3, "none": 1}  # shm_native.c fused_nt: 1 + STORE_OUT (1) | STORE_PUSH (2)
 BLOCK_RANGE, PREFETCH_MAX = (64, 65536), 1 << 20  # FUSED_BLOCK_MAX in shm_native.c
 PROBE_TIMEOUT_S = 60.0  # under the control plane's timeout: the other ranks wait for rank 0 meanwhile
-KEYS = {"block": "block_bytes", "nt": "nt", "prefetch": "prefetch_bytes"}
+KEYS = {"block": "block_bytes", "nt": "nt", "nt_in_place": "nt_in_place", "prefetch": "prefetch_bytes"}
 
 
 @dataclass(frozen=True)
 class Plan:
     block_bytes: int = 8192  # the values before the planner (shm_native.c FUSED_BLOCK, both streaming, none)
     nt: str = "both"
+    nt_in_place: str = "both"
     prefetch_bytes: int = 0
 
     def context_values(self) -> dict[str, int]:
         """The shm_native.Context fields that carry this plan."""
-        return {"fused_block": self.block_bytes, "prefetch_bytes": self.prefetch_bytes, "fused_nt": NT_MODES[self.nt]}
+        return {"fused_block": self.block_bytes, "prefetch_bytes": self.prefetch_bytes, "fused_nt": NT_MODES[self.nt],
+                "fused_nt_in_place": NT_MODES[self.nt_in_place]}
 
     def text(self) -> str:
-        return f"block {format_size(self.block_bytes)}, nt {self.nt}, prefetch {format_size(self.prefetch_bytes)}"
+        return (f"block {format_size(self.block_bytes)}, nt {self.nt}, nt in place {self.nt_in_place}, "
+                f"prefetch {format_size(self.prefetch_bytes)}")
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,9 @@ def checked(values: dict) -> Plan:
     low, high = BLOCK_RANGE
     if not isinstance(plan.block_bytes, int) or not low <= plan.block_bytes <= high or plan.block_bytes % 64:
         raise ValueError(f"block {plan.block_bytes!r}: expected a multiple of 64 bytes from {low} to {high}")
-    if plan.nt not in NT_MODES:
-        raise ValueError(f"nt {plan.nt!r}: expected one of {', '.join(NT_MODES)}")
+    for name, mode in (("nt", plan.nt), ("nt_in_place", plan.nt_in_place)):
+        if mode not in NT_MODES:
+            raise ValueError(f"{name} {mode!r}: expected one of {', '.join(NT_MODES)}")
     if not isinstance(plan.prefetch_bytes, int) or not 0 <= plan.prefetch_bytes <= PREFETCH_MAX \
             or plan.prefetch_bytes % 64:
         raise ValueError(f"prefetch {plan.prefetch_bytes!r}: expected a multiple of 64 bytes from 0 to {PREFETCH_MAX}")
@@ -91,9 +96,10 @@ def override(text: str | None = None) -> dict | None:
         key, _, value = item.partition("=")
         key, value = key.strip().lower(), value.strip()
         if key not in KEYS or not value:
-            raise ValueError(f"${PLAN_VAR}={text!r}: expected `default` or block=SIZE,nt=MODE,prefetch=SIZE")
+            raise ValueError(f"${PLAN_VAR}={text!r}: expected `default` or block=SIZE,nt=MODE,nt_in_place=MODE,"
+                             "prefetch=SIZE")
         try:
-            values[KEYS[key]] = value.lower() if key == "nt" else 0 if value == "0" else parse_sizes(value)[0]
+            values[KEYS[key]] = value.lower() if key.startswith("nt") else 0 if value == "0" else parse_sizes(value)[0]
         except (SizeError, IndexError) as exc:
             raise ValueError(f"${PLAN_VAR}: {key}={value!r} is not a size") from exc
     try:

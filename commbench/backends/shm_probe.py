@@ -6,7 +6,8 @@ shm_native.c on shared mappings (shmem pages, as the shm segments are), started 
 each, in the two forms the backend runs at the memory bound: in place (rank r reduces half r of its
 buffer with the peer's half r and stores the result in both) and out of place (the inputs read from
 the ranks' sources, the result stored in their outputs). A candidate's score in a round is the sum of
-the two forms' times (max over the workers, median over repetitions).
+the two forms' times (max over the workers, median over repetitions); for the stores, which are chosen
+for each form apart (nt out of place, nt_in_place in place), that form's time alone.
 
 The knobs are decided one after another (block, then the stores, then the prefetch distance), each
 over ROUNDS rounds in alternating order (ABBA); a candidate replaces the incumbent (the built-in
@@ -31,8 +32,10 @@ from commbench.backends.shm_plan import Plan
 
 ROUNDS, REPS = 6, 2
 KEEP_UNLESS = 1.03  # and the lower quartile of the ratios at least 1: most rounds agree
-STAGES = (("block_bytes", (512, 1024, 2048, 4096, 8192, 16384)), ("nt", ("both", "out", "push", "none")),
+NT = ("both", "out", "push", "none")
+STAGES = (("block_bytes", (512, 1024, 2048, 4096, 8192, 16384)), ("nt_in_place", NT), ("nt", NT),
           ("prefetch_bytes", (0, 1024, 4096)))
+FORMS = {"nt_in_place": (0,), "nt": (1,)}  # the forms (0 in place, 1 out of place) a stage is scored on; else both
 MIN_PROBE_BYTES = 16 << 20  # per rank: past the caches (at least the LLC, shm_native.llc_bytes)
 
 
@@ -78,8 +81,8 @@ def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barr
             slot += 1
 
 
-def scores(library_path: str, plans: list[dict], buffers: dict) -> np.ndarray:
-    """rounds x plans: each round's score (in place + out of place, seconds) per plan."""
+def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (0, 1)) -> np.ndarray:
+    """rounds x plans: each round's score (the sum over `forms` of in place and out of place, seconds) per plan."""
     context = mp.get_context("fork")
     times = context.Array("d", ROUNDS * len(plans) * 2 * REPS * 2, lock=False)
     barrier = context.Barrier(2, timeout=60)
@@ -95,7 +98,7 @@ def scores(library_path: str, plans: list[dict], buffers: dict) -> np.ndarray:
                 worker.kill()
         raise RuntimeError(f"a probe worker failed (exit codes {[w.exitcode for w in workers]})")
     grid = np.array(times[:]).reshape(ROUNDS, len(plans), 2, REPS, 2).max(axis=4)
-    return np.median(grid, axis=3).sum(axis=2)
+    return np.median(grid, axis=3)[:, :, list(forms)].sum(axis=2)
 
 
 def decide(incumbent: Plan, key: str, candidates: tuple, round_scores: np.ndarray) -> tuple[Plan, list[float]]:
@@ -117,7 +120,7 @@ def probe(library_path: str, nbytes: int) -> dict:
     plan, stages, started = Plan(), [], time.perf_counter()
     for key, candidates in STAGES:
         plans = [asdict(replace(plan, **{key: value})) for value in candidates]
-        round_scores = scores(library_path, plans, buffers)
+        round_scores = scores(library_path, plans, buffers, FORMS.get(key, (0, 1)))
         plan, ratios = decide(plan, key, candidates, round_scores)
         stages.append({"knob": key, "candidates": list(candidates), "ratio_to_incumbent": [round(r, 3) for r in ratios],
                        "score_ms": [round(float(np.median(round_scores[:, i])) * 1e3, 3)

@@ -273,9 +273,10 @@ def test_a_cache_folder_anyone_may_write_is_not_used(tmp_path):
 
 
 @needs_native
-@pytest.mark.parametrize("block,nt,prefetch", [(64, "none", 0), (512, "out", 64), (1024, "push", 4096),
-                                               (65536, "both", 1 << 20), (4096, "none", 1024)])
-def test_every_planned_knob_lands_exactly(block, nt, prefetch):
+@pytest.mark.parametrize("block,nt,nt_in_place,prefetch", [
+    (64, "none", "both", 0), (512, "out", "push", 64), (1024, "push", "out", 4096), (65536, "both", "none", 1 << 20),
+    (4096, "none", "none", 1024)])
+def test_every_planned_knob_lands_exactly(block, nt, nt_in_place, prefetch):
     """The planner's knobs (block, which outputs stream, prefetch) change how the fused op runs, never what it
     writes: both outputs exact, nothing outside the chunk, in place and out of place."""
     from commbench.backends.shm_plan import Plan
@@ -290,7 +291,7 @@ def test_every_planned_knob_lands_exactly(block, nt, prefetch):
         source = out if in_place else a
         executor = shm_native.NativeExecutor(LIBRARY, 0, 0, 0, 0, [], 1, 1)
         executor.context.nt_bytes = 0
-        executor.tune(Plan(block, nt, prefetch).context_values())
+        executor.tune(Plan(block, nt, nt_in_place, prefetch).context_values())
         ops = executor.ops([("reduce", out[shift:shift + count], source[shift:shift + count], b[shift:shift + count]),
                             ("push", out2[shift:shift + count], out[shift:shift + count])], "sum", stream=True)
         assert ops[0].out2 and executor.run(ctypes.addressof(ops), 2, 0, 0, executor.address) == -1

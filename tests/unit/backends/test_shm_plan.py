@@ -24,7 +24,8 @@ class Measure:
     """A stand-in for shm_probe's measurement: counts its calls, returns `plan`."""
 
     def __init__(self, plan: dict | None = None):
-        self.calls, self.plan = 0, plan or {"block_bytes": 1024, "nt": "push", "prefetch_bytes": 0}
+        self.calls, self.plan = 0, plan or {"block_bytes": 1024, "nt": "push", "nt_in_place": "none",
+                                            "prefetch_bytes": 0}
 
     def __call__(self, library):
         self.calls += 1
@@ -36,7 +37,7 @@ def test_measured_once_then_read_from_the_cache(library):
     first = shm_plan.choose(library, measure)
     again = shm_plan.choose(library, measure)
     assert measure.calls == 1
-    assert first.plan == again.plan == Plan(1024, "push", 0)
+    assert first.plan == again.plan == Plan(1024, "push", "none", 0)
     assert first.source.startswith("measured") and again.source.startswith("cached")
     saved = json.loads((library.parent / shm_plan.PLAN_FILE).read_text())
     assert saved["identity"] == shm_plan.identity(library) and saved["plan"]["block_bytes"] == 1024
@@ -69,19 +70,20 @@ def test_a_damaged_cache_is_measured_again_not_run(library):
 
 def test_the_override_wins(library, monkeypatch):
     measure = Measure()
-    monkeypatch.setenv(shm_plan.PLAN_VAR, "block=2K,nt=none,prefetch=4K")
+    monkeypatch.setenv(shm_plan.PLAN_VAR, "block=2K,nt=none,nt_in_place=out,prefetch=4K")
     chosen = shm_plan.choose(library, measure)
-    assert chosen.plan == Plan(2048, "none", 4096) and measure.calls == 0  # every knob given: nothing measured
+    assert chosen.plan == Plan(2048, "none", "out", 4096) and measure.calls == 0  # every knob given: nothing measured
     assert shm_plan.PLAN_VAR in chosen.source
     monkeypatch.setenv(shm_plan.PLAN_VAR, "default")
     assert shm_plan.choose(library, measure).plan == Plan() and measure.calls == 0
     monkeypatch.setenv(shm_plan.PLAN_VAR, "nt=out")  # one knob: the rest measured (once) and cached
     partial = shm_plan.choose(library, measure)
-    assert partial.plan == Plan(1024, "out", 0) and measure.calls == 1 and "nt from" in partial.source
+    assert partial.plan == Plan(1024, "out", "none", 0) and measure.calls == 1 and "nt from" in partial.source
 
 
 @pytest.mark.parametrize("text,says", [("block=7", "block 7"), ("block=1M", "block 1048576"),
                                        ("nt=sometimes", "nt 'sometimes'"), ("prefetch=100", "prefetch 100"),
+                                       ("nt_in_place=all", "nt_in_place 'all'"),
                                        ("speed=11", "expected `default`"), ("block=big", "not a size")])
 def test_a_bad_override_is_one_valueerror(text, says):
     with pytest.raises(ValueError, match=says):
@@ -107,11 +109,13 @@ def test_a_bad_override_is_one_line_exit_2():
 def test_the_header_carries_the_values(tmp_path, clean_shm):
     proc = commbench("sweep", "--backend", "shm", "-N", "2", "--sizes", "1K,64K", "--iters", "3", "--warmup", "1",
                      "--json", str(tmp_path / "r.jsonl"),
-                     env=clean_env(COMMBENCH_SHM_PLAN="block=1K,nt=out,prefetch=0", COMMBENCH_SHM_EXECUTOR="auto"))
+                     env=clean_env(COMMBENCH_SHM_PLAN="block=1K,nt=out,nt_in_place=none,prefetch=0",
+                                   COMMBENCH_SHM_EXECUTOR="auto"))
     assert proc.returncode == 0, proc.stderr
     header = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
     if "executor native" not in proc.stdout:
         pytest.skip("the native executor does not build here: no plan to carry")
-    assert header["shm_plan"] == {"block_bytes": 1024, "nt": "out", "prefetch_bytes": 0,
+    assert header["shm_plan"] == {"block_bytes": 1024, "nt": "out", "nt_in_place": "none", "prefetch_bytes": 0,
                                   "source": f"override ${shm_plan.PLAN_VAR}"}
-    assert "# shm plan: block 1 KiB, nt out, prefetch 0 B (override $COMMBENCH_SHM_PLAN)" in proc.stdout
+    assert "# shm plan: block 1 KiB, nt out, nt in place none, prefetch 0 B (override $COMMBENCH_SHM_PLAN)" \
+        in proc.stdout

@@ -32,8 +32,9 @@ def test_a_real_probe_gives_a_valid_plan_and_its_figures(monkeypatch):
     monkeypatch.setattr(shm_probe, "ROUNDS", 2)
     result = shm_probe.probe(str(LIBRARY), 1 << 20)
     plan = shm_plan.checked(result["plan"])
-    assert [stage["knob"] for stage in result["stages"]] == ["block_bytes", "nt", "prefetch_bytes"]
+    assert [stage["knob"] for stage in result["stages"]] == ["block_bytes", "nt_in_place", "nt", "prefetch_bytes"]
     for stage in result["stages"]:
         assert len(stage["score_ms"]) == len(stage["candidates"]) and all(s > 0 for s in stage["score_ms"])
         assert stage["chosen"] in stage["candidates"]
-    assert (plan.block_bytes, plan.nt, plan.prefetch_bytes) == tuple(s["chosen"] for s in result["stages"])
+    assert (plan.block_bytes, plan.nt_in_place, plan.nt, plan.prefetch_bytes) == \
+        tuple(s["chosen"] for s in result["stages"])
