@@ -65,7 +65,8 @@ class ShmExecutor:
             library, path = shm_native.load_built()
         except shm_native.NativeUnavailable as exc:
             library, path, why = None, None, exc
-        chosen = self.control.broadcast_object(shm_plan.choose(path) if self.rank == 0 and path else None)
+        chosen = self.control.broadcast_object(shm_plan.choose(path, job_timeout_s=self.timeout_s)
+                                               if self.rank == 0 and path else None)
         if library is None:
             if wanted == "native":
                 raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {why}") from why

@@ -23,11 +23,11 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from commbench.launch import rank_argv
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 PLAN_VAR = "COMMBENCH_SHM_PLAN"
@@ -35,7 +35,8 @@ PLAN_FILE = "plan.json"
 FORMAT = 2  # of plan.json: a change measures again
 NT_MODES = {"both": 4, "out": 2, "push": 3, "none": 1}  # shm_native.c fused_nt: 1 + STORE_OUT (1) | STORE_PUSH (2)
 BLOCK_RANGE, PREFETCH_MAX = (64, 65536), 1 << 20  # FUSED_BLOCK_MAX in shm_native.c
-PROBE_TIMEOUT_S = 60.0  # under the control plane's timeout: the other ranks wait for rank 0 meanwhile
+PROBE_TIMEOUT_S = 60.0  # at most, and a third of the job's timeout: the other ranks wait for rank 0 meanwhile
+MEASURE_MIN_TIMEOUT_S = 30.0  # a job with a shorter timeout runs the cached plan, else the built-in values
 KEYS = {"block": "block_bytes", "nt": "nt", "nt_in_place": "nt_in_place", "prefetch": "prefetch_bytes"}
 
 
@@ -139,25 +140,33 @@ def read_cached(path: Path, wanted: dict) -> tuple[Plan, str] | None:
         return None  # unreadable, or written by another version: measured again
 
 
-def measure(library: Path) -> dict:
-    """shm_probe.py in a process of its own (no threads of this one forked): its JSON result."""
+def measure(library: Path, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+    """shm_probe.py in a process of its own (no threads of this one forked; started as the ranks are,
+    without the working directory on its path): its JSON result."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "commbench.backends.shm_probe", str(library)], capture_output=True,
-                          text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
+    done = subprocess.run([*rank_argv("commbench.backends.shm_probe"), str(library)], capture_output=True, text=True,
+                          timeout=timeout_s, env=env, check=False)
     if done.returncode:
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise RuntimeError(f"the probe failed: {lines[-1][:200] if lines else done.returncode}")
     return json.loads(done.stdout)
 
 
-def choose(library: Path, measure_fn=measure) -> Chosen:
+def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> Chosen:
     """The plan for `library`'s build on this machine: the override, else cached, else measured now (under a
-    lock: one job measures, the others read its result); a failed measurement gives the built-in values."""
+    lock: one job measures, the others read its result); a failed measurement gives the built-in values, and
+    so does a job whose timeout (`job_timeout_s`) leaves no room for one."""
     given = override()
     if given is not None and set(given) == set(KEYS.values()):
         return Chosen(checked(given), f"override ${PLAN_VAR}")
-    base, source = _cached_or_measured(library, measure_fn)
+    if job_timeout_s >= MEASURE_MIN_TIMEOUT_S:
+        base, source = _cached_or_measured(library, lambda path: measure_fn(path, min(PROBE_TIMEOUT_S,
+                                                                                      job_timeout_s / 3)))
+    else:
+        found = read_cached(library.parent / PLAN_FILE, identity(library))
+        base, source = (found[0], f"cached, measured {found[1]}") if found else \
+            (Plan(), f"default: not measured (a timeout of {job_timeout_s:g} s leaves no room for it)")
     if given:
         return Chosen(checked({**asdict(base), **given}), f"{source}; {', '.join(sorted(given))} from ${PLAN_VAR}")
     return Chosen(base, source)

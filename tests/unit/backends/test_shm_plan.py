@@ -27,7 +27,8 @@ class Measure:
         self.calls, self.plan = 0, plan or {"block_bytes": 1024, "nt": "push", "nt_in_place": "none",
                                             "prefetch_bytes": 0}
 
-    def __call__(self, library):
+    def __call__(self, library, timeout_s):
+        assert 0 < timeout_s <= shm_plan.PROBE_TIMEOUT_S
         self.calls += 1
         return {"plan": self.plan, "stages": []}
 
@@ -91,11 +92,20 @@ def test_a_bad_override_is_one_valueerror(text, says):
 
 
 def test_a_failed_measurement_runs_the_built_in_values(library):
-    def fails(path):
+    def fails(path, timeout_s):
         raise RuntimeError("the probe failed: no second core")
     chosen = shm_plan.choose(library, fails)
     assert chosen.plan == Plan() and chosen.source.startswith("default: not measured (the probe failed")
     assert not (library.parent / shm_plan.PLAN_FILE).exists()  # measured again next time
+
+
+def test_a_short_job_timeout_runs_the_cached_plan_or_the_built_in_one(library):
+    measure = Measure()
+    chosen = shm_plan.choose(library, measure, job_timeout_s=10)
+    assert chosen.plan == Plan() and measure.calls == 0 and "not measured" in chosen.source
+    shm_plan.choose(library, measure, job_timeout_s=300)
+    assert shm_plan.choose(library, measure, job_timeout_s=10).plan == Plan(1024, "push", "none", 0)
+    assert measure.calls == 1
 
 
 def test_a_bad_override_is_one_line_exit_2():
