@@ -23,7 +23,8 @@ Approach:
   before every barrier makes the stores visible before the counter moves.
 - A push is a copy into a peer's buffer (schedule.pushed_ahead). A reduce followed by the push of its
   result is one operation (`out2`, fused by shm_native.py): each block is reduced in L1 and stored to
-  both buffers, streaming as a copy would.
+  both buffers, streaming as a copy would. The block's size, which outputs stream (in place and out of
+  place apart) and a prefetch distance are context fields the planner measures per machine (shm_plan.py).
 Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, else the index of
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
