@@ -164,7 +164,10 @@ def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> C
         base, source = _cached_or_measured(library, lambda path: measure_fn(path, min(PROBE_TIMEOUT_S,
                                                                                       job_timeout_s / 3)))
     else:
-        found = read_cached(library.parent / PLAN_FILE, identity(library))
+        try:
+            found = read_cached(library.parent / PLAN_FILE, identity(library))
+        except OSError:
+            found = None
         base, source = (found[0], f"cached, measured {found[1]}") if found else \
             (Plan(), f"default: not measured (a timeout of {job_timeout_s:g} s leaves no room for it)")
     if given:
@@ -173,11 +176,11 @@ def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> C
 
 
 def _cached_or_measured(library: Path, measure_fn) -> tuple[Plan, str]:
-    path, wanted = library.parent / PLAN_FILE, identity(library)
-    found = read_cached(path, wanted)
-    if found:
-        return found[0], f"cached, measured {found[1]}"
-    try:
+    try:  # whatever fails here, rank 0 answers (the other ranks wait for its plan)
+        path, wanted = library.parent / PLAN_FILE, identity(library)
+        found = read_cached(path, wanted)
+        if found:
+            return found[0], f"cached, measured {found[1]}"
         with open(library.parent / "plan.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             found = read_cached(path, wanted)  # another job measured it while this one waited

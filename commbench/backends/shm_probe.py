@@ -86,7 +86,7 @@ def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (
     context = mp.get_context("fork")
     times = context.Array("d", ROUNDS * len(plans) * 2 * REPS * 2, lock=False)
     barrier = context.Barrier(2, timeout=60)
-    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times))
+    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times), daemon=True)
                for r in range(2)]
     for worker in workers:
         worker.start()
