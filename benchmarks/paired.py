@@ -25,6 +25,9 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
          a copy of them would be read (schedule.input_reads);
   oopcopy  the same with the input copied into the output first (reads_inputs off: the way
          before 2026-11-26): what reading the inputs gains, paired;
+  shm0, oop0  shm in place and out of place with the built-in values of the planner's knobs
+         (shm_plan.Plan(): 8 KiB blocks, both outputs streaming, no prefetch), where shm and oop run
+         the plan chosen for this machine (shm_plan.py): what the planner gains, paired;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
@@ -72,8 +75,8 @@ from slots import MIN_SLOT_ITERS, MpiControl, Tools, TorchControl
 from commbench.sizes import SizeError, format_size, parse_sizes
 
 WORLD = 2
-TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "p2p", "torch", "gloo", "mpi", "deepspeed",
-         "bound", "bound4k", "copybound")
+TOOLS = ("shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "shm0", "oop0", "p2p", "torch", "gloo", "mpi",
+         "deepspeed", "bound", "bound4k", "copybound")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -117,7 +117,8 @@ class Tools:
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)
         self.shm = None
-        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "p2p", "torch", "gloo", "deepspeed"}:
+        if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "shm0", "oop0", "p2p", "torch",
+                    "gloo", "deepspeed"}:
             from commbench.backends.shm import ShmBackend
             from commbench.topology import Topology
 
@@ -161,6 +162,28 @@ class Tools:
 
     def _oop(self, count: int) -> Slot:
         return self._shm(count, inplace=False)
+
+    def _shm0(self, count: int, inplace: bool = True) -> Slot:
+        """shm with the built-in values of the planner's knobs (shm_plan.Plan()), where `shm` runs the plan."""
+        from commbench.backends import shm_native
+        from commbench.backends.shm_plan import Plan
+        from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
+
+        backend, planned = self.shm, self.shm._native
+        built_in = shm_native.NativeExecutor(shm_native.load(), backend._ctl_address, backend._flags_address,
+                                             backend._flag_word_count, backend._my_counter, backend._peer_counters,
+                                             backend._spin_budget, OVERSUBSCRIBED_SPIN_CHECKS)
+        built_in.tune(Plan().context_values())
+        backend._native = built_in  # the executor is chosen per prepared call
+        try:
+            slot = self._shm(count, inplace)
+        finally:
+            backend._native = planned
+        slot.info["plan"], slot.keep = "built-in", built_in
+        return slot
+
+    def _oop0(self, count: int) -> Slot:
+        return self._shm0(count, inplace=False)
 
     def _oopcopy(self, count: int) -> Slot:
         self.shm.reads_inputs = False  # the input copied into the output first, as before 2026-11-26

@@ -239,12 +239,12 @@ class Sweep:
         return {"telemetry": self.monitor.summary()}
 
     def _header(self, environment: list[dict]) -> None:
-        cfg, launch = self.cfg, self.launch
-        hosts = sorted({e["host"] for e in environment})
+        cfg, launch, hosts = self.cfg, self.launch, sorted({e["host"] for e in environment})
         self.sink.header({"run_id": self.run_id, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "command": " ".join(self.argv), "config": cfg.header_fields(), "launch": asdict(launch),
                           "backend": self.backend.name, "library": self.backend.library, "device": self.backend.device,
-                          "ranks": environment, "hosts": hosts, "versions": software_versions()})
+                          "ranks": environment, "hosts": hosts, "versions": software_versions(),
+                          **self.backend.header_fields()})
         world = self.backend.world_size
         where = f"{len(hosts)} host(s)" if not os.environ.get(EMULATED_VAR) else "one host's emulated nodes"
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "

@@ -164,6 +164,10 @@ class Backend(ABC):
         """Comment lines the table's header adds for this backend."""
         return []
 
+    def header_fields(self) -> dict[str, Any]:
+        """Fields the run's header record adds for this backend (shm: the planner's values)."""
+        return {}
+
     @property
     def local_ranks(self) -> list[int]:
         """Ranks whose buffers this process holds: its own, or all of them (sim)."""

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from commbench.backends import shm_native
+from commbench.backends import shm_native, shm_plan
 from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
@@ -87,6 +87,7 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
         try:
             shm_native.requested()  # a bad $COMMBENCH_SHM_EXECUTOR is one line before any rank starts
+            shm_plan.override()  # and so is a bad $COMMBENCH_SHM_PLAN
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
         super().check_request(cfg, library, collectives, dtype, op, world)
@@ -96,7 +97,11 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
         return text + " (float16 and bfloat16: python)" if self._native is not None else text
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
-        return [note for note in (self._executor_note, shm_page_note()) if note]
+        plan = self.plan_chosen.note() if self._native is not None and self.plan_chosen else None
+        return [note for note in (self._executor_note, shm_page_note(), plan) if note]
+
+    def header_fields(self) -> dict:
+        return {"shm_plan": self.plan_chosen.fields()} if self._native is not None and self.plan_chosen else {}
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:

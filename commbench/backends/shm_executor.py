@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.backends import shm_native
+from commbench.backends import shm_native, shm_plan
 from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
 from commbench.backends.shm_segments import ShmBuffer
@@ -51,22 +51,31 @@ class ShmExecutor:
     reads_inputs = True  # out of place, reads the input where a copy of it would be read (executor_reading)
 
     def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
-        """(native state or None, which executor runs, the header's note when auto fell back to python)."""
+        """(native state or None, which executor runs, the header's note when auto fell back to python);
+        the native one runs with the planner's values (shm_plan.py: rank 0's, on every rank)."""
+        self.plan_chosen = None
         try:
             wanted = shm_native.requested()
+            shm_plan.override()  # a bad $COMMBENCH_SHM_PLAN: the same line on every rank, before any waits
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
         if wanted == "python" or not self.native_executor:
             return None, "python", None
         try:
-            library = shm_native.load()
+            library, path = shm_native.load_built()
         except shm_native.NativeUnavailable as exc:
+            library, path, why = None, None, exc
+        chosen = self.control.broadcast_object(shm_plan.choose(path, job_timeout_s=self.timeout_s)
+                                               if self.rank == 0 and path else None)
+        if library is None:
             if wanted == "native":
-                raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {exc}") from exc
-            return None, "python", f"note: shm executor python, the native fast path is unavailable here: {exc}"
+                raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {why}") from why
+            return None, "python", f"note: shm executor python, the native fast path is unavailable here: {why}"
         native = shm_native.NativeExecutor(library, self._ctl_address, self._flags_address, self._flag_word_count,
                                            self._my_counter, self._peer_counters, self._spin_budget,
                                            OVERSUBSCRIBED_SPIN_CHECKS)
+        self.plan_chosen = chosen or shm_plan.Chosen(shm_plan.Plan(), "default: rank 0 runs no native executor")
+        native.tune(self.plan_chosen.plan.context_values())
         return native, "native", None
 
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:

@@ -23,7 +23,8 @@ Approach:
   before every barrier makes the stores visible before the counter moves.
 - A push is a copy into a peer's buffer (schedule.pushed_ahead). A reduce followed by the push of its
   result is one operation (`out2`, fused by shm_native.py): each block is reduced in L1 and stored to
-  both buffers, streaming as a copy would.
+  both buffers, streaming as a copy would. The block's size, which outputs stream (in place and out of
+  place apart) and a prefetch distance are context fields the planner measures per machine (shm_plan.py).
 Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, else the index of
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
@@ -37,7 +38,9 @@ the barrier at which it stopped waiting (call again with start = that index, res
 
 #define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm_waits.py's budgets */
 enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2, OP_SKIP = 3 };
-#define FUSED_BLOCK 8192  /* bytes a fused reduce-and-push computes at a time (in L1) before storing it */
+#define FUSED_BLOCK 8192  /* default bytes a fused reduce-and-push computes at a time (in L1) before storing it */
+#define FUSED_BLOCK_MAX 65536  /* the largest block the planner may choose (the buffer lives on the stack) */
+enum { STORE_OUT = 1, STORE_PUSH = 2 };  /* fused_nt bits: which of a fused op's two outputs stream */
 enum { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
 enum { T_F32 = 0, T_F64 = 1, T_I8 = 2, T_U8 = 3, T_I32 = 4, T_I64 = 5 };
 
@@ -57,6 +60,12 @@ typedef struct {
     int64_t spin_ns, spin_budget_ns, spin_floor_ns;
     int64_t nt_bytes;                /* streaming copies from this size use non-temporal stores */
     int64_t waiting_index, waiting_epoch;  /* out: where a stopped barrier waits */
+    /* The planner's knobs (shm_plan.py; 0 = the built-in default, so a zeroed context runs as before): */
+    int64_t fused_block;             /* bytes a fused reduce-and-push computes at a time (FUSED_BLOCK) */
+    int64_t prefetch_bytes;          /* software prefetch of a fused op's inputs this far ahead (0: none) */
+    int64_t fused_nt;                /* 1 + STORE_* bits: which streaming outputs use non-temporal stores
+                                        (0: both, as 1 + STORE_OUT + STORE_PUSH) */
+    int64_t fused_nt_in_place;       /* the same where the op reduces in place (out == a; 0: as fused_nt) */
 } cb_ctx;
 
 static inline int64_t now_ns(void) {
@@ -186,22 +195,41 @@ static const int64_t ITEMSIZE[] = {4, 8, 1, 1, 4, 8};
 /* out = out2 = a op b in one pass: each block is reduced into a buffer in L1 (aligned as `out` is, so the
    stores can stream), then stored to both: the inputs are read once and the outputs written once (a
    reduce, then a pull of its result by the peer, reads the chunk a third time and writes it from the
-   other core). `nt`: as copy_bytes' (0: stream every block of at least 64 bytes). The same arithmetic as
-   reduce(): bitwise the same results. */
-static void reduce_push(const cb_op *op, int64_t nt) {
-    _Alignas(64) char tmp[FUSED_BLOCK + 64];
+   other core). `streams`: both outputs may stream (every block of at least 64 bytes, as copy_bytes').
+   The same arithmetic as reduce(): bitwise the same results. The block size, the prefetch distance and
+   which outputs stream (in place and not) are the context's (the planner's, shm_plan.py; 0: FUSED_BLOCK,
+   none, both). */
+static void reduce_push(const cb_op *op, const cb_ctx *c, int streams) {
+    _Alignas(64) char tmp[FUSED_BLOCK_MAX + 64];
+    int64_t block = c->fused_block > 0 && c->fused_block <= FUSED_BLOCK_MAX ? c->fused_block & ~(int64_t)63 : 0;
+    int64_t ahead = c->prefetch_bytes > 0 ? c->prefetch_bytes : 0;
+    /* In place the output's lines were just read (they are in the cache): whether streaming them pays
+       differs from out of place, where a store that does not stream first reads the line it writes. */
+    int64_t mode = op->out == op->a && c->fused_nt_in_place > 0 ? c->fused_nt_in_place : c->fused_nt;
+    int64_t nt_bits = mode > 0 ? mode - 1 : STORE_OUT | STORE_PUSH;
+    int64_t nt_out = streams && (nt_bits & STORE_OUT) ? 0 : INT64_MAX;
+    int64_t nt_push = streams && (nt_bits & STORE_PUSH) ? 0 : INT64_MAX;
     int64_t size = ITEMSIZE[op->dtype], nbytes = op->count * size;
     char *t = tmp + ((uintptr_t)op->out & 63);
-    for (int64_t at = 0; at < nbytes; at += FUSED_BLOCK) {
-        int64_t n = nbytes - at < FUSED_BLOCK ? nbytes - at : FUSED_BLOCK;
+    block = block ? block : FUSED_BLOCK;
+    for (int64_t at = 0; at < nbytes; at += block) {
+        int64_t n = nbytes - at < block ? nbytes - at : block;
+        if (ahead) {  /* the next lines of both inputs, `ahead` bytes past this block's start */
+            const char *pa = (const char *)op->a + at + ahead, *pb = (const char *)op->b + at + ahead;
+            int64_t reach = nbytes - at - ahead < n ? nbytes - at - ahead : n;
+            for (int64_t k = 0; k < reach; k += 64) {
+                __builtin_prefetch(pa + k, 0, 0);
+                __builtin_prefetch(pb + k, 0, 0);
+            }
+        }
         cb_op part = *op;
         part.out = t;
         part.a = (const char *)op->a + at;
         part.b = (const char *)op->b + at;
         part.count = n / size;
         reduce(&part);
-        copy_bytes((char *)op->out + at, t, n, nt);
-        copy_bytes((char *)op->out2 + at, t, n, nt);
+        copy_bytes((char *)op->out + at, t, n, nt_out);
+        copy_bytes((char *)op->out2 + at, t, n, nt_push);
     }
 }
 
@@ -216,8 +244,7 @@ int64_t cb_shm_run(const cb_op *ops, int64_t count, int64_t start, int64_t resum
             if (!op->out2) {
                 reduce(op);
             } else {
-                int streams = op->stream && op->count * ITEMSIZE[op->dtype] >= c->nt_bytes;
-                reduce_push(op, streams ? 0 : INT64_MAX);
+                reduce_push(op, c, op->stream && op->count * ITEMSIZE[op->dtype] >= c->nt_bytes);
             }
         }
     }

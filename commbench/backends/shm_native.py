@@ -56,7 +56,9 @@ class Context(ctypes.Structure):
     _fields_ = [("counters", ctypes.c_void_p), ("flags", ctypes.c_void_p), ("peers", ctypes.c_void_p),
                 ("npeers", ctypes.c_int64), ("mine", ctypes.c_int64), ("flag_words", ctypes.c_int64),
                 ("spin_ns", ctypes.c_int64), ("spin_budget_ns", ctypes.c_int64), ("spin_floor_ns", ctypes.c_int64),
-                ("nt_bytes", ctypes.c_int64), ("waiting_index", ctypes.c_int64), ("waiting_epoch", ctypes.c_int64)]
+                ("nt_bytes", ctypes.c_int64), ("waiting_index", ctypes.c_int64), ("waiting_epoch", ctypes.c_int64),
+                ("fused_block", ctypes.c_int64), ("prefetch_bytes", ctypes.c_int64), ("fused_nt", ctypes.c_int64),
+                ("fused_nt_in_place", ctypes.c_int64)]
 
 
 def requested() -> str:
@@ -127,8 +129,14 @@ def _load(path: str) -> ctypes.CDLL:
 
 def load() -> ctypes.CDLL:
     """The built library (NativeUnavailable: why not)."""
+    return load_built()[0]
+
+
+def load_built() -> tuple[ctypes.CDLL, Path]:
+    """The built library and its path (the planner's cache lies beside it; NativeUnavailable: why not)."""
+    path = build()
     try:
-        return _load(str(build()))
+        return _load(str(path)), path
     except OSError as exc:
         raise NativeUnavailable(f"{LIBRARY} does not load ({exc})") from exc
 
@@ -169,6 +177,11 @@ class NativeExecutor:
                                spin_budget_checks * NS_PER_CHECK, spin_budget_checks * NS_PER_CHECK,
                                spin_floor_checks * NS_PER_CHECK, NT_MIN_BYTES, -1, 0)
         self.address = ctypes.addressof(self.context)
+
+    def tune(self, values: dict[str, int]) -> None:
+        """The planner's knobs (shm_plan.Plan.context_values): the fused op's block, stores and prefetch."""
+        for name, value in values.items():
+            setattr(self.context, name, value)
 
     def first_call(self, ops: ctypes.Array) -> functools.partial:
         """run(ops, len(ops), start 0, not resumed, context) with its arguments converted once: the ctypes

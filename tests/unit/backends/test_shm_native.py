@@ -270,3 +270,32 @@ def test_a_cache_folder_anyone_may_write_is_not_used(tmp_path):
     built.parent.chmod(0o777)
     with pytest.raises(shm_native.NativeUnavailable, match="anyone may write it"):
         shm_native.build(cache)
+
+
+@needs_native
+@pytest.mark.parametrize("block,nt,nt_in_place,prefetch", [
+    (64, "none", "both", 0), (512, "out", "push", 64), (1024, "push", "out", 4096), (65536, "both", "none", 1 << 20),
+    (4096, "none", "none", 1024)])
+def test_every_planned_knob_lands_exactly(block, nt, nt_in_place, prefetch):
+    """The planner's knobs (block, which outputs stream, prefetch) change how the fused op runs, never what it
+    writes: both outputs exact, nothing outside the chunk, in place and out of place."""
+    from commbench.backends.shm_plan import Plan
+
+    count, shift = 2048 * 40 + 3, 3
+    rng = np.random.default_rng(block)
+    a, b = (rng.standard_normal(count + 16).astype(np.float32) for _ in range(2))
+    want = a[shift:shift + count] + b[shift:shift + count]
+    for in_place in (True, False):
+        out = a.copy() if in_place else np.full(count + 16, -1.0, dtype=np.float32)
+        out2 = np.full(count + 16, -2.0, dtype=np.float32)
+        source = out if in_place else a
+        executor = shm_native.NativeExecutor(LIBRARY, 0, 0, 0, 0, [], 1, 1)
+        executor.context.nt_bytes = 0
+        executor.tune(Plan(block, nt, nt_in_place, prefetch).context_values())
+        ops = executor.ops([("reduce", out[shift:shift + count], source[shift:shift + count], b[shift:shift + count]),
+                            ("push", out2[shift:shift + count], out[shift:shift + count])], "sum", stream=True)
+        assert ops[0].out2 and executor.run(ctypes.addressof(ops), 2, 0, 0, executor.address) == -1
+        assert out[shift:shift + count].tobytes() == want.tobytes() == out2[shift:shift + count].tobytes()
+        assert (out2[:shift] == -2).all() and (out2[shift + count:] == -2).all()
+        if not in_place:
+            assert (out[:shift] == -1).all() and (out[shift + count:] == -1).all()

@@ -1,0 +1,141 @@
+"""shm_probe: the planner's measurement (shm_plan.py), in a process of its own: `python -m
+commbench.backends.shm_probe LIBRARY` prints one JSON object, the chosen plan and the figures behind it.
+
+Two forked workers (the two ranks of a 2-rank ring on two cores) run the fused reduce-and-push of
+shm_native.c on shared mappings (shmem pages, as the shm segments are), started together and timed
+each, in the two forms the backend runs at the memory bound: in place (rank r reduces half r of its
+buffer with the peer's half r and stores the result in both) and out of place (the inputs read from
+the ranks' sources, the result stored in their outputs). A candidate's score in a round is the sum of
+the two forms' times (max over the workers, median over repetitions); for the stores, which are chosen
+for each form apart (nt out of place, nt_in_place in place), that form's time alone.
+
+The knobs are decided one after another (block, then the stores, then the prefetch distance), each
+over ROUNDS rounds in alternating order (ABBA); a candidate replaces the incumbent (the built-in
+value, then each stage's choice) only where the median of its per-round ratios to the incumbent is at
+least KEEP_UNLESS and their lower quartile at least 1: noise alone does not move the plan. A few
+seconds on an idle 2-core VM.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from commbench.backends import shm_native
+from commbench.backends.shm_plan import Plan
+
+ROUNDS, REPS = 6, 2
+KEEP_UNLESS = 1.03  # and the lower quartile of the ratios at least 1: most rounds agree
+NT = ("both", "out", "push", "none")
+STAGES = (("block_bytes", (512, 1024, 2048, 4096, 8192, 16384)), ("nt_in_place", NT), ("nt", NT),
+          ("prefetch_bytes", (0, 1024, 4096)))
+FORMS = {"nt_in_place": (0,), "nt": (1,)}  # the forms (0 in place, 1 out of place) a stage is scored on; else both
+MIN_PROBE_BYTES = 16 << 20  # per rank: past the caches (at least the LLC, shm_native.llc_bytes)
+
+
+def _shared(count: int) -> np.ndarray:
+    """float32, 64-byte aligned, in a shared anonymous mapping (shmem: what the fork passes on)."""
+    raw = np.frombuffer(mmap.mmap(-1, count * 4 + 64, flags=mmap.MAP_SHARED), dtype=np.float32)
+    skip = (-raw.ctypes.data % 64) // 4
+    view = raw[skip:skip + count]
+    view[...] = 1.0  # first touch: page faults are not bandwidth
+    return view
+
+
+def _op(rank: int, buffers: dict, out_of_place: bool) -> shm_native.Op:
+    half = len(buffers["src"][0]) // 2
+    part = slice(rank * half, (rank + 1) * half)
+    mine, theirs = buffers["src"][rank][part], buffers["src"][1 - rank][part]
+    out, out2 = (buffers["dst"][rank][part], buffers["dst"][1 - rank][part]) if out_of_place else (mine, theirs)
+    return shm_native.Op(kind=shm_native.OP_REDUCE, dtype=0, reduction=0, stream=1, out=out.ctypes.data,
+                         out2=out2.ctypes.data, a=mine.ctypes.data, b=theirs.ctypes.data, count=half)
+
+
+def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barrier, times) -> None:
+    run = shm_native._load(library_path).cb_shm_run
+    calls = []
+    for values in plans:
+        for out_of_place in (False, True):
+            ops = (shm_native.Op * 1)(_op(rank, buffers, out_of_place))
+            context = shm_native.Context(nt_bytes=0, **Plan(**values).context_values())
+            calls.append((ops, context))
+    slot = 0
+    for rnd in range(ROUNDS):
+        order = range(len(plans)) if rnd % 2 == 0 else reversed(range(len(plans)))
+        for index in order:
+            for form in (0, 1):
+                ops, context = calls[index * 2 + form]
+                for rep in range(REPS + 1):  # one warm-up
+                    barrier.wait()
+                    start = time.perf_counter()
+                    run(ctypes.addressof(ops), 1, 0, 0, ctypes.addressof(context))
+                    elapsed = time.perf_counter() - start
+                    if rep:
+                        times[(((rnd * len(plans) + index) * 2 + form) * REPS + rep - 1) * 2 + rank] = elapsed
+            slot += 1
+
+
+def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (0, 1)) -> np.ndarray:
+    """rounds x plans: each round's score (the sum over `forms` of in place and out of place, seconds) per plan."""
+    context = mp.get_context("fork")
+    times = context.Array("d", ROUNDS * len(plans) * 2 * REPS * 2, lock=False)
+    barrier = context.Barrier(2, timeout=60)
+    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times), daemon=True)
+               for r in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(90)
+    if any(worker.exitcode != 0 for worker in workers):
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+        raise RuntimeError(f"a probe worker failed (exit codes {[w.exitcode for w in workers]})")
+    grid = np.array(times[:]).reshape(ROUNDS, len(plans), 2, REPS, 2).max(axis=4)
+    return np.median(grid, axis=3)[:, :, list(forms)].sum(axis=2)
+
+
+def decide(incumbent: Plan, key: str, candidates: tuple, round_scores: np.ndarray) -> tuple[Plan, list[float]]:
+    """The stage's choice: the candidate with the best median per-round ratio to the incumbent, where that
+    ratio reaches KEEP_UNLESS and its lower quartile 1; else the incumbent. Also each candidate's median
+    ratio (incumbent / it)."""
+    at = candidates.index(getattr(incumbent, key))
+    per_round = [round_scores[:, at] / round_scores[:, i] for i in range(len(candidates))]
+    ratios = [float(np.median(r)) for r in per_round]
+    best = max(range(len(candidates)), key=lambda i: ratios[i])
+    agreed = ratios[best] >= KEEP_UNLESS and float(np.quantile(per_round[best], 0.25)) >= 1.0
+    chosen = replace(incumbent, **{key: candidates[best]}) if agreed else incumbent
+    return chosen, ratios
+
+
+def probe(library_path: str, nbytes: int) -> dict:
+    count = nbytes // 4 // 32 * 32
+    buffers = {"src": [_shared(count) for _ in range(2)], "dst": [_shared(count) for _ in range(2)]}
+    plan, stages, started = Plan(), [], time.perf_counter()
+    for key, candidates in STAGES:
+        plans = [asdict(replace(plan, **{key: value})) for value in candidates]
+        round_scores = scores(library_path, plans, buffers, FORMS.get(key, (0, 1)))
+        plan, ratios = decide(plan, key, candidates, round_scores)
+        stages.append({"knob": key, "candidates": list(candidates), "ratio_to_incumbent": [round(r, 3) for r in ratios],
+                       "score_ms": [round(float(np.median(round_scores[:, i])) * 1e3, 3)
+                                    for i in range(len(candidates))], "chosen": getattr(plan, key)})
+    return {"plan": asdict(plan), "nbytes_per_rank": count * 4, "rounds": ROUNDS, "reps": REPS,
+            "wall_s": round(time.perf_counter() - started, 2), "stages": stages}
+
+
+def main(argv: list[str]) -> int:
+    library_path = argv[0]
+    shm_native._load(library_path)  # loaded (and its layout checked) before the fork
+    nbytes = max(MIN_PROBE_BYTES, shm_native.llc_bytes())
+    print(json.dumps(probe(library_path, nbytes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,40 @@
+"""The planner's measurement (commbench/backends/shm_probe.py): its rule keeps the incumbent unless a
+candidate wins in most rounds, and a real probe gives a valid plan with its figures (no timing asserted)."""
+import numpy as np
+import pytest
+
+from commbench.backends import shm_native, shm_plan, shm_probe
+from commbench.backends.shm_plan import Plan
+
+try:
+    LIBRARY = shm_native.load_built()[1]
+except shm_native.NativeUnavailable:
+    LIBRARY = None
+
+
+def test_a_clear_win_in_every_round_moves_the_plan():
+    scores = np.array([[10.0, 5.0, 9.0]] * 6)  # rounds x candidates (512, 1024, 8192): 1024 twice as fast
+    chosen, ratios = shm_probe.decide(Plan(), "block_bytes", (512, 1024, 8192), scores)
+    assert chosen == Plan(block_bytes=1024) and ratios == pytest.approx([0.9, 1.8, 1.0])
+
+
+def test_noise_or_one_lucky_round_keeps_the_incumbent():
+    small = np.array([[10.0, 9.9], [10.0, 10.1], [10.0, 9.95], [10.0, 10.05]])  # within KEEP_UNLESS
+    assert shm_probe.decide(Plan(), "nt", ("both", "none"), small)[0] == Plan()
+    lucky = np.array([[10.0, 3.0], [10.0, 11.0], [10.0, 11.0], [10.0, 3.0], [10.0, 11.0], [10.0, 3.0]])
+    assert shm_probe.decide(Plan(), "nt", ("both", "none"), lucky)[0] == Plan()  # median ok, q1 below 1
+
+
+@pytest.mark.skipif(LIBRARY is None, reason="the native executor does not build here")
+def test_a_real_probe_gives_a_valid_plan_and_its_figures(monkeypatch):
+    monkeypatch.setattr(shm_probe, "MIN_PROBE_BYTES", 1 << 20)
+    monkeypatch.setattr(shm_native, "llc_bytes", lambda: 1 << 20)  # small: this checks the shape, not the speed
+    monkeypatch.setattr(shm_probe, "ROUNDS", 2)
+    result = shm_probe.probe(str(LIBRARY), 1 << 20)
+    plan = shm_plan.checked(result["plan"])
+    assert [stage["knob"] for stage in result["stages"]] == ["block_bytes", "nt_in_place", "nt", "prefetch_bytes"]
+    for stage in result["stages"]:
+        assert len(stage["score_ms"]) == len(stage["candidates"]) and all(s > 0 for s in stage["score_ms"])
+        assert stage["chosen"] in stage["candidates"]
+    assert (plan.block_bytes, plan.nt_in_place, plan.nt, plan.prefetch_bytes) == \
+        tuple(s["chosen"] for s in result["stages"])
