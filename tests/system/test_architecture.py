@@ -26,6 +26,7 @@ FLOORS = {
         "commbench.backends.registry"],
     2: ["commbench.costmodel", "commbench.step_terms",
         "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
+        "commbench.analysis.check_layout",
         "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus", "commbench.analysis.layout_corpus",
@@ -439,7 +440,6 @@ UNTESTED_BY_NAME = {
     # train --layout's rank body: trained end to end by its command's test
     "proxies/train_layout_run": "commands/test_train_layout.py",
     # analysis/ pieces pinned through the analyses that use them
-    "analysis/check": "commands/test_check.py, unit/analysis/test_fit_oversubscribed.py",
     "analysis/hosts": "unit/analysis/test_fit_oversubscribed.py, system/test_launchers.py",
     "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
     "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",
