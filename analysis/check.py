@@ -88,6 +88,12 @@ def applicable(records: list[dict], hw: Hardware) -> tuple[list[dict], list[str]
                   for (source, why), count in left_out.items()]
 
 
+def _config(headers: dict, record: dict) -> dict:
+    """The config of a record's run, from its header ({}: none, or not an object in a damaged file)."""
+    config = (headers.get(record.get("run_id")) or {}).get("config")
+    return config if isinstance(config, dict) else {}
+
+
 def _marked(setup: str, record: dict, loads: dict) -> tuple[str, str | None]:
     """The row's setup and its oversubscription ("N ranks on C cores"), from its run's header."""
     load = loads.get(record.get("run_id"))
@@ -140,7 +146,7 @@ def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[
     """The step row, and a replay's exposed-communication row, of a parallel layout's run (check_layout.py)."""
     from commbench.analysis.check_layout import LayoutCheckError, check_layout_run
 
-    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    cfg = _config(headers, r)
     try:
         checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"])
     except LayoutCheckError as exc:
@@ -167,7 +173,7 @@ def _trace_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
         if r.get("record") != "proxy" or r.get("setup") != "trace" or r.get("kind") != "proxy" or \
                 r.get("status", "ok") != "ok" or not r.get("step_us_p50"):
             continue
-        traces = ((headers.get(r.get("run_id")) or {}).get("config") or {}).get("traces") or []
+        traces = _config(headers, r).get("traces") or []
         nodes = int(r.get("nnodes") or 1)
         try:
             p = predict_trace(read_traces(list(traces)), hw, Topology(nodes, int(r["world_size"]) // nodes))
@@ -187,7 +193,7 @@ def _measured_replays(records: list[dict], headers: dict, notes: list[str]) -> d
     """A training run's twin, by _setup_key: a replay of its setup whose compute was measured."""
     replays: dict[tuple, dict] = {}
     for r in records:
-        cfg = ((headers.get(r.get("run_id")) or {}).get("config") or {})
+        cfg = _config(headers, r)
         if r.get("record") == "proxy" and r.get("kind") == "proxy" and r.get("status", "ok") == "ok" \
                 and cfg.get("compute") == "measured":
             if _setup_key(r, headers) in replays:
@@ -202,7 +208,7 @@ def _step_inputs(r: dict, headers: dict, replays: dict, loads: dict, notes: list
     (an unknown model, no step time or whole nodes, a training run without a replay beside it)."""
     from commbench.proxies.profile import ProfileError, load_profile
 
-    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    cfg = _config(headers, r)
     try:
         profile = load_profile(r["model"])
     except (ProfileError, ValueError) as exc:
@@ -222,8 +228,7 @@ def _step_inputs(r: dict, headers: dict, replays: dict, loads: dict, notes: list
     # much per byte); a GPU's, or a rank with a core to spare, takes none
     spare = load is None or load.device != "cpu" or not load.cpus or load.ranks_per_host < load.cpus
     # ... and only a compute that runs on the CPU (measured here): a --compute flops replay sleeps, as a GPU's would
-    spun = replay is not None and ((headers.get(replay.get("run_id")) or {}).get("config") or {}).get(
-        "compute") == "measured"
+    spun = replay is not None and _config(headers, replay).get("compute") == "measured"
     comm_cpu = replay.get("comm_cpu_gbps") if spun and not spare else None
     if split is None:
         notes.append(f"train run of {r['model']} on {world} rank(s): no proxy replay of the same setup in these "
@@ -241,7 +246,7 @@ def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, 
     if inputs is None:
         return []
     profile, topo, split, comm_cpu = inputs
-    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    cfg = _config(headers, r)
     batch = int(r["batch"])
     algorithm = cfg.get("algorithm") if record_capabilities(r).schedule else None
     if algorithm in (None, "auto"):
@@ -296,7 +301,7 @@ def setup_of_record(r: dict, topo: Topology):
 
 def _setup_key(r: dict, headers: dict) -> tuple:
     """What a training run and its replay share (`proxy --validate` runs both alike)."""
-    cfg = (headers.get(r.get("run_id")) or {}).get("config") or {}
+    cfg = _config(headers, r)
     return (r.get("model"), r.get("batch"), r.get("world_size"), r.get("nnodes") or 1, r.get("backend"),
             r.get("library"), r.get("device"), r.get("bucket_mb"), r.get("bucketing") or "ddp", bool(cfg.get("amp")),
             r.get("setup") or "ddp", repr(sorted((r.get("knobs") or {}).items())))

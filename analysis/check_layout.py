@@ -12,11 +12,14 @@ from dataclasses import dataclass, fields
 
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import Hardware, with_topology
+from commbench.proxies.layout_calls import CHECKPOINTING
 from commbench.proxies.parallelism import LayoutError, Parallelism
 from commbench.proxies.profile import ProfileError, load_profile
 from commbench.topology import Topology
 
 LAYOUT_FIELDS = {f.name for f in fields(Parallelism)}
+MAX_MICROBATCHES = 4096  # a step's micro-batches, as predict-scaling --layout caps them (the pipeline grows with them)
+TFLOPS_RANGE = (1e-9, 1e6)  # a replay's --tflops, per rank: anything outside is a damaged file
 
 
 class LayoutCheckError(ValueError):
@@ -38,6 +41,8 @@ def parallelism_of(record: dict) -> Parallelism:
     try:
         par = Parallelism(**{k: v for k, v in layout.items() if k in LAYOUT_FIELDS})
         par.check()  # whole degrees of at least 1 (a damaged file may hold anything)
+        if par.microbatches > MAX_MICROBATCHES:
+            raise ValueError(f"{par.microbatches} micro-batches, more than {MAX_MICROBATCHES}")
         return par
     except (TypeError, ValueError) as exc:  # LayoutError is a ValueError
         raise LayoutCheckError(f"{record.get('model')}: its layout {layout.get('layout')!r} is damaged "
@@ -61,9 +66,9 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -
     if world != par.world or nodes < 1 or world % nodes:
         raise LayoutCheckError(f"{name}: {world} rank(s) on {nodes} node(s) do not hold the layout; left out")
     topo = Topology(nodes, world // nodes)
-    microbatch = int(config.get("microbatch") or 1)
-    job = Job(profile.transformer, profile, with_topology(hw, topo), topo.ranks_per_node, microbatch,
-              float(config["tflops"]), config.get("checkpointing") or "none", algorithm)
+    microbatch, tflops, checkpointing = _run_settings(name, config)
+    job = Job(profile.transformer, profile, with_topology(hw, topo), topo.ranks_per_node, microbatch, tflops,
+              checkpointing, algorithm)
     try:
         par.check(world, topo.ranks_per_node, profile.transformer)
         prediction = predict_layout(job, par)
@@ -72,3 +77,19 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -
     setup = (f"{name} mb{par.microbatches}x{microbatch} at {job.tflops:g} TFLOP/s, "
              f"{record.get('backend')}/{algorithm}, {topo}")
     return LayoutCheck(setup, prediction.step_us, sum(prediction.exposed_us.values()))
+
+
+def _run_settings(name: str, config: dict) -> tuple[int, float, str]:
+    """(sequences a micro-batch, TFLOP/s, checkpointing) of a replay's header config, or LayoutCheckError."""
+    microbatch, tflops = config.get("microbatch") or 1, config.get("tflops")
+    checkpointing = config.get("checkpointing") or "none"
+    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or not 1 <= microbatch <= 1 << 20:
+        raise LayoutCheckError(f"{name}: its header's microbatch {microbatch!r} is not a whole number of sequences")
+    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool) or \
+            not TFLOPS_RANGE[0] <= tflops <= TFLOPS_RANGE[1]:
+        raise LayoutCheckError(f"{name}: its header's tflops {tflops!r} is not a rate between {TFLOPS_RANGE[0]:g} "
+                               f"and {TFLOPS_RANGE[1]:g}")
+    if checkpointing not in CHECKPOINTING:
+        raise LayoutCheckError(f"{name}: its header's checkpointing {checkpointing!r} is not one of "
+                               f"{', '.join(CHECKPOINTING)}")
+    return microbatch, float(tflops), checkpointing

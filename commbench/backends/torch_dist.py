@@ -43,7 +43,8 @@ def default_library(device: str) -> str:
 
 def resolve_device(device: str, torch_backend: str) -> tuple[str, str]:
     """(device, library) for `--device` and `--torch-backend`, or a one-line BackendError."""
-    has_cuda = device != "cpu" and cuda_available()
+    # auto: no GPU device node means no CUDA without importing torch; an explicit cuda asks torch itself
+    has_cuda = cuda_available() if device == "auto" else device == "cuda" and torch.cuda.is_available()
     if device == "auto":
         device = "cuda" if has_cuda and torch_backend != "gloo" else "cpu"
     if device == "cuda" and not has_cuda:

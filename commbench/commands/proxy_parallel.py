@@ -76,7 +76,11 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
 
 def _training_refusals(o) -> list[tuple[bool, str]]:
     """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
-    return [(o.device == "cuda" or o.torch_backend == "nccl", "train --layout trains on CPU ranks over gloo "
-                                                              "(--device cpu)"),
+    from commbench.backends.torch_lazy import cuda_available
+
+    # --device auto on a GPU host resolves to cuda (torch_dist.resolve_device), which the trainer cannot run
+    on_gpu = o.device == "cuda" or o.torch_backend == "nccl" or \
+        (o.device == "auto" and o.torch_backend != "gloo" and cuda_available())
+    return [(on_gpu, "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
             (o.amp, "train --layout trains in fp32: drop --amp"),
             (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]

@@ -44,6 +44,9 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     profile, compute = _profile_and_compute(o)
     cls = backend_class_of(o.backend)
     plan = _plan(o, cls)
+    if plan.mode == "local" and o.layout:  # predicted, no ranks: the DP proxy's model would drop the layout
+        raise UsageFault(f"--layout {o.layout} is replayed on real ranks; to predict a layout on --hw use "
+                         f"`commbench predict-scaling {o.model} --hw HW --gpus N --layout {o.layout}`")
     layout = layout_fields(o, cls, profile, compute, plan.world, plan.ranks_per_node)
     _check_compute_time(profile, o, compute, plan)
     if plan.mode in ("spawn", "emulate"):  # an emulated cluster's ranks all run on this host too

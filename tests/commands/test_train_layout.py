@@ -40,3 +40,13 @@ def test_a_layout_train_cannot_run_is_one_line_and_exit_2(extra, message):
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in run.stderr
+
+
+def test_a_layout_train_on_a_gpu_host_with_device_auto_is_refused(monkeypatch, capsys):
+    """--device auto resolves to cuda where a GPU is visible: the CPU-only trainer refuses it before ranks start."""
+    from commbench.backends import torch_lazy
+    from commbench.cli import main
+
+    monkeypatch.setattr(torch_lazy, "cuda_available", lambda: True)
+    assert main(["train", "llama-tiny", "-N", "4", "--layout", "tp2,fsdp2"]) == 2
+    assert "trains on CPU ranks over gloo (give --device cpu" in capsys.readouterr().err

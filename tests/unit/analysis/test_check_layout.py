@@ -68,3 +68,25 @@ def test_a_damaged_or_mismatched_layout_is_a_note_not_a_traceback(hw):
     record["world_size"] = 8  # the layout holds 4 ranks
     rows, notes = check([header, record], hw)
     assert rows == [] and any("do not hold the layout" in n for n in notes)
+
+
+@pytest.mark.parametrize("where, key, value, message", [
+    ("config", "tflops", "fast", "tflops 'fast' is not a rate"),
+    ("config", "tflops", 1e-300, "is not a rate"),
+    ("config", "tflops", -1, "is not a rate"),
+    ("config", "microbatch", "x", "microbatch 'x' is not a whole number"),
+    ("config", "checkpointing", "bogus", "checkpointing 'bogus' is not one of"),
+    ("layout", "microbatches", 10**15, "more than 4096"),
+])
+def test_damaged_run_settings_are_one_note_each(hw, where, key, value, message):
+    header, record = _run()
+    (header["config"] if where == "config" else record["layout"])[key] = value
+    rows, notes = check([header, record], hw)
+    assert rows == [] and any(message in n for n in notes), notes
+
+
+def test_a_header_config_that_is_not_an_object_is_taken_as_missing(hw):
+    header, record = _run()
+    header["config"] = "not an object"
+    rows, notes = check([header, record], hw)  # no AttributeError: the run's rate is then not known
+    assert rows == [] and any("compute rate is not known" in n for n in notes)
