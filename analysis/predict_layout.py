@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from math import comb
 
 from commbench.analysis.scaling import comm_us
-from commbench.costmodel import Hardware
+from commbench.collectives import resolve_dtype
+from commbench.costmodel import Hardware, call_us, with_topology
 from commbench.proxies import memory as M
 from commbench.proxies import pipeline
-from commbench.proxies.comm_plan import Comm, simulate
+from commbench.proxies.comm_plan import simulate
 from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.profile import Profile
@@ -158,8 +159,8 @@ def _call_us(job: Job, par: Parallelism, call: LayerCall) -> float:
         return _deepep_us(job.hw, topo, call.nbytes, job.shape)
     if call.collective == "alltoall":
         return _alltoall_us(job.hw, topo, call.nbytes)
-    comm = Comm(call.collective, call.nbytes, call.dtype, "world", 0.0, 0.0, call.label)
-    return comm_us(job.hw, topo, comm, job.algorithm)[0]
+    itemsize = resolve_dtype(call.dtype).itemsize
+    return call_us(with_topology(job.hw, topo), topo, call.collective, job.algorithm, call.nbytes, itemsize)[0]
 
 
 def _p2p_us(job: Job, par: Parallelism, dim: str, nbytes: int) -> float:

@@ -9,7 +9,7 @@ file holds measured bandwidths and measured steps already, so none of these appl
   published GPU step-time distribution shows (analysis/stragglers.py takes the expected maximum).
 - Congestion: where a source says its fabric is blocking (a blocking factor b > 1), traffic between
   nodes gets 1/b of the NICs' rate. No corpus source says so; the term is 1 for all of them.
-The per-hop latency across nodes is NCCL's own (analysis/nccl_tuning.py), not a term of this module.
+The per-hop latency across nodes is NCCL's own (commbench/costmodel/nccl_tuning.py), not a term of this module.
 """
 from __future__ import annotations
 

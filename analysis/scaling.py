@@ -1,19 +1,13 @@
 """A training step predicted from the cost model: the proxy's overlap timeline
-(commbench.proxies.timeline, the same code the replay executes) with each bucket's
-allreduce time taken from the cost model instead of measured.
+(commbench.proxies.timeline, the same code the replay executes) with each call's
+time taken from the cost model (commbench.costmodel.call_us) instead of measured.
 
 This module imports the proxies (profile, buckets, timeline) as well as the core:
 the one place in analysis/ that does, because the scaling prediction *is* the proxy's
-timeline with modelled communication (docs/model.md).
-
-`allreduce_us` costs an allreduce by the table's entry (commbench/algorithms.py): its
-closed form where it has one (ring and hier: O(ranks per node) work at any world size,
-pinned to the full schedules by tests), else its full schedule. `nccl`
-(algorithms.LIBRARY) is what NCCL would run: its own choice of ring or tree, protocol and
-channels, timed by its own tuning model (analysis/nccl_tuning.py, NCCL 2.20.3), which a
-step records per bucket. `nccl-ring` is how `nccl` was costed before: the ring with one
-channel per NIC of a node, each carrying its share of the buffer (on one node, or with one
-NIC, the ring).
+timeline with modelled communication (docs/model.md). What one call costs by each
+algorithm name (`nccl`, `nccl-ring`, `auto`, a table entry) is the cost model's
+(commbench/costmodel/call.py); this module only places the calls in their groups and
+the step.
 """
 from __future__ import annotations
 
@@ -21,53 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commbench import algorithms
 from commbench.algorithms import LIBRARY
-from commbench.analysis import nccl_tuning
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
-from commbench.costmodel import Hardware, algorithm_us, phases_us, variants_us, with_topology
+from commbench.costmodel import Hardware, call_us, call_variants_us, nccl_tuning, with_topology
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Choice, Compute, Layout, settle
 from commbench.proxies.timeline import StepTimes
 from commbench.results import FIT_PROVENANCE, ScalingRecord
-from commbench.schedule import Phases, Schedule
 from commbench.step_terms import StepTerms
 from commbench.topology import Topology
-
-LIBRARY_RING = "nccl-ring"  # the library's ring, one channel per NIC: `nccl` before NCCL's tuning model
-ALGORITHMS = (LIBRARY, LIBRARY_RING, *algorithms.available("allreduce", gpu=True))  # what a prediction can cost
-# Costing an algorithm without a closed form builds its whole schedule: twoshot on 1,000 GPUs took
-# 4.4 s per bucket on the 2-core CI machine (2026-11-23); 256 GPUs keep a prediction within seconds.
-FULL_SCHEDULE_MAX_RANKS = 256
-
-
-def allreduce_us(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4, algorithm: str = "ring") -> float:
-    """Predicted time of one allreduce of `nbytes` per rank (0 on one rank: nothing to do)."""
-    count = nbytes // itemsize
-    if topo.world == 1 or count == 0:
-        return 0.0
-    if algorithm == LIBRARY:
-        return library_choice(hw, topo, nbytes, itemsize).time_us
-    if algorithm == LIBRARY_RING:
-        return phases_us(_allreduce_form(hw, topo, count, algorithm), hw, itemsize)
-    name = algorithms.choose("allreduce", topo, nbytes) if algorithm == "auto" else algorithm
-    _allreduce_form(hw, topo, count, name, build=False)  # refuses a full schedule past its reach
-    return algorithm_us(hw, topo, "allreduce", name, count, itemsize)
-
-
-def _allreduce_form(hw: Hardware, topo: Topology, count: int, name: str, build: bool = True) -> Phases | Schedule:
-    """What allreduce_us costs for `name` (not `nccl`, not `auto`): its closed form, or its full schedule."""
-    if name == LIBRARY_RING:
-        channels = (hw.inter.links_per_node or 1) if topo.nodes > 1 else 1
-        return algorithms.ring_allreduce_phases(topo, count, channels)
-    entry = algorithms.entry("allreduce", name)
-    if entry.phases is None and topo.world > FULL_SCHEDULE_MAX_RANKS:
-        raise ValueError(f"{name} has no closed form and is costed from its full schedule, whose work grows as "
-                         f"ranks^2: at most {FULL_SCHEDULE_MAX_RANKS} GPUs (ring, hier and nccl scale further)")
-    if not build:
-        return None
-    return entry.phases(topo, count) if entry.phases is not None else entry.schedule(topo, count, 0)
 
 
 def group_topology(topo: Topology, group: str) -> Topology:
@@ -77,27 +34,9 @@ def group_topology(topo: Topology, group: str) -> Topology:
     return {"world": topo, "node": Topology(1, topo.ranks_per_node), "cross": Topology(topo.nodes, 1)}[group]
 
 
-def _form(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> Phases | Schedule | None:
-    """What a call costs as (None: nothing to do): an allreduce by `algorithm`'s form, an all-gather or a
-    reduce-scatter by the ring (NCCL runs both as rings, so do commbench's schedules); the library's (`nccl`,
-    `nccl-ring`) with one channel per NIC of a node across nodes, as `nccl-ring` costs its allreduce."""
-    from commbench.collectives import resolve_dtype
-
-    group = group_topology(topo, comm.group)
-    count = comm.nbytes // resolve_dtype(comm.dtype).itemsize
-    if group.world == 1 or count == 0:
-        return None
-    if comm.collective != "allreduce":
-        channels = (hw.inter.links_per_node or 1) if algorithm in (LIBRARY, LIBRARY_RING) and group.nodes > 1 else 1
-        return algorithms.entry(comm.collective, "ring").phases(group, count, channels)
-    name = LIBRARY_RING if algorithm == LIBRARY else algorithm
-    name = algorithms.choose("allreduce", group, comm.nbytes) if name == "auto" else name
-    return _allreduce_form(hw, group, count, name)
-
-
 def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algorithm: str) -> np.ndarray:
     """(variants x calls): each call of the plan on each of `hws` (a fit's resampled variants), its rounds
-    built once per distinct call (costmodel.variants_us): the numbers comm_us gives on each."""
+    built once per distinct call (costmodel.call_variants_us): the numbers comm_us gives on each."""
     from commbench.collectives import resolve_dtype
 
     out = np.zeros((len(hws), len(plan.comms)))
@@ -105,36 +44,21 @@ def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algori
     for j, comm in enumerate(plan.comms):
         key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
         if key not in done:
-            form = _form(hws[0], topo, comm, algorithm)
             group = group_topology(topo, comm.group)
-            done[key] = (np.zeros(len(hws)) if form is None else
-                         np.array(variants_us(form, group, [with_topology(v, group) for v in hws],
-                                              resolve_dtype(comm.dtype).itemsize)))
+            done[key] = np.array(call_variants_us([with_topology(v, group) for v in hws], group, comm.collective,
+                                                  algorithm, comm.nbytes, resolve_dtype(comm.dtype).itemsize))
         out[:, j] = done[key]
     return out
 
 
 def comm_us(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> tuple[float, nccl_tuning.NcclChoice | None]:
-    """One call's predicted time on `topo` (its group's ranks), and what NCCL runs for it (`nccl` allreduces)."""
+    """One call's predicted time on `topo` (its group's ranks), and what NCCL runs for it (`nccl` allreduces):
+    costmodel.call_us on the call's group."""
     from commbench.collectives import resolve_dtype
 
     group = group_topology(topo, comm.group)
-    itemsize = resolve_dtype(comm.dtype).itemsize
-    if comm.collective == "allreduce":
-        if algorithm == LIBRARY:
-            choice = library_choice(with_topology(hw, group), group, comm.nbytes, itemsize)
-            return (choice.time_us if choice else 0.0), choice
-        return allreduce_us(with_topology(hw, group), group, comm.nbytes, itemsize, algorithm), None
-    form = _form(hw, topo, comm, algorithm)
-    return (0.0 if form is None else phases_us(form, with_topology(hw, group), itemsize)), None
-
-
-def library_choice(hw: Hardware, topo: Topology, nbytes: int, itemsize: int = 4) -> nccl_tuning.NcclChoice | None:
-    """What NCCL runs for one allreduce of `nbytes` per rank, with its time (None: one rank or no element)."""
-    count = nbytes // itemsize
-    if topo.world == 1 or count == 0:
-        return None
-    return nccl_tuning.allreduce(hw, topo, count * itemsize)
+    return call_us(with_topology(hw, group), group, comm.collective, algorithm, comm.nbytes,
+                   resolve_dtype(comm.dtype).itemsize)
 
 
 @dataclass(frozen=True)

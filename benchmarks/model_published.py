@@ -83,7 +83,7 @@ def profile_of(model: str, out: str):
 @contextlib.contextmanager
 def hop_latency(enabled: bool):
     """NCCL's per-hop network latency as its tuning model has it, or zero (the ablation)."""
-    from commbench.analysis import nccl_tuning
+    from commbench.costmodel import nccl_tuning
 
     if enabled:
         yield

@@ -312,9 +312,9 @@ TABLE: dict[str, dict[str, Algorithm]] = _by_collective(  # collective -> name -
     *(Algorithm(name, "alltoall", build) for name, build in ALLTOALL.items()),  # pairwise, bruck, hier
 )
 
-# The name predictions give the allreduce a library runs (DDP's NCCL): the library ring, with
-# one ring (channel) per NIC of a node between nodes: ring_allreduce_phases(..., channels).
-LIBRARY = "nccl"
+# Names a prediction costs a call by beside the table's (commbench/costmodel/call.py): what the library (DDP's
+# NCCL) runs, by NCCL's tuning model; its ring, one channel per NIC of a node (`nccl` before); the rule's choice.
+LIBRARY, LIBRARY_RING, AUTO = "nccl", "nccl-ring", "auto"
 
 
 def listing() -> str:
@@ -395,6 +395,6 @@ def build(collective: str, algorithm: str, topo: Topology, count: int, nbytes: i
           pushes: bool = False, tuning: TuningTable | None = None) -> Schedule:
     """The Schedule of `algorithm` (or the `auto` choice, `pushes` and `tuning` as choose's) for `collective`:
     any entry, GPU-only ones included (which backend may run it is `available`'s question, asked before)."""
-    name = choose(collective, topo, nbytes, pushes, tuning) if algorithm == "auto" and collective in ALGORITHMS \
+    name = choose(collective, topo, nbytes, pushes, tuning) if algorithm == AUTO and collective in ALGORITHMS \
         else algorithm
     return entry(collective, name).schedule(topo, count, root)

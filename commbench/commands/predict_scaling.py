@@ -116,12 +116,12 @@ def _only_data_parallel(given: dict) -> None:
 def _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
                      append) -> None:
     """--layout: the layouts ranked at one GPU count (commands/predict_layouts.py)."""
-    from commbench.analysis.scaling import ALGORITHMS
+    from commbench.costmodel import ALLREDUCE_ALGORITHMS
 
     if len(scale[1]) != 1:
         raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
-    if algorithm not in ALGORITHMS:
-        raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
     hw = load_hw(hw_spec)
     per_node = gpus_per_node or hw.ranks_per_node
     count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
@@ -196,7 +196,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
                  ddp_ms=0.0, jitter_from=None):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S  # scipy: this module's docstring
-    from commbench.analysis.scaling import ALGORITHMS, ScalingError
+    from commbench.analysis.scaling import ScalingError
+    from commbench.costmodel import ALLREDUCE_ALGORITHMS
 
     try:
         profile = load_profile(model)
@@ -218,8 +219,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     if not throughput and not tflops and not S.peak_tflops(hw, precision):
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     for name in dict.fromkeys(pairs["algorithms"]):
-        if name not in ALGORITHMS:
-            raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+        if name not in ALLREDUCE_ALGORITHMS:
+            raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
     per_node = gpus_per_node or hw.ranks_per_node
     kind, counts = scale
     if kind == "nodes":

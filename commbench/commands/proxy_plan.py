@@ -132,12 +132,12 @@ def _settle_backend(o: ProxyOptions, plan: job.Plan, cls):
 
 def _check_predicted_algorithm(algorithm: str) -> None:
     """Predicted: the cost model takes the library's allreduce or any table entry."""
-    from commbench.algorithms import LIBRARY, available
-    from commbench.analysis.scaling import LIBRARY_RING
+    from commbench.algorithms import AUTO
+    from commbench.costmodel import ALLREDUCE_ALGORITHMS
 
-    known = [LIBRARY, LIBRARY_RING, *available("allreduce", gpu=True)]
-    if algorithm not in ("auto", *known):
-        raise UsageFault(f"no algorithm {algorithm!r} for allreduce; available: {', '.join(known)}, auto")
+    if algorithm not in (AUTO, *ALLREDUCE_ALGORITHMS):
+        raise UsageFault(f"no algorithm {algorithm!r} for allreduce; available: {', '.join(ALLREDUCE_ALGORITHMS)}, "
+                         f"{AUTO}")
 
 
 def _settle_layout(o: ProxyOptions) -> ProxyOptions:

@@ -308,7 +308,7 @@ class ScalingRecord(Record):
     baseline: str | None = None
     candidate: str | None = None
     # `nccl` rows on 2+ GPUs: what NCCL runs per bucket size, [{nbytes, buckets, algorithm, protocol, channels,
-    # time_us}] (NCCL 2.20.3's tuning model, analysis/nccl_tuning.py)
+    # time_us}] (NCCL 2.20.3's tuning model, commbench/costmodel/nccl_tuning.py)
     nccl_choices: list[dict] | tuple[dict, ...] | None = None
     setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
     knobs: dict | None = None

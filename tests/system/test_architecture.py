@@ -24,10 +24,10 @@ FLOORS = {
         "commbench.files", "commbench.analysis",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
-    2: ["commbench.costmodel", "commbench.step_terms",
+    2: ["commbench.costmodel*", "commbench.step_terms",
         "commbench.analysis.fit", "commbench.analysis.hosts", "commbench.analysis.check",
         "commbench.analysis.check_layout",
-        "commbench.analysis.scaling", "commbench.analysis.nccl_tuning", "commbench.analysis.intervals",
+        "commbench.analysis.scaling", "commbench.analysis.intervals",
         "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
         "commbench.analysis.collective_corpus", "commbench.analysis.layout_corpus",
         "commbench.analysis.stragglers_report",
@@ -165,6 +165,19 @@ def test_imports_only_run_down_the_folders():
 
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def test_the_cost_model_is_one_package_below_the_predictions():
+    """Every cost of a call is worked out in commbench/costmodel/ (floor 2), which imports nothing of analysis/ or
+    proxies/: a walk of --hw goes down into it and does not climb back (issue 33)."""
+    graph = import_graph()
+    package = [m for m in graph if m == "commbench.costmodel" or m.startswith("commbench.costmodel.")]
+    assert {"commbench.costmodel.hardware", "commbench.costmodel.rounds", "commbench.costmodel.nccl_tuning",
+            "commbench.costmodel.call"} <= set(package)
+    assert {floor_of(m) for m in package} == {2}
+    assert [f"{m} imports {t}" for m in sorted(package) for t in sorted(graph[m])
+            if folder_of(t) in ("analysis", "proxies")] == []
+    assert "commbench.analysis.nccl_tuning" not in graph  # moved into the package
 
 
 def test_the_checks_can_fail():
@@ -360,6 +373,7 @@ def test_the_size_check_can_fail(tmp_path):
 
 TESTS = ROOT / "tests"
 UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" / "backends",
+                "costmodel": ROOT / "commbench" / "costmodel",
                 "analysis": ROOT / "analysis", "proxies": ROOT / "proxies"}  # tests/unit/<key>/ -> its modules
 
 
@@ -420,7 +434,7 @@ UNTESTED_BY_NAME = {
     # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py
     "commbench/files": "unit/proxies/test_trace_*.py, system/test_inputs.py (devices, FIFOs, sizes)",
     # the topology's links and levels are pinned by the cost model's and the algorithms' exact-value tests
-    "commbench/topology": "unit/commbench/test_costmodel*.py, test_algorithms.py",
+    "commbench/topology": "unit/costmodel/test_rounds*.py, test_call.py, unit/commbench/test_algorithms.py",
     # the backend interface and its shared parts, exercised by every backend's runs
     "backends/base": "unit/commbench/test_sweep_config.py (BackendConfig), test_bench_*.py",
     "backends/schedule_base": "unit/commbench/test_bench_schedules.py (every schedule backend)",
@@ -430,7 +444,7 @@ UNTESTED_BY_NAME = {
     "backends/bfloat16": "unit/commbench/test_bench_schedules.py, test_collectives.py (bfloat16 results checked)",
     # backends run by the harness's and the commands' tests, by name (--backend)
     "backends/torch_dist": "commands/test_sweep.py, test_proxy.py (the default backend)",
-    "backends/sim": "unit/commbench/test_bench_schedules.py, test_costmodel.py",
+    "backends/sim": "unit/commbench/test_bench_schedules.py, unit/analysis/test_fit_round_trip.py",
     "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_waits.py",
     "backends/shm_segments": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_native.py",
     # GPU parts: run only where a GPU is (tests/unit/backends/test_cuda_*.py, test_cupy_*.py skip without one)
@@ -498,7 +512,7 @@ def modules_without_tests(tests: Path = TESTS, allowed: dict | None = None, comm
     that have a test file of their name or name no module."""
     allowed = UNTESTED_BY_NAME if allowed is None else allowed
     commands = _command_names_by_module() if commands is None else commands
-    elsewhere = {"cli", "__main__", "commands", "backends"}  # commbench/'s modules tested under another key
+    elsewhere = {"cli", "__main__", "commands", "backends", "costmodel"}  # commbench/'s, tested under another key
     wanted = {f"{key}/{name}": ({name}, tests / "unit" / key) for key, folder in UNIT_FOLDERS.items()
               for name in _names_in(folder) - (elsewhere if key == "commbench" else set())}
     wanted |= {f"commands/{name}": ({name} | commands.get(name, set()), tests / "commands")

@@ -1,45 +1,17 @@
-"""Scaling predictions: the fast allreduce costs against the full schedules, the library ring's
-channels, exact step values, linearity and acc_ratio, 1,000 GPUs, and the command's errors."""
+"""Scaling predictions: exact step values, linearity and acc_ratio, 1,000 GPUs, and the command's errors (what
+one call costs: tests/unit/costmodel/test_call.py)."""
 import json
 
 import pytest
 from conftest import commbench
 
-from commbench import algorithms
-from commbench.analysis.scaling import ScalingError, allreduce_us, layout, predict_scaling, predict_step
-from commbench.costmodel import Hardware, load_hardware, schedule_us, with_topology
+from commbench.analysis.scaling import ScalingError, layout, predict_scaling, predict_step
+from commbench.costmodel import Hardware, load_hardware
 from commbench.proxies.profile import Profile, TensorSpec, load_profile
 from commbench.topology import Link, Topology
 
 HW = Hardware("toy", 4, Link("nvlink", 100.0, 1.0), Link("ib", 10.0, 5.0, links_per_node=2),
               reduce_gbps=None, per_call_overhead_us=3.0)
-
-
-@pytest.mark.parametrize("topo", [Topology(1, 8), Topology(2, 4), Topology(3, 4), Topology(5, 2), Topology(4, 1)])
-@pytest.mark.parametrize("algorithm", ["ring", "hier"])
-@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 100_000_004])
-def test_fast_costs_equal_the_full_schedule(topo, algorithm, nbytes):
-    hw = with_topology(load_hardware("dgx1-v100-4ib"), topo)
-    schedule = algorithms.build("allreduce", algorithm, topo, nbytes // 4, nbytes)
-    assert allreduce_us(hw, topo, nbytes, 4, algorithm) == pytest.approx(schedule_us(schedule, topo, hw, 4), rel=1e-6)
-
-
-def test_ring_on_one_node_matches_the_closed_form():
-    topo = Topology(1, 4)
-    # 2(p-1) alpha + 2(p-1)/p S / bw + overhead: 6 * 1 + 1.5 * 4e6 / 1e5 + 3
-    assert allreduce_us(HW, topo, 4_000_000, 4, "ring") == pytest.approx(6 + 60 + 3)
-
-
-def test_the_library_ring_uses_every_nic_between_nodes():
-    topo = Topology(2, 4)
-    chunk = 8_000_000 / 8  # bytes per rank per step
-    one = allreduce_us(HW, topo, 8_000_000, 4, "ring")
-    two = allreduce_us(HW, topo, 8_000_000, 4, "nccl-ring")  # `nccl` before NCCL's tuning model
-    # per step: the inter-node link is the bottleneck; one ring on one NIC vs 2 channels on 2 NICs
-    assert one == pytest.approx(3 + 14 * (5 + chunk / 1e4))
-    assert two == pytest.approx(3 + 14 * (5 + chunk / 2 / 1e4))
-    assert allreduce_us(HW, Topology(1, 8), 8_000_000, 4, "nccl-ring") == allreduce_us(HW, Topology(1, 8), 8_000_000,
-                                                                                      4, "ring")
 
 
 def _toy_profile():

@@ -1,4 +1,4 @@
-"""NCCL's tuning model (analysis/nccl_tuning.py): the channels and bandwidth taken from commbench's
+"""NCCL's tuning model (costmodel/nccl_tuning.py): the channels and bandwidth taken from commbench's
 hardware, NCCL's choice of algorithm and protocol per size, times worked out by hand from NCCL
 2.20.3's constants (src/graph/tuning.cc), and `nccl` in predict-scaling's output."""
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 from conftest import commbench
 
-from commbench.analysis import nccl_tuning as N
-from commbench.analysis.scaling import allreduce_us, predict_step
+from commbench.analysis.scaling import predict_step
 from commbench.costmodel import Hardware
+from commbench.costmodel import nccl_tuning as N
 from commbench.proxies.profile import Profile, TensorSpec
 from commbench.topology import Link, Topology
 
@@ -114,11 +114,6 @@ def test_the_hardware_file_may_say_the_gpu_and_cpu():
     assert lat == pytest.approx(6.6 + 26 * 2.0 + 4 * 2.7) and bw == pytest.approx(22.5 * 16 / 30)
     with pytest.raises(ValueError, match="nccl.arch must be one of volta, ampere, hopper"):
         N.system(Hardware("p", 8, DGX.intra, DGX.inter, meta={"nccl": {"arch": "pascal"}}), Topology(2, 8))
-
-
-def test_allreduce_us_costs_nccl_by_its_tuning_model():
-    assert allreduce_us(DGX, Topology(2, 8), 8 * MIB, 4, "nccl") == N.allreduce(DGX, Topology(2, 8), 8 * MIB).time_us
-    assert allreduce_us(DGX, Topology(1, 1), 8 * MIB, 4, "nccl") == 0.0
 
 
 def _profile():

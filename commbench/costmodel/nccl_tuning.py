@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from commbench.costmodel import Hardware
+from commbench.costmodel.hardware import Hardware
 from commbench.topology import Topology
 
 ALGORITHMS = ("tree", "ring")  # NCCL's order; a tie keeps the first
