@@ -139,7 +139,8 @@ def _number(data: dict[str, Any], key: str, prefix: str, *, positive: bool = Fal
         bound = "positive" if positive else f"at least {at_least:g}" if at_least else "non-negative"
         raise HardwareError(f"{name} must be {bound}, not {value!r}")
     if value > MAX_FIGURE:  # 1e308 us of latency would print 300-digit times and overflow to inf%
-        raise HardwareError(f"{name} must be at most {MAX_FIGURE:g}, not {value:.3g}")
+        shown = f"{value:.3g}" if isinstance(value, float) else f"{str(value)[:12]}... ({len(str(value))} digits)"
+        raise HardwareError(f"{name} must be at most {MAX_FIGURE:g}, not {shown}")
     return float(value) if not whole else value
 
 

@@ -295,6 +295,8 @@ HW_CASES = {
                  "levels.intra.bw_gbps must be a finite number, not inf"),
     "NaN overhead": (_literal('"per_call_overhead_us": 6.6', '"per_call_overhead_us": NaN'),
                      "per_call_overhead_us must be a finite number, not nan"),
+    "huge int overhead": (_literal('"per_call_overhead_us": 6.6', '"per_call_overhead_us": 1' + "0" * 400),
+                          "per_call_overhead_us must be at most 1e+30, not 100000000000... (401 digits)"),
     "overhead string": (_top("per_call_overhead_us", "x"), 'per_call_overhead_us must be a number, not the string "x"'),
     "reduce string": (_top("reduce_gbps", "fast"), 'reduce_gbps must be a number, not the string "fast"'),
     "negative reduce": (_top("reduce_gbps", -1), "reduce_gbps must be positive, not -1"),

@@ -38,3 +38,16 @@ def test_compute_scale_divides_the_traced_compute():
 def test_a_topology_of_other_size_is_refused():
     with pytest.raises(ValueError, match="trace has 2"):
         predict_trace(read_traces(DDP), load_hardware("dgx-h100"), Topology(2, 2))
+
+
+def test_a_calls_cost_is_the_models_raw_time_not_the_calibrated_point():
+    """predict centres the point it shows by the corpus calibration; a trace replay costs each call raw, as its
+    header says (the cost model)."""
+    from commbench.analysis.predict import predict_point
+    from commbench.collectives import resolve_dtype
+    from commbench.costmodel import with_topology
+
+    hw, topo = load_hardware("dgx-a100"), Topology(1, 2)
+    shown = predict_point(with_topology(hw, topo), "allreduce", 25 << 20, resolve_dtype("float32"), topo, "auto")
+    assert shown.raw_time_us is not None and shown.raw_time_us != shown.time_us  # the preset is calibrated
+    assert call_us(hw, "allreduce", 25 << 20, "float32", (0, 1), 2) == pytest.approx(shown.raw_time_us)

@@ -33,6 +33,9 @@ def test_a_files_terms_are_read_with_their_source_and_the_rest_defaulted():
     ({"step_cv": {"value": 0.01, "source": "guessed"}}, "step_terms.step_cv.source"),
     ({"jitter": {"value": 0.01, "source": "measured"}}, "unknown term 'jitter'"),
     ({"per_bucket_us": 5}, "step_terms.per_bucket_us must be a JSON object"),
+    ({"step_cv": {"value": 50, "source": "measured"}}, "step_terms.step_cv.value must be a number from 0 to 1,"),
+    ({"overlap_slowdown": {"value": 1e308, "source": "fitted"}}, "overlap_slowdown.value must be a number from 0"),
+    ({"per_bucket_us": {"value": 10**400, "source": "fitted"}}, "per_bucket_us.value must be a number from 0 to"),
 ])
 def test_a_damaged_block_is_one_line_naming_the_field(terms, words):
     with pytest.raises(HardwareError) as info:
