@@ -11,7 +11,8 @@ So, as FFTW's planner does, they are measured on first use: shm_probe.py, in a p
 candidates paired (two processes at once, as the two ranks run) and keeps one only where it beats the
 incumbent. The result is cached beside the built library (plan.json, JSON only) with the machine's identity
 (CPU model, core count, cache sizes, the library's hash): a change of any of them measures again. The
-header of every run says the values and where they came from, and every record carries them.
+header of every run says the values and where they came from (the table's `# shm plan:` line, the JSON
+header's `shm_plan`).
 
 $COMMBENCH_SHM_PLAN overrides: `default` (the built-in values, nothing measured) or any of
 `block=1K,nt=both,nt_in_place=none,prefetch=0`; knobs it leaves out come from the cached or measured plan.
@@ -22,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import asdict, dataclass, replace
@@ -96,11 +98,13 @@ def override(text: str | None = None) -> dict | None:
     for item in text.split(","):
         key, _, value = item.partition("=")
         key, value = key.strip().lower(), value.strip()
+        if KEYS.get(key) in values:
+            raise ValueError(f"${PLAN_VAR}={text!r}: {key} given twice")
         if key not in KEYS or not value:
             raise ValueError(f"${PLAN_VAR}={text!r}: expected `default` or block=SIZE,nt=MODE,nt_in_place=MODE,"
                              "prefetch=SIZE")
         try:
-            values[KEYS[key]] = value.lower() if key.startswith("nt") else 0 if value == "0" else parse_sizes(value)[0]
+            values[KEYS[key]] = value.lower() if key.startswith("nt") else _one_size(value)
         except (SizeError, IndexError) as exc:
             raise ValueError(f"${PLAN_VAR}: {key}={value!r} is not a size") from exc
     try:
@@ -108,6 +112,16 @@ def override(text: str | None = None) -> dict | None:
     except ValueError as exc:
         raise ValueError(f"${PLAN_VAR}: {exc}") from exc
     return values
+
+
+def _one_size(text: str) -> int:
+    """One size in bytes (0 or 0K alike), never a range or a list: SizeError otherwise."""
+    if re.fullmatch(r"0+[kmgt]?", text.lower()):
+        return 0
+    sizes = parse_sizes(text)
+    if len(sizes) != 1 or "-" in text or "," in text:
+        raise SizeError(f"{text!r} is not one size")
+    return sizes[0]
 
 
 def identity(library: Path) -> dict:
@@ -161,8 +175,8 @@ def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> C
     if given is not None and set(given) == set(KEYS.values()):
         return Chosen(checked(given), f"override ${PLAN_VAR}")
     if job_timeout_s >= MEASURE_MIN_TIMEOUT_S:
-        base, source = _cached_or_measured(library, lambda path: measure_fn(path, min(PROBE_TIMEOUT_S,
-                                                                                      job_timeout_s / 3)))
+        budget_s = min(PROBE_TIMEOUT_S, job_timeout_s / 3)
+        base, source = _cached_or_measured(library, lambda path: measure_fn(path, budget_s), budget_s)
     else:
         try:
             found = read_cached(library.parent / PLAN_FILE, identity(library))
@@ -175,14 +189,29 @@ def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> C
     return Chosen(base, source)
 
 
-def _cached_or_measured(library: Path, measure_fn) -> tuple[Plan, str]:
+def _locked(lock, budget_s: float) -> bool:
+    """Take the measuring lock, waiting at most `budget_s` (another job may be measuring: its time is not ours)."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+
+def _cached_or_measured(library: Path, measure_fn, budget_s: float = PROBE_TIMEOUT_S) -> tuple[Plan, str]:
     try:  # whatever fails here, rank 0 answers (the other ranks wait for its plan)
         path, wanted = library.parent / PLAN_FILE, identity(library)
         found = read_cached(path, wanted)
         if found:
             return found[0], f"cached, measured {found[1]}"
         with open(library.parent / "plan.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _locked(lock, budget_s):
+                return Plan(), (f"default: not measured (another job was measuring for over {budget_s:g} s; "
+                                "its plan is cached for later runs)")
             found = read_cached(path, wanted)  # another job measured it while this one waited
             if found:
                 return found[0], f"cached, measured {found[1]}"
@@ -192,7 +221,9 @@ def _cached_or_measured(library: Path, measure_fn) -> tuple[Plan, str]:
             _write(path, {"identity": wanted, "plan": asdict(plan), "measured_utc": stamp,
                           "probe": {k: v for k, v in result.items() if k != "plan"}})
             return plan, f"measured {stamp}"
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired as exc:
+        return Plan(), f"default: not measured (the probe took over {exc.timeout:g} s)"
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         return Plan(), f"default: not measured ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
 
 

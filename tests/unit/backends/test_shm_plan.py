@@ -85,7 +85,8 @@ def test_the_override_wins(library, monkeypatch):
 @pytest.mark.parametrize("text,says", [("block=7", "block 7"), ("block=1M", "block 1048576"),
                                        ("nt=sometimes", "nt 'sometimes'"), ("prefetch=100", "prefetch 100"),
                                        ("nt_in_place=all", "nt_in_place 'all'"),
-                                       ("speed=11", "expected `default`"), ("block=big", "not a size")])
+                                       ("speed=11", "expected `default`"), ("block=big", "not a size"),
+                                       ("block=1K-4K", "not a size"), ("block=1K,block=2K", "block given twice")])
 def test_a_bad_override_is_one_valueerror(text, says):
     with pytest.raises(ValueError, match=says):
         shm_plan.override(text)
@@ -129,3 +130,28 @@ def test_the_header_carries_the_values(tmp_path, clean_shm):
                                   "source": f"override ${shm_plan.PLAN_VAR}"}
     assert "# shm plan: block 1 KiB, nt out, nt in place none, prefetch 0 B (override $COMMBENCH_SHM_PLAN)" \
         in proc.stdout
+
+
+def test_zero_is_zero_with_or_without_a_unit():
+    assert shm_plan.override("prefetch=0") == shm_plan.override("prefetch=0K") == {"prefetch_bytes": 0}
+
+
+def test_a_job_waits_for_another_jobs_measuring_only_within_its_budget(library, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(shm_plan, "PROBE_TIMEOUT_S", 0.3)
+    measure = Measure()
+    with open(library.parent / "plan.lock", "a") as held:  # another job measuring (flock: per open file)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        chosen = shm_plan.choose(library, measure, job_timeout_s=300)
+    assert chosen.plan == Plan() and measure.calls == 0 and "another job was measuring" in chosen.source
+    assert shm_plan.choose(library, measure, job_timeout_s=300).plan == Plan(1024, "push", "none", 0)
+
+
+def test_a_probe_past_its_time_says_how_long_it_had(library):
+    import subprocess
+
+    def slow(path, timeout_s):
+        raise subprocess.TimeoutExpired(["probe"], timeout_s)
+    chosen = shm_plan.choose(library, slow, job_timeout_s=30)
+    assert chosen.plan == Plan() and chosen.source == "default: not measured (the probe took over 10 s)"
