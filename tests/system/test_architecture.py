@@ -9,6 +9,7 @@ backend's name, and every test file is where tests/README.md says.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -71,13 +72,24 @@ def modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def parsed(source: str) -> ast.Module:
+    """The syntax tree of `source`, parsed once per run: several checks walk every module (read only)."""
+    return ast.parse(source)
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the commbench modules it imports (anywhere in its body)."""
+    """module -> the commbench modules it imports (anywhere in its body); a fresh copy for each caller."""
+    return {name: set(targets) for name, targets in _import_graph().items()}
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
     known = modules()
     graph = {}
     for name, path in known.items():
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -242,7 +254,7 @@ def _backend_literal(node: ast.AST, names: set[str]) -> bool:
 def backend_comparisons(source: str, names: set[str]) -> list[int]:
     """Lines of `source` that compare a backend to a backend's name (==, !=, in, not in, is)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             for a, b in zip(operands, operands[1:]):
@@ -280,7 +292,7 @@ def setup_facts_outside(source: str, names: set[str]) -> list[int]:
     """Lines of `source` that compare a setup's name to a literal setup name, or key a table by two or more
     setup names (a setup's fact kept outside its entry)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             for a, b in zip(operands, operands[1:]):
@@ -312,7 +324,7 @@ def test_no_setup_fact_outside_the_setup_table():
 def module_strings(source: str, names: set[str]) -> list[int]:
     """Lines of `source` whose string literals (docstrings aside) name one of the modules `names`, as a
     module or as a "module:attribute" reference: a dependency the import graph cannot see."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     docstrings = {id(body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   for body in [node.body] if body and isinstance(body[0], ast.Expr)}
@@ -350,7 +362,7 @@ def oversized(folders=SIZED, root: Path = ROOT) -> list[str]:
             where = path.relative_to(root)
             if len(text.splitlines()) > MAX_MODULE_LINES:
                 found.append(f"{where}: module ({len(text.splitlines())} lines)")
-            for node in ast.walk(ast.parse(text)):
+            for node in ast.walk(parsed(text)):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     lines = node.end_lineno - node.lineno + 1
                     if lines > MAX_FUNCTION_LINES:
