@@ -10,6 +10,7 @@ import time
 import pytest
 from conftest import clean_env, commbench, rank_pid, torch_import_vm_bytes
 
+from commbench import cli
 from commbench.results import read_records
 
 FAST = ["--batch", "1", "--steps", "2", "--warmup-steps", "1"]
@@ -118,11 +119,14 @@ def test_nodes_with_local_spawn_every_rank(tmp_path):
     (["resnet18", "--validate", "--compute", "none"], "not with --compute none"),
     (["resnet18", "--validate", "--backend", "sim", "--hw", "dgx-a100", "--tflops", "9"], "not with --backend sim"),
 ])
-def test_proxy_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+def test_proxy_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    """In process (cli.main, as `python -m commbench` runs it): a process each only restarted Python;
+    test_bad_profile_file_says_which_field runs the real command's refusal."""
     out = tmp_path / "x.jsonl"
-    proc = commbench("proxy", *args, "--json", str(out))
-    assert proc.returncode == 2 and message in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert cli.main(["proxy", *args, "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
 
 
@@ -131,6 +135,7 @@ def test_bad_profile_file_says_which_field(tmp_path):
     path.write_text(json.dumps({"name": "x", "tensors": []}))
     proc = commbench("proxy", str(path))
     assert proc.returncode == 2 and "missing field(s) forward_flops" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_train_a_model_too_large_for_memory_is_one_line_and_exit_2(tmp_path):
