@@ -79,7 +79,11 @@ def test_bad_bucketing_arguments():
 # ---------------------------------------------------------------- against torch's Reducer
 
 
-def _ddp_rank(rank, world, port, model_name, input_shape, bucket_mb, out):
+CASES = [("resnet50", (3, 64, 64), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 64, 64), 5)]
+
+
+def _ddp_rank(rank, world, port, cases, out):
+    """One rank of the job that wraps each case's model in DDP in turn (one process group, one spawn for all)."""
     import torch
     import torch.distributed as dist
     import torchvision
@@ -87,50 +91,54 @@ def _ddp_rank(rank, world, port, model_name, input_shape, bucket_mb, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = torchvision.models.get_model(model_name, weights=None)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)  # None: DDP's default
-    names = {p.data_ptr(): n for n, p in model.named_parameters()}
-    seen = []
+    layouts = {}
+    for model_name, input_shape, bucket_mb in cases:
+        torch.manual_seed(0)
+        model = torchvision.models.get_model(model_name, weights=None)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)  # None: DDP's default
+        names = {p.data_ptr(): n for n, p in model.named_parameters()}
+        seen = []
 
-    def hook(state, bucket):
-        seen.append((bucket.index(), [names[p.data_ptr()] for p in bucket.parameters()]))
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())  # the layout is what is tested; skip the traffic
-        return fut
-    ddp.register_comm_hook(None, hook)
-    x = torch.randn(2, *input_shape)
-    for _ in range(3):
-        seen.clear()
-        ddp(x).sum().backward()
+        def hook(state, bucket, names=names, seen=seen):
+            seen.append((bucket.index(), [names[p.data_ptr()] for p in bucket.parameters()]))
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())  # the layout is what is tested; skip the traffic
+            return fut
+        ddp.register_comm_hook(None, hook)
+        x = torch.randn(2, *input_shape)
+        for _ in range(3):
+            seen.clear()
+            ddp(x).sum().backward()
+        layouts[(model_name, input_shape, bucket_mb)] = [params for _, params in sorted(seen)]
+        del ddp, model
     if rank == 0:
-        out.put(sorted(seen))
+        out.put(layouts)
     dist.destroy_process_group()
 
 
-def _reducer_layout(model_name, input_shape, bucket_mb):
+@pytest.fixture(scope="module")
+def reducer_layouts():
+    """{case: torch's Reducer's buckets (parameter names)} for every case, from one 2-rank spawn."""
+    pytest.importorskip("torchvision")
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, model_name, input_shape, bucket_mb, out))
-             for r in range(2)]
+    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, CASES, out)) for r in range(2)]
     for p in procs:
         p.start()
-    layout = out.get(timeout=300)
+    layouts = out.get(timeout=300)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    return [params for _, params in layout]
+    return layouts
 
 
-@pytest.mark.parametrize("model_name,input_shape,bucket_mb", [
-    ("resnet50", (3, 64, 64), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 64, 64), 5)])
-def test_layout_matches_torch_reducer(model_name, input_shape, bucket_mb):
-    pytest.importorskip("torchvision")
+@pytest.mark.parametrize("model_name,input_shape,bucket_mb", CASES)
+def test_layout_matches_torch_reducer(reducer_layouts, model_name, input_shape, bucket_mb):
     profile = load_profile(model_name)
     ours = [[profile.tensors[i].name for i in b.tensors] for b in B.assign(profile, bucket_mb=bucket_mb)]
-    theirs = _reducer_layout(model_name, input_shape, bucket_mb)
+    theirs = reducer_layouts[(model_name, input_shape, bucket_mb)]
     assert [len(b) for b in ours] == [len(b) for b in theirs]
     assert [sorted(b) for b in ours] == [sorted(b) for b in theirs]
