@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.base import Backend, BackendError
-from commbench.backends.gpu import (
+from commbench.backends.cuda.device import (
     NCCL_HINT,
     dtype_of,
     fill_value,
