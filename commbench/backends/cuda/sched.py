@@ -195,6 +195,7 @@ class CudaBackend(ScheduleBackend):
         return GpuBuffer(arrays, allocation, dict.fromkeys(range(self.world_size), 0), count, dtype)
 
     def new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
+        """Local rank `rank`'s array of `allocation`, its base recorded (ipc: unpooled, with its IPC handle)."""
         import cupy
 
         with cupy.cuda.Device(self._devices[rank]):
@@ -293,12 +294,12 @@ class CudaBackend(ScheduleBackend):
         barriers = [isinstance(step, P.Barrier) for step in programs[0]]
         per_step = list(zip(barriers, zip(*launches)))
         self.synchronize()  # the tables are on the GPUs before the first launch reads them
-        step_barrier = self.round_barrier
+        round_barrier = self.round_barrier
 
         def call() -> None:
             for is_barrier, group_launches in per_step:
                 if is_barrier:
-                    step_barrier()
+                    round_barrier()
                     continue
                 for launch in group_launches:
                     if launch is not None:
