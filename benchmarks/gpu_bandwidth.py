@@ -37,7 +37,7 @@ from commbench.sizes import SizeError, format_size, parse_sizes
 def _events_ms(cupy, fn, repeat: int) -> float:
     """Mean time of `fn` in ms over `repeat` calls after one warm call (which also compiles a
     kernel), timed as the backends time theirs (CUDA events on the current stream)."""
-    from commbench.backends.gpu import time_calls
+    from commbench.backends.cuda.device import time_calls
 
     fn()
     return float(time_calls(fn, repeat, cupy.cuda.get_current_stream()).mean()) / 1e3
@@ -46,7 +46,7 @@ def _events_ms(cupy, fn, repeat: int) -> float:
 def _copy_and_reduce_gbps(cupy, nbytes: int, rounds: int, repeat: int) -> tuple[float, float]:
     """Median GB/s over `rounds` of a device copy of `nbytes` and of reduce-copy on three fp16
     arrays of `nbytes` each; the arrays are dropped on return."""
-    from commbench.backends.cuda_kernels import reduce_copy
+    from commbench.backends.cuda.kernels import reduce_copy
 
     src, dst = cupy.ones(nbytes, dtype=cupy.uint8), cupy.empty(nbytes, dtype=cupy.uint8)
     a, b, out = (cupy.ones(nbytes // 2, dtype=cupy.float16) for _ in range(3))  # S bytes each
@@ -146,7 +146,7 @@ def main() -> int:
         fail("--rounds and --repeat must be at least 1")
 
     from commbench.backends import BackendError
-    from commbench.backends.gpu import require_gpu
+    from commbench.backends.cuda.device import require_gpu
 
     try:
         gpus = require_gpu("cuda")

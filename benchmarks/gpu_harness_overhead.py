@@ -94,7 +94,7 @@ def _torch_size(backend, nbytes: int, iters: int, rounds: int) -> list[dict]:
 
 
 def cupy_part(sizes: list[int], iters: int, rounds: int) -> list[dict]:
-    from commbench.backends.cupy_nccl import CupyBackend
+    from commbench.backends.cuda.nccl import CupyBackend
     from commbench.launch import LaunchInfo, free_port
 
     backend = CupyBackend(LaunchInfo.local(0, 1, free_port()))

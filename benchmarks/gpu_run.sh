@@ -119,8 +119,8 @@ run env 15 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,pci.
     $PY -c 'import sys, torch, cupy; from cupy.cuda import nccl; print(sys.version.split()[0], torch.__version__, cupy.__version__, nccl.get_version())'"
 run install 60 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
 run float_check 60 "$PY" -m pytest -q -p no:cacheprovider -rA --junitxml "$WORK/junit/float_check.xml" \
-    "tests/unit/backends/test_cupy_nccl.py::test_every_collective_passes_the_check[float32]" \
-    "tests/unit/backends/test_cupy_nccl.py::test_every_collective_passes_the_check[int32]"
+    "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[float32]" \
+    "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[int32]"
 for algorithm in auto oneshot twoshot ring rhd tree binomial; do
     run "cuda_$algorithm" 14 "$PY" -m commbench "${CUDA8[@]}" --algorithm "$algorithm" --json "$R/cuda8_$algorithm.jsonl"
 done
@@ -136,7 +136,7 @@ run proxy_validate 60 "$PY" -m commbench proxy resnet50 --nprocs 1 --batch 128 -
 
 PER_TEST=(-o faulthandler_timeout=45)
 "$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(-p pytest_timeout --timeout 45)
-for file in tests/unit/backends/test_cupy_nccl.py tests/unit/backends/test_cuda_sched.py \
+for file in tests/unit/backends/cuda/test_nccl.py tests/unit/backends/cuda/test_sched.py \
             tests/commands/test_selftest.py tests/unit/commbench/test_telemetry.py; do
     name=$(basename "$file" .py)
     run "$name" 120 "$PY" -m pytest -q -p no:cacheprovider -rA "${PER_TEST[@]}" \

@@ -3,7 +3,7 @@
 // Both kernels read peers' buffers directly (NVLink or PCIe peer access, or CUDA IPC
 // mappings), as the custom allreduce kernels of vLLM and TensorRT-LLM do. `ins[r]` is
 // rank r's buffer as this GPU addresses it; the same code serves all three pointer
-// modes of commbench/backends/cuda_sched.py: virtual ranks on one GPU, several GPUs of
+// modes of commbench/backends/cuda/sched.py: virtual ranks on one GPU, several GPUs of
 // one process, one process per GPU. Only where the pointers come from differs.
 // Row blockIdx.y of the grid writes output `outs[y]`, the buffer of rank
 // first_rank + y: virtual ranks compute every rank's result in one launch, a process
@@ -25,7 +25,7 @@
 //   in the second, so two-shot runs in place (outs == ins) without staging. The host
 //   puts a barrier between the launches (a launch boundary on one GPU, events across
 //   GPUs, rank_barrier across processes). Segments are commbench.schedule.split(count,
-//   world), the cut of the schedule `twoshot` in commbench/backends/cuda_plan.py.
+//   world), the cut of the schedule `twoshot` in commbench/backends/cuda/plan.py.
 //
 // Optimisations: cb::reduce_span (16-byte loads, UNROLL in flight, paired fp16/bf16
 // arithmetic); every thread of a block reads the same n input pointers, which stay

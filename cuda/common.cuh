@@ -105,7 +105,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 load_cg(const __nv_bfloat16
 // Which elements block `lb` of `n_blocks` handles in a piece of `count` elements whose
 // output starts at `out`: block 0 also takes the `lead` elements before the first
 // 16-byte boundary, so every other block starts aligned; the rest is cut into equal
-// runs of whole packs. commbench/backends/cuda_plan.py mirrors this (block_span).
+// runs of whole packs. commbench/backends/cuda/plan.py mirrors this (block_span).
 template <typename T>
 __device__ __forceinline__ void block_span(const T* out, long long count, int n_blocks, int lb,
                                            long long* begin, long long* end) {

@@ -2,8 +2,8 @@
 //
 // Purpose: run the kernels' own code (index arithmetic, 16-byte pack paths and their
 // scalar fallbacks, tails, UNROLL bounds, paired fp16/bf16 lanes, op templates) on a
-// machine without a GPU, against NumPy (tests/unit/backends/test_cuda_host.py, `commbench selftest`).
-// The GPU build never sees this file: commbench/backends/cuda_host.py compiles each .cu
+// machine without a GPU, against NumPy (tests/unit/backends/cuda/test_host.py, `commbench selftest`).
+// The GPU build never sees this file: commbench/backends/cuda/host.py compiles each .cu
 // with the system C++ compiler and `-DCOMMBENCH_HOST_BUILD -include host_shim.h`;
 // common.cuh includes cuda_fp16.h / cuda_bf16.h only without that macro, and
 // schedule_round.cu picks the host equivalents of its inline PTX under it.
@@ -223,7 +223,7 @@ class BlockBarrier {
 
 inline thread_local BlockBarrier* block_barrier = nullptr;
 
-struct Shape {  // what a launch passes from Python (cuda_host.py builds it)
+struct Shape {  // what a launch passes from Python (commbench/backends/cuda/host.py builds it)
   unsigned int grid[3], block[3];
   int threaded;  // the block's threads as real threads (kernels with __syncthreads)
   int reverse;   // blocks in reverse order
@@ -340,7 +340,7 @@ inline int atomicCAS(int* address, int compare, int value) {
   return compare;  // the old value, as CUDA's atomicCAS returns
 }
 
-// The library's own entry points, defined in one translation unit (cuda_host.py compiles
+// The library's own entry points, defined in one translation unit (backends/cuda/host.py compiles
 // an empty one with CB_HOST_DEFINE_RUNTIME).
 #ifdef CB_HOST_DEFINE_RUNTIME
 extern "C" const char* cb_host_last_error() { return cb_host::last_error().c_str(); }

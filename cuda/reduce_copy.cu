@@ -10,7 +10,7 @@
 //   in flight per thread, 16-bit floats two lanes per instruction (common.cuh).
 //   It is also the kernel whose bandwidth docs/gpu.md compares with a device-to-device
 //   copy: reading two buffers and writing one moves 3 x count x sizeof(T) bytes.
-//   Use: commbench/backends/cuda_kernels.py (`reduce_copy`), and the GPU tests.
+//   Use: commbench/backends/cuda/kernels.py (`reduce_copy`), and the GPU tests.
 //
 // scale_<dtype>(data, count, factor)
 //   Purpose: data *= factor, for avg, which commbench runs as sum and then this scale
@@ -19,7 +19,7 @@
 //   overflows 65504 here may not there, and the roundings differ.
 //
 // One block per 16-byte aligned run; grid-stride is unnecessary because the host
-// sizes the grid (cuda_plan.LaunchConfig.blocks_for) from the byte count.
+// sizes the grid (commbench/backends/cuda/plan.py: LaunchConfig.blocks_for) from the byte count.
 #include "common.cuh"
 
 template <typename T, typename Op>

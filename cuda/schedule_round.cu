@@ -3,7 +3,7 @@
 //
 // schedule_round_<dtype>_<op>(entries, n_entries, inputs)
 //   Purpose: execute every transfer of one round (commbench/schedule.py) that this
-//   launch owns, concurrently, in one launch. The host (cuda_plan.plan_round) has
+//   launch owns, concurrently, in one launch. The host (commbench/backends/cuda/plan.py, plan_round) has
 //   already turned the round's transfers into entries: each entry is one output range
 //   and the k input ranges reduced into it (a copy is k = 1; transfers that reduce
 //   into the same elements are fused, so the output is written once, not k - 1 times;
@@ -11,12 +11,12 @@
 //   transfer of the round still reads (one-shot in place) write to a staging buffer,
 //   copied back by a second launch after a barrier.
 //   Approach: entry e owns blocks [first_block, first_block + n_blocks) of the grid, in
-//   proportion to its bytes (cuda_plan.assign_blocks). A block finds its entry by
+//   proportion to its bytes (plan.assign_blocks). A block finds its entry by
 //   binary search over first_block (a round has at most a few hundred entries; the
 //   table stays in L1), takes its span of the entry (cb::block_span) and runs
 //   cb::reduce_span over it: 16-byte loads, UNROLL packs in flight per thread.
 //   `inputs` holds every entry's input pointers back to back (entry.in_offset).
-//   Use: commbench/backends/cuda_sched.py, in all three pointer modes.
+//   Use: commbench/backends/cuda/sched.py, in all three pointer modes.
 //
 // rank_barrier(peer_flags, my_flags, my_epoch, rank, world, timeout_ns, error)
 //   Purpose: all ranks (one process per GPU, CUDA IPC) reach this point of their
@@ -32,10 +32,10 @@
 //   re-read every spin) and stop too, and every later barrier returns at once while
 //   *error is set, so the calls already queued (up to 1000 per timed loop) finish in
 //   one timeout, not one per barrier. The host checks *error after synchronising.
-//   The acquire/release PTX needs sm_70 or newer (cuda_kernels.MIN_ARCH).
+//   The acquire/release PTX needs sm_70 or newer (backends/cuda/kernels.py MIN_ARCH).
 #include "common.cuh"
 
-struct RoundEntry {  // 32 bytes; commbench/backends/cuda_plan.py ENTRY_DTYPE mirrors it
+struct RoundEntry {  // 32 bytes; commbench/backends/cuda/plan.py ENTRY_DTYPE mirrors it
   unsigned long long out;
   long long count;
   int in_offset;
@@ -43,7 +43,7 @@ struct RoundEntry {  // 32 bytes; commbench/backends/cuda_plan.py ENTRY_DTYPE mi
   int first_block;
   int n_blocks;
 };
-static_assert(sizeof(RoundEntry) == 32, "RoundEntry layout is shared with cuda_plan.ENTRY_DTYPE");
+static_assert(sizeof(RoundEntry) == 32, "RoundEntry layout is shared with backends/cuda/plan.py ENTRY_DTYPE");
 
 template <typename T, typename Op>
 __device__ __forceinline__ void schedule_round(const RoundEntry* entries, int n_entries,

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def gpu_count(backend: str) -> int:
     """GPUs `backend` (cuda, cupy) can use here; 0 without a GPU or CuPy."""
     from commbench.backends import BackendError
-    from commbench.backends.gpu import require_gpu
+    from commbench.backends.cuda.device import require_gpu
 
     try:
         return require_gpu(backend)

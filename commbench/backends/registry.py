@@ -18,12 +18,12 @@ BACKENDS = {
     "p2p": "commbench.backends.p2p:P2PBackend",
     "sim": "commbench.backends.sim:SimBackend",
     "hybrid": "commbench.backends.hybrid:HybridBackend",
-    "cupy": "commbench.backends.cupy_nccl:CupyBackend",
-    "cuda": "commbench.backends.cuda_sched:CudaBackend",
+    "cupy": "commbench.backends.cuda.nccl:CupyBackend",
+    "cuda": "commbench.backends.cuda.sched:CudaBackend",
 }
 # Where a backend is built by a factory rather than its class's `create` (cuda picks the
 # class of its pointer mode: one process for every rank, or one per GPU over CUDA IPC).
-FACTORIES = {"cuda": "commbench.backends.cuda_ipc:create_cuda_backend"}
+FACTORIES = {"cuda": "commbench.backends.cuda.ipc:create_cuda_backend"}
 MODEL = "model"  # the `backend` of records the cost model predicted (predict, proxy predictions): nothing ran
 TIMINGS = ("measured", "simulated", "modelled")  # a record's `timing` (RecordCapabilities)
 

@@ -4,13 +4,13 @@ It checks, on whatever is there, every backend that can run, and prints one line
 check: `passed`, `failed` with the reason, or `skipped` with why (no GPU, no C++
 compiler, one GPU where two are needed). Any failure exits 1; a usage error exits 2.
 
-- host-kernels: the kernels of cuda/ built for the CPU (cuda_host.py), every kernel,
+- host-kernels: the kernels of cuda/ built for the CPU (commbench/backends/cuda/host.py), every kernel,
   dtype and op at the counts and offsets that reach each path, against NumPy;
-- host-schedules: cuda_plan's launches for every allreduce algorithm on 8 virtual ranks,
+- host-schedules: backends/cuda/plan.py's launches for every allreduce algorithm on 8 virtual ranks,
   run by those kernels, against the schedule's NumPy interpreter;
 - sim, shm, gloo: a tiny checked `commbench sweep` of each CPU backend;
-- gpu-kernels: the real kernels against CuPy (the checks of tests/unit/backends/test_cuda_sched.py,
-  commbench/backends/kernel_checks.py), then `--backend cuda` on virtual ranks;
+- gpu-kernels: the real kernels against CuPy (the checks of tests/unit/backends/cuda/test_sched.py,
+  commbench/backends/cuda/checks.py), then `--backend cuda` on virtual ranks;
 - nccl: NCCL through CuPy and through torch on the same GPUs, both checked, busbw side by side;
 - nvml: GPU telemetry readable (commbench.telemetry.Monitor);
 - peer-ipc: `--backend cuda` across the visible GPUs with peer access and with CUDA IPC.
@@ -73,7 +73,7 @@ class Outcome:
 
 
 def _host_kernels():
-    from commbench.backends import cuda_host as H
+    from commbench.backends.cuda import host as H
 
     try:
         H.find_compiler()
@@ -88,8 +88,8 @@ def _host_kernels():
 def check_host_kernels(scratch: Path, timeout_s: float) -> str:
     import numpy as np
 
-    from commbench.backends import kernel_checks as C
-    from commbench.backends.cuda_host import HostBuildError
+    from commbench.backends.cuda import checks as C
+    from commbench.backends.cuda.host import HostBuildError
     from commbench.collectives import DTYPES
 
     started = time.monotonic()
@@ -114,8 +114,8 @@ def check_host_kernels(scratch: Path, timeout_s: float) -> str:
 
 def check_host_schedules(scratch: Path, timeout_s: float) -> str:
     from commbench import algorithms as A
-    from commbench.backends import kernel_checks as C
-    from commbench.backends.cuda_host import HostBuildError
+    from commbench.backends.cuda import checks as C
+    from commbench.backends.cuda.host import HostBuildError
     from commbench.topology import Topology
 
     kernels, failures = _host_kernels(), []
@@ -189,7 +189,7 @@ def check_gloo(scratch: Path, timeout_s: float) -> str:
 def _gpus(need: int = 1) -> int:
     """Visible GPUs (CuPy), or Skipped naming what is missing."""
     from commbench.backends import BackendError
-    from commbench.backends.gpu import INSTALL_HINT, require_gpu
+    from commbench.backends.cuda.device import INSTALL_HINT, require_gpu
 
     try:
         count = require_gpu("cuda")
@@ -202,7 +202,7 @@ def _gpus(need: int = 1) -> int:
 
 
 def check_gpu_kernels(scratch: Path, timeout_s: float) -> str:
-    from commbench.backends import kernel_checks as C
+    from commbench.backends.cuda import checks as C
     from commbench.collectives import DTYPES
 
     _gpus()
@@ -326,7 +326,7 @@ def selftest_command(only: tuple[str, ...], timeout_s: float) -> None:
     click.echo(f"# {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
                f"in {time.monotonic() - started:.1f} s")
     if any(o.status == "skipped" and o.detail.startswith("no GPU") for o in outcomes):
-        from commbench.backends.gpu import INSTALL_HINT
+        from commbench.backends.cuda.device import INSTALL_HINT
 
         click.echo(f"# the GPU checks need an NVIDIA GPU and {INSTALL_HINT}")
     if counts["failed"]:

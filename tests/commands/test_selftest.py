@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from conftest import commbench, gpu_count
 
-from commbench.backends import cuda_host as H
-from commbench.backends import kernel_checks as C
+from commbench.backends.cuda import checks as C
+from commbench.backends.cuda import host as H
 from commbench.cli import main
 from commbench.commands import selftest as S
 

@@ -385,8 +385,11 @@ def test_the_size_check_can_fail(tmp_path):
 
 TESTS = ROOT / "tests"
 UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" / "backends",
+                "backends/cuda": ROOT / "commbench" / "backends" / "cuda",
                 "costmodel": ROOT / "commbench" / "costmodel",
                 "analysis": ROOT / "analysis", "proxies": ROOT / "proxies"}  # tests/unit/<key>/ -> its modules
+# A folder's names tested under another key: commands/, or a subfolder's own key (unit/costmodel/, unit/backends/cuda/).
+TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda"}}
 
 
 def _names_in(folder: Path) -> set[str]:
@@ -415,7 +418,8 @@ def misplaced_tests(tests: Path = TESTS, commands: set[str] | None = None) -> li
                   for p in sorted((tests / "unit" / key).glob("test_*.py")) if not _named_after(p.stem, names)]
     found += [f"commands/{p.name}: names no command" for p in sorted((tests / "commands").glob("test_*.py"))
               if not _named_after(p.stem, commands)]
-    extra = {d.name for d in (tests / "unit").iterdir() if d.is_dir() and d.name != "__pycache__"} - set(UNIT_FOLDERS)
+    extra = {d.relative_to(tests / "unit").as_posix() for d in (tests / "unit").rglob("*")
+             if d.is_dir() and "__pycache__" not in d.parts} - set(UNIT_FOLDERS)
     return found + [f"unit/{name}/: no such source folder" for name in sorted(extra)]
 
 
@@ -432,6 +436,18 @@ def test_the_test_check_can_fail(tmp_path):
     assert misplaced_tests(tmp_path, {"sweep", "cli"}) == [
         "test_flat.py: not in unit/, commands/ or system/", "unit/commbench/test_benchmark.py: names no module of "
         "commbench/", "commands/test_swept.py: names no command", "unit/nowhere/: no such source folder"]
+
+
+def test_the_test_check_sees_a_wing(tmp_path):
+    """A backends wing's tests are found by the wing's module names, and a folder under unit/backends/ that is no
+    wing is reported, as a top-level one is."""
+    for folder in ("unit/backends/cuda", "unit/backends/nowhere", "commands"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("unit/backends/cuda/test_sched_x.py", "unit/backends/cuda/test_shm.py", "unit/backends/test_cuda.py"):
+        (tmp_path / name).write_text("")
+    assert misplaced_tests(tmp_path, {"cli"}) == [
+        "unit/backends/cuda/test_shm.py: names no module of commbench/backends/cuda/",
+        "unit/backends/nowhere/: no such source folder"]
 
 
 # ---------------------------------------------------------------- every module has its tests (the other direction)
@@ -452,17 +468,18 @@ UNTESTED_BY_NAME = {
     "backends/schedule_base": "unit/commbench/test_bench_schedules.py (every schedule backend)",
     "backends/rank_frame": "every job's ranks: unit/commbench/test_bench_*.py, commands/test_proxy.py",
     "backends/registry": "unit/commbench/test_results.py (record capabilities), this file (names)",
-    "backends/control": "unit/backends/test_cuda_sched_fake_gpu.py; the CPU backends' runs",
+    "backends/control": "unit/backends/cuda/test_sched_fake_gpu.py; the CPU backends' runs",
     "backends/bfloat16": "unit/commbench/test_bench_schedules.py, test_collectives.py (bfloat16 results checked)",
     # backends run by the harness's and the commands' tests, by name (--backend)
     "backends/torch_dist": "commands/test_sweep.py, test_proxy.py (the default backend)",
     "backends/sim": "unit/commbench/test_bench_schedules.py, unit/analysis/test_fit_round_trip.py",
     "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_waits.py",
     "backends/shm_segments": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_native.py",
-    # GPU parts: run only where a GPU is (tests/unit/backends/test_cuda_*.py, test_cupy_*.py skip without one)
-    "backends/gpu": "unit/backends/test_cuda_sched*.py, test_cupy_nccl*.py",
-    "backends/cuda_ipc": "unit/backends/test_cuda_sched.py (GPU), test_cuda_sched_fake_gpu.py",
-    "backends/kernel_checks": "unit/backends/test_cuda_host.py, commands/test_selftest.py",
+    # the cuda wing's GPU parts: run only where a GPU is (tests/unit/backends/cuda/test_sched.py, test_nccl.py skip
+    # without one), and without one through the stand-in CuPy (test_*fake_gpu.py) and the host build (test_host.py)
+    "backends/cuda/device": "unit/backends/cuda/test_sched*.py, test_nccl*.py",
+    "backends/cuda/ipc": "unit/backends/cuda/test_sched.py (GPU), test_sched_fake_gpu.py",
+    "backends/cuda/checks": "unit/backends/cuda/test_host.py, commands/test_selftest.py",
     # train --layout's rank body: trained end to end by its command's test
     "proxies/train_layout_run": "commands/test_train_layout.py",
     # analysis/ pieces pinned through the analyses that use them
@@ -524,9 +541,8 @@ def modules_without_tests(tests: Path = TESTS, allowed: dict | None = None, comm
     that have a test file of their name or name no module."""
     allowed = UNTESTED_BY_NAME if allowed is None else allowed
     commands = _command_names_by_module() if commands is None else commands
-    elsewhere = {"cli", "__main__", "commands", "backends", "costmodel"}  # commbench/'s, tested under another key
     wanted = {f"{key}/{name}": ({name}, tests / "unit" / key) for key, folder in UNIT_FOLDERS.items()
-              for name in _names_in(folder) - (elsewhere if key == "commbench" else set())}
+              for name in _names_in(folder) - TESTED_ELSEWHERE.get(key, set())}
     wanted |= {f"commands/{name}": ({name} | commands.get(name, set()), tests / "commands")
                for name in _names_in(COMMANDS_FOLDER) | {"cli", "__main__"}}
     tested = {key for key, (names, folder) in wanted.items()

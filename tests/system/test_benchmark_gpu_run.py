@@ -10,7 +10,7 @@ from conftest import REPO
 
 SCRIPT = str(REPO / "benchmarks" / "gpu_run.sh")
 STEPS = ("env", "install", "float_check", "cuda_twoshot", "tune", "cuda_tuned", "harness", "cupy", "torch",
-         "selftest", "proxy_validate", "test_cupy_nccl", "test_cuda_sched")
+         "selftest", "proxy_validate", "test_nccl", "test_sched")
 
 
 def _dry(report, budget, sleep_s, **popen):
@@ -30,7 +30,7 @@ def test_every_step_gets_a_row_and_what_the_budget_leaves_out_is_skipped(tmp_pat
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in summary.splitlines()
             if line.startswith("| ") and not line.startswith("| step")}
     assert set(STEPS) <= set(rows), summary
-    assert rows["env"] == "ok" and rows["test_cuda_sched"] == "SKIPPED (budget)", rows
+    assert rows["env"] == "ok" and rows["test_sched"] == "SKIPPED (budget)", rows
     assert "Ended (done)" in summary and "DRY RUN" in summary
     with tarfile.open(tmp_path / "results.tgz") as packed:
         assert "logs/env.log" in packed.getnames()

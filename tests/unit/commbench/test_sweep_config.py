@@ -83,8 +83,8 @@ def test_proxy_ranks_receive_the_settled_backend_config(started):
 def test_a_spawned_cuda_proxy_runs_one_process_a_gpu(started, monkeypatch):
     """A proxy spawns its ranks as processes, so cuda's `auto` settles as under a launcher (ipc, one process a
     GPU), not as a sweep without one (peer: every rank in this one process). Two GPUs faked: no GPU here."""
-    import commbench.backends.cuda_sched as CS
-    import commbench.backends.gpu as G
+    import commbench.backends.cuda.device as G
+    import commbench.backends.cuda.sched as CS
 
     for module in (G, CS):
         monkeypatch.setattr(module, "require_gpu", lambda name="cuda": 2)

@@ -35,7 +35,7 @@ NVRTC_HINT = ("pip install 'cupy-cuda12x[ctk]' (CuPy >= 14; cupy-cuda13x[ctk] on
 
 def kernel_dir() -> Path:
     """The folder holding the .cu files: commbench/cuda (installed) or cuda/ (checkout)."""
-    here = Path(__file__).resolve().parent.parent  # the commbench package
+    here = Path(__file__).resolve().parents[2]  # the commbench package
     for candidate in (here / "cuda", here.parent / "cuda"):
         if (candidate / KERNEL_FILES[0]).is_file():
             return candidate
@@ -164,7 +164,7 @@ def reduce_copy(out: Any, a: Any, b: Any, dtype: str, op: str, stream: Any = Non
     import cupy
     import numpy as np
 
-    from commbench.backends.cuda_plan import LaunchConfig
+    from commbench.backends.cuda.plan import LaunchConfig
 
     cfg, count = LaunchConfig(), out.size
     packs = -(-count // cfg.pack_elements(out.itemsize))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.backends import cuda_kernels as K
-from commbench.backends.cuda_plan import ENTRY_DTYPE
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda.plan import ENTRY_DTYPE
 from commbench.collectives import DTYPES
 
 ARCHS = (str(K.MIN_ARCH), "75", "80", "90")
@@ -59,7 +59,7 @@ def test_nvcc_compiles_every_kernel(nvcc_results, file, arch):
 
 
 def expected_kernels(file: str) -> set[str]:
-    """The names commbench/backends launches from each file (cuda_kernels.kernel_name)."""
+    """The names commbench/backends launches from each file (kernels.kernel_name)."""
     name = K.kernel_name
     if file == "reduce_copy.cu":
         return {name("reduce_copy", d, o) for d in DTYPES for o in K.OPS} | {name("scale", d) for d in FLOATS}
@@ -114,10 +114,11 @@ def test_kernels_are_found_in_an_installed_layout(tmp_path):
     import importlib.util
 
     package = tmp_path / "commbench"
-    (package / "backends").mkdir(parents=True)
-    shutil.copy(K.__file__, package / "backends" / "cuda_kernels.py")
+    installed = package / "backends" / "cuda" / "kernels.py"
+    installed.parent.mkdir(parents=True)
+    shutil.copy(K.__file__, installed)
     shutil.copytree(K.kernel_dir(), package / "cuda")
-    spec = importlib.util.spec_from_file_location("installed_cuda_kernels", package / "backends" / "cuda_kernels.py")
+    spec = importlib.util.spec_from_file_location("installed_cuda_kernels", installed)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert Path(module.kernel_dir()) == package / "cuda"

@@ -1,8 +1,8 @@
 """How a Schedule becomes CUDA kernel launches: pure host logic, no GPU, no CuPy.
 
-`--backend cuda` (cuda_sched.py) runs commbench's schedules with the kernels in cuda/.
+`--backend cuda` (sched.py) runs commbench's schedules with the kernels in cuda/.
 Everything it decides before launching lives here, so that it is tested on a machine
-without a GPU against the sim backend (tests/unit/backends/test_cuda_plan.py):
+without a GPU against the sim backend (tests/unit/backends/cuda/test_plan.py):
 
 - `program(schedule, ranks)`: the steps one stream runs for one collective call: kernel
   launches and barriers. A round of the schedule becomes one launch of

@@ -3,7 +3,7 @@
 The Schedule objects that shm, p2p and sim run (commbench/algorithms.py, plus
 `twoshot`), executed on GPUs: every round is one launch of `schedule_round` (one-shot
 and two-shot allreduce use their own kernels), with the launch tables built once when
-the call is prepared (commbench/backends/cuda_plan.py, tested without a GPU). Three
+the call is prepared (commbench/backends/cuda/plan.py, tested without a GPU). Three
 pointer modes (`--cuda-mode`); the kernels are the same, only where the rank buffer
 pointers come from differs:
 
@@ -14,7 +14,7 @@ pointers come from differs:
   stream per GPU; each GPU computes its rank's outputs, reading peers' buffers over
   NVLink/PCIe; between rounds every stream waits for an event of every other stream.
 - ipc: one process per GPU (spawned, torchrun, srun, mpirun), buffers shared through
-  CUDA IPC handles and a GPU-side barrier between rounds (cuda_ipc.py), as the custom
+  CUDA IPC handles and a GPU-side barrier between rounds (ipc.py), as the custom
   allreduce of vLLM and TensorRT-LLM do.
 
 Buffers are allocated per rank (CuPy arrays; bfloat16 held as uint16). Results are
@@ -36,11 +36,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.backends import cuda_kernels as K
-from commbench.backends import cuda_plan as P
 from commbench.backends.base import BackendError
 from commbench.backends.control import LocalControl
-from commbench.backends.gpu import (
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda import plan as P
+from commbench.backends.cuda.device import (
     MEMCPY_DEFAULT,
     enable_peer_access,
     fill_value,
@@ -158,7 +158,7 @@ class CudaBackend(ScheduleBackend):
 
     @classmethod
     def create(cls, cfg, launch) -> CudaBackend:
-        """The virtual and peer modes (every rank in this process); cuda_ipc.create_cuda_backend picks."""
+        """The virtual and peer modes (every rank in this process); ipc.create_cuda_backend picks."""
         world = cfg.nprocs or 2
         mode = resolve_mode(cfg.cuda_mode, launch.launcher, world, require_gpu("cuda"))
         try:
@@ -176,7 +176,11 @@ class CudaBackend(ScheduleBackend):
         """The CUDA devices this process drives (telemetry watches these)."""
         return sorted(set(self._devices.values()))
 
-    def _stream(self, rank: int) -> Any:
+    def device_of(self, rank: int) -> int:
+        """The GPU that local rank `rank`'s buffers and launches are on; `stream_of`: its stream."""
+        return self._devices[rank]
+
+    def stream_of(self, rank: int) -> Any:
         return self._streams[self._devices[rank]]
 
     def _groups(self) -> list[list[int]]:
@@ -187,10 +191,11 @@ class CudaBackend(ScheduleBackend):
 
     def alloc(self, count: int, dtype: DType) -> GpuBuffer:
         allocation, self._seq = Allocation(self._seq), self._seq + 1
-        arrays = {r: self._new_array(r, count, dtype, allocation) for r in self.local_ranks}
+        arrays = {r: self.new_array(r, count, dtype, allocation) for r in self.local_ranks}
         return GpuBuffer(arrays, allocation, dict.fromkeys(range(self.world_size), 0), count, dtype)
 
-    def _new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
+    def new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
+        """Local rank `rank`'s array of `allocation`, its base recorded (ipc: unpooled, with its IPC handle)."""
         import cupy
 
         with cupy.cuda.Device(self._devices[rank]):
@@ -245,7 +250,7 @@ class CudaBackend(ScheduleBackend):
             if nbytes and (only_rank is None or rank == only_rank):
                 with cupy.cuda.Device(self._devices[rank]):
                     cupy.cuda.runtime.memcpyAsync(dst.pointer(rank), src.pointer(rank), nbytes, MEMCPY_DEFAULT,
-                                                  self._stream(rank).ptr)
+                                                  self.stream_of(rank).ptr)
 
     def scale(self, buffer: GpuBuffer, factor: float) -> None:
         """buffer *= factor on every local rank (avg); the kernel was loaded by executor()."""
@@ -259,16 +264,14 @@ class CudaBackend(ScheduleBackend):
             with cupy.cuda.Device(device):
                 kernel((blocks,), (self.launch_config.threads,),
                        (np.uint64(buffer.pointer(rank)), np.int64(buffer.count), cast(factor)),
-                       stream=self._stream(rank))
+                       stream=self.stream_of(rank))
 
     # ---------------------------------------------------------------- running a schedule
 
     def prepare(self, collective: str, send: Any, recv: Any, op: str | None, root: int,
                 inplace: bool) -> Callable[[], None]:
         call = super().prepare(collective, send, recv, op, root, inplace)
-        if self.mode != "peer":
-            return call
-        return self._fork_join(call)
+        return self._fork_join(call) if self.mode == "peer" else call
 
     def executor_reading(self, schedule: Schedule, working: GpuBuffer, source: GpuBuffer, op: str) -> Any:
         """Out of place, oneshot/twoshot read the inputs: no copy first (oneshot no staging either)."""
@@ -291,12 +294,12 @@ class CudaBackend(ScheduleBackend):
         barriers = [isinstance(step, P.Barrier) for step in programs[0]]
         per_step = list(zip(barriers, zip(*launches)))
         self.synchronize()  # the tables are on the GPUs before the first launch reads them
-        step_barrier = self._step_barrier
+        round_barrier = self.round_barrier
 
         def call() -> None:
             for is_barrier, group_launches in per_step:
                 if is_barrier:
-                    step_barrier()
+                    round_barrier()
                     continue
                 for launch in group_launches:
                     if launch is not None:
@@ -333,7 +336,7 @@ class CudaBackend(ScheduleBackend):
                 return launch_on(device, kernel, (blocks, rows), (threads,), args, stream)
         return None
 
-    def _step_barrier(self) -> None:
+    def round_barrier(self) -> None:
         """Between rounds: nothing on one stream (stream order); across GPUs, every stream
         waits for an event of every other stream."""
         if self.mode == "virtual":
@@ -353,9 +356,9 @@ class CudaBackend(ScheduleBackend):
         """Peer mode: the other streams start after the first stream's earlier work, and the
         first stream waits for theirs, so events on the first stream time the whole call."""
         def timed_call() -> None:
-            self._step_barrier()
+            self.round_barrier()
             call()
-            self._step_barrier()
+            self.round_barrier()
         return timed_call
 
     def share(self, buffer: GpuBuffer) -> None:
@@ -375,7 +378,7 @@ class CudaBackend(ScheduleBackend):
 
         first = self.local_ranks[0]
         with cupy.cuda.Device(self._devices[first]):
-            times = time_calls(call, iters, self._stream(first), graph=graph)
+            times = time_calls(call, iters, self.stream_of(first), graph=graph)
         self.check_errors()
         return times
 

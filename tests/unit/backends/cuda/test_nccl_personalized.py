@@ -8,7 +8,7 @@ import pytest
 
 from commbench import collectives as C
 from commbench import splits
-from commbench.backends.cupy_nccl import grouped_calls, personalized_steps
+from commbench.backends.cuda.nccl import grouped_calls, personalized_steps
 
 F32 = C.DTYPES["float32"]
 SPAN = 1 << 32  # rank r's memory starts at r x SPAN

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends import cuda_kernels as K
 from commbench.backends.base import BackendError
-from commbench.backends.cuda_sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
-from commbench.backends.gpu import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda.device import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
+from commbench.backends.cuda.sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
 from commbench.launch import LaunchInfo, peer_wait_s
@@ -80,11 +80,11 @@ class IpcCudaBackend(CudaBackend):
 
     # ---------------------------------------------------------------- shared allocations
 
-    def _new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
+    def new_array(self, rank: int, count: int, dtype: DType, allocation: Allocation) -> Any:
         import cupy
 
         nbytes = count * dtype.itemsize
-        with cupy.cuda.Device(self._devices[rank]):
+        with cupy.cuda.Device(self.device_of(rank)):
             try:
                 memory = cupy.cuda.Memory(max(nbytes, 1))  # unpooled: the handle names this buffer alone
             except Exception as exc:  # noqa: BLE001 - CUDARuntimeError cudaErrorMemoryAllocation
@@ -164,14 +164,14 @@ class IpcCudaBackend(CudaBackend):
     def _barrier_launch(self) -> Any:
         """The rank_barrier launch on this rank's GPU and stream, its kernel loaded now (not
         inside a timed or captured call); its arguments never change (the epoch is on the GPU)."""
-        world, device = self.world_size, self._devices[self.rank]
+        world, device = self.world_size, self.device_of(self.rank)
         base = self._flags_memory.ptr
         args = (self._peer_flags, np.uint64(base), np.uint64(base + 8 * world), np.int32(self.rank),
                 np.int32(world), np.uint64(int(peer_wait_s(self.timeout_s) * 1e9)), np.uint64(base + 8 * (world + 1)))
         kernel = K.function("schedule_round.cu", "rank_barrier", device)
-        return launch_on(device, kernel, (1,), (max(32, -(-world // 32) * 32),), args, self._streams[device])
+        return launch_on(device, kernel, (1,), (max(32, -(-world // 32) * 32),), args, self.stream_of(self.rank))
 
-    def _step_barrier(self) -> None:
+    def round_barrier(self) -> None:
         self._barrier()
 
     def check_errors(self) -> None:

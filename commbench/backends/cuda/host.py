@@ -13,11 +13,11 @@ ctypes. A launch runs every (block, thread) of its grid (cuda/host_shim.h says h
 - `HostKernels`: the library's kernels, looked up by the names the backends launch and
   called as CuPy's RawKernel is, `kernel(grid, block, args)`, with NumPy arrays (their
   data pointers), NumPy scalars of exactly the kernel's parameter types, or addresses.
-- `run_programs`: the launch steps cuda_plan computes for a schedule (the tables, grids
+- `run_programs`: the launch steps plan computes for a schedule (the tables, grids
   and arguments the cuda backend passes), executed by these kernels on NumPy buffers.
 
-Used by tests/unit/backends/test_cuda_host.py and `commbench selftest`; the checks against NumPy (and,
-on a GPU, against CuPy) are in kernel_checks.py.
+Used by tests/unit/backends/cuda/test_host.py and `commbench selftest`; the checks against NumPy (and,
+on a GPU, against CuPy) are in checks.py.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends import cuda_kernels as K
-from commbench.backends import cuda_plan as P
 from commbench.backends.build_cache import build_folder, cache_root, cached
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda import plan as P
 from commbench.collectives import DTYPES, DType
 
 SHIM = "host_shim.h"
@@ -53,7 +53,7 @@ class HostBuildError(RuntimeError):
 
 
 def kernel_names(file: str) -> list[str]:
-    """Every kernel of `file` that commbench/backends launches (cuda_kernels.kernel_name)."""
+    """Every kernel of `file` that commbench/backends launches (kernels.kernel_name)."""
     name, dtypes = K.kernel_name, list(DTYPES)
     if file == "reduce_copy.cu":
         return [name("reduce_copy", d, o) for d in dtypes for o in K.OPS] + [name("scale", d) for d in FLOATS]
@@ -188,7 +188,7 @@ class HostKernel:
 
 
 class HostKernels:
-    """The host build loaded once; `function(name)` as cuda_kernels.function on a GPU. Each
+    """The host build loaded once; `function(name)` as kernels.function on a GPU. Each
     instance with `private=True` loads its own copy (its own __shared__ statics): one per
     rank when several rank_barrier launches run at once."""
 
@@ -228,16 +228,16 @@ def aligned(count: int, dtype: Any, align: int = 256) -> np.ndarray:
     return raw[start:start + count * dtype.itemsize].view(dtype)
 
 
-# ---------------------------------------------------------------- cuda_plan programs on the host
+# ---------------------------------------------------------------- plan programs on the host
 
 
 def run_programs(kernels: HostKernels, programs: Sequence[Sequence[P.Step]],
                  buffers: dict[tuple[int, str], np.ndarray], dtype: DType, op: str, world: int,
                  cfg: P.LaunchConfig = P.LaunchConfig(), reverse: bool = False) -> None:
-    """Run one program per stream (cuda_plan.program: one for every rank on one GPU, or one
+    """Run one program per stream (plan.program: one for every rank on one GPU, or one
     per rank as peer and ipc modes have) in lock step, so a barrier waits for every stream,
-    on `buffers` ((rank, cuda_plan.WORK or STAGE) -> storage array), launching what
-    cuda_sched launches, with the tables, grids and arguments it passes."""
+    on `buffers` ((rank, plan.WORK or STAGE) -> storage array), launching what
+    sched launches, with the tables, grids and arguments it passes."""
     address = lambda ref: buffers[(ref.rank, ref.buffer)].ctypes.data + ref.offset * dtype.itemsize  # noqa: E731
     for index in range(len(programs[0])):
         for steps in reversed(programs) if reverse else programs:
@@ -252,12 +252,12 @@ def run_programs(kernels: HostKernels, programs: Sequence[Sequence[P.Step]],
                 table = lambda refs: np.array([address(r) for r in refs], dtype=np.uint64)  # noqa: E731
                 args = (table(step.ins), table(step.outs), np.int32(world), np.int32(step.first_rank),
                         np.int64(step.count))
-                name = K.allreduce_kernel_name(step.kernel, step.phase, dtype.name, op)  # the name cuda_sched launches
+                name = K.allreduce_kernel_name(step.kernel, step.phase, dtype.name, op)  # the name sched launches
                 kernels.function(name)((blocks, rows), (cfg.threads,), args, reverse=reverse)
 
 
 def scale(kernels: HostKernels, data: np.ndarray, dtype: DType, factor: float, threads: int = 512) -> None:
-    """data *= factor, launched as cuda_sched's CudaBackend.scale launches it (avg)."""
+    """data *= factor, launched as sched's CudaBackend.scale launches it (avg)."""
     cast = np.float64 if dtype.name == "float64" else np.float32
     blocks = max(1, min(1024, -(-data.size // threads)))
     args = (np.uint64(data.ctypes.data), np.int64(data.size), cast(factor))

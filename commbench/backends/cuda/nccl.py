@@ -5,7 +5,7 @@ driven directly, so the two can be compared on the same GPUs. Ranks find each ot
 through the launcher's rendezvous (torch.distributed over gloo on the CPU, as the
 control plane of shm and p2p): rank 0 creates the NCCL unique id and broadcasts it
 there, then every rank creates its communicator on GPU local_rank % visible GPUs (two
-ranks on one GPU are refused, by PCI bus id: gpu.rank_gpu).
+ranks on one GPU are refused, by PCI bus id: device.rank_gpu).
 
 Every collective is the plain NCCL call on a dedicated non-blocking stream, with the
 out-of-place and in-place buffers laid out as nccl-tests lays them out; NCCL has all
@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commbench.backends.base import Backend, BackendError
-from commbench.backends.gpu import (
+from commbench.backends.cuda.device import (
     NCCL_HINT,
     dtype_of,
     fill_value,

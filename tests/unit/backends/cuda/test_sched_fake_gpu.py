@@ -1,11 +1,11 @@
 """--backend cuda's Python side end to end without a GPU: a stand-in for CuPy whose device
 memory is NumPy bytes at fake addresses and whose kernels are the NumPy mirrors of cuda/
-(cuda_plan.emulate_round for schedule_round, blocks in reverse order). The real harness
+(plan.emulate_round for schedule_round, blocks in reverse order). The real harness
 fills and checks every result, so a wrong pointer, offset, table or launch order in
-cuda_sched.py shows up as #wrong. As in CUDA, the current device is per thread, streams
+sched.py shows up as #wrong. As in CUDA, the current device is per thread, streams
 and events belong to the device current when they were made, and a kernel launch or
 event record on another device's stream fails. Streams run in issue order, so this
-checks the logic, not the concurrency; the GPU tests in test_cuda_sched.py check the
+checks the logic, not the concurrency; the GPU tests in test_sched.py check the
 rest on hardware."""
 import bisect
 import re
@@ -18,8 +18,8 @@ import pytest
 from conftest import results_of
 
 from commbench.backends import BackendConfig
-from commbench.backends import cuda_kernels as K
-from commbench.backends import cuda_plan as P
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda import plan as P
 from commbench.bench import Sweep
 from commbench.collectives import DTYPES
 from commbench.errors import EXIT_OK
@@ -312,7 +312,7 @@ def fake_gpus(monkeypatch):
 
 def run(tmp_path, mode, world, algorithm="auto", collectives=("allreduce",), dtype="float32", op="sum",
         topology=None, graph=False, sizes=(1024, 100_000, 1 << 20)):
-    from commbench.backends.cuda_sched import CudaBackend
+    from commbench.backends.cuda.sched import CudaBackend
 
     topo = Topology(*topology) if topology else Topology(1, world)
     cfg = SweepConfig(backend=BackendConfig(backend="cuda", algorithm=algorithm, nprocs=world, cuda_mode=mode,
@@ -355,7 +355,7 @@ def test_graph_captures_only_the_timed_calls_and_uploads_before_launch(fake_gpus
 @pytest.mark.parametrize("mode,graph", [("peer", False), ("virtual", True)])
 def test_nothing_compiles_or_loads_inside_a_timed_call(fake_gpus, tmp_path, monkeypatch, mode, graph):
     """avg's scale kernel included: every kernel is loaded on every GPU before timing or capture."""
-    from commbench.backends.cuda_sched import CudaBackend
+    from commbench.backends.cuda.sched import CudaBackend
 
     loads_while_timed = []
     timed = CudaBackend._time  # warm-up and timed calls, eager or captured
@@ -394,7 +394,7 @@ def test_a_kernel_that_does_not_compile_is_one_line(monkeypatch, tmp_path, capsy
 
 def test_an_old_gpu_is_refused_in_one_line(fake_gpus, monkeypatch):
     from commbench.backends import BackendError
-    from commbench.backends.cuda_sched import CudaBackend
+    from commbench.backends.cuda.sched import CudaBackend
 
     monkeypatch.setattr(sys.modules["cupy"].cuda.Device, "compute_capability", "60")
     with pytest.raises(BackendError, match="compute capability 7.0 or newer; GPU 0 is 6.0"):
@@ -403,7 +403,7 @@ def test_an_old_gpu_is_refused_in_one_line(fake_gpus, monkeypatch):
 
 def test_peer_mode_refuses_more_ranks_than_gpus(fake_gpus):
     from commbench.backends import BackendError
-    from commbench.backends.cuda_sched import CudaBackend
+    from commbench.backends.cuda.sched import CudaBackend
 
     with pytest.raises(BackendError, match="8 ranks but 4 GPU"):
         CudaBackend(8, Topology(1, 8), mode="peer")
@@ -413,7 +413,7 @@ def test_two_ranks_on_one_gpu_are_refused_but_one_gpu_per_rank_is_not(fake_gpus)
     """3 ranks on a host with 2 visible GPUs: rank 2 would share GPU 0 with rank 0. With a
     launcher that shows each rank its own single GPU (different bus ids), all is well."""
     from commbench.backends import BackendError
-    from commbench.backends.gpu import rank_gpu
+    from commbench.backends.cuda.device import rank_gpu
 
     bus = lambda gpu: f"0000:{gpu + 0x10:02x}:00.0"  # noqa: E731 - the fake's PCI bus ids
     shared = lambda place: [("node1", bus(0)), ("node1", bus(1)), place]  # noqa: E731
@@ -435,7 +435,7 @@ def test_ipc_mode_on_one_rank(fake_gpus, tmp_path, port):
     round on the rank's own GPU, the error word read back after synchronising."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from commbench.backends.cuda_ipc import IpcCudaBackend
+    from commbench.backends.cuda.ipc import IpcCudaBackend
 
     launch = _ipc_launch(port, local_rank=1)
     cfg = SweepConfig(backend=BackendConfig(backend="cuda", algorithm="auto", nprocs=1, cuda_mode="ipc", graph=True),
@@ -455,7 +455,7 @@ def test_ipc_mode_on_one_rank(fake_gpus, tmp_path, port):
         error.fill(1)  # as the kernel records rank 0 missing after --timeout
         with pytest.raises(RuntimeError, match="waiting for rank 0"):
             backend.synchronize()
-        backend._step_barrier()
+        backend.round_barrier()
         assert int(epoch.get()[0]) == reached  # once the error is set, a barrier returns at once
     finally:
         backend.close()
@@ -466,7 +466,7 @@ def test_ipc_flags_are_zeroed_before_peers_may_signal_and_freed_after_they_unmap
     signal; at the end of a point, peers' handles are closed and every rank met before this
     rank's own allocations are dropped."""
     from commbench.backends.control import GroupControl
-    from commbench.backends.cuda_ipc import IpcCudaBackend
+    from commbench.backends.cuda.ipc import IpcCudaBackend
     from commbench.collectives import DTYPES
 
     events, made = [], {}
@@ -494,7 +494,7 @@ def test_ipc_failed_point_closes_nothing_and_meets_no_one(fake_gpus, port, monke
     """After a failed point, kernels still queued may address the peers' memory and a dead peer
     would never arrive: no handle is closed, no rank met, nothing freed, there or at close()."""
     from commbench.backends.control import GroupControl
-    from commbench.backends.cuda_ipc import IpcCudaBackend
+    from commbench.backends.cuda.ipc import IpcCudaBackend
     from commbench.collectives import DTYPES
 
     backend = IpcCudaBackend(_ipc_launch(port), Topology(1, 1))

@@ -1,7 +1,7 @@
 """--backend cupy (NCCL through CuPy) on GPUs: every collective through the harness's check,
 under a CUDA graph (the comparison with NCCL through torch, a speed target, is in
 benchmarks/gpu_bandwidth.py). Without a GPU these skip; the no-GPU message is tested in
-test_cuda_backend.py (for both backends).
+test_sched.py (for both backends).
 Without a GPU too: how the backend waits for NCCL (polling, abort on a dead peer)."""
 import time
 import types
@@ -9,7 +9,7 @@ import types
 import pytest
 from conftest import commbench, gpu_count, results_of
 
-from commbench.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
+from commbench.backends.cuda.nccl import NCCL_DTYPES, NCCL_OPS
 from commbench.collectives import DTYPES, OPS
 from commbench.launch import peer_wait_s
 
@@ -81,7 +81,7 @@ class FakeComm:
 
 def _backend(comm, timeout_s, stream_done=True):
     """A CupyBackend's waiting and closing parts, without CuPy's GPU side."""
-    from commbench.backends.cupy_nccl import CupyBackend
+    from commbench.backends.cuda.nccl import CupyBackend
 
     backend = object.__new__(CupyBackend)
     backend.comm, backend.timeout_s = comm, timeout_s

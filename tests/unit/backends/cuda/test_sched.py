@@ -4,7 +4,7 @@ the three pointer modes. The speed targets (reduce-copy against a device copy, v
 busbw) are checked by benchmarks/gpu_bandwidth.py, not by timed tests.
 
 The GPU tests skip themselves without a CUDA device; a session with a GPU runs
-`python -m pytest -q tests/unit/backends/test_cuda_sched.py tests/unit/backends/test_cupy_nccl.py`, then
+`python -m pytest -q tests/unit/backends/cuda/test_sched.py tests/unit/backends/cuda/test_nccl.py`, then
 `python benchmarks/gpu_bandwidth.py`.
 """
 import subprocess
@@ -72,8 +72,8 @@ def test_library_path_without_gpu_is_a_usage_error(capsys):
 
 def test_gpu_modules_import_without_cupy():
     code = ("import sys; sys.modules['cupy'] = None; sys.modules['pynvml'] = None\n"
-            "import commbench.backends.cuda_sched, commbench.backends.cuda_ipc, commbench.backends.cupy_nccl\n"
-            "import commbench.telemetry, commbench.backends.gpu\n"
+            "import commbench.backends.cuda.sched, commbench.backends.cuda.ipc, commbench.backends.cuda.nccl\n"
+            "import commbench.telemetry, commbench.backends.cuda.device\n"
             "from commbench.backends import backend_class; backend_class('cuda'); backend_class('cupy'); print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
@@ -106,9 +106,9 @@ def test_twoshot_is_an_algorithm_of_cuda_only(capsys):
 def test_reduce_copy_matches_cupy(dtype, op):
     """Aligned, all pointers one element off a 16-byte boundary, and each pointer off by a
     different amount (a[1:], b[2:], out[3:]: the scalar path); guard elements before and
-    after the output range must be left alone. The check is kernel_checks.check_reduce_copy,
-    which tests/unit/backends/test_cuda_host.py runs on the CPU build of the same kernels."""
-    from commbench.backends.kernel_checks import GpuDevice, check_reduce_copy
+    after the output range must be left alone. The check is checks.check_reduce_copy,
+    which tests/unit/backends/cuda/test_host.py runs on the CPU build of the same kernels."""
+    from commbench.backends.cuda.checks import GpuDevice, check_reduce_copy
     from commbench.collectives import DTYPES as ALL
 
     counts = [nbytes // ALL[dtype].itemsize for nbytes in (1 << 10, (1 << 20) + 48, 1 << 26)]
@@ -120,7 +120,7 @@ def test_reduce_copy_matches_cupy(dtype, op):
 def test_reduce_copy_1_gib():
     import cupy
 
-    from commbench.backends.cuda_kernels import reduce_copy
+    from commbench.backends.cuda.kernels import reduce_copy
 
     count = (1 << 30) // 4
     a, b = cupy.arange(count, dtype=cupy.float32), cupy.ones(count, dtype=cupy.float32)
@@ -136,8 +136,8 @@ def test_oneshot_and_twoshot_kernels_match_cupy(dtype, world):
     """Virtual ranks on one GPU: every rank's buffer in one pointer table, one row per rank;
     one-shot into separate outputs, two-shot in place, guards around every output. Inputs
     are 1..3, so every dtype's sum and product over 8 ranks is exact
-    (kernel_checks.check_allreduce_kernels, also run on the CPU build)."""
-    from commbench.backends.kernel_checks import GpuDevice, check_allreduce_kernels
+    (checks.check_allreduce_kernels, also run on the CPU build)."""
+    from commbench.backends.cuda.checks import GpuDevice, check_allreduce_kernels
 
     device = GpuDevice()
     failures = [failure for count in (1000, (1 << 20) + 5) for op in ("sum", "max")

@@ -1,7 +1,7 @@
 """What the kernels in cuda/ must compute, checked the same way on the CPU and on a GPU.
 
 One set of checks, two places to run them: `HostDevice` runs the kernels' host build
-(cuda_host.py) on NumPy arrays, `GpuDevice` the NVRTC build on CuPy arrays. The
+(host.py) on NumPy arrays, `GpuDevice` the NVRTC build on CuPy arrays. The
 reference is the array library's own arithmetic (`reference`): 16-bit floats computed in
 float32 and rounded once, which is the correctly rounded result the kernels' paired
 instructions give; bfloat16 through its bits, within one unit in the last place;
@@ -9,7 +9,7 @@ everything else exact, integer sums and products wrapping. Every output range ha
 elements before and after it that a kernel must leave alone, and on the host every load
 and 16-byte store must fall inside the ranges a kernel was given (a fault otherwise).
 
-Used by tests/unit/backends/test_cuda_host.py (the host build, in CI), tests/unit/backends/test_cuda_sched.py (the
+Used by tests/unit/backends/cuda/test_host.py (the host build, in CI), tests/unit/backends/cuda/test_sched.py (the
 same checks on a GPU) and `commbench selftest` (a quick subset, wherever it runs).
 Each check returns a list of failures, one line each; empty means it passed.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from commbench.backends import cuda_kernels as K
-from commbench.backends import cuda_plan as P
+from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda import plan as P
 from commbench.collectives import DTYPES
 
 GUARD = 7  # what memory around an output holds: a write before or after the range shows
@@ -33,7 +33,7 @@ MISALIGNED = ((0, 0, 0), (1, 1, 1), (1, 2, 3))  # element offsets of (a, b, out)
 def random_values(xp: Any, dtype: str, count: int, seed: int, small: bool = False) -> Any:
     """Random values of `dtype` in storage (bfloat16 as its bits); small: 1..3 (exact products
     over 8 ranks); integers over their whole range (sums and products wrap)."""
-    from commbench.backends.gpu import to_store
+    from commbench.backends.cuda.device import to_store
 
     rng = np.random.default_rng(seed)
     if small:
@@ -79,7 +79,7 @@ def wrong(xp: Any, dtype: str, got: Any, want: Any) -> int:
 
 
 def reduce_copy_blocks(count: int, itemsize: int, cfg: P.LaunchConfig = P.LaunchConfig()) -> int:
-    """The grid cuda_kernels.reduce_copy launches (its formula, for the host, which has no CuPy)."""
+    """The grid kernels.reduce_copy launches (its formula, for the host, which has no CuPy)."""
     packs = -(-count // cfg.pack_elements(itemsize))
     return max(1, min(cfg.blocks_for(3 * count * itemsize), packs))
 
@@ -97,7 +97,7 @@ class HostDevice:
         return self.kernels.function(name)
 
     def full(self, count: int, value: Any, dtype: Any) -> np.ndarray:
-        from commbench.backends.cuda_host import aligned
+        from commbench.backends.cuda.host import aligned
 
         array = aligned(count, dtype)
         array[...] = value
@@ -190,7 +190,7 @@ def check_allreduce_kernels(dev: Any, dtype: str, world: int, count: int, op: st
                             threads: int = 512, seed: int = 0) -> list[str]:
     """oneshot_allreduce (every row into its own output) and twoshot reduce-scatter then
     all-gather (in place) over `world` rank buffers, rank r's at element offset offsets[r]
-    (default 0: aligned); `blocks` None is the grid cuda_plan.allreduce_grid gives."""
+    (default 0: aligned); `blocks` None is the grid plan.allreduce_grid gives."""
     xp, offsets = dev.xp, list(offsets or [0] * world)
     out_offsets = offsets[1:] + offsets[:1]  # one-shot's outputs: rank r's at rank r + 1's offset
     ins = [random_values(xp, dtype, count, seed + r, small) for r in range(world)]
@@ -227,7 +227,7 @@ def check_allreduce_kernels(dev: Any, dtype: str, world: int, count: int, op: st
 def check_round_inputs(dev: Any, dtype: str, op: str, k: int, count: int, offsets: Sequence[int],
                        threads: int = 512, seed: int = 0) -> list[str]:
     """schedule_round with one entry reducing k inputs (a copy when k = 1), input i at
-    element offset offsets[i] and the output at offsets[k], its grid from cuda_plan.pack_round,
+    element offset offsets[i] and the output at offsets[k], its grid from plan.pack_round,
     then the same entry cut in two, each half given its own blocks."""
     xp, failures = dev.xp, []
     ins_host = [random_values(xp, dtype, count, seed + i) for i in range(k)]
@@ -263,7 +263,7 @@ def _pointer(array: Any) -> int:
 
 def check_scale(dev: Any, dtype: str, values: Any, factor: float, threads: int = 512) -> list[str]:
     """scale_<dtype> (avg's data *= factor, computed in float, or double for float64, and
-    rounded once) over `values` (storage), launched with cuda_sched's grid."""
+    rounded once) over `values` (storage), launched with sched's grid."""
     xp = dev.xp
     whole, data = _guarded(dev, values.size, 1, values)
     data[...] = values
@@ -312,12 +312,12 @@ def exact_inputs(dtype: str, op: str, world: int, count: int, seed: int = 0) -> 
 
 def check_schedule(kernels: Any, schedule: Any, dtype: str, op: str, streams: str = "one", reverse: bool = False,
                    seed: int = 0) -> list[str]:
-    """Run `schedule` through the host build as --backend cuda does (cuda_plan's programs:
+    """Run `schedule` through the host build as --backend cuda does (plan's programs:
     `streams` one (virtual ranks on one GPU) or per-rank (peer and ipc modes); avg as sum,
     then scale by 1/n) and compare every rank's buffer with the schedule's NumPy
     interpreter (commbench.schedule.run): equal, or for avg within the harness's tolerance."""
-    from commbench.backends.cuda_host import aligned, run_programs, scale
-    from commbench.backends.gpu import from_store, to_store
+    from commbench.backends.cuda.device import from_store, to_store
+    from commbench.backends.cuda.host import aligned, run_programs, scale
     from commbench.collectives import Pattern, count_wrong, tolerance
     from commbench.schedule import run
 

@@ -1,5 +1,5 @@
 """The kernels in cuda/ executed on the CPU: their own bodies, built by the system C++
-compiler with cuda/host_shim.h (commbench/backends/cuda_host.py), against NumPy.
+compiler with cuda/host_shim.h (commbench/backends/cuda/host.py), against NumPy.
 
 Every kernel the backends launch (reduce-copy, one-shot, two-shot reduce-scatter and
 all-gather, schedule rounds with k inputs, scale, rank_barrier) for every dtype and op,
@@ -7,12 +7,12 @@ at counts that reach each path of cb::reduce_span (nothing, one element, a pack 
 one, exact packs, UNROLL x pack x threads boundaries, odd tails), at element offsets
 that force the scalar path, on grids of one block, many blocks and more threads than
 elements; every load and 16-byte store must stay inside the buffers a launch was given.
-Then what cuda_plan computes for every schedule, and the cuda backend itself through the
+Then what backends/cuda/plan.py computes for every schedule, and the cuda backend itself through the
 harness (CuPy stood in for, the kernels real), end to end on 8 virtual ranks.
 
 The library is compiled once per session (cached by a hash of the sources); the tests
 skip, saying so, only where no C++ compiler exists. Checks are in
-commbench/backends/kernel_checks.py, which the GPU tests run on hardware too.
+commbench/backends/cuda/checks.py, which the GPU tests run on hardware too.
 """
 import bisect
 import os
@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_cuda_sched_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
-from test_cuda_sched_fake_gpu import run as run_fake_sweep
+from test_sched_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
+from test_sched_fake_gpu import run as run_fake_sweep
 
 from commbench import algorithms as A
-from commbench.backends import cuda_host as H
-from commbench.backends import cuda_kernels as K
-from commbench.backends import kernel_checks as C
+from commbench.backends.cuda import checks as C
+from commbench.backends.cuda import host as H
+from commbench.backends.cuda import kernels as K
 from commbench.collectives import DTYPES
 from commbench.topology import Topology
 
@@ -124,7 +124,7 @@ def _schedule(collective, name, count, world=8):
 
 @pytest.mark.parametrize("collective,name", SCHEDULES)
 def test_every_schedule_on_8_virtual_ranks_equals_the_reference(host_kernels, collective, name):
-    """cuda_plan's programs, tables and grids run by the kernels equal commbench.schedule.run,
+    """plan.py's programs, tables and grids run by the kernels equal commbench.schedule.run,
     every dtype and op (avg: sum, then scale), one stream for all ranks; then one stream per
     rank and blocks in reverse, as peer and ipc modes run it."""
     schedule = _schedule(collective, name, 33_333)
@@ -141,7 +141,7 @@ def test_every_schedule_on_8_virtual_ranks_equals_the_reference(host_kernels, co
 
 def test_the_schedule_check_is_not_vacuous(host_kernels, monkeypatch):
     """A launch table that drops a block's worth of input makes the check fail."""
-    from commbench.backends import cuda_plan as P
+    from commbench.backends.cuda import plan as P
 
     pack = P.pack_round
 
@@ -157,7 +157,7 @@ def test_the_schedule_check_is_not_vacuous(host_kernels, monkeypatch):
 
 
 class HostHeap(Heap):
-    """Device memory for test_cuda_fake_gpu's stand-in CuPy, but at real host addresses (256-byte
+    """Device memory for test_sched_fake_gpu's stand-in CuPy, but at real host addresses (256-byte
     aligned NumPy buffers, kept sorted by address), so that the real kernels can run on it."""
 
     def alloc(self, nbytes):
@@ -169,7 +169,7 @@ class HostHeap(Heap):
 
 
 def _host_cupy(heap, kernels, gpus):
-    """The fake CuPy of test_cuda_fake_gpu, its RawModule handing out the host build's kernels."""
+    """The fake CuPy of test_sched_fake_gpu, its RawModule handing out the host build's kernels."""
     cupy = fake_cupy(heap, gpus)
 
     class Kernel:
@@ -214,7 +214,7 @@ def host_gpus(host_kernels, monkeypatch):
                                                 ("oneshot", "float16", "max"), ("twoshot", "int8", "prod"),
                                                 ("rhd", "int64", "min"), ("tree", "uint8", "sum")])
 def test_cuda_backend_on_8_virtual_ranks_passes_the_harness_check(host_gpus, tmp_path, algorithm, dtype, op):
-    """--backend cuda itself (cuda_sched.py: buffers, tables, grids, arguments, staging, avg's
+    """--backend cuda itself (sched.py: buffers, tables, grids, arguments, staging, avg's
     scale) with the real kernels: the harness's verifiable data and its #wrong check."""
     results = run_fake_sweep(tmp_path, "virtual", 8, algorithm, dtype=dtype, op=op, sizes=(1000, 100_000))
     assert len(results) == 4 and {r["library"] for r in results} == {"cuda-virtual"}
@@ -226,8 +226,8 @@ def test_cuda_backend_peer_mode_every_collective(host_gpus, tmp_path):
 
 
 def test_the_gpu_tests_path_runs_here_on_a_numpy_cupy(host_kernels, monkeypatch):
-    """kernel_checks.GpuDevice, what test_cuda_sched.py and `commbench selftest` run on a GPU
-    (cuda_kernels.function and .reduce_copy included), driven by a CuPy that is NumPy with the
+    """checks.GpuDevice, what test_sched.py and `commbench selftest` run on a GPU
+    (kernels.function and .reduce_copy included), driven by a CuPy that is NumPy with the
     host build behind RawModule: the GPU path's own Python runs in CI too."""
     cupy = types.ModuleType("cupy")
     cupy.__dict__.update({name: getattr(np, name) for name in dir(np) if not name.startswith("__")})
@@ -276,7 +276,7 @@ def test_the_gpu_tests_path_runs_here_on_a_numpy_cupy(host_kernels, monkeypatch)
 
 def _barrier_ranks(host_kernels, world):
     """One private copy of the library per rank (its own __shared__), flag arrays laid out as
-    cuda_ipc.py lays them out: a slot per peer, the epoch, the error word."""
+    ipc.py lays them out: a slot per peer, the epoch, the error word."""
     ranks = [H.HostKernels(host_kernels.path, private=True) for _ in range(world)]
     flags = [H.aligned(world + 2, np.uint64) for _ in range(world)]
     for f in flags:
@@ -284,7 +284,7 @@ def _barrier_ranks(host_kernels, world):
     table = np.array([f.ctypes.data for f in flags], dtype=np.uint64)
 
     def launch(rank, timeout_s):
-        base = flags[rank].ctypes.data  # the arguments cuda_ipc._barrier_launch passes
+        base = flags[rank].ctypes.data  # the arguments ipc._barrier_launch passes
         args = (table, np.uint64(base), np.uint64(base + 8 * world), np.int32(rank), np.int32(world),
                 np.uint64(int(timeout_s * 1e9)), np.uint64(base + 8 * (world + 1)))
         ranks[rank].function("rank_barrier")((1,), (max(32, -(-world // 32) * 32),), args)
@@ -391,7 +391,7 @@ def test_the_cache_key_follows_the_sources(tmp_path, monkeypatch, host_kernels):
 
 
 def test_the_gpu_build_does_not_see_the_host_code(tmp_path):
-    """Preprocessed as NVRTC gets it (cuda_kernels.source, no COMMBENCH_HOST_BUILD), no host
+    """Preprocessed as NVRTC gets it (kernels.source, no COMMBENCH_HOST_BUILD), no host
     line is left and the inline PTX is; with the macro, the reverse."""
     compiler = pytest.importorskip("shutil").which("g++") or pytest.skip("needs g++ to preprocess")
     for header in ("cuda_fp16.h", "cuda_bf16.h"):

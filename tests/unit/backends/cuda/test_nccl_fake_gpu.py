@@ -1,9 +1,9 @@
-"""--backend cupy's Python side end to end without a GPU: test_cuda_sched_fake_gpu's stand-in
+"""--backend cupy's Python side end to end without a GPU: test_sched_fake_gpu's stand-in
 for CuPy, plus a stand-in for cupy.cuda.nccl that reads and writes the fake device memory the
 way NCCL does on one rank (ncclLaunchOneRank: a copy, or for avg on floats a multiply by
 1/nRanks; the dtype and op are NCCL's enum values, so a wrong dtype or op constant, count or
 pointer shows up as #wrong). The harness fills and checks every result, as the GPU test
-test_cupy_nccl.py::test_every_collective_passes_the_check does on hardware, for the same
+test_nccl.py::test_every_collective_passes_the_check does on hardware, for the same
 dtypes, ops, collectives and sizes (issue 36: floats failed there, ints passed)."""
 import sys
 import types
@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 from conftest import results_of
-from test_cuda_sched_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
+from test_sched_fake_gpu import Heap, _clear_kernel_caches, fake_cupy
 
 from commbench.backends import BackendConfig
 from commbench.bench import Sweep
@@ -140,7 +140,7 @@ def _sweep(backend, tmp_path, dtype, op):
 def test_every_collective_passes_the_check_on_one_rank(fake_nccl_gpu, tmp_path, dtype):
     """The GPU test's sweep (-N 1, every op; 1K and 4112 B for its 1048592: the same odd tail, less
     to check) through the fake: every point checked, none wrong, every NCCL call of the dtype asked for."""
-    from commbench.backends.cupy_nccl import CupyBackend
+    from commbench.backends.cuda.nccl import CupyBackend
 
     backend = CupyBackend(LaunchInfo.local(0, 1, free_port()))
     try:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from commbench import algorithms as A
-from commbench.backends import cuda_plan as P
+from commbench.backends.cuda import plan as P
 from commbench.backends.sim import RankArrays, SimBackend
 from commbench.schedule import ScheduleError, hazards, verify
 from commbench.topology import Topology
