@@ -25,7 +25,7 @@ setup(
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
     package_data={"commbench": ["presets/*.json", "presets/README.md", "presets/tuning/*.json"],
                   "commbench.analysis": ["corpus/*.json", "corpus/README.md"],
-                  "commbench.proxies": ["profiles/*.json"], "commbench.backends": ["shm_native.c"],
+                  "commbench.proxies": ["profiles/*.json"], "commbench.backends.shm": ["shm_native.c"],
                   "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
     install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],

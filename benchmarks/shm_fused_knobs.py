@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from commbench.backends import shm_native
+from commbench.backends.shm import native as shm_native
 from commbench.sizes import parse_sizes
 
 

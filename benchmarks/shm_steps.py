@@ -48,7 +48,7 @@ def halves_schedule(count: int, rounds: int):
 
 def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace) -> None:
     from commbench import collectives as C
-    from commbench.backends.shm import ShmBackend
+    from commbench.backends.shm.backend import ShmBackend
     from commbench.launch import LaunchInfo
     from commbench.topology import Topology
 

@@ -52,8 +52,9 @@ class LegacyShm:
     def arrive(self) -> None:
         b = self.b
         ctl = self.ctl
-        epoch = int(ctl[b._slot * LINE]) + 1  # a rank's epoch is its own counter (issue 27)
-        ctl[b._slot * LINE] = epoch
+        slot = b.members.index(b.rank)
+        epoch = int(ctl[slot * LINE]) + 1  # a rank's epoch is its own counter (issue 27)
+        ctl[slot * LINE] = epoch
         for peer in range(len(b.members)):
             if ctl[peer * LINE] < epoch:
                 self.wait(peer, epoch)
@@ -68,7 +69,7 @@ class LegacyShm:
             if started is None:
                 started = time.monotonic()
             if checks % 64 == 0:
-                self.b._check_peer(peer, started, reaped_only=checks < 2 * spin)
+                self.b.waits._check_peer(peer, started, reaped_only=checks < 2 * spin)
             if checks < 2 * spin:
                 os.sched_yield()
             else:
@@ -94,7 +95,7 @@ class LegacyShm:
         return call
 
     def round_plan(self, rnd, working, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
-        from commbench.backends.shm_executor import reducer as _reducer
+        from commbench.backends.shm.executor import reducer as _reducer
         from commbench.schedule import hazards
 
         b, mine = self.b, working.array
@@ -128,7 +129,7 @@ def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace, co
     import torch.distributed as dist
 
     from commbench import collectives as C
-    from commbench.backends.shm import ShmBackend
+    from commbench.backends.shm.backend import ShmBackend
     from commbench.launch import LaunchInfo
     from commbench.topology import Topology
 

@@ -119,7 +119,7 @@ class Tools:
         self.shm = None
         if tools & {"shm", "shmpy", "piped", "oneshot", "ring", "oop", "oopcopy", "shm0", "oop0", "p2p", "torch",
                     "gloo", "deepspeed"}:
-            from commbench.backends.shm import ShmBackend
+            from commbench.backends.shm.backend import ShmBackend
             from commbench.topology import Topology
 
             # ShmBackend is a TorchBackend: its gloo process group serves torch, gloo and p2p too.
@@ -143,20 +143,20 @@ class Tools:
             self.shm.algorithm = "auto"
 
     def _shmpy(self, count: int) -> Slot:
-        native, self.shm._native = self.shm._native, None  # the executor is chosen per prepared call
+        native, self.shm.runner.native = self.shm.runner.native, None  # the executor is chosen per prepared call
         try:
             slot = self._shm(count)
         finally:
-            self.shm._native = native
+            self.shm.runner.native = native
         slot.info["executor"] = "python"
         return slot
 
     def _piped(self, count: int) -> Slot:
-        self.shm.pipeline = True  # large rings cut into LLC-sized slices (ShmBackend._pipeline_slices)
+        self.shm.runner.pipeline = True  # large rings cut into LLC-sized slices (ShmExecutor.pipeline_slices)
         try:
             slot = self._shm(count)
         finally:
-            self.shm.pipeline = False
+            self.shm.runner.pipeline = False
         slot.info["pipelined"] = True
         return slot
 
@@ -165,20 +165,19 @@ class Tools:
 
     def _shm0(self, count: int, inplace: bool = True) -> Slot:
         """shm with the built-in values of the planner's knobs (shm_plan.Plan()), where `shm` runs the plan."""
-        from commbench.backends import shm_native
-        from commbench.backends.shm_plan import Plan
-        from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
+        from commbench.backends.shm import native as shm_native
+        from commbench.backends.shm.plan import Plan
+        from commbench.backends.shm.waits import OVERSUBSCRIBED_SPIN_CHECKS
 
-        backend, planned = self.shm, self.shm._native
-        built_in = shm_native.NativeExecutor(shm_native.load(), backend._ctl_address, backend._flags_address,
-                                             backend._flag_word_count, backend._my_counter, backend._peer_counters,
-                                             backend._spin_budget, OVERSUBSCRIBED_SPIN_CHECKS)
+        backend, planned = self.shm, self.shm.runner.native
+        built_in = shm_native.NativeExecutor(shm_native.load(), *backend.waits.native_layout(),
+                                             OVERSUBSCRIBED_SPIN_CHECKS)
         built_in.tune(Plan().context_values())
-        backend._native = built_in  # the executor is chosen per prepared call
+        backend.runner.native = built_in  # the executor is chosen per prepared call
         try:
             slot = self._shm(count, inplace)
         finally:
-            backend._native = planned
+            backend.runner.native = planned
         slot.info["plan"], slot.keep = "built-in", built_in
         return slot
 
@@ -203,7 +202,7 @@ class Tools:
         call = backend.prepare("allreduce", buffer, out, "sum", 0, inplace)
         slot = Slot(call, backend.barrier, backend.end_point)
         slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"],
-                     "executor": "native" if backend._native is not None else "python"}
+                     "executor": "native" if backend.runner.native is not None else "python"}
         return slot
 
     def shm_checked(self, nbytes: int, slot_time_s: float) -> dict:
@@ -370,7 +369,7 @@ def _streaming_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:
     import ctypes
     import functools
 
-    from commbench.backends import shm_native
+    from commbench.backends.shm import native as shm_native
 
     library = shm_native.load()
     ops = (shm_native.Op * 1)()

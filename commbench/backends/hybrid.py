@@ -26,10 +26,10 @@ import numpy as np
 from commbench.backends.base import BackendError
 from commbench.backends.p2p import make_poster
 from commbench.backends.schedule_base import job_topology
-from commbench.backends.shm import ShmBackend
-from commbench.backends.shm_executor import pull, reducer
-from commbench.backends.shm_segments import ShmBuffer
-from commbench.backends.shm_waits import require_x86
+from commbench.backends.shm.backend import ShmBackend
+from commbench.backends.shm.executor import pull, reducer
+from commbench.backends.shm.segments import ShmBuffer
+from commbench.backends.shm.waits import require_x86
 from commbench.backends.torch_dist import TorchBackend
 from commbench.backends.torch_lazy import LazyModule
 from commbench.launch import LaunchInfo
@@ -44,7 +44,7 @@ class HybridBackend(ShmBackend):
     name = "hybrid"
     one_host = False  # shared memory inside a node only
     native_executor = False  # its rounds interleave gloo requests: the Python executor runs them
-    pushes = False  # its rounds run through _round_plan, pulls only
+    pushes = False  # its rounds run through the executor's round_plan, pulls only
     reads_inputs = False  # out of place: the input is copied into the working buffer first
 
     def _check_layout(self, launch: LaunchInfo, topology: Topology) -> None:
@@ -75,7 +75,7 @@ class HybridBackend(ShmBackend):
 
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
         rounds = [self._hybrid_round(rnd, working, op) for rnd in schedule.rounds]
-        arrive = self._arrive_and_wait
+        arrive = self.waits.arrive_and_wait
 
         def call() -> None:
             arrive()  # node peers' inputs are in place, and nobody still reads the previous call
@@ -98,7 +98,7 @@ class HybridBackend(ShmBackend):
         rank, members = self.rank, set(self.members)
         mine = working.array
         local_round = tuple(t for t in rnd if t.src in members and t.dst in members)
-        local, staged = self._round_plan(local_round, working, op) if any(t.dst == rank for t in local_round) \
+        local, staged = self.runner.round_plan(local_round, working, op) if any(t.dst == rank for t in local_round) \
             else ([], [])
         reduce = reducer(op, mine.dtype)
         ops, apply = [], list(staged)

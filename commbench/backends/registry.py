@@ -14,7 +14,7 @@ from typing import Any
 # name -> "module:class"
 BACKENDS = {
     "torch": "commbench.backends.torch_dist:TorchBackend",
-    "shm": "commbench.backends.shm:ShmBackend",
+    "shm": "commbench.backends.shm.backend:ShmBackend",
     "p2p": "commbench.backends.p2p:P2PBackend",
     "sim": "commbench.backends.sim:SimBackend",
     "hybrid": "commbench.backends.hybrid:HybridBackend",

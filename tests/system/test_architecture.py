@@ -386,10 +386,11 @@ def test_the_size_check_can_fail(tmp_path):
 TESTS = ROOT / "tests"
 UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" / "backends",
                 "backends/cuda": ROOT / "commbench" / "backends" / "cuda",
+                "backends/shm": ROOT / "commbench" / "backends" / "shm",
                 "costmodel": ROOT / "commbench" / "costmodel",
                 "analysis": ROOT / "analysis", "proxies": ROOT / "proxies"}  # tests/unit/<key>/ -> its modules
 # A folder's names tested under another key: commands/, or a subfolder's own key (unit/costmodel/, unit/backends/cuda/).
-TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda"}}
+TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda", "shm"}}
 
 
 def _names_in(folder: Path) -> set[str]:
@@ -473,8 +474,9 @@ UNTESTED_BY_NAME = {
     # backends run by the harness's and the commands' tests, by name (--backend)
     "backends/torch_dist": "commands/test_sweep.py, test_proxy.py (the default backend)",
     "backends/sim": "unit/commbench/test_bench_schedules.py, unit/analysis/test_fit_round_trip.py",
-    "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_waits.py",
-    "backends/shm_segments": "unit/commbench/test_bench_schedules.py, unit/backends/test_shm_native.py",
+    "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_waits.py",
+    "backends/shm/backend": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_*.py (ShmBackend's runs)",
+    "backends/shm/segments": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_native.py",
     # the cuda wing's GPU parts: run only where a GPU is (tests/unit/backends/cuda/test_sched.py, test_nccl.py skip
     # without one), and without one through the stand-in CuPy (test_*fake_gpu.py) and the host build (test_host.py)
     "backends/cuda/device": "unit/backends/cuda/test_sched*.py, test_nccl*.py",

@@ -28,7 +28,7 @@ def test_a_job_past_its_time_is_stopped_with_its_children(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "stopped: no result in 1 s" in proc.stdout
     child = int(marker.read_text())
-    from commbench.backends.shm_waits import alive as _alive
+    from commbench.backends.shm.waits import alive as _alive
 
     for _ in range(200):  # the killed child may take a moment to end (a zombie counts as ended: a container's
         if not _alive(child):  # PID 1 may never reap it)

@@ -2,9 +2,9 @@
 
 A call runs as one flat plan of steps (barriers, copies, reductions over views fixed when the call
 is prepared), executed by the native executor (shm_native.c: the whole plan in one ctypes call; its
-barrier spins, then hands the wait back to shm_waits to block) or by the Python one below (one NumPy
-call or barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (shm_native.py).
-Both keep the barrier protocol (shm_waits.py) on the same counters and give bitwise the same results.
+barrier spins, then hands the wait back to waits.py to block) or by the Python one below (one NumPy
+call or barrier closure per step), the reference and the fallback: $COMMBENCH_SHM_EXECUTOR (native.py).
+Both keep the barrier protocol (waits.py) on the same counters and give bitwise the same results.
 A transfer is a pull: the destination rank reads the source's chunk straight from the source's segment
 and adds it into (NumPy), or copies it into, its own buffer; nothing is copied twice. The exception is a
 push (schedule.pushed_ahead): a copy the source runs into the destination's buffer at the end of the
@@ -24,59 +24,63 @@ from typing import Any, Callable
 
 import numpy as np
 
-from commbench.backends import shm_native, shm_plan
 from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
-from commbench.backends.shm_segments import ShmBuffer
-from commbench.backends.shm_waits import OVERSUBSCRIBED_SPIN_CHECKS
+from commbench.backends.shm import native
+from commbench.backends.shm import plan as shm_plan
+from commbench.backends.shm.segments import ShmBuffer
+from commbench.backends.shm.waits import OVERSUBSCRIBED_SPIN_CHECKS, Barrier
 from commbench.schedule import Schedule, Transfer, hazards, input_reads, pipelined, pushed_ahead
 
 PIPELINE_SLICES_PER_LLC = 8  # in flight per round: ~4 slices (a reduce and a copy, 2 ranks) in the cache
 _NUMPY_REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
+def choose_native(control, rank: int, timeout_s: float, barrier: Barrier,
+                  allowed: bool) -> tuple[native.NativeExecutor | None, str, str | None, shm_plan.Chosen | None]:
+    """(native state or None, which executor runs, the header's note when auto fell back to python, the plan
+    it runs with); the native one runs with the planner's values (plan.py: rank 0's, on every rank, through
+    the control channel `control`). `allowed`: the backend runs its calls natively when it can."""
+    try:
+        wanted = native.requested()
+        shm_plan.override()  # a bad $COMMBENCH_SHM_PLAN: the same line on every rank, before any waits
+    except ValueError as exc:
+        raise BackendError(str(exc)) from exc
+    if wanted == "python" or not allowed:
+        return None, "python", None, None
+    try:
+        library, path = native.load_built()
+    except native.NativeUnavailable as exc:
+        library, path, why = None, None, exc
+    chosen = control.broadcast_object(shm_plan.choose(path, job_timeout_s=timeout_s) if rank == 0 and path else None)
+    if library is None:
+        if wanted == "native":
+            raise BackendError(f"${native.EXECUTOR_VAR}=native: {why}") from why
+        return None, "python", f"note: shm executor python, the native fast path is unavailable here: {why}", None
+    state = native.NativeExecutor(library, *barrier.native_layout(), OVERSUBSCRIBED_SPIN_CHECKS)
+    chosen = chosen or shm_plan.Chosen(shm_plan.Plan(), "default: rank 0 runs no native executor")
+    state.tune(chosen.plan.context_values())
+    return state, "native", None, chosen
+
+
 class ShmExecutor:
-    """How ShmBackend runs a schedule (a part of it: it reads the backend's members, rank, buffers
-    (_peer_array), control segment (_ctl_address, _flags_address, ...) and barrier (_arrive_and_wait))."""
-    native_executor = True  # runs its calls through shm_native when it builds ($COMMBENCH_SHM_EXECUTOR)
-    # Large rings as a wavefront of LLC-sized slices (_pipeline_slices): off, as measured (docs/performance.md):
+    """How ShmBackend runs a schedule (the backend owns one): this rank's place among the `members`,
+    the buffers it reads (`peer_array(rank, buffer)`: a peer's view of a buffer), the barrier it meets
+    (waits.Barrier) and the native state (None: the Python executor runs every call)."""
+    # Large rings as a wavefront of LLC-sized slices (pipeline_slices): off, as measured (docs/performance.md):
     # at 256 MiB 1.05x faster once, 1.6-2.3x slower in the later runs, quiet or loaded (33 barriers per call
     # instead of 3, each a rendezvous of two ranks, and slices below the non-temporal copy threshold).
     pipeline = False
-    # Copies that a round's source can run at the end of the round before (schedule.pushed_ahead) are pushed
-    # into the peer's buffer there: the native executor fuses a reduce with the push of its result, and a
-    # round left empty loses its barrier; `auto` runs a ring on 2 ranks at every size (algorithms.choose;
-    # docs/algorithms.md, "Pushes"; False: every transfer a pull, and auto's rule without pushes).
-    pushes = True
-    reads_inputs = True  # out of place, reads the input where a copy of it would be read (executor_reading)
 
-    def _choose_executor(self) -> tuple[shm_native.NativeExecutor | None, str, str | None]:
-        """(native state or None, which executor runs, the header's note when auto fell back to python);
-        the native one runs with the planner's values (shm_plan.py: rank 0's, on every rank)."""
-        self.plan_chosen = None
-        try:
-            wanted = shm_native.requested()
-            shm_plan.override()  # a bad $COMMBENCH_SHM_PLAN: the same line on every rank, before any waits
-        except ValueError as exc:
-            raise BackendError(str(exc)) from exc
-        if wanted == "python" or not self.native_executor:
-            return None, "python", None
-        try:
-            library, path = shm_native.load_built()
-        except shm_native.NativeUnavailable as exc:
-            library, path, why = None, None, exc
-        chosen = self.control.broadcast_object(shm_plan.choose(path, job_timeout_s=self.timeout_s)
-                                               if self.rank == 0 and path else None)
-        if library is None:
-            if wanted == "native":
-                raise BackendError(f"${shm_native.EXECUTOR_VAR}=native: {why}") from why
-            return None, "python", f"note: shm executor python, the native fast path is unavailable here: {why}"
-        native = shm_native.NativeExecutor(library, self._ctl_address, self._flags_address, self._flag_word_count,
-                                           self._my_counter, self._peer_counters, self._spin_budget,
-                                           OVERSUBSCRIBED_SPIN_CHECKS)
-        self.plan_chosen = chosen or shm_plan.Chosen(shm_plan.Plan(), "default: rank 0 runs no native executor")
-        native.tune(self.plan_chosen.plan.context_values())
-        return native, "native", None
+    def __init__(self, rank: int, members: list[int], peer_array: Callable[[int, ShmBuffer], np.ndarray],
+                 barrier: Barrier, state: native.NativeExecutor | None, pushes: bool) -> None:
+        self.rank, self.members, self._peer_array, self._barrier = rank, members, peer_array, barrier
+        self.native = state  # the compiled executor's state, or None
+        # Copies that a round's source can run at the end of the round before (schedule.pushed_ahead) are pushed
+        # into the peer's buffer there (ShmBackend.pushes; the native executor fuses a reduce with the push of
+        # its result, and a round left empty loses its barrier).
+        self.pushes = pushes
+        self.llc_bytes = native.llc_bytes()
 
     def executor(self, schedule: Schedule, working: ShmBuffer, op: str) -> Callable[[], None]:
         """The whole call as one flat plan of steps (pulls and barriers), run by the native executor
@@ -87,20 +91,18 @@ class ShmExecutor:
                          op: str) -> Callable[[], None] | None:
         """Out of place: the plan reads each rank's input (`source`) where the working buffer would
         still hold a copy of it (schedule.input_reads), so no copy runs first (None: it would be needed)."""
-        if not self.reads_inputs:
-            return None
         plan = self._plan(schedule, working, source)
         return None if plan is None else self._call(plan, working, op)
 
     def _call(self, plan: list[tuple], working: ShmBuffer, op: str) -> Callable[[], None]:
-        if self._native is not None and shm_native.unsupported(working.array.dtype, op) is None:
+        if self.native is not None and native.unsupported(working.array.dtype, op) is None:
             # Large copies bypass the cache where the ranks' buffers do not fit in it anyway (paired against
             # Open MPI, quiet, 21:23-21:24: 16 MiB 0.84-0.96 without, 0.87-1.13 with; but at 4 MiB, where they
             # fit, streaming cost 0.99 -> 0.72, so it is only for buffers past the LLC). Out of place the ranks touch
             # twice that (inputs and outputs), but counting both cost 8 MiB 153 -> 224 us and gained nothing at
             # 4-32 MiB (three alternating sweeps each, unpaired, 2026-11-26 04:54), so the outputs alone decide.
-            return self._native_call(plan, op, working.array.nbytes * len(self.members) >= self._llc_bytes)
-        reduce, arrive = reducer(op, working.array.dtype), self._arrive_and_wait
+            return self._native_call(plan, op, working.array.nbytes * len(self.members) >= self.llc_bytes)
+        reduce, arrive = reducer(op, working.array.dtype), self._barrier.arrive_and_wait
         ops = tuple(arrive if step[0] == "barrier" else _python_step(reduce, step) for step in plan)
 
         def call() -> None:
@@ -111,17 +113,18 @@ class ShmExecutor:
     def _native_call(self, plan: list[tuple], op: str, stream: bool) -> Callable[[], None]:
         """The plan as native Ops; a barrier that outlasts the spin returns here to block (and to notice a
         dead peer or the timeout), then the call resumes at that barrier."""
-        native = self._native
-        ops = native.ops(plan, op, stream)
-        run, ops_address, count, context = native.run, ctypes.addressof(ops), len(plan), native.address
-        first = native.first_call(ops)
+        state = self.native
+        ops = state.ops(plan, op, stream)
+        run, ops_address, count, context = state.run, ctypes.addressof(ops), len(plan), state.address
+        first, stalled, blocked = state.first_call(ops), state.stalled, state.blocked
+        wait_long = self._barrier.wait_long
 
         def call() -> None:
             at = first()
             while at >= 0:
                 started = time.perf_counter()
-                self._wait_long(*native.stalled())
-                native.blocked(time.perf_counter() - started)
+                wait_long(*stalled())
+                blocked(time.perf_counter() - started)
                 at = run(ops_address, count, at, 1, context)
         call.keep = (ops, plan)  # the Op array and the views its pointers point into live as long as the call
         return call
@@ -131,7 +134,7 @@ class ShmExecutor:
         fixed now (a push is a copy into a peer's buffer). `source`: read the input where the schedule
         reads what a copy of it would hold (None returned when that does not work for this schedule)."""
         plan: list[tuple] = [_BARRIER]  # every rank's input is in place, nobody reads the last call
-        sliced = pipelined(schedule, self._pipeline_slices(schedule, working.array.itemsize))
+        sliced = pipelined(schedule, self.pipeline_slices(schedule, working.array.itemsize))
         rounds, ahead = sliced.rounds, pushed_ahead(sliced) if self.pushes else ((),) * sliced.steps
         reads = input_reads(sliced) if source is not None else ({},) * sliced.steps
         if reads is None:
@@ -155,17 +158,17 @@ class ShmExecutor:
                 plan.append(_BARRIER)
         return plan
 
-    def _pipeline_slices(self, schedule: Schedule, itemsize: int) -> int:
+    def pipeline_slices(self, schedule: Schedule, itemsize: int) -> int:
         """Into how many slices a ring's chunks are cut (schedule.pipelined) when the ranks' buffers
         together exceed the last-level cache: a slice of 1/PIPELINE_SLICES_PER_LLC of it, so that a
         chunk a peer has just reduced is copied from the cache, not from memory (1: not cut)."""
         if not self.pipeline or schedule.name != "ring" or \
-                schedule.count * itemsize * schedule.world <= self._llc_bytes:
+                schedule.count * itemsize * schedule.world <= self.llc_bytes:
             return 1
         largest = max(t.count for rnd in schedule.rounds for t in rnd) * itemsize
-        return -(-largest // (self._llc_bytes // PIPELINE_SLICES_PER_LLC))
+        return -(-largest // (self.llc_bytes // PIPELINE_SLICES_PER_LLC))
 
-    def _round_plan(self, rnd, working: ShmBuffer, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
+    def round_plan(self, rnd, working: ShmBuffer, op: str) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
         """One round's steps as Python callables (the hybrid backend's executor)."""
         reduce = reducer(op, working.array.dtype)
         steps, staged = self._round_steps(rnd, working)

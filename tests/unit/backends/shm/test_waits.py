@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import commbench, results_of
 
-from commbench.backends.shm_waits import FUTEX as _FUTEX
+from commbench.backends.shm.waits import FUTEX as _FUTEX
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 OVERSUBSCRIBED = min(8, max(4, CORES + 2))  # more ranks than this machine has cores (4 on a 2-core box)

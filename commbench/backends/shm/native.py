@@ -1,15 +1,15 @@
 """shm_native: the shm executor's compiled fast path (shm_native.c), built at run time, loaded with ctypes.
 
 The shm backend turns a schedule into a flat plan of steps (barrier, copy, reduce over fixed views,
-shm_executor.py `_plan`). The Python executor calls one NumPy function or barrier closure per step; this
+executor.py `_plan`). The Python executor calls one NumPy function or barrier closure per step; this
 one hands the whole plan to C once, as an array of `Op`, and a call is one ctypes call
-(shm_native.c says how the barrier and the kernels work; they keep shm_waits.py's protocol, so the two
+(shm_native.c says how the barrier and the kernels work; they keep waits.py's protocol, so the two
 executors interoperate and give bitwise the same results for the same plan).
 
 Which executor runs is $COMMBENCH_SHM_EXECUTOR:
   auto    native if it builds (and supports the call's dtype), else python, with one note in the header;
   native  native or a clear error;
-  python  the reference executor (shm_executor.py), always.
+  python  the reference executor (executor.py), always.
 The library is compiled once with the C compiler ($CC, else cc, gcc, clang) into a cache folder keyed
 by a hash of the source, the compiler, its flags and this CPU (built with -march=native):
 $COMMBENCH_CACHE_DIR, else $XDG_CACHE_HOME/commbench, else ~/.cache/commbench (build_cache.py).
@@ -39,7 +39,7 @@ REDUCTIONS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 0}  # avg: a sum, 
 DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int8): 2, np.dtype(np.uint8): 3,
           np.dtype(np.int32): 4, np.dtype(np.int64): 5}  # float16 and bfloat16 (uint16 storage) stay in Python
 NT_MIN_BYTES = 256 << 10  # streaming copies from this size use non-temporal stores (shm_native.c)
-NS_PER_CHECK = 100  # shm_waits.py's spin budgets count Python reads of ~100 ns; the C spin counts time
+NS_PER_CHECK = 100  # waits.py's spin budgets count Python reads of ~100 ns; the C spin counts time
 
 
 class NativeUnavailable(Exception):
@@ -123,7 +123,7 @@ def _load(path: str) -> ctypes.CDLL:
     library.cb_shm_run.restype = ctypes.c_int64
     library.cb_shm_layout.argtypes, library.cb_shm_layout.restype = [ctypes.c_int64], ctypes.c_int64
     if (library.cb_shm_layout(0), library.cb_shm_layout(1)) != (ctypes.sizeof(Op), ctypes.sizeof(Context)):
-        raise NativeUnavailable(f"{LIBRARY}'s structures differ from shm_native.py's")
+        raise NativeUnavailable(f"{LIBRARY}'s structures differ from native.py's")
     return library
 
 
@@ -198,7 +198,7 @@ class NativeExecutor:
         """After a wait that outlasted the spin and blocked for `seconds`: had the whole wait fit in the
         budget, a longer spin would have caught it without a wake-up (double the spin); else spinning
         only held a core that other processes, the peer among them, could use (halve it). Under other
-        processes' load, shm_waits.py's rule (halve on every block) left the spin at its floor and every
+        processes' load, waits.py's rule (halve on every block) left the spin at its floor and every
         barrier blocking at 1 KiB (6.9-7.6 us per call against 1.7-2.1 us, same load), and a spin
         that never shrinks cost ~2 ms per barrier whenever the peer was descheduled (256 MiB, 33
         barriers per call: 80-190 ms against 26 ms; docs/performance.md)."""

@@ -1,11 +1,11 @@
 """shm: commbench's schedules on one host, through POSIX shared memory.
 
-Every buffer the harness allocates lives in a shared-memory segment (shm_segments.py), so
+Every buffer the harness allocates lives in a shared-memory segment (segments.py), so
 a peer reads a chunk straight from the rank that holds it. The backend is three parts:
 the segments and their lifecycle (here: created per point, the control segment once), the
-barrier and its waits on the control segment's counters (shm_waits.py), and the schedule
-executor, a call as one flat plan of pulls and barriers run natively or by the Python
-reference (shm_executor.py).
+barrier and its waits on the control segment's counters (waits.Barrier, which it owns), and the
+schedule executor, a call as one flat plan of pulls and barriers run natively or by the Python
+reference (executor.ShmExecutor, which it owns).
 
 Segments are unlinked after every point, at exit, on
 SIGTERM, and, for ranks that `commbench sweep` spawned, by the spawner after the
@@ -21,13 +21,21 @@ import sys
 
 import numpy as np
 
-from commbench.backends import shm_native, shm_plan
 from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
-from commbench.backends.shm_executor import ShmExecutor
-from commbench.backends.shm_segments import Segment, ShmBuffer, shm_page_note, unlink
-from commbench.backends.shm_waits import LINE, OVERSUBSCRIBED_SPIN_CHECKS, SPIN_CHECKS, ShmWaits, require_x86
+from commbench.backends.shm import native
+from commbench.backends.shm import plan as shm_plan
+from commbench.backends.shm.executor import ShmExecutor, choose_native
+from commbench.backends.shm.segments import Segment, ShmBuffer, shm_page_note, unlink
+from commbench.backends.shm.waits import (
+    LINE,
+    OVERSUBSCRIBED_SPIN_CHECKS,
+    SPIN_CHECKS,
+    Barrier,
+    control_nbytes,
+    require_x86,
+)
 from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DTYPES, DType
 from commbench.environment import affinity_text, cpu_affinity, host_cores
@@ -35,9 +43,16 @@ from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, new_job_id, peer_wa
 from commbench.topology import Topology
 
 
-class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
+class ShmBackend(ScheduleBackend, TorchBackend):
     name = "shm"
     one_host = True
+    native_executor = True  # runs its calls through native.py when it builds ($COMMBENCH_SHM_EXECUTOR)
+    # Copies that a round's source can run at the end of the round before (schedule.pushed_ahead) are pushed
+    # into the peer's buffer there: the native executor fuses a reduce with the push of its result, and a
+    # round left empty loses its barrier; `auto` runs a ring on 2 ranks at every size (algorithms.choose;
+    # docs/algorithms.md, "Pushes"; False: every transfer a pull, and auto's rule without pushes).
+    pushes = True
+    reads_inputs = True  # out of place, reads the input where a copy of it would be read (executor_reading)
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)
@@ -49,15 +64,15 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
         self._wait_s = peer_wait_s(timeout_s)  # as the control plane's: the rest is for stopping the job
         cores = self._host_cores()
         self._spin_budget = SPIN_CHECKS if self._ranks_on_host(launch) <= cores else OVERSUBSCRIBED_SPIN_CHECKS
-        self._spin = self._spin_budget  # adapts between OVERSUBSCRIBED_SPIN_CHECKS and the budget (_wait)
         self.job = self.control.broadcast_object(  # rank 0's: the spawner's id, else a new one under the job tag
             os.environ.get(SPAWN_VAR) or new_job_id())
         self._own: dict[int, Segment] = {}
         self._peers: dict[tuple[int, int], Segment] = {}
         self._seq = 0
-        self._ctl = self._control_segment()
-        self._native, self.executor_name, self._executor_note = self._choose_executor()
-        self._llc_bytes = shm_native.llc_bytes()
+        self.waits = self._control_segment()  # the barrier and its waits
+        state, self.executor_name, self._executor_note, self.plan_chosen = choose_native(
+            self.control, self.rank, timeout_s, self.waits, self.native_executor)
+        self.runner = ShmExecutor(self.rank, self.members, self._peer_array, self.waits, state, self.pushes)
         atexit.register(self._cleanup)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: unlink the segments
@@ -86,7 +101,7 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
     @classmethod
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
         try:
-            shm_native.requested()  # a bad $COMMBENCH_SHM_EXECUTOR is one line before any rank starts
+            native.requested()  # a bad $COMMBENCH_SHM_EXECUTOR is one line before any rank starts
             shm_plan.override()  # and so is a bad $COMMBENCH_SHM_PLAN
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
@@ -94,14 +109,25 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
 
     def setup_text(self) -> str:
         text = f"{super().setup_text()}, executor {self.executor_name}"
-        return text + " (float16 and bfloat16: python)" if self._native is not None else text
+        return text + " (float16 and bfloat16: python)" if self.runner.native is not None else text
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
-        plan = self.plan_chosen.note() if self._native is not None and self.plan_chosen else None
+        plan = self.plan_chosen.note() if self.runner.native is not None and self.plan_chosen else None
         return [note for note in (self._executor_note, shm_page_note(), plan) if note]
 
     def header_fields(self) -> dict:
-        return {"shm_plan": self.plan_chosen.fields()} if self._native is not None and self.plan_chosen else {}
+        return {"shm_plan": self.plan_chosen.fields()} if self.runner.native is not None and self.plan_chosen else {}
+
+    # ---------------------------------------------------------------- the owned parts
+
+    def executor(self, schedule, working: ShmBuffer, op: str):
+        return self.runner.executor(schedule, working, op)
+
+    def executor_reading(self, schedule, working: ShmBuffer, source: ShmBuffer, op: str):
+        return self.runner.executor_reading(schedule, working, source, op) if self.reads_inputs else None
+
+    def barrier(self) -> None:
+        self.waits.arrive_and_wait()
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:
@@ -112,34 +138,23 @@ class ShmBackend(ShmWaits, ShmExecutor, ScheduleBackend, TorchBackend):
     def _path(self, rank: int, seq: int | str) -> str:
         return os.path.join(SHM_DIR, f"{segment_prefix(self.job)}{rank}_{seq}")
 
-    def _control_segment(self) -> np.ndarray:
-        """One counter per member on its own cache line, then the members' pids. Created by the
-        first member; every rank waits on the (untimed) control plane until it exists."""
+    def _control_segment(self) -> Barrier:
+        """One counter per member on its own cache line, then the members' pids, then the flags
+        (waits.control_nbytes). Created by the first member; every rank waits on the (untimed) control
+        plane until it exists."""
         members, leader = self.members, self.members[0]
-        flag_lines = -(-len(members) // (LINE * 8))  # one byte per member, after the counters and pids
-        nbytes = (len(members) * LINE * 2 + flag_lines * LINE) * 8
+        nbytes = control_nbytes(len(members))
         if self.rank == leader:
             self._ctl_seg = Segment(self._path(leader, "ctl"), nbytes, create=True)
         self.gather_objects(None)
         if self.rank != leader:
             self._ctl_seg = Segment(self._path(leader, "ctl"), nbytes, create=False)
         ctl = np.frombuffer(self._ctl_seg.map, dtype=np.int64)
-        self._slot = members.index(self.rank)
-        ctl[(len(members) + self._slot) * LINE] = os.getpid()  # second half: pids, to notice dead peers
+        slot = members.index(self.rank)
+        ctl[(len(members) + slot) * LINE] = os.getpid()  # second half: pids, to notice dead peers
         self.gather_objects(None)
-        self._pids = [int(ctl[(len(members) + i) * LINE]) for i in range(len(members))]
-        # The hot path reads through memoryviews (~80 ns per read against NumPy's ~130 ns).
-        self._counters = memoryview(self._ctl_seg.map).cast("q")
-        flags_at = len(members) * LINE * 2 * 8
-        self._flags = memoryview(self._ctl_seg.map)[flags_at:flags_at + flag_lines * LINE * 8]
-        self._flag_words = self._flags.cast("Q")
-        self._flag_word_count = -(-len(members) // 8)
-        self._flags_address = ctl.ctypes.data + flags_at
-        self._my_counter = self._slot * LINE
-        self._peer_counters = [i * LINE for i in range(len(members)) if i != self._slot]
-        self._ctl_address = ctl.ctypes.data
-        self._arrive_and_wait = self._barrier_closure()
-        return ctl
+        pids = [int(ctl[(len(members) + i) * LINE]) for i in range(len(members))]
+        return Barrier(self._ctl_seg.map, ctl.ctypes.data, members, slot, pids, self._spin_budget, self._wait_s)
 
     def alloc(self, count: int, dtype: DType) -> ShmBuffer:
         seq, self._seq = self._seq, self._seq + 1

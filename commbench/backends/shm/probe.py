@@ -1,5 +1,5 @@
-"""shm_probe: the planner's measurement (shm_plan.py), in a process of its own: `python -m
-commbench.backends.shm_probe LIBRARY` prints one JSON object, the chosen plan and the figures behind it.
+"""probe: the planner's measurement (plan.py), in a process of its own: `python -m
+commbench.backends.shm.probe LIBRARY` prints one JSON object, the chosen plan and the figures behind it.
 
 Two forked workers (the two ranks of a 2-rank ring on two cores) run the fused reduce-and-push of
 shm_native.c on shared mappings (shmem pages, as the shm segments are), started together and timed
@@ -27,8 +27,8 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from commbench.backends import shm_native
-from commbench.backends.shm_plan import Plan
+from commbench.backends.shm import native as shm_native
+from commbench.backends.shm.plan import Plan
 
 ROUNDS, REPS = 6, 2
 KEEP_UNLESS = 1.03  # and the lower quartile of the ratios at least 1: most rounds agree

@@ -1,10 +1,12 @@
-"""The planner's measurement (commbench/backends/shm_probe.py): its rule keeps the incumbent unless a
+"""The planner's measurement (commbench/backends/shm/probe.py): its rule keeps the incumbent unless a
 candidate wins in most rounds, and a real probe gives a valid plan with its figures (no timing asserted)."""
 import numpy as np
 import pytest
 
-from commbench.backends import shm_native, shm_plan, shm_probe
-from commbench.backends.shm_plan import Plan
+from commbench.backends.shm import native as shm_native
+from commbench.backends.shm import plan as shm_plan
+from commbench.backends.shm import probe as shm_probe
+from commbench.backends.shm.plan import Plan
 
 try:
     LIBRARY = shm_native.load_built()[1]

@@ -1,4 +1,4 @@
-"""shm's planner (commbench/backends/shm_plan.py): measured once, cached beside the library with the
+"""shm's planner (commbench/backends/shm/plan.py): measured once, cached beside the library with the
 machine's identity, measured again when that changes, overridden by $COMMBENCH_SHM_PLAN (a bad value
 is one line, exit 2), and the values in the run's header. No timing is asserted: the measurement is
 replaced by a stand-in that counts its calls, except in the sweep, which uses an override."""
@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import clean_env, commbench
 
-from commbench.backends import shm_plan
-from commbench.backends.shm_plan import Plan
+from commbench.backends.shm import plan as shm_plan
+from commbench.backends.shm.plan import Plan
 
 
 @pytest.fixture

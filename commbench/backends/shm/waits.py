@@ -43,14 +43,48 @@ BLOCK_TIMEOUT_NS = 1_000_000  # a blocked wait re-reads the counter (and misses 
 PEER_CHECK_BLOCKS = 64  # blocked waits between checks for a dead peer or the timeout (~64 ms at most)
 
 
-class ShmWaits:
-    """The barrier and the waits of ShmBackend, a part of it: the control segment, laid out by
-    ShmBackend._control_segment (shm.py), sets what they read (_counters, _flags, _flag_words,
-    _flag_word_count, _slot, _my_counter, _peer_counters, _ctl_address, _pids, members, _spin,
-    _spin_budget, _wait_s)."""
+def control_nbytes(members: int) -> int:
+    """The control segment's size for `members` ranks: one counter per member on its own cache line,
+    then the members' pids (as many lines), then one flag byte per member."""
+    return (members * LINE * 2 + _flag_lines(members) * LINE) * 8
+
+
+def _flag_lines(members: int) -> int:
+    return -(-members // (LINE * 8))
+
+
+class Barrier:
+    """The barrier of the members and the waits behind it, on the control segment `mapped` (laid out as
+    control_nbytes says; ShmBackend creates it and owns this object). Its public part: arrive_and_wait
+    (the barrier, a closure), wait_long (the native executor's stalled waits), and the layout the native
+    executor shares (native_layout)."""
+
+    def __init__(self, mapped, address: int, members: list[int], slot: int, pids: list[int],
+                 spin_budget: int, wait_s: float) -> None:
+        count = len(members)
+        self.members, self._pids, self._slot, self._wait_s = members, pids, slot, wait_s
+        self._spin_budget = spin_budget
+        self._spin = spin_budget  # adapts between OVERSUBSCRIBED_SPIN_CHECKS and the budget (_wait)
+        # The hot path reads through memoryviews (~80 ns per read against NumPy's ~130 ns).
+        self._counters = memoryview(mapped).cast("q")
+        flags_at = count * LINE * 2 * 8
+        self._flags = memoryview(mapped)[flags_at:flags_at + _flag_lines(count) * LINE * 8]
+        self._flag_words = self._flags.cast("Q")
+        self._flag_word_count = -(-count // 8)
+        self._flags_address = address + flags_at
+        self._my_counter = slot * LINE
+        self._peer_counters = [i * LINE for i in range(count) if i != slot]
+        self._ctl_address = address
+        self.arrive_and_wait = self._barrier_closure()
+
+    def native_layout(self) -> tuple[int, int, int, int, list[int], int]:
+        """(counters' address, flags' address, flag words, my counter's index, the peers' indices, spin budget):
+        what the native executor (native.NativeExecutor) needs to keep this barrier's protocol."""
+        return (self._ctl_address, self._flags_address, self._flag_word_count, self._my_counter,
+                self._peer_counters, self._spin_budget)
 
     def _barrier_closure(self) -> Callable[[], None]:
-        """The barrier of the members through the control segment (self._arrive_and_wait): bump my
+        """The barrier of the members through the control segment (self.arrive_and_wait): bump my
         counter, wake blocked waiters if a flag says there are any, wait for every peer's counter.
         A closure over locals: it runs once or twice per schedule step, and every attribute lookup
         it saves is ~30 ns of the executor's cost per step."""
@@ -82,13 +116,13 @@ class ShmWaits:
             if checks < 2 * spin:
                 os.sched_yield()
                 continue
-            self._wait_long(index, epoch)
+            self.wait_long(index, epoch)
             self._spin = max(OVERSUBSCRIBED_SPIN_CHECKS, spin // 2)
             return
         if spin < self._spin_budget:  # ended spinning or yielding: a longer spin would have caught it
             self._spin = min(self._spin_budget, 2 * spin)
 
-    def _wait_long(self, index: int, epoch: int) -> None:
+    def wait_long(self, index: int, epoch: int) -> None:
         """The wait after the spin: block in the kernel (or sleep), checking the peer and the timeout."""
         if FUTEX.available:
             self._block(index, epoch)
@@ -127,9 +161,6 @@ class ShmWaits:
             raise RuntimeError(f"rank {rank} (pid {pid}) died")
         if time.monotonic() - started > self._wait_s:
             raise RuntimeError(f"timed out after {self._wait_s:.3g} s waiting for rank {rank}")
-
-    def barrier(self) -> None:
-        self._arrive_and_wait()
 
 
 class _Futex:

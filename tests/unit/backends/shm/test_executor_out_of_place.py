@@ -25,12 +25,12 @@ def _inputs(index: int, rank: int, dtype: str, count: int) -> np.ndarray:
 def _rank(rank: int, world: int, port: int, executor: str, queue) -> None:
     os.environ["COMMBENCH_SHM_EXECUTOR"] = executor
     from commbench import collectives as C
-    from commbench.backends.shm import ShmBackend
+    from commbench.backends.shm.backend import ShmBackend
     from commbench.launch import LaunchInfo
     from commbench.schedule import run
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
-    backend.pipeline, backend._llc_bytes = True, 64 << 10  # the larger ring runs pipelined, as in test_shm_native
+    backend.runner.pipeline, backend.runner.llc_bytes = True, 64 << 10  # the larger ring runs pipelined, as test_native
     report = []
     for index, (algorithm, dtype_name, op, count) in enumerate(CASES):
         backend.algorithm, dtype = algorithm, C.resolve_dtype(dtype_name)
@@ -60,7 +60,7 @@ def _rank(rank: int, world: int, port: int, executor: str, queue) -> None:
 @pytest.mark.parametrize("executor", ["native", "python"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_out_of_place_reads_the_inputs_and_computes_the_collective(executor, world, clean_shm):  # noqa: F811
-    from commbench.backends import shm_native
+    from commbench.backends.shm import native as shm_native
     from commbench.launch import free_port
 
     if executor == "native":

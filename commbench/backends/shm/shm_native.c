@@ -1,7 +1,7 @@
-/* shm_native.c: the shm backend's per-call path in C (commbench/backends/shm_native.py builds and loads it).
+/* shm_native.c: the shm backend's per-call path in C (commbench/backends/shm/native.py builds and loads it).
 
 Purpose: one allreduce (any schedule) on the shm backend as ONE call from Python. The Python executor
-(shm_executor.py) calls one NumPy function per pull and runs each barrier in Python: ~0.15 us per barrier and
+(executor.py) calls one NumPy function per pull and runs each barrier in Python: ~0.15 us per barrier and
 ~0.2-0.4 us per NumPy call of fixed cost, ~0.75 us per 1 KiB one-shot call before any waiting. Here
 the same pre-built list of operations (barriers, copies, reductions over the same views, in the same
 order) runs in a C loop, so a 1 KiB call costs one ctypes call plus the bytes.
@@ -10,21 +10,21 @@ Approach:
 - An operation is a barrier, a copy (out = a) or a reduction (out = a op b, elementwise: the same
   arithmetic as NumPy's ufunc with the same operands, so sums are bitwise identical to the Python
   executor's; integers wrap as NumPy's do: computed as unsigned).
-- A barrier is shm_waits.py's protocol on the same control segment: my counter is my epoch; bump it
+- A barrier is waits.py's protocol on the same control segment: my counter is my epoch; bump it
   (a release store), wake futex waiters if some rank raised its flag, then wait until every peer's
   counter has reached the epoch. The wait spins (pause) for `spin_ns`; if the peer is still not
   there the call returns the index of the barrier, and Python blocks (futex), checks for a dead peer and the timeout, and resumes here.
   The spin adapts: doubled here (up to the budget) by a wait that ended while spinning; after a
   wait that blocked, Python doubles it if the whole wait fit in the budget and halves it (down
-  to `spin_floor_ns`) if not (shm_native.py `blocked` says why).
+  to `spin_floor_ns`) if not (native.py `blocked` says why).
 - Copies marked `stream` (the ranks' buffers together do not fit in the last-level cache) of at
   least `nt_bytes` use non-temporal stores: no read for ownership of lines that would only be
   evicted again. Where the buffers fit, the result stays in the cache for the next call. An sfence
   before every barrier makes the stores visible before the counter moves.
 - A push is a copy into a peer's buffer (schedule.pushed_ahead). A reduce followed by the push of its
-  result is one operation (`out2`, fused by shm_native.py): each block is reduced in L1 and stored to
+  result is one operation (`out2`, fused by native.py): each block is reduced in L1 and stored to
   both buffers, streaming as a copy would. The block's size, which outputs stream (in place and out of
-  place apart) and a prefetch distance are context fields the planner measures per machine (shm_plan.py).
+  place apart) and a prefetch distance are context fields the planner measures per machine (plan.py).
 Use: cb_shm_run(ops, count, start, resumed, ctx) -> -1 when the call is done, else the index of
 the barrier at which it stopped waiting (call again with start = that index, resumed = 1).
 */
@@ -36,7 +36,7 @@ the barrier at which it stopped waiting (call again with start = that index, res
 #include <unistd.h>
 #include <immintrin.h>
 
-#define NS_PER_CHECK 100  /* shm_native.py's: a Python check of a counter, the unit of shm_waits.py's budgets */
+#define NS_PER_CHECK 100  /* native.py's: a Python check of a counter, the unit of waits.py's budgets */
 enum { OP_BARRIER = 0, OP_COPY = 1, OP_REDUCE = 2, OP_SKIP = 3 };
 #define FUSED_BLOCK 8192  /* default bytes a fused reduce-and-push computes at a time (in L1) before storing it */
 #define FUSED_BLOCK_MAX 65536  /* the largest block the planner may choose (the buffer lives on the stack) */
@@ -60,7 +60,7 @@ typedef struct {
     int64_t spin_ns, spin_budget_ns, spin_floor_ns;
     int64_t nt_bytes;                /* streaming copies from this size use non-temporal stores */
     int64_t waiting_index, waiting_epoch;  /* out: where a stopped barrier waits */
-    /* The planner's knobs (shm_plan.py; 0 = the built-in default, so a zeroed context runs as before): */
+    /* The planner's knobs (plan.py; 0 = the built-in default, so a zeroed context runs as before): */
     int64_t fused_block;             /* bytes a fused reduce-and-push computes at a time (FUSED_BLOCK) */
     int64_t prefetch_bytes;          /* software prefetch of a fused op's inputs this far ahead (0: none) */
     int64_t fused_nt;                /* 1 + STORE_* bits: which streaming outputs use non-temporal stores
@@ -197,7 +197,7 @@ static const int64_t ITEMSIZE[] = {4, 8, 1, 1, 4, 8};
    reduce, then a pull of its result by the peer, reads the chunk a third time and writes it from the
    other core). `streams`: both outputs may stream (every block of at least 64 bytes, as copy_bytes').
    The same arithmetic as reduce(): bitwise the same results. The block size, the prefetch distance and
-   which outputs stream (in place and not) are the context's (the planner's, shm_plan.py; 0: FUSED_BLOCK,
+   which outputs stream (in place and not) are the context's (the planner's, plan.py; 0: FUSED_BLOCK,
    none, both). */
 static void reduce_push(const cb_op *op, const cb_ctx *c, int streams) {
     _Alignas(64) char tmp[FUSED_BLOCK_MAX + 64];

@@ -1,4 +1,4 @@
-"""shm's native executor (commbench/backends/shm_native.c): the same results as the Python executor,
+"""shm's native executor (commbench/backends/shm/shm_native.c): the same results as the Python executor,
 bit for bit, for every schedule, dtype and op it runs; the fallback to Python where it cannot be
 built; and $COMMBENCH_SHM_EXECUTOR's choices. Speed: benchmarks/shm_vs_peers.py (shm:shmpy)."""
 import ctypes
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import clean_env, commbench, results_of
 
-from commbench.backends import shm_native
+from commbench.backends.shm import native as shm_native
 
 try:
     LIBRARY = shm_native.load()
@@ -52,13 +52,13 @@ def _inputs(case_index: int, rank: int, dtype: str, count: int, call: int) -> np
 def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
     os.environ[shm_native.EXECUTOR_VAR] = executor
     from commbench import collectives as C
-    from commbench.backends.shm import ShmBackend
+    from commbench.backends.shm.backend import ShmBackend
     from commbench.launch import LaunchInfo
     from commbench.schedule import run
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
-    backend.pipeline, backend._llc_bytes = True, 64 << 10  # a small "cache": the larger rings run pipelined
+    backend.runner.pipeline, backend.runner.llc_bytes = True, 64 << 10  # a small "cache": larger rings pipelined
     outputs = {"executor": np.array(backend.executor_name)}
     sliced, wrong = [], []
     for index, (collective, algorithm, dtype_name, op, count) in enumerate(CASES):
@@ -69,7 +69,7 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
         part = backend.view(whole, rank * count, count) if parts else whole
         send, recv = (part, whole) if collective == "allgather" else (whole, part)
         call = backend.prepare(collective, send, recv, op, 0, True)
-        sliced.append(backend._pipeline_slices(backend._last, dtype.itemsize))
+        sliced.append(backend.runner.pipeline_slices(backend._last, dtype.itemsize))
         for turn in range(3):  # three calls in a row: the epochs carry over from call to call
             backend.upload(send, _inputs(index, rank, dtype_name, backend.length(send), turn), rank)
             call()
@@ -279,7 +279,7 @@ def test_a_cache_folder_anyone_may_write_is_not_used(tmp_path):
 def test_every_planned_knob_lands_exactly(block, nt, nt_in_place, prefetch):
     """The planner's knobs (block, which outputs stream, prefetch) change how the fused op runs, never what it
     writes: both outputs exact, nothing outside the chunk, in place and out of place."""
-    from commbench.backends.shm_plan import Plan
+    from commbench.backends.shm.plan import Plan
 
     count, shift = 2048 * 40 + 3, 3
     rng = np.random.default_rng(block)

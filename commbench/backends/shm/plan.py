@@ -7,7 +7,7 @@ output's lines were just read into the cache), and how far ahead it prefetches i
 (`prefetch_bytes`). On one 2-core AMD EPYC VM the 8 KiB block the code was tuned with ran the fused
 operation at half a copy's speed, where 512 B-2 KiB ran it at a copy's (docs/performance.md, issue 38).
 
-So, as FFTW's planner does, they are measured on first use: shm_probe.py, in a process of its own, times the
+So, as FFTW's planner does, they are measured on first use: probe.py, in a process of its own, times the
 candidates paired (two processes at once, as the two ranks run) and keeps one only where it beats the
 incumbent. The result is cached beside the built library (plan.json, JSON only) with the machine's identity
 (CPU model, core count, cache sizes, the library's hash): a change of any of them measures again. The
@@ -50,7 +50,7 @@ class Plan:
     prefetch_bytes: int = 0
 
     def context_values(self) -> dict[str, int]:
-        """The shm_native.Context fields that carry this plan."""
+        """The native.Context fields that carry this plan."""
         return {"fused_block": self.block_bytes, "prefetch_bytes": self.prefetch_bytes, "fused_nt": NT_MODES[self.nt],
                 "fused_nt_in_place": NT_MODES[self.nt_in_place]}
 
@@ -155,11 +155,11 @@ def read_cached(path: Path, wanted: dict) -> tuple[Plan, str] | None:
 
 
 def measure(library: Path, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """shm_probe.py in a process of its own (no threads of this one forked; started as the ranks are,
+    """probe.py in a process of its own (no threads of this one forked; started as the ranks are,
     without the working directory on its path): its JSON result."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([*rank_argv("commbench.backends.shm_probe"), str(library)], capture_output=True, text=True,
+    done = subprocess.run([*rank_argv("commbench.backends.shm.probe"), str(library)], capture_output=True, text=True,
                           timeout=timeout_s, env=env, check=False)
     if done.returncode:
         lines = (done.stderr or done.stdout).strip().splitlines()
