@@ -27,7 +27,7 @@ Tools (allreduce, float32, sum, in place, one buffer per tool and size):
          before 2026-11-26): what reading the inputs gains, paired;
   shm0, oop0  shm in place and out of place with the built-in values of the planner's knobs
          (shm_plan.Plan(): 8 KiB blocks, both outputs streaming, no prefetch), where shm and oop run
-         the plan chosen for this machine (shm_plan.py): what the planner gains, paired;
+         the plan chosen for this machine (backends/shm/plan.py): what the planner gains, paired;
   p2p    commbench's p2p backend (--algorithm ring over torch isend/irecv, gloo);
   torch  commbench's torch backend's prepared call (dist.all_reduce, gloo);
   gloo   a bare dist.all_reduce loop on the same process group;
