@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from commbench import algorithms
 from commbench.algorithms import AUTO, LIBRARY, LIBRARY_RING
-from commbench.costmodel import nccl_tuning
 from commbench.costmodel.hardware import Hardware
+from commbench.costmodel.nccl_tuning import NcclChoice
+from commbench.costmodel.nccl_tuning import allreduce as nccl_allreduce
 from commbench.costmodel.rounds import phases_us, schedule_us, variants_us
 from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
@@ -29,7 +30,7 @@ FULL_SCHEDULE_MAX_RANKS = 256
 
 
 def call_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, nbytes: int,
-            itemsize: int) -> tuple[float, nccl_tuning.NcclChoice | None]:
+            itemsize: int) -> tuple[float, NcclChoice | None]:
     """One call of `collective` on `nbytes` per rank over `topo`, by `algorithm`: its predicted time (0 on one
     rank or no element: nothing to do) and what NCCL runs for it (an allreduce by `nccl`; else None).
     ValueError: an algorithm without a closed form past FULL_SCHEDULE_MAX_RANKS; AlgorithmError: no such one."""
@@ -37,7 +38,7 @@ def call_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, nbyte
     if topo.world == 1 or count == 0:
         return 0.0, None
     if collective == "allreduce" and algorithm == LIBRARY:
-        choice = nccl_tuning.allreduce(hw, topo, count * itemsize)
+        choice = nccl_allreduce(hw, topo, count * itemsize)
         return choice.time_us, choice
     form = call_form(hw, topo, collective, algorithm, nbytes, itemsize)
     return (phases_us(form, hw, itemsize) if isinstance(form, Phases) else schedule_us(form, topo, hw, itemsize)), None
