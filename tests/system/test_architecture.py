@@ -95,6 +95,8 @@ def _import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known
                                else node.module for alias in node.names)
+                if node.module in known and node.module != name and name.startswith(node.module + "."):
+                    targets.add(node.module)  # a module importing through its own package runs the package first
         graph[name] = {t for t in targets if t in known and t != name}
     return graph
 
