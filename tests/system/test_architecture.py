@@ -478,7 +478,6 @@ UNTESTED_BY_NAME = {
     "backends/sim": "unit/commbench/test_bench_schedules.py, unit/analysis/test_fit_round_trip.py",
     "backends/hybrid": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_waits.py",
     "backends/shm/backend": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_*.py (ShmBackend's runs)",
-    "backends/shm/segments": "unit/commbench/test_bench_schedules.py, unit/backends/shm/test_native.py",
     # the cuda wing's GPU parts: run only where a GPU is (tests/unit/backends/cuda/test_sched.py, test_nccl.py skip
     # without one), and without one through the stand-in CuPy (test_*fake_gpu.py) and the host build (test_host.py)
     "backends/cuda/device": "unit/backends/cuda/test_sched*.py, test_nccl*.py",

@@ -27,7 +27,7 @@ from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.shm import native
 from commbench.backends.shm import plan as shm_plan
 from commbench.backends.shm.executor import ShmExecutor, choose_native
-from commbench.backends.shm.segments import Segment, ShmBuffer, shm_page_note, unlink
+from commbench.backends.shm.segments import SEGMENT_SLACK, Segment, ShmBuffer, shm_page_note, start_nbytes, unlink
 from commbench.backends.shm.waits import (
     LINE,
     OVERSUBSCRIBED_SPIN_CHECKS,
@@ -158,21 +158,17 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     def alloc(self, count: int, dtype: DType) -> ShmBuffer:
         seq, self._seq = self._seq, self._seq + 1
-        segment = Segment(self._path(self.rank, seq), count * dtype.itemsize, create=True)
+        segment = Segment(self._path(self.rank, seq), count * dtype.itemsize + SEGMENT_SLACK, create=True)
         self._own[seq] = segment
-        return ShmBuffer(seq, 0, self._array(segment, dtype, 0, count))
-
-    @staticmethod
-    def _array(segment: Segment, dtype: DType, offset: int, count: int) -> np.ndarray:
         store = np.uint16 if dtype.name == "bfloat16" else np.dtype(dtype.host)
-        return np.frombuffer(segment.map, dtype=store, count=count, offset=offset * np.dtype(store).itemsize)
+        return ShmBuffer(seq, 0, np.frombuffer(segment.map, dtype=store, count=count, offset=start_nbytes(self.rank)))
 
     def _peer_array(self, peer: int, buffer: ShmBuffer) -> np.ndarray:
         key = (peer, buffer.seq)
         if key not in self._peers:
             own = self._own[buffer.seq]
             self._peers[key] = Segment(self._path(peer, buffer.seq), own.nbytes, create=False)
-        full = np.frombuffer(self._peers[key].map, dtype=buffer.array.dtype)
+        full = np.frombuffer(self._peers[key].map, dtype=buffer.array.dtype, offset=start_nbytes(peer))
         return full[buffer.offset:buffer.offset + len(buffer.array)]
 
     def end_point(self, failed: bool = False) -> None:
