@@ -1,7 +1,8 @@
 """Results: every record commbench writes and reads, one flat, versioned JSON line each
 (docs/results.md describes every field).
 
-- `records`: the record types (a dataclass per kind) and `point_result`;
+- `records`: the records' base and a sweep's record types (a dataclass per kind), and `point_result`;
+- `step_records`: the record types of a model's step (proxy, train, predict-scaling);
 - `times`: a result's raw per-iteration times, packed when many (`pack_times`, `raw_times`);
 - `sink`: the one writer (`ResultSink`: each line fsynced, results in CSV too; `append_record`);
 - `reader`: reading a file back, every line checked (`read_records`, `check_record`).
@@ -13,6 +14,7 @@ from commbench.results.reader import (  # noqa: F401 - the public names
     AT_LEAST_ONE,
     LARGEST_INTEGER,
     PLACEMENT_NAMES,
+    RECORD_TYPES,
     REQUIRED_FIELDS,
     RecordError,
     check_record,
@@ -24,19 +26,13 @@ from commbench.results.records import (  # noqa: F401
     FIT_PROVENANCE,
     PROVENANCE_LABELS,
     RAW_ESTIMATE,
-    RECORD_TYPES,
     RESULT_FIELDS,
     SCHEMA_VERSION,
     STATS,
     CompareRecord,
-    LayoutRecord,
-    ProxyResult,
     Record,
     Result,
-    ScalingRecord,
-    StepRecord,
     SweepSummary,
-    ValidateRecord,
     busbw_averages,
     percentiles_us,
     point_result,
@@ -49,6 +45,13 @@ from commbench.results.sink import (  # noqa: F401
     append_record,
     append_refusal,
     new_run_id,
+)
+from commbench.results.step_records import (  # noqa: F401
+    LayoutRecord,
+    ProxyResult,
+    ScalingRecord,
+    StepRecord,
+    ValidateRecord,
 )
 from commbench.results.times import (  # noqa: F401
     MAX_RAW_TIMES,

@@ -11,8 +11,13 @@ from typing import Any
 
 from commbench import collectives as C
 from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, lines, open_regular, parse_json
-from commbench.results.records import RECORD_TYPES, RESULT_FIELDS
+from commbench.results.records import RESULT_FIELDS, CompareRecord, Record, Result, SweepSummary
+from commbench.results.step_records import LayoutRecord, ProxyResult, ScalingRecord, StepRecord, ValidateRecord
 from commbench.results.times import TimesBudget, unpack_in_place
+
+# Each record type by its `record` name: what a line is read back as (records.py, step_records.py)
+RECORD_TYPES: dict[str, type[Record]] = {cls.RECORD: cls for cls in (
+    Result, SweepSummary, StepRecord, ProxyResult, ValidateRecord, ScalingRecord, LayoutRecord, CompareRecord)}
 
 
 class RecordError(ValueError):
