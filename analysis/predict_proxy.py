@@ -59,11 +59,15 @@ class ProxyPrediction:
 
     @property
     def times(self):
-        """The step's parts with the estimate as its time: what the calibration adds is counted as other (time the
-        cost model does not see)."""
+        """The step's parts with the estimate as its time; its other stays the cost model's (what the calibration
+        adds is `calibration_us`, apart: step = compute + exposed + other + calibration)."""
         t = self.step.times
-        extra = self.estimate_us - t.step_us
-        return replace(t, step_us=self.estimate_us, other_us=t.other_us + extra) if extra else t
+        return replace(t, step_us=self.estimate_us) if self.calibrated else t
+
+    @property
+    def calibration_us(self) -> float | None:
+        """What the corpus calibration adds to the cost model's step; None where none applied."""
+        return self.estimate_us - self.step.times.step_us if self.calibrated else None
 
     @property
     def samples(self) -> int:
@@ -80,7 +84,7 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     log.header(_header(prediction, cfg, argv), _header_lines(prediction, cfg))
     t = prediction.times
     log.step(1, False, {"compute_us": t.compute_us, "comm_us": t.comm_us, "exposed_comm_us": t.exposed_comm_us,
-                        "step_us": t.step_us, "other_us": t.other_us,
+                        "step_us": t.step_us, "other_us": t.other_us, "calibration_us": prediction.calibration_us,
                         "calls_us": [list(i) for i in t.comm_intervals]})
     log.summary(_summary(prediction, cfg, log.run_id))
     raw = prediction.step.times.step_us
@@ -90,8 +94,9 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
               f"{t.step_us / 1e3:.2f} ms", flush=True)
     if prediction.calibrated:
         print(f"# step: the calibrated estimate (the raw step moved by the corpus calibration's median error, inside "
-              f"its interval; the {(t.step_us - raw) / 1e3:.2f} ms it adds is in other); raw {raw / 1e3:.2f} ms: "
-              f"the cost model's own figure", flush=True)
+              f"its interval; the {prediction.calibration_us / 1e3:.2f} ms it adds is not in other: calibration_us "
+              f"in the records, step = compute + exposed + other + calibration); raw {raw / 1e3:.2f} ms: the cost "
+              f"model's own figure", flush=True)
     elif prediction.interval:
         print(f"# step: the cost model's raw figure ({raw / 1e3:.2f} ms), from the fit its interval comes from; no "
               f"corpus calibration applies", flush=True)
@@ -243,4 +248,4 @@ def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
                        run_id=run_id,
                        step_interval_us=list(p.interval) if p.interval else None,
                        interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs),
-                       **_estimate_fields(p))
+                       calibration_us=p.calibration_us, **_estimate_fields(p))

@@ -65,6 +65,8 @@ def _median_step(summary: dict, steps: list[dict]) -> dict:
     if derived:
         exposed = min(exposed, comm)
     other = max(0.0, total - compute - exposed) if derived or not timed else _ms(step["other_us"])
+    if not derived and timed:  # a calibrated prediction: what the calibration adds is drawn with other (neither
+        other += _ms(step.get("calibration_us")) or 0.0  # compute nor communication), so the parts make the step
     overlapped = min(max(0.0, comm - exposed), compute)
     return {"parts": (compute - overlapped, overlapped, exposed, other), "comm_ms": comm, "split_ms": total,
             "derived": derived}

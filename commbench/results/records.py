@@ -130,12 +130,15 @@ def point_result(plan: C.Plan, *, dtype: str, op: str | None, placement: str, nn
     """The Result of one point of `plan`: sizes and root from the plan, algbw and busbw from `time_us`,
     iters, the percentiles and the raw times from `per_iteration_us` (each iteration already combined
     over ranks; None or empty: not timed). `extra`: the optional Result fields (algorithm, steps,
-    telemetry, kind, run_id, and the backend's capabilities: schedule and timing)."""
+    telemetry, kind, run_id, and the backend's capabilities: schedule and timing). A timed point of kind
+    predicted is the cost model's raw time (`estimate` raw, `raw_time_us` its time) unless `extra` says else."""
     per_iteration = np.asarray([] if per_iteration_us is None else per_iteration_us, dtype=float).ravel()
     algbw = busbw = None
     if time_us is not None:
         algbw, busbw = C.bandwidths_gbps(plan.collective, plan.nbytes, plan.world, time_us)
     root = plan.root if C.COLLECTIVES[plan.collective].rooted and plan.root >= 0 else None
+    if extra.get("kind") == "predicted" and time_us is not None:  # a cost model's time (sim --hw), as it is, unless
+        extra = {"estimate": RAW_ESTIMATE, "raw_time_us": time_us, **extra}  # the caller says it calibrated it
     return Result(collective=plan.collective, backend=backend, library=library, device=device, dtype=dtype, op=op,
                   root=root, placement=placement, world_size=plan.world, nnodes=nnodes,
                   requested_nbytes=plan.requested_nbytes, nbytes=plan.nbytes, count=plan.count, warmup=warmup,

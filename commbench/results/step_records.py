@@ -27,7 +27,7 @@ class StepRecord(Record):
     telemetry: dict[str, float] | None = None  # --monitor: this step's hardware averages
     slowest_rank: int | None = None  # whose figures these are (None: one rank, or an older file)
     ranks_us: list[list[float | None]] | None = None  # per rank: compute, comm, exposed_comm, step, other (us)
-    other_us: float | None = None  # step - compute - exposed_comm (None: train, or an older file)
+    other_us: float | None = None  # step - compute - exposed_comm [- calibration] (None: train, or an older file)
     schema: int = SCHEMA_VERSION
     calls_us: list[list[float]] | None = None  # a replay: rank 0's calls, [start, end] from the step's start
     traced_step: int | None = None  # `replay` of a trace: which traced step this one replays (from 0)
@@ -37,6 +37,9 @@ class StepRecord(Record):
     compute_marks_us: list[list[float]] | None = None
     layout: str | None = None  # proxy --layout: the parallel layout's name (tp2,ddp2)
     exposed_by_dim_us: dict[str, float] | None = None  # proxy --layout: rank 0's wait per dimension (pp: its bubble)
+    # proxy --hw with the corpus calibration: what it adds to the cost model's step (step = compute + exposed_comm +
+    # other + calibration); None: none applied (a measured step, a fit's prediction, or an older file)
+    calibration_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class ProxyResult(Record):
     interval_source: str | None = None
     estimate: str | None = None  # kind predicted: what step_us_p50 is, CALIBRATED_ESTIMATE or RAW_ESTIMATE
     raw_step_us: float | None = None  # kind predicted: the cost model's own step, before any calibration
+    calibration_us: float | None = None  # kind predicted: step_us_p50 - raw_step_us where calibrated, else None
     # a CPU replay: bytes allreduced per second of the CPU its communication threads used (what they take
     # from the compute when a rank has no spare core; docs/model.md, "Terms the model counts")
     comm_cpu_gbps: float | None = None
