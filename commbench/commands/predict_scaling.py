@@ -314,11 +314,29 @@ def _step_terms_line(hw) -> str:
 
 
 def _estimate_note(records) -> str:
-    """What the step and linearity columns are: the calibrated estimate, and the raw columns the model's own."""
+    """What the step and linearity columns are: the calibrated estimate, and the raw columns the model's own; and
+    the rows where the calibration's median error takes the linearity to 0, which show the raw figure."""
+    clipped = _clipped(records)
+    at_zero = (f"; at {_counts(clipped, records)} the corpus's median error takes the linearity to 0 (no finite "
+               f"step), so those rows show the raw figure, with the corpus's interval") if clipped else ""
     if any(r.estimate == "calibrated" for r in records):
         return ("# step(ms), samples/s, speedup, linearity: the calibrated estimate (the raw prediction moved by the "
-                "corpus calibration's median error, inside its interval); raw: the cost model's own figure, before it")
+                "corpus calibration's median error, inside its interval); raw: the cost model's own figure, before it"
+                + at_zero)
+    if clipped:
+        return "# raw: the cost model's own figure, the estimate shown" + at_zero
     return "# raw: the cost model's own figure; no calibration applies here, so the estimate is the raw figure"
+
+
+def _clipped(records) -> list:
+    """Rows with the corpus's interval whose calibrated linearity is 0: their estimate stays the raw figure."""
+    return [r for r in records if r.interval_source == "corpus calibration" and r.estimate != "calibrated"]
+
+
+def _counts(rows, records) -> str:
+    """`8 GPUs, 64 GPUs` (each labelled with its setup where the table has a setup column)."""
+    setups = _shows_setups(records)
+    return ", ".join(dict.fromkeys(f"{_labelled(r, setups)}{r.gpus} GPUs" for r in rows))
 
 
 def _shows_setups(records) -> bool:
@@ -336,6 +354,12 @@ def _interval_ms(interval) -> str:
 
 
 _FROM = {"fit resamples": " fit", "corpus calibration": " corpus"}  # the interval's provenance, beside it
+
+
+def _but_at_zero(records) -> str:
+    """Where the centred linearity is 0, the estimate shown is the raw figure: said beside "the estimate shown"."""
+    clipped = _clipped(records)
+    return f", but at {_counts(clipped, records)}: 0, so the raw figure is shown" if clipped else ""
 
 
 def _fitted(hw) -> bool:
@@ -359,7 +383,7 @@ def _interval_notes(run, records) -> list[str]:
                      f"of {len(run.calibration.residuals)} published rows from {len(set(run.calibration.sources))} "
                      f"sources (analysis/corpus/, docs/model.md): linearity {100 * low:+.1f} to {100 * high:+.1f} "
                      f"points around the raw prediction, centred by their median {100 * run.calibration.centre():+.1f} "
-                     f"points (the estimate shown); linearity 80%: {each}")
+                     f"points (the estimate shown{_but_at_zero(records)}); linearity 80%: {each}")
     if any(r.algorithm == LIBRARY and not r.step_interval_us and r.gpus > 1 for r in records):
         lines.append(f"# {LIBRARY}: no interval: NCCL's tuning model times its calls with NCCL's own latency "
                      f"constants, which no fit measured (give -A ring or hier for an interval from the fit)")

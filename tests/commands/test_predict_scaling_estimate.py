@@ -2,11 +2,13 @@
 cost model's raw figure is beside it, labelled raw, and the JSON holds both under names that say which (issue 35:
 on main, resnet50 on dgx-a100 printed a linearity of 0.994 with an interval of [0.840-0.979])."""
 import json
+from pathlib import Path
 
 import pytest
 from conftest import commbench
 
 from commbench.analysis import calibration as C
+from commbench.costmodel import PRESET_DIR
 from commbench.results import ScalingRecord, read_records
 
 
@@ -76,3 +78,27 @@ def test_step_terms_are_printed_and_recorded_with_their_source(tmp_path):
     assert "overlap_slowdown 0 (defaulted" in line and "step_cv 0.25% (defaulted" in line
     [record] = read_records(str(out))
     assert record["step_terms"]["overlap_slowdown"] == {"value": 0.0, "source": "defaulted"}
+
+
+def test_rows_whose_calibrated_linearity_is_0_say_they_show_the_raw_figure(tmp_path):
+    """A hardware whose links make the raw linearity smaller than the corpus's median error: the calibrated
+    linearity clips to 0 (no finite step), so the row keeps the raw figure with the corpus's interval. Before, the
+    notes said both that no calibration applied and that the interval's median centred the estimate shown."""
+    hw = json.loads((Path(PRESET_DIR) / "dgx-a100.json").read_text())
+    hw["levels"]["inter"]["bw_gbps"] = 0.001  # 1 MB/s between nodes: 64 GPUs scale to ~nothing
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(hw))
+    out = tmp_path / "s.jsonl"
+    proc = commbench("predict-scaling", "resnet50", "--hw", str(path), "--gpus", "8,64", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = {r.gpus: r for r, _ in _rows(proc, out)}
+    assert rows[8].estimate == "calibrated"  # one node: NVLink as the preset has it
+    clipped = rows[64]
+    assert clipped.interval_source == "corpus calibration" and clipped.estimate == "raw"
+    assert clipped.raw_linearity + C.load_calibration().centre() <= 0 and clipped.linearity == clipped.raw_linearity
+    notes = [x for x in proc.stdout.splitlines() if x.startswith("#")]
+    assert not any("no calibration applies" in x for x in notes)
+    estimate = next(x for x in notes if "the cost model's own figure" in x)
+    assert "at 64 GPUs the corpus's median error takes the linearity to 0" in estimate and "8 GPUs" not in estimate
+    interval = next(x for x in notes if "(the estimate shown" in x)
+    assert "(the estimate shown, but at 64 GPUs: 0, so the raw figure is shown)" in interval
