@@ -17,6 +17,13 @@ from commbench.sizes import SizeError, parse_size
 Examples:
   commbench sweep --backend shm --sizes 1K-256M --json shm.jsonl && commbench fit shm.jsonl -o shm-hw.json
   commbench fit node.jsonl cluster.jsonl --setup torch/nccl/- --base dgx-a100 -o hw.json
+  commbench fit shm.jsonl proxy-25mb.jsonl proxy-1mb.jsonl -o hw.json    (links, and step terms from the replays)
+  commbench fit proxy-25mb.jsonl proxy-1mb.jsonl --base hw.json -o hw2.json  (step terms added to hw.json)
+
+\b
+A proxy run among FILES fits the step terms (docs/model.md, Step terms): overlap_slowdown and
+per_bucket_us from the other time of multi-rank CPU replays (two --bucket-mb for per_bucket_us),
+step_cv from 1-rank replays; predict, predict-scaling and proxy --hw then use them.
 """)
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
@@ -33,23 +40,29 @@ Examples:
 @output_options(append=False)
 def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: str | None,
                 size_range: str | None, accept_poor_fit: bool, force: bool) -> None:
-    """Fit latency and bandwidth per link level to measured sweeps (JSON Lines)."""
+    """Fit latency and bandwidth per link level to measured sweeps (JSON Lines), and the step terms to proxy runs."""
     # analysis.fit inside the command: with the other analysis modules the commands use it would add
     # ~40 ms to every `commbench --help` (predict-scaling's adds scipy, ~0.4 s).
     from commbench.analysis import fit as F
 
     lo, hi = _size_bounds(size_range)
     try:
-        records = [r for path in files for r in read_records(path, warn)
-                   if r.get("record") != "result" or lo <= r["nbytes"] <= hi]
+        loaded = [(path, read_records(path, warn)) for path in files]  # a file given twice counts twice, as before
         base_hw = load_hardware(base) if base else None
     except (RecordError, HardwareError) as exc:
         raise UsageFault(str(exc)) from exc
+    is_run = [any(r.get("record") in ("step", "proxy") for r in rs) for _, rs in loaded]  # a proxy run's file
+    runs = [path for (path, _), run in zip(loaded, is_run) if run]
+    records = [r for (_, rs), run in zip(loaded, is_run) if not run for r in rs
+               if r.get("record") != "result" or lo <= r["nbytes"] <= hi]
     check_outputs(("-o", output), inputs=files, force=force)
+    links = bool(records) or not runs  # sweeps given: their links fitted; only proxy runs: --base's links kept
     try:
-        hw = F.fit(records, setup, base_hw)
+        hw = F.fit(records, setup, base_hw) if links else _base_only(base_hw, runs)
     except F.FitError as exc:
         raise UsageFault(str(exc)) from exc
+    if runs:
+        hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs])
     poor = F.poor_fit(hw.meta)
     if poor and not accept_poor_fit:
         raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
@@ -64,7 +77,38 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
         raise UsageFault(f"cannot write {output}: {exc.strerror or exc}") from exc
     except ValueError as exc:  # a figure JSON cannot hold (NaN): refused before anything is written
         raise UsageFault(f"cannot write {output}: {exc}") from exc
-    _print_fit(hw, output)
+    if links:
+        _print_fit(hw, output)
+    else:
+        click.echo(f"# step terms fitted; links as --base {base} has them (not fitted here)\n"
+                   f"#   step terms: {hw.step_terms.said()}\n# wrote {output}")
+
+
+def _base_only(base_hw, runs: list[str]):
+    """Only proxy runs given: the step terms go onto --base's links (a fit needs sweeps for its own)."""
+    if base_hw is None:
+        raise UsageFault(f"{', '.join(runs)}: proxy runs fit only the step terms; give sweeps (result records) to fit "
+                         f"the links as well, or --base FILE|PRESET to add the step terms to")
+    return base_hw
+
+
+def _with_step_terms(hw, runs: list[str], records: list[dict]):
+    """`hw` with the step terms the proxy runs `runs` fit (analysis/fit_step_terms.py); each term they cannot pin
+    keeps its class default, said on stderr."""
+    import time
+
+    from commbench.analysis import fit_step_terms as S
+
+    rows, skipped = S.step_rows(records)
+    device = "cuda" if rows and all(r.device != "cpu" for r in rows) else "cpu"
+    evidence = f"commbench fit {' '.join(runs)}, {time.strftime('%Y-%m-%d', time.gmtime())}"
+    try:
+        terms, notes = S.fit_step_terms(rows, device, evidence)
+    except S.StepTermsFitError as exc:
+        raise UsageFault(f"{exc}{''.join('; ' + note for note in skipped)}") from exc
+    for note in [*skipped, *notes]:
+        warn(f"step terms: {note}")
+    return replace(hw, step_terms=terms)
 
 
 def _size_bounds(size_range: str | None) -> tuple[float, float]:
@@ -86,6 +130,8 @@ def _print_fit(hw, output: str) -> None:
         fitted = "fitted" if meta["levels_fitted"][name] else "not fitted"
         click.echo(f"#   {name:5s} {level.bw_gbps:10.3f} GB/s  {level.latency_us:9.3f} us/step  ({fitted})")
     click.echo(f"#   per-call overhead {hw.per_call_overhead_us:.3f} us")
+    if hw.step_terms is not None:
+        click.echo(f"#   step terms: {hw.step_terms.said()}")
     where = meta.get("measured_on")
     if where:
         cores = f"a host of {where['cpus']} cores" if where["cpus"] else "a host of unknown cores"
