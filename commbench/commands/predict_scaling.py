@@ -317,7 +317,7 @@ def _estimate_note(records) -> str:
     """What the step and linearity columns are: the calibrated estimate, and the raw columns the model's own; and
     the rows where the calibration's median error takes the linearity to 0, which show the raw figure."""
     clipped = _clipped(records)
-    at_zero = (f"; at {_counts(clipped, records)} the corpus's median error takes the linearity to 0 (no finite "
+    at_zero = (f"; at {_gpus_said(clipped, records)} the corpus's median error takes the linearity to 0 (no finite "
                f"step), so those rows show the raw figure, with the corpus's interval") if clipped else ""
     if any(r.estimate == "calibrated" for r in records):
         return ("# step(ms), samples/s, speedup, linearity: the calibrated estimate (the raw prediction moved by the "
@@ -333,7 +333,7 @@ def _clipped(records) -> list:
     return [r for r in records if r.interval_source == "corpus calibration" and r.estimate != "calibrated"]
 
 
-def _counts(rows, records) -> str:
+def _gpus_said(rows, records) -> str:
     """`8 GPUs, 64 GPUs` (each labelled with its setup where the table has a setup column)."""
     setups = _shows_setups(records)
     return ", ".join(dict.fromkeys(f"{_labelled(r, setups)}{r.gpus} GPUs" for r in rows))
@@ -359,7 +359,7 @@ _FROM = {"fit resamples": " fit", "corpus calibration": " corpus"}  # the interv
 def _but_at_zero(records) -> str:
     """Where the centred linearity is 0, the estimate shown is the raw figure: said beside "the estimate shown"."""
     clipped = _clipped(records)
-    return f", but at {_counts(clipped, records)}: 0, so the raw figure is shown" if clipped else ""
+    return f", but at {_gpus_said(clipped, records)}: 0, so the raw figure is shown" if clipped else ""
 
 
 def _fitted(hw) -> bool:

@@ -55,7 +55,8 @@ def test_proxy_runs_fit_the_step_terms_onto_the_base_links(runs, tmp_path):
 def _predicted(tmp_path, spec: str) -> tuple[dict, str]:
     """predict-scaling's 16-GPU record on `spec`, and its printed step terms line."""
     out = tmp_path / "s.jsonl"
-    proc = commbench("predict-scaling", "resnet50", "--hw", spec, "--gpus", "16", "--json", str(out), "--force")
+    proc = commbench("predict-scaling", "resnet50", "--hw", spec, "--gpus", "16", "--tflops", "50", "--json", str(out),
+                     "--force")
     assert proc.returncode == 0, proc.stderr
     [record] = read_records(str(out))
     return record, next(x for x in proc.stdout.splitlines() if x.startswith("# step terms:"))
