@@ -185,8 +185,10 @@ def corpus_interval(point: ScalingRecord, batch: int, calibration: C.Calibration
     point = replace(point, step_interval_us=step, samples_per_s_interval=rates, linearity_interval=(low, high),
                     interval_source=CORPUS_PROVENANCE)
     linearity = calibration.linearity_estimate(point.linearity)
-    if not linearity > 0:  # the corpus's median error takes it to 0: no finite step to show, the raw one stays
-        return point
+    if not linearity > 0:  # the corpus's median error takes it to 0: no finite step to show, the raw one stays, and
+        high = max(high, point.linearity)  # the interval's upper end is raised to hold it (a fit's is stretched so)
+        return replace(point, linearity_interval=(low, high),
+                       samples_per_s_interval=(rates[0], max(rates[1], point.samples_per_s)))
     rate = linearity * point.gpus * one_gpu
     return replace(point, estimate=CALIBRATED_ESTIMATE, step_us=batch * point.gpus / rate * 1e6, samples_per_s=rate,
                    speedup=linearity * point.gpus, linearity=linearity, linearity_offset=linearity - point.linearity)

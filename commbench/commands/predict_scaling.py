@@ -318,7 +318,8 @@ def _estimate_note(records) -> str:
     the rows where the calibration's median error takes the linearity to 0, which show the raw figure."""
     clipped = _clipped(records)
     at_zero = (f"; at {_gpus_said(clipped, records)} the corpus's median error takes the linearity to 0 (no finite "
-               f"step), so those rows show the raw figure, with the corpus's interval") if clipped else ""
+               f"step), so those rows show the raw figure, the interval's upper end raised to hold it"
+               if clipped else "")
     if any(r.estimate == "calibrated" for r in records):
         return ("# step(ms), samples/s, speedup, linearity: the calibrated estimate (the raw prediction moved by the "
                 "corpus calibration's median error, inside its interval); raw: the cost model's own figure, before it"

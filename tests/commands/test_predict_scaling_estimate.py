@@ -96,6 +96,10 @@ def test_rows_whose_calibrated_linearity_is_0_say_they_show_the_raw_figure(tmp_p
     clipped = rows[64]
     assert clipped.interval_source == "corpus calibration" and clipped.estimate == "raw"
     assert clipped.raw_linearity + C.load_calibration().centre() <= 0 and clipped.linearity == clipped.raw_linearity
+    # the raw figure shown lies inside its interval: the upper end raised to hold it, as a fit's is stretched
+    low, high = clipped.linearity_interval
+    assert low <= clipped.linearity <= high and high == clipped.linearity and clipped.step_interval_us is None
+    assert clipped.samples_per_s_interval[0] <= clipped.samples_per_s <= clipped.samples_per_s_interval[1]
     notes = [x for x in proc.stdout.splitlines() if x.startswith("#")]
     assert not any("no calibration applies" in x for x in notes)
     estimate = next(x for x in notes if "the cost model's own figure" in x)

@@ -8,7 +8,8 @@ from conftest import commbench, results_of
 def test_a_sim_sweep_says_its_time_is_the_cost_models_own(tmp_path):
     path = tmp_path / "s.jsonl"
     proc = commbench("sweep", "--backend", "sim", "-N", "4", "--hw", "dgx-a100", "-c", "allreduce,allgather",
-                     "--sizes", "1K,1M", "--placement", "in-place", "--iters", "2", "--warmup", "1", "--json", str(path))
+                     "--sizes", "1K,1M", "--placement", "in-place", "--iters", "2", "--warmup", "1", "--json",
+                     str(path))
     assert proc.returncode == 0, proc.stderr
     results, _ = results_of(path)
     assert len(results) == 4
