@@ -11,7 +11,7 @@ below switches each off to show what it does. Error = predicted - published line
 Intervals: split-conformal on the residuals, leave-one-source-out (analysis/calibration.py): each
 source's rows get the 80% interval calibrated on the other sources' rows only.
 
-    python benchmarks/model_published.py [--out DIR] [--json FILE] [--write-calibration]
+    python benchmarks/model_published.py [--out DIR] [--json FILE] [--write-calibration] [--variants]
     python benchmarks/model_published.py --collectives
 
 DIR keeps the profiles it extracts (torchvision ResNeXt, transformers Transformer-XL); --write-calibration
@@ -99,10 +99,17 @@ def hop_latency(enabled: bool):
 
 def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     """The row's linearity (against its reference count) as commbench predicts it with `terms`."""
+    return predicted_point(corpus, row, profile, terms)[0]
+
+
+def predicted_point(corpus, row, profile, terms: Terms, slowdown: float | None = None):
+    """(linearity, the row's scaling record): predicted_linearity, and the record it comes from; `slowdown`: the
+    step terms' overlap_slowdown instead of the class default (--variants)."""
     from commbench.analysis.predict_scaling import applied_terms
     from commbench.analysis.published import setup_choice
     from commbench.analysis.scale_terms import default_step_ratios, delivered
     from commbench.analysis.scaling import predict_scaling
+    from commbench.step_terms import Term
 
     system = corpus.systems[row.system]
     hw = replace(system.hardware, ranks_per_node=row.gpus_per_node)
@@ -110,14 +117,14 @@ def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
     hw = delivered(hw, terms.nic, blocking)
     choice = setup_choice(corpus.setup(row))
     step_terms = applied_terms(hw)  # a preset's: its device class's defaults (commbench/step_terms.py)
+    if slowdown is not None:
+        step_terms = replace(step_terms, overlap_slowdown=Term(slowdown, "fitted", "--variants"))
     ratios = default_step_ratios(step_terms.step_cv.value) if terms.stragglers else None
     share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
 
-    def rate(gpus: int, step_us: float) -> float:
-        point = predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
-                                step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice,
-                                terms=step_terms)[0]
-        return point.samples_per_s
+    def point(gpus: int, step_us: float):
+        return predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
+                               step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice, terms=step_terms)[0]
 
     with hop_latency(terms.hop_latency):
         step = row.batch * row.base_gpus / row.base_rate * 1e6  # the reference's step, all of it compute
@@ -125,9 +132,11 @@ def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
             low, high = step * 0.2, step
             for _ in range(40):
                 middle = (low + high) / 2
-                low, high = (middle, high) if rate(row.base_gpus, middle) > row.base_rate else (low, middle)
+                faster = point(row.base_gpus, middle).samples_per_s > row.base_rate
+                low, high = (middle, high) if faster else (low, middle)
             step = (low + high) / 2
-        return rate(row.gpus, step) / (row.gpus / row.base_gpus * row.base_rate)
+        at = point(row.gpus, step)
+        return at.samples_per_s / (row.gpus / row.base_gpus * row.base_rate), at
 
 
 def summary(errors: list[float]) -> str:
@@ -154,6 +163,8 @@ def main() -> int:
                         help=f"write {os.path.relpath(C.CALIBRATION_PATH)} from the kept model's residuals")
     parser.add_argument("--collectives", action="store_true",
                         help="predict the published collective measurements (predict's interval) instead")
+    parser.add_argument("--variants", action="store_true",
+                        help="also the interval variants tried for issue 35 (benchmarks/model_published_variants.py)")
     args = parser.parse_args()
     if args.collectives:
         return collectives_report()
@@ -174,6 +185,11 @@ def main() -> int:
     print_rows(corpus, kept, loso)
     report_intervals(corpus, kept, loso)
     report_calibrated(corpus, kept, loso, C.leave_one_source_out_centres(residuals))
+    if args.variants:
+        from model_published_variants import report_variants
+
+        report_variants(corpus, lambda s: [predicted_point(corpus, row, profiles[row.model], KEPT, s)
+                                           for row in corpus.rows])
     if args.json:
         write_json(args.json, corpus, kept, loso)
     if args.write_calibration:
