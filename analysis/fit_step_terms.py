@@ -11,8 +11,8 @@ compute takes the share s / (1 + s) of its time from it (`overlap_slowdown` s), 
 fitted by non-negative least squares, gives s = a / (1 - a) and per_bucket_us = b; c takes what neither explains
 (a rank descheduled by the host's other work), so it does not land in either term. `b` is fitted only where the
 runs differ in their calls per step (two --bucket-mb), and `a` only where the overlapped time varies (else each is
-confounded with c): a term the runs cannot pin keeps its class default, said so. `step_cv` comes from 1-rank
-runs (no communication): the coefficient of variation of their steps, the median over runs.
+confounded with c): a term the runs cannot pin keeps the file's value (or its class default), said so. `step_cv`
+comes from 1-rank runs (no communication): the coefficient of variation of their steps, the median over runs.
 
 Only replays count (a `proxy` summary of kind proxy): a prediction's other is the model's own, and a training run
 records its step alone. A GPU replay sleeps for its compute, so no call can slow it: `overlap_slowdown` is fitted
@@ -29,6 +29,7 @@ from commbench.step_terms import CEILINGS, StepTerms, Term, defaults
 
 MIN_STEPS = 4  # measured multi-rank steps a fit of the other needs (three unknowns)
 MIN_CV_STEPS = 10  # steps of a 1-rank run its CV is taken from
+KEPT = "kept: the hardware file's own value, or its class default"  # what a term the runs do not pin keeps
 
 
 class StepTermsFitError(ValueError):
@@ -87,11 +88,12 @@ def _row(run_id: str, step: dict[str, Any], world: int, device: str, buckets: An
     return StepRow(run_id, world, device, other, max(0.0, comm - exposed), calls, total)
 
 
-def fit_step_terms(rows: list[StepRow], device: str, evidence: str) -> tuple[StepTerms, list[str]]:
+def fit_step_terms(rows: list[StepRow], device: str, evidence: str,
+                   start: StepTerms | None = None) -> tuple[StepTerms, list[str]]:
     """The step terms `rows` support, each `fitted` with `evidence` (where the runs came from) and the figures
-    it rests on; a term they do not pin keeps `device`'s class default. Notes: each term left at its default, and
-    why. StepTermsFitError where no term could be fitted."""
-    base = defaults(device)
+    it rests on; a term they do not pin keeps its value in `start` (the hardware file's own block), else `device`'s
+    class default. Notes: each term not fitted, and why. StepTermsFitError where no term could be fitted."""
+    base = start or defaults(device)
     notes: list[str] = []
     terms = _other_terms(base, [r for r in rows if r.world_size > 1], evidence, notes)
     terms = _cv_term(terms, [r for r in rows if r.world_size == 1], evidence, notes)
@@ -124,18 +126,18 @@ def _other_terms(base: StepTerms, rows: list[StepRow], evidence: str, notes: lis
     out = base
     if not fit_overlap:
         why = "a GPU replay sleeps for its compute" if len(cpu) < len(rows) else "the overlapped time never varies"
-        notes.append(f"overlap_slowdown not fitted ({why}): the class default")
+        notes.append(f"overlap_slowdown not fitted ({why}): {KEPT}")
     elif fitted["overlapped"] >= CEILINGS["overlap_slowdown"] / (1 + CEILINGS["overlap_slowdown"]):
         notes.append(f"overlap_slowdown not fitted: a = {fitted['overlapped']:.3g}, beyond the term's ceiling "
-                     f"{CEILINGS['overlap_slowdown']:g}: the class default")
+                     f"{CEILINGS['overlap_slowdown']:g}: {KEPT}")
     else:
         a = fitted["overlapped"]
         out = replace(out, overlap_slowdown=Term(a / (1 - a), "fitted", f"{said}; s = a / (1 - a)"))
     if not fit_calls:
         notes.append(f"per_bucket_us not fitted (every step made {int(calls[0])} calls: give runs with different "
-                     f"--bucket-mb): the class default")
+                     f"--bucket-mb): {KEPT}")
     elif fitted["calls"] > CEILINGS["per_bucket_us"]:
-        notes.append(f"per_bucket_us not fitted: b = {fitted['calls']:.3g} us, beyond its ceiling: the class default")
+        notes.append(f"per_bucket_us not fitted: b = {fitted['calls']:.3g} us, beyond its ceiling: {KEPT}")
     else:
         out = replace(out, per_bucket_us=Term(fitted["calls"], "fitted", f"{said}; per_bucket_us = b"))
     return out
@@ -157,12 +159,11 @@ def _cv_term(terms: StepTerms, rows: list[StepRow], evidence: str, notes: list[s
         by_run.setdefault(r.run, []).append(r.step_us)
     cvs = [float(np.std(v, ddof=1) / np.mean(v)) for v in by_run.values() if len(v) >= MIN_CV_STEPS and np.mean(v) > 0]
     if not cvs:
-        notes.append(f"step_cv not fitted (no 1-rank replay of {MIN_CV_STEPS} or more measured steps): the class "
-                     f"default")
+        notes.append(f"step_cv not fitted (no 1-rank replay of {MIN_CV_STEPS} or more measured steps): {KEPT}")
         return terms
     cv = float(np.median(cvs))
     if cv > CEILINGS["step_cv"]:
-        notes.append(f"step_cv not fitted: {cv:.3g}, beyond its ceiling: the class default")
+        notes.append(f"step_cv not fitted: {cv:.3g}, beyond its ceiling: {KEPT}")
         return terms
     return replace(terms, step_cv=Term(cv, "fitted", f"{evidence}: the steps' CV of {len(cvs)} 1-rank replay(s), "
                                                      f"median {100 * cv:.2f}%"))

@@ -23,7 +23,7 @@ Examples:
 \b
 A proxy run among FILES fits the step terms (docs/model.md, Step terms): overlap_slowdown and
 per_bucket_us from the other time of multi-rank CPU replays (two --bucket-mb for per_bucket_us),
-step_cv from 1-rank replays; predict, predict-scaling and proxy --hw then use them.
+step_cv from 1-rank replays; predict-scaling and proxy --hw then use them.
 """)
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
@@ -94,7 +94,7 @@ def _base_only(base_hw, runs: list[str]):
 
 def _with_step_terms(hw, runs: list[str], records: list[dict]):
     """`hw` with the step terms the proxy runs `runs` fit (analysis/fit_step_terms.py); each term they cannot pin
-    keeps its class default, said on stderr."""
+    keeps `hw`'s own (--base's block), else its class default, said on stderr."""
     import time
 
     from commbench.analysis import fit_step_terms as S
@@ -103,7 +103,7 @@ def _with_step_terms(hw, runs: list[str], records: list[dict]):
     device = "cuda" if rows and all(r.device != "cpu" for r in rows) else "cpu"
     evidence = f"commbench fit {' '.join(runs)}, {time.strftime('%Y-%m-%d', time.gmtime())}"
     try:
-        terms, notes = S.fit_step_terms(rows, device, evidence)
+        terms, notes = S.fit_step_terms(rows, device, evidence, hw.step_terms)
     except S.StepTermsFitError as exc:
         raise UsageFault(f"{exc}{''.join('; ' + note for note in skipped)}") from exc
     for note in [*skipped, *notes]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from commbench.analysis.fit_step_terms import StepTermsFitError, fit_step_terms, step_rows
-from commbench.step_terms import CPU_DEFAULTS, GPU_DEFAULTS
+from commbench.step_terms import CPU_DEFAULTS, GPU_DEFAULTS, Term
 
 
 def run_records(run_id: str, overlapped_us: list[float], calls: int, slope: float = 0.3, per_call_us: float = 40.0,
@@ -42,6 +42,10 @@ def test_one_bucket_count_leaves_per_bucket_at_its_default_and_says_why():
     assert terms.overlap_slowdown.value == pytest.approx(0.3 / 0.7, rel=1e-6)  # the constant went to c, not to a
     assert terms.per_bucket_us == CPU_DEFAULTS.per_bucket_us
     assert any("per_bucket_us not fitted (every step made 4 calls" in n for n in notes)
+    # a hardware file's own block keeps what the runs do not pin
+    own = CPU_DEFAULTS.__class__(CPU_DEFAULTS.overlap_slowdown, CPU_DEFAULTS.step_cv, Term(7.0, "measured", "mine"))
+    kept, _ = fit_step_terms(step_rows(run_records("a", HIDDEN, calls=4))[0], "cpu", "r", own)
+    assert kept.per_bucket_us == Term(7.0, "measured", "mine") and kept.overlap_slowdown.source == "fitted"
 
 
 def test_a_gpu_replay_fits_no_slowdown_its_compute_sleeps():
