@@ -78,23 +78,23 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
 def _check_measured(o, par, shape) -> None:
     """The replay's compute timed on each rank's own pieces (proxies/layout_compute.py): what cannot be
     measured here is one line."""
-    from commbench.backends.torch_lazy import cuda_available
     from commbench.proxies.layout_compute import refusal
 
-    on_gpu = o.device == "cuda" or o.torch_backend == "nccl" or \
-        (o.device == "auto" and o.torch_backend != "gloo" and cuda_available())
-    why = refusal(par, shape, o.microbatch, on_cpu=not on_gpu)
+    why = refusal(par, shape, o.microbatch, on_cpu=not _on_gpu(o))
     if why:
         raise UsageFault(why)
 
 
-def _training_refusals(o) -> list[tuple[bool, str]]:
-    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+def _on_gpu(o) -> bool:
+    """Whether the ranks run on GPUs: --device auto on a GPU host resolves to cuda (torch_dist.resolve_device)."""
     from commbench.backends.torch_lazy import cuda_available
 
-    # --device auto on a GPU host resolves to cuda (torch_dist.resolve_device), which the trainer cannot run
-    on_gpu = o.device == "cuda" or o.torch_backend == "nccl" or \
+    return o.device == "cuda" or o.torch_backend == "nccl" or \
         (o.device == "auto" and o.torch_backend != "gloo" and cuda_available())
-    return [(on_gpu, "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
+
+
+def _training_refusals(o) -> list[tuple[bool, str]]:
+    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+    return [(_on_gpu(o), "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
             (o.amp, "train --layout trains in fp32: drop --amp"),
             (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]
