@@ -7,6 +7,9 @@ one rate. The rate is fitted once, on the first layout (the calibration row, who
 construction): its replay at a nominal rate gives the FLOPs per rank and step and the time that is not compute,
 and the rate is the FLOPs over what the training step leaves for compute. Every other layout is predicted
 from that one rate. The prediction (`--hw FIT`, a `commbench fit` of this machine's sweep) uses the same rate.
+Beside them, `commbench proxy llama-tiny --layout L --compute measured`: the replay with each rank's compute
+timed on its own pieces of the model (proxies/layout_compute.py), no rate and no calibration (its error on the
+first layout counts like the others'; the medians leave it out for both replays, so they compare).
 Error = replay (or prediction) / training - 1, of the median step (the slowest rank's per step).
 
     python benchmarks/layouts_accuracy.py --hw fit4.json                      # 4 local ranks
@@ -82,20 +85,34 @@ def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | 
 
 def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespace) -> None:
     """Each layout trained (unless done), replayed and predicted: a Markdown row each, then the medians."""
-    print("| layout | train step (ms) | replay step (ms) | replay error | predicted step (ms) | predicted error |")
-    print("|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"replay": [], "predicted": []}
+    print("| layout | train step (ms) | replay step (ms) | replay error | measured-compute replay (ms) | its error "
+          "| predicted step (ms) | predicted error |")
+    print("|---|---|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"replay": [], "measured-compute replay": [], "predicted": []}
+    steps: dict[str, dict[str, float]] = {"train": {}, "replay": {}, "measured-compute replay": {}, "predicted": {}}
     for layout in layouts:
         train = trained.get(layout) or commbench("train", layout, args)
         replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
+        measured = commbench("proxy", layout, args, "--compute", "measured")
         predicted = predicted_us(layout, rate, args)
         if "failed" in train or "failed" in replay:
-            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | |")
+            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | | | |")
             continue
         t, r = train["step_us_p50"], replay["step_us_p50"]
+        steps["train"][layout], steps["replay"][layout] = t, r
+        if "failed" not in measured:
+            steps["measured-compute replay"][layout] = measured["step_us_p50"]
+        if predicted is not None:
+            steps["predicted"][layout] = predicted
         cells = [f"{t / 1e3:.2f}", f"{r / 1e3:.2f}", f"{100 * (r / t - 1):+.1f}%"]
+        if "failed" in measured:
+            cells += [measured["failed"], ""]
+        else:
+            cells += [f"{measured['step_us_p50'] / 1e3:.2f}", f"{100 * (measured['step_us_p50'] / t - 1):+.1f}%"]
         if layout != layouts[0]:
             errors["replay"].append(abs(r / t - 1))
+            if "failed" not in measured:
+                errors["measured-compute replay"].append(abs(measured["step_us_p50"] / t - 1))
         if predicted is not None:
             cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
             if layout != layouts[0]:
@@ -106,6 +123,9 @@ def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespa
         if values:
             print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
                   f"over {len(values)} layout(s) besides the calibration")
+    for what, by_layout in steps.items():
+        if by_layout:
+            print(f"# ranking, fastest first, {what}: {' < '.join(sorted(by_layout, key=by_layout.get))}")
 
 
 def main() -> int:

@@ -5,7 +5,8 @@ every dimension (tp, cp, ep and the data-parallel replicas, dp x cp: every group
 as torch.distributed.new_group needs). Each step, a rank runs its pipeline stage's passes in the schedule's
 order (proxies/pipeline.py):
 - a forward pass of a model chunk receives the activation from the previous virtual stage, runs each layer
-  (its FLOPs at --tflops, waited for as a GPU's kernels: proxies/clocks.py) with the layer's calls
+  (its FLOPs at --tflops, waited for as a GPU's kernels: proxies/clocks.py; or with --compute measured the
+  times of the rank's own pieces, proxies/layout_compute.py, spun for as CPU time on a CPU) with the layer's calls
   (proxies/layout_calls.py: TP allreduces, or SP all-gathers and reduce-scatters, on the tp group; CP ring
   steps on the cp group, each overlapped with its share of the attention; EP all-to-alls on the ep group in
   MoE layers, the token counts' first) on zero buffers of the calls' sizes, then sends the activation on;
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 
 from commbench.launch import peer_wait_s
-from commbench.proxies.clocks import SleepClock
+from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
+from commbench.proxies.layout_compute import RankCompute, measure_on_ranks
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.pipeline import Pass, order
 from commbench.proxies.setup_steps import Compute, Layout
@@ -84,14 +86,16 @@ class StepFigures:
 
 
 class LayoutReplay:
-    """One rank's step of a layout: `rate` is FLOP per microsecond (0: no compute)."""
+    """One rank's step of a layout: `rate` is FLOP per microsecond (0: no compute), or `measured` the rank's
+    compute timed here (proxies/layout_compute.py), spun for as CPU time with `cpu_clock`."""
 
     def __init__(self, par: Parallelism, shape, profile, rank: int, microbatch: int, checkpointing: str = "none",
-                 rate: float = 0.0, limit_s: float = math.inf, groups: dict | None = None):
+                 rate: float = 0.0, limit_s: float = math.inf, groups: dict | None = None,
+                 measured: RankCompute | None = None, cpu_clock: bool = False):
         import torch
 
         self.par, self.shape, self.rank, self.microbatch = par, shape, rank, microbatch
-        self.checkpointing, self.rate = checkpointing, rate
+        self.checkpointing, self.rate, self.measured = checkpointing, rate, measured
         self.coords = par.coords(rank)
         self.stage = self.coords["pp"]
         self.chunks = stage_layer_ranges(shape.layers, par, self.stage)
@@ -100,7 +104,7 @@ class LayoutReplay:
         self.calls = {moe: _ordered(layer_calls(par, shape, microbatch, checkpointing, moe)) for moe in (False, True)}
         self.boundary_nbytes = boundary_nbytes(par, shape, microbatch)
         self.step_calls = outside_layer_calls(par, shape, microbatch, self.stage)
-        self.clock = SleepClock(limit_s)
+        self.clock = CpuClock(limit_s) if cpu_clock else SleepClock(limit_s)
         self.buffers: dict[tuple, object] = {}
         self.figures = StepFigures()
         self.dp_plan = self._data_parallel_plan(profile)
@@ -128,6 +132,8 @@ class LayoutReplay:
             for _ in range(calls):                                  # finalize_model_grads reduces the SP norms'
                 self._collective(LayerCall(dim, collective, nbytes, str(self.dtype).replace("torch.", ""), "step",
                                            1, "", "outside the layers"))
+        if self.measured:  # the optimizer's step on the rank's parameters (FLOPs at a rate count none)
+            self._compute(self.measured.optimizer_us)
         self.figures.step_us = (time.perf_counter() - started) * 1e6
         return self.figures
 
@@ -142,13 +148,22 @@ class LayoutReplay:
             self._wait("pp", [self._p2p("recv", source, p)])
         layers = self.chunks[p.chunk]
         begin, span = (self.dp_offset_us if forward else self.dp_offset_us + 1.0), (1.0 if forward else 2.0)
+        m = self.measured
+        if m and j == 0 and forward:  # the embedding: the first virtual stage's (its backward after the layers')
+            self._compute(m.embed_forward_us)
+        if m and j == stages - 1 and not forward:  # the loss and head's backward come first
+            self._compute(m.head_backward_us)
         for k, index in enumerate(layers if forward else reversed(layers)):
             if last:
                 self._dp_progress(begin + span * k / max(1, len(layers)))
             self._layer(index, forward)
-        if j == stages - 1:  # the head: the last virtual stage's
+        if m and j == 0 and not forward:
+            self._compute(m.embed_backward_us)
+        if m and j == stages - 1 and forward:
+            self._compute(m.head_forward_us)
+        elif j == stages - 1 and self.rate > 0:  # the head's FLOPs: the last virtual stage's
             head = self.shape.head_forward_flops() * self._tokens() / par.tp
-            self._compute(head if forward else 2 * head)
+            self._compute((head if forward else 2 * head) / self.rate)
         if last:
             self._dp_progress(begin + span)
         if 0 <= target < stages:
@@ -158,17 +173,11 @@ class LayoutReplay:
         """One layer's compute with its calls: ring steps beside their share of the attention, then the rest of
         the compute in equal slices, each followed by one of the exposed calls (a matrix product, then its
         collective)."""
-        shape, tokens = self.shape, self._tokens() / self.par.tp
-        # the attention's masked half skipped, as causal kernels do and predict_layout counts (Job.causal_halved)
-        flops = shape.layer_forward_flops(index, causal_halved=True) * tokens
-        attention = shape.attention_score_flops(causal_halved=True) * tokens
-        recompute = {"none": 0.0, "selective": attention, "full": flops}[self.checkpointing]
-        total = flops if forward else 2 * flops + recompute
         phase = "forward" if forward else "backward"
-        calls = [c for c in self.calls[shape.is_moe_layer(index)] if c.phase == phase]
+        calls = [c for c in self.calls[self.shape.is_moe_layer(index)] if c.phase == phase]
         ring = [c for c in calls if c.dim == "cp"]
         exposed = [c for c in calls if c.dim != "cp"]
-        overlapped = min(total, attention * (1 if forward else 2)) if ring else 0.0
+        total, overlapped = self._layer_us(index, forward, bool(ring))
         for call in ring:
             self._ring_step(call, overlapped / len(ring))
         rest = total - overlapped
@@ -178,15 +187,35 @@ class LayoutReplay:
         if not exposed:
             self._compute(rest)
 
+    def _layer_us(self, index: int, forward: bool, ring: bool) -> tuple[float, float]:
+        """A layer's compute in microseconds, and the part of it beside CP's ring steps (the attention on the
+        blocks that travel): FLOPs at the rate, or as measured (the layer on its own block, one measured block
+        beside each of the cp - 1 blocks that arrive; recomputed: full, the forward again; selective, the
+        attention's blocks)."""
+        if self.measured:
+            m, others = self.measured, self.par.cp - 1
+            overlapped = (m.block_forward_us if forward else m.block_backward_us) * others if ring else 0.0
+            recompute = {"none": 0.0, "selective": m.block_forward_us * (others + 1),
+                         "full": m.layer_forward_us + m.block_forward_us * others}[self.checkpointing]
+            return (m.layer_forward_us if forward else m.layer_backward_us + recompute) + overlapped, overlapped
+        if self.rate <= 0:
+            return 0.0, 0.0
+        shape, tokens = self.shape, self._tokens() / self.par.tp
+        # the attention's masked half skipped, as causal kernels do and predict_layout counts (Job.causal_halved)
+        flops = shape.layer_forward_flops(index, causal_halved=True) * tokens
+        attention = shape.attention_score_flops(causal_halved=True) * tokens
+        recompute = {"none": 0.0, "selective": attention, "full": flops}[self.checkpointing]
+        total = flops if forward else 2 * flops + recompute
+        return total / self.rate, (min(total, attention * (1 if forward else 2)) if ring else 0.0) / self.rate
+
     def _tokens(self) -> float:
         return self.microbatch * self.shape.seq_len / self.par.cp
 
     # ------------------------------------------------------------ compute and calls
 
-    def _compute(self, flops: float) -> None:
-        if self.rate <= 0 or flops <= 0:
+    def _compute(self, us: float) -> None:
+        if us <= 0:
             return
-        us = flops / self.rate
         self.clock.rebase(0.0)
         self.clock.compute_until(us)
         self.figures.compute_us += us
@@ -229,7 +258,7 @@ class LayoutReplay:
             work = dist.all_to_all_single(self._buffer(count, "received", dtype), full, group=group, async_op=True)
         self._wait(call.dim, [work])
 
-    def _ring_step(self, call: LayerCall, attention_flops: float) -> None:
+    def _ring_step(self, call: LayerCall, attention_us: float) -> None:
         """One ring-attention step: this rank's K/V block to the next CP rank while the previous one's arrives,
         beside the attention on the block in hand."""
         import torch.distributed as dist
@@ -241,7 +270,7 @@ class LayoutReplay:
         works = dist.batch_isend_irecv([
             dist.P2POp(dist.isend, self._buffer(count, "ring send"), members[(at + 1) % len(members)], group),
             dist.P2POp(dist.irecv, self._buffer(count, "ring recv"), members[at - 1], group)])
-        self._compute(attention_flops)
+        self._compute(attention_us)
         self._wait("cp", works)
 
     def _p2p(self, kind: str, virtual_stage: int, p: Pass):
@@ -307,12 +336,14 @@ def replay_layout_steps(ctx) -> None:
     cfg, backend = ctx.cfg, ctx.backend
     par = Parallelism(**cfg.layout)
     shape = ctx.profile.transformer
-    torch.set_num_threads(1)  # the compute is emulated: the ranks' cores are the communication's
+    torch.set_num_threads(1)  # the ranks share the host's cores, as train --layout's do
     rate = cfg.tflops * 1e6 if cfg.compute == "flops" and cfg.tflops else 0.0
+    measured, cpu_time = measure_on_ranks(ctx, par, shape) if cfg.compute == "measured" else (None, False)
     replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, cfg.checkpointing, rate,
-                          peer_wait_s(cfg.timeout_s))
+                          peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
     backend.barrier()
-    label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else "none"
+    label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else \
+        ("measured" + (" (CPU time)" if cpu_time else "")) if measured else "none"
     per_step = "; ".join(f"{dim} {c.collective} x{c.count} {c.phase} of {c.nbytes:,d} B"
                          for dim in ("tp", "cp", "ep") for c in layer_calls(par, shape, cfg.microbatch,
                                                                             cfg.checkpointing, shape.moe)
@@ -324,9 +355,10 @@ def replay_layout_steps(ctx) -> None:
                       f"{per_step or 'no calls'}" + (f"; pipeline {par.pp_schedule}" + (
                           f" with {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "") +
                           f", sends of {replay.boundary_nbytes:,d} B" if par.pp > 1 else ""),
-                      "compute emulated (" + label + "); step = compute + exposed + other: exposed is the time the "
-                      "rank waited for its calls and its pipeline neighbours (comm = exposed); " + _dp_text(replay)],
-              {"layout": par.to_dict()})
+                      "compute emulated (" + label + _measured_text(measured) + "); step = compute + exposed + "
+                      "other: exposed is the time the rank waited for its calls and its pipeline neighbours (comm = "
+                      "exposed); " + _dp_text(replay)],
+              {"layout": par.to_dict(), **({"layout_compute_us": asdict(measured)} if measured else {})})
     ctx.fixed["layout"] = par.to_dict()
     backend.barrier()
     for index in range(cfg.warmup_steps + cfg.steps):
@@ -335,6 +367,10 @@ def replay_layout_steps(ctx) -> None:
                            "exposed_comm_us": figures.exposed_us, "step_us": figures.step_us,
                            "other_us": figures.other_us},
                    {"layout": par.name, "exposed_by_dim_us": dict(figures.by_dim_us)})
+
+
+def _measured_text(measured: RankCompute | None) -> str:
+    return f": {measured.text()} per micro-batch (optimizer: per step), each the slowest rank's" if measured else ""
 
 
 def _dp_text(replay: LayoutReplay) -> str:

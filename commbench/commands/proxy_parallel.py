@@ -19,7 +19,8 @@ def layout_replay_options(fn):
                      help="Replay (proxy) or train (train) a parallel layout (a transformer profile; --backend torch): "
                           "tp2,dp2; tp2sp,dp2 "
                           "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
-                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops; "
+                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops, or "
+                          "without it measured on each rank's own layers (--compute measured); "
                           "train: data parallel as FSDP2 (fsdpN)."),
         click.option("--microbatches", type=int, default=None,
                      help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
@@ -45,8 +46,6 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
                                 "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
                 (not training and not (cls.makes_ddp_calls and cls.runs_rank_groups),  # torch.distributed's calls
                  "--layout replays on --backend torch (gloo or NCCL groups)"),
-                (not training and compute == "measured", "--layout emulates the compute from the shape's FLOPs: "
-                                                         "give --tflops RATE or --compute none"),
                 (o.validate, "--validate compares with DDP training, not with a --layout"),
                 (o.batch is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
                                       "--microbatches, not --batch"),
@@ -63,6 +62,8 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
         par = replace(par, microbatches=microbatches)
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
         settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
+        if not training and compute == "measured":
+            _check_measured(o, par, shape)
         if training:
             from commbench.proxies.train_layouts import spec_of
 
@@ -74,13 +75,26 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
 
 
 
-def _training_refusals(o) -> list[tuple[bool, str]]:
-    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+def _check_measured(o, par, shape) -> None:
+    """The replay's compute timed on each rank's own pieces (proxies/layout_compute.py): what cannot be
+    measured here is one line."""
+    from commbench.proxies.layout_compute import refusal
+
+    why = refusal(par, shape, o.microbatch, on_cpu=not _on_gpu(o))
+    if why:
+        raise UsageFault(why)
+
+
+def _on_gpu(o) -> bool:
+    """Whether the ranks run on GPUs: --device auto on a GPU host resolves to cuda (torch_dist.resolve_device)."""
     from commbench.backends.torch_lazy import cuda_available
 
-    # --device auto on a GPU host resolves to cuda (torch_dist.resolve_device), which the trainer cannot run
-    on_gpu = o.device == "cuda" or o.torch_backend == "nccl" or \
+    return o.device == "cuda" or o.torch_backend == "nccl" or \
         (o.device == "auto" and o.torch_backend != "gloo" and cuda_available())
-    return [(on_gpu, "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
+
+
+def _training_refusals(o) -> list[tuple[bool, str]]:
+    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+    return [(_on_gpu(o), "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
             (o.amp, "train --layout trains in fp32: drop --amp"),
             (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]

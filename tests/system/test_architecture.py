@@ -48,7 +48,7 @@ FLOORS = {
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
         "commbench.proxies.steps", "commbench.proxies.channels", "commbench.proxies.clocks",
         "commbench.proxies.extract", "commbench.proxies.train_layout*", "commbench.analysis.predict_proxy",
-        "commbench.proxies.replay_trace", "commbench.proxies.replay_layout"],
+        "commbench.proxies.replay_trace", "commbench.proxies.replay_layout", "commbench.proxies.layout_compute"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
         "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare",
         "commbench.analysis.report_timeline"],
