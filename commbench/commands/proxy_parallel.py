@@ -20,7 +20,7 @@ def layout_replay_options(fn):
                           "tp2,dp2; tp2sp,dp2 "
                           "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
                           "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops; "
-                          "train: data parallel as FSDP2 (fsdpN)."),
+                          "train: data parallel as DDP (ddpN) or FSDP2 (fsdpN)."),
         click.option("--microbatches", type=int, default=None,
                      help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
         *schedule_options("none"),
@@ -73,7 +73,6 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
             "checkpointing": o.checkpointing, "setup": par.setup}
 
 
-
 def _training_refusals(o) -> list[tuple[bool, str]]:
     """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
     from commbench.backends.torch_lazy import cuda_available
@@ -81,6 +80,8 @@ def _training_refusals(o) -> list[tuple[bool, str]]:
     # --device auto on a GPU host resolves to cuda (torch_dist.resolve_device), which the trainer cannot run
     on_gpu = o.device == "cuda" or o.torch_backend == "nccl" or \
         (o.device == "auto" and o.torch_backend != "gloo" and cuda_available())
+    knobs = " ".join(f"--{name.replace('_', '-')}" for name in sorted(o.given_knobs()))
     return [(on_gpu, "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
+            (bool(knobs), f"train --layout runs DDP and FSDP2 with their defaults: drop {knobs}"),
             (o.amp, "train --layout trains in fp32: drop --amp"),
             (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]
