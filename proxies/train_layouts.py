@@ -2,8 +2,9 @@
 
 A layout runs a small transformers LlamaForCausalLM (`ModelShape`; an expert-parallel MoE in place of
 every MLP for EP) on a 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost; EP groups are ep consecutive
-ranks of the flattened (dp, cp) ranks. `run_layout` trains it on an initialised gloo group and traces
-each call of the last steps (proxies/train_layout_trace.py); `train_layouts` spawns the local ranks.
+ranks of the flattened (dp, cp) ranks (proxies/train_layout_build.py builds it on a rank). `run_layout`
+trains it on an initialised gloo group and traces each call of the last steps
+(proxies/train_layout_trace.py); `train_layouts` spawns the local ranks.
 
 What torch 2.14.1 issues per optimizer step, per rank (tests/unit/proxies/test_train_layouts.py pins
 each line on 4 gloo ranks). b sequences of s tokens per data-parallel rank, h hidden, L layers, f the
@@ -25,6 +26,8 @@ bytes are nccl-tests' size (the larger per-rank buffer):
                  alltoall              ep     4bskh sent or received 4L (dispatch, combine, their transposes)
   DP (FSDP2)     allgather             dp     a unit's bytes         2 per layer unit (with PP: M + 1), 1 root
                  reduce_scatter        dp     a unit's bytes         1 per unit, 1 per root
+  DP (DDP)       allreduce             dp     the rank's parameters  1 per stage (one bucket here: under 1 MiB)
+                 broadcast             dp     4 head_dim             1 without PP (the rotary buffers), 0 with
 
 A unit's bytes are the decoder layer's parameters on this rank: (2h^2 + 2h kv + 3hf) / tp + 2h (norms
 replicated over TP), or with EP 2h^2 + 2h kv + Eh + 2h on "dp" and (E / ep) 3hf on "edp" (the ranks
@@ -33,7 +36,9 @@ pipeline, the first stage's and the last stage's parts); with CP, FSDP shards ov
 Where this differs from the textbook: TP's backward issues one allreduce per column-parallel linear
 (each redistributes its own replicated input), not Megatron's one per block; FSDP2 under a pipeline
 gathers a unit in each micro-batch's forward (reshard after forward) but once in the backward and
-reduce-scatters once (torch.distributed.pipelining defers gradient sync to the last micro-batch).
+reduce-scatters once (torch.distributed.pipelining defers gradient sync to the last micro-batch), and DDP
+under a pipeline allreduces once a step, for the same reason. Beside a pipeline, CP, EP and SP issue per
+micro-batch what they issue per step without one, on the stage's layers (docs/layouts.md).
 """
 from __future__ import annotations
 
