@@ -49,7 +49,8 @@ def tensor_parallel(model, mesh, sequence_parallel: bool) -> None:
 
 def shard_data_parallel(model: nn.Module, units, mesh) -> None:
     """FSDP2 on the data-parallel mesh: each unit (a decoder layer), then the root
-    (reshard_after_forward=True, as `--setup fsdp-full`)."""
+    (reshard_after_forward=True, as `--setup fsdp-full`). DDP, the other wrapper, is one call
+    (proxies/train_layout_build.py)."""
     from torch.distributed.fsdp import fully_shard
 
     for unit in units:
@@ -59,29 +60,34 @@ def shard_data_parallel(model: nn.Module, units, mesh) -> None:
 
 class LlamaStage(nn.Module):
     """A pipeline stage of a LlamaForCausalLM: the embedding on the first, a contiguous run of decoder
-    layers, the final norm and the output layer on the last; positions and rotary embeddings are
-    recomputed on each stage (they carry no parameters), so only hidden states cross a boundary."""
+    layers, the final norm and the output layer on the last; rotary embeddings are recomputed on each stage
+    from this rank's token `positions` (1, tokens: its CP block of the sequence; they carry no parameters), so
+    only hidden states cross a boundary (under sequence parallelism, this TP rank's part of them)."""
 
-    def __init__(self, model, layer_ids: list[int], first: bool, last: bool):
+    def __init__(self, model, layer_ids: list[int], first: bool, last: bool, positions: torch.Tensor):
         super().__init__()
         self.embed_tokens = model.model.embed_tokens if first else None
         self.layers = nn.ModuleList([model.model.layers[i] for i in layer_ids])
         self.rotary_emb = model.model.rotary_emb
         self.norm = model.model.norm if last else None
         self.lm_head = model.lm_head if last else None
+        self.positions = positions
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(inputs) if self.embed_tokens is not None else inputs
-        positions = torch.arange(hidden.shape[1]).unsqueeze(0)
-        rotary = self.rotary_emb(hidden, positions)
+        rotary = self.rotary_emb(hidden, self.positions)
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=None, position_embeddings=rotary, position_ids=positions)
+            hidden = layer(hidden, attention_mask=None, position_embeddings=rotary, position_ids=self.positions)
         return self.lm_head(self.norm(hidden)) if self.lm_head is not None else hidden
 
 
-def pipeline_stages(model, mesh, virtual: int, shard: bool) -> list:
+def pipeline_stages(model, mesh, virtual: int, positions: torch.Tensor, replicas, examples) -> list:
     """This rank's PipelineStages: pp x `virtual` stages of equal runs of layers, stage i on pipeline
-    rank i mod pp (torch's looped placement for the interleaved schedule), each FSDP2-sharded on "dp"."""
+    rank i mod pp (torch's looped placement for the interleaved schedule), each stage module given to
+    `replicas(module, units)` (the data-parallel wrapper, proxies/train_layout_build.py), which returns the
+    module the stage runs. `examples(first, last)`: a micro-batch's input and output tensors of a stage, which
+    fix the stage's shapes: torch's inference of them otherwise runs a forward and backward outside DDP's
+    no_sync, whose gradient hooks a DDP stage then counts twice (the interleaved schedule fails on it)."""
     from torch.distributed.pipelining import PipelineStage
 
     pp, rank = mesh["pp"].size(), mesh["pp"].get_local_rank()
@@ -90,10 +96,10 @@ def pipeline_stages(model, mesh, virtual: int, shard: bool) -> list:
     stages = []
     for index in range(rank, count, pp):
         module = LlamaStage(model, list(range(index * per_stage, (index + 1) * per_stage)), index == 0,
-                            index == count - 1)
-        if shard:
-            shard_data_parallel(module, list(module.layers), mesh["dp"])
-        stages.append(PipelineStage(module, index, count, torch.device("cpu"), group=mesh.get_group("pp")))
+                            index == count - 1, positions)
+        inputs, outputs = examples(index == 0, index == count - 1)
+        stages.append(PipelineStage(replicas(module, list(module.layers)), index, count, torch.device("cpu"),
+                                    input_args=inputs, output_args=outputs, group=mesh.get_group("pp")))
     return stages
 
 

@@ -1,6 +1,6 @@
-"""`commbench train MODEL --layout SPEC`: the real training of a parallel layout (proxies/train_layouts.py:
-TP by parallelize_module, pipelining's schedules, ring attention, an expert-parallel MoE, FSDP2 on the
-data-parallel ranks) as one rank of the `train` job, with the header, step records and summary of
+"""`commbench train MODEL --layout SPEC`: the real training of a parallel layout (proxies/train_layout_build.py:
+TP by parallelize_module, pipelining's schedules, ring attention, an expert-parallel MoE, FSDP2 or DDP on
+the data-parallel ranks) as one rank of the `train` job, with the header, step records and summary of
 `proxy --layout` (proxies/context.py), so that the two files compare step by step.
 
 A step is one optimizer step: every micro-batch's forward and backward (the pipeline's schedule), the
@@ -12,7 +12,8 @@ import gc
 import time
 
 from commbench.proxies.parallelism import Parallelism
-from commbench.proxies.train_layouts import build_layout, spec_of
+from commbench.proxies.train_layout_build import build_layout
+from commbench.proxies.train_layouts import spec_of
 
 
 def train_layout_steps(ctx) -> None:
@@ -27,7 +28,8 @@ def train_layout_steps(ctx) -> None:
     ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
     pipeline = (f"; pipeline {par.pp_schedule}" + (f" with {par.virtual_stages} virtual stages"
                                                    if par.virtual_stages > 1 else "")) if par.pp > 1 else ""
-    data = f"FSDP2 on dp x cp = {par.dp * par.cp} ranks" if par.dp * par.cp > 1 else "no data-parallel replicas"
+    wrapper = {"fsdp": "FSDP2", "ddp": "DDP"}[spec.data_parallel]
+    data = f"{wrapper} on dp x cp = {par.dp * par.cp} ranks" if par.dp * par.cp > 1 else "no data-parallel replicas"
     try:
         ctx.start("real", [f"real training of layout {par.name} on {par.world} ranks: a transformers Llama of the "
                            f"profile's shape" + (f" with {shape.experts} experts (top {shape.top_k})"

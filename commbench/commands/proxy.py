@@ -128,6 +128,7 @@ Examples:
   commbench train resnet50 --nprocs 2 --batch 16 --steps 40        # 2 CPU ranks, gloo
   torchrun --nproc-per-node 8 -m commbench train resnet50 --amp --warmup-steps 20 --steps 100
   commbench train llama-tiny --layout tp2,fsdp2 -N 4               # a parallel layout on 4 CPU ranks
+  commbench train llama-tiny --layout tp2,ddp2 -N 4                # DDP as the data-parallel part
   commbench train llama-tiny --layout pp2,fsdp2 --microbatches 4 -N 4 --emulate 2x2
 """)
 @_common

@@ -21,7 +21,7 @@ def layout_replay_options(fn):
                           "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
                           "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops, or "
                           "without it measured on each rank's own layers (--compute measured); "
-                          "train: data parallel as FSDP2 (fsdpN)."),
+                          "train: data parallel as DDP (ddpN) or FSDP2 (fsdpN)."),
         click.option("--microbatches", type=int, default=None,
                      help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
         *schedule_options("none"),
@@ -74,7 +74,6 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
             "checkpointing": o.checkpointing, "setup": par.setup}
 
 
-
 def _check_measured(o, par, shape) -> None:
     """The replay's compute timed on each rank's own pieces (proxies/layout_compute.py): what cannot be
     measured here is one line."""
@@ -95,6 +94,8 @@ def _on_gpu(o) -> bool:
 
 def _training_refusals(o) -> list[tuple[bool, str]]:
     """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+    knobs = " ".join(f"--{name.replace('_', '-')}" for name in sorted(o.given_knobs()))
     return [(_on_gpu(o), "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
+            (bool(knobs), f"train --layout runs DDP and FSDP2 with their defaults: drop {knobs}"),
             (o.amp, "train --layout trains in fp32: drop --amp"),
             (o.checkpointing != "none", "train --layout keeps every activation: --checkpointing none")]

@@ -509,6 +509,8 @@ UNTESTED_BY_NAME = {
     "proxies/trace_json": "unit/proxies/test_trace_torch.py",
     "proxies/stage_share": "unit/proxies/test_replay_layout.py, unit/analysis/test_predict_layout.py",
     "proxies/train_layout_parts": "unit/proxies/test_train_layouts.py (one 4-rank job trains every layout)",
+    "proxies/train_layout_build": "unit/proxies/test_train_layouts.py, commands/test_train_layout.py",
+    "proxies/train_layout_model": "unit/proxies/test_train_layouts.py",
     "proxies/train_layout_moe": "unit/proxies/test_train_layouts.py",
     "proxies/train_layout_ring": "unit/proxies/test_train_layouts.py",
     "proxies/train_layout_trace": "unit/proxies/test_train_layouts.py",
