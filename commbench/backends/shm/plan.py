@@ -10,9 +10,10 @@ operation at half a copy's speed, where 512 B-2 KiB ran it at a copy's (docs/per
 So, as FFTW's planner does, they are measured on first use: probe.py, in a process of its own, times the
 candidates paired (two processes at once, as the two ranks run) and keeps one only where it beats the
 incumbent. The result is cached beside the built library (plan.json, JSON only) with the machine's identity
-(CPU model, core count, cache sizes, the library's hash): a change of any of them measures again. The
-header of every run says the values and where they came from (the table's `# shm plan:` line, the JSON
-header's `shm_plan`).
+(CPU model, core count, cache sizes, the library's hash): a change of any of them measures again, and so does
+the first job that finds the machine quiet when the plan was measured on a busy one (the load per core is
+kept). The header of every run says the values and where they came from (the table's `# shm plan:` line, the
+JSON header's `shm_plan`).
 
 $COMMBENCH_SHM_PLAN overrides: `default` (the built-in values, nothing measured) or any of
 `block=1K,nt=both,nt_in_place=none,prefetch=0`; knobs it leaves out come from the cached or measured plan.
@@ -40,6 +41,10 @@ BLOCK_RANGE, PREFETCH_MAX = (64, 65536), 1 << 20  # FUSED_BLOCK_MAX in shm_nativ
 PROBE_TIMEOUT_S = 60.0  # at most, and a third of the job's timeout: the other ranks wait for rank 0 meanwhile
 MEASURE_MIN_TIMEOUT_S = 30.0  # a job with a shorter timeout runs the cached plan, else the built-in values
 KEYS = {"block": "block_bytes", "nt": "nt", "nt_in_place": "nt_in_place", "prefetch": "prefetch_bytes"}
+# A plan measured while more was runnable than there were cores is kept, and measured again by the first job
+# that finds the machine quieter: on the CI VM a plan probed at load 5-18 kept `nt in place both, prefetch
+# 1 KiB`, where the same machine idle chose `none, 0` (docs/performance.md, issue 38).
+BUSY_LOAD_PER_CORE, QUIET_LOAD_PER_CORE = 1.0, 0.75
 
 
 @dataclass(frozen=True)
@@ -143,13 +148,27 @@ def identity(library: Path) -> dict:
             "library": hashlib.sha256(library.read_bytes()).hexdigest()[:16]}
 
 
-def read_cached(path: Path, wanted: dict) -> tuple[Plan, str] | None:
-    """The cached plan and when it was measured, if it was measured for `wanted` (else None: measure again)."""
+def load_per_core() -> float:
+    """The 1-minute load average over the cores (0 where the system does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def read_cached(path: Path, wanted: dict, again_if_quiet: bool = True) -> tuple[Plan, str] | None:
+    """The cached plan and when it was measured, if it was measured for `wanted` (else None: measure again),
+    and None too for a plan measured on a busy machine when this one is quiet (`again_if_quiet`)."""
     try:
         data = json.loads(path.read_text())
         if data.get("identity") != wanted:
             return None
-        return checked(dict(data["plan"])), str(data.get("measured_utc", "?"))
+        busy = float(data.get("load_per_core", 0.0))
+        if again_if_quiet and busy > BUSY_LOAD_PER_CORE and load_per_core() <= QUIET_LOAD_PER_CORE:
+            return None
+        when = str(data.get("measured_utc", "?"))
+        return checked(dict(data["plan"])), when + (f" at load {busy:.1f} per core" if busy > BUSY_LOAD_PER_CORE
+                                                    else "")
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # unreadable, or written by another version: measured again
 
@@ -179,7 +198,7 @@ def choose(library: Path, measure_fn=measure, job_timeout_s: float = 300.0) -> C
         base, source = _cached_or_measured(library, lambda path: measure_fn(path, budget_s), budget_s)
     else:
         try:
-            found = read_cached(library.parent / PLAN_FILE, identity(library))
+            found = read_cached(library.parent / PLAN_FILE, identity(library), again_if_quiet=False)
         except OSError:
             found = None
         base, source = (found[0], f"cached, measured {found[1]}") if found else \
@@ -215,12 +234,14 @@ def _cached_or_measured(library: Path, measure_fn, budget_s: float = PROBE_TIMEO
             found = read_cached(path, wanted)  # another job measured it while this one waited
             if found:
                 return found[0], f"cached, measured {found[1]}"
+            busy = load_per_core()  # before the probe, whose two processes add their own
             result = measure_fn(library)
             plan = checked(dict(result["plan"]))
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             _write(path, {"identity": wanted, "plan": asdict(plan), "measured_utc": stamp,
-                          "probe": {k: v for k, v in result.items() if k != "plan"}})
-            return plan, f"measured {stamp}"
+                          "load_per_core": round(busy, 2), "probe": {k: v for k, v in result.items() if k != "plan"}})
+            return plan, f"measured {stamp}" + (f" at load {busy:.1f} per core (measured again when quieter)"
+                                                if busy > BUSY_LOAD_PER_CORE else "")
     except subprocess.TimeoutExpired as exc:
         return Plan(), f"default: not measured (the probe took over {exc.timeout:g} s)"
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:

@@ -14,6 +14,7 @@ from commbench.backends.shm.plan import Plan
 @pytest.fixture
 def library(tmp_path, monkeypatch):
     monkeypatch.delenv(shm_plan.PLAN_VAR, raising=False)
+    monkeypatch.setattr(shm_plan, "load_per_core", lambda: 0.0)  # the machine's own load decides nothing here
     path = tmp_path / "build" / "libcb_shm.so"
     path.parent.mkdir()
     path.write_bytes(b"the library's bytes")
@@ -155,3 +156,20 @@ def test_a_probe_past_its_time_says_how_long_it_had(library):
         raise subprocess.TimeoutExpired(["probe"], timeout_s)
     chosen = shm_plan.choose(library, slow, job_timeout_s=30)
     assert chosen.plan == Plan() and chosen.source == "default: not measured (the probe took over 10 s)"
+
+
+def test_a_plan_measured_on_a_busy_machine_is_measured_again_when_it_is_quiet(library, monkeypatch):
+    measure, load = Measure(), {"per_core": 4.0}
+    monkeypatch.setattr(shm_plan, "load_per_core", lambda: load["per_core"])
+    busy = shm_plan.choose(library, measure)
+    assert "at load 4.0 per core" in busy.source and "measured again when quieter" in busy.source
+    assert json.loads((library.parent / shm_plan.PLAN_FILE).read_text())["load_per_core"] == 4.0
+    still = shm_plan.choose(library, measure)  # still busy: the cached plan, said to be a busy one
+    assert measure.calls == 1 and still.source.startswith("cached") and "at load 4.0" in still.source
+    load["per_core"] = 0.5
+    short = shm_plan.choose(library, measure, job_timeout_s=5.0)  # no room to measure: the busy plan, not defaults
+    assert measure.calls == 1 and short.plan == busy.plan
+    quiet = shm_plan.choose(library, measure)
+    assert measure.calls == 2 and quiet.source.startswith("measured") and "load" not in quiet.source
+    load["per_core"] = 4.0  # a quiet plan stays, whatever the load later
+    assert shm_plan.choose(library, measure).source.startswith("cached") and measure.calls == 2
