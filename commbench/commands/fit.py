@@ -62,7 +62,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     except F.FitError as exc:
         raise UsageFault(str(exc)) from exc
     if runs:
-        hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs])
+        hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs], links)
     poor = F.poor_fit(hw.meta)
     if poor and not accept_poor_fit:
         raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
@@ -92,9 +92,10 @@ def _base_only(base_hw, runs: list[str]):
     return base_hw
 
 
-def _with_step_terms(hw, runs: list[str], records: list[dict]):
+def _with_step_terms(hw, runs: list[str], records: list[dict], links: bool = False):
     """`hw` with the step terms the proxy runs `runs` fit (analysis/fit_step_terms.py); each term they cannot pin
-    keeps `hw`'s own (--base's block), else its class default, said on stderr."""
+    keeps `hw`'s own (--base's block), else its class default, said on stderr. Runs that pin no term are refused
+    where they were all there was to fit; beside sweeps (`links`) the links are written and the terms left, said."""
     import time
 
     from commbench.analysis import fit_step_terms as S
@@ -105,7 +106,10 @@ def _with_step_terms(hw, runs: list[str], records: list[dict]):
     try:
         terms, notes = S.fit_step_terms(rows, device, evidence, hw.step_terms)
     except S.StepTermsFitError as exc:
-        raise UsageFault(f"{exc}{''.join('; ' + note for note in skipped)}") from exc
+        if not links:
+            raise UsageFault(f"{exc}{''.join('; ' + note for note in skipped)}") from exc
+        warn(f"step terms: none written ({exc}{''.join('; ' + note for note in skipped)})")
+        return hw
     for note in [*skipped, *notes]:
         warn(f"step terms: {note}")
     return replace(hw, step_terms=terms)

@@ -112,3 +112,21 @@ def test_runs_that_pin_no_term_are_refused_in_one_line(tmp_path):
     proc = commbench("fit", run, "--base", "dgx-a100", "-o", str(tmp_path / "hw.json"))
     assert proc.returncode == 2 and "no step term could be fitted" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "hw.json").exists()
+
+
+def test_runs_that_pin_no_term_beside_sweeps_leave_the_terms_and_write_the_links(tmp_path):
+    """The README's `commbench fit shm.jsonl p-shm.jsonl`: one replay of one bucket count pins no term, and the
+    sweep's links are still fitted and written, the terms left out with the reason said."""
+    run = write_run(tmp_path / "p.jsonl", "a", 4)
+    records = [json.loads(x) for x in open(run)]
+    for r in records:
+        if r["record"] == "step":
+            r["comm_us"] = 5000.0
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    hw = tmp_path / "hw.json"
+    proc = commbench("fit", _sweep(tmp_path / "sweep.jsonl"), run, "-o", str(hw))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(hw.read_text())
+    assert data["levels"]["intra"]["bw_gbps"] == pytest.approx(8.0, rel=1e-2)
+    assert not data.get("step_terms")  # no block: predictions use the class defaults, as before fit read runs
+    assert "step terms: none written (no step term could be fitted" in proc.stderr and "Traceback" not in proc.stderr
