@@ -28,15 +28,27 @@ import sys
 import time
 from dataclasses import replace
 
-LAYOUTS = ("fsdp4", "tp2,fsdp2", "pp2,fsdp2", "tp2,pp2", "cp2,fsdp2")
+LAYOUTS = ("fsdp4", "tp2,fsdp2", "pp2,fsdp2", "pp2,fsdp2@interleaved", "tp2,pp2", "cp2,fsdp2")
 NOMINAL_TFLOPS = 0.01
 
 
-def commbench(kind: str, layout: str, args: argparse.Namespace, *extra: str) -> dict:
+def schedule_of(entry: str) -> tuple[str, list[str]]:
+    """`LAYOUT` or `LAYOUT@interleaved` (1F1B with 2 virtual stages a rank): the layout and its schedule options."""
+    layout, _, schedule = entry.partition("@")
+    if schedule not in ("", "1f1b", "gpipe", "interleaved"):
+        raise SystemExit(f"{entry!r}: a layout's schedule is @1f1b, @gpipe or @interleaved")
+    if not schedule:
+        return layout, []
+    return layout, ["--pp-schedule", schedule, *(["--virtual-stages", "2"] if schedule == "interleaved" else [])]
+
+
+def commbench(kind: str, entry: str, args: argparse.Namespace, *extra: str) -> dict:
     """Run `commbench KIND llama-tiny --layout LAYOUT`; its summary record (or {"failed": its last line})."""
-    name = f"{kind}-{layout.replace(',', '_')}{''.join(extra).replace('-', '').replace('.', 'p')}.jsonl"
+    layout, schedule = schedule_of(entry)
+    tag = entry.replace(",", "_").replace("@", "_")
+    name = f"{kind}-{tag}{''.join(extra).replace('-', '').replace('.', 'p')}.jsonl"
     out = os.path.join(args.out, name)
-    cmd = [sys.executable, "-m", "commbench", kind, args.model, "--layout", layout,
+    cmd = [sys.executable, "-m", "commbench", kind, args.model, "--layout", layout, *schedule,
            *(["--emulate", args.emulate] if args.emulate else ["-N", str(args.nprocs)]), "--steps", str(args.steps),
            "--warmup-steps", str(args.warmup_steps), "--json", out, "--force", *extra]
     pipelined = "pp" in layout
@@ -65,7 +77,7 @@ def fit_rate(train_step_us: float, nominal: dict) -> float:
     return flop / left_us / 1e6
 
 
-def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | None:
+def predicted_us(entry: str, rate: float, args: argparse.Namespace) -> float | None:
     """analysis/predict_layout.py's step for the layout at `rate`, costed by the fitted hardware."""
     if not args.hw:
         return None
@@ -75,7 +87,9 @@ def predicted_us(layout: str, rate: float, args: argparse.Namespace) -> float | 
     from commbench.proxies.profile import load_profile
 
     profile = load_profile(args.model)
-    par = parse_layout(layout, "ddp", args.nprocs)
+    layout, schedule = schedule_of(entry)
+    par = parse_layout(layout, "ddp", args.nprocs, pp_schedule=schedule[1] if schedule else "1f1b",
+                       virtual_stages=2 if "interleaved" in schedule else 1)
     par = replace(par, microbatches=args.microbatches if par.pp > 1 else 1)
     per_node = int(args.emulate.split("x")[1]) if args.emulate else args.nprocs
     microbatch = args.sequences // par.microbatches
@@ -132,7 +146,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
     parser.add_argument("--layouts", default=";".join(LAYOUTS),
-                        help="Layouts separated by ';' (the first calibrates the rate).")
+                        help="Layouts separated by ';' (the first calibrates the rate); LAYOUT@interleaved runs "
+                             "interleaved 1F1B with 2 virtual stages a rank (@gpipe, @1f1b: those schedules).")
     parser.add_argument("--nprocs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=3)
