@@ -134,6 +134,12 @@ CATALOG: dict[str, ModelSpec] = {spec.name: spec for spec in (
               "tie_word_embeddings=false", (64,), "sequences", 4,
               "commbench's own choice: small enough to train on 4 CPU ranks in seconds",
               note="a Llama-shaped model made up for tests (4 layers, hidden 64, 4 heads, 2 key-value heads)"),
+    ModelSpec("mixtral-tiny", "transformers:MixtralForCausalLM:hidden_size=64,intermediate_size=176,"
+              "num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2,vocab_size=1024,"
+              "max_position_embeddings=64,tie_word_embeddings=false,num_local_experts=4,num_experts_per_tok=2",
+              (64,), "sequences", 4, "commbench's own choice, as llama-tiny's",
+              note="llama-tiny's shape with every MLP a mixture of 4 experts of its FFN (top 2), made up so that "
+                   "expert parallelism trains on 4 CPU ranks (--layout ep2,fsdp2)"),
     ModelSpec("speech_transformer", "commbench.proxies.models.speech_transformer:build", (), "utterances", 10,
               _TB.format("speech_transformer") + " declares 32, but its frame-budget batching of a 10-utterance "
               "training set gives 10 per step (pytorch/benchmark issue #1560)"),
