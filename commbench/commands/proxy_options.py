@@ -2,15 +2,18 @@
 commands/proxy_plan.py and proxy_parallel.py read typed fields, never a dict of options. `train` has no
 options for the backend or the compute: its value keeps their defaults (torch's library allreduce, the job's
 own ranks, the real model) and says `train`; its --layout options are proxy's (trained for real). The setup's
-knobs (one flag each, commands/setup_flags.py) are kept together, as given."""
+knobs (one flag each, commands/setup_flags.py) are kept together, as given. The backend's, the ranks' and the
+output's options are the base's (commands/ranks_options.py), shared with sweep."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
+from commbench.commands.ranks_options import RanksOptions
 
-@dataclass(frozen=True)
-class ProxyOptions:
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyOptions(RanksOptions):
     model: str
     # the step
     batch: int | None = None
@@ -32,28 +35,9 @@ class ProxyOptions:
     pp_schedule: str = "1f1b"
     virtual_stages: int = 1
     checkpointing: str = "none"
-    # what runs the calls
-    backend: str = "torch"
-    algorithm: str = "auto"
-    tuning: str | None = None
-    torch_backend: str = "auto"
-    device: str = "auto"
-    hw: str | None = None
-    # the ranks and their layout
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    topology: str | None = None
-    nprocs: int | None = None
+    # the ranks beside the base's: --local, every rank of --nodes spawned here
     spawn_local: bool = False
-    oversubscribe: bool = False
-    launcher: str = "auto"
-    emulate: str | None = None
-    link: str | None = None
-    timeout_s: float = 300.0
-    # outputs and the run's extras
-    json_path: str | None = None
-    force: bool = False
-    monitor: bool = False
+    # the run's extras
     validate: bool = False
     train: bool = False  # the `train` command: real training, not a replay
 

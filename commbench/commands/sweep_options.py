@@ -1,14 +1,17 @@
 """`commbench sweep`'s command line as one frozen value, built once from click's parameters: the rest of the
 command (commands/sweep.py) reads typed fields, never a dict of options. Each field is the option's
-destination name; an option added to the command without its field here fails `from_click` at once."""
+destination name; an option added to the command without its field here fails `from_click` at once. The
+backend's, the ranks' and the output's options are the base's (commands/ranks_options.py), shared with proxy."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
+from commbench.commands.ranks_options import RanksOptions
 
-@dataclass(frozen=True)
-class SweepOptions:
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOptions(RanksOptions):
     # what runs: sizes, collectives, data
     sizes: str | None = None  # --sizes as given (None: the backend's default range)
     factor: float | None = None
@@ -32,32 +35,13 @@ class SweepOptions:
     misalign_nbytes: int = 0
     blocking: str = "0"  # click's choice: "0", "1" or "3"
     check: bool = True
-    monitor: bool = False
     nccl_tests_rows: bool = False
-    # what runs the calls (settled by the backend's class: commands/backend_options.py)
-    backend: str = "torch"
-    algorithm: str = "auto"
-    tuning: str | None = None
+    # the GPU backends' own choices (the rest of the backend's are the base's)
     cuda_mode: str = "auto"
     graph: bool = False
-    hw: str | None = None
-    torch_backend: str = "auto"
-    device: str = "auto"
-    # the ranks and their layout
-    topology: str | None = None
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    nprocs: int | None = None
-    oversubscribe: bool = False
-    launcher: str = "auto"
-    emulate: str | None = None
-    link: str | None = None
-    timeout_s: float = 300.0
-    # outputs
-    json_path: str | None = None
+    # outputs beside the base's --json
     csv_path: str | None = None
     append: bool = False
-    force: bool = False
 
     @classmethod
     def from_click(cls, params: dict[str, Any]) -> SweepOptions:

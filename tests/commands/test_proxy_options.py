@@ -1,5 +1,6 @@
 """proxy's and train's command lines as one typed, frozen value (commands/proxy_options.py), built once from
-click's parameters; the backend's options settled once from it (commands/proxy_plan.py)."""
+click's parameters; the backend's options settled once from it (commands/proxy_plan.py). The options proxy
+shares with sweep are declared once, in their base (commands/ranks_options.py)."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -8,6 +9,9 @@ import pytest
 
 from commbench.commands.proxy import proxy_command, train_command
 from commbench.commands.proxy_options import ProxyOptions
+from commbench.commands.ranks_options import RanksOptions
+from commbench.commands.sweep import sweep
+from commbench.commands.sweep_options import SweepOptions
 from commbench.proxies.setups import KNOBS
 
 OWN = {"knobs", "train"}  # fields no option fills: the knobs gathered, and which command it is
@@ -58,3 +62,22 @@ def test_the_backend_is_resolved_and_settled_once(monkeypatch):
     assert calls == {"resolve_device": 1, "settle": 1}
     assert (plan.mode, plan.world, cfg.backend.backend, cfg.backend.device, cfg.backend.nprocs) == (
         "spawn", 2, "torch", "cpu", 2)
+
+
+BASE = {f.name for f in fields(RanksOptions)}
+
+
+def test_the_base_holds_exactly_the_options_sweep_and_proxy_both_take():
+    assert BASE == {p.name for p in sweep.params} & {p.name for p in proxy_command.params}
+
+
+@pytest.mark.parametrize("options", [SweepOptions, ProxyOptions])
+def test_each_shared_option_is_declared_once_in_the_base(options):
+    assert options.__mro__[1] is RanksOptions
+    assert not BASE & set(vars(options)["__annotations__"])
+
+
+@pytest.mark.parametrize("command", [sweep, proxy_command], ids=["sweep", "proxy"])
+def test_the_base_defaults_as_both_commands_options_do(command):
+    defaults = {p.name: p.default for p in command.params if p.name in BASE}
+    assert defaults == {f.name: f.default for f in fields(RanksOptions)}
