@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -16,6 +18,31 @@ from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, Re
 from commbench.sizes import SizeError, parse_sizes
 from commbench.table import Table
 from commbench.topology import Topology, TopologyError
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """`predict`'s command line as one frozen value, built once from click's parameters: each field is the
+    option's destination name, with click's default."""
+    hw_spec: str
+    collective_names: tuple[str, ...] = ("allreduce",)
+    sizes: str = "1K-1G"
+    factor: float | None = None
+    dtype: str = "float32"
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    topology: str | None = None
+    algorithm: str = "auto"
+    root: int = 0
+    tuning_path: str | None = None
+    json_path: str | None = None
+    force: bool = False
+    append: bool = False
+
+    @classmethod
+    def from_click(cls, params: dict[str, Any]) -> PredictOptions:
+        """The options from click's parameters (a TypeError names an option without a field)."""
+        return cls(**params)
 
 
 @click.command("predict", epilog="""
@@ -42,21 +69,20 @@ Examples:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the predictions as JSON Lines (kind: predicted).")
 @output_options(append=True)
-def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus_per_node, topology, algorithm, root,
-                    tuning_path, json_path, force, append) -> None:
+def predict_command(**params) -> None:
     """Predict collective times and bandwidths from the cost model (no ranks needed)."""
-    said = L.settle(topology, nodes, gpus_per_node)
+    o = PredictOptions.from_click(params)
+    said = L.settle(o.topology, o.nodes, o.gpus_per_node)
     if not said.given:
         raise UsageFault("give the scale to predict: --topology NODESxRANKS, or --nodes N --gpus-per-node G")
-    hw, topo, names, dt, results = _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root,
-                                            json_path, force, append, tuning_path)
+    hw, topo, names, dt, results = _predict(o, said)
     table = Table(["in-place"], show_algorithm=True)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
-    for line in _notes(hw, hw_spec, topo, results):
+    for line in _notes(hw, o.hw_spec, topo, results):
         table.comment(line)
     try:
-        with ResultSink(json_path, append=append) as sink:  # a full disk: the rows and lines before it stay
+        with ResultSink(o.json_path, append=o.append) as sink:  # a full disk: the rows and lines before it stay
             for name in names:
                 table.header(name)
                 for result in (r for r in results if r.collective == name):
@@ -67,9 +93,8 @@ def predict_command(hw_spec, collective_names, sizes, factor, dtype, nodes, gpus
         raise UsageFault(str(exc)) from exc
 
 
-def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, root, json_path, force, append,
-             tuning_path=None):
-    """The options checked (UsageFault: one line, exit 2), then the prediction:
+def _predict(o: PredictOptions, said: L.Layout):
+    """The options checked (UsageFault: one line, exit 2), then the prediction at the layout `said`:
     (hardware, topology, collective names, dtype, results)."""
     # analysis inside the function: its modules add ~40 ms to every `commbench --help` (commands/fit.py)
     from commbench.analysis.hosts import oversubscription
@@ -77,22 +102,22 @@ def _predict(hw_spec, collective_names, sizes, factor, dtype, said, algorithm, r
     from commbench.analysis.predict import predict
 
     try:
-        hw = load_hw(hw_spec, say_poor=False)
+        hw = load_hw(o.hw_spec, say_poor=False)
         uncertainty(hw)  # its intervals' block, checked: one line, not a traceback per row
-        warn_poor(hw, hw_spec)  # after the block is known good: a refusal stays one line
-        size_list = parse_sizes(sizes, factor)
-        names = C.resolve_collectives(collective_names)
-        dt = C.resolve_dtype(dtype)
+        warn_poor(hw, o.hw_spec)  # after the block is known good: a refusal stays one line
+        size_list = parse_sizes(o.sizes, o.factor)
+        names = C.resolve_collectives(o.collective_names)
+        dt = C.resolve_dtype(o.dtype)
         said = L.complete(said, None, hw.ranks_per_node)
         topo = Topology(said.nodes, said.per_node)
-        if not 0 <= root < topo.world:
-            raise ValueError(f"--root {root}: must be a rank in 0..{topo.world - 1}")
+        if not 0 <= o.root < topo.world:
+            raise ValueError(f"--root {o.root}: must be a rank in 0..{topo.world - 1}")
         refused = oversubscription(hw, topo.ranks_per_node)  # CPU ranks beyond the fitted host's cores
         if refused:
             raise UsageFault(refused)
-        check_outputs(("--json", json_path), force=force, append=append)
-        table = tuning.load(tuning_path) if tuning_path else None
-        results = predict(with_topology(hw, topo), names, size_list, dt, topo, algorithm, root, table)
+        check_outputs(("--json", o.json_path), force=o.force, append=o.append)
+        table = tuning.load(o.tuning_path) if o.tuning_path else None
+        results = predict(with_topology(hw, topo), names, size_list, dt, topo, o.algorithm, o.root, table)
     except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
     except (HardwareError, SizeError, TopologyError, ValueError) as exc:

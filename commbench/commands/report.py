@@ -2,12 +2,33 @@
 prediction of them when --hw is given."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import click
 
 from commbench.commands.common import UsageFault, check_directory, output_options, warn
 from commbench.commands.fit import load_hw
 from commbench.costmodel import HardwareError
 from commbench.results import RecordError
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """`report`'s command line as one frozen value, built once from click's parameters: each field is the
+    option's destination name, with click's default."""
+    files: tuple[str, ...]
+    out_dir: str | None = None
+    stragglers: bool = False
+    spike_factor: float = 3.0
+    json_path: str | None = None
+    hw_spec: str | None = None
+    force: bool = False
+
+    @classmethod
+    def from_click(cls, params: dict[str, Any]) -> ReportOptions:
+        """The options from click's parameters (a TypeError names an option without a field)."""
+        return cls(**params)
 
 
 @click.command("report", epilog="""
@@ -31,34 +52,40 @@ Examples:
 @click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
               help="Also draw this cost model's prediction of every measured setup (dashed).")
 @output_options(append=False)
-def report_command(files: tuple[str, ...], out_dir: str | None, hw_spec: str | None, stragglers: bool,
-                   spike_factor: float, json_path: str | None, force: bool) -> None:
+def report_command(**params) -> None:
     """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md); with
     --stragglers, which rank and node held each point up and which iterations spiked."""
-    if stragglers:
-        if out_dir or hw_spec:
+    o = ReportOptions.from_click(params)
+    if o.stragglers:
+        if o.out_dir or o.hw_spec:
             raise UsageFault(f"--stragglers prints its report (and --json writes it): not with "
-                             f"{'-o' if out_dir else '--hw'}")
+                             f"{'-o' if o.out_dir else '--hw'}")
         from commbench.commands.report_stragglers import stragglers as straggler_report
 
-        return straggler_report(list(files), spike_factor, json_path, force)
-    if out_dir is None:
+        return straggler_report(list(o.files), o.spike_factor, o.json_path, o.force)
+    if o.out_dir is None:
         raise UsageFault("missing -o/--output DIRECTORY (or --stragglers, which prints its report)")
-    if json_path:
+    if o.json_path:
         raise UsageFault("--json writes the --stragglers report: give --stragglers, or leave --json out")
+    _write_report(o, o.out_dir)
+
+
+def _write_report(o: ReportOptions, out_dir: str) -> None:
+    """The plots and index.md of `o.files` in `out_dir`, with --hw's prediction beside them."""
     # analysis inside the command: report draws with matplotlib, and the analysis modules add ~40 ms to
     # every `commbench --help` (commands/fit.py)
     from commbench.analysis import report as R
     from commbench.analysis.fit import FitError
 
+    files = list(o.files)
     try:
-        hw = load_hw(hw_spec) if hw_spec else None
-        records = R.read_all(list(files), warn)
+        hw = load_hw(o.hw_spec) if o.hw_spec else None
+        records = R.read_all(files, warn)
     except (HardwareError, RecordError, R.ReportError) as exc:
         raise UsageFault(str(exc)) from exc
-    check_directory(out_dir, "index.md", force)
+    check_directory(out_dir, "index.md", o.force)
     try:
-        index, pngs = R.write_report(records, list(files), out_dir, hw, warn)
+        index, pngs = R.write_report(records, files, out_dir, hw, warn)
     except FitError as exc:  # --hw: a measured point no schedule models
         raise UsageFault(str(exc)) from exc
     except OSError as exc:
@@ -66,4 +93,3 @@ def report_command(files: tuple[str, ...], out_dir: str | None, hw_spec: str | N
     for path in pngs:
         click.echo(f"# wrote {path}")
     click.echo(f"# wrote {index}")
-
