@@ -4,7 +4,7 @@ The comparison scripts (shm_vs_peers.py, peers_cpu.py) run this once: every tool
 compare lives in the same two processes, and per size each comparison A:B runs
 --pairs pairs of short slots in ABBA order (A B, B A, A B, ...). A slot is the tool's
 own barrier, then N back-to-back calls each timed with time.perf_counter (the loop
-commbench's harness times with, TorchBackend.time_iterations); its time_us is each
+commbench's harness times with, DistGroup.time_iterations); its time_us is each
 rank's mean, then the maximum over ranks (commbench's time_us), and its p50_us the
 median over calls of each call's maximum over ranks (commbench's p50_us). N is chosen
 once per tool and size by commbench's adaptive rule (method.py) with --slot-time as the

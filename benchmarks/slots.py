@@ -98,7 +98,7 @@ class Slot:
 
 
 def _loop_us(call: Callable[[], Any], iters: int) -> list[float]:
-    """The harness's timed loop (TorchBackend.time_iterations), in microseconds."""
+    """The harness's timed loop (DistGroup.time_iterations: backends/dist_group.py), in microseconds."""
     times = [0.0] * iters
     clock = time.perf_counter
     for i in range(iters):
@@ -122,7 +122,7 @@ class Tools:
             from commbench.backends.shm.backend import ShmBackend
             from commbench.topology import Topology
 
-            # ShmBackend is a TorchBackend: its gloo process group serves torch, gloo and p2p too.
+            # ShmBackend owns the job's gloo process group (backends/dist_group.py): it serves torch, gloo and p2p too.
             self.shm = ShmBackend(self.launch, Topology(1, control.world), "auto", timeout_s)
 
     def slot(self, tool: str, nbytes: int) -> Slot:
@@ -229,7 +229,7 @@ class Tools:
 
         backend = P2PBackend.__new__(P2PBackend)  # a p2p executor on the shm backend's gloo group (no second init)
         backend.__dict__.update({key: getattr(self.shm, key) for key in
-                                 ("device", "library", "rank", "world_size", "_torch_device", "control")})
+                                 ("device", "library", "rank", "world_size", "group", "control")})
         backend.topology, backend.algorithm = self.shm.topology, "ring"
         tensor = torch.ones(count, dtype=torch.float32)
         slot = Slot(backend.prepare("allreduce", tensor, tensor, "sum", 0, True), dist.barrier)

@@ -3,8 +3,9 @@
 timed and never shares a stream with the measured traffic.
 
 Every backend holds one (`Backend.control`): a gloo group when ranks are processes
-(torch, shm, p2p, hybrid, and beside NCCL or CUDA IPC for cupy and cuda's ipc mode), or
-`LocalControl` when every rank lives in this process (sim, cuda's virtual and peer modes).
+(torch, shm, p2p, hybrid, and beside NCCL or CUDA IPC for cupy and cuda's ipc mode; the
+process group the backend owns builds it, backends/dist_group.py), or `LocalControl` when
+every rank lives in this process (sim, cuda's virtual and peer modes).
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class ScheduleBackend(Backend):
     pushes = False  # runs schedule.pushed_ahead's copies as pushes (shm): `auto` may choose for that
     runs_schedules = True
     launches_async = False  # calls run to completion (the proxy hands them to a thread)
-    runs_rank_groups = False  # a schedule spans the whole world (shm and p2p inherit torch's rendezvous only)
+    runs_rank_groups = False  # a schedule spans the whole world (no subgroups: every rank of the job)
     makes_ddp_calls = False
 
     @classmethod

@@ -5,35 +5,26 @@ no out-of-place all_reduce, broadcast or reduce, so the out-of-place column for
 those is `recv.copy_(send)` followed by the in-place call, both timed (this is
 what DDP does with its gradient buckets); docs/metrics.md says so next to the
 metrics. Timing uses perf_counter around each call on CPU (gloo calls block until
-done) and CUDA events on the current stream on GPU.
+done) and CUDA events on the current stream on GPU. The process group, its rendezvous,
+the control plane and the timed loop are the backend's `group` (backends/dist_group.py).
 """
 from __future__ import annotations
 
-import datetime
-import inspect
-import os
-import socket
-import sys
-import tempfile
-import threading
-import time
 from typing import Callable
-from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from commbench.backends.base import Backend, BackendError, OutOfMemory
-from commbench.backends.control import GroupControl
+from commbench.backends.dist_group import DistGroup
 from commbench.backends.torch_lazy import LazyModule, cuda_available
 from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
-from commbench.launch import LaunchInfo, peer_wait_s
+from commbench.launch import LaunchInfo
 
 # torch on first use: the parent settles options and prints before a rank imports torch (torch_lazy)
 torch = LazyModule("torch", globals(), "torch")
 dist = LazyModule("torch.distributed", globals(), "dist")
 REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}  # dist.ReduceOp's
-LOOPBACK, LOOPBACK_SCHEME = "127.0.0.1", "commbench-loopback"  # a local spawn's rendezvous
 
 
 def default_library(device: str) -> str:
@@ -102,25 +93,8 @@ class TorchBackend(Backend):
                  timeout_s: float = 300.0):
         self.device, self.library = resolve_device(device, torch_backend)
         self.rank, self.world_size = launch.rank, launch.world_size
-        if self.device == "cuda":
-            torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
-        self._torch_device = torch.device(self.device, torch.cuda.current_device()) \
-            if self.device == "cuda" else torch.device("cpu")
-        wait_s = peer_wait_s(timeout_s)  # the rest of --timeout is the supervisor's, to stop the job
-        timeout = datetime.timedelta(seconds=wait_s)
-        takes_device = "device_id" in inspect.signature(dist.init_process_group).parameters  # torch >= 2.2
-        kwargs = {"device_id": self._torch_device} if self.device == "cuda" and takes_device else {}
-        groups = []
-
-        def join() -> None:
-            dist.init_process_group(self.library, init_method=_init_method(launch), rank=launch.rank,
-                                    world_size=launch.world_size, timeout=timeout, **kwargs)
-            # Control traffic (iteration counts, times) goes through gloo on the CPU, never the measured NCCL stream.
-            groups.append(dist.group.WORLD if self.library == "gloo" else dist.new_group(backend="gloo",
-                                                                                        timeout=timeout))
-
-        _rendezvous(join, wait_s, launch)
-        self.control = GroupControl(groups[0], self.rank, self.world_size)
+        self.group = DistGroup(launch, self.device, self.library, timeout_s)  # the rendezvous, the timed loop
+        self._torch_device, self.control = self.group.torch_device, self.group.control
 
     # ---------------------------------------------------------------- buffers
 
@@ -196,149 +170,16 @@ class TorchBackend(Backend):
         return call
 
     def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
-        if self.device == "cuda":
-            return self._time_cuda(call, iters)
-        times = [0.0] * iters  # a list store is cheaper than a NumPy one inside the timed loop
-        clock = time.perf_counter
-        for i in range(iters):
-            start = clock()
-            call()
-            times[i] = clock() - start
-        return np.array(times) * 1e6
-
-    def _time_cuda(self, call: Callable[[], None], iters: int) -> np.ndarray:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            call()
-            end.record()
-        torch.cuda.synchronize()
-        return np.array([start.elapsed_time(end) * 1e3 for start, end in events])
+        return self.group.time_iterations(call, iters)
 
     def synchronize(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        self.group.synchronize()
 
     def barrier(self) -> None:
-        if self.device == "cuda":
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-            torch.cuda.synchronize()
-        else:
-            dist.barrier()
+        self.group.barrier()
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _init_method(launch: LaunchInfo) -> str:
-    """How the ranks find each other. A local spawn exposes nothing beyond loopback: its store listens
-    on 127.0.0.1 only (torch's own TCPStore server listens on every interface, whatever address it is
-    given) and gloo and NCCL open their sockets on the loopback interface. torchrun: env:// (it may serve
-    the store from its agent); SLURM and MPI: a TCP store at the address the launcher gives."""
-    if launch.launcher == "spawn":
-        _use_loopback_interface()
-        _register_loopback_rendezvous()
-        return f"{LOOPBACK_SCHEME}://{LOOPBACK}:{launch.master_port}"
-    if launch.launcher == "torchrun" and "MASTER_ADDR" in os.environ:
-        return "env://"
-    return f"tcp://{launch.master_addr}:{launch.master_port}"
-
-
-def _use_loopback_interface() -> None:
-    """gloo listens on the address the host name resolves to, NCCL's bootstrap on the first interface
-    that is not loopback; the ranks of a local spawn only ever talk to each other on this host."""
-    names = {name for _, name in socket.if_nameindex()}
-    loopback = next((name for name in ("lo", "lo0") if name in names), None)
-    if loopback:
-        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback
-
-
-def _register_loopback_rendezvous() -> None:
-    """Teach torch's init_process_group the `commbench-loopback://` scheme, once per process."""
-    from torch.distributed.rendezvous import register_rendezvous_handler
-
-    try:
-        register_rendezvous_handler(LOOPBACK_SCHEME, _loopback_rendezvous)
-    except RuntimeError:  # "already registered": a second backend in this process
-        pass
-
-
-def _loopback_rendezvous(url: str, timeout: datetime.timedelta, **_):
-    """torch rendezvous handler (a generator of (store, rank, world size)): rank 0 serves the store
-    on a socket it has bound to 127.0.0.1 itself, the other ranks connect to it."""
-    parsed = urlparse(url)
-    query = {key: int(values[0]) for key, values in parse_qs(parsed.query).items()}
-    rank, world, port = query["rank"], query["world_size"], parsed.port
-    listen_fd = _listen_on_loopback(port) if rank == 0 else None
-    yield dist.TCPStore(LOOPBACK, port, world, rank == 0, timeout, master_listen_fd=listen_fd), rank, world
-    raise RuntimeError("a local spawn's rendezvous happens once")
-
-
-def _listen_on_loopback(port: int) -> int:
-    """A socket bound to 127.0.0.1:port, handed over (as its file descriptor) to the store's server."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own server does
-        sock.bind((LOOPBACK, port))
-    except OSError as exc:
-        sock.close()
-        raise RuntimeError(f"local rendezvous: cannot listen on {LOOPBACK}:{port} ({exc.strerror})") from exc
-    return sock.detach()
-
-
-def _rendezvous(join: Callable[[], None], wait_s: float, launch: LaunchInfo) -> None:
-    """Run `join` (the rendezvous) on a helper thread, waiting for it here for at most `wait_s`. The main
-    thread stays where Ctrl-C and SIGTERM reach it (torch's store waits in C++, which holds a Python signal
-    handler back until it returns, and retries an absent peer for longer than its timeout), and a failed
-    rendezvous is one line: the store's C++ log (C++ stack frames for each retry) is held back and dropped."""
-    outcome: list[BaseException] = []
-    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-
-    def run() -> None:
-        try:
-            if device is not None:  # the current CUDA device is per thread
-                torch.cuda.set_device(device)
-            join()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, name="commbench-rendezvous", daemon=True)
-    with _HeldStderr() as held:
-        thread.start()
-        thread.join(wait_s)
-        held.keep = not thread.is_alive() and not outcome  # a failed one is one line, without the store's C++ log
-    if thread.is_alive():  # left behind, blocked in C++: the rank is about to end
-        raise RuntimeError(f"rendezvous at {launch.master_addr}:{launch.master_port} timed out after "
-                           f"{wait_s:.3g} s: not all {launch.world_size} ranks joined")
-    if outcome:
-        raise outcome[0]
-
-
-class _HeldStderr:
-    """Hold back what is written to file descriptor 2 (torch's C++ log) and write it out at the end only
-    if `keep` (by default, and when an exception ends the block, it is dropped)."""
-
-    def __init__(self) -> None:
-        self.keep = False
-
-    def __enter__(self) -> _HeldStderr:
-        sys.stderr.flush()
-        self.file = tempfile.TemporaryFile()
-        self.saved = os.dup(2)
-        os.dup2(self.file.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        sys.stderr.flush()
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        if self.keep and exc_info[0] is None:
-            self.file.seek(0)
-            os.write(2, self.file.read())
-        self.file.close()
-
-
+        self.group.close()
 def _sendrecv(send: torch.Tensor, recv: torch.Tensor, peer_next: int, peer_prev: int) -> Callable[[], None]:
     """Each rank sends to the next rank and receives from the previous one, as nccl-tests' sendrecv.
     The receive is posted first: with the send first, gloo ran the two directions one after the

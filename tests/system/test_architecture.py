@@ -472,7 +472,7 @@ UNTESTED_BY_NAME = {
     "backends/schedule_base": "unit/commbench/test_bench_schedules.py (every schedule backend)",
     "backends/rank_frame": "every job's ranks: unit/commbench/test_bench_*.py, commands/test_proxy.py",
     "backends/registry": "unit/commbench/test_results.py (record capabilities), this file (names)",
-    "backends/control": "unit/backends/cuda/test_sched_fake_gpu.py; the CPU backends' runs",
+    "backends/control": "unit/backends/test_dist_group.py (gloo's), unit/backends/cuda/test_sched_fake_gpu.py",
     "backends/bfloat16": "unit/commbench/test_bench_schedules.py, test_collectives.py (bfloat16 results checked)",
     # backends run by the harness's and the commands' tests, by name (--backend)
     "backends/torch_dist": "commands/test_sweep.py, test_proxy.py (the default backend)",

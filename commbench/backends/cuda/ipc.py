@@ -59,14 +59,14 @@ class IpcCudaBackend(CudaBackend):
                  timeout_s: float = 300.0):
         import cupy
 
-        from commbench.backends.torch_dist import TorchBackend
+        from commbench.backends.dist_group import DistGroup
 
         if launch.world_size > MAX_WORLD:
             raise BackendError(f"--cuda-mode ipc supports up to {MAX_WORLD} ranks")
         gpus = require_gpu("cuda")
         # The control plane (and the rendezvous) is torch.distributed over gloo, as for shm and cupy.
-        self._torch = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
-        self.control = self._torch.control
+        self._group = DistGroup(launch, "cpu", "gloo", timeout_s)
+        self.control = self._group.control
         self.world_size = launch.world_size
         gpu = rank_gpu("cuda", launch.local_rank, gpus, self._all_gather)
         cupy.cuda.Device(gpu).use()  # tables, flags and CuPy's own work go to this GPU
@@ -192,11 +192,11 @@ class IpcCudaBackend(CudaBackend):
 
     def close(self) -> None:
         if self._faulted:  # as after a failed point: leave the mappings to the process's exit
-            self._torch.close()
+            self._group.close()
             return
         self._close_handles(self._opened)
         self._close_handles(self._flag_handles)
         self._meet()  # no peer still maps this rank's flags when they are freed
         self._exported.clear()
         self._flags_memory = None
-        self._torch.close()
+        self._group.close()

@@ -75,7 +75,7 @@ class CupyBackend(Backend):
         return cls(launch, timeout_s=cfg.timeout_s, graph=cfg.graph)
 
     def __init__(self, launch: LaunchInfo, timeout_s: float = 300.0, graph: bool = False):
-        from commbench.backends.torch_dist import TorchBackend
+        from commbench.backends.dist_group import DistGroup
 
         gpus = require_gpu("cupy")
         import cupy
@@ -85,8 +85,8 @@ class CupyBackend(Backend):
             raise BackendError(f"--backend cupy: CuPy cannot load NCCL: {NCCL_HINT}")
         self.rank, self.world_size, self.graph, self.timeout_s = launch.rank, launch.world_size, graph, timeout_s
         self.comm = None
-        self._torch = TorchBackend(launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
-        self.control = self._torch.control
+        self._group = DistGroup(launch, "cpu", "gloo", timeout_s)
+        self.control = self._group.control
         self.gpu = rank_gpu("cupy", launch.local_rank, gpus,
                             self.control.all_gather_objects)
         cupy.cuda.Device(self.gpu).use()
@@ -248,7 +248,7 @@ class CupyBackend(Backend):
                 comm.destroy()
             else:
                 comm.abort()
-        self._torch.close()
+        self._group.close()
 
 
 # ---------------------------------------------------------------- gather, scatter, alltoallv, hypercube

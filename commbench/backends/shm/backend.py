@@ -5,7 +5,9 @@ a peer reads a chunk straight from the rank that holds it. The backend is three 
 the segments and their lifecycle (here: created per point, the control segment once), the
 barrier and its waits on the control segment's counters (waits.Barrier, which it owns), and the
 schedule executor, a call as one flat plan of pulls and barriers run natively or by the Python
-reference (executor.ShmExecutor, which it owns).
+reference (executor.ShmExecutor, which it owns). The ranks meet, and exchange the few numbers the
+harness needs, through a gloo process group it owns too (backends/dist_group.DistGroup), which
+also times its calls.
 
 Segments are unlinked after every point, at exit, on
 SIGTERM, and, for ranks that `commbench sweep` spawned, by the spawner after the
@@ -18,11 +20,13 @@ import os
 import signal
 import socket
 import sys
+from typing import Callable
 
 import numpy as np
 
 from commbench.backends.base import BackendError
 from commbench.backends.bfloat16 import from_float32, to_float32
+from commbench.backends.dist_group import DistGroup
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.shm import native
 from commbench.backends.shm import plan as shm_plan
@@ -36,14 +40,13 @@ from commbench.backends.shm.waits import (
     control_nbytes,
     require_x86,
 )
-from commbench.backends.torch_dist import TorchBackend
 from commbench.collectives import DTYPES, DType
 from commbench.environment import affinity_text, cpu_affinity, host_cores
 from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, new_job_id, peer_wait_s, segment_prefix
 from commbench.topology import Topology
 
 
-class ShmBackend(ScheduleBackend, TorchBackend):
+class ShmBackend(ScheduleBackend):
     name = "shm"
     one_host = True
     native_executor = True  # runs its calls through native.py when it builds ($COMMBENCH_SHM_EXECUTOR)
@@ -56,8 +59,9 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     def __init__(self, launch: LaunchInfo, topology: Topology, algorithm: str = "auto", timeout_s: float = 300.0):
         self._check_layout(launch, topology)
-        TorchBackend.__init__(self, launch, device="cpu", torch_backend="gloo", timeout_s=timeout_s)
-        self.library = "shm"
+        self.rank, self.world_size, self.device, self.library = launch.rank, launch.world_size, "cpu", "shm"
+        self.group = DistGroup(launch, "cpu", "gloo", timeout_s)  # the rendezvous, the control plane, the clock
+        self.control = self.group.control
         self.members = self._members(topology)  # the ranks that share memory with this one, in rank order
         np.seterr(over="ignore", invalid="ignore")  # in-place prod/sum timing loops overflow by design
         self.topology, self.algorithm, self.timeout_s = topology, algorithm, timeout_s
@@ -129,6 +133,12 @@ class ShmBackend(ScheduleBackend, TorchBackend):
     def barrier(self) -> None:
         self.waits.arrive_and_wait()
 
+    def time_iterations(self, call: Callable[[], None], iters: int) -> np.ndarray:
+        return self.group.time_iterations(call, iters)
+
+    def synchronize(self) -> None:
+        self.group.synchronize()
+
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> ShmBackend:
         return cls(launch, job_topology(cfg.topology, launch), cfg.algorithm, cfg.timeout_s)
@@ -189,7 +199,7 @@ class ShmBackend(ScheduleBackend, TorchBackend):
 
     def close(self) -> None:
         self._cleanup()
-        TorchBackend.close(self)
+        self.group.close()
 
     # ---------------------------------------------------------------- buffers (harness side)
 

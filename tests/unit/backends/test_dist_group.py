@@ -1,0 +1,54 @@
+"""backends/dist_group.py: a rank's torch.distributed group as one object a backend owns (the rendezvous,
+the gloo control plane, the timed loop), and the backends that need only its control plane own one rather
+than inherit the torch backend."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import clean_env
+
+from commbench.backends.torch_dist import TorchBackend
+
+RANK = """
+import json, sys
+import torch.distributed as dist
+from commbench.backends.dist_group import DistGroup
+from commbench.launch import LaunchInfo
+
+rank, world, port = map(int, sys.argv[1:])
+group = DistGroup(LaunchInfo.local(rank, world, port, launcher="spawn"), "cpu", "gloo", timeout_s=60)
+calls = []
+times_us = group.time_iterations(lambda: calls.append(1), 5)
+hosts = group.control.all_gather_objects(f"rank{rank}")
+group.barrier()
+group.synchronize()
+group.close()
+print(json.dumps({"calls": len(calls), "times_us": times_us.tolist(), "hosts": hosts,
+                  "initialized": dist.is_initialized()}))
+"""
+
+
+def test_ranks_join_exchange_time_and_leave(port):
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), "2", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=clean_env()) for rank in range(2)]
+    outs = [proc.communicate(timeout=120) for proc in ranks]
+    assert [proc.returncode for proc in ranks] == [0, 0], [err for _, err in outs]
+    for out, _ in outs:
+        seen = json.loads(out.splitlines()[-1])
+        assert seen["calls"] == 5 and len(seen["times_us"]) == 5 and all(t >= 0 for t in seen["times_us"])
+        assert seen["hosts"] == ["rank0", "rank1"]  # the control plane: every rank's object, in rank order
+        assert seen["initialized"] is False  # closed: the default group destroyed
+
+
+@pytest.mark.parametrize("name", ["shm", "hybrid"])
+def test_the_shared_memory_backends_own_a_group_rather_than_inherit_the_torch_backend(name):
+    """Before, ShmBackend (and hybrid, its subclass) inherited TorchBackend for the rendezvous and the control
+    plane; now it owns a DistGroup (`group`) and names the timed loop and the close it takes from it."""
+    from commbench.backends import backend_class
+
+    cls = backend_class(name)
+    assert TorchBackend not in cls.__mro__
+    assert {"time_iterations", "synchronize", "close"} <= set(vars(backend_class("shm")))
