@@ -150,3 +150,33 @@ def torch_import_vm_bytes() -> int:
             "print(open('/proc/self/status').read().split('VmPeak:')[1].split()[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     return int(out.stdout.strip()) * 1024
+
+
+C10D_NAMES = {"allreduce_": "allreduce", "_allgather_base_": "allgather", "_reduce_scatter_base_": "reduce_scatter",
+              "broadcast_": "broadcast", "alltoall_base_": "alltoall", "send": "send", "recv_": "recv"}
+
+
+def c10d_trace(calls, labels, unlabelled=lambda group: f"{group.size()} rank(s)"):
+    """A TorchDispatchMode that appends each c10d call a rank issues to `calls` (DDP's from its C++ Reducer
+    too), as (collective, bytes: its larger per-rank buffer, nccl-tests' size, dtype, group: its label in
+    `labels` by group name, else `unlabelled(the process group)`). A collective without a name in C10D_NAMES
+    keeps c10d's operator name."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Trace(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d":
+                buffers, group = [], None
+                for arg in args:
+                    tensors = [arg] if isinstance(arg, torch.Tensor) else \
+                        [t for t in arg if isinstance(t, torch.Tensor)] if isinstance(arg, list) else []
+                    if tensors:
+                        buffers.append((sum(t.numel() * t.element_size() for t in tensors), str(tensors[0].dtype)))
+                    elif isinstance(arg, torch.ScriptObject) and group is None and "ProcessGroup" in str(arg._type()):
+                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(arg)
+                        group = labels[pg.group_name] if pg.group_name in labels else unlabelled(pg)
+                nbytes, dtype = max(buffers)
+                calls.append((C10D_NAMES.get(func._opname, func._opname), nbytes, dtype.replace("torch.", ""), group))
+            return func(*args, **(kwargs or {}))
+    return Trace()

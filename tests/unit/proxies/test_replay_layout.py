@@ -8,7 +8,7 @@ import os
 import queue
 
 import pytest
-from conftest import clean_env
+from conftest import c10d_trace, clean_env
 
 from commbench.launch import free_port
 from commbench.proxies.layout_calls import step_bytes
@@ -35,8 +35,6 @@ CASES = {  # name: (layout, schedule, MoE shape)
 CHECKPOINTING = {"cp2 dp2 full checkpointing": "full"}
 MICROBATCH = 2
 RATE = 1e6  # FLOP per us (1 TFLOP/s): llama-tiny's layer of 2 sequences computes for about 14 us
-C10D = {"allreduce_": "allreduce", "_allgather_base_": "allgather", "_reduce_scatter_base_": "reduce_scatter",
-        "alltoall_base_": "alltoall", "send": "send", "recv_": "recv"}
 
 
 def _layout(case):
@@ -44,27 +42,6 @@ def _layout(case):
     par = parse_layout(text, gpus=4, **schedule)
     par.check(4, shape=MOE if moe else load_profile("llama-tiny").transformer)
     return par
-
-
-def _trace_mode(calls, labels):
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Trace(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "c10d":
-                buffers, group = [], None
-                for arg in args:
-                    tensors = [arg] if isinstance(arg, torch.Tensor) else \
-                        [t for t in arg if isinstance(t, torch.Tensor)] if isinstance(arg, list) else []
-                    if tensors:
-                        buffers.append(sum(t.numel() * t.element_size() for t in tensors))
-                    elif isinstance(arg, torch.ScriptObject) and group is None and "ProcessGroup" in str(arg._type()):
-                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(arg)
-                        group = labels.get(pg.group_name, "world")
-                calls.append((C10D.get(func._opname, func._opname), max(buffers), group))
-            return func(*args, **(kwargs or {}))
-    return Trace()
 
 
 def _rank(rank, port, out):
@@ -85,8 +62,9 @@ def _rank(rank, port, out):
             replay.step()
             calls = []
             labels = {g.group_name: dim for dim, g in replay.groups.items()}
-            with _trace_mode(calls, labels):
+            with c10d_trace(calls, labels, unlabelled=lambda group: "world"):
                 figures = replay.step()
+            calls = [(collective, nbytes, group) for collective, nbytes, _, group in calls]  # compared without dtypes
             out.put((case, rank, calls, figures.compute_us, figures.step_us))
         dist.barrier()
     finally:

@@ -11,7 +11,7 @@ import os
 import queue
 
 import pytest
-from conftest import clean_env, commbench
+from conftest import c10d_trace, clean_env, commbench
 
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
@@ -54,33 +54,6 @@ def profiles():
             "resnet18": extract("torchvision:resnet18", (3, 32, 32), name="resnet18-32px", default_batch=2)}
 
 
-def _trace_mode(calls, labels):
-    """A TorchDispatchMode recording each c10d collective: (collective, larger per-rank buffer in bytes,
-    dtype, group: its label in `labels` by group name, else its size)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names = {"allreduce_": "allreduce", "_allgather_base_": "allgather", "_reduce_scatter_base_": "reduce_scatter",
-             "broadcast_": "broadcast"}
-
-    class Trace(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "c10d":
-                buffers, group = [], None
-                for arg in args:
-                    tensors = [arg] if isinstance(arg, torch.Tensor) else \
-                        [t for t in arg if isinstance(t, torch.Tensor)] if isinstance(arg, list) else []
-                    if tensors:
-                        buffers.append((sum(t.numel() * t.element_size() for t in tensors), str(tensors[0].dtype)))
-                    elif isinstance(arg, torch.ScriptObject) and group is None and "ProcessGroup" in str(arg._type()):
-                        pg = torch._C._distributed_c10d.ProcessGroup.unbox(arg)
-                        group = labels.get(pg.group_name, f"{pg.size()} rank(s)")
-                nbytes, dtype = max(buffers)
-                calls.append((names.get(func._opname, func._opname), nbytes, dtype.replace("torch.", ""), group))
-            return func(*args, **(kwargs or {}))
-    return Trace()
-
-
 def _python_calls(log):
     """Wrap torch.distributed's all_gather_single, reduce_scatter_single and all_reduce: (name, blocking)."""
     import torch.distributed as dist
@@ -119,7 +92,7 @@ def _rank(rank, port, profiles, out):
             for _ in range(2):
                 calls = []
                 labels = {group.group_name: label for label, group in running.groups.items()}
-                with _trace_mode(calls, labels):
+                with c10d_trace(calls, labels):
                     running.step()
                 steps.append(calls)
             if rank == 0:
@@ -129,7 +102,7 @@ def _rank(rank, port, profiles, out):
             dist.barrier()
         for name in OWN_WORK:  # at one rank, on a group of this rank alone inside the 2-rank job
             calls = []
-            with _trace_mode(calls, {}):
+            with c10d_trace(calls, {}):
                 measured = measure_compute(profiles["gpt2-tiny"], 2, "cpu", choice=settle(name, {}))
             if rank == 0:
                 out.put((f"own {name}", measured, calls))
