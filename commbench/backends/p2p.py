@@ -2,9 +2,9 @@
 
 The same Schedule objects the shm and sim backends run, executed between real
 processes on any number of nodes: gloo on the CPU (NCCL on GPUs is the same code
-once the CLI lets p2p onto a GPU). Process-group setup, buffers (torch tensors),
-timing (perf_counter per call on CPU) and the control plane are the torch
-backend's; this module adds only the executor.
+once the CLI lets p2p onto a GPU). Buffers (torch tensors) are the torch backend's,
+and with them its process group (backends/dist_group.py: the rendezvous, the control
+plane, timing with perf_counter per call on CPU); this module adds only the executor.
 
 One round of a schedule, on one rank: post every isend (of its working chunk) and
 irecv (into a slice of a receive scratch buffer, preallocated when the call is
