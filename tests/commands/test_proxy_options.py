@@ -77,7 +77,7 @@ def test_each_shared_option_is_declared_once_in_the_base(options):
     assert not BASE & set(vars(options)["__annotations__"])
 
 
-@pytest.mark.parametrize("command", [sweep, proxy_command], ids=["sweep", "proxy"])
-def test_the_base_defaults_as_both_commands_options_do(command):
-    defaults = {p.name: p.default for p in command.params if p.name in BASE}
-    assert defaults == {f.name: f.default for f in fields(RanksOptions)}
+@pytest.mark.parametrize("command,args", [(sweep, []), (proxy_command, ["m"])], ids=["sweep", "proxy"])
+def test_the_base_defaults_as_both_commands_options_do(command, args):
+    given = command.make_context(command.name, args).params  # a command line without options
+    assert {name: given[name] for name in BASE} == {f.name: f.default for f in fields(RanksOptions)}
