@@ -8,7 +8,7 @@ the sequence), `h` wide, in the activations' dtype:
 | dimension | forward, per layer | backward, per layer |
 |---|---|---|
 | tp | 2 allreduces of b s h (after attention, after the MLP) | 2 allreduces of b s h (the inputs' gradients) |
-| tp with sp | 2 all-gathers + 2 reduce-scatters of b s h | the same (each operator's transpose) |
+| tp with sp | 2 all-gathers + 2 reduce-scatters of b s h (MoE layer under etp1: 1 + 1) | the same (transposes) |
 | cp | cp - 1 ring steps, each passing this rank's K and V blocks on | cp - 1 steps passing K, V and their gradients |
 | ep (MoE layers) | 2 all-to-alls of b s k h (dispatch, combine) | 2 all-to-alls of b s k h |
 | pp | one send of b s h per stage boundary and micro-batch (`boundary_nbytes`) | one send of its gradient |
@@ -22,6 +22,15 @@ Megatron-LM coalesces its norms' reduction into one call a step (finalize_model_
 ring passes the key/value gradients cp times (each block's gradient ends where the block lives), and an
 EP layer's forward first exchanges the per-expert token counts (E int64), as torchtitan and Megatron-Core's
 all-to-all dispatcher do.
+
+An MoE layer whose experts have no tensor parallelism (`etp1`) issues only its attention block's TP calls
+under SP: Megatron-Core's token dispatchers take the sequence-parallel tokens as they are ([S/TP, B, H]) and
+gather only over the experts' own TP group, one rank under etp1 (NVIDIA/Megatron-LM
+megatron/core/transformer/moe/token_dispatcher.py @ 0014f137); with the experts split by TP (the default)
+the dispatcher gathers and scatters over TP instead, so the count stays the dense layer's. Without SP there
+is nothing to follow: Megatron-Core refuses to train MoE layers under TP without SP (MoELayer.forward,
+megatron/core/transformer/moe/moe_layer.py @ 00119989), and so does `Parallelism.check` for etp1 on a model
+with experts. The "torch" style keeps the dense count (unchecked: `train` does not run etp1).
 
 Sizes are nccl-tests' (the larger per-rank buffer): an all-gather's output, a reduce-scatter's input, an
 all-to-all's whole send buffer. Full activation checkpointing runs the forward again in the backward,
@@ -74,9 +83,11 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
     replays = 2 if checkpointing == "full" else 1  # the backward runs the forward's calls again
     if par.tp > 1:
         if par.sequence_parallel:
+            blocks = 1 if moe and par.expert_tp == 1 and style == "megatron" else 2  # etp1: attention's only
             for phase, times in (("forward", 1), ("backward", replays)):
-                calls.append(LayerCall("tp", "allgather", act, dtype, phase, 2 * times, "", "tp all-gather (sp)"))
-                calls.append(LayerCall("tp", "reduce_scatter", act, dtype, phase, 2 * times, "",
+                calls.append(LayerCall("tp", "allgather", act, dtype, phase, blocks * times, "",
+                                       "tp all-gather (sp)"))
+                calls.append(LayerCall("tp", "reduce_scatter", act, dtype, phase, blocks * times, "",
                                        "tp reduce-scatter (sp)"))
             if style == "torch":  # SequenceParallel norms: their weights' gradients are partial on each rank
                 calls.append(LayerCall("tp", "allreduce", shape.hidden * shape.dtype_bytes, dtype, "backward", 2, "",

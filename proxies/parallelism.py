@@ -8,7 +8,9 @@ context-parallel ranks of one tensor and pipeline position (torchtitan borrows i
 dp_shard x cp), so `ep` divides `dp x cp`; with the experts' own tensor parallelism at 1 (`etp1`,
 Megatron-Core's `--expert-tensor-parallel-size 1`, which its MoE recipes set), the tensor-parallel ranks
 join them: EP groups are then `ep` consecutive ranks of the flattened dp x cp x tp ranks of a pipeline
-stage, so an EP group of 8 fills a node under TP 2, and `ep` divides `dp x cp x tp`.
+stage, so an EP group of 8 fills a node under TP 2, and `ep` divides `dp x cp x tp`. On a model with
+experts `etp1` under TP needs sequence parallelism (`tp2sp`), as Megatron-Core's MoELayer refuses to train
+MoE layers under TP without it (megatron/core/transformer/moe/moe_layer.py @ 00119989).
 
 Ranks are laid out on a mesh (pp, dp, cp, tp), tensor innermost: consecutive ranks form a TP group,
 so TP stays inside a node, then CP, then DP, with pipeline stages outermost (Megatron-LM's default
@@ -173,6 +175,9 @@ class Parallelism:
                 raise LayoutError(f"{self.name}: {dim} = {degree} does not divide the model's {total} {what}")
         if self.ep > 1 and not shape.experts:
             raise LayoutError(f"{self.name}: ep {self.ep} on a model without experts")
+        if self.expert_tp == 1 and self.tp > 1 and not self.sequence_parallel and shape.experts:
+            raise LayoutError(f"{self.name}: etp1 under tp needs sequence parallelism (tp{self.tp}sp): Megatron-Core "
+                              "refuses to train MoE layers under tensor parallelism without it")
 
 
 def parse_layout(text: str, setup: str = "ddp", gpus: int | None = None, **schedule) -> Parallelism:

@@ -64,10 +64,10 @@ def test_experts_without_tensor_parallelism_and_a_hardware_without_a_peak(tmp_pa
     path = tmp_path / "hw.json"
     path.write_text(_json.dumps(hw))
     proc = commbench("predict-scaling", "mixtral-8x7b", "--hw", str(path), "--gpus", "16", "--tflops", "400",
-                     "--layout", "tp2,ep8,etp1,ddp8", "--layout", "tp2,ep8,ddp8", "--json", str(tmp_path / "l.jsonl"))
+                     "--layout", "tp2sp,ep8,etp1,ddp8", "--layout", "tp2,ep8,ddp8", "--json", str(tmp_path / "l.jsonl"))
     assert proc.returncode == 0, proc.stderr
     records = [_json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
-    assert {r["layout"]["layout"] for r in records} == {"tp2,ep8,etp1,ddp8", "tp2,ep8,ddp8"}
+    assert {r["layout"]["layout"] for r in records} == {"tp2sp,ep8,etp1,ddp8", "tp2,ep8,ddp8"}
     assert all(r["mfu"] is None for r in records)
     etp1 = next(r for r in records if r["layout"]["expert_tp"] == 1)
     other = next(r for r in records if r["layout"]["expert_tp"] is None)

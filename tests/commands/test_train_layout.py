@@ -76,7 +76,7 @@ def test_ddp_and_dimensions_beside_a_pipeline_train_end_to_end(request, tmp_path
     (["--layout", "tp2,ddp2", "--bucket-mb", "5"], "runs DDP and FSDP2 with their defaults: drop --bucket-mb"),
     (["--layout", "ep2,ddp4", "MOE"], "shards the experts' replicas with FSDP2: beside ep spell the data-parallel "
                                       "part fsdp4"),
-    (["--layout", "tp2,ep2,etp1,fsdp2", "MOE"], "etp1 is not trained"),
+    (["--layout", "tp2sp,ep2,etp1,fsdp2", "MOE"], "etp1 is not trained"),
 ])
 def test_a_layout_train_cannot_run_is_one_line_and_exit_2(request, extra, message):
     model = request.getfixturevalue("moe") if "MOE" in extra else "llama-tiny"

@@ -31,6 +31,26 @@ def test_sequence_parallel_gathers_and_scatters_instead():
     assert calls == {(("tp", c, p)): (2, act) for c in ("allgather", "reduce_scatter") for p in ("forward", "backward")}
 
 
+def test_moe_layers_without_expert_tensor_parallelism_gather_for_attention_only():
+    """etp1 with SP: Megatron-Core's dispatcher takes the [s/tp, b, h] tokens as they are (token_dispatcher.py), so an
+    MoE layer gathers and scatters for its attention block only; dense layers, and experts split by TP, keep 2 + 2."""
+    act = 128 * 64 * 4
+    etp1 = Parallelism(tp=4, dp=2, ep=8, expert_tp=1, sequence_parallel=True)
+    one = {(("tp", c, p)): (1, act) for c in ("allgather", "reduce_scatter") for p in ("forward", "backward")}
+    two = {key: (2, act) for key in one}
+    tp_of = lambda calls: {k: v for k, v in _by(calls).items() if k[0] == "tp"}  # noqa: E731
+    shape = Shape(experts=8, top_k=2, dtype_bytes=4)
+    assert tp_of(layer_calls(etp1, shape, 1, moe=True)) == one
+    assert tp_of(layer_calls(etp1, shape, 1, moe=False)) == two
+    assert tp_of(layer_calls(Parallelism(tp=4, dp=2, ep=2, sequence_parallel=True), shape, 1, moe=True)) == two
+    full = tp_of(layer_calls(etp1, shape, 1, checkpointing="full", moe=True))
+    assert full[("tp", "allgather", "backward")] == (2, act)
+    # a step: 8 layers, 2 of them dense, on one stage and 2 micro-batches
+    par = Parallelism(tp=4, dp=2, ep=8, expert_tp=1, sequence_parallel=True, microbatches=2)
+    assert step_bytes(par, Shape(experts=8, top_k=2, dense_layers=2, dtype_bytes=4), 1)[("tp", "allgather")] == (
+        (2 * 2 + 6 * 1) * 2 * 2, (2 * 2 + 6 * 1) * 2 * 2 * act)
+
+
 def test_context_parallel_passes_kv_blocks_round_the_ring():
     kv = (128 // 4) * (4 // 2) * (8 + 8) * 2  # s/cp tokens, kv heads per TP rank, K and V head dims, bf16
     calls = layer_calls(Parallelism(tp=2, cp=4), Shape(), 1)

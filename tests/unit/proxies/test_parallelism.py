@@ -107,6 +107,12 @@ def test_experts_without_tensor_parallelism_take_the_tp_ranks_too():
         Parallelism(tp=2, dp=8, ep=16).check()
     with pytest.raises(LayoutError, match="tp .leave it out. or etp1"):
         parse_layout("tp2,etp2,dp8")
+    # Megatron-Core refuses MoE layers under TP without SP (moe_layer.py), so etp1 needs tpNsp on a model with experts
+    with pytest.raises(LayoutError, match="etp1 under tp needs sequence parallelism .tp2sp."):
+        par.check(shape=Shape(heads=8, kv_heads=2, experts=8))
+    sp = Parallelism(tp=2, dp=8, ep=8, expert_tp=1, sequence_parallel=True)
+    sp.check(shape=Shape(heads=8, kv_heads=2, experts=8))
+    Parallelism(tp=2, dp=8, expert_tp=1).check(shape=Shape(heads=8, kv_heads=2))  # no experts: nothing to refuse
 
 
 def test_tensor_parallel_stays_inside_a_node():
