@@ -64,12 +64,18 @@ def step_rows(records: list[dict[str, Any]]) -> tuple[list[StepRow], list[str]]:
     for run_id, run in runs.items():
         if not run["steps"]:
             continue
-        info = {**run.get("header", {}), **run.get("proxy", {})}
+        header = run.get("header", {})
+        fields = header.get("summary_fields") if isinstance(header.get("summary_fields"), dict) else {}
+        info = {**header, **fields, **run.get("proxy", {})}  # the header's summary fields: a run cut short has them
         if info.get("kind") != "proxy":
             notes.append(f"run {run_id}: kind {info.get('kind') or 'unknown'}, not a replay: its steps have no "
                          f"measured split into compute, communication and other")
             continue
-        device = info.get("device") or (info.get("config") or {}).get("device") or "cpu"
+        if "world_size" not in info:
+            notes.append(f"run {run_id}: no world size in its header or summary: left out")
+            continue
+        config = info.get("config") if isinstance(info.get("config"), dict) else {}
+        device = info.get("device") or config.get("device") or "cpu"
         for step in run["steps"]:
             row = _row(run_id, step, int(info.get("world_size") or 1), device, info.get("buckets"))
             if row is not None:

@@ -31,7 +31,8 @@ step_cv from 1-rank replays; predict-scaling and proxy --hw then use them.
               help="Which measured setup to fit when the files hold several (the error lists them); "
                    "BACKEND/LIBRARY takes all of its algorithms (one run with --algorithm auto fits whole).")
 @click.option("--base", default=None, metavar="PRESET|FILE",
-              help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep).")
+              help="Hardware to take the levels the data cannot fit from (e.g. inter-node for a one-node sweep), and "
+                   "the step terms proxy runs cannot pin (with only proxy runs given: the file the terms go onto).")
 @click.option("--sizes", "size_range", default=None, metavar="MIN-MAX",
               help="Fit only points whose size lies in this range, e.g. 64K-64M (the fit adds a cache regime "
                    "where the data show one; leave out sizes you will not predict).")
@@ -62,7 +63,8 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     except F.FitError as exc:
         raise UsageFault(str(exc)) from exc
     if runs:
-        hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs], links)
+        hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs], links,
+                              base_hw.step_terms if base_hw is not None else None)
     poor = F.poor_fit(hw.meta)
     if poor and not accept_poor_fit:
         raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
@@ -92,19 +94,22 @@ def _base_only(base_hw, runs: list[str]):
     return base_hw
 
 
-def _with_step_terms(hw, runs: list[str], records: list[dict], links: bool = False):
+def _with_step_terms(hw, runs: list[str], records: list[dict], links: bool = False, base_terms=None):
     """`hw` with the step terms the proxy runs `runs` fit (analysis/fit_step_terms.py); each term they cannot pin
-    keeps `hw`'s own (--base's block), else its class default, said on stderr. Runs that pin no term are refused
+    keeps `hw`'s own, else --base's (`base_terms`), else the class default of `hw`'s device (a GPU preset's, not
+    the runs' CPU one), said on stderr. Runs that pin no term are refused
     where they were all there was to fit; beside sweeps (`links`) the links are written and the terms left, said."""
     import time
 
     from commbench.analysis import fit_step_terms as S
+    from commbench.costmodel.hardware import terms_of
 
     rows, skipped = S.step_rows(records)
     device = "cuda" if rows and all(r.device != "cpu" for r in rows) else "cpu"
     evidence = f"commbench fit {' '.join(runs)}, {time.strftime('%Y-%m-%d', time.gmtime())}"
+    start = hw.step_terms or (base_terms if base_terms is not None else terms_of(hw))
     try:
-        terms, notes = S.fit_step_terms(rows, device, evidence, hw.step_terms)
+        terms, notes = S.fit_step_terms(rows, device, evidence, start)
     except S.StepTermsFitError as exc:
         if not links:
             raise UsageFault(f"{exc}{''.join('; ' + note for note in skipped)}") from exc

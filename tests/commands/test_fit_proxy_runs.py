@@ -130,3 +130,38 @@ def test_runs_that_pin_no_term_beside_sweeps_leave_the_terms_and_write_the_links
     assert data["levels"]["intra"]["bw_gbps"] == pytest.approx(8.0, rel=1e-2)
     assert not data.get("step_terms")  # no block: predictions use the class defaults, as before fit read runs
     assert "step terms: none written (no step term could be fitted" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_terms_the_runs_cannot_pin_keep_the_base_files_then_its_device_class(runs, tmp_path):
+    """Beside sweeps, --base's own block is kept for what the runs leave (it was dropped for the CPU default),
+    and a GPU preset gets the GPU class defaults, not the CPU runs' (step_cv 0.03 where the GPU's is 0.0025)."""
+    from commbench.step_terms import defaults
+
+    hw_gpu = tmp_path / "gpu.json"
+    proc = commbench("fit", *runs, "--base", "dgx-a100", "-o", str(hw_gpu))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(hw_gpu.read_text())["step_terms"]["step_cv"]["value"] == defaults("cuda").step_cv.value
+    mine = tmp_path / "mine.json"
+    written = json.loads(hw_gpu.read_text())
+    written["step_terms"]["step_cv"] = {"value": 0.011, "source": "measured", "evidence": "a test's own figure"}
+    mine.write_text(json.dumps(written))
+    out = tmp_path / "out.json"
+    proc = commbench("fit", _sweep(tmp_path / "sweep.jsonl"), *runs, "--base", str(mine), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["step_terms"]["step_cv"]["value"] == 0.011
+
+
+def test_a_multi_rank_run_cut_short_keeps_its_world_size(runs, tmp_path):
+    """A run without its summary record (stopped early) takes its world size from the header's summary fields:
+    before, it counted as a 1-rank replay and fitted step_cv from a 2-rank run's steps."""
+    from commbench.analysis.fit_step_terms import step_rows
+
+    records = [json.loads(x) for x in open(runs[0])]
+    summary = records.pop()
+    records[0]["summary_fields"] = {k: v for k, v in summary.items() if k not in ("record", "schema", "run_id")}
+    rows, _ = step_rows(records)
+    assert rows and {r.world_size for r in rows} == {2}
+    records[0].pop("summary_fields")
+    records[0]["config"] = "not an object"
+    rows, notes = step_rows(records)  # nothing to say its world: left out, said, no traceback
+    assert not rows and any("no world size" in n for n in notes)
