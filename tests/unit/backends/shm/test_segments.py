@@ -52,6 +52,8 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
         backend.gather_objects(None)
         backend.end_point()
     queue.put((rank, report))
+    queue.close()
+    queue.join_thread()  # the report is in the pipe before the process ends: os._exit does not flush the feeder
     backend.gather_objects(None)
     backend.close()
     os._exit(0)
