@@ -134,18 +134,24 @@ class _Pieces:
                              tie_word_embeddings=False)
         config._attn_implementation = "sdpa"
         torch.manual_seed(0)
-        self.model = LlamaForCausalLM(config).to(device)
+        # on a GPU the pieces run in the profile's training precision, as the replay's calls are sized (bf16 for
+        # a 2-byte shape); a CPU runs fp32, as `train --layout` does. Not yet run on a GPU (no GPU was lent).
+        on_gpu = getattr(torch.device(device), "type", "cpu") != "cpu"
+        dtype = torch.bfloat16 if on_gpu and getattr(t, "dtype_bytes", 4) == 2 else torch.float32
+        self.model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
         self.par, self.stage, self.device = par, stage, device
         self.first, self.last = stage == 0, stage == par.pp - 1
         self.layers_here = sum(len(chunk) for chunk in stage_layer_ranges(t.layers, par, stage))
         self.tokens = t.seq_len // par.cp
         self.heads, self.head_dim, self.vocab = t.heads // par.tp, t.head_dim, t.vocab
-        self.hidden_states = torch.randn(microbatch, self.tokens, t.hidden, device=device, requires_grad=True)
+        self.hidden_states = torch.randn(microbatch, self.tokens, t.hidden, device=device, dtype=dtype,
+                                         requires_grad=True)
         self.positions = torch.arange(self.tokens, device=device).unsqueeze(0)
         self.rotary = self.model.model.rotary_emb(self.hidden_states, self.positions)
         self.ids = torch.randint(0, t.vocab, (microbatch, self.tokens), device=device)
         self.query, self.key, self.value = (torch.randn(microbatch, self.heads, self.tokens, self.head_dim,
-                                                        device=device, requires_grad=True) for _ in range(3))
+                                                        device=device, dtype=dtype, requires_grad=True)
+                                            for _ in range(3))
 
     def layer(self):
         return self.model.model.layers[0](self.hidden_states, attention_mask=None, position_ids=self.positions,
