@@ -20,8 +20,8 @@ from commbench.backends.base import OutOfMemory
 # power of two apart in the address space (256 MiB: every address bit 12-27 alike), and on AMD's cores,
 # whose L1 way predictor tags lines by a hash of exactly those bits (Lipp et al., "Take A Way", AsiaCCS
 # 2020), the two streams then evict each other's way predictions in every set. On a 2-core EPYC VM a 256 MiB
-# allreduce ran at 22-26 ms where a copy of the same bytes took 13-14 ms, and at 14.5-17.6 ms with a page of
-# slack per segment (docs/performance.md, issue 38). So each segment has a page of slack, and each rank's
+# allreduce ran at 22-23 ms where a copy of the same bytes took 13-14 ms, and at 14.9-16.6 ms with this
+# layout (docs/performance.md, issue 38). So each segment has a page of slack, and each rank's
 # buffers start a rank-dependent number of cache lines in (within that page): any two ranks' buffers then
 # sit in different L1 sets at equal offsets, wherever the kernel maps them; 64-byte steps keep every
 # alignment the streaming copies need.
