@@ -93,7 +93,7 @@ def test_too_many_units(good, monkeypatch):
 def test_every_shipped_profile_passes(good):
     from commbench.proxies.profile import shipped
 
-    assert len([load_profile(name) for name in shipped()]) == 26
+    assert len([load_profile(name) for name in shipped()]) == 27
     assert profile_from_dict(good, "x").name == "tts_angular"
 
 

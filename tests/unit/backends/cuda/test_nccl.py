@@ -86,7 +86,7 @@ def _backend(comm, timeout_s, stream_done=True):
     backend = object.__new__(CupyBackend)
     backend.comm, backend.timeout_s = comm, timeout_s
     backend.stream = types.SimpleNamespace(done=stream_done)
-    backend._torch = types.SimpleNamespace(close=lambda: None)
+    backend._group = types.SimpleNamespace(close=lambda: None)  # the control plane (backends/dist_group.py)
     return backend
 
 
