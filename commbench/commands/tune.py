@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 import click
 import numpy as np
@@ -23,23 +24,45 @@ import numpy as np
 from commbench.commands.common import UsageFault, check_outputs, output_options
 
 
-def _sweep_args(options: dict, algorithm: str, path: str) -> list[str]:
-    args = ["sweep", "--backend", options["backend"], "-c", options["collective"], "--sizes", options["sizes"],
-            "--algorithm", algorithm, "--placement", options["placement"], "--json", path, "--timeout",
-            str(options["timeout_s"])]
-    for flag, key in (("-N", "nprocs"), ("--topology", "topology"), ("--cuda-mode", "cuda_mode"), ("--hw", "hw"),
-                      ("--iters", "iters"), ("--warmup", "warmup"), ("--min-time", "min_time")):
-        if options[key] is not None:
-            args += [flag, str(options[key])]
-    return args + (["--graph"] if options["graph"] else [])
+@dataclass(frozen=True)
+class TuneOptions:
+    """tune's command line, built once from click (as sweep's and proxy's options are)."""
+    backend: str
+    nprocs: int | None
+    sizes: str
+    collective: str
+    algorithm_names: str | None
+    rounds: int
+    placement: str
+    topology: str | None
+    cuda_mode: str | None
+    hw: str | None
+    graph: bool
+    iters: int | None
+    warmup: int | None
+    min_time: float | None
+    timeout_s: float
+    output: str
+    json_path: str | None
+    force: bool
 
 
-def _run_sweep(options: dict, algorithm: str, path: str) -> tuple[list[dict], str | None]:
+def _sweep_args(o: TuneOptions, algorithm: str, path: str) -> list[str]:
+    args = ["sweep", "--backend", o.backend, "-c", o.collective, "--sizes", o.sizes, "--algorithm", algorithm,
+            "--placement", o.placement, "--json", path, "--timeout", str(o.timeout_s)]
+    for flag, value in (("-N", o.nprocs), ("--topology", o.topology), ("--cuda-mode", o.cuda_mode), ("--hw", o.hw),
+                        ("--iters", o.iters), ("--warmup", o.warmup), ("--min-time", o.min_time)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + (["--graph"] if o.graph else [])
+
+
+def _run_sweep(options: TuneOptions, algorithm: str, path: str) -> tuple[list[dict], str | None]:
     """(result records, None) of one sweep, or ([], its last error line)."""
     from commbench.results import read_records
 
     proc = subprocess.run([sys.executable, "-m", "commbench", *_sweep_args(options, algorithm, path)],
-                          capture_output=True, text=True, timeout=options["timeout_s"] + 60, check=False)
+                          capture_output=True, text=True, timeout=options.timeout_s + 60, check=False)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         return [], lines[-1] if lines else f"exit {proc.returncode}"
@@ -85,60 +108,61 @@ def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, d
 @click.option("--output", "-o", "output", required=True, help="The tuning file to write (JSON).")
 @click.option("--json", "json_path", default=None, help="Also keep every sweep's records here (JSON Lines).")
 @output_options(append=False)
-def tune_command(**options) -> None:
+def tune_command(**given) -> None:
     """Sweep every algorithm of a schedule backend, paired, and write the tuning table `auto` follows
     (use it with sweep/proxy/predict --tuning FILE)."""
+    o = TuneOptions(**given)
     from commbench.algorithms import chosen_by
     from commbench.commands.backend_options import backend_class_of
     from commbench.topology import Topology
     from commbench.tuning import TuningTable, rows_from_winners
 
-    cls = backend_class_of(options["backend"])
+    cls = backend_class_of(o.backend)
     if not cls.runs_schedules:
-        raise UsageFault(f"--backend {options['backend']} runs a library's algorithms: tune a backend that runs "
+        raise UsageFault(f"--backend {o.backend} runs a library's algorithms: tune a backend that runs "
                          f"commbench's (shm, p2p, hybrid, cuda, sim)")
-    table = cls.algorithm_table(options["collective"])
-    names = list(table) if options["algorithm_names"] is None else options["algorithm_names"].split(",")
+    table = cls.algorithm_table(o.collective)
+    names = list(table) if o.algorithm_names is None else o.algorithm_names.split(",")
     unknown = [n for n in names if n not in table]
     if unknown or not names:
-        raise UsageFault(f"--algorithms {','.join(unknown)}: {options['collective']} on --backend "
-                         f"{options['backend']} has {', '.join(table) or 'none'}")
-    check_outputs(("--output", options["output"]), ("--json", options["json_path"]), force=options["force"])
-    rounds, records, skipped = _measure(options, names)
+        raise UsageFault(f"--algorithms {','.join(unknown)}: {o.collective} on --backend "
+                         f"{o.backend} has {', '.join(table) or 'none'}")
+    check_outputs(("--output", o.output), ("--json", o.json_path), force=o.force)
+    rounds, records, skipped = _measure(o, names)
     if not records:
         raise UsageFault("no algorithm ran: " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
     first = records[0]
     world, nodes = int(first["world_size"]), int(first["nnodes"])
     won = winners(rounds)
-    rows = rows_from_winners(options["collective"], world, nodes, [(n, w) for n, (w, _) in won.items()])
+    rows = rows_from_winners(o.collective, world, nodes, [(n, w) for n, (w, _) in won.items()])
     when = datetime.datetime.now(datetime.timezone.utc)
     name = f"tune-{first['library']}-{world}-ranks-{when:%Y-%m-%d}"
     source = (f"commbench tune {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['tune'] else ''}".strip()
-              + f"; {socket.gethostname()}, {when:%Y-%m-%d %H:%M} UTC, {options['rounds']} paired round(s)")
-    result = TuningTable(name, options["backend"], first["library"], source, rows)
-    with open(options["output"], "w", encoding="utf-8") as handle:
+              + f"; {socket.gethostname()}, {when:%Y-%m-%d %H:%M} UTC, {o.rounds} paired round(s)")
+    result = TuningTable(name, o.backend, first["library"], source, rows)
+    with open(o.output, "w", encoding="utf-8") as handle:
         handle.write(result.to_json())
-    if options["json_path"]:
-        with open(options["json_path"], "w", encoding="utf-8") as handle:
+    if o.json_path:
+        with open(o.json_path, "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(r) + "\n" for r in records)
     topo = Topology(nodes, world // max(nodes, 1))
-    click.echo(f"# commbench tune: {options['backend']} ({first['library']}), {world} ranks on {nodes} node(s), "
-               f"{options['rounds']} round(s); time over the round's fastest, median")
+    click.echo(f"# commbench tune: {o.backend} ({first['library']}), {world} ranks on {nodes} node(s), "
+               f"{o.rounds} round(s); time over the round's fastest, median")
     click.echo("#" + "size (B)".rjust(13) + "".join(n.rjust(10) for n in names) + "    winner   rule's")
     for nbytes, (winner, medians) in won.items():
-        rule = chosen_by(options["collective"], topo, nbytes)[0]
+        rule = chosen_by(o.collective, topo, nbytes)[0]
         click.echo(f"{nbytes:>14}" + "".join(f"{medians[n]:>10.2f}" if n in medians else f"{'-':>10}" for n in names)
                    + f"  {winner:>8} {rule:>8}")
     for name_, why in skipped.items():
         click.echo(f"# {name_} did not run: {why}")
-    click.echo(f"# wrote {options['output']} ({len(rows)} row(s)); use it with --tuning {options['output']}")
+    click.echo(f"# wrote {o.output} ({len(rows)} row(s)); use it with --tuning {o.output}")
 
 
-def _measure(options: dict, names: list[str]) -> tuple[list[dict[str, dict[int, float]]], list[dict], dict]:
+def _measure(options: TuneOptions, names: list[str]) -> tuple[list[dict[str, dict[int, float]]], list[dict], dict]:
     """Rounds of {algorithm: {nbytes: time_us}}, every result record, and {algorithm: why it did not run}."""
     rounds, records, skipped = [], [], {}
     with tempfile.TemporaryDirectory(prefix="commbench-tune-") as folder:
-        for index in range(options["rounds"]):
+        for index in range(options.rounds):
             order = names if index % 2 == 0 else names[::-1]
             times: dict[str, dict[int, float]] = {}
             for algorithm in (a for a in order if a not in skipped):
@@ -149,6 +173,6 @@ def _measure(options: dict, names: list[str]) -> tuple[list[dict[str, dict[int, 
                     continue
                 records += results
                 times[algorithm] = {int(r["nbytes"]): float(r["time_us"]) for r in results
-                                    if r["time_us"] is not None and r["placement"] == options["placement"]}
+                                    if r["time_us"] is not None and r["placement"] == options.placement}
             rounds.append(times)
     return rounds, records, skipped

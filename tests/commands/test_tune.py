@@ -54,3 +54,16 @@ def test_without_a_file_the_shipped_table_or_the_rule_says_it_chose(tmp_path):
 def test_bad_requests_are_one_line(tmp_path, args, message):
     proc = commbench(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_every_option_of_tune_is_a_field_of_its_options_value():
+    """tune reads one frozen TuneOptions built from click (issue 33), not a dict of options: a click option
+    without its field (or a field without its option) would fail here, before any sweep runs."""
+    import dataclasses
+
+    from commbench.commands.tune import TuneOptions, tune_command
+
+    params = {p.name for p in tune_command.params}
+    assert params == {f.name for f in dataclasses.fields(TuneOptions)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TuneOptions(**{name: None for name in params}).rounds = 3
