@@ -180,3 +180,30 @@ def c10d_trace(calls, labels, unlabelled=lambda group: f"{group.size()} rank(s)"
                 calls.append((C10D_NAMES.get(func._opname, func._opname), nbytes, dtype.replace("torch.", ""), group))
             return func(*args, **(kwargs or {}))
     return Trace()
+
+
+def spawn_ranks(target, world: int, *args, timeout=240) -> dict:
+    """Run `target(rank, world, port, *args, queue)` in `world` spawned processes (each a rank of a local job on
+    loopback) and return {rank: the report it put on the queue}. A rank ends with end_rank."""
+    import multiprocessing
+
+    context, job_port = multiprocessing.get_context("spawn"), free_port()
+    queue = context.Queue()
+    procs = [context.Process(target=target, args=(r, world, job_port, *args, queue)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    reports = dict(queue.get(timeout=timeout) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+    return reports
+
+
+def end_rank(backend, queue, rank: int, report) -> None:
+    """A spawned rank's end: its report in the pipe (os._exit does not flush a queue's feeder thread), every rank
+    done before any tears its process group down, then out without torch's exit-time teardown."""
+    queue.put((rank, report))
+    queue.close()
+    queue.join_thread()
+    backend.gather_objects(None)
+    backend.close()
+    os._exit(0)

@@ -2,12 +2,11 @@
 hold (schedule.input_reads), so no copy runs first. The results are the reference interpreter's, bit for
 bit, with the output buffers holding garbage before the call, under both executors, and the inputs are
 left as they were; where reading the input does not work (oneshot's hazard round) the copy runs."""
-import multiprocessing
 import os
 
 import numpy as np
 import pytest
-from conftest import clean_shm  # noqa: F401
+from conftest import clean_shm, end_rank, spawn_ranks  # noqa: F401
 
 from commbench import algorithms as A
 from commbench.schedule import input_reads, pipelined
@@ -51,33 +50,20 @@ def _rank(rank: int, world: int, port: int, executor: str, queue) -> None:
                            backend.download(send, 0, count, rank).tobytes() == mine.tobytes()))
         backend.barrier()
         backend.end_point()
-    queue.put((rank, report))
-    queue.close()
-    queue.join_thread()  # the report is in the pipe before the process ends: os._exit does not flush the feeder
-    backend.gather_objects(None)
-    backend.close()
-    os._exit(0)
+    end_rank(backend, queue, rank, report)
 
 
 @pytest.mark.parametrize("executor", ["native", "python"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_out_of_place_reads_the_inputs_and_computes_the_collective(executor, world, clean_shm):  # noqa: F811
     from commbench.backends.shm import native as shm_native
-    from commbench.launch import free_port
 
     if executor == "native":
         try:
             shm_native.load()
         except shm_native.NativeUnavailable as exc:
             pytest.skip(f"the native executor does not build here: {exc}")
-    context, port = multiprocessing.get_context("spawn"), free_port()
-    queue = context.Queue()
-    procs = [context.Process(target=_rank, args=(r, world, port, executor, queue)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    reports = dict(queue.get(timeout=240) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
+    reports = spawn_ranks(_rank, world, executor)
     for rank, report in reports.items():
         for index, turn, direct, right, input_kept in report:
             case = CASES[index]

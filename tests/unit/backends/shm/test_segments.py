@@ -3,11 +3,8 @@ page of slack (segments.start_nbytes), so that two ranks' buffers of a power-of-
 power of two apart at equal offsets (issue 38: on AMD's cores such streams evict each other's L1 way
 predictions; a 256 MiB allreduce ran 1.5x slower). The peer's view must find the peer's buffer where
 the peer put it, for every dtype, and views keep their offsets."""
-import multiprocessing
-import os
-
 import numpy as np
-from conftest import clean_shm  # noqa: F401
+from conftest import clean_shm, end_rank, spawn_ranks  # noqa: F401
 
 from commbench.backends.shm.segments import SEGMENT_SLACK, start_nbytes
 
@@ -51,27 +48,14 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
         })
         backend.gather_objects(None)
         backend.end_point()
-    queue.put((rank, report))
-    queue.close()
-    queue.join_thread()  # the report is in the pipe before the process ends: os._exit does not flush the feeder
-    backend.gather_objects(None)
-    backend.close()
-    os._exit(0)
+    end_rank(backend, queue, rank, report)
 
 
 def test_a_peer_sees_each_buffer_where_its_owner_put_it_on_different_lines(clean_shm):  # noqa: F811
     from commbench import collectives as C
-    from commbench.launch import free_port
 
     world = 2
-    context, port = multiprocessing.get_context("spawn"), free_port()
-    queue = context.Queue()
-    procs = [context.Process(target=_rank, args=(r, world, port, queue)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    reports = dict(queue.get(timeout=240) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
+    reports = spawn_ranks(_rank, world)
     for rank, report in reports.items():
         peer = (rank + 1) % world
         for row in report:
