@@ -18,6 +18,7 @@ common) is left alone, one of a shared group is not. The path is followed as wri
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -90,3 +91,14 @@ def build_folder(target: Path) -> str | None:
         except OSError:
             pass  # another rank's, made at the same moment: trusted_path() below judges it
     return trusted_path(target.parent)
+
+
+def find_compiler(variable: str, candidates: tuple[str, ...]) -> tuple[str | None, str]:
+    """The compiler `$variable` names, else the first of `candidates` on PATH: (its path or None, what was looked
+    for, to say in the error)."""
+    wanted = os.environ.get(variable)
+    for candidate in ([wanted] if wanted else candidates):
+        path = shutil.which(candidate)
+        if path:
+            return path, ""
+    return None, f"${variable}={wanted}" if wanted else ", ".join(candidates)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from commbench.backends.build_cache import build_folder, cache_root, cached
+from commbench.backends.build_cache import find_compiler as find_compiler_of
 from commbench.backends.cuda import kernels as K
 from commbench.backends.cuda import plan as P
 from commbench.collectives import DTYPES, DType
@@ -70,12 +71,9 @@ def kernel_names(file: str) -> list[str]:
 
 def find_compiler() -> str:
     """$CXX, else the first of g++, c++, clang++ on PATH; HostBuildError without one."""
-    wanted = os.environ.get("CXX")
-    for candidate in ([wanted] if wanted else ["g++", "c++", "clang++"]):
-        path = shutil.which(candidate)
-        if path:
-            return path
-    looked = f"$CXX={wanted}" if wanted else "g++, c++, clang++"
+    path, looked = find_compiler_of("CXX", ("g++", "c++", "clang++"))
+    if path:
+        return path
     raise HostBuildError(f"no C++ compiler for the host build of cuda/ (looked for {looked}): {COMPILER_HINT}")
 
 

@@ -20,7 +20,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from commbench.backends.build_cache import build_folder, cache_root, cached
+from commbench.backends.build_cache import find_compiler as find_compiler_of
 
 EXECUTOR_VAR = "COMMBENCH_SHM_EXECUTOR"
 EXECUTORS = ("auto", "native", "python")
@@ -70,12 +70,10 @@ def requested() -> str:
 
 
 def find_compiler() -> str:
-    wanted = os.environ.get("CC")
-    for candidate in ([wanted] if wanted else ["cc", "gcc", "clang"]):
-        path = shutil.which(candidate)
-        if path:
-            return path
-    raise NativeUnavailable(f"no C compiler (looked for {'$CC=' + wanted if wanted else 'cc, gcc, clang'})")
+    path, looked = find_compiler_of("CC", ("cc", "gcc", "clang"))
+    if path:
+        return path
+    raise NativeUnavailable(f"no C compiler (looked for {looked})")
 
 
 def _cpu() -> str:
