@@ -13,12 +13,16 @@ processes:
                  both ranks copy and add private arrays of the size at once: 2.5 S per rank);
   shm:copybound  there too: the least traffic of any 2-rank allreduce (both ranks copy S at once,
                  the faster of NumPy's and a streaming copy: 2 S per rank), which shm's ring with
-                 pushes moves; the 85% target is judged on this one, the stricter.
+                 pushes moves; the 85% target is judged on this one, the stricter;
+  oop:shm        shm out of place (its own input and output buffers) against shm in place (issue 38:
+                 out of place no slower, time ratio <= 1.05, from 1 MiB); --no-oop leaves it out.
 
 Each size is its own job, stopped after --size-timeout seconds (start-up included): where
 DeepSpeed gives no result in that time, the size runs again without it, and the table says
 "no result in N s" for DeepSpeed there. Where DeepSpeed or Open MPI is not installed, or
-DeepSpeed's op does not build or run, the script says so and measures the rest.
+DeepSpeed's op does not build or run, the script says so and measures the rest (without Open
+MPI the two ranks are local processes, as paired.py starts them: a machine with neither, a GPU
+host say, still gets the bound and out-of-place rows).
 
 Reported per size and comparison: ratio = B's time / A's time per pair (above 1: shm faster);
 the median, the lower quartile (q1) and the range of the pair ratios; each tool's slot times.
@@ -27,12 +31,13 @@ Targets (issue 27), on the pair ratios:
   shm <= Open MPI, and <= DeepSpeed where it runs: median >= 1.0 and q1 >= 0.9 (met / MISSED);
   256 MiB: shm busbw >= 85% of the memory bound measured beside it: median of shm:copybound >= 0.85
   (shm:bound is reported beside it)
-  (the issue asks for two runs at least an hour apart: run the script twice).
+  (the issue asks for two runs at least an hour apart: run the script twice);
+  out of place / in place <= 1.05 from 1 MiB (issue 38): oop:shm's median time ratio (met / MISSED).
 
     python benchmarks/deepspeed_peer.py --json out/deepspeed_peer.json          # ~3-5 min
     python benchmarks/deepspeed_peer.py --sizes 1K,1M --pairs 3 --bound-sizes ""   # ~1 min
 
-Needs Open MPI and mpi4py (benchmarks/README.md) and, for the DeepSpeed column,
+Open MPI and mpi4py for the Open MPI column (benchmarks/README.md) and, for the DeepSpeed column,
 `pip install -e '.[deepspeed]'` (its op is compiled with g++ on first use, ~30 s here).
 """
 from __future__ import annotations
@@ -53,6 +58,7 @@ from commbench.sizes import SizeError, format_size, parse_sizes
 WORLD = 2
 DEFAULT_SIZES = "1K,4K,64K,1M,16M,256M"
 MEDIAN_AT_LEAST, Q1_AT_LEAST, BOUND_FRACTION = 1.0, 0.9, 0.85
+OOP_AT_MOST, OOP_FROM = 1.05, 1 << 20  # out of place / in place time, judged from 1 MiB (issue 38)
 DS_SEGMENTS = "/dev/shm/deepspeed_allreduce_buffer_*"  # DeepSpeed's op leaves these behind
 
 
@@ -95,11 +101,12 @@ def summarize(record: dict, ds_note: str | None) -> dict:
     row = {"nbytes": record["nbytes"], "deepspeed_note": ds_note,
            "shm_executor": record["tools"].get("shm", {}).get("executor"),
            "shm_algorithm": record["tools"].get("shm", {}).get("algorithm")}
-    for tool in ("shm", "mpi", "deepspeed", "bound", "copybound"):
+    for tool in ("shm", "mpi", "deepspeed", "bound", "copybound", "oop"):
         times = paired.slot_times(record, tool)
         row[f"{tool}_times_us"] = times
         row[f"{tool}_time_us"] = method.median(times) if times else None
-    for key in ("shm:mpi", "shm:deepspeed", "shm:bound", "shm:copybound"):
+    row["shm_plan"] = record["tools"].get("shm", {}).get("plan")
+    for key in ("shm:mpi", "shm:deepspeed", "shm:bound", "shm:copybound", "shm:oop"):
         row[key] = paired.comparison(record, key)
         row[f"{key} p50"] = paired.comparison(record, key, "p50_us")  # per-call medians: load spikes left out
     for tool in ("bound", "copybound"):
@@ -115,6 +122,8 @@ def verdict(ratio: method.PairedRatio, key: str) -> str:
         return "-"
     if key in ("shm:bound", "shm:copybound"):
         return "met" if ratio.median >= BOUND_FRACTION else "MISSED"
+    if key == "shm:oop":  # out of place's time / in place's: above 1, out of place is slower
+        return "met" if ratio.median <= OOP_AT_MOST else "MISSED"
     return "met" if ratio.median >= MEDIAN_AT_LEAST and ratio.q1 >= Q1_AT_LEAST else "MISSED"
 
 
@@ -156,6 +165,23 @@ def print_report(rows: list[dict], pairs: int) -> None:
                 print(f"# memory bound at {format_size(row['nbytes'])}, {what}: {key} {ratio.median:.2f} q1 "
                       f"{ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}]{judged}; busbw shm "
                       f"{row['shm_busbw_gbps']:.2f} GB/s, {tool} {row[f'{tool}_busbw_gbps']:.2f} GB/s (slot medians)")
+    for row in rows:
+        ratio = row.get("shm:oop")
+        if ratio is not None and ratio.ratios:
+            judged = f" -> {verdict(ratio, 'shm:oop')} (<= {OOP_AT_MOST})" if row["nbytes"] >= OOP_FROM else ""
+            print(f"# out of place at {format_size(row['nbytes'])}: time out of place / in place {ratio.median:.2f} "
+                  f"q1 {ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}]{judged}")
+    plans = {plan_text(row["shm_plan"]) for row in rows if row.get("shm_plan")}
+    if plans:
+        print(f"# shm plan: {'; '.join(sorted(plans))}")
+
+
+def plan_text(fields: dict) -> str:
+    """A record's shm plan (backends/shm/plan.py's fields) as the run's header says it."""
+    from commbench.backends.shm.plan import Plan
+
+    values = {key: value for key, value in fields.items() if key != "source"}
+    return f"{Plan(**values).text()} ({fields.get('source', '?')})"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -165,6 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="stop a size's job after this long, start-up included [default: %(default)s]")
     parser.add_argument("--no-deepspeed", action="store_true", help="leave DeepSpeed out")
+    parser.add_argument("--no-oop", action="store_true", help="leave out shm out of place against in place")
     parser.add_argument("--mpi-args", default=None, metavar="ARGS", help="mpirun options [default: Open MPI's "
                         "shared-memory btl, as shm_vs_peers.py picks it]")
     parser.add_argument("--out-dir", default="out/deepspeed_peer", help="the ranks' JSON lines [default: %(default)s]")
@@ -186,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         method.fail("sizes must be positive multiples of 4 bytes, --pairs >= 1, --size-timeout > 0")
     mpi_missing = paired.mpi_missing()
     if mpi_missing:
-        method.fail(f"Open MPI is needed for the paired ranks: {mpi_missing} (benchmarks/README.md)")
+        print(f"# Open MPI left out: {mpi_missing} (benchmarks/README.md); the ranks are local processes", flush=True)
     ds_missing = "left out (--no-deepspeed)" if args.no_deepspeed else deepspeed_missing()
-    args.mpi_args = args.mpi_args if args.mpi_args is not None else mpi_shared_memory_args()[0]
+    if args.mpi_args is None:
+        args.mpi_args = "" if mpi_missing else mpi_shared_memory_args()[0]
     args.check = False
-    compare = ["shm:mpi", *([] if ds_missing else ["shm:deepspeed"]), "shm:bound", "shm:copybound"]
+    compare = [*([] if mpi_missing else ["shm:mpi"]), *([] if ds_missing else ["shm:deepspeed"]), "shm:bound",
+               "shm:copybound", *([] if args.no_oop else ["shm:oop"])]
     load = os.getloadavg()
     print(f"# shm vs Open MPI and DeepSpeed, paired: allreduce float32 sum in place, {WORLD} ranks, {args.pairs} "
           f"ABBA pairs of ~{args.slot_time:g} s slots; {os.cpu_count()} CPUs, load average {load[0]:.2f} "

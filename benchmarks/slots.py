@@ -202,7 +202,8 @@ class Tools:
         call = backend.prepare("allreduce", buffer, out, "sum", 0, inplace)
         slot = Slot(call, backend.barrier, backend.end_point)
         slot.info = {"algorithm": backend.describe()["algorithm"], "steps": backend.describe()["steps"],
-                     "executor": "native" if backend.runner.native is not None else "python"}
+                     "executor": "native" if backend.runner.native is not None else "python",
+                     "plan": backend.header_fields().get("shm_plan")}  # shm0 and oop0 say "built-in" instead
         return slot
 
     def shm_checked(self, nbytes: int, slot_time_s: float) -> dict:

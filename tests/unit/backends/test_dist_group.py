@@ -52,3 +52,34 @@ def test_the_shared_memory_backends_own_a_group_rather_than_inherit_the_torch_ba
     cls = backend_class(name)
     assert TorchBackend not in cls.__mro__
     assert {"time_iterations", "synchronize", "close"} <= set(vars(backend_class("shm")))
+
+
+def test_gpu_timing_takes_the_stream_once_and_times_every_call(monkeypatch):
+    """On a GPU each call sits between two events on the current stream, looked up once before the loop (the
+    H100 run of 2026-11-27 found commbench's torch loop 17-20 us a call slower than a bare one: docs/gpu.md)."""
+    import torch
+
+    from commbench.backends import dist_group
+
+    lookups, recorded = [], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self, stream=None):
+            recorded.append(stream)
+            self.at = len(recorded)
+
+        def elapsed_time(self, end):  # ms: one per record between them
+            return (end.at - self.at) * 1.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: lookups.append(1) or "the stream")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    group = object.__new__(dist_group.DistGroup)
+    group.device = "cuda"
+    calls = []
+    times = group.time_iterations(lambda: calls.append(1), 5)
+    assert len(calls) == 5 and list(times) == [1000.0] * 5
+    assert lookups == [1] and recorded == ["the stream"] * 10
