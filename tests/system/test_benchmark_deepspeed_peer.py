@@ -61,3 +61,23 @@ def test_the_target_is_judged_on_the_least_traffic_bound(capsys):
     deepspeed_peer.print_report([row], 4)
     out = capsys.readouterr().out
     assert "shm:copybound 0.80 q1 0.80 [0.80-0.80] -> MISSED" in out and "shm:bound 1.25" in out
+
+
+def test_out_of_place_is_judged_from_1_mib_and_the_plan_is_said(capsys):
+    """Issue 38's third target: out of place / in place time <= 1.05, judged from 1 MiB; below it the ratio is
+    shown without a verdict. The shm plan the slots ran is printed as a run's header says it."""
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    import deepspeed_peer
+
+    plan = {"block_bytes": 1024, "nt": "both", "nt_in_place": "none", "prefetch_bytes": 0, "source": "measured"}
+    rows = [deepspeed_peer.summarize({"nbytes": nbytes, "tools": {"shm": {"plan": plan}},
+                                      "comparisons": {"shm:oop": _pairs(100, oop_us)}}, "not run")
+            for nbytes, oop_us in ((64 << 10, 150), (1 << 20, 104), (16 << 20, 120))]
+    assert [deepspeed_peer.verdict(row["shm:oop"], "shm:oop") for row in rows[1:]] == ["met", "MISSED"]
+    deepspeed_peer.print_report(rows, 4)
+    out = capsys.readouterr().out
+    assert "out of place at 64 KiB: time out of place / in place 1.50 q1 1.50 [1.50-1.50]\n" in out
+    assert "out of place at 1 MiB: time out of place / in place 1.04 q1 1.04 [1.04-1.04] -> met (<= 1.05)" in out
+    assert "out of place at 16 MiB: time out of place / in place 1.20 q1 1.20 [1.20-1.20] -> MISSED" in out
+    assert "# shm plan: block 1 KiB, nt both, nt in place none, prefetch 0 B (measured)" in out
