@@ -178,8 +178,8 @@ def measure(library: Path, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     without the working directory on its path): its JSON result."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([*rank_argv("commbench.backends.shm.probe"), str(library)], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, check=False)
+    done = subprocess.run([*rank_argv("commbench.backends.shm.probe"), str(library), f"{timeout_s:g}"],
+                          capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     if done.returncode:
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise RuntimeError(f"the probe failed: {lines[-1][:200] if lines else done.returncode}")

@@ -37,6 +37,12 @@ STAGES = (("block_bytes", (512, 1024, 2048, 4096, 8192, 16384)), ("nt_in_place",
           ("prefetch_bytes", (0, 1024, 4096)))
 FORMS = {"nt_in_place": (0,), "nt": (1,)}  # the forms (0 in place, 1 out of place) a stage is scored on; else both
 MIN_PROBE_BYTES = 16 << 20  # per rank: past the caches (at least the LLC, shm_native.llc_bytes)
+# Every candidate runs in both forms, REPS timed and one warm-up, in each round. A probe at the LLC's size must
+# also fit its time limit: on the 16-core Intel host of an H100 machine (a 300 MiB LLC as the VM reports it,
+# shm ~50 ms a call at 256 MiB) it did not fit the 20 s a benchmark's job gave it, and every job ran the built-in
+# values (docs/performance.md, "An Intel host"). So one call is timed first, and the size is cut to what fits.
+OPS_PER_PROBE = ROUNDS * 2 * (REPS + 1) * sum(len(candidates) for _, candidates in STAGES)
+PAIRED_SLOWDOWN, BUDGET_SHARE = 1.5, 0.5  # two ranks at once against one alone; the share of the limit it may use
 
 
 def _shared(count: int) -> np.ndarray:
@@ -114,9 +120,35 @@ def decide(incumbent: Plan, key: str, candidates: tuple, round_scores: np.ndarra
     return chosen, ratios
 
 
-def probe(library_path: str, nbytes: int) -> dict:
+def sized_to_budget(nbytes: int, one_call_s: float, budget_s: float) -> int:
+    """The bytes per rank a probe can measure within `budget_s`, given one call of the built-in plan at `nbytes`
+    took `one_call_s` alone: `nbytes` where it fits, else cut in proportion, whole MiB, MIN_PROBE_BYTES at least."""
+    estimate_s = OPS_PER_PROBE * PAIRED_SLOWDOWN * one_call_s
+    if estimate_s <= BUDGET_SHARE * budget_s:
+        return nbytes
+    return max(MIN_PROBE_BYTES, int(nbytes * BUDGET_SHARE * budget_s / estimate_s) >> 20 << 20)
+
+
+def _one_call_s(library_path: str, buffers: dict) -> float:
+    """One in-place call of the built-in plan, rank 0's half, in this process (after one warm-up)."""
+    run = shm_native._load(library_path).cb_shm_run
+    ops = (shm_native.Op * 1)(_op(0, buffers, False))
+    context = shm_native.Context(nt_bytes=0, **Plan().context_values())
+    for _ in range(2):
+        start = time.perf_counter()
+        run(ctypes.addressof(ops), 1, 0, 0, ctypes.addressof(context))
+    return time.perf_counter() - start
+
+
+def probe(library_path: str, nbytes: int, budget_s: float | None = None) -> dict:
     count = nbytes // 4 // 32 * 32
     buffers = {"src": [_shared(count) for _ in range(2)], "dst": [_shared(count) for _ in range(2)]}
+    sized = {}
+    if budget_s is not None:
+        one_call_s = _one_call_s(library_path, buffers)
+        count = sized_to_budget(count * 4, one_call_s, budget_s) // 4 // 32 * 32
+        buffers = {key: [view[:count] for view in views] for key, views in buffers.items()}
+        sized = {"budget_s": budget_s, "llc_bytes": shm_native.llc_bytes(), "one_call_ms": round(one_call_s * 1e3, 3)}
     plan, stages, started = Plan(), [], time.perf_counter()
     for key, candidates in STAGES:
         plans = [asdict(replace(plan, **{key: value})) for value in candidates]
@@ -126,14 +158,15 @@ def probe(library_path: str, nbytes: int) -> dict:
                        "score_ms": [round(float(np.median(round_scores[:, i])) * 1e3, 3)
                                     for i in range(len(candidates))], "chosen": getattr(plan, key)})
     return {"plan": asdict(plan), "nbytes_per_rank": count * 4, "rounds": ROUNDS, "reps": REPS,
-            "wall_s": round(time.perf_counter() - started, 2), "stages": stages}
+            "wall_s": round(time.perf_counter() - started, 2), "stages": stages, **sized}
 
 
 def main(argv: list[str]) -> int:
     library_path = argv[0]
+    budget_s = float(argv[1]) if len(argv) > 1 else None  # the probe's time limit (plan.measure passes it)
     shm_native._load(library_path)  # loaded (and its layout checked) before the fork
     nbytes = max(MIN_PROBE_BYTES, shm_native.llc_bytes())
-    print(json.dumps(probe(library_path, nbytes)))
+    print(json.dumps(probe(library_path, nbytes, budget_s)))
     return 0
 
 

@@ -40,3 +40,26 @@ def test_a_real_probe_gives_a_valid_plan_and_its_figures(monkeypatch):
         assert stage["chosen"] in stage["candidates"]
     assert (plan.block_bytes, plan.nt_in_place, plan.nt, plan.prefetch_bytes) == \
         tuple(s["chosen"] for s in result["stages"])
+
+
+def test_the_probe_size_is_cut_to_its_time_limit():
+    """A probe at the LLC's size that would not fit its limit measures at a size that does (the H100 machine's
+    Intel host: a 300 MiB LLC, and every job got the built-in values), never below MIN_PROBE_BYTES."""
+    per_call = 0.040  # one call at 300 MiB alone
+    whole = shm_probe.OPS_PER_PROBE * shm_probe.PAIRED_SLOWDOWN * per_call
+    assert shm_probe.sized_to_budget(300 << 20, per_call, whole / shm_probe.BUDGET_SHARE) == 300 << 20
+    cut = shm_probe.sized_to_budget(300 << 20, per_call, 20.0)
+    assert shm_probe.MIN_PROBE_BYTES < cut < 300 << 20 and cut % (1 << 20) == 0
+    assert cut * whole / (300 << 20) <= shm_probe.BUDGET_SHARE * 20.0  # its estimate fits
+    assert shm_probe.sized_to_budget(300 << 20, per_call, 0.1) == shm_probe.MIN_PROBE_BYTES
+
+
+@pytest.mark.skipif(LIBRARY is None, reason="the native executor does not build here")
+def test_a_probe_given_a_limit_times_one_call_and_says_its_size(monkeypatch):
+    monkeypatch.setattr(shm_probe, "MIN_PROBE_BYTES", 1 << 20)
+    monkeypatch.setattr(shm_probe, "ROUNDS", 2)
+    monkeypatch.setattr(shm_probe, "sized_to_budget", lambda nbytes, one_call_s, budget_s: 1 << 20)
+    result = shm_probe.probe(str(LIBRARY), 4 << 20, budget_s=30.0)
+    assert result["nbytes_per_rank"] == 1 << 20 and result["budget_s"] == 30.0 and result["one_call_ms"] > 0
+    assert result["llc_bytes"] == shm_native.llc_bytes()
+    shm_plan.checked(result["plan"])
