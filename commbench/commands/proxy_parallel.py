@@ -60,6 +60,8 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
         par = parse_layout(text, o.setup, world, pp_schedule=o.pp_schedule, virtual_stages=o.virtual_stages)
         microbatches = o.microbatches or (2 * par.pp if par.pp > 1 else 1)
         par = replace(par, microbatches=microbatches)
+        if par.pp_schedule == "interleaved" and par.pp > 1 and par.virtual_stages < 2:  # as train and predict say
+            raise LayoutError("--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)")
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
         settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
         if not training and compute == "measured":

@@ -31,6 +31,8 @@ def test_a_layout_replays_end_to_end_with_records(tmp_path):
     (["--layout", "ep2,dp4", "--tflops", "1"], "ep 2 on a model without experts"),
     (["--layout", "pp4,dp1", "--tflops", "1", "--pp-schedule", "interleaved", "--virtual-stages", "2"],
      "8 pipeline stages for the model's 4 layers"),
+    (["--layout", "pp2,dp2", "--tflops", "1", "--pp-schedule", "interleaved"],  # was replayed as 1F1B
+     "--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--batch", "4"], "give --microbatch"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--microbatches", "0"], "--microbatches 0: must be at least 1"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--backend", "shm"], "--layout replays on --backend torch"),
