@@ -15,7 +15,7 @@ rank holds them, without any call:
 - on the first stage the embedding, on the last the final norm, the output layer (whole on each TP rank, as
   `train --layout` keeps it: proxies/train_layout_parts.py) and the loss;
 - the optimizer: SGD with momentum over the rank's parameters (its stage's layers, embedding and head),
-  each divided by the data-parallel replicas when the setup shards them (FSDP).
+  each divided by the data-parallel replicas when the setup shards the optimizer (ZeRO-1, ZeRO-2, FSDP).
 Each piece's forward and backward are timed separately, the median of `repeats` after a warm-up, as CPU
 time of this thread when torch runs one thread on a CPU (other processes cannot inflate it; the replay then
 spins for it, competing with the communication for the core as real compute does), else wall time (after a
@@ -180,8 +180,7 @@ class _Pieces:
 
         from commbench.proxies.setups import SETUPS
 
-        setup = SETUPS.get(self.par.setup)
-        shards = self.par.dp * self.par.cp if setup is not None and setup.memory_sharding == "fsdp" else 1
+        shards = optimizer_shards(self.par, SETUPS.get(self.par.setup))
         m = self.model
         held = list(m.model.layers[0].parameters()) * self.layers_here
         held += (list(m.model.embed_tokens.parameters()) if self.first else []) + \
@@ -190,6 +189,13 @@ class _Pieces:
         for tensor in tensors:
             tensor.grad = torch.zeros_like(tensor)
         return torch.optim.SGD(tensors, lr=1e-3, momentum=0.9), tensors
+
+
+def optimizer_shards(par: Parallelism, setup) -> int:
+    """How many ranks share each parameter's optimizer step: the data-parallel (and CP) ranks where the setup
+    shards the optimizer's states (ZeRO-1 and -2, FSDP: each updates its shard, as proxies/setup_steps.py's
+    models charge 1/shards of the step), else 1."""
+    return par.dp * par.cp if setup is not None and setup.memory_sharding != "none" else 1
 
 
 def _sync(device) -> None:

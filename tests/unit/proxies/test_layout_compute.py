@@ -55,3 +55,16 @@ def test_moe_and_non_llama_shapes_are_refused_with_the_way_out():
         why = refusal(parse_layout("ep8", gpus=8), load_profile(name).transformer, 1, on_cpu=True)
         assert why and "--tflops" in why
     assert refusal(parse_layout("tp2,dp2", gpus=4), SHAPE, 1, on_cpu=True) is None
+
+
+@pytest.mark.parametrize("layout, shards", [
+    ("tp2,ddp2", 1), ("tp2,zero1:2", 2), ("tp2,zero2:2", 2), ("tp2,fsdp-grad-op:2", 2), ("cp2,fsdp2", 4),
+])
+def test_the_optimizer_step_is_timed_on_the_shard_a_rank_updates(layout, shards):
+    """ZeRO-1 and -2 update 1/dp of the parameters on each rank as FSDP does (the setup models charge
+    optimizer_us / shards for them too); it was measured unsharded for them."""
+    from commbench.proxies.layout_compute import optimizer_shards
+    from commbench.proxies.setups import SETUPS
+
+    par = parse_layout(layout, gpus=4)
+    assert optimizer_shards(par, SETUPS.get(par.setup)) == shards
