@@ -144,7 +144,8 @@ run shm_host 60 "$PY" benchmarks/deepspeed_peer.py --sizes 1K,1M,16M,256M --pair
 # and at 0.66 with 1 KiB blocks: docs/performance.md, "An Intel host")
 run shm_knobs_host 40 "$PY" benchmarks/shm_fused_knobs.py --size 256M --rounds 6 --reps 2 copy:thp copy:shm \
     fused:segpad:block=8192,nt=4 fused:segpad:block=1024,nt=4 fused:segpad:block=1024,nt=1 \
-    fused:segpad:block=512,nt=4 fusedlocal:segpad:block=1024,nt=4 fused:seg:block=1024,nt=4
+    fused:segpad:block=512,nt=4 fusedlocal:segpad:block=1024,nt=4 fused:seg:block=1024,nt=4 \
+    fused:seg2k:block=8192,nt=4 fused:seg2k:block=1024,nt=4
 
 PER_TEST=(-o faulthandler_timeout=45)
 # pytest-timeout by its entry-point name: `-p pytest_timeout` registered the module a second time beside the

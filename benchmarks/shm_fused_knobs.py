@@ -14,7 +14,9 @@ Memory: `shm` (MAP_SHARED anonymous mappings made before the fork: shmem, as /de
 pages where shmem_enabled is never), `seg` (/dev/shm segments of exactly the buffer's size that each rank
 creates for its own buffers, mapping its peer's: the shm backend's layout before issue 38's fix, which puts a
 power-of-two buffer's own and peer streams a power of two apart), `segpad` (the same with a page of slack per
-segment), `backend` (the shm backend's own buffers, from its alloc; needs --backend-port) or `thp` (private
+segment), `seg2k` (segpad with rank 1's arrays 2 KiB in: own and peer streams half a 4 KiB page apart, where
+Intel's 4K aliasing of loads against pending stores needs them a multiple of 4 KiB apart; the backend puts them
+64 B apart), `backend` (the shm backend's own buffers, from its alloc; needs --backend-port) or `thp` (private
 NumPy arrays, transparent huge pages where enabled is madvise or always; the fused kernel then runs with a
 private array for the peer's half).
 
@@ -49,18 +51,22 @@ def _shared(count: int) -> np.ndarray:
     return raw[skip:skip + count]
 
 
-def _segment(path: str, count: int, create: bool, slack: int) -> np.ndarray:
-    """A /dev/shm segment as the shm backend makes one (posix_fallocate by its creating rank, MAP_POPULATE)."""
-    return np.frombuffer(Segment(path, count * 4 + slack, create).map, dtype=np.float32, count=count)
+def _segment(path: str, count: int, create: bool, slack: int, start: int = 0) -> np.ndarray:
+    """A /dev/shm segment as the shm backend makes one (posix_fallocate by its creating rank, MAP_POPULATE);
+    the array starts `start` bytes in."""
+    return np.frombuffer(Segment(path, count * 4 + slack, create).map, dtype=np.float32, count=count,
+                         offset=start)
 
 
-def _segments(rank: int, count: int, barrier, slack: int) -> dict:
-    """`seg`/`segpad` memory: each rank creates its own buffer and output segments, then maps its peer's."""
+def _segments(rank: int, count: int, barrier, slack: int, stagger: int = 0) -> dict:
+    """`seg`/`segpad`/`seg2k` memory: each rank creates its own buffer and output segments, then maps its peer's;
+    rank r's arrays start r x `stagger` bytes in."""
     paths = [[f"/dev/shm/cb_knobs_{os.getppid()}_{r}_{k}" for k in ("buf", "dst")] for r in range(2)]
-    own = {k: _segment(path, count, True, slack) for k, path in zip(("own", "dst"), paths[rank])}
+    own = {k: _segment(path, count, True, slack, rank * stagger) for k, path in zip(("own", "dst"), paths[rank])}
     own["own"][...], own["dst"][...] = 1.0, 0.0
     barrier.wait()
-    peer = {k: _segment(path, count, False, slack) for k, path in zip(("peer", "peerdst"), paths[1 - rank])}
+    peer = {k: _segment(path, count, False, slack, (1 - rank) * stagger)
+            for k, path in zip(("peer", "peerdst"), paths[1 - rank])}
     barrier.wait()
     for path in paths[rank]:
         unlink(path)
@@ -149,9 +155,9 @@ def _rank(rank: int, count: int, variants: list[str], rounds: int, reps: int, sh
     used = {_parse(variant)[1] for variant in variants}
     backend = _backend(rank, port) if port else None
     try:
-        for memory, slack in (("seg", 0), ("segpad", SEGMENT_SLACK)):
+        for memory, slack, stagger in (("seg", 0, 0), ("segpad", SEGMENT_SLACK, 0), ("seg2k", SEGMENT_SLACK, 2048)):
             if memory in used:
-                memories[memory] = _segments(rank, count, barrier, slack)
+                memories[memory] = _segments(rank, count, barrier, slack, stagger)
         if "backend" in used:
             memories["backend"] = _backend_buffers(backend, rank, count, barrier)
         _timed(library, variants, memories, rank, rounds, reps, barrier, times, calls_per_rep,
