@@ -14,8 +14,9 @@ processes:
   shm:copybound  there too: the least traffic of any 2-rank allreduce (both ranks copy S at once,
                  the faster of NumPy's and a streaming copy: 2 S per rank), which shm's ring with
                  pushes moves; the 85% target is judged on this one, the stricter;
-  oop:shm        shm out of place (its own input and output buffers) against shm in place (issue 38:
-                 out of place no slower, time ratio <= 1.05, from 1 MiB); --no-oop leaves it out.
+  shm:oop        shm in place against shm out of place (its own input and output buffers); the ratio is
+                 out of place's time / in place's (issue 38: out of place no slower, <= 1.05, from
+                 1 MiB); --no-oop leaves it out.
 
 Each size is its own job, stopped after --size-timeout seconds (start-up included): where
 DeepSpeed gives no result in that time, the size runs again without it, and the table says
@@ -87,6 +88,8 @@ def run_size(nbytes: int, compare: list[str], args: argparse.Namespace) -> tuple
     job = argparse.Namespace(**{**vars(args), "timeout": args.size_timeout})
     bound = [nbytes] if nbytes in args.bound_list else []
     here = [c for c in compare if "bound" not in c or bound]
+    if not here:
+        return None, "nothing to compare at this size (no Open MPI or DeepSpeed, --no-oop, not a --bound-sizes size)"
     try:
         records = paired.run_job([nbytes], here, job, os.path.join(args.out_dir, f"{nbytes}.jsonl"), bound)
     except paired.JobTimeout as exc:
@@ -171,9 +174,12 @@ def print_report(rows: list[dict], pairs: int) -> None:
             judged = f" -> {verdict(ratio, 'shm:oop')} (<= {OOP_AT_MOST})" if row["nbytes"] >= OOP_FROM else ""
             print(f"# out of place at {format_size(row['nbytes'])}: time out of place / in place {ratio.median:.2f} "
                   f"q1 {ratio.q1:.2f} [{min(ratio.ratios):.2f}-{max(ratio.ratios):.2f}]{judged}")
-    plans = {plan_text(row["shm_plan"]) for row in rows if row.get("shm_plan")}
+    plans = {}  # one line per plan's values, with the first source it was seen under
+    for row in rows:
+        if row.get("shm_plan"):
+            plans.setdefault(plan_text({**row["shm_plan"], "source": ""}), plan_text(row["shm_plan"]))
     if plans:
-        print(f"# shm plan: {'; '.join(sorted(plans))}")
+        print(f"# shm plan: {'; '.join(plans.values())}")
 
 
 def plan_text(fields: dict) -> str:
@@ -221,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     compare = [*([] if mpi_missing else ["shm:mpi"]), *([] if ds_missing else ["shm:deepspeed"]), "shm:bound",
                "shm:copybound", *([] if args.no_oop else ["shm:oop"])]
     load = os.getloadavg()
-    print(f"# shm vs Open MPI and DeepSpeed, paired: allreduce float32 sum in place, {WORLD} ranks, {args.pairs} "
+    peers = " and ".join(name for name, missing in (("Open MPI", mpi_missing), ("DeepSpeed", ds_missing))
+                         if not missing) or "the memory bound"
+    print(f"# shm vs {peers}, paired: allreduce float32 sum in place, {WORLD} ranks, {args.pairs} "
           f"ABBA pairs of ~{args.slot_time:g} s slots; {os.cpu_count()} CPUs, load average {load[0]:.2f} "
           f"{load[1]:.2f} {load[2]:.2f}; DeepSpeed: {ds_missing or 'yes'}", flush=True)
     started, rows = time.perf_counter(), []

@@ -1,15 +1,15 @@
 #!/bin/bash
 # One prepared GPU run of commbench (issue 36): on one GPU with torch, CuPy, NCCL and nvidia-ml-py
-# already installed and no network, in at most 8 minutes, leaving one report folder even when cut off.
+# already installed and no network, in at most 9 minutes, leaving one report folder even when cut off.
 #
 #   bash benchmarks/gpu_run.sh [REPORT_DIR]      # default: $OUT/gpu-report, else ./gpu-report
 #   DRY_RUN=1 bash benchmarks/gpu_run.sh /tmp/r  # on a CPU: every step's command printed, not run
 #
-# Steps, most wanted first (each with its own time budget, cut to what is left of BUDGET, 460 s):
+# Steps, most wanted first (each with its own time budget, cut to what is left of BUDGET, 540 s):
 # env, install, the float check of issue 36, cuda sweeps of every allreduce algorithm (in and out
-# of place, --graph), tune (and a sweep that follows its table), the harness-overhead benchmark,
-# cupy and torch sweeps, selftest, proxy --validate (trains and replays), shm on the host CPU
-# (deepspeed_peer.py, issue 38), then every GPU test file
+# of place, --graph), shm on the host CPU (deepspeed_peer.py and shm_fused_knobs.py, issue 38), tune
+# (and a sweep that follows its table), the harness-overhead benchmark, cupy and torch sweeps,
+# selftest, proxy --validate (trains and replays), then every GPU test file
 # in its own pytest process with a per-test timeout (pytest-timeout where installed, else
 # faulthandler's traceback dump) and a junit file each. A step past its budget is stopped and
 # marked TIMEOUT; one with no time left is marked SKIPPED; ONLY="name1 name2" runs only those.
@@ -22,7 +22,7 @@ REPORT=${1:-${OUT:-.}/gpu-report}
 mkdir -p "$REPORT"
 WORK=$(mktemp -d)
 mkdir -p "$WORK/res" "$WORK/logs" "$WORK/junit"
-BUDGET=${BUDGET:-460}
+BUDGET=${BUDGET:-540}
 DRY_RUN=${DRY_RUN:-0}
 DRY_SLEEP=${DRY_SLEEP:-0}
 ONLY=${ONLY:-}
@@ -119,7 +119,7 @@ CUDA8=(sweep --backend cuda -N 8 --cuda-mode virtual --graph --sizes 1K,64K,256K
 run env 15 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv; \
     $PY -c 'import sys, torch, cupy; from cupy.cuda import nccl; print(sys.version.split()[0], torch.__version__, cupy.__version__, nccl.get_version())'"
 run install 60 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
-run float_check 60 "$PY" -m pytest -q -p no:cacheprovider -rA --junitxml "$WORK/junit/float_check.xml" \
+run float_check 120 "$PY" -m pytest -q -p no:cacheprovider -rA --junitxml "$WORK/junit/float_check.xml" \
     "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[float32]" \
     "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[int32]"
 for algorithm in auto oneshot twoshot ring rhd tree binomial; do
@@ -128,6 +128,16 @@ for algorithm in auto oneshot twoshot ring rhd tree binomial; do
     run "cuda_$algorithm" "$([ "$algorithm" = auto ] && echo 45 || echo 14)" "$PY" -m commbench "${CUDA8[@]}" \
         --algorithm "$algorithm" --json "$R/cuda8_$algorithm.jsonl"
 done
+# issue 38 on the GPU machine's host CPU (another machine for shm's targets; local ranks where mpirun is missing)
+# (ahead of the GPU steps verified before: the first job plans shm, its probe given up to 40 s)
+run shm_host 150 "$PY" benchmarks/deepspeed_peer.py --sizes 1K,1M,16M,256M --pairs 4 --no-deepspeed \
+    --out-dir "$WORK/res/shm_host" --json "$R/shm_host.json"
+# ... and the fused kernel alone there, knob by knob (the H100's Intel host ran shm at 0.51 of copybound at 256 MiB
+# and at 0.66 with 1 KiB blocks: docs/performance.md, "An Intel host")
+run shm_knobs_host 40 "$PY" benchmarks/shm_fused_knobs.py --size 256M --rounds 6 --reps 2 copy:thp copy:shm \
+    fused:segpad:block=8192,nt=4 fused:segpad:block=1024,nt=4 fused:segpad:block=1024,nt=1 \
+    fused:segpad:block=512,nt=4 fusedlocal:segpad:block=1024,nt=4 fused:seg:block=1024,nt=4 \
+    fused:seg2k:block=8192,nt=4 fused:seg2k:block=1024,nt=4
 run tune 75 "$PY" -m commbench tune --backend cuda -N 8 --cuda-mode virtual --graph --rounds 2 \
     --algorithms oneshot,twoshot,ring --sizes 1K,16K,64K,128K,256K,1M,16M,256M \
     -o "$R/tuning-cuda-virtual.json" --json "$R/tune.jsonl"
@@ -137,16 +147,6 @@ run cupy 25 "$PY" -m commbench sweep --backend cupy -N 1 --sizes 1K-1G -f 32 --g
 run torch 25 "$PY" -m commbench sweep --backend torch -N 1 --sizes 1K-1G -f 32 --json "$R/torch1.jsonl"
 run selftest 90 "$PY" -m commbench selftest --timeout 60
 run proxy_validate 60 "$PY" -m commbench proxy resnet50 --nprocs 1 --batch 128 --validate --json "$R/proxy_rn50.jsonl"
-# issue 38 on the GPU machine's host CPU (another machine for shm's targets; local ranks where mpirun is missing)
-run shm_host 60 "$PY" benchmarks/deepspeed_peer.py --sizes 1K,1M,16M,256M --pairs 4 --no-deepspeed \
-    --out-dir "$WORK/res/shm_host" --json "$R/shm_host.json"
-# ... and the fused kernel alone there, knob by knob (the H100's Intel host ran shm at 0.51 of copybound at 256 MiB
-# and at 0.66 with 1 KiB blocks: docs/performance.md, "An Intel host")
-run shm_knobs_host 40 "$PY" benchmarks/shm_fused_knobs.py --size 256M --rounds 6 --reps 2 copy:thp copy:shm \
-    fused:segpad:block=8192,nt=4 fused:segpad:block=1024,nt=4 fused:segpad:block=1024,nt=1 \
-    fused:segpad:block=512,nt=4 fusedlocal:segpad:block=1024,nt=4 fused:seg:block=1024,nt=4 \
-    fused:seg2k:block=8192,nt=4 fused:seg2k:block=1024,nt=4
-
 PER_TEST=(-o faulthandler_timeout=45)
 # pytest-timeout by its entry-point name: `-p pytest_timeout` registered the module a second time beside the
 # autoloaded `timeout` and every test file failed at start-up (ValueError, H100 run of 2026-11-27)

@@ -75,9 +75,9 @@ class DistGroup:
 
     def _time_cuda(self, call: Callable[[], None], iters: int) -> np.ndarray:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        stream = torch.cuda.current_stream()  # once: Event.record() looks it up on every call otherwise, a Python
-        for start, end in events:  # Stream object each time, in the loop the H100 run found 17-20 us a call slower
-            start.record(stream)  # than a bare one (docs/gpu.md)
+        stream = torch.cuda.current_stream()  # once: Event.record() otherwise makes a Python Stream object on
+        for start, end in events:  # every call, host time in a loop the H100 run found 17-20 us a call slower than a
+            start.record(stream)  # bare one (docs/gpu.md; what this saves is not measured yet)
             call()
             end.record(stream)
         torch.cuda.synchronize()

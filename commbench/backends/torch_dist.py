@@ -16,6 +16,7 @@ import numpy as np
 
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.dist_group import DistGroup
+from commbench.backends.nccl_defects import one_rank_avg_defect, say_once
 from commbench.backends.torch_lazy import LazyModule, cuda_available
 from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
@@ -78,6 +79,8 @@ class TorchBackend(Backend):
             reason = unsupported(library, name, dtype, op if COLLECTIVES[name].reduces else None, "both")
             if reason:
                 raise BackendError(f"--op {op} with --dtype {dtype.name}: {reason}")
+        if library == "nccl" and world == 1 and op == "avg":  # NVIDIA/nccl#1950; allreduce and reduce are copied
+            say_once(one_rank_avg_defect(_torch_nccl_version(), world, op, dtype, collectives, ("reduce_scatter",)))
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
         copied = [name for name in ("allreduce", "broadcast", "reduce") if name in collectives]
@@ -236,3 +239,14 @@ def _as_oom(exc: BaseException, nbytes: int, device: str) -> BaseException:
             or isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
         return OutOfMemory(f"could not allocate {nbytes} bytes on {device}")
     return exc
+
+
+def _torch_nccl_version() -> int | None:
+    """The NCCL torch was built with, as NCCL's integer (2.28.9: 22809), or None."""
+    try:
+        import torch
+
+        major, minor, patch = torch.cuda.nccl.version()
+        return major * 10000 + minor * 100 + patch
+    except Exception:  # noqa: BLE001 - a warning must never end a run
+        return None

@@ -81,3 +81,17 @@ def test_out_of_place_is_judged_from_1_mib_and_the_plan_is_said(capsys):
     assert "out of place at 1 MiB: time out of place / in place 1.04 q1 1.04 [1.04-1.04] -> met (<= 1.05)" in out
     assert "out of place at 16 MiB: time out of place / in place 1.20 q1 1.20 [1.20-1.20] -> MISSED" in out
     assert "# shm plan: block 1 KiB, nt both, nt in place none, prefetch 0 B (measured)" in out
+
+
+def test_a_size_with_nothing_to_compare_is_skipped_not_run():
+    """Without Open MPI and DeepSpeed, with --no-oop, a size outside --bound-sizes had an empty comparison list,
+    and both ranks ended in tracebacks; it is now skipped with the reason."""
+    import argparse
+
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    import deepspeed_peer
+
+    args = argparse.Namespace(bound_list=[256 << 20], size_timeout=10.0, out_dir="unused")
+    record, why = deepspeed_peer.run_size(1 << 20, ["shm:bound", "shm:copybound"], args)
+    assert record is None and why.startswith("nothing to compare at this size")

@@ -22,7 +22,6 @@ hang cudaEventSynchronize, and ncclCommDestroy, forever.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -42,23 +41,9 @@ from commbench.backends.cuda.device import (
     to_store,
     wait_until_done,
 )
+from commbench.backends.nccl_defects import one_rank_avg_defect, say_once
 from commbench.collectives import DType
-from commbench.environment import nccl_text
 from commbench.launch import LaunchInfo, peer_wait_s
-
-NCCL_ONE_RANK_AVG_FIXED = 22907  # NCCL 2.29.7 fixed NVIDIA/nccl#1950
-
-
-def one_rank_avg_defect(version: int | None, world: int, op: str, dtype: DType) -> str | None:
-    """What NCCL before 2.29.7 does to a one-rank average of floats, or None where it does not apply.
-    Its one-rank kernel splits the elements over its blocks by floor division and drops the last (count mod
-    blocks, up to 32) of them (NVIDIA/nccl#1950). Out of place they keep the output's sentinel and count as
-    wrong; in place they keep the input, which is a one-rank average. Seen on an H100 with NCCL 2.28.9
-    (docs/gpu.md); integers take another path and were right."""
-    if world != 1 or op != "avg" or not dtype.is_float or version is None or version >= NCCL_ONE_RANK_AVG_FIXED:
-        return None
-    return (f"NCCL {nccl_text(version)} leaves the last (count mod 32) elements of a one-rank avg unwritten "
-            "(NVIDIA/nccl#1950, fixed in 2.29.7): out of place #wrong counts them")
 
 
 def _loaded_nccl_version() -> int | None:
@@ -96,9 +81,9 @@ class CupyBackend(Backend):
     def check_request(cls, cfg, library: str, collectives: list[str], dtype: DType, op: str, world: int) -> None:
         if "sendrecv" in collectives and world == 1:
             raise BackendError("-c sendrecv needs at least 2 ranks (each rank sends to the next one)")
-        note = one_rank_avg_defect(_loaded_nccl_version(), world, op, dtype)
-        if note:
-            print(f"commbench: warning: {note}", file=sys.stderr)
+        if world == 1 and op == "avg":  # NVIDIA/nccl#1950: NCCL writes every out-of-place output here
+            say_once(one_rank_avg_defect(_loaded_nccl_version(), world, op, dtype, collectives,
+                                         ("allreduce", "reduce_scatter", "reduce")))
 
     @classmethod
     def create(cls, cfg, launch: LaunchInfo) -> CupyBackend:

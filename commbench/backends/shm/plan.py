@@ -166,11 +166,19 @@ def read_cached(path: Path, wanted: dict, again_if_quiet: bool = True) -> tuple[
         busy = float(data.get("load_per_core", 0.0))
         if again_if_quiet and busy > BUSY_LOAD_PER_CORE and load_per_core() <= QUIET_LOAD_PER_CORE:
             return None
-        when = str(data.get("measured_utc", "?"))
+        when = str(data.get("measured_utc", "?")) + cut_note(data.get("probe") or {})
         return checked(dict(data["plan"])), when + (f" at load {busy:.1f} per core" if busy > BUSY_LOAD_PER_CORE
                                                     else "")
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # unreadable, or written by another version: measured again
+
+
+def cut_note(probe: dict) -> str:
+    """Where the probe measured under the LLC's size (its time limit cut it: probe.sized_to_budget), that said."""
+    nbytes, llc = int(probe.get("nbytes_per_rank") or 0), int(probe.get("llc_bytes") or 0)
+    if not nbytes or nbytes >= llc:
+        return ""
+    return f", probed at {format_size(nbytes)} per rank under the {format_size(llc)} LLC (its time limit)"
 
 
 def measure(library: Path, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
@@ -240,8 +248,9 @@ def _cached_or_measured(library: Path, measure_fn, budget_s: float = PROBE_TIMEO
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             _write(path, {"identity": wanted, "plan": asdict(plan), "measured_utc": stamp,
                           "load_per_core": round(busy, 2), "probe": {k: v for k, v in result.items() if k != "plan"}})
-            return plan, f"measured {stamp}" + (f" at load {busy:.1f} per core (measured again when quieter)"
-                                                if busy > BUSY_LOAD_PER_CORE else "")
+            busy_note = f" at load {busy:.1f} per core (measured again when quieter)" \
+                if busy > BUSY_LOAD_PER_CORE else ""
+            return plan, f"measured {stamp}{cut_note(result)}{busy_note}"
     except subprocess.TimeoutExpired as exc:
         return Plan(), f"default: not measured (the probe took over {exc.timeout:g} s)"
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:

@@ -1,5 +1,6 @@
 """probe: the planner's measurement (plan.py), in a process of its own: `python -m
-commbench.backends.shm.probe LIBRARY` prints one JSON object, the chosen plan and the figures behind it.
+commbench.backends.shm.probe LIBRARY [LIMIT_S]` prints one JSON object, the chosen plan and the figures behind
+it (with LIMIT_S, the probe's size is cut to what fits half of it: sized_to_budget).
 
 Two forked workers (the two ranks of a 2-rank ring on two cores) run the fused reduce-and-push of
 shm_native.c on shared mappings (shmem pages, as the shm segments are), started together and timed
@@ -126,7 +127,7 @@ def sized_to_budget(nbytes: int, one_call_s: float, budget_s: float) -> int:
     estimate_s = OPS_PER_PROBE * PAIRED_SLOWDOWN * one_call_s
     if estimate_s <= BUDGET_SHARE * budget_s:
         return nbytes
-    return max(MIN_PROBE_BYTES, int(nbytes * BUDGET_SHARE * budget_s / estimate_s) >> 20 << 20)
+    return min(nbytes, max(MIN_PROBE_BYTES, int(nbytes * BUDGET_SHARE * budget_s / estimate_s) >> 20 << 20))
 
 
 def _one_call_s(library_path: str, buffers: dict) -> float:
@@ -157,7 +158,7 @@ def probe(library_path: str, nbytes: int, budget_s: float | None = None) -> dict
         stages.append({"knob": key, "candidates": list(candidates), "ratio_to_incumbent": [round(r, 3) for r in ratios],
                        "score_ms": [round(float(np.median(round_scores[:, i])) * 1e3, 3)
                                     for i in range(len(candidates))], "chosen": getattr(plan, key)})
-    return {"plan": asdict(plan), "nbytes_per_rank": count * 4, "rounds": ROUNDS, "reps": REPS,
+    return {"plan": asdict(plan), "nbytes_per_rank": len(buffers["src"][0]) * 4, "rounds": ROUNDS, "reps": REPS,
             "wall_s": round(time.perf_counter() - started, 2), "stages": stages, **sized}
 
 

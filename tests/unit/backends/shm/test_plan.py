@@ -173,3 +173,30 @@ def test_a_plan_measured_on_a_busy_machine_is_measured_again_when_it_is_quiet(li
     assert measure.calls == 2 and quiet.source.startswith("measured") and "load" not in quiet.source
     load["per_core"] = 4.0  # a quiet plan stays, whatever the load later
     assert shm_plan.choose(library, measure).source.startswith("cached") and measure.calls == 2
+
+
+def test_a_probe_cut_under_the_llc_says_so_measured_and_cached(library):
+    """A probe its time limit cut below the LLC's size (probe.sized_to_budget) measured cache-sized buffers: the
+    plan's source says so, when measured and every time it is read from the cache."""
+    class Cut(Measure):
+        def __call__(self, library, timeout_s):
+            return {**super().__call__(library, timeout_s), "nbytes_per_rank": 64 << 20, "llc_bytes": 300 << 20}
+
+    first, again = shm_plan.choose(library, Cut()), shm_plan.choose(library, Cut())
+    said = ", probed at 64 MiB per rank under the 300 MiB LLC (its time limit)"
+    assert said in first.source and said in again.source and again.source.startswith("cached")
+    assert shm_plan.cut_note({"nbytes_per_rank": 32 << 20, "llc_bytes": 32 << 20}) == ""
+    assert shm_plan.cut_note({}) == ""
+
+
+def test_the_probe_is_given_its_time_limit(library, monkeypatch):
+    """plan.measure passes the probe the limit it is run under, which the probe sizes itself to."""
+    seen = {}
+
+    def run(argv, **kwargs):
+        seen["argv"], seen["timeout"] = argv, kwargs["timeout"]
+        return type("Done", (), {"returncode": 0, "stdout": json.dumps({"plan": Measure().plan}), "stderr": ""})()
+
+    monkeypatch.setattr(shm_plan.subprocess, "run", run)
+    assert shm_plan.measure(library, 20.0)["plan"]["nt"] == "push"
+    assert seen["argv"][-2:] == [str(library), "20"] and seen["timeout"] == 20.0

@@ -52,6 +52,7 @@ def test_the_probe_size_is_cut_to_its_time_limit():
     assert shm_probe.MIN_PROBE_BYTES < cut < 300 << 20 and cut % (1 << 20) == 0
     assert cut * whole / (300 << 20) <= shm_probe.BUDGET_SHARE * 20.0  # its estimate fits
     assert shm_probe.sized_to_budget(300 << 20, per_call, 0.1) == shm_probe.MIN_PROBE_BYTES
+    assert shm_probe.sized_to_budget(4 << 20, 1.0, 1.0) == 4 << 20  # never more than it was given
 
 
 @pytest.mark.skipif(LIBRARY is None, reason="the native executor does not build here")
