@@ -174,7 +174,7 @@ def read_cached(path: Path, wanted: dict, again_if_quiet: bool = True) -> tuple[
 
 
 def cut_note(probe: dict) -> str:
-    """Where the probe measured under the LLC's size (its time limit cut it: probe.sized_to_budget), that said."""
+    """Where the probe measured under the LLC's size (its time limit cut it: probe.shaped_to_budget), that said."""
     nbytes, llc = int(probe.get("nbytes_per_rank") or 0), int(probe.get("llc_bytes") or 0)
     if not nbytes or nbytes >= llc:
         return ""

@@ -1,6 +1,6 @@
 """probe: the planner's measurement (plan.py), in a process of its own: `python -m
 commbench.backends.shm.probe LIBRARY [LIMIT_S]` prints one JSON object, the chosen plan and the figures behind
-it (with LIMIT_S, the probe's size is cut to what fits half of it: sized_to_budget).
+it (with LIMIT_S, its rounds, then its size, are cut to what fits half of it: shaped_to_budget).
 
 Two forked workers (the two ranks of a 2-rank ring on two cores) run the fused reduce-and-push of
 shm_native.c on shared mappings (shmem pages, as the shm segments are), started together and timed
@@ -41,8 +41,10 @@ MIN_PROBE_BYTES = 16 << 20  # per rank: past the caches (at least the LLC, shm_n
 # Every candidate runs in both forms, REPS timed and one warm-up, in each round. A probe at the LLC's size must
 # also fit its time limit: on the 16-core Intel host of an H100 machine (a 300 MiB LLC as the VM reports it,
 # shm ~50 ms a call at 256 MiB) it did not fit the 20 s a benchmark's job gave it, and every job ran the built-in
-# values (docs/performance.md, "An Intel host"). So one call is timed first, and the size is cut to what fits.
-OPS_PER_PROBE = ROUNDS * 2 * (REPS + 1) * sum(len(candidates) for _, candidates in STAGES)
+# values (docs/performance.md, "An Intel host"). So one call is timed first; what does not fit runs fewer rounds
+# (MIN_ROUNDS at least), and only then on smaller buffers: the knobs are for data past the caches.
+OPS_PER_ROUND = 2 * (REPS + 1) * sum(len(candidates) for _, candidates in STAGES)
+MIN_ROUNDS = 2
 PAIRED_SLOWDOWN, BUDGET_SHARE = 1.5, 0.5  # two ranks at once against one alone; the share of the limit it may use
 
 
@@ -64,7 +66,7 @@ def _op(rank: int, buffers: dict, out_of_place: bool) -> shm_native.Op:
                          out2=out2.ctypes.data, a=mine.ctypes.data, b=theirs.ctypes.data, count=half)
 
 
-def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barrier, times) -> None:
+def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barrier, times, rounds: int) -> None:
     run = shm_native._load(library_path).cb_shm_run
     calls = []
     for values in plans:
@@ -73,7 +75,7 @@ def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barr
             context = shm_native.Context(nt_bytes=0, **Plan(**values).context_values())
             calls.append((ops, context))
     slot = 0
-    for rnd in range(ROUNDS):
+    for rnd in range(rounds):
         order = range(len(plans)) if rnd % 2 == 0 else reversed(range(len(plans)))
         for index in order:
             for form in (0, 1):
@@ -88,13 +90,15 @@ def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barr
             slot += 1
 
 
-def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (0, 1)) -> np.ndarray:
+def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (0, 1),
+           rounds: int | None = None) -> np.ndarray:
     """rounds x plans: each round's score (the sum over `forms` of in place and out of place, seconds) per plan."""
+    rounds = rounds or ROUNDS
     context = mp.get_context("fork")
-    times = context.Array("d", ROUNDS * len(plans) * 2 * REPS * 2, lock=False)
+    times = context.Array("d", rounds * len(plans) * 2 * REPS * 2, lock=False)
     barrier = context.Barrier(2, timeout=60)
-    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times), daemon=True)
-               for r in range(2)]
+    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times, rounds),
+                               daemon=True) for r in range(2)]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -104,7 +108,7 @@ def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (
             if worker.is_alive():
                 worker.kill()
         raise RuntimeError(f"a probe worker failed (exit codes {[w.exitcode for w in workers]})")
-    grid = np.array(times[:]).reshape(ROUNDS, len(plans), 2, REPS, 2).max(axis=4)
+    grid = np.array(times[:]).reshape(rounds, len(plans), 2, REPS, 2).max(axis=4)
     return np.median(grid, axis=3)[:, :, list(forms)].sum(axis=2)
 
 
@@ -121,13 +125,17 @@ def decide(incumbent: Plan, key: str, candidates: tuple, round_scores: np.ndarra
     return chosen, ratios
 
 
-def sized_to_budget(nbytes: int, one_call_s: float, budget_s: float) -> int:
-    """The bytes per rank a probe can measure within `budget_s`, given one call of the built-in plan at `nbytes`
-    took `one_call_s` alone: `nbytes` where it fits, else cut in proportion, whole MiB, MIN_PROBE_BYTES at least."""
-    estimate_s = OPS_PER_PROBE * PAIRED_SLOWDOWN * one_call_s
-    if estimate_s <= BUDGET_SHARE * budget_s:
-        return nbytes
-    return min(nbytes, max(MIN_PROBE_BYTES, int(nbytes * BUDGET_SHARE * budget_s / estimate_s) >> 20 << 20))
+def shaped_to_budget(nbytes: int, one_call_s: float, budget_s: float) -> tuple[int, int]:
+    """(rounds, bytes per rank) a probe can measure within `budget_s`, given one call of the built-in plan at
+    `nbytes` took `one_call_s` alone: ROUNDS at `nbytes` where that fits, else fewer rounds (MIN_ROUNDS at least),
+    else MIN_ROUNDS on buffers cut in proportion (whole MiB, MIN_PROBE_BYTES at least, never more than `nbytes`)."""
+    allowed_s = BUDGET_SHARE * budget_s
+    round_s = OPS_PER_ROUND * PAIRED_SLOWDOWN * one_call_s
+    for rounds in range(ROUNDS, MIN_ROUNDS - 1, -1):
+        if rounds * round_s <= allowed_s:
+            return rounds, nbytes
+    cut = int(nbytes * allowed_s / (MIN_ROUNDS * round_s)) >> 20 << 20
+    return MIN_ROUNDS, min(nbytes, max(MIN_PROBE_BYTES, cut))
 
 
 def _one_call_s(library_path: str, buffers: dict) -> float:
@@ -144,21 +152,22 @@ def _one_call_s(library_path: str, buffers: dict) -> float:
 def probe(library_path: str, nbytes: int, budget_s: float | None = None) -> dict:
     count = nbytes // 4 // 32 * 32
     buffers = {"src": [_shared(count) for _ in range(2)], "dst": [_shared(count) for _ in range(2)]}
-    sized = {}
+    sized, rounds = {}, ROUNDS
     if budget_s is not None:
         one_call_s = _one_call_s(library_path, buffers)
-        count = sized_to_budget(count * 4, one_call_s, budget_s) // 4 // 32 * 32
+        rounds, nbytes = shaped_to_budget(count * 4, one_call_s, budget_s)
+        count = nbytes // 4 // 32 * 32
         buffers = {key: [view[:count] for view in views] for key, views in buffers.items()}
         sized = {"budget_s": budget_s, "llc_bytes": shm_native.llc_bytes(), "one_call_ms": round(one_call_s * 1e3, 3)}
     plan, stages, started = Plan(), [], time.perf_counter()
     for key, candidates in STAGES:
         plans = [asdict(replace(plan, **{key: value})) for value in candidates]
-        round_scores = scores(library_path, plans, buffers, FORMS.get(key, (0, 1)))
+        round_scores = scores(library_path, plans, buffers, FORMS.get(key, (0, 1)), rounds)
         plan, ratios = decide(plan, key, candidates, round_scores)
         stages.append({"knob": key, "candidates": list(candidates), "ratio_to_incumbent": [round(r, 3) for r in ratios],
                        "score_ms": [round(float(np.median(round_scores[:, i])) * 1e3, 3)
                                     for i in range(len(candidates))], "chosen": getattr(plan, key)})
-    return {"plan": asdict(plan), "nbytes_per_rank": len(buffers["src"][0]) * 4, "rounds": ROUNDS, "reps": REPS,
+    return {"plan": asdict(plan), "nbytes_per_rank": len(buffers["src"][0]) * 4, "rounds": rounds, "reps": REPS,
             "wall_s": round(time.perf_counter() - started, 2), "stages": stages, **sized}
 
 

@@ -176,7 +176,7 @@ def test_a_plan_measured_on_a_busy_machine_is_measured_again_when_it_is_quiet(li
 
 
 def test_a_probe_cut_under_the_llc_says_so_measured_and_cached(library):
-    """A probe its time limit cut below the LLC's size (probe.sized_to_budget) measured cache-sized buffers: the
+    """A probe its time limit cut below the LLC's size (probe.shaped_to_budget) measured cache-sized buffers: the
     plan's source says so, when measured and every time it is read from the cache."""
     class Cut(Measure):
         def __call__(self, library, timeout_s):

@@ -42,25 +42,29 @@ def test_a_real_probe_gives_a_valid_plan_and_its_figures(monkeypatch):
         tuple(s["chosen"] for s in result["stages"])
 
 
-def test_the_probe_size_is_cut_to_its_time_limit():
-    """A probe at the LLC's size that would not fit its limit measures at a size that does (the H100 machine's
-    Intel host: a 300 MiB LLC, and every job got the built-in values), never below MIN_PROBE_BYTES."""
-    per_call = 0.040  # one call at 300 MiB alone
-    whole = shm_probe.OPS_PER_PROBE * shm_probe.PAIRED_SLOWDOWN * per_call
-    assert shm_probe.sized_to_budget(300 << 20, per_call, whole / shm_probe.BUDGET_SHARE) == 300 << 20
-    cut = shm_probe.sized_to_budget(300 << 20, per_call, 20.0)
-    assert shm_probe.MIN_PROBE_BYTES < cut < 300 << 20 and cut % (1 << 20) == 0
-    assert cut * whole / (300 << 20) <= shm_probe.BUDGET_SHARE * 20.0  # its estimate fits
-    assert shm_probe.sized_to_budget(300 << 20, per_call, 0.1) == shm_probe.MIN_PROBE_BYTES
-    assert shm_probe.sized_to_budget(4 << 20, 1.0, 1.0) == 4 << 20  # never more than it was given
+def test_a_probe_over_its_time_limit_runs_fewer_rounds_then_on_smaller_buffers():
+    """A probe at the LLC's size that would not fit its limit (the H100 machine's Intel host: a 300 MiB LLC, and
+    every job got the built-in values) first runs fewer rounds at that size, down to MIN_ROUNDS; only then on
+    smaller buffers, never below MIN_PROBE_BYTES nor above what it was given."""
+    per_call, llc = 0.040, 300 << 20  # one call at 300 MiB alone
+    round_s = shm_probe.OPS_PER_ROUND * shm_probe.PAIRED_SLOWDOWN * per_call
+    limit = lambda seconds: seconds / shm_probe.BUDGET_SHARE  # noqa: E731 - the limit whose share is `seconds`
+    assert shm_probe.shaped_to_budget(llc, per_call, limit(shm_probe.ROUNDS * round_s)) == (shm_probe.ROUNDS, llc)
+    assert shm_probe.shaped_to_budget(llc, per_call, limit(3.5 * round_s)) == (3, llc)
+    rounds, cut = shm_probe.shaped_to_budget(llc, per_call, limit(1.0 * round_s))
+    assert rounds == shm_probe.MIN_ROUNDS and shm_probe.MIN_PROBE_BYTES < cut < llc and cut % (1 << 20) == 0
+    assert cut / llc * shm_probe.MIN_ROUNDS * round_s <= 1.0 * round_s  # its estimate fits
+    assert shm_probe.shaped_to_budget(llc, per_call, 0.1) == (shm_probe.MIN_ROUNDS, shm_probe.MIN_PROBE_BYTES)
+    assert shm_probe.shaped_to_budget(4 << 20, 1.0, 1.0) == (shm_probe.MIN_ROUNDS, 4 << 20)  # never more
 
 
 @pytest.mark.skipif(LIBRARY is None, reason="the native executor does not build here")
 def test_a_probe_given_a_limit_times_one_call_and_says_its_size(monkeypatch):
     monkeypatch.setattr(shm_probe, "MIN_PROBE_BYTES", 1 << 20)
     monkeypatch.setattr(shm_probe, "ROUNDS", 2)
-    monkeypatch.setattr(shm_probe, "sized_to_budget", lambda nbytes, one_call_s, budget_s: 1 << 20)
+    monkeypatch.setattr(shm_probe, "shaped_to_budget", lambda nbytes, one_call_s, budget_s: (2, 1 << 20))
     result = shm_probe.probe(str(LIBRARY), 4 << 20, budget_s=30.0)
-    assert result["nbytes_per_rank"] == 1 << 20 and result["budget_s"] == 30.0 and result["one_call_ms"] > 0
+    assert result["nbytes_per_rank"] == 1 << 20 and result["rounds"] == 2
+    assert result["budget_s"] == 30.0 and result["one_call_ms"] > 0
     assert result["llc_bytes"] == shm_native.llc_bytes()
     shm_plan.checked(result["plan"])
