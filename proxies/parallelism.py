@@ -218,7 +218,7 @@ def _part(part: str, setup: str) -> tuple[str, dict]:
         return "expert_tp", {"expert_tp": 1}
     if dim:
         return dim, {dim: _degree(part, size), **({"sequence_parallel": True} if sp else {})}
-    name = (DP_SHORTHANDS[dp_name] if dp_name != "dp" else setup) if dp_name else named
+    name = (DP_SHORTHANDS[dp_name] if dp_name != "dp" else setup) if dp_name else DP_SHORTHANDS.get(named, named)
     return "dp", {"dp": _degree(part, dp_size or named_size), "setup": name}
 
 

@@ -24,6 +24,7 @@ class Shape:  # what the checks read of a model's shape
     ("tp8,pp2", 256, Parallelism(tp=8, pp=2, dp=16)),
     ("cp2,ep4,hsdp8", None, Parallelism(cp=2, ep=4, dp=8, setup="fsdp-hybrid")),
     ("zero1:32,tp2", None, Parallelism(tp=2, dp=32, setup="zero1")),
+    ("tp2,fsdp:8", None, Parallelism(tp=2, dp=8, setup="fsdp-full")),  # a shorthand in the SETUP:N form too
 ])
 def test_spelling(text, gpus, expected):
     par = parse_layout(text, gpus=gpus)
