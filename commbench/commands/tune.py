@@ -59,9 +59,12 @@ def _sweep_args(o: TuneOptions, algorithm: str, path: str) -> list[str]:
 
 def _run_sweep(options: TuneOptions, algorithm: str, path: str) -> tuple[list[dict], str | None]:
     """(result records, None) of one sweep, or ([], its last error line)."""
+    from commbench.launch import rank_argv
     from commbench.results import read_records
 
-    proc = subprocess.run([sys.executable, "-m", "commbench", *_sweep_args(options, algorithm, path)],
+    # As a rank starts (`python -P -m`): `-m` alone would put the working directory first on the
+    # import path, and a `uuid.py` there would run in every sweep (issue 48).
+    proc = subprocess.run([*rank_argv("commbench"), *_sweep_args(options, algorithm, path)],
                           capture_output=True, text=True, timeout=options.timeout_s + 60, check=False)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]

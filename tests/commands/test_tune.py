@@ -1,9 +1,11 @@
 """`commbench tune` writes a tuning table from paired sweeps; sweep --tuning follows it, and each
 record says which table chose its algorithm (issue 36). Run on sim and on shm, here on the CPU."""
 import json
+import subprocess
+import sys
 
 import pytest
-from conftest import commbench, results_of
+from conftest import clean_env, commbench, results_of
 
 
 def _tune(tmp_path, backend, *args):
@@ -36,6 +38,25 @@ def test_tune_on_shm_two_ranks(tmp_path):
                      "--iters", "5", "--warmup", "1")
     assert table["library"] == "shm" and {r["algorithm"] for r in table["rows"]} <= {"ring", "oneshot"}
     assert table["rows"][-1]["up_to_nbytes"] is None and all(r["world"] == 2 for r in table["rows"])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the parent needs python -P (3.11) to keep the cwd off its path")
+def test_tune_starts_its_sweeps_as_the_ranks_start(tmp_path):
+    """A `uuid.py` (and other standard-library names a sweep imports) where the user runs tune does not run
+    in tune's sweeps (issue 48: they started as `python -m commbench`, which puts the cwd first). The parent
+    runs with -P here, as the `commbench` script keeps the cwd off its path, so that only tune's children
+    are tested."""
+    work, marker = tmp_path / "work", tmp_path / "ran"
+    work.mkdir()
+    for name in ("uuid", "selectors", "secrets"):
+        (work / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    proc = subprocess.run([sys.executable, "-P", "-m", "commbench", "tune", "-b", "sim", "--hw", "dgx-h100",
+                           "-T", "1x2", "-s", "1K", "--algorithms", "ring,oneshot", "--rounds", "1",
+                           "-o", str(tmp_path / "t.json")],
+                          cwd=work, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert not marker.exists(), marker.read_text()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["rows"]
 
 
 def test_without_a_file_the_shipped_table_or_the_rule_says_it_chose(tmp_path):
