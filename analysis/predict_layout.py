@@ -64,6 +64,7 @@ class Job:
     peak_tflops: float | None = None  # for MFU
     causal_halved: bool = True  # attention kernels skip the masked half of the scores (FlashAttention's causal)
     ep_dispatcher: str = "alltoall"  # layout_calls.EP_DISPATCHERS: how MoE tokens reach their experts
+    rate_source: str = "given"  # where `tflops` comes from: "given", or "peak:fp32" / "peak:bf16" (optimistic)
 
 
 def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:

@@ -23,6 +23,10 @@ its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, `etp1
 without tensor parallelism), and the data-parallel part as `dpN` (the command's `--setup`), `ddpN`,
 `fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or `SETUP:N` for any setup (`zero1:32`). A dimension left
 out has degree 1; `dp` may be left out and is then what the GPUs leave (`tp8,pp2` on 256 GPUs: dp 16).
+A layout with a pipeline may carry its own schedule after `@`: `tp8sp,pp4,fsdp32@interleaved:2` (interleaved
+1F1B, 2 virtual stages a rank), `pp2,fsdp8@gpipe`; without one it takes the command's (`--pp-schedule`,
+`--virtual-stages`). A layout without a pipeline has no schedule: the command's do not apply to it, and one
+written after `@` is refused.
 """
 from __future__ import annotations
 
@@ -68,7 +72,14 @@ class Parallelism:
                  f"ep{self.ep}" if self.ep > 1 else "", "etp1" if self.expert_tp == 1 and self.tp > 1 else ""]
         short = {v: k for k, v in DP_SHORTHANDS.items()}
         parts.append(f"{short[self.setup]}{self.dp}" if self.setup in short else f"{self.setup}:{self.dp}")
-        return ",".join(p for p in parts if p)
+        return ",".join(p for p in parts if p) + self.schedule_suffix
+
+    @property
+    def schedule_suffix(self) -> str:
+        """`@gpipe`, `@interleaved:2`: the pipeline's schedule as a layout spells it; "" for 1F1B or no pipeline."""
+        if self.pp == 1 or (self.pp_schedule == "1f1b" and self.virtual_stages == 1):
+            return ""
+        return f"@{self.pp_schedule}" + (f":{self.virtual_stages}" if self.virtual_stages > 1 else "")
 
     def to_dict(self) -> dict:
         return {"layout": self.name, **asdict(self)}
@@ -124,9 +135,12 @@ class Parallelism:
         for dim in ("tp", "pp", "cp", "ep", "dp", "microbatches", "virtual_stages"):
             if getattr(self, dim) < 1:
                 raise LayoutError(f"{self.name}: {dim} must be at least 1 (got {getattr(self, dim)})")
+        if shape is not None and self.ep > 1 and not shape.experts:
+            raise LayoutError(f"{self.name}: ep {self.ep} on a model without experts")
         if gpus is not None and self.world != gpus:
+            carved = " (ep is carved out of dp x cp: it does not multiply)" if self.ep > 1 else ""
             raise LayoutError(f"{self.name}: tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {self.dp} = "
-                              f"{self.world} GPUs, not {gpus}")
+                              f"{self.world} GPUs, not {gpus}{carved}")
         if self.expert_tp not in (None, 1, self.tp):
             raise LayoutError(f"{self.name}: the experts' tensor parallelism is tp ({self.tp}) or 1 (etp1)")
         if self.expert_tp == 1 and self.tp > 1:
@@ -173,8 +187,6 @@ class Parallelism:
         for dim, degree, what, total in splits:
             if total % degree:
                 raise LayoutError(f"{self.name}: {dim} = {degree} does not divide the model's {total} {what}")
-        if self.ep > 1 and not shape.experts:
-            raise LayoutError(f"{self.name}: ep {self.ep} on a model without experts")
         if self.expert_tp == 1 and self.tp > 1 and not self.sequence_parallel and shape.experts:
             raise LayoutError(f"{self.name}: etp1 under tp needs sequence parallelism (tp{self.tp}sp): Megatron-Core "
                               "refuses to train MoE layers under tensor parallelism without it")
@@ -182,10 +194,13 @@ class Parallelism:
 
 def parse_layout(text: str, setup: str = "ddp", gpus: int | None = None, **schedule) -> Parallelism:
     """A layout from its spelling (module docstring); `setup` runs a `dpN` part; `gpus` gives dp when the
-    spelling leaves it out; `schedule`: pp_schedule, microbatches, virtual_stages. Checks degrees only:
-    `Parallelism.check` checks the rest."""
+    spelling leaves it out; `schedule`: pp_schedule, microbatches, virtual_stages, the command's: a schedule
+    after `@` in the spelling replaces them, and a layout without a pipeline takes neither pp_schedule nor
+    virtual_stages. Checks degrees only: `Parallelism.check` checks the rest."""
     if not text or not text.strip():
         raise LayoutError(f"empty layout; spell it like {EXAMPLE}")
+    text, at, suffix = text.partition("@")
+    own = _schedule_suffix(text, suffix) if at else {}
     degrees: dict = {}
     for part in (p.strip() for p in text.split(",")):
         key, value = _part(part, setup)
@@ -200,11 +215,31 @@ def parse_layout(text: str, setup: str = "ddp", gpus: int | None = None, **sched
                               f"(e.g. fsdp16), or give the GPUs")
         degrees["dp"] = gpus // rest
     degrees.setdefault("setup", setup)
-    par = Parallelism(**degrees, **{k: v for k, v in schedule.items() if v is not None})
-    return par
+    schedule = {k: v for k, v in schedule.items() if v is not None}
+    if degrees.get("pp", 1) == 1:
+        if own:
+            raise LayoutError(f"layout {text}@{suffix}: a schedule for a layout without a pipeline (add ppN)")
+        schedule = {k: v for k, v in schedule.items() if k not in PIPELINE_ONLY}
+    return Parallelism(**degrees, **{**schedule, **own})
 
 
-_PART = re.compile(r"^(tp|pp|cp|ep|etp)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)$|^([a-z][a-z0-9-]*):(\d+)$")
+PIPELINE_ONLY = ("pp_schedule", "virtual_stages")  # what a layout without a pipeline does not take
+
+
+def _schedule_suffix(text: str, suffix: str) -> dict:
+    """`gpipe`, `1f1b`, `interleaved:V` (after a layout's `@`): its pipeline_schedule and virtual_stages."""
+    name, colon, digits = suffix.strip().lower().partition(":")
+    if name not in SCHEDULES or (colon and not (digits.isascii() and digits.isdigit())) \
+            or (name == "interleaved") != bool(colon):
+        raise LayoutError(f"layout {text}@{suffix}: spell a pipeline schedule @gpipe, @1f1b or @interleaved:V "
+                          "(V virtual stages a rank, 2 or more)")
+    virtual = _degree(f"@{suffix}", digits) if colon else 1
+    if name == "interleaved" and virtual < 2:
+        raise LayoutError(f"layout {text}@{suffix}: interleaved needs 2 virtual stages or more (1 is 1F1B)")
+    return {"pp_schedule": name, "virtual_stages": virtual}
+
+
+_PART = re.compile(r"^(tp|pp|cp|ep|etp)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)$|^([a-z][a-z0-9-]*):(\d+)$", re.ASCII)
 
 
 def _part(part: str, setup: str) -> tuple[str, dict]:
@@ -223,6 +258,8 @@ def _part(part: str, setup: str) -> tuple[str, dict]:
 
 
 def _degree(part: str, digits: str) -> int:
+    if not (digits.isascii() and digits.isdigit()):
+        raise LayoutError(f"layout part {part!r}: a degree is written in ASCII digits")
     value = int(digits)
     if not 1 <= value <= 1 << 20:
         raise LayoutError(f"layout part {part!r}: a degree is 1 to {1 << 20}")

@@ -1,6 +1,6 @@
 """`commbench predict-scaling MODEL --layout tp8,fsdp32 --layout tp4,pp2,fsdp32 ...`: parallel layouts of a
 transformer ranked by predicted throughput, with memory per GPU beside (analysis/predict_layout.py), and
-acc_ratio of each against the first given. The options live here; predict-scaling hands over when --layout is
+acc_ratio of each against the top row. The options live here; predict-scaling hands over when --layout is
 given."""
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ def schedule_options(checkpointing: str) -> list:
         click.option("--microbatch", type=int, default=1, show_default=True,
                      help="With --layout: sequences per micro-batch."),
         click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
-                     show_default=True, help="With --layout: the pipeline schedule."),
+                     show_default=True, help="With --layout: the schedule of a layout with a pipeline that names "
+                                             "none (its own: pp2,fsdp8@gpipe); none applies without one."),
         click.option("--virtual-stages", type=int, default=1, show_default=True,
-                     help="With --layout: model chunks per pipeline rank (interleaved 1F1B)."),
+                     help="With --layout: model chunks per pipeline rank (interleaved 1F1B; its own: "
+                          "pp4,fsdp8@interleaved:2)."),
         click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default=checkpointing,
                      show_default=True, help="With --layout: activation checkpointing (selective recomputes the "
                                              "attention core; full the whole forward, its calls included)."),
@@ -35,11 +37,13 @@ def layout_options(fn):
         click.option("--layout", "layouts", multiple=True, metavar="SPEC",
                      help="A parallel layout to predict and rank (repeat it): tp8,fsdp32; tp4,pp2,fsdp32; "
                           "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8, etp1; the data-parallel part as "
-                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. Needs a profile with a transformer shape."),
+                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N; a pipeline's own schedule after @ "
+                          "(tp8sp,pp4,fsdp32@interleaved:2, pp2,fsdp8@gpipe). Needs a profile with a transformer "
+                          "shape."),
         *schedule_options("selective"),
         click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
-                     help="Sequences per optimizer step, all GPUs [default: 8 micro-batches at the least common "
-                          "multiple of the layouts' dp]."),
+                     help="Sequences per optimizer step, all GPUs [default: one --microbatch a GPU, whatever the "
+                          "layouts; in every record]."),
         click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: the profile's]."),
     ]
     for option in reversed(options):
@@ -49,7 +53,7 @@ def layout_options(fn):
 
 def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float | None, precision: str,
                     algorithm: str, setup: str, flags: dict):
-    """(predictions ranked, the Job they share, the first layout given) for `flags["layouts"]`."""
+    """(predictions ranked, the Job they share, the top row's layout) for `flags["layouts"]`."""
     from dataclasses import replace
 
     from commbench.analysis.predict_layout import Job, rank_layouts
@@ -73,12 +77,29 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
     peak = hw.device_tflops.get("bf16") or hw.device_tflops.get("fp16")
-    rate = tflops or (peak if precision == "amp" else hw.device_tflops.get("fp32"))
-    if not rate:
-        raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --tflops (the achieved rate)")
+    rate, source = compute_rate(hw, tflops, precision)
     job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm,
-              peak or None)
-    return rank_layouts(job, layouts), job, layouts[0]
+              peak or None, rate_source=source)
+    predictions = rank_layouts(job, layouts)
+    return predictions, job, predictions[0].layout
+
+
+def compute_rate(hw, tflops: float | None, precision: str) -> tuple[float, str]:
+    """(TFLOP/s a GPU, where it comes from): `tflops` ("given"), else the hardware's peak for `precision`
+    ("peak:fp32", "peak:bf16"), said on stderr: a peak is no rate a real step achieves, so the step it gives
+    is optimistic (issue 48: Llama 3.1 70B at the FP32 peak printed MFU 0.069, at the BF16 peak 0.75)."""
+    import click as _click
+
+    if tflops:
+        return tflops, "given"
+    key = next((k for k in (("bf16", "fp16") if precision == "amp" else ("fp32",)) if hw.device_tflops.get(k)), None)
+    if key is None:
+        raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --tflops (the achieved rate)")
+    rate = hw.device_tflops[key]
+    _click.echo(f"warning: no --tflops: every operator runs at {hw.name}'s {key} peak, {rate:g} TFLOPS, which no "
+                "real step achieves; the steps are optimistic. Pass --tflops with the rate your runs achieve "
+                "(model FLOPs / GPUs / step time)", err=True)
+    return rate, f"peak:{key}"
 
 
 def _positive(flag: str, value: int) -> int:
@@ -88,8 +109,9 @@ def _positive(flag: str, value: int) -> int:
 
 
 def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> list:
-    """Each --layout spelled, sized to the global batch and checked against the GPUs, the node and the model."""
-    import math
+    """Each --layout spelled (once: a layout given twice is ranked once), sized to the global batch and checked
+    against the GPUs, the node and the model. The default global batch is one micro-batch a GPU: it depends on
+    the GPUs only, so adding a candidate never changes the others' steps or their order."""
     from dataclasses import replace
 
     from commbench.proxies.parallelism import LayoutError, parse_layout
@@ -99,13 +121,13 @@ def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> l
     virtual = _positive("--virtual-stages", flags["virtual_stages"])
     if flags["pp_schedule"] == "interleaved" and virtual < 2:
         raise LayoutError("--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)")
-    parsed = [parse_layout(text, setup, gpus, pp_schedule=flags["pp_schedule"], virtual_stages=virtual)
-              for text in flags["layouts"]]
-    for par in parsed:
+    parsed = []
+    for text in flags["layouts"]:
+        par = parse_layout(text, setup, gpus, pp_schedule=flags["pp_schedule"], virtual_stages=virtual)
         settle(par.setup)  # a setup the table does not have is one line
-    dps = math.lcm(*(p.dp for p in parsed))
-    batch = 8 * microbatch * dps if flags["global_batch"] is None else _positive("--global-batch",
-                                                                                 flags["global_batch"])
+        if par not in parsed:
+            parsed.append(par)
+    batch = global_batch(flags["global_batch"], gpus, microbatch)
     if batch // microbatch // min(p.dp for p in parsed) > MAX_MICROBATCHES:
         raise LayoutError(f"--global-batch {batch}: more than {MAX_MICROBATCHES:,} micro-batches on a rank")
     out = []
@@ -120,24 +142,32 @@ def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> l
     return out
 
 
+def global_batch(given: int | None, gpus: int, microbatch: int) -> int:
+    """Sequences per optimizer step: `given`, else one micro-batch a GPU (every layout's dp divides the GPUs, so
+    each runs a whole number of micro-batches: tp x pp x cp of them on a rank)."""
+    return gpus * microbatch if given is None else _positive("--global-batch", given)
+
+
 def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> list[str]:
-    """The ranking as the terminal shows it; acc_ratio against `first_layout` (the first given)."""
+    """The ranking as the terminal shows it; acc_ratio against `first_layout` (the top row)."""
     first = next(p for p in predictions if p.layout == first_layout)
     shape = job.shape
     tokens = first.layout.microbatches * job.microbatch * first.layout.dp * shape.seq_len
+    rate = "given" if job.rate_source == "given" else f"{hw.name}'s {job.rate_source[5:]} peak: optimistic"
+    width = max(22, *(len(p.layout.name) for p in predictions))
     lines = [f"# predict-scaling {model} --layout: {len(predictions)} layout(s) on {gpus} GPUs of {hw.name} "
              f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node}), {tokens:,} tokens a step "
-             f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,}), {job.tflops:g} TFLOPS a GPU, "
-             f"{job.checkpointing} activation checkpointing",
+             f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,})",
+             f"# {job.tflops:g} TFLOPS a GPU ({rate}), {job.checkpointing} activation checkpointing",
              "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
              "dimension; memory = the fullest GPU's (proxies/memory.py)",
-             f"# {'rank':>4}  {'layout':<22} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
-             f"{'tp/cp/ep(ms)':>13} {'pp(ms)':>9} {'dp(ms)':>9} {'GB/GPU':>8} {'fits':>5} {'vs first':>9}"]
+             f"# {'rank':>4}  {'layout':<{width}} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
+             f"{'tp/cp/ep(ms)':>13} {'pp(ms)':>9} {'dp(ms)':>9} {'GB/GPU':>8} {'fits':>5} {'vs #1':>9}"]
     for rank, p in enumerate(predictions, 1):
         inner = sum(p.exposed_us.get(d, 0.0) for d in ("tp", "cp", "ep"))
         fits = "-" if p.fits is None else "yes" if p.fits else "NO"
         mfu = "-" if p.mfu is None else f"{p.mfu:.3f}"
-        lines.append(f"  {rank:>4}  {p.layout.name:<22} {p.step_us / 1e3:>10.1f} {p.tokens_per_s:>12,.0f} "
+        lines.append(f"  {rank:>4}  {p.layout.name:<{width}} {p.step_us / 1e3:>10.1f} {p.tokens_per_s:>12,.0f} "
                      f"{mfu:>6} {p.bubble:>7.3f} {inner / 1e3:>13.1f} {p.exposed_us.get('pp', 0.0) / 1e3:>9.1f} "
                      f"{p.exposed_us.get('dp', 0.0) / 1e3:>9.1f} {p.memory.total_nbytes / GB:>8.1f} {fits:>5} "
                      f"{p.tokens_per_s / first.tokens_per_s:>9.3f}")
@@ -146,7 +176,7 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
                      "(10% kept for the allocator, the CUDA context and NCCL); NO: ranked last")
     else:
         lines.append(f"# fits: -, {hw.name} gives no device_memory_gb")
-    lines.append(f"# vs first: tokens/s against {first.layout.name} (acc_ratio)")
+    lines.append(f"# vs #1: tokens/s against {first.layout.name}, the top row (acc_ratio)")
     return lines
 
 
@@ -157,7 +187,8 @@ def layout_records(predictions, job, first_layout, model: str, run_id: str) -> l
     first = next(p for p in predictions if p.layout == first_layout)
     return [LayoutRecord(model=model, hardware=job.hw.name, gpus=p.layout.world, gpus_per_node=job.gpus_per_node,
                          layout=p.layout.to_dict(), microbatch=job.microbatch, seq_len=job.shape.seq_len,
-                         tflops=job.tflops, checkpointing=job.checkpointing, algorithm=job.algorithm,
+                         global_batch=p.layout.microbatches * job.microbatch * p.layout.dp,
+                         tflops=job.tflops, tflops_source=job.rate_source, checkpointing=job.checkpointing, algorithm=job.algorithm,
                          step_us=p.step_us, compute_us=p.compute_us, tokens_per_s=p.tokens_per_s, mfu=p.mfu,
                          bubble=p.bubble, comm_us=dict(p.comm_us), exposed_us=dict(p.exposed_us),
                          memory_nbytes={"parameters": p.memory.parameters_nbytes,

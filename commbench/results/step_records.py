@@ -183,7 +183,9 @@ class LayoutRecord(Record):
     memory_nbytes: dict  # the fullest GPU's: parameters, gradients, optimizer, activations, buffers, total
     fits: bool | None  # in the hardware's device memory (None: the file gives none)
     acc_ratio: float  # tokens/s against the baseline layout's
-    baseline: str
+    baseline: str  # the top row's layout (until 2026-12-02: the first given)
+    global_batch: int | None = None  # sequences per optimizer step, all GPUs (None: a file from before 2026-12-02)
+    tflops_source: str | None = None  # "given", or "peak:fp32" / "peak:bf16": the device's peak, optimistic
     kind: str = "predicted"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)

@@ -23,7 +23,53 @@ def test_layouts_are_ranked_with_memory_beside(tmp_path):
     layouts = [r for r in records if r["record"] == "layout"]
     assert len(layouts) == 3 and all(r["memory_nbytes"]["total"] > 0 and r["gpus"] == 64 for r in layouts)
     first = next(r for r in layouts if r["layout"]["layout"] == "tp8,fsdp8")
-    assert first["acc_ratio"] == 1.0 and first["layout"]["microbatches"] == 32
+    assert first["layout"]["microbatches"] == 32 and all(r["global_batch"] == 256 for r in layouts)
+    top = next(r for r in layouts if r["acc_ratio"] == 1.0)  # vs #1: the top row, whichever was typed first
+    assert top["baseline"] == top["layout"]["layout"] == rows[0][1] and top["tflops_source"] == "given"
+
+
+def _ranked(capsys, *layouts, extra=()):
+    """{layout name: (rank, step ms, GB a GPU)} of predict-scaling llama3.1-70b on 256 H100s, in process."""
+    args = ["predict-scaling", "llama3.1-70b", "--hw", "dgx-h100", "--gpus", "256", "--tflops", "400", *extra]
+    code = cli.main(args + [a for text in layouts for a in ("--layout", text)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    return {r[1]: (int(r[0]), float(r[2]), float(r[9])) for r in rows}
+
+
+def test_a_candidate_added_leaves_the_others_as_they_were(capsys):
+    """The default global batch depends on the GPUs, not on the layouts listed (issue 48: adding fsdp256 made
+    it 8x larger and reordered the other three)."""
+    three = ("tp8,fsdp32", "tp4sp,pp2,fsdp32", "tp8sp,cp2,fsdp16")
+    before = _ranked(capsys, *three)
+    after = _ranked(capsys, *three, "fsdp256")
+    assert {name: after[name][1:] for name in three} == {name: before[name][1:] for name in three}
+    order = sorted(three, key=lambda name: before[name][0])
+    assert sorted(three, key=lambda name: after[name][0]) == order
+
+
+def test_a_schedule_applies_to_pipelines_only_and_a_layout_may_carry_its_own(capsys):
+    """--pp-schedule gpipe leaves a layout without a pipeline as it was (it made tp8,fsdp32's memory 8x); a
+    layout's own @schedule lets 1F1B and interleaved share one table."""
+    plain = _ranked(capsys, "tp8,fsdp32", "tp8,pp2,fsdp16")
+    gpipe = _ranked(capsys, "tp8,fsdp32", "tp8,pp2,fsdp16", extra=("--pp-schedule", "gpipe"))
+    assert gpipe["tp8,fsdp32"][1:] == plain["tp8,fsdp32"][1:]
+    assert gpipe["tp8,pp2,fsdp16@gpipe"][2] > plain["tp8,pp2,fsdp16"][2]  # GPipe holds every micro-batch
+    both = _ranked(capsys, "tp8,pp4,fsdp8", "tp8,pp4,fsdp8@interleaved:2", "tp8,pp4,fsdp8")
+    assert sorted(both) == ["tp8,pp4,fsdp8", "tp8,pp4,fsdp8@interleaved:2"]  # the one given twice ranked once
+    assert both["tp8,pp4,fsdp8@interleaved:2"][1] < both["tp8,pp4,fsdp8"][1]  # a smaller bubble
+
+
+def test_a_peak_rate_is_said_to_be_one(capsys, tmp_path):
+    """Without --tflops the device's peak is used, and said to be one: on stderr, in the header, in the record."""
+    out = tmp_path / "l.jsonl"
+    code = cli.main(["predict-scaling", "llama3.1-8b", "--hw", "dgx-h100", "--gpus", "8", "--layout", "tp8,dp1",
+                     "--json", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert "no --tflops" in err and "fp32 peak" in err and "peak: optimistic" in stdout
+    assert json.loads(out.read_text().splitlines()[-1])["tflops_source"] == "peak:fp32"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -45,6 +91,10 @@ def test_layouts_are_ranked_with_memory_beside(tmp_path):
     (["llama3.1-8b", "--gpus", "16", "--layout", "pp2,dp8", "--pp-schedule", "interleaved"], "--virtual-stages 2"),
     (["llama3.1-8b", "--gpus", "80", "--layout", "pp40,dp2"], "40 pipeline stages for the model's 32 layers"),
     (["mixtral-8x7b", "--gpus", "16", "--layout", "tp2,ep16,fsdp8"], "ep 16 must divide dp x cp = 8"),
+    (["llama3.1-70b", "--gpus", "1024", "--layout", "ep8,fsdp128"], "ep 8 on a model without experts"),
+    (["mixtral-8x7b", "--gpus", "64", "--layout", "ep8,fsdp8"], "ep is carved out of dp x cp"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2@gpipe"], "a layout without a pipeline"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "pp2,dp8@interleaved"], "@interleaved:V"),
 ])
 def test_layouts_that_cannot_run_are_one_line(capsys, args, message):
     """In process (cli.main, as `python -m commbench` runs it): a process each only restarted Python."""

@@ -47,7 +47,7 @@ def test_a_pipelined_layout_trains_end_to_end_with_records(tmp_path):
     ("tp2,dp2", [], False, "layout tp2,ddp2 on 4 ranks"),
     # DDP under a pipeline, the interleaved schedule: each rank's two stages wrapped, reduced once a step
     ("pp2,ddp2", ["--pp-schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "2"], False,
-     "layout pp2,ddp2 on 4 ranks"),
+     "layout pp2,ddp2@interleaved:2 on 4 ranks"),  # the name spells its schedule
     # context and expert parallelism beside a pipeline (refused before): ring attention and the MoE's all-to-alls
     # inside each stage's passes, the experts over the two CP ranks, FSDP2 on them
     ("pp2,cp2,ep2,fsdp1", [], True, "layout pp2,cp2,ep2,fsdp1 on 4 ranks"),

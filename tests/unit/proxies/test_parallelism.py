@@ -122,3 +122,26 @@ def test_tensor_parallel_stays_inside_a_node():
     assert par.nodes_spanned("dp", 8) == (16, 1)
     assert par.nodes_spanned("pp", 8) == (2, 1)
     assert Parallelism(tp=2, dp=8).nodes_spanned("dp", 8) == (2, 4)
+
+
+@pytest.mark.parametrize("text,schedule,virtual", [
+    ("tp8sp,pp4,fsdp32@interleaved:2", "interleaved", 2), ("pp2,fsdp8@gpipe", "gpipe", 1),
+    ("pp2,fsdp8@1f1b", "1f1b", 1), ("pp2,fsdp8", "gpipe", 1)])
+def test_a_layout_carries_its_own_schedule_over_the_commands(text, schedule, virtual):
+    par = parse_layout(text, pp_schedule="gpipe")
+    assert (par.pp_schedule, par.virtual_stages) == (schedule, virtual)
+    assert parse_layout(par.name) == par  # the name spells the schedule too (two schedules, two names)
+
+
+def test_a_layout_without_a_pipeline_takes_no_schedule():
+    """The command's --pp-schedule / --virtual-stages leave it as it is; its own @schedule is refused."""
+    assert parse_layout("tp8,fsdp8", pp_schedule="gpipe", virtual_stages=2) == parse_layout("tp8,fsdp8")
+    with pytest.raises(LayoutError, match="without a pipeline"):
+        parse_layout("tp8,fsdp8@gpipe")
+
+
+@pytest.mark.parametrize("text", ["pp2,dp2@interleaved", "pp2,dp2@interleaved:1", "pp2,dp2@fast", "pp2,dp2@gpipe:2",
+                                  "tp\u0662,dp2", "pp2,dp2@interleaved:\u0662"])
+def test_bad_schedules_and_digits_are_one_line(text):
+    with pytest.raises(LayoutError):
+        parse_layout(text)
