@@ -30,6 +30,49 @@ class TraceError(ValueError):
     """A trace that cannot be read as a job's calls: one line naming the file and the problem."""
 
 
+# What a field of a trace may hold: generous beyond any job run to date, and finite, so that what is built
+# from a trace (calls, a profile, a replay) stays finite too. A field past them is a broken or crafted file.
+MAX_ELEMENTS = 1 << 42  # in one tensor or call (4.4e12; a 405 B-parameter model holds 4e11 in all)
+MAX_RANKS = 1 << 17  # in a job or a group (131,072)
+MAX_TIME_US = 1e16  # a timestamp or a duration (317 years)
+
+
+def brief(value) -> str:
+    """A value as an error line shows it: its repr (control characters escaped), cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def checked_count(value, where: str, field: str, limit: int = MAX_ELEMENTS) -> int:
+    """A whole number from 0 to `limit` (an integral float too: JSON writers differ), or TraceError naming
+    `where` (the file and the event) and the field. JSON true/false are not numbers."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value) if abs(value) <= limit else value
+    if type(value) is not int or not 0 <= value <= limit:
+        raise TraceError(f"{where}: {field!r} is {brief(value)}; it must be a whole number from 0 to {limit:,d}")
+    return value
+
+
+def checked_time(value, where: str, field: str, low: float = -MAX_TIME_US) -> float:
+    """A finite number of microseconds from `low` to MAX_TIME_US, or TraceError naming where and the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= MAX_TIME_US:
+        raise TraceError(f"{where}: {field!r} is {brief(value)}; it must be a finite number of microseconds "
+                         f"from {low:g} to {MAX_TIME_US:g}")
+    return float(value)
+
+
+def checked_shape(value, where: str, field: str) -> tuple[int, ...]:
+    """A tensor's shape: a list of whole numbers whose product is at most MAX_ELEMENTS."""
+    if not isinstance(value, list) or len(value) > 16:
+        raise TraceError(f"{where}: {field!r} is {brief(value)}; it must be a tensor's shape (a list of at most "
+                         f"16 whole numbers)")
+    dims = tuple(checked_count(d, where, field) for d in value)
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise TraceError(f"{where}: {field!r} {list(dims)} holds {math.prod(dims):.3g} elements; a tensor holds at "
+                         f"most {MAX_ELEMENTS:,d}")
+    return dims
+
+
 @dataclass(frozen=True)
 class TraceCall:
     collective: str  # commbench's name (collectives.COLLECTIVES)

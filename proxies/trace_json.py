@@ -74,6 +74,8 @@ class _Reader:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.text, self.pos)
+            except RecursionError:  # arrays or objects nested ~1,000 deep: no trace nests so
+                raise TraceError(f"{self.origin}: a JSON value nested too deep to be a trace's") from None
             except json.JSONDecodeError as exc:
                 if len(self.text) - self.pos > MAX_VALUE_CHARS:  # no event is this long: a broken file
                     raise TraceError(f"{self.origin}: not valid JSON ({exc.msg}, {MAX_VALUE_CHARS >> 20} MiB "

@@ -19,8 +19,8 @@ import os
 import statistics
 from collections import Counter
 
-from commbench.proxies.profile import DTYPE_BYTES, Profile, TensorSpec
-from commbench.proxies.trace_calls import Busy, TraceError, subtract_spans
+from commbench.proxies.profile import DTYPE_BYTES, Profile, ProfileError, TensorSpec, profile_from_dict
+from commbench.proxies.trace_calls import Busy, TraceError, brief, subtract_spans
 from commbench.proxies.trace_torch import DTYPES, collect
 
 TRACED_TFLOPS = 1.0
@@ -43,10 +43,13 @@ def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sampl
                          f"torch.profiler's schedule and call prof.step() each step)")
     _, start, end = steps[(len(steps) - 1) // 2]
     grads = sorted((g for g in got.grads if g[0] == tid and start <= g[1] < end), key=lambda g: g[1])
-    if not grads or not all(g[2] for g in grads):
+    if not grads or any(g[2] is None for g in grads):
         raise TraceError(f"{path}: no AccumulateGrad events with shapes in a step (capture with record_shapes=True; "
                          f"an FSDP trace's gradients are sharded: not read)")
     spans = [b for b in got.backward if b[0] == tid and start <= b[1] < end]
+    if not spans:
+        raise TraceError(f"{path}: no autograd::engine::evaluate_function events in the step read (the backward): "
+                         f"profile whole training steps")
     backward_start, backward_end = min(b[1] for b in spans), max(b[2] for b in spans)
     busy = Busy(subtract_spans(got.busy.get(tid, []), [(e["ts"], e["ts"] + e["dur"]) for e in issuing]))
     per_sample = TRACED_TFLOPS * 1e12 * 1e-6 / max(1, batch)  # FLOPs per microsecond, per sample
@@ -58,19 +61,27 @@ def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sampl
     tensors = []
     for index in range(count):  # registration order: the reverse of ready order
         ready = count - 1 - index
-        _, ts, shape, dtype = grads[ready]
-        tensors.append(TensorSpec(f"param{index}", tuple(int(d) for d in shape), _dtype(dtype, path),
-                                  flops(backward_start, ts), ready))
-    return Profile(name or os.path.basename(path).split(".")[0], tuple(tensors), flops(start, backward_start),
+        _, ts, shape, dtype, where = grads[ready]
+        tensors.append(TensorSpec(f"param{index}", shape, _dtype(dtype, where), flops(backward_start, ts), ready))
+    return _checked(Profile(name or os.path.basename(path).split(".")[0], tuple(tensors), flops(start, backward_start),
                    flops(backward_start, backward_end), (1,), sample_unit, max(1, batch),
                    source={"package": "trace", "trace": os.path.abspath(path), "traced_tflops": TRACED_TFLOPS,
                            "step_us": statistics.median(e - s for _, s, e in steps),
                            "note": "FLOPs are the traced busy time at traced_tflops; names and registration "
-                                   "order are inferred (reverse of ready order)"})
+                                   "order are inferred (reverse of ready order)"}), path)
+
+
+def _checked(profile: Profile, path: str) -> Profile:
+    """The profile as a profile file is checked (parameters, FLOPs and names in range), or TraceError."""
+    try:
+        profile_from_dict(profile.to_dict(), path)
+    except ProfileError as exc:
+        raise TraceError(f"{exc} (read from the trace)") from None
+    return profile
 
 
 def _dtype(name: str, path: str) -> str:
     dtype = DTYPES.get(str(name).lower())
     if dtype not in DTYPE_BYTES:
-        raise TraceError(f"{path}: a gradient of dtype {name!r}, which a profile cannot hold")
+        raise TraceError(f"{path}: a gradient of dtype {brief(name)}, which a profile cannot hold")
     return dtype

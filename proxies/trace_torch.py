@@ -23,7 +23,20 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from commbench.proxies.trace_calls import Busy, RankTrace, TraceCall, TraceError, build_step, subtract_spans
+from commbench.proxies.trace_calls import (
+    MAX_ELEMENTS,
+    MAX_RANKS,
+    Busy,
+    RankTrace,
+    TraceCall,
+    TraceError,
+    brief,
+    build_step,
+    checked_count,
+    checked_shape,
+    checked_time,
+    subtract_spans,
+)
 from commbench.proxies.trace_json import EVENTS_KEY, open_text, read_chrome_trace
 
 KNOWN_SCHEMAS = (1,)  # schemaVersion values this reader has read (torch 2.14's kineto writes 1)
@@ -51,24 +64,28 @@ class _Collected:
     """What one pass over the file keeps: small per event, nothing of the events it does not use."""
     meta: dict[str, Any] = field(default_factory=dict)
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # (tid, start, end)
-    param: list[dict] = field(default_factory=list)  # record_param_comms: (tid, ts, dur, args)
-    c10d: list[dict] = field(default_factory=list)
+    param: list[dict] = field(default_factory=list)  # record_param_comms: name, tid, ts, dur, args, where
+    c10d: list[dict] = field(default_factory=list)  # c10d:: ops: the same, and count (a known op's elements)
     runs: list[tuple[float, float, str]] = field(default_factory=list)  # gloo worker spans (start, end, dtype)
     kernels: list[tuple[float, float]] = field(default_factory=list)
     busy: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    grads: list[tuple] = field(default_factory=list)  # AccumulateGrad: (tid, ts, shape, dtype), for profiles
+    grads: list[tuple] = field(default_factory=list)  # AccumulateGrad: (tid, ts, shape or None, dtype, where)
     backward: list[tuple] = field(default_factory=list)  # autograd's evaluate_function spans: (tid, ts, end)
     pids: set = field(default_factory=set)
     skipped: Counter = field(default_factory=Counter)
 
 
 def collect(path: str) -> _Collected:
+    """One pass over a trace; every field it keeps checked (type and range), a bad one a TraceError naming
+    the file, the event (its place among the trace's events, from 0, and its name) and the field."""
     got = _Collected()
+    index = 0
     try:
         with open_text(path) as handle:
             for key, value in read_chrome_trace(handle, path):
                 if key == EVENTS_KEY:
-                    _event(got, value)
+                    _event(got, value, path, index)
+                    index += 1
                 else:
                     got.meta[key] = value
     except OSError as exc:
@@ -76,32 +93,84 @@ def collect(path: str) -> _Collected:
     return got
 
 
-def _event(got: _Collected, e: dict) -> None:
+def _event(got: _Collected, e: dict, path: str, index: int) -> None:
     if e.get("ph") != "X":
         return
-    name, cat = str(e.get("name", "")), e.get("cat")
-    ts, dur, tid = float(e.get("ts", 0.0)), float(e.get("dur", 0.0)), e.get("tid")
+    name, cat = e.get("name"), e.get("cat")
+    if not isinstance(name, str) or not name:
+        raise TraceError(f"{path}: event {index} (ph X, a complete event): 'name' is "
+                         f"{brief(name) if 'name' in e else 'missing'}; it must name the operator")
+    where = f"{path}: event {index} ({brief(name)})"
+    ts, dur = checked_time(e.get("ts", 0.0), where, "ts"), checked_time(e.get("dur", 0.0), where, "dur", 0.0)
+    tid = e.get("tid")
+    if tid is not None and not isinstance(tid, (int, str)):
+        raise TraceError(f"{where}: 'tid' is {brief(tid)}; it must be a thread's number or name")
     if cat == "kernel":
         if name.startswith("nccl"):
             got.kernels.append((ts, ts + dur))
         return
+    args = _args(e, where)
     if name.startswith("ProfilerStep#"):
         got.steps.append((tid, ts, ts + dur))
     elif name == PARAM_COMMS:
-        got.param.append({"tid": tid, "ts": ts, "dur": dur, "args": e.get("args") or {}})
-        got.pids.add(e.get("pid"))
+        _check_param_args(args, where)
+        got.param.append({"name": name, "tid": tid, "ts": ts, "dur": dur, "args": args, "where": where})
+        pid = e.get("pid")
+        if pid is not None and not isinstance(pid, (int, str)):
+            raise TraceError(f"{where}: 'pid' is {brief(pid)}; it must be a process's number or name")
+        got.pids.add(pid)
     elif name in C10D_OPS or name.startswith("c10d::"):
-        got.c10d.append({"name": name, "tid": tid, "ts": ts, "dur": dur, "args": e.get("args") or {}})
+        count = _op_count(args, C10D_OPS[name][1], where) if name in C10D_OPS else 0
+        got.c10d.append({"name": name, "tid": tid, "ts": ts, "dur": dur, "args": args, "where": where, "count": count})
     elif name.startswith("gloo:"):
-        types = (e.get("args") or {}).get("Input type") or [""]
-        got.runs.append((ts, ts + dur, str(types[0])))
+        got.runs.append((ts, ts + dur, str(_first(args, "Input type", where, ""))))
     elif cat == "cpu_op" and not name.startswith("nccl:"):
         got.busy[tid].append((ts, ts + dur))
         if name == "torch::autograd::AccumulateGrad":
-            args = e.get("args") or {}
-            got.grads.append((tid, ts, tuple((args.get("Input Dims") or [[]])[0]), (args.get("Input type") or [""])[0]))
+            shape = _first(args, "Input Dims", where, None)
+            got.grads.append((tid, ts, None if shape is None else checked_shape(shape, where, "Input Dims"),
+                              _first(args, "Input type", where, ""), where))
         elif name.startswith("autograd::engine::evaluate_function"):
             got.backward.append((tid, ts, ts + dur))
+
+
+def _args(e: dict, where: str) -> dict:
+    args = e.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise TraceError(f"{where}: 'args' is {brief(args)}; it must be an object")
+    return args
+
+
+def _first(args: dict, key: str, where: str, default: Any) -> Any:
+    """The first entry of a per-input list (Input Dims, Input type), `default` where there is none."""
+    value = args.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: {key!r} is {brief(value)}; it must be a list (one entry per input)")
+    return value[0] if value else default
+
+
+def _check_param_args(args: dict, where: str) -> None:
+    """record_param_comms' numbers: element counts, and group sizes and ranks, in range."""
+    for key in ("In msg nelems", "Out msg nelems"):
+        if args.get(key) is not None:
+            checked_count(args[key], where, key)
+    for key in ("Group size", "Global rank start", "Global rank stride"):
+        if args.get(key) is not None:
+            checked_count(args[key], where, key, MAX_RANKS)
+
+
+def _op_count(args: dict, which: int, where: str) -> int:
+    """A c10d op's elements: its input `which`'s shape, or the sum over a TensorList's shapes."""
+    dims = args.get("Input Dims")
+    if dims is None:
+        return 0
+    if not isinstance(dims, list):
+        raise TraceError(f"{where}: 'Input Dims' is {brief(dims)}; it must be a list (one entry per input)")
+    return _numel(dims[which] if len(dims) > which else [], where)
 
 
 def read_torch_trace(path: str) -> tuple[int, int, RankTrace, list[str]]:
@@ -116,9 +185,12 @@ def read_torch_trace(path: str) -> tuple[int, int, RankTrace, list[str]]:
         raise TraceError(f"{path}: no distributedInfo (rank, world_size): not a trace of a torch.distributed job")
     if len(got.pids) > 1:
         raise TraceError(f"{path}: holds {len(got.pids)} processes' calls (a merged trace): give one file per rank")
-    rank, world = int(info["rank"]), int(info["world_size"])
+    world = checked_count(info["world_size"], f"{path}: distributedInfo", "world_size", MAX_RANKS)
+    rank = checked_count(info["rank"], f"{path}: distributedInfo", "rank", MAX_RANKS)
+    if not rank < world:
+        raise TraceError(f"{path}: distributedInfo: rank {rank} of a job of {world} rank(s)")
     notes: list[str] = []
-    calls, tid = (_param_calls(got, path, notes) if got.param else _c10d_calls(got, path, info, notes))
+    calls, tid = (_param_calls(got, path, notes) if got.param else _c10d_calls(got, path, info, world, notes))
     return rank, world, _steps(got, calls, tid, path, notes), notes
 
 
@@ -148,9 +220,9 @@ def _param_calls(got: _Collected, path: str, notes: list[str]) -> tuple[list[Tra
         if name not in PARAM_NAMES:
             dropped[name or "?"] += 1
             continue
-        dtype = _dtype(args.get("dtype"), path)
+        dtype = _dtype(args.get("dtype"), event["where"])
         nelems = max(int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0))
-        calls.append(TraceCall(PARAM_NAMES[name], nelems * ITEMSIZE[dtype], dtype, "", _ranks(args, path),
+        calls.append(TraceCall(PARAM_NAMES[name], nelems * ITEMSIZE[dtype], dtype, "", _ranks(args, event["where"]),
                                str(args.get("Process Group Name", "")).strip('"'), event["ts"], None, None))
     _note_dropped(dropped, notes)
     runs = sorted(got.kernels)
@@ -162,8 +234,8 @@ def _param_calls(got: _Collected, path: str, notes: list[str]) -> tuple[list[Tra
     return calls, (tids.most_common(1)[0][0] if tids else None)
 
 
-def _c10d_calls(got: _Collected, path: str, info: dict, notes: list[str]) -> tuple[list[TraceCall], Any]:
-    sets = {tuple(pg.get("ranks") or ()) for pg in info.get("pg_config") or []} or {tuple(range(info["world_size"]))}
+def _c10d_calls(got: _Collected, path: str, info: dict, world: int, notes: list[str]) -> tuple[list[TraceCall], Any]:
+    sets = _group_sets(info, world, path)
     issued = sorted((e for e in got.c10d if e["name"] in C10D_OPS), key=lambda e: e["ts"])
     _note_dropped(Counter(e["name"] for e in got.c10d if e["name"] not in C10D_OPS), notes)
     if issued and len(sets) > 1:
@@ -179,14 +251,27 @@ def _c10d_calls(got: _Collected, path: str, info: dict, notes: list[str]) -> tup
         if event["name"] == "c10d::barrier":
             continue
         collective, which = C10D_OPS[event["name"]]
-        dims = (event["args"].get("Input Dims") or [])
-        types = event["args"].get("Input type") or []
-        dtype = _dtype(types[0] if types and types[0] not in ("TensorList", "") else (run[2] if run else ""), path)
-        count = _numel(dims[which] if len(dims) > which else [])
-        calls.append(TraceCall(collective, count * ITEMSIZE[dtype], dtype, "", group, "0", event["ts"],
+        first = _first(event["args"], "Input type", event["where"], "")
+        dtype = _dtype(first if first not in ("TensorList", "") else (run[2] if run else ""), event["where"])
+        calls.append(TraceCall(collective, event["count"] * ITEMSIZE[dtype], dtype, "", group, "0", event["ts"],
                                run[0] if run else None, run[1] if run else None))
     tids = Counter(e["tid"] for e in issued)
     return calls, (tids.most_common(1)[0][0] if tids else _lead_tid(got))
+
+
+def _group_sets(info: dict, world: int, path: str) -> set[tuple[int, ...]]:
+    """The sets of ranks of the trace's process groups (distributedInfo's pg_config), or the whole job."""
+    where = f"{path}: distributedInfo"
+    configs = info.get("pg_config") or []
+    if not isinstance(configs, list) or not all(isinstance(pg, dict) for pg in configs):
+        raise TraceError(f"{where}: 'pg_config' is {brief(configs)}; it must be a list of objects")
+    sets = set()
+    for pg in configs:
+        ranks = pg.get("ranks") or []
+        if not isinstance(ranks, list) or len(ranks) > world:
+            raise TraceError(f"{where}: a pg_config 'ranks' is {brief(ranks)}; it must list at most {world} ranks")
+        sets.add(tuple(checked_count(r, where, "pg_config ranks", world - 1) for r in ranks))
+    return sets or {tuple(range(world))}
 
 
 def _lead_tid(got: _Collected) -> Any:
@@ -208,26 +293,33 @@ def _ran(call: TraceCall, start: float, end: float) -> TraceCall:
     return replace(call, start_us=start, end_us=end)
 
 
-def _numel(dims: Any) -> int:
-    """Elements of a shape, or the sum over a list of shapes (a TensorList), at any depth."""
-    if not isinstance(dims, list) or not dims:
-        return 0 if isinstance(dims, list) else 1
-    if all(isinstance(d, int) for d in dims):
-        return math.prod(dims)
-    return sum(_numel(d) for d in dims)
+def _numel(dims: Any, where: str, depth: int = 0) -> int:
+    """Elements of a shape, or the sum over a list of shapes (a TensorList, nested a few deep), checked."""
+    if not isinstance(dims, list) or depth > 4:
+        raise TraceError(f"{where}: 'Input Dims' holds {brief(dims)}; it must hold shapes (lists of whole numbers)")
+    if not dims:
+        return 0
+    if not any(isinstance(d, list) for d in dims):
+        return math.prod(checked_shape(dims, where, "Input Dims"))
+    total = sum(_numel(d, where, depth + 1) for d in dims)
+    if total > MAX_ELEMENTS:
+        raise TraceError(f"{where}: 'Input Dims' holds {total:.3g} elements; a call moves at most {MAX_ELEMENTS:,d}")
+    return total
 
 
 def _dtype(name: Any, path: str) -> str:
     key = str(name or "").strip('"').lower()
     if key not in DTYPES:
-        raise TraceError(f"{path}: a call of dtype {name!r}, which this reader does not know")
+        raise TraceError(f"{path}: a call of dtype {brief(name)}, which this reader does not know")
     return DTYPES[key]
 
 
 def _ranks(args: dict, path: str) -> tuple[int, ...]:
+    """The group's global ranks from record_param_comms' args; `path` names the file (and the event)."""
     text = str(args.get("Process Group Ranks", "")).strip('"')
     size = int(args.get("Group size") or 0)
-    numbers = [int(n) for n in re.findall(r"-?\d+", text)]
+    numbers = [checked_count(int(n) if len(n) <= 12 else n, path, "Process Group Ranks", MAX_RANKS - 1)
+               for n in re.findall(r"-?\d+", text[:16 * MAX_RANKS])]
     if "..." in text:  # past 30 ranks torch writes the first 29 and the last
         start, stride = args.get("Global rank start"), args.get("Global rank stride")
         if start is not None and stride and size:
@@ -237,7 +329,9 @@ def _ranks(args: dict, path: str) -> tuple[int, ...]:
         else:
             raise TraceError(f"{path}: a group's ranks are cut short ({text}) and cannot be completed")
     if not numbers or (size and len(numbers) != size):
-        raise TraceError(f"{path}: a call's Process Group Ranks {text!r} do not give its {size} ranks")
+        raise TraceError(f"{path}: a call's Process Group Ranks {brief(text)} do not give its {size} ranks")
+    if len(set(numbers)) != len(numbers):
+        raise TraceError(f"{path}: a call's Process Group Ranks {brief(text)} name a rank twice")
     return tuple(sorted(numbers))
 
 

@@ -179,3 +179,41 @@ def test_damaged_traces_are_read_or_refused_in_one_line(tmp_path):
             read_traces([DDP[0], str(path)])
         except TraceError as exc:
             assert str(exc) and "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"In msg nelems": -256}, "'In msg nelems' is -256"),
+    ({"Out msg nelems": 1e30}, "'Out msg nelems' is 1e+30"),
+    ({"In msg nelems": float("nan")}, "'In msg nelems' is nan"),
+    ({"Group size": True}, "'Group size' is True"),
+    ({"Process Group Ranks": "[0, 0]"}, "name a rank twice"),
+    ({"Process Group Ranks": "[-1, 0]"}, "'Process Group Ranks' is -1"),
+    ({"Process Group Ranks": "[0, " + "9" * 5000 + "]"}, "'Process Group Ranks' is '99999"),
+    ({"dtype": {"a": 1}}, "a call of dtype {'a': 1}"),
+])
+def test_record_param_comms_fields_out_of_range_are_one_line_naming_the_event(tmp_path, change, field):
+    """Was a negative size replayed by the ranks, a group [0, 0] accepted, or a traceback (issue 48)."""
+    paths = [_nccl_like_trace(tmp_path / f"r{r}.json", r) for r in range(4)]
+    data = json.loads((tmp_path / "r2.json").read_text())
+    data["traceEvents"][2]["args"].update(change)
+    (tmp_path / "r2.json").write_text(json.dumps(data))
+    with pytest.raises(TraceError) as caught:
+        read_traces(paths)
+    said = str(caught.value)
+    assert said.startswith(f"{paths[2]}: event 2 ('record_param_comms')") and field in said, said
+
+
+@pytest.mark.parametrize("info,field", [
+    ({"rank": 0, "world_size": float("inf")}, "'world_size' is inf"),
+    ({"rank": 0, "world_size": 10 ** 12}, "'world_size' is 1000000000000"),
+    ({"rank": -1, "world_size": 4}, "'rank' is -1"),
+    ({"rank": 4, "world_size": 4}, "rank 4 of a job of 4 rank(s)"),
+])
+def test_distributed_info_out_of_range_is_one_line(tmp_path, info, field):
+    path = _nccl_like_trace(tmp_path / "r0.json", 0)
+    data = json.loads((tmp_path / "r0.json").read_text())
+    data["distributedInfo"].update(info)
+    (tmp_path / "r0.json").write_text(json.dumps(data))
+    with pytest.raises(TraceError, match=f"^{path}: distributedInfo: .*") as caught:
+        read_traces([path])
+    assert field in str(caught.value)
