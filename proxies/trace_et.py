@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep
+from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep, brief, checked_count
 from commbench.proxies.trace_json import open_text, read_chrome_trace
-from commbench.proxies.trace_torch import C10D_OPS, DTYPES, ITEMSIZE
+from commbench.proxies.trace_torch import C10D_OPS, DTYPES, ITEMSIZE, shape_elements
 
 SCHEMA_PREFIXES = ("1.0.", "1.1.")  # torch 2.14.1 writes "1.1.1-chakra.0.0.4"
 NODES_KEY = "nodes"
@@ -54,19 +54,21 @@ def _calls(path: str, group: tuple[int, ...], dropped: Counter) -> list[TraceCal
     if schema is None or not schema.startswith(SCHEMA_PREFIXES):
         raise TraceError(f"{path}: execution trace schema {schema!r}: this reader knows {', '.join(SCHEMA_PREFIXES)}*")
     calls = []
-    for node in sorted(nodes, key=lambda n: int(n.get("id", 0))):
-        name = node["name"]
+    ids = {id(n): checked_count(n.get("id", 0), f"{path}: node {brief(n.get('id'))} ({brief(n['name'])})", "id")
+           for n in nodes}
+    for node in sorted(nodes, key=lambda n: ids[id(n)]):
+        name, where = node["name"], f"{path}: node {ids[id(node)]} ({brief(node['name'])})"
         if name not in C10D_OPS:
             dropped[name] += 1
             continue
         collective, which = C10D_OPS[name]
         inputs = node.get("inputs") or {}
-        shapes, types = inputs.get("shapes") or [], inputs.get("types") or []
-        if len(shapes) <= which or len(types) <= which:
-            raise TraceError(f"{path}: node {node.get('id')} ({name}) lacks its input {which}")
-        dtype = _dtype(str(types[which]), path)
-        calls.append(TraceCall(collective, _numel(shapes[which]) * ITEMSIZE[dtype], dtype, "", group, "0", 0.0,
-                               None, None))
+        shapes, types = (inputs.get("shapes"), inputs.get("types")) if isinstance(inputs, dict) else (None, None)
+        if not isinstance(shapes, list) or not isinstance(types, list) or len(shapes) <= which or len(types) <= which:
+            raise TraceError(f"{where}: 'inputs' {brief(inputs)} lacks its input {which} (shapes and types)")
+        dtype = _dtype(str(types[which]), where)
+        calls.append(TraceCall(collective, shape_elements(shapes[which], where) * ITEMSIZE[dtype], dtype, "", group,
+                               "0", 0.0, None, None))
     return calls
 
 
@@ -74,14 +76,5 @@ def _dtype(text: str, path: str) -> str:
     found = re.search(r"Tensor\(([^)]*)\)", text)
     name = found.group(1).strip().lower() if found else ""
     if name not in DTYPES:
-        raise TraceError(f"{path}: a call of type {text!r}, which this reader does not know")
+        raise TraceError(f"{path}: a call of type {brief(text)}, which this reader does not know")
     return DTYPES[name]
-
-
-def _numel(shape) -> int:
-    if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape):
-        count = 1
-        for d in shape:
-            count *= d
-        return count
-    return sum(_numel(s) for s in shape) if isinstance(shape, list) else 0

@@ -21,7 +21,16 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
-from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep
+from commbench.proxies.trace_calls import (
+    MAX_ELEMENTS,
+    MAX_RANKS,
+    JobTrace,
+    RankTrace,
+    TraceCall,
+    TraceError,
+    TraceStep,
+    checked_count,
+)
 
 PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
 COLL = re.compile(r"^(?P<name>\w+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
@@ -90,8 +99,12 @@ def _read(path: str, calls: dict, comms: dict) -> None:
                     continue
                 init = INIT.search(msg)
                 if init:
-                    comms[(*process, init["comm"])] = {**init.groupdict(), "rank": int(init["rank"]),
-                                                       "nranks": int(init["nranks"])}
+                    where = f"{path}:{number} (an INIT line)"
+                    nranks = _number(init["nranks"], where, "nranks", MAX_RANKS)
+                    rank = _number(init["rank"], where, "rank", MAX_RANKS)
+                    if not rank < nranks:
+                        raise TraceError(f"{where}: rank {rank} of a communicator of {nranks} rank(s)")
+                    comms[(*process, init["comm"])] = {**init.groupdict(), "rank": rank, "nranks": nranks}
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
 
@@ -119,7 +132,7 @@ def _call(fields: dict, init: dict | None, members: dict, world: int, origin: st
     collective = NAMES.get(fields["name"])
     if collective is None:
         return None
-    nranks = int(fields["nranks"])
+    nranks = _number(fields["nranks"], origin, "nranks", MAX_RANKS)
     if init is not None:
         group = tuple(sorted(members[init["commid"]]))
     elif nranks == world:
@@ -130,9 +143,18 @@ def _call(fields: dict, init: dict | None, members: dict, world: int, origin: st
     if len(group) != nranks:
         raise TraceError(f"{origin}: communicator {fields['comm']} has {nranks} ranks but the logs show "
                          f"{len(group)} of them (a rank's log missing?)")
-    dtype, itemsize = DTYPES.get(int(fields["dtype"]), (None, 0))
+    dtype, itemsize = DTYPES.get(_number(fields["dtype"], origin, "datatype", 1 << 20), (None, 0))
     if dtype is None:
-        raise TraceError(f"{origin}: NCCL datatype {fields['dtype']}, which this reader does not know")
-    count = int(fields["count"]) * (nranks if collective in GATHERS else 1)
-    return TraceCall(collective, count * itemsize, dtype, OPS.get(int(fields["op"]), "sum"), group,
-                     fields["comm"], 0.0, None, None)
+        raise TraceError(f"{origin}: NCCL datatype {fields['dtype'][:20]}, which this reader does not know")
+    count = _number(fields["count"], origin, "count", MAX_ELEMENTS) * (nranks if collective in GATHERS else 1)
+    if count > MAX_ELEMENTS:
+        raise TraceError(f"{origin}: count {fields['count']} on {nranks} ranks moves {count:,d} elements; a call "
+                         f"moves at most {MAX_ELEMENTS:,d}")
+    return TraceCall(collective, count * itemsize, dtype, OPS.get(_number(fields["op"], origin, "op", 1 << 20), "sum"),
+                     group, fields["comm"], 0.0, None, None)
+
+
+def _number(digits: str, where: str, field: str, limit: int) -> int:
+    """A field of digits (the regexes' `\\d+`) as a whole number up to `limit`; past 4,000 digits (Python reads
+    no more than 4,300 as a number) it is past the limit unread."""
+    return checked_count(int(digits) if len(digits) <= 4000 else digits[:20] + "...", where, field, limit)

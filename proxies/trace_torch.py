@@ -170,7 +170,7 @@ def _op_count(args: dict, which: int, where: str) -> int:
         return 0
     if not isinstance(dims, list):
         raise TraceError(f"{where}: 'Input Dims' is {brief(dims)}; it must be a list (one entry per input)")
-    return _numel(dims[which] if len(dims) > which else [], where)
+    return shape_elements(dims[which] if len(dims) > which else [], where)
 
 
 def read_torch_trace(path: str) -> tuple[int, int, RankTrace, list[str]]:
@@ -293,15 +293,16 @@ def _ran(call: TraceCall, start: float, end: float) -> TraceCall:
     return replace(call, start_us=start, end_us=end)
 
 
-def _numel(dims: Any, where: str, depth: int = 0) -> int:
-    """Elements of a shape, or the sum over a list of shapes (a TensorList, nested a few deep), checked."""
+def shape_elements(dims: Any, where: str, depth: int = 0) -> int:
+    """Elements of a shape, or the sum over a list of shapes (a TensorList, nested a few deep), checked
+    (the execution trace's reader counts its inputs so too)."""
     if not isinstance(dims, list) or depth > 4:
         raise TraceError(f"{where}: 'Input Dims' holds {brief(dims)}; it must hold shapes (lists of whole numbers)")
     if not dims:
         return 0
     if not any(isinstance(d, list) for d in dims):
         return math.prod(checked_shape(dims, where, "Input Dims"))
-    total = sum(_numel(d, where, depth + 1) for d in dims)
+    total = sum(shape_elements(d, where, depth + 1) for d in dims)
     if total > MAX_ELEMENTS:
         raise TraceError(f"{where}: 'Input Dims' holds {total:.3g} elements; a call moves at most {MAX_ELEMENTS:,d}")
     return total

@@ -40,3 +40,32 @@ def test_unknown_schema_and_cut_file_are_one_error(tmp_path):
 def test_a_rank_missing_disagrees_with_the_job():
     with pytest.raises(TraceError, match="mix|disagree"):
         read_traces([ET[0], str(DATA / "traces" / "ddp_2rank_gloo_rank1.json.gz")])
+
+
+def _node_edited(tmp_path, edit):
+    """Rank 1's trace with its first c10d node passed to `edit` (which changes it in place)."""
+    import json
+
+    data = json.load(gzip.open(ET[1], "rt"))
+    edit(next(n for n in data["nodes"] if str(n.get("name", "")).startswith("c10d::")))
+    path = tmp_path / "et_rank1.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda n: n["inputs"].update(shapes=[[[-33024]]]), "'Input Dims' is -33024"),
+    (lambda n: n["inputs"].update(shapes=[[[2 ** 30, 2 ** 30, 2 ** 30]]]), "elements; a tensor holds at most"),
+    (lambda n: n["inputs"].update(shapes=[[["33024"]]]), "'Input Dims' is '33024'"),
+    (lambda n: n["inputs"].update(shapes={"0": 1}), "lacks its input 0"),
+    (lambda n: n.update(inputs=[1]), "lacks its input 0"),
+    (lambda n: n.update(id=float("nan")), "'id' is nan"),
+    (lambda n: n.update(id="218"), "'id' is '218'"),
+])
+def test_a_crafted_node_is_one_line_naming_the_file_the_node_and_the_field(tmp_path, edit, field):
+    """Was a negative size sent to the ranks, or a traceback (issue 48)."""
+    path = _node_edited(tmp_path, edit)
+    with pytest.raises(TraceError) as caught:
+        read_traces([ET[0], path])
+    said = str(caught.value)
+    assert said.startswith(f"{path}: node ") and "c10d::allreduce_" in said and field in said, said

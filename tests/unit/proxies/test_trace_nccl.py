@@ -91,3 +91,21 @@ def test_a_log_cut_short_on_one_rank_is_named(tmp_path):
 def test_text_that_is_no_trace_is_named(tmp_path):
     with pytest.raises(TraceError, match="neither"):
         read_traces([write(tmp_path, "notes.txt", ["hello"])])
+
+
+@pytest.mark.parametrize("line,field", [
+    (coll(0, "AllReduce", 0, 10 ** 30, 7, "0x555000000", 4), "'count' is 1000000000000000000000000000000"),
+    (coll(0, "AllReduce", 0, "9" * 5000, 7, "0x555000000", 4), "'count' is '99999999999999999999..."),
+    (coll(0, "AllGather", 0, 2 ** 41, 7, "0x555000000", 4), "moves 8,796,093,022,208 elements"),
+    (coll(0, "AllReduce", 0, 8, "9" * 5000, "0x555000000", 4), "'datatype' is '9999"),
+    (init(0, "0x777000000", 0, 10 ** 12, "0x4444"), "'nranks' is 1000000000000"),
+    (init(0, "0x777000000", 5, 4, "0x4444"), "rank 5 of a communicator of 4 rank(s)"),
+])
+def test_numbers_out_of_range_are_one_line_naming_the_line_and_the_field(tmp_path, line, field):
+    """Was a MemoryError (nranks 10^12), a ValueError (thousands of digits) or a call of 10^30 elements sent to
+    the ranks (issue 48)."""
+    path = write(tmp_path, "nccl.log", [*four_rank_log(), line])
+    with pytest.raises(TraceError) as caught:
+        read_traces([path])
+    said = str(caught.value)
+    assert said.startswith(f"{path}:") and field in said and "\n" not in said, said
