@@ -23,7 +23,9 @@ from math import comb
 from commbench.analysis.scaling import comm_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware, call_us, with_topology
+from commbench.costmodel.compute import ComputeBlock
 from commbench.proxies import memory as M
+from commbench.proxies import layer_ops as ops
 from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import simulate
 from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
@@ -65,6 +67,8 @@ class Job:
     causal_halved: bool = True  # attention kernels skip the masked half of the scores (FlashAttention's causal)
     ep_dispatcher: str = "alltoall"  # layout_calls.EP_DISPATCHERS: how MoE tokens reach their experts
     rate_source: str = "given"  # where `tflops` comes from: "given", or "peak:fp32" / "peak:bf16" (optimistic)
+    compute: ComputeBlock | None = None  # operators' times on the device: costs each layer's operators (else tflops)
+    compute_dtype: str = "bfloat16"  # the block's precision the operators are read in
 
 
 def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
@@ -114,10 +118,7 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     dims: dict[str, list[float]] = {}
     costs: dict[LayerCall, float] = {}
     for index in layers:
-        flops = shape.layer_forward_flops(index, causal_halved=job.causal_halved) * local / par.tp
-        attention = shape.attention_score_flops(causal_halved=job.causal_halved) * local / par.tp / rate
-        recompute = {"none": 0.0, "selective": attention * rate, "full": flops}[job.checkpointing]
-        f_us, b_us = flops / rate, (2 * flops + recompute) / rate
+        f_us, b_us, attention = _layer_compute_us(job, par, index)
         beside = {"forward": [0.0, attention], "backward": [0.0, 2 * attention]}  # overlapping calls, their cover
         for call in layer_calls(par, shape, job.microbatch, job.checkpointing, moe=shape.is_moe_layer(index)):
             if call not in costs:
@@ -139,10 +140,47 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
                 dims["cp"][1] += shown
                 f_us, b_us = (f_us + shown, b_us) if phase == "forward" else (f_us, b_us + shown)
         forward, backward = forward + f_us, backward + b_us
-    if head:
+    if head and uses_block(job):
+        times = ops.op_times(job.compute, ops.head_ops(shape, par, job.microbatch), job.compute_dtype, framework=False)
+        root = job.compute.framework_us if _fsdp(par) else {}  # FSDP2's root unit: embedding, norm, head
+        share = job.compute.core_share(job.gpus_per_node)
+        forward += share * (times.forward_us + root.get("fsdp_unit_forward", 0.0))
+        backward += share * (times.backward_us + root.get("fsdp_unit_backward", 0.0))
+    elif head:
         head_flops = shape.head_forward_flops() * local / par.tp
         forward, backward = forward + head_flops / rate, backward + 2 * head_flops / rate
     return forward, backward, {d: (t, x) for d, (t, x) in dims.items()}
+
+
+def uses_block(job: Job) -> bool:
+    """Whether the job's compute comes from its compute block (operator by operator) rather than one rate."""
+    return job.compute is not None and ops.unlisted(job.shape) is None
+
+
+def _fsdp(par: Parallelism) -> bool:
+    return settle(par.setup).setup.trains_as == "fsdp"
+
+
+def _layer_compute_us(job: Job, par: Parallelism, index: int) -> tuple[float, float, float]:
+    """(forward, backward with what checkpointing recomputes, the attention's forward) of layer `index` on one
+    rank, per micro-batch: its operators from the compute block, else its FLOPs at the job's one rate."""
+    shape = job.shape
+    if uses_block(job):
+        t = ops.op_times(job.compute, ops.layer_ops(shape, par, job.microbatch, index), job.compute_dtype)
+        f_us, b_us = t.forward_us, t.backward_us
+        for key, applies in (("tp_layer", par.tp > 1), ("fsdp_unit", _fsdp(par))):
+            if applies:  # what the wrapper adds to the layer's operators, measured on this device
+                f_us += job.compute.framework_us.get(f"{key}_forward", 0.0)
+                b_us += job.compute.framework_us.get(f"{key}_backward", 0.0)
+        recompute = {"none": 0.0, "selective": t.attention_forward_us, "full": f_us}[job.checkpointing]
+        share = job.compute.core_share(job.gpus_per_node)
+        return share * f_us, share * (b_us + recompute), share * t.attention_forward_us
+    rate = job.tflops * 1e6  # FLOP per us
+    local = job.microbatch * shape.seq_len / par.cp  # tokens of a micro-batch on one rank
+    flops = shape.layer_forward_flops(index, causal_halved=job.causal_halved) * local / par.tp
+    attention = shape.attention_score_flops(causal_halved=job.causal_halved) * local / par.tp / rate
+    recompute = {"none": 0.0, "selective": attention * rate, "full": flops}[job.checkpointing]
+    return flops / rate, (2 * flops + recompute) / rate, attention
 
 
 def _group_topology(job: Job, par: Parallelism, dim: str) -> Topology:

@@ -14,6 +14,11 @@ Error = replay (or prediction) / training - 1, of the median step (the slowest r
 
     python benchmarks/layouts_accuracy.py --hw fit4.json                      # 4 local ranks
     python benchmarks/layouts_accuracy.py --hw fit4.json --emulate 2x2        # 2 emulated nodes x 2 ranks
+    python benchmarks/layouts_accuracy.py --hw fit4.json --compute hw.json    # and from a compute block
+
+The block-predicted column (--compute: a `commbench compute` of llama-tiny's layouts on this host) predicts
+each layout's step from its operators' measured times on --hw's links: no rate, no calibration, so every
+layout's error counts, the first's too.
 
 Prints a Markdown table; every run's JSON Lines are kept in --out.
 """
@@ -77,9 +82,10 @@ def fit_rate(train_step_us: float, nominal: dict) -> float:
     return flop / left_us / 1e6
 
 
-def predicted_us(entry: str, rate: float, args: argparse.Namespace) -> float | None:
-    """analysis/predict_layout.py's step for the layout at `rate`, costed by the fitted hardware."""
-    if not args.hw:
+def predicted_us(entry: str, rate: float, args: argparse.Namespace, block: bool = False) -> float | None:
+    """analysis/predict_layout.py's step for the layout at `rate` (with `block`: each operator from --compute's
+    compute block, no rate and no calibration), costed by the fitted hardware."""
+    if not args.hw or (block and not args.compute):
         return None
     from commbench.analysis.predict_layout import Job, predict_layout
     from commbench.costmodel import load_hardware
@@ -94,23 +100,29 @@ def predicted_us(entry: str, rate: float, args: argparse.Namespace) -> float | N
     per_node = int(args.emulate.split("x")[1]) if args.emulate else args.nprocs
     microbatch = args.sequences // par.microbatches
     job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, microbatch, rate, "none", args.algorithm)
+    if block:
+        compute = load_hardware(args.compute).compute
+        job = replace(job, compute=compute, compute_dtype=compute.meta.get("dtype", "float32"))
     return predict_layout(job, par).step_us
 
 
 def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespace) -> None:
     """Each layout trained (unless done), replayed and predicted: a Markdown row each, then the medians."""
     print("| layout | train step (ms) | replay step (ms) | replay error | measured-compute replay (ms) | its error "
-          "| predicted step (ms) | predicted error |")
-    print("|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"replay": [], "measured-compute replay": [], "predicted": []}
-    steps: dict[str, dict[str, float]] = {"train": {}, "replay": {}, "measured-compute replay": {}, "predicted": {}}
+          "| predicted step (ms) | predicted error | block-predicted step (ms) | its error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"replay": [], "measured-compute replay": [], "predicted": [],
+                                      "block-predicted": []}
+    steps: dict[str, dict[str, float]] = {"train": {}, "replay": {}, "measured-compute replay": {}, "predicted": {},
+                                          "block-predicted": {}}
     for layout in layouts:
         train = trained.get(layout) or commbench("train", layout, args)
         replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
         measured = commbench("proxy", layout, args, "--compute", "measured")
         predicted = predicted_us(layout, rate, args)
+        from_block = predicted_us(layout, rate, args, block=True)
         if "failed" in train or "failed" in replay:
-            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | | | |")
+            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | | | | | |")
             continue
         t, r = train["step_us_p50"], replay["step_us_p50"]
         steps["train"][layout], steps["replay"][layout] = t, r
@@ -131,12 +143,26 @@ def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespa
             cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
             if layout != layouts[0]:
                 errors["predicted"].append(abs(predicted / t - 1))
-        print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells)
-              + (" | | |" if predicted is None else " |"), flush=True)
+        else:
+            cells += ["", ""]
+        if from_block is not None:  # no calibration: the first layout counts too
+            steps["block-predicted"][layout] = from_block
+            cells += [f"{from_block / 1e3:.2f}", f"{100 * (from_block / t - 1):+.1f}%"]
+            errors["block-predicted"].append(abs(from_block / t - 1))
+        else:
+            cells += ["", ""]
+        print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells) + " |",
+              flush=True)
+    summary(errors, steps)
+
+
+def summary(errors: dict, steps: dict) -> None:
+    """The medians of each column's errors and each column's ranking."""
     for what, values in errors.items():
         if values:
+            which = "none calibrated" if what == "block-predicted" else "besides the calibration"
             print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
-                  f"over {len(values)} layout(s) besides the calibration")
+                  f"over {len(values)} layout(s) ({which})")
     for what, by_layout in steps.items():
         if by_layout:
             print(f"# ranking, fastest first, {what}: {' < '.join(sorted(by_layout, key=by_layout.get))}")
@@ -156,6 +182,9 @@ def main() -> int:
                         help="Sequences per data-parallel rank and step (a pipeline's: --microbatches of them).")
     parser.add_argument("--emulate", default=None, metavar="NODESxRANKS")
     parser.add_argument("--hw", default=None, help="A fit of this machine's sweep, for the prediction column.")
+    parser.add_argument("--compute", default=None,
+                        help="A hardware file with a compute block (`commbench compute`) for the block-predicted "
+                             "column: each layout's operators from it, on --hw's links, nothing calibrated.")
     parser.add_argument("--algorithm", default="ring", help="The prediction's collective algorithm.")
     parser.add_argument("--out", default="runs/layouts-accuracy")
     args = parser.parse_args()

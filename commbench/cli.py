@@ -15,6 +15,7 @@ from commbench import __version__
 from commbench.commands import (
     check,
     compare,
+    compute,
     emulate,
     fit,
     nccltests,
@@ -40,6 +41,7 @@ def cli() -> None:
 for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, proxy.train_command,
                 proxy.profiles_group, fit.fit_command, predict.predict_command, predict_scaling.predict_scaling_command,
                 report.report_command, compare.compare_command, selftest.selftest_command, check.check_command,
+                compute.compute_command,
                 emulate.emulate_group, tune.tune_command, replay.replay_command):
     cli.add_command(command)
 refuse_empty_values(cli)  # one rule for every command: an empty value is one line and exit 2

@@ -89,7 +89,7 @@ def measure_rank_compute(par: Parallelism, transformer, microbatch: int, stage: 
 
     cpu_time = getattr(device, "type", device) == "cpu" and torch.get_num_threads() == 1
     clock = time.thread_time if cpu_time else time.perf_counter
-    pieces = _Pieces(par, transformer, microbatch, stage, device)
+    pieces = RankPieces(par, transformer, microbatch, stage, device)
     ready()
     times = {"layer": _timed(pieces.layer, clock, device, repeats)}
     if par.cp > 1:
@@ -120,7 +120,7 @@ def measure_on_ranks(ctx, par: Parallelism, shape) -> tuple[RankCompute, bool]:
     return RankCompute.of(backend.agree_max(np.array(mine.values()))), cpu_time
 
 
-class _Pieces:
+class RankPieces:
     """transformers' Llama pieces of one rank's shard, with their inputs made beforehand; each piece is a
     forward that returns what the backward starts from."""
 

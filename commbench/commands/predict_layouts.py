@@ -77,11 +77,33 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
     peak = hw.device_tflops.get("bf16") or hw.device_tflops.get("fp16")
-    rate, source = compute_rate(hw, tflops, precision)
+    block, dtype = (None, "") if tflops else compute_block(hw, shape)
+    rate, source = (0.0, f"compute block:{dtype}") if block else compute_rate(hw, tflops, precision)
     job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm,
-              peak or None, rate_source=source)
+              peak or None, rate_source=source, compute=block, compute_dtype=dtype or "bfloat16")
     predictions = rank_layouts(job, layouts)
     return predictions, job, predictions[0].layout
+
+
+def compute_block(hw, shape):
+    """(the hardware's compute block, the precision to read it in) where it has what a layout's layers need,
+    else (None, "") with a warning that says what it lacks (the prediction then falls back to one rate)."""
+    from commbench.proxies import layer_ops
+
+    block = hw.compute
+    if block is None:
+        return None, ""
+    wanted = "bfloat16" if shape.dtype_bytes == 2 else "float32"
+    dtype = wanted if block.has("matmul", wanted) else block.meta.get("dtype", wanted)
+    lacks = layer_ops.missing(block, dtype) + ([f"the layers of {layer_ops.unlisted(shape)}"]
+                                               if layer_ops.unlisted(shape) else [])
+    if lacks:
+        click.echo(f"warning: {hw.name}'s compute block lacks {', '.join(lacks)}: one rate instead", err=True)
+        return None, ""
+    if dtype != wanted:
+        click.echo(f"warning: {hw.name}'s compute block was measured in {dtype}, not the model's {wanted}: "
+                   f"its {dtype} times are used", err=True)
+    return block, dtype
 
 
 def compute_rate(hw, tflops: float | None, precision: str) -> tuple[float, str]:
@@ -153,12 +175,12 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
     first = next(p for p in predictions if p.layout == first_layout)
     shape = job.shape
     tokens = first.layout.microbatches * job.microbatch * first.layout.dp * shape.seq_len
-    rate = "given" if job.rate_source == "given" else f"{hw.name}'s {job.rate_source[5:]} peak: optimistic"
+    rate = _rate_text(job, hw)
     width = max(22, *(len(p.layout.name) for p in predictions))
     lines = [f"# predict-scaling {model} --layout: {len(predictions)} layout(s) on {gpus} GPUs of {hw.name} "
              f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node}), {tokens:,} tokens a step "
              f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,})",
-             f"# {job.tflops:g} TFLOPS a GPU ({rate}), {job.checkpointing} activation checkpointing",
+             f"# compute: {rate}, {job.checkpointing} activation checkpointing",
              "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
              "dimension; memory = the fullest GPU's (proxies/memory.py)",
              f"# {'rank':>4}  {'layout':<{width}} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
@@ -178,6 +200,14 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
         lines.append(f"# fits: -, {hw.name} gives no device_memory_gb")
     lines.append(f"# vs #1: tokens/s against {first.layout.name}, the top row (acc_ratio)")
     return lines
+
+
+def _rate_text(job, hw) -> str:
+    if job.compute is not None:
+        return f"each operator from the compute block of {job.compute.device} ({job.compute_dtype})"
+    if job.rate_source == "given":
+        return f"{job.tflops:g} TFLOPS a GPU (--tflops: one rate for every operator)"
+    return f"{job.tflops:g} TFLOPS a GPU ({hw.name}'s {job.rate_source[5:]} peak: optimistic)"
 
 
 def layout_records(predictions, job, first_layout, model: str, run_id: str) -> list:

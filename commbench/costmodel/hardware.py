@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from commbench.costmodel.compute import ComputeBlock, ComputeError, compute_from_dict
 from commbench.files import MAX_FIGURE, NotJson, UnreadableFile, json_kind, parse_json, read_small
 from commbench.step_terms import StepTerms, StepTermsError, device_class, step_terms_from_dict
 from commbench.step_terms import defaults as step_term_defaults
@@ -34,6 +35,7 @@ class Hardware:
     meta: dict[str, Any] = field(default_factory=dict)  # description, sources, fit quality
     device_memory_gb: float | None = None  # one GPU's memory, GB (1e9 bytes) as its vendor states it
     step_terms: StepTerms | None = None  # the file's own; None: its device class's defaults (terms_of)
+    compute: ComputeBlock | None = None  # operators' times on one device (costmodel/compute.py); None: none
 
     def level(self, topo: Topology, src: int, dst: int) -> Link:
         return self.intra if topo.link(src, dst) == INTRA else self.inter
@@ -41,6 +43,9 @@ class Hardware:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["levels"] = {"intra": out.pop("intra"), "inter": out.pop("inter")}
+        out["compute"] = None if self.compute is None else self.compute.to_dict()
+        if out["compute"] is None:
+            del out["compute"]
         return {"schema": 1, **out}
 
     def save(self, path: str) -> None:
@@ -53,7 +58,7 @@ class Hardware:
 
 # any other top-level field (description, sources) goes to meta
 HARDWARE_FIELDS = ("schema", "name", "ranks_per_node", "levels", "reduce_gbps", "per_call_overhead_us",
-                   "device_tflops", "meta", "device_memory_gb", "step_terms")
+                   "device_tflops", "meta", "device_memory_gb", "step_terms", "compute")
 
 
 def terms_of(hw: Hardware) -> StepTerms:
@@ -88,11 +93,15 @@ def _hardware(data: Any, origin: str) -> Hardware:
         terms = None if data.get("step_terms") is None else step_terms_from_dict(data["step_terms"], device_class(meta))
     except StepTermsError as exc:
         raise HardwareError(str(exc)) from None
+    try:
+        compute = None if data.get("compute") is None else compute_from_dict(data["compute"])
+    except ComputeError as exc:
+        raise HardwareError(str(exc)) from None
     return Hardware(name, int(_number(data, "ranks_per_node", "", whole=True, at_least=1)), intra, inter,
                     _number(data, "reduce_gbps", "", positive=True, optional=True),
                     _number(data, "per_call_overhead_us", "", optional=True) or 0.0,
                     {key: _number(tflops, key, "device_tflops.", positive=True, optional=True) for key in tflops}, meta,
-                    _number(data, "device_memory_gb", "", positive=True, optional=True), terms)
+                    _number(data, "device_memory_gb", "", positive=True, optional=True), terms, compute)
 
 
 def _link(data: dict[str, Any], where: str) -> Link:

@@ -1,0 +1,47 @@
+"""`commbench compute` as a user runs it: a block measured for llama-tiny's layouts, used by predict-scaling,
+and bad input refused in one line."""
+import json
+
+import pytest
+from conftest import commbench
+
+from commbench import cli
+
+
+def test_a_block_is_measured_written_and_used(tmp_path):
+    out = tmp_path / "hw.json"
+    run = commbench("compute", "llama-tiny", "--gpus", "2", "--layout", "dp2", "--layout", "tp2,dp1",
+                    "--min-time", "0.002", "--hw", "dgx-h100", "-o", str(out), timeout=240)
+    assert run.returncode == 0, run.stderr
+    block = json.loads(out.read_text())["compute"]
+    assert block["device"].startswith("cpu") and block["meta"]["dtype"] == "float32"
+    assert len(block["matmul"]) >= 9 and block["attention"] and block["memory_gbps"] > 0
+    assert "# wrote" in run.stdout
+    predicted = commbench("predict-scaling", "llama-tiny", "--gpus", "2", "--hw", str(out), "--layout", "dp2",
+                          "--layout", "tp2,dp1", "--global-batch", "4")
+    assert predicted.returncode == 0, predicted.stderr
+    assert "each operator from the compute block of cpu" in predicted.stdout
+    assert "no --tflops" not in predicted.stderr  # no peak: the block
+    rated = commbench("predict-scaling", "llama-tiny", "--gpus", "2", "--hw", str(out), "--layout", "dp2",
+                      "--global-batch", "4", "--tflops", "0.05")
+    assert "--tflops: one rate for every operator" in rated.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["resnet50", "--hw", "dgx-h100"], "has none"),
+    (["llama-tiny", "--gpus", "4", "--layout", "tp3,dp1", "--hw", "dgx-h100"], "GPUs, not 4"),
+    (["llama-tiny", "--min-time", "0", "--hw", "dgx-h100"], "--min-time"),
+    (["llama-tiny", "--microbatch", "0", "--hw", "dgx-h100"], "--microbatch"),
+    (["llama-tiny", "--hw", "no-such-hw"], "no hardware file or preset"),
+    (["llama-tiny", "--hw", "dgx-h100", "--device", "cuda"], "sees no GPU"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, args, message):
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    code = cli.main(["compute", *args, "-o", str(tmp_path / "hw.json")])
+    out, err = capsys.readouterr()
+    assert code == 2, out
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "hw.json").exists()
