@@ -6,7 +6,7 @@
 #   DRY_RUN=1 bash benchmarks/gpu_run.sh /tmp/r  # on a CPU: every step's command printed, not run
 #
 # Steps, most wanted first (each with its own time budget, cut to what is left of BUDGET, 540 s):
-# env, install, the float check of issue 36, cuda sweeps of every allreduce algorithm (in and out
+# env, install, the compute block of issue 47 (Llama 3.1 8B's layer shapes) and the predictions from it, the float check of issue 36, cuda sweeps of every allreduce algorithm (in and out
 # of place, --graph), shm on the host CPU (deepspeed_peer.py and shm_fused_knobs.py, issue 38), tune
 # (and a sweep that follows its table), the harness-overhead benchmark, cupy and torch sweeps,
 # selftest, proxy --validate (trains and replays), then every GPU test file
@@ -119,6 +119,13 @@ CUDA8=(sweep --backend cuda -N 8 --cuda-mode virtual --graph --sizes 1K,64K,256K
 run env 15 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv; \
     $PY -c 'import sys, torch, cupy; from cupy.cuda import nccl; print(sys.version.split()[0], torch.__version__, cupy.__version__, nccl.get_version())'"
 run install 60 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+# issue 47 first in line: Llama 3.1 8B's operators at the shapes of five layouts' ranks on this GPU (target 60 s),
+# then the layouts predicted from that block beside the same at one rate, 400 TFLOPS
+run compute_8b 90 "$PY" -m commbench compute llama3.1-8b --gpus 8 --layout dp8 --layout tp2,dp4 --layout tp4,dp2 \
+    --layout tp8,dp1 --layout tp4sp,cp2,dp1 --hw dgx-h100 -o "$R/compute-8b.json"
+run predict_8b 20 bash -c "for rate in '' '--tflops 400'; do $PY -m commbench \
+    predict-scaling llama3.1-8b --gpus 8 --hw $R/compute-8b.json --layout dp8 --layout tp2,dp4 --layout tp4,dp2 \
+    --layout tp8,dp1 --layout tp4sp,cp2,dp1 --global-batch 64 \$rate; done"
 run float_check 120 "$PY" -m pytest -q -p no:cacheprovider -rA --junitxml "$WORK/junit/float_check.xml" \
     "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[float32]" \
     "tests/unit/backends/cuda/test_nccl.py::test_every_collective_passes_the_check[int32]"
