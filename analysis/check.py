@@ -321,9 +321,12 @@ def _compute_split(r: dict, cfg: dict, profile, measured: dict | None) -> tuple[
         return None
     if cfg.get("compute") == "flops" and cfg.get("tflops"):
         return (*flops_times_us(profile, int(r["batch"]), float(cfg["tflops"])), 0.0, 0.0)
-    if r.get("compute_us_p50"):  # measured compute without its split: split as the profile's FLOPs are
-        total = profile.forward_flops + profile.backward_flops
-        share = profile.forward_flops / total if total else 1 / 3
+    if cfg.get("compute") == "trace" and profile.traced is not None:
+        return (*profile.traced.times_us(int(r["batch"])), 0.0, 0.0)
+    if r.get("compute_us_p50"):  # measured compute without its split: split as the profile's FLOPs (or times) are
+        forward, backward = profile.compute_work()
+        total = forward + backward
+        share = forward / total if total else 1 / 3
         return r["compute_us_p50"] * share, r["compute_us_p50"] * (1 - share), 0.0, 0.0
     return 0.0, 0.0, 0.0, 0.0
 

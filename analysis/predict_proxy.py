@@ -27,7 +27,7 @@ from commbench.proxies.profile import Profile, load_profile
 from commbench.proxies.run import ProxyUsageError
 from commbench.proxies.setups import Choice
 from commbench.proxies.steps import ProxyResult, StepLog
-from commbench.proxies.timeline import flops_times_us
+from commbench.proxies.timeline import flops_times_us, traced_words
 from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, FIT_PROVENANCE, RAW_ESTIMATE
 from commbench.step_terms import StepTerms
 from commbench.topology import Topology
@@ -129,6 +129,8 @@ def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Comp
     """One rank's compute per step as --compute says, and the words the header gives it."""
     if cfg.compute == "flops":
         return (*flops_times_us(profile, batch, cfg.tflops), 0.0, 0.0), f"flops at {cfg.tflops:g} TFLOP/s"
+    if cfg.compute == "trace":
+        return (*profile.traced.times_us(batch), 0.0, 0.0), traced_words(profile)
     if cfg.compute == "measured":
         compute = _measure_here(profile, batch, cfg)
         return compute, f"measured on this host (DDP's own work {compute[3] / 1e3:.2f} ms, measured at 1 rank)"

@@ -4,10 +4,12 @@ The command's options, table and file are in commbench/commands/predict_scaling.
 values already checked there.
 
 Compute per step, in order of preference: a measured 1-GPU training throughput without DDP
-(step = batch / throughput), an achieved device rate in TFLOP/s for the profile's FLOPs, or
-the hardware's peak `device_tflops` for the precision (said to be optimistic). The step
-splits into forward and backward by the profile's FLOPs; DDP's gradients stay fp32 under
-AMP (the parameters are fp32), so the precision does not change the traffic.
+(step = batch / throughput), a traced profile's time (profiles extract --from-trace: the time per
+sample traced on its device, times the batch; it counts no FLOPs for a rate to apply to), an
+achieved device rate in TFLOP/s for the profile's FLOPs, or the hardware's peak `device_tflops`
+for the precision (said to be optimistic). The step splits into forward and backward by the
+profile's FLOPs (a traced profile's: by its times); DDP's gradients stay fp32 under AMP (the
+parameters are fp32), so the precision does not change the traffic.
 """
 from __future__ import annotations
 
@@ -59,14 +61,25 @@ def peak_tflops(hw: Hardware, precision: str) -> float | None:
 def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | None, tflops: float | None,
                precision: str) -> tuple[float, float, str]:
     """(forward_us, backward_us, label) of one step at `batch`, from the first of: a 1-GPU throughput
-    (samples/s), an achieved rate (TFLOP/s), the hardware's peak for `precision`. Given rates are
-    positive; ScalingError when none is given and the hardware has no peak."""
-    total_flops = profile.forward_flops + profile.backward_flops
-    share = profile.forward_flops / total_flops if total_flops > 0 else 0.0
+    (samples/s), a traced profile's time, an achieved rate (TFLOP/s), the hardware's peak for `precision`.
+    Given rates are positive; ScalingError when none is given and the hardware has no peak. A rate given
+    for a traced profile (no FLOPs) times a step of 0 s, which check_compute_us refuses with the label's
+    advice."""
+    forward_work, backward_work = profile.compute_work()
+    share = forward_work / (forward_work + backward_work) if forward_work + backward_work > 0 else 0.0
     if throughput:
         step = batch / throughput * 1e6
         return (step * share, step * (1 - share),
                 f"{throughput:g} samples/s measured on 1 GPU ({_ms(step)} ms/step)")
+    traced = profile.traced
+    if traced is not None and not tflops:
+        forward, backward = traced.times_us(batch)
+        return forward, backward, (f"the time traced on {traced.device} ({traced.forward_us / 1e3:.4g} ms forward and "
+                                   f"{traced.backward_us / 1e3:.4g} ms backward per sample x batch {batch}: "
+                                   f"{_ms(forward + backward)} ms/step)")
+    if traced is not None:
+        return 0.0, 0.0, (f"--tflops {tflops:g}: {profile.name} is a traced profile and counts no FLOPs; without "
+                          f"--tflops its compute is the time traced on {traced.device}")
     rate = tflops or peak_tflops(hw, precision)
     if not rate:
         raise ScalingError(f"{hw.name} gives no device_tflops for {precision}")

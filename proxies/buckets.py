@@ -33,7 +33,8 @@ class Bucket:
     tensors: tuple[int, ...]  # indices into Profile.tensors (registration order), in ready order
     nbytes: int
     dtype: str
-    ready_flops: float  # backward FLOPs per sample done when its last gradient is ready
+    ready_flops: float  # backward FLOPs per sample done when its last gradient is ready (0: a traced profile's)
+    ready_share: float = 1.0  # the part of the backward done then (by FLOPs, or a traced profile's time)
 
 
 def assign(profile: Profile, bucket_mb: float | None = None, mode: str = "ddp") -> list[Bucket]:
@@ -79,7 +80,7 @@ def _by_dtype(profile: Profile, order: list[int], limits: list[float]) -> list[l
 def _bucket(profile: Profile, index: int, members: list[int]) -> Bucket:
     tensors = [profile.tensors[i] for i in members]
     return Bucket(index, tuple(members), sum(t.nbytes for t in tensors), tensors[0].dtype,
-                  max(t.ready_flops for t in tensors))
+                  max(t.ready_flops for t in tensors), max(profile.ready_share(i) for i in members))
 
 
 def describe(buckets: list[Bucket]) -> dict:

@@ -19,7 +19,7 @@ class ProxyConfig(RanksConfig):
     batch: int | None = None  # per rank; None: the profile's default
     bucket_mb: float | None = None  # None: DDP's default (25 MiB, first bucket 1 MiB)
     bucketing: str = "ddp"  # ddp, none (one allreduce per tensor), single
-    compute: str = "measured"  # measured (time the real model here), flops (at tflops), none
+    compute: str = "measured"  # measured (the real model timed here), flops (at tflops), trace (traced profile), none
     tflops: float | None = None
     steps: int = 30
     warmup_steps: int = 5

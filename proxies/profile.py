@@ -8,7 +8,8 @@ the sample unit, a default batch and where the model came from. Schema 2 adds th
 model's sharding units (`units`): the modules an FSDP wrapping policy wraps, each
 with its parameter tensors and the forward and backward FLOPs spent in it, in the
 order the forward runs them. Schema 3 adds, for decoder-only transformers, the model's shape
-(`transformer`: proxies/transformer.py), what parallel layouts and memory per GPU need. Profiles
+(`transformer`: proxies/transformer.py), what parallel layouts and memory per GPU need. Schema 4 adds a
+traced profile's compute (trace_profile.py) as time (`traced`), its FLOPs 0: a trace counts none. Profiles
 ship as JSON in proxies/profiles/ and are built by extract.py; nothing in this module needs torch.
 """
 from __future__ import annotations
@@ -24,8 +25,8 @@ from commbench import files
 from commbench.proxies.transformer import TransformerShape, shape_from_dict
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
-SCHEMA_VERSION = 3
-READABLE_SCHEMAS = (1, 2, 3)  # schema 1: no units; schema 1 and 2: no transformer shape
+SCHEMA_VERSION = 4
+READABLE_SCHEMAS = (1, 2, 3, 4)  # schema 1: no units; 1 and 2: no transformer shape; 1 to 3: no traced compute
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -63,6 +64,20 @@ class UnitSpec:
 
 
 @dataclass(frozen=True)
+class TracedCompute:
+    """A traced profile's compute: its traced step's issuing thread busy, per sample, on the device it ran on."""
+    device: str  # what the trace ran on: the GPU's name, or the CPU's host
+    batch: int  # the traced step's per-rank batch, which the times are divided by
+    forward_us: float  # per sample: from the step's start to the backward's
+    backward_us: float  # per sample: the backward
+    ready_us: tuple[float, ...]  # per tensor, registration order: the backward done when its gradient is ready
+
+    def times_us(self, batch: int) -> tuple[float, float]:
+        """(forward, backward) microseconds of a step of `batch` samples, at the traced time per sample."""
+        return self.forward_us * batch, self.backward_us * batch
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     tensors: tuple[TensorSpec, ...]  # registration order (model.parameters())
@@ -74,6 +89,7 @@ class Profile:
     source: dict[str, Any] = field(default_factory=dict)  # package, version, constructor, reference
     units: tuple[UnitSpec, ...] = ()  # sharding units in forward execution order; () if not extracted
     transformer: TransformerShape | None = None  # a decoder-only transformer's shape; None for other models
+    traced: TracedCompute | None = None  # the compute as traced (a profile from a trace); None: FLOPs give it
 
     @property
     def parameters(self) -> int:
@@ -91,12 +107,27 @@ class Profile:
         """Tensor indices in the order their gradients become ready in backward."""
         return sorted(range(len(self.tensors)), key=lambda i: self.tensors[i].ready_index)
 
+    def compute_work(self) -> tuple[float, float]:
+        """(forward, backward) per sample in the measure that shares the compute out: FLOPs, or traced microseconds."""
+        traced = self.traced
+        return (traced.forward_us, traced.backward_us) if traced else (self.forward_flops, self.backward_flops)
+
+    def ready_work(self, index: int) -> float:
+        """The backward's work (compute_work's measure) done when tensor `index`'s gradient is ready."""
+        return self.tensors[index].ready_flops if self.traced is None else self.traced.ready_us[index]
+
+    def ready_share(self, index: int) -> float:
+        """The part of the backward done when tensor `index`'s gradient is ready (1 for a backward of no work)."""
+        total = self.compute_work()[1]
+        return self.ready_work(index) / total if total > 0 else 1.0
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tensors"] = [[t.name, list(t.shape), t.dtype, t.ready_flops, t.ready_index] for t in self.tensors]
         out["units"] = [[u.name, list(u.tensors), u.forward_flops, u.backward_flops] for u in self.units]
-        if self.transformer is None:
-            del out["transformer"]
+        for key in ("transformer", "traced"):  # optional: absent where there is none
+            if getattr(self, key) is None:
+                del out[key]
         return {"schema": SCHEMA_VERSION, "parameters": self.parameters, "tensor_fields": list(TENSOR_FIELDS),
                 "unit_fields": list(UNIT_FIELDS), **out}
 
@@ -104,7 +135,10 @@ class Profile:
         """Readable JSON: the header fields indented, one line per tensor and per unit."""
         data = self.to_dict()
         lists = {key: data.pop(key) for key in ("tensors", "units")}
+        traced = data.pop("traced", None)
         head = json.dumps(data, indent=1)[:-2]  # without the closing brace
+        if traced is not None:  # on one line: its ready_us has an entry per tensor
+            head += f',\n "traced": {json.dumps(traced)}'
         body = ",\n".join(f' "{key}": [' + ",".join(f"\n  {json.dumps(row)}" for row in rows)
                           + ("\n ]" if rows else "]") for key, rows in lists.items())
         with open(path, "w", encoding="utf-8") as handle:
@@ -126,6 +160,7 @@ MAX_FLOPS = 1e21  # per sample, forward or backward
 MAX_BATCH = 2**20
 MAX_INPUT_DIM = 2**31
 MAX_TEXT = 4096  # characters in a name, a sample unit or a source entry
+MAX_TRACED_US = 86400e6  # a traced forward or backward per sample: a day
 
 
 def profile_from_dict(data: Any, origin: str) -> Profile:
@@ -162,7 +197,24 @@ def profile_from_dict(data: Any, origin: str) -> Profile:
     units = _units(data.get("units", []), tensors, forward, backward, origin)
     return Profile(_text(data["name"], "name", origin), tensors, forward, backward, shape,
                    _text(data["sample_unit"], "sample_unit", origin), batch, _source(data.get("source"), origin), units,
-                   _transformer(data.get("transformer"), total, origin))
+                   _transformer(data.get("transformer"), total, origin), _traced(data.get("traced"), tensors, origin))
+
+
+def _traced(value: Any, tensors: tuple[TensorSpec, ...], origin: str) -> TracedCompute | None:
+    """The optional traced compute: times per sample in range, a ready time per tensor within the backward."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProfileError(f"{origin}: 'traced' must be an object")
+    forward = _number(value.get("forward_us"), "traced.forward_us", origin, MAX_TRACED_US)
+    backward = _number(value.get("backward_us"), "traced.backward_us", origin, MAX_TRACED_US)
+    ready = _list(value.get("ready_us"), "traced.ready_us", origin)
+    if len(ready) != len(tensors):
+        raise ProfileError(f"{origin}: 'traced.ready_us' has {len(ready)} entries for {len(tensors)} tensors")
+    ready_us = tuple(_number(r, f"traced.ready_us[{i}] ({tensors[i].name})", origin, backward * (1 + 1e-9))
+                     for i, r in enumerate(ready))  # within the backward
+    batch = _integer(value.get("batch"), "traced.batch", origin, 1, MAX_BATCH)
+    return TracedCompute(_text(value.get("device"), "traced.device", origin), batch, forward, backward, ready_us)
 
 
 def _transformer(value: Any, parameters: int, origin: str) -> TransformerShape | None:

@@ -31,7 +31,7 @@ from commbench.proxies.comm_plan import CommPlan, describe_calls, points
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.context import RankContext, run_rank, summary_from_records
 from commbench.proxies.setup_steps import Compute, Layout
-from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step
+from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step, traced_words
 
 # ---------------------------------------------------------------- the proxy body
 
@@ -45,6 +45,8 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
     if cfg.compute == "flops":
         forward, backward = flops_times_us(profile, ctx.batch, cfg.tflops)
         return forward, backward, 0.0, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
+    if cfg.compute == "trace":
+        return (*profile.traced.times_us(ctx.batch), 0.0, 0.0, traced_words(profile))
     import torch
 
     from commbench.proxies.train import measure_compute

@@ -84,22 +84,32 @@ def show_profile(model: str, show_buckets: bool, bucket_mb: float | None, mode: 
     if as_json:
         return json.dumps(profile.to_dict())
     lines = [f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors "
-             f"({profile.nbytes / 2**20:.1f} MiB), {profile.forward_flops / 1e9:.3f} GFLOP forward and "
-             f"{profile.backward_flops / 1e9:.3f} GFLOP backward per sample",
+             f"({profile.nbytes / 2**20:.1f} MiB), {compute_words(profile)}",
              f"# input {'x'.join(map(str, profile.input_shape))} per sample ({profile.sample_unit}), "
              f"default batch {profile.default_batch}",
              _units_summary(profile),
              *(f"# {key}: {value}" for key, value in profile.source.items()),
              f"# {'tensor':48s} {'shape':>20s} {'dtype':>9s} {'ready at':>9s}"]
-    for t in profile.tensors:
-        share = t.ready_flops / profile.backward_flops if profile.backward_flops else 1.0
+    for i, t in enumerate(profile.tensors):
+        share = profile.ready_share(i)
         lines.append(f"  {t.name:48s} {'x'.join(map(str, t.shape)):>20s} {t.dtype:>9s} {100 * share:>8.1f}%")
     return "\n".join(lines)
 
 
+def compute_words(profile: Profile) -> str:
+    """A profile's compute per sample as a line says it: its FLOPs, or a traced profile's time on its device."""
+    traced = profile.traced
+    if traced is not None:
+        return (f"{traced.forward_us / 1e3:.4g} ms forward and {traced.backward_us / 1e3:.4g} ms backward per sample "
+                f"as traced on {traced.device} (batch {traced.batch}; no FLOPs)")
+    return (f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
+            f"backward per sample")
+
+
 def _units_summary(profile: Profile) -> str:
     if not profile.units:
-        return "# sharding units: none in this profile (a schema 1 file; `commbench profiles extract` adds them)"
+        why = "a trace gives none" if profile.traced else "a schema 1 file; `commbench profiles extract` adds them"
+        return f"# sharding units: none in this profile ({why})"
     largest = max(profile.units, key=profile.unit_nbytes)
     return (f"# sharding units: {len(profile.units)}, the largest {largest.name or '(root)'} with "
             f"{profile.unit_nbytes(largest) / 2**20:.1f} MiB (profiles show --units lists them)")

@@ -104,7 +104,7 @@ def _bucketed(ctx: StepContext, buckets: list[B.Bucket], collective: str = "allr
     """The DDP family's step: k micro-steps, the last one's backward issuing each bucket when it is ready;
     the optimizer waits for all. The setup's own work: half stretches the synchronising backward, half runs
     after the last call (proxies/timeline.plan_step)."""
-    c, profile = ctx.compute, ctx.profile
+    c = ctx.compute
     for micro in range(ctx.k):
         ctx.run("forward", c.forward_us, micro)
         last = micro == ctx.k - 1
@@ -112,9 +112,8 @@ def _bucketed(ctx: StepContext, buckets: list[B.Bucket], collective: str = "allr
         start, end = ctx.run("backward", backward, micro)
         if not last:
             continue
-        total = profile.backward_flops
         for bucket in buckets:
-            ready = start + backward * (bucket.ready_flops / total if total > 0 else 1.0)
+            ready = start + backward * bucket.ready_share
             ctx.issue(collective, int(bucket.nbytes * scale), dtype or bucket.dtype, group, ready, end,
                       f"bucket {bucket.index}")
     ctx.run("own", c.own_us / 2 if own_in_backward else c.own_us, ctx.k - 1)
@@ -149,11 +148,10 @@ def horovod(profile: Profile, knobs: dict[str, Any], ctx: StepContext):
     (the last cycle's at the end of the backward, where the timer's remaining wait is not counted)."""
     c = ctx.compute
     cycle_us, cap = knobs["cycle_ms"] * 1e3, knobs["fusion_mb"] * MIB
-    total = profile.backward_flops
     backward = c.backward_us + c.own_us / 2
     by_cycle: dict[int, list[int]] = {}
     for i in profile.ready_order():
-        ready = backward * (profile.tensors[i].ready_flops / total if total > 0 else 1.0)
+        ready = backward * profile.ready_share(i)
         by_cycle.setdefault(int(ready // cycle_us) if cycle_us > 0 else 0, []).append(i)
     for micro in range(ctx.k):
         ctx.run("forward", c.forward_us, micro)
@@ -183,9 +181,8 @@ def zero(stage: int):
             for micro in range(ctx.k):
                 ctx.run("forward", c.forward_us, micro)
                 start, end = ctx.run("backward", c.backward_us + c.own_us / 2 / ctx.k, micro)
-                total = profile.backward_flops
                 for b in buckets:
-                    ready = start + (end - start) * (b.ready_flops / total if total > 0 else 1.0)
+                    ready = start + (end - start) * b.ready_share
                     needed = end if knobs["overlap_comm"] == "true" else ready  # blocking: the backward waits
                     ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, ready, needed, f"bucket {b.index} (m{micro})")
         else:  # stage 1: the gradients reduce-scattered once, at the accumulation boundary
@@ -203,10 +200,10 @@ def zero(stage: int):
 
 
 def units_of(profile: Profile) -> list[tuple[str, list[int], float, float]]:
-    """(name, tensor indices, forward FLOPs, backward FLOPs) per sharding unit, in forward order: the profile's
-    own units, or, for a profile without them, one unit per name prefix up to its first number (layer1.0,
-    encoder.layer.3), the rest in the root unit "", with the backward FLOPs between units' readiness and the
-    forward shared out as the backward is."""
+    """(name, tensor indices, forward work, backward work) per sharding unit, in forward order: the profile's
+    own units (FLOPs), or, for a profile without them, one unit per name prefix up to its first number (layer1.0,
+    encoder.layer.3), the rest in the root unit "", with the backward's work (FLOPs, or a traced profile's
+    microseconds: Profile.compute_work) between units' readiness and the forward shared out as the backward is."""
     own = getattr(profile, "units", ())
     if own:
         return [(u.name, list(u.tensors), u.forward_flops, u.backward_flops) for u in own]
@@ -215,15 +212,16 @@ def units_of(profile: Profile) -> list[tuple[str, list[int], float, float]]:
         parts = t.name.split(".")
         cut = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
         groups.setdefault(".".join(parts[:cut + 1]) if cut is not None else "", []).append(i)
-    ready = {name: max(profile.tensors[i].ready_flops for i in members) for name, members in groups.items()}
+    ready = {name: max(profile.ready_work(i) for i in members) for name, members in groups.items()}
     order = sorted(groups, key=lambda n: ready[n])  # backward order
     done, backward = 0.0, {}
     for name in order:
         backward[name] = ready[name] - done
         done = ready[name]
+    forward_work, backward_work = profile.compute_work()
     if order:
-        backward[order[-1]] += max(0.0, profile.backward_flops - done)
-    share = profile.forward_flops / profile.backward_flops if profile.backward_flops > 0 else 0.0
+        backward[order[-1]] += max(0.0, backward_work - done)
+    share = forward_work / backward_work if backward_work > 0 else 0.0
     forward_order = [n for n in reversed(order) if n != ""]
     names = ([""] if "" in groups else []) + forward_order
     return [(n, groups[n], backward[n] * share, backward[n]) for n in names]

@@ -68,8 +68,8 @@ class StepTimes:
 
 def plan_step(profile: Profile, buckets: Sequence[Bucket], forward_us: float, backward_us: float,
               optimizer_us: float = 0.0, ddp_us: float = 0.0) -> StepPlan:
-    """Bucket ready times: the backward's duration shared out by backward FLOPs, so a bucket is
-    ready when the FLOPs done before its last gradient have run.
+    """Bucket ready times: the backward's duration shared out by backward FLOPs (a traced profile's: by its
+    traced time), so a bucket is ready when the work done before its last gradient has run.
 
     `ddp_us` is DDP's own work per step (measured at 1 rank: train.measure_compute). It is two equal
     copies of the gradients, so half of it runs with the backward (each gradient copied into its
@@ -77,8 +77,7 @@ def plan_step(profile: Profile, buckets: Sequence[Bucket], forward_us: float, ba
     after the last allreduce (the buckets copied back into the gradients), before the optimizer."""
     backward_us += ddp_us / 2
     optimizer_us += ddp_us / 2
-    total = profile.backward_flops
-    ready = tuple(backward_us * (b.ready_flops / total if total > 0 else 1.0) for b in buckets)
+    ready = tuple(backward_us * b.ready_share for b in buckets)
     return StepPlan(forward_us, backward_us, optimizer_us, ready, tuple(b.nbytes for b in buckets))
 
 
@@ -86,6 +85,12 @@ def flops_times_us(profile: Profile, batch: int, tflops: float) -> tuple[float, 
     """(forward, backward) in microseconds at a device rate of `tflops` 1e12 FLOP/s."""
     per_us = tflops * 1e6
     return profile.forward_flops * batch / per_us, profile.backward_flops * batch / per_us
+
+
+def traced_words(profile: Profile) -> str:
+    """How a header names a traced profile's compute (--compute trace)."""
+    traced = profile.traced
+    return f"traced on {traced.device}, {(traced.forward_us + traced.backward_us) / 1e3:.4g} ms per sample"
 
 
 def overlap(plan: StepPlan, comm_us: Sequence[float], steal_us: Sequence[float] | None = None) -> StepTimes:

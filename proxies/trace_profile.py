@@ -4,13 +4,14 @@ so that `proxy`, `profiles show --buckets` and `predict-scaling` can take the us
 What the trace gives (captured with record_shapes=True): each gradient's shape and dtype, in the order
 autograd accumulated them (`torch::autograd::AccumulateGrad` events: the ready order DDP sees), and the
 issuing thread's busy time in the forward (the step's start to autograd's first evaluate_function), the
-backward (to its last) and after. Times become FLOPs at TRACED_TFLOPS, so `predict-scaling --tflops 1`
-(or `proxy --compute flops --tflops 1`) puts back the traced compute; per sample: divided by --batch.
+backward (to its last) and at each gradient's readiness. The times are kept as times (the profile's
+`traced` compute: per sample, divided by --batch, with the device the trace ran on), and `proxy` and
+`predict-scaling` use them as the step's compute; the profile's FLOPs are 0, as a trace counts none.
 The step read is the traced step of median length.
 
 What it cannot know: parameter names and registration order (the profile lists them as param0.. in the
 reverse of ready order, which is registration order for a model whose backward runs its layers in
-reverse), the input shape (1), the model's FLOPs (only times at the traced device's rate), and sharding
+reverse), the input shape (1), the model's FLOPs (only its times on the traced device), and sharding
 units (an FSDP trace's AccumulateGrad events are the sharded parameters', not the model's: not read).
 """
 from __future__ import annotations
@@ -19,11 +20,9 @@ import os
 import statistics
 from collections import Counter
 
-from commbench.proxies.profile import DTYPE_BYTES, Profile, ProfileError, TensorSpec, profile_from_dict
+from commbench.proxies.profile import DTYPE_BYTES, Profile, ProfileError, TensorSpec, TracedCompute, profile_from_dict
 from commbench.proxies.trace_calls import Busy, TraceError, brief, subtract_spans
 from commbench.proxies.trace_torch import DTYPES, collect
-
-TRACED_TFLOPS = 1.0
 
 
 def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sample_unit: str = "samples") -> Profile:
@@ -52,27 +51,41 @@ def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sampl
                          f"profile whole training steps")
     backward_start, backward_end = min(b[1] for b in spans), max(b[2] for b in spans)
     busy = Busy(subtract_spans(got.busy.get(tid, []), [(e["ts"], e["ts"] + e["dur"]) for e in issuing]))
-    per_sample = TRACED_TFLOPS * 1e12 * 1e-6 / max(1, batch)  # FLOPs per microsecond, per sample
+    samples = max(1, batch)
 
-    def flops(t0: float, t1: float) -> float:
-        return (busy.progress(t1) - busy.progress(t0)) * per_sample
+    def per_sample_us(t0: float, t1: float) -> float:
+        return (busy.progress(t1) - busy.progress(t0)) / samples
 
     count = len(grads)
-    tensors = []
+    tensors, ready_us = [], []
     for index in range(count):  # registration order: the reverse of ready order
         ready = count - 1 - index
         _, ts, shape, dtype, where = grads[ready]
-        tensors.append(TensorSpec(f"param{index}", shape, _dtype(dtype, where), flops(backward_start, ts), ready))
-    return _checked(Profile(name or os.path.basename(path).split(".")[0], tuple(tensors), flops(start, backward_start),
-                   flops(backward_start, backward_end), (1,), sample_unit, max(1, batch),
-                   source={"package": "trace", "trace": os.path.abspath(path), "traced_tflops": TRACED_TFLOPS,
-                           "step_us": statistics.median(e - s for _, s, e in steps),
-                           "note": "FLOPs are the traced busy time at traced_tflops; names and registration "
-                                   "order are inferred (reverse of ready order)"}), path)
+        tensors.append(TensorSpec(f"param{index}", shape, _dtype(dtype, where), 0.0, ready))
+        ready_us.append(per_sample_us(backward_start, min(max(ts, backward_start), backward_end)))
+    traced = TracedCompute(traced_device(got.meta), samples, per_sample_us(start, backward_start),
+                           per_sample_us(backward_start, backward_end), tuple(ready_us))
+    return _checked(Profile(name or os.path.basename(path).split(".")[0], tuple(tensors), 0.0, 0.0, (1,), sample_unit,
+                            samples, source={"package": "trace", "trace": os.path.abspath(path),
+                                             "step_us": statistics.median(e - s for _, s, e in steps),
+                                             "note": "no FLOPs: the compute is the traced busy time (traced); names "
+                                                     "and registration order are inferred (reverse of ready order)"},
+                            traced=traced), path)
+
+
+def traced_device(meta: dict) -> str:
+    """What a trace ran on: its GPU's name (kineto's deviceProperties), or the CPU of its host."""
+    devices = meta.get("deviceProperties")
+    names = sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")}) \
+        if isinstance(devices, list) else []
+    if names:
+        return names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} other device kind(s))"
+    host = meta.get("host_name")
+    return f"CPU of host {str(host)[:200]}" if host else "CPU"
 
 
 def _checked(profile: Profile, path: str) -> Profile:
-    """The profile as a profile file is checked (parameters, FLOPs and names in range), or TraceError."""
+    """The profile as a profile file is checked (parameters, times and names in range), or TraceError."""
     try:
         profile_from_dict(profile.to_dict(), path)
     except ProfileError as exc:

@@ -67,9 +67,10 @@ def _common(fn):
 @_common
 @click.option("--no-bucketing", is_flag=True, help="One allreduce per gradient tensor.")
 @click.option("--single-bucket", is_flag=True, help="One allreduce of every gradient after the backward.")
-@click.option("--compute", type=click.Choice(["measured", "flops", "none"]), default=None,
+@click.option("--compute", type=click.Choice(["measured", "flops", "trace", "none"]), default=None,
               help="Backward/forward time: measured (run the real model here once), flops (the profile's FLOPs "
-                   "at --tflops), none [default: flops with --tflops, else measured].")
+                   "at --tflops), trace (a traced profile's time, `profiles extract --from-trace`), none [default: "
+                   "flops with --tflops, trace for a traced profile, else measured].")
 @click.option("--tflops", type=float, default=None, help="Achieved device rate, 1e12 FLOP/s, for --compute flops.")
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="torch (gloo/NCCL), shm, p2p, hybrid (commbench's schedules), or sim (the cost model, --hw).")
@@ -281,8 +282,7 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
     except OSError as exc:
         raise UsageFault(f"cannot write {output}: {exc.strerror or exc}") from exc
     click.echo(f"# {profile.name}: {profile.parameters:,d} parameters in {len(profile.tensors)} tensors, "
-               f"{profile.forward_flops / 1e9:.3f} GFLOP forward and {profile.backward_flops / 1e9:.3f} GFLOP "
-               f"backward per sample, {len(profile.units)} sharding unit(s); wrote {os.path.abspath(output)}")
+               f"{R.compute_words(profile)}, {len(profile.units)} sharding unit(s); wrote {os.path.abspath(output)}")
 
 
 def _profile_from_trace(path, input_shape, name, default_batch, sample_unit, wrap):

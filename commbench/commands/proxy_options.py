@@ -24,7 +24,7 @@ class ProxyOptions(RanksOptions):
     knobs: tuple[tuple[str, Any], ...] = ()  # the setup's knobs given on the command line but --bucket-mb
     no_bucketing: bool = False
     single_bucket: bool = False
-    compute: str | None = None  # measured, flops, none; None: flops with --tflops, else measured
+    compute: str | None = None  # measured, flops, trace, none; None: flops with --tflops, trace if traced, measured
     tflops: float | None = None
     amp: bool = False  # train
     trust_profile_code: bool = False

@@ -52,7 +52,7 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     if plan.mode in ("spawn", "emulate"):  # an emulated cluster's ranks all run on this host too
         O.check_local_ranks(plan.world, o.oversubscribe)
     backend = _settle_backend(o, plan, cls)
-    if plan.mode == "local" and not o.compute and not o.tflops:
+    if plan.mode == "local" and not o.compute and compute == "measured":
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                          "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
     if o.validate:
@@ -73,12 +73,21 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
 
 
 def _profile_and_compute(o: ProxyOptions) -> tuple[Profile, str]:
-    """The model's profile and where the step's compute comes from (measured, flops, none), checked."""
+    """The model's profile and where the step's compute comes from (measured, flops, trace, none), checked:
+    a traced profile's is its traced time (it counts no FLOPs and names no model to run)."""
     try:
         profile = load_profile(o.model)
     except ProfileError as exc:
         raise UsageFault(str(exc)) from exc
-    compute = o.compute or ("flops" if o.tflops else "measured")
+    traced = profile.traced
+    compute = o.compute or ("flops" if o.tflops else "trace" if traced else "measured")
+    if traced is not None and compute in ("flops", "measured"):
+        given = "--tflops" if compute == "flops" and not o.compute else f"--compute {compute}"
+        raise UsageFault(f"{given}: {profile.name} is a traced profile (no FLOPs, no model to run): its compute is the "
+                         f"time traced on {traced.device}, --compute trace (its default), or --compute none")
+    if compute == "trace" and traced is None:
+        raise UsageFault(f"--compute trace: {profile.name} holds no traced compute (a profile from `commbench profiles "
+                         f"extract --from-trace` does); use --tflops RATE, --compute measured or none")
     if compute == "flops" and not o.tflops:
         raise UsageFault("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
     if compute == "measured":
@@ -188,19 +197,24 @@ def _check_model_available(model: str, profile: Profile, trust_code: bool) -> No
 
 
 def _check_compute_time(profile: Profile, o: ProxyOptions, compute: str, plan: job.Plan) -> None:
-    """The step's emulated compute from the profile's FLOPs, batch and --tflops: a replayed step longer
-    than --timeout would spin until the run is stopped, and a predicted one longer than a day comes from
-    a wrong rate; both are refused up front with the numbers."""
+    """The step's emulated compute from the profile's FLOPs, batch and --tflops (or its traced time and the
+    batch): a replayed step longer than --timeout would spin until the run is stopped, and a predicted one
+    longer than a day comes from a wrong rate; both are refused up front with the numbers."""
     from commbench.analysis.predict_scaling import LONGEST_STEP_S
     from commbench.proxies.timeline import flops_times_us
 
-    if compute != "flops":
+    if compute not in ("flops", "trace"):
         return
     batch, tflops, timeout_s = o.batch or profile.default_batch, o.tflops, o.timeout_s
-    step_s = sum(flops_times_us(profile, batch, tflops)) / 1e6
+    times = profile.traced.times_us(batch) if compute == "trace" else flops_times_us(profile, batch, tflops)
+    step_s = sum(times) / 1e6
     limit_s, limit = (LONGEST_STEP_S, "a day") if plan.mode == "local" else (timeout_s, f"--timeout {timeout_s:g} s")
     if step_s <= limit_s:
         return
+    if compute == "trace":
+        raise UsageFault(f"--batch {batch}: one step of {profile.name} at its traced time per sample computes for "
+                         f"{step_s:.3g} s, longer than {limit}; give a smaller --batch"
+                         + ("" if plan.mode == "local" else " or a longer --timeout"))
     flops = profile.forward_flops + profile.backward_flops
     raise UsageFault(f"--tflops {tflops:g}: one step of {profile.name} (batch {batch}, {flops:.3g} FLOP per sample "
                      f"forward and backward) computes for {step_s:.3g} s, longer than {limit}; give the device's "

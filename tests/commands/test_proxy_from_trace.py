@@ -1,5 +1,6 @@
 """`commbench profiles extract --from-trace` as users run it: a profile of a traced DDP job that
 `profiles show --buckets` lays out as DDP did, and bad input in one line."""
+import pytest
 from conftest import DATA, commbench
 
 DDP0 = str(DATA / "traces" / "ddp_2rank_gloo_rank0.json.gz")
@@ -61,3 +62,31 @@ def test_extract_refuses_a_negative_gradient_shape_in_one_line(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"{path}: event " in proc.stderr and "torch::autograd::AccumulateGrad" in proc.stderr
     assert "'Input Dims' is -512" in proc.stderr and not out.exists()
+
+
+def test_the_traced_compute_is_time_and_predictions_use_it(tmp_path):
+    """Item 7 of issue 48: extract printed "GFLOP" at a fictitious 1 TFLOP/s, and predict-scaling was right
+    only with an undocumented --tflops 1. Now the profile holds the traced time, and predict-scaling and
+    proxy use it (saying so), a rate given for it refused in one line."""
+    import json
+
+    out = tmp_path / "mine.json"
+    proc = commbench("profiles", "extract", "--from-trace", DDP0, "--batch", "32", "--name", "mine", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "GFLOP" not in proc.stdout and "ms backward per sample as traced on CPU of host vm" in proc.stdout
+    traced = json.loads(out.read_text())["traced"]
+    step_ms = 32 * (traced["forward_us"] + traced["backward_us"]) / 1e3
+    scaling = commbench("predict-scaling", str(out), "--hw", "dgx-h100", "--gpus", "1", "--json", str(tmp_path / "s"))
+    assert scaling.returncode == 0, scaling.stderr
+    assert "compute from the time traced on CPU of host vm" in scaling.stdout and f"{step_ms:.1f} ms/step" in \
+        scaling.stdout
+    (one,) = [r for r in map(json.loads, (tmp_path / "s").read_text().splitlines()) if r.get("gpus") == 1]
+    assert one["step_us"] == pytest.approx(step_ms * 1e3, rel=1e-6)
+    proxy = commbench("proxy", str(out), "--backend", "sim", "--hw", "dgx-h100", "-N", "8")
+    assert proxy.returncode == 0 and "compute traced on CPU of host vm" in proxy.stdout, proxy.stderr
+    for args, said in ((["predict-scaling", "--hw", "dgx-h100", "--gpus", "1", "--tflops", "1"], "counts no FLOPs"),
+                       (["proxy", "--backend", "sim", "--hw", "dgx-h100", "-N", "8", "--tflops", "1"],
+                        "--tflops: mine is a traced profile (no FLOPs, no model to run)")):
+        refused = commbench(args[0], str(out), *args[1:])
+        assert refused.returncode == 2 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, \
+            refused.stderr

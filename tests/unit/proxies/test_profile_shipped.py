@@ -101,8 +101,8 @@ def test_a_schema_1_profile_still_loads_without_units(tmp_path):
     old["source"] = {key: value for key, value in old["source"].items() if key != "units"}
     profile = load_profile(_write(tmp_path, dict(old, schema=1)))
     assert profile.units == () and profile.tensors == load_profile("resnet18").tensors
-    with pytest.raises(ProfileError, match="schema 4; this commbench reads schema 1, 2 and 3"):
-        load_profile(_write(tmp_path, dict(old, schema=4)))
+    with pytest.raises(ProfileError, match="schema 5; this commbench reads schema 1, 2, 3 and 4"):
+        load_profile(_write(tmp_path, dict(old, schema=5)))
 
 
 def test_save_and_load_round_trip(tmp_path):

@@ -43,8 +43,8 @@ def _unit(good, index, position, value):
     (lambda g: _with(g, input_shape=[3, "224"]), r"'input_shape' is '224'"),
     (lambda g: _with(g, input_shape=[1] * 9), r"'input_shape' has 9 dimensions; at most 8"),
     (lambda g: _with(g, input_shape=[3, 0]), r"'input_shape' is 0"),
-    (lambda g: _with(g, schema=4), r"schema 4; this commbench reads schema 1, 2 and 3"),
-    (lambda g: _with(g, schema=True), r"schema True; this commbench reads schema 1, 2 and 3"),
+    (lambda g: _with(g, schema=5), r"schema 5; this commbench reads schema 1, 2, 3 and 4"),
+    (lambda g: _with(g, schema=True), r"schema True; this commbench reads schema 1, 2, 3 and 4"),
     (lambda g: _with(g, name="\x1b]0;owned\x07"), r"'name' holds control characters"),
     (lambda g: _with(g, name=""), r"'name' must be a non-empty string"),
     (lambda g: _with(g, sample_unit=["images"]), r"'sample_unit' must be a non-empty string"),
@@ -79,6 +79,40 @@ def _unit(good, index, position, value):
     (lambda g: _unit(g, 2, 3, 0.0), r"the units' backward_flops add up to .*, the profile's backward_flops is"),
 ])
 def test_a_bad_field_is_one_line_naming_it(good, change, message):
+    with pytest.raises(ProfileError, match=message) as caught:
+        profile_from_dict(change(good), "p.json")
+    assert str(caught.value).startswith("p.json: ") and "\n" not in str(caught.value)
+
+
+def _traced(good, **changes):
+    """tts_angular as a traced profile (FLOPs 0, no units), its `traced` block changed."""
+    count = len(good["tensors"])
+    traced = {"device": "NVIDIA H100 80GB HBM3", "batch": 8, "forward_us": 100.0, "backward_us": 200.0,
+              "ready_us": [200.0 * (count - i) / count for i in range(count)], **changes}
+    tensors = [[name, shape, dtype, 0.0, ready] for name, shape, dtype, _, ready in good["tensors"]]
+    return _with(good, forward_flops=0.0, backward_flops=0.0, tensors=tensors, units=[], traced=traced)
+
+
+def test_a_traced_profile_loads_with_its_compute_as_time(good):
+    profile = profile_from_dict(_traced(good), "p.json")
+    assert profile.compute_work() == (100.0, 200.0) and profile.traced.times_us(4) == (400.0, 800.0)
+    first = profile.ready_order()[0]
+    assert profile.ready_share(first) == profile.traced.ready_us[first] / 200.0
+    assert profile_from_dict(good, "p.json").traced is None  # a profile of FLOPs has none
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda g: _with(_traced(g), traced=[1]), r"'traced' must be an object"),
+    (lambda g: _traced(g, forward_us=-1.0), r"'traced.forward_us' is -1.0"),
+    (lambda g: _traced(g, backward_us=float("inf")), r"'traced.backward_us' is inf"),
+    (lambda g: _traced(g, batch=0), r"'traced.batch' is 0"),
+    (lambda g: _traced(g, device="gpu\x1b[2J"), r"'traced.device' holds control characters"),
+    (lambda g: _traced(g, ready_us=[1.0]), r"'traced.ready_us' has 1 entries for 15 tensors"),
+    (lambda g: _traced(g, ready_us=[500.0] * 15), r"'traced.ready_us\[0\] \(layers.0.lstm.weight_ih_l0\)' is 500.0; "
+                                                   r"it must be a finite number from 0 to 200"),
+    (lambda g: _with(_traced(g), traced={"device": "x"}), r"'traced.forward_us' must be a number, not None"),
+])
+def test_a_bad_traced_compute_is_one_line_naming_it(good, change, message):
     with pytest.raises(ProfileError, match=message) as caught:
         profile_from_dict(change(good), "p.json")
     assert str(caught.value).startswith("p.json: ") and "\n" not in str(caught.value)

@@ -7,7 +7,7 @@ from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
 from commbench.proxies.trace_calls import TraceError
 from commbench.proxies.trace_files import read_traces
-from commbench.proxies.trace_profile import TRACED_TFLOPS, profile_from_trace
+from commbench.proxies.trace_profile import profile_from_trace
 
 DDP = [str(DATA / "traces" / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 FSDP = str(DATA / "traces" / "fsdp2_2rank_gloo_rank0.json.gz")
@@ -24,13 +24,25 @@ def test_the_profile_gives_ddps_own_buckets(tmp_path):
     assert sorted(t.shape for t in loaded.tensors) == sorted([(512, 512)] * 4 + [(512,)] * 4)
 
 
-def test_compute_is_the_traced_busy_time_at_the_traced_rate():
+def test_compute_is_the_traced_busy_time_per_sample_not_flops():
+    """Item 7 of issue 48: the traced time is kept as time (it was FLOPs at a fictitious 1 TFLOP/s)."""
     one, many = profile_from_trace(DDP[0], batch=1), profile_from_trace(DDP[0], batch=32)
-    assert many.forward_flops == pytest.approx(one.forward_flops / 32)
-    forward_us = one.forward_flops / (TRACED_TFLOPS * 1e6)
-    assert 0 < forward_us < one.source["step_us"]
-    ready = [t.ready_flops for t in sorted(one.tensors, key=lambda t: t.ready_index)]
-    assert ready == sorted(ready) and ready[-1] <= one.backward_flops
+    assert one.forward_flops == one.backward_flops == 0 and all(t.ready_flops == 0 for t in one.tensors)
+    traced = one.traced
+    assert traced.device == "CPU of host vm" and traced.batch == 1 and many.traced.batch == 32
+    assert many.traced.forward_us == pytest.approx(traced.forward_us / 32)
+    assert 0 < traced.forward_us + traced.backward_us < one.source["step_us"]
+    assert one.compute_work() == (traced.forward_us, traced.backward_us)
+    ready = [traced.ready_us[i] for i in one.ready_order()]
+    assert ready == sorted(ready) and ready[-1] <= traced.backward_us
+    assert [one.ready_share(i) for i in one.ready_order()] == [r / traced.backward_us for r in ready]
+
+
+def test_the_traced_compute_survives_a_profile_file(tmp_path):
+    profile = profile_from_trace(DDP[0], batch=32)
+    path = tmp_path / "p.json"
+    profile.save(str(path))
+    assert load_profile(str(path)) == profile
 
 
 def test_an_fsdp_trace_is_refused_in_one_line():
@@ -138,3 +150,18 @@ def test_json_nested_too_deep_is_one_line(tmp_path):
                     + "]" * 5000 + "}]}")
     with pytest.raises(TraceError, match="nested too deep"):
         profile_from_trace(str(path))
+
+
+def test_buckets_are_ready_where_the_traced_backward_made_them_ready():
+    """The traced time shares the backward out (bucket readiness, setups), as FLOPs do for other profiles."""
+    from commbench.proxies.timeline import plan_step
+
+    profile = profile_from_trace(DDP[0], batch=32)
+    layout = B.assign(profile, None, "ddp")
+    traced = profile.traced
+    for bucket in layout:
+        assert bucket.ready_flops == 0 and bucket.ready_share == max(traced.ready_us[i] for i in bucket.tensors) / \
+            traced.backward_us
+    plan = plan_step(profile, layout, *traced.times_us(32))
+    assert plan.bucket_ready_us == pytest.approx([32 * max(traced.ready_us[i] for i in b.tensors) for b in layout])
+    assert 0 < plan.bucket_ready_us[0] < plan.bucket_ready_us[-1] <= plan.backward_us
