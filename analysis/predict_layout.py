@@ -24,8 +24,8 @@ from commbench.analysis.scaling import comm_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware, call_us, with_topology
 from commbench.costmodel.compute import ComputeBlock
-from commbench.proxies import memory as M
 from commbench.proxies import layer_ops as ops
+from commbench.proxies import memory as M
 from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import simulate
 from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls

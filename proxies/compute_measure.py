@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -80,8 +80,8 @@ def _with_framework(block: ComputeBlock, clock, shape, layouts, microbatches: li
         ops = L.op_times(block, L.layer_ops(shape, par, microbatch, 0), dtype, framework=False)
         extra_f.append(real_f - ops.forward_us)
         extra_b.append(real_b - ops.backward_us)
-        say(f"#   {par.name}, micro-batch {microbatch}: a decoder layer {real_f:.1f} us forward, {real_b:.1f} us backward; its operators "
-            f"{ops.forward_us:.1f} and {ops.backward_us:.1f}")
+        say(f"#   {par.name}, micro-batch {microbatch}: a decoder layer {real_f:.1f} us forward, {real_b:.1f} us "
+            f"backward; its operators {ops.forward_us:.1f} and {ops.backward_us:.1f}")
     framework = {"forward": max(0.0, statistics.median(extra_f)), "backward": max(0.0, statistics.median(extra_b))}
     framework.update(_wrappers(clock, shape, max(microbatches), say))
     return replace(block, framework_us=framework, sources={**block.sources, "framework_us": "measured"})

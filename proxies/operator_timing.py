@@ -121,7 +121,6 @@ def time_wrapped_steps(clock: Clock, shape, microbatch: int, store_path: str) ->
     tensor parallelism (parallelize_module on each layer), each on a one-rank mesh of this process: what the
     wrappers' own work (hooks, copies, DTensor's dispatch) adds to the same operators. Runs in a gloo group of
     one (a FileStore at `store_path`) that it ends."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
