@@ -6,6 +6,7 @@ import os
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.commands.hw_option import hw_option
 from commbench.errors import EXIT_WRONG
 
 CHECK_EXAMPLES = """
@@ -29,8 +30,7 @@ row left to judge once oversubscribed runs are left out).
 
 @click.command("check", epilog=CHECK_EXAMPLES)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET",
-              help="The cost model to check: a `commbench fit` output or a preset.")
+@hw_option("The cost model to check: a `commbench fit` output or a preset.", required=True)
 @click.option("--max-error", type=float, default=None, metavar="PERCENT",
               help="Exit 1 when the median |error| over the rows exceeds this.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -49,8 +49,8 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty
-    from commbench.commands.fit import warn_poor
-    from commbench.costmodel import HardwareError, load_hardware
+    from commbench.commands.hw_option import load_hw, warn_poor
+    from commbench.costmodel import HardwareError
     from commbench.results import RecordError
 
     if max_error is not None and not 0 < max_error < 1e6:
@@ -58,7 +58,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     check_outputs(("--json", json_path), inputs=[*files, *([hw_spec] if os.path.exists(hw_spec) else [])],
                   force=force, append=append)
     try:
-        hw = load_hardware(hw_spec)
+        hw = load_hw(hw_spec, say_poor=False)
         uncertainty(hw)  # a damaged interval block: one line here, not a traceback per row
         records = R.read_all(list(files))
     except (HardwareError, RecordError, R.ReportError) as exc:

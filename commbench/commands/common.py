@@ -226,3 +226,15 @@ def find_job(launcher_option: str):
         return job.find_job(launcher_option)
     except LaunchError as exc:
         raise UsageFault(str(exc)) from exc
+
+
+def write_records(json_path: str, records: list, append: bool) -> None:
+    """`records` written as JSON Lines (an OutputError is one line, exit 2), and said."""
+    from commbench.results import OutputError, ResultSink
+
+    try:
+        with ResultSink(json_path, append=append) as sink:
+            sink.write_all(records)
+    except OutputError as exc:
+        raise UsageFault(str(exc)) from exc
+    click.echo(f"# wrote {json_path}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.commands.hw_option import hw_option
 from commbench.commands.options import Range, check
 
 
@@ -35,8 +36,7 @@ Examples:
               help="CPU: torch's threads while timing (1: as the ranks of train and proxy --layout run).")
 @click.option("--min-time", type=float, default=0.02, show_default=True,
               help="Seconds each operator repeats for (at least 3 times), after one warm-up.")
-@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET",
-              help="The hardware file (or preset) the block is added to: its links stay as they are.")
+@hw_option("The hardware file (or preset) the block is added to: its links stay as they are.", required=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Hardware JSON to write.")
 @output_options(append=False)
 def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, threads, min_time, hw_spec, output,
@@ -44,7 +44,7 @@ def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, 
     """Time a model's operators at the shapes each layout's ranks run, on this device; write the compute block."""
     from dataclasses import replace
 
-    from commbench.commands.fit import load_hw
+    from commbench.commands.hw_option import load_hw
 
     microbatches = microbatches or (1,)
     for microbatch in microbatches:

@@ -12,7 +12,7 @@ from commbench import collectives as C
 from commbench import tuning
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.fit import load_hw, warn_poor
+from commbench.commands.hw_option import hw_option, load_hw, warn_poor
 from commbench.costmodel import HardwareError, with_topology
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
 from commbench.sizes import SizeError, parse_sizes
@@ -52,7 +52,7 @@ Examples:
   commbench predict --hw shm-hw.json --sizes 1K-256M --topology 1x2 --algorithm auto --json pred.jsonl
   commbench predict --hw dgx-a100 --nodes 4 --gpus-per-node 8    # = --topology 4x8; --nodes 4 alone: 4 x 8 too
 """)
-@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@hw_option("Hardware JSON (from fit) or a preset.", required=True)
 @click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
 @click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
 @click.option("--factor", "-f", type=float, default=None)

@@ -71,7 +71,7 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
                          "llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3, llama-tiny, or `profiles extract` of a "
                          "transformers model)")
     if flags["seq_len"] is not None:
-        shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"]))
+        shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"], MAX_SEQ_LEN))
     try:
         layouts = _layouts(flags, setup, gpus, gpus_per_node, shape)
     except (LayoutError, SetupError) as exc:
@@ -124,9 +124,16 @@ def compute_rate(hw, tflops: float | None, precision: str) -> tuple[float, str]:
     return rate, f"peak:{key}"
 
 
-def _positive(flag: str, value: int) -> int:
+MAX_SEQ_LEN = 1 << 24  # tokens: beyond any published context, and a shape's dimensions stay exact
+MAX_MICROBATCH = 1 << 16  # sequences a micro-batch
+MAX_VIRTUAL_STAGES = 1024
+
+
+def _positive(flag: str, value: int, most: int | None = None) -> int:
     if value < 1:
         raise UsageFault(f"{flag} {value}: must be at least 1")
+    if most is not None and value > most:
+        raise UsageFault(f"{flag} {value if value < 1e12 else f'{value:.3g}'}: at most {most:,}")
     return value
 
 
@@ -139,8 +146,8 @@ def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> l
     from commbench.proxies.parallelism import LayoutError, parse_layout
     from commbench.proxies.setups import settle
 
-    microbatch = _positive("--microbatch", flags["microbatch"])
-    virtual = _positive("--virtual-stages", flags["virtual_stages"])
+    microbatch = _positive("--microbatch", flags["microbatch"], MAX_MICROBATCH)
+    virtual = _positive("--virtual-stages", flags["virtual_stages"], MAX_VIRTUAL_STAGES)
     if flags["pp_schedule"] == "interleaved" and virtual < 2:
         raise LayoutError("--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)")
     parsed = []
@@ -167,7 +174,8 @@ def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> l
 def global_batch(given: int | None, gpus: int, microbatch: int) -> int:
     """Sequences per optimizer step: `given`, else one micro-batch a GPU (every layout's dp divides the GPUs, so
     each runs a whole number of micro-batches: tp x pp x cp of them on a rank)."""
-    return gpus * microbatch if given is None else _positive("--global-batch", given)
+    most = MAX_MICROBATCHES * gpus * microbatch
+    return gpus * microbatch if given is None else _positive("--global-batch", given, most)
 
 
 def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> list[str]:
@@ -230,3 +238,33 @@ def layout_records(predictions, job, first_layout, model: str, run_id: str) -> l
                          fits=p.fits, acc_ratio=p.tokens_per_s / first.tokens_per_s, baseline=first.layout.name,
                          run_id=run_id)
             for p in predictions]
+
+
+def only_data_parallel(given: dict) -> None:
+    """Options of the data-parallel curves are one line under --layout, not silently dropped."""
+    named = [flag for flag, value in given.items() if value is not None]
+    if named:
+        raise UsageFault(f"{', '.join(named)}: data-parallel curves' option(s), not --layout's (a layout's batch is "
+                         "--microbatch and --global-batch, its compute --tflops, its setup named in the layout)")
+
+
+def layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
+                     append) -> None:
+    """predict-scaling --layout: the layouts ranked at one GPU count, printed and written."""
+    from commbench.commands.common import write_records
+    from commbench.commands.hw_option import load_hw
+    from commbench.costmodel import ALLREDUCE_ALGORITHMS
+    from commbench.results import new_run_id
+
+    if len(scale[1]) != 1:
+        raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
+    hw = load_hw(hw_spec)
+    per_node = gpus_per_node or hw.ranks_per_node
+    count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
+    predictions, job, first = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup, flags)
+    for line in layout_lines(predictions, job, first, model, hw, count):
+        click.echo(line)
+    if json_path:
+        write_records(json_path, layout_records(predictions, job, first, model, new_run_id()), append)

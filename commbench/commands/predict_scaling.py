@@ -10,21 +10,16 @@ import click
 from commbench.algorithms import LIBRARY, TABLE
 from commbench.commands import layout as L
 from commbench.commands import options as O
-from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.fit import load_hw
-from commbench.commands.predict_layouts import (
-    LAYOUT_PARAMS,
-    layout_lines,
-    layout_options,
-    layout_records,
-    predict_layouts,
-)
+from commbench.commands.common import UsageFault, check_outputs, output_options, write_records
+from commbench.commands.hw_option import hw_option, load_hw
+from commbench.commands.predict_layouts import LAYOUT_PARAMS, layout_options, layouts_command, only_data_parallel
 from commbench.commands.setup_flags import settle_setup, setup_options
 from commbench.proxies.profile import ProfileError, load_profile
 from commbench.proxies.setups import DEFAULT_SETUP, SETUPS
-from commbench.results import OutputError, ResultSink, new_run_id
+from commbench.results import new_run_id
 
 DEFAULT_GPUS = "1,8,16,32,64,128,256,512,1000"
+TFLOPS = O.Range(1e-9, 1e9)  # 1 kFLOP/s to 1 EFLOP/s a GPU: below it a step lasts past any figure printed
 MAX_GPUS = 1 << 20  # predict-scaling's layouts and closed forms stay exact and fast up to here
 
 
@@ -37,7 +32,7 @@ Examples:
   commbench predict-scaling resnet50 --hw dgx-a100 --nodes 1,2,4,8 --gpus-per-node 8 --tflops 100   # 8..64 GPUs
 """)
 @click.argument("model")
-@click.option("--hw", "hw_spec", required=True, metavar="FILE|PRESET", help="Hardware JSON (from fit) or a preset.")
+@hw_option("Hardware JSON (from fit) or a preset.", required=True)
 @click.option("--gpus", default=None, metavar="N,N,...",
               help=f"GPU counts to predict [default: {DEFAULT_GPUS}, unless --nodes or --topology says the scale].")
 @click.option("--nodes", default=None, metavar="N,N,...",
@@ -84,15 +79,16 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     with every allreduce costed by the model of --hw: no ranks, nothing measured.
     """
     flags = {name: knobs.pop(name) for name in LAYOUT_PARAMS}
+    O.check({"--tflops": (TFLOPS, tflops)})  # both ways: nan, inf, 0 and 1e-300 one line
     scale, gpus_per_node = _scaling_scale(gpus, nodes, gpus_per_node, topology)
     check_outputs(("--json", json_path), force=force, append=append)
     if flags["layouts"]:
-        _only_data_parallel({"--batch": batch, "--throughput-1gpu": throughput_1gpu, "--ddp-ms": ddp_ms or None,
+        only_data_parallel({"--batch": batch, "--throughput-1gpu": throughput_1gpu, "--ddp-ms": ddp_ms or None,
                              "--jitter-from": jitter_from, "--bucket-mb": bucket_mb, "--baseline": baseline,
                              "--candidate": candidate, "--baseline-setup": baseline_setup,
                              "--candidate-setup": candidate_setup,
                              **{"--" + k.replace("_", "-"): v for k, v in knobs.items()}})
-        return _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags,
+        return layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags,
                                 json_path, append)
     pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
                     {**knobs, "bucket_mb": bucket_mb})
@@ -102,43 +98,7 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
     for line in _scaling_table(run, records):
         click.echo(line)
     if json_path:
-        _write(json_path, records, append)
-
-
-def _only_data_parallel(given: dict) -> None:
-    """Options of the data-parallel curves are one line under --layout, not silently dropped."""
-    named = [flag for flag, value in given.items() if value is not None]
-    if named:
-        raise UsageFault(f"{', '.join(named)}: data-parallel curves' option(s), not --layout's (a layout's batch is "
-                         "--microbatch and --global-batch, its compute --tflops, its setup named in the layout)")
-
-
-def _layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
-                     append) -> None:
-    """--layout: the layouts ranked at one GPU count (commands/predict_layouts.py)."""
-    from commbench.costmodel import ALLREDUCE_ALGORITHMS
-
-    if len(scale[1]) != 1:
-        raise UsageFault("--layout ranks layouts at one scale: give one --gpus (or --nodes) count")
-    if algorithm not in ALLREDUCE_ALGORITHMS:
-        raise UsageFault(f"unknown allreduce algorithm {algorithm!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
-    hw = load_hw(hw_spec)
-    per_node = gpus_per_node or hw.ranks_per_node
-    count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
-    predictions, job, first = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup, flags)
-    for line in layout_lines(predictions, job, first, model, hw, count):
-        click.echo(line)
-    if json_path:
-        _write(json_path, layout_records(predictions, job, first, model, new_run_id()), append)
-
-
-def _write(json_path: str, records: list, append: bool) -> None:
-    try:
-        with ResultSink(json_path, append=append) as sink:
-            sink.write_all(records)
-    except OutputError as exc:
-        raise UsageFault(str(exc)) from exc
-    click.echo(f"# wrote {json_path}")
+        write_records(json_path, records, append)
 
 
 def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | None, topology: str | None):
@@ -207,7 +167,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
              "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb),
              "--throughput-1gpu": (O.Range(0, 1e12, low_open=True), throughput),
-             "--tflops": (O.Range(0, 1e9, low_open=True), tflops), "--ddp-ms": (O.Range(0, 86400e3), ddp_ms)})
+             "--tflops": (TFLOPS, tflops), "--ddp-ms": (O.Range(0, 86400e3), ddp_ms)})
     ratios = None
     if jitter_from:
         from commbench.analysis.stragglers import JitterError, load_ratios
@@ -216,7 +176,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             ratios = load_ratios(jitter_from)
         except JitterError as exc:
             raise UsageFault(str(exc)) from exc
-    if not throughput and not tflops and not S.peak_tflops(hw, precision):
+    if not throughput and not tflops and not S.peak_tflops(hw, precision) and profile.traced is None:
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     for name in dict.fromkeys(pairs["algorithms"]):
         if name not in ALLREDUCE_ALGORITHMS:
@@ -228,8 +188,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
         if max(counts) > MAX_GPUS:
             raise UsageFault(f"--nodes {max(counts) // per_node} x {per_node} GPUs: at most {MAX_GPUS:,d} GPUs")
     batch = batch or profile.default_batch
-    forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
     try:
+        forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
         return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, pairs["algorithms"],
                              bucket_mb, pairs["baseline"], pairs["candidate"], label, ddp_ms * 1e3, ratios,
                              pairs["choices"])

@@ -11,6 +11,7 @@ import click
 
 from commbench.commands.common import UsageFault, check_writable, output_options
 from commbench.commands.emulate import emulate_options
+from commbench.commands.hw_option import hw_option
 from commbench.commands.proxy_parallel import layout_replay_options
 from commbench.commands.setup_flags import setup_options
 from commbench.errors import EXIT_OK
@@ -83,8 +84,7 @@ def _common(fn):
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="Short for --nodes NODES --gpus-per-node RANKS.")
 @click.option("--local", "spawn_local", is_flag=True, help="With --nodes: spawn all NODES x GPUS ranks on this host.")
-@click.option("--hw", default=None, metavar="FILE|PRESET",
-              help="Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.")
+@hw_option("Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.", name="hw")
 @click.option("--validate", is_flag=True, help="Also train the real model with the same settings; print the error.")
 @layout_replay_options
 def proxy_command(**options) -> None:

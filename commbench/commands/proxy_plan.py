@@ -282,7 +282,7 @@ def _predicted_layout(o: ProxyOptions) -> job.Plan:
 def _hardware(o: ProxyOptions):
     """--hw loaded (once for the command: the ranks' cost model loads its own), or one line; a poor fit said
     (commands/fit.load_hw, the loader of every command that reads --hw)."""
-    from commbench.commands.fit import load_hw
+    from commbench.commands.hw_option import load_hw
 
     if not o.hw:
         raise UsageFault("--backend sim predicts with the cost model: give --hw PRESET|FILE")

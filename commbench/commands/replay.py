@@ -9,6 +9,7 @@ import click
 
 from commbench.commands.common import UsageFault, check_writable, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
+from commbench.commands.hw_option import hw_option
 
 EXAMPLES = """
 \b
@@ -31,7 +32,7 @@ Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it),
 @click.option("--compute", type=click.Choice(["trace", "none"]), default="trace", show_default=True,
               help="trace: emulate the traced compute between calls; none: the calls back to back.")
 @click.option("--table-only", is_flag=True, help="Print the table of the trace's calls; replay nothing.")
-@click.option("--hw", default=None, metavar="FILE|PRESET", help="Predict the calls on this hardware (cost model).")
+@hw_option("Predict the calls on this hardware (cost model).", name="hw")
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="With --hw: the job's ranks on nodes [default: one node of the trace's ranks].")
 @click.option("--compute-scale", type=float, default=1.0, show_default=True,

@@ -50,12 +50,13 @@ def print_table(job) -> None:
 def predict_and_print(job, hw_spec: str, topology: str | None, compute_scale: float, json_path: str | None,
                       argv: list[str]) -> int:
     from commbench.analysis.predict_trace import predict_trace
-    from commbench.costmodel import HardwareError, load_hardware
+    from commbench.commands.hw_option import load_hw
+    from commbench.costmodel import HardwareError
     from commbench.errors import EXIT_OK
     from commbench.topology import TopologyError, parse_topology
 
     try:
-        hw = load_hardware(hw_spec)
+        hw = load_hw(hw_spec)
         topo = parse_topology(topology, job.world)
         p = predict_trace(job, hw, topo, compute_scale)
     except (HardwareError, TopologyError, ValueError) as exc:

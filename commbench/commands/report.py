@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from commbench.commands.common import UsageFault, check_directory, output_options, warn
-from commbench.commands.fit import load_hw
+from commbench.commands.hw_option import hw_option, load_hw
 from commbench.costmodel import HardwareError
 from commbench.results import RecordError
 
@@ -49,8 +49,7 @@ Examples:
               help="--stragglers: an iteration over K x its point's median is a spike.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="--stragglers: also write the report as one JSON document.")
-@click.option("--hw", "hw_spec", default=None, metavar="FILE|PRESET",
-              help="Also draw this cost model's prediction of every measured setup (dashed).")
+@hw_option("Also draw this cost model's prediction of every measured setup (dashed).")
 @output_options(append=False)
 def report_command(**params) -> None:
     """Plot bus bandwidth and time against size (PNG) and summarise the runs (index.md); with

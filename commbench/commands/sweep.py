@@ -11,6 +11,7 @@ from commbench.algorithms import listing
 from commbench.commands import layout
 from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
+from commbench.commands.hw_option import hw_option
 from commbench.commands.sweep_options import SweepOptions
 
 SWEEP_EXAMPLES = """
@@ -117,8 +118,8 @@ def _nccl_tests_hint(args: list[str]) -> str:
 @click.option("--nodes", type=int, default=None, help="Nodes: --nodes N --gpus-per-node G is --topology NxG.")
 @click.option("--gpus-per-node", type=int, default=None,
               help="Ranks per node [default with --nodes: --nprocs / N, or local GPUs, or 1].")
-@click.option("--hw", default=None, metavar="FILE|PRESET",
-              help="sim: time each call with the cost model of this hardware (from `commbench fit`, or a preset).")
+@hw_option("sim: time each call with the cost model of this hardware (from `commbench fit`, or a preset).",
+           name="hw")
 @click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
               help="torch.distributed backend: gloo on CPU and NCCL on GPU by default.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -227,7 +228,10 @@ def _backend(o: SweepOptions, launcher: str | None):
     """(backend class, settled BackendConfig): the options a backend reads, checked by the backend."""
     from commbench.backends import BackendConfig
     from commbench.commands.backend_options import settle_backend
+    from commbench.commands.hw_option import load_hw
 
+    if o.hw:
+        load_hw(o.hw)  # loaded as --hw was parsed: a poor fit said here, once
     return settle_backend(BackendConfig(
         backend=o.backend, torch_backend=o.torch_backend, device=o.device, algorithm=o.algorithm,
         topology=o.topology, nprocs=o.nprocs, hw=o.hw, cuda_mode=o.cuda_mode, graph=o.graph, timeout_s=o.timeout_s,

@@ -22,6 +22,7 @@ import click
 import numpy as np
 
 from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.commands.hw_option import hw_option
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, d
 @click.option("--placement", type=click.Choice(["in-place", "out-of-place"]), default="in-place", show_default=True)
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS")
 @click.option("--cuda-mode", default=None, help="cuda: as sweep's --cuda-mode.")
-@click.option("--hw", default=None, help="sim: the hardware file that times the calls.")
+@hw_option("sim: the hardware file that times the calls (from `commbench fit`, or a preset).", name="hw")
 @click.option("--graph", is_flag=True, default=False, help="cuda: time under a CUDA graph.")
 @click.option("--iters", type=int, default=None)
 @click.option("--warmup", type=int, default=None)

@@ -464,6 +464,7 @@ UNTESTED_BY_NAME = {
     # the emulated cluster needs root and network namespaces: tests/system/test_emulate*.py (skipped without root)
     "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
     "commands/emulate": "system/test_emulate.py",
+    "commands/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
     # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py
     "commbench/files": "unit/proxies/test_trace_*.py, system/test_inputs.py (devices, FIFOs, sizes)",
     # the topology's links and levels are pinned by the cost model's and the algorithms' exact-value tests
@@ -488,7 +489,6 @@ UNTESTED_BY_NAME = {
     # train --layout's rank body: trained end to end by its command's test
     "proxies/train_layout_run": "commands/test_train_layout.py",
     # analysis/ pieces pinned through the analyses that use them
-    "analysis/hosts": "unit/analysis/test_fit_oversubscribed.py, system/test_launchers.py",
     "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
     "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",
     "analysis/provenance": "unit/analysis/test_intervals.py, test_predict_interval.py",
