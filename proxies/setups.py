@@ -41,10 +41,12 @@ class Knob:
     help: str
     choices: tuple[str, ...] = ()
     minimum: float = 0.0  # ints: at least this; floats: more than this
+    maximum: float = 1e15  # at most this
 
 
 KNOBS = {k.name: k for k in (
-    Knob("accumulate", int, 1, "micro-steps per optimizer step; gradients are synchronised in the last one", minimum=1),
+    Knob("accumulate", int, 1, "micro-steps per optimizer step; gradients are synchronised in the last one", minimum=1,
+         maximum=4096),  # each micro-step is laid out in the step's plan: 10^9 of them ran for minutes
     Knob("bucket_mb", float, None, "DDP bucket_cap_mb (default: DDP's 25 MiB with a 1 MiB first bucket)"),
     Knob("message_size", int, 10_000_000, "APEX message_size: elements per allreduce", minimum=1),
     Knob("fusion_mb", float, 128.0, "Horovod HOROVOD_FUSION_THRESHOLD, MiB (64 before Horovod 0.21)"),
@@ -137,9 +139,9 @@ def _value(knob: Knob, value: Any) -> Any:
     if knob.kind is int and number != value:
         raise SetupError(f"{flag} {value!r}: must be a whole number")
     in_range = number >= knob.minimum if knob.kind is int else number > knob.minimum
-    if not (in_range and math.isfinite(number) and number <= 1e15):
+    if not (in_range and math.isfinite(number) and number <= knob.maximum):
         low = f"at least {knob.minimum:g}" if knob.kind is int else f"more than {knob.minimum:g}"
-        raise SetupError(f"{flag} {value}: must be {low} (and at most 1e15)")
+        raise SetupError(f"{flag} {value}: must be {low} (and at most {knob.maximum:g})")
     return number
 
 

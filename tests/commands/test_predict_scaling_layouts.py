@@ -123,3 +123,24 @@ def test_experts_without_tensor_parallelism_and_a_hardware_without_a_peak(tmp_pa
     other = next(r for r in records if r["layout"]["expert_tp"] is None)
     # unsharded (DDP): experts over ep 8 alone under etp1, over ep 8 x tp 2 otherwise
     assert etp1["memory_nbytes"]["parameters"] > other["memory_nbytes"]["parameters"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tflops", "nan"], "finite"), (["--tflops", "inf"], "finite"), (["--tflops", "-1"], "at least"),
+    (["--tflops", "1e-300"], "at least 1e-09"), (["--seq-len", "1" + "0" * 30], "--seq-len 1e+30: at most"),
+    (["--microbatch", "1" + "0" * 30], "--microbatch 1e+30: at most"),
+    (["--global-batch", "1" + "0" * 30], "--global-batch 1e+30: at most"),
+    (["--virtual-stages", "100000"], "--virtual-stages 100000: at most"),
+])
+def test_numbers_out_of_range_are_one_line_not_a_traceback_or_a_hang(capsys, extra, message):
+    """issue 48 item 18: a ZeroDivisionError, a ValueError traceback, a run past minutes."""
+    code = cli.main(["predict-scaling", "llama3.1-8b", "--gpus", "8", "--layout", "tp8,dp1", "--hw", "dgx-h100",
+                     *extra])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_billion_micro_steps_is_one_line(capsys):
+    code = cli.main(["predict-scaling", "resnet50", "--gpus", "8", "--accumulate", "1000000000", "--hw", "dgx-h100",
+                     "--tflops", "100"])
+    assert code == 2 and "at most 4096" in capsys.readouterr().err
