@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_to_all_single
 
 
 class LocalExperts(nn.Module):
@@ -69,13 +68,25 @@ class ExpertParallelMoE(nn.Module):
         send_splits = counts.view(self.ep, self.local).sum(1).tolist()
         receive_splits = received_counts.view(self.ep, self.local).sum(1).tolist()
         copies = tokens[order // self.top_k]
-        received = all_to_all_single(copies.new_empty(sum(receive_splits), shape[-1]), copies,
-                                     receive_splits, send_splits, group=self.group)
+        received = exchange(copies, receive_splits, send_splits, self.group)
         # received: from each source rank in turn, its copies for each local expert in turn
         segments = received_counts.tolist()
         out = self.experts_here(received, segments, [i % self.local for i in range(len(segments))])
-        returned = all_to_all_single(copies.new_empty(copies.shape), out, send_splits, receive_splits,
-                                     group=self.group)
+        returned = exchange(out, send_splits, receive_splits, self.group)
         unsorted = torch.zeros_like(returned).index_copy(0, order, returned)
         combined = (unsorted.view(-1, self.top_k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
         return combined.view(shape)
+
+
+def exchange(tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+    """The all-to-all with autograd (its backward the reverse exchange) that torch recommends, functional
+    collectives' all_to_all_single_autograd (torch.distributed.nn.functional's warned it is deprecated, 8 times a
+    train, mid-table); torch without it (before 2.4) the older one."""
+    try:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+    except ImportError:
+        from torch.distributed.nn.functional import all_to_all_single
+
+        out = tensor.new_empty(sum(output_splits), *tensor.shape[1:])
+        return all_to_all_single(out, tensor, output_splits, input_splits, group=group)
+    return wait_tensor(all_to_all_single_autograd(tensor, output_splits, input_splits, group))
