@@ -55,6 +55,23 @@ def host_load(header: dict | None) -> HostLoad | None:
     return HostLoad(device, per_host[busiest], cpus if isinstance(cpus, int) and cpus > 0 else None)
 
 
+LOADED_PER_CORE = 1.5  # a host's load average beyond this many per core: other work shared the cores with the run
+
+
+def busy_hosts(records: list[dict]) -> str | None:
+    """"load average L on C cores" of the busiest host any run header among `records` names, where the load
+    beyond its cores says other work shared them while the run was measured (LOADED_PER_CORE); else None."""
+    worst = None
+    for r in records:
+        listed = r.get("ranks") if r.get("record") == "header" else None
+        for e in listed if isinstance(listed, list) else []:
+            load, cpus = (e.get("load_average"), e.get("cpus")) if isinstance(e, dict) else (None, None)
+            if isinstance(load, (int, float)) and not isinstance(load, bool) and type(cpus) is int and cpus > 0 \
+                    and load > LOADED_PER_CORE * cpus and (worst is None or load / cpus > worst[0] / worst[1]):
+                worst = (float(load), cpus)
+    return None if worst is None else f"load average {worst[0]:.1f} on {worst[1]} cores"
+
+
 def run_loads(records: list[dict]) -> dict:
     """Each run id's HostLoad, from its header record (runs without one are absent)."""
     out = {}

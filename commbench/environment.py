@@ -75,10 +75,19 @@ def local_environment(device_name: str, gpus: list[int] | None = None) -> dict[s
     `gpus`, the devices this rank drives (default: torch's current one), each described."""
     env = {"host": socket.gethostname(), "pid": os.getpid(), "device": device_name, "cpu": _cpu_model(),
            "cpus": os.cpu_count(), "cpu_affinity": affinity_text(cpu_affinity()),
-           "llc_bytes": last_level_cache_bytes(), "env": communication_variables()}
+           "llc_bytes": last_level_cache_bytes(), "load_average": load_average(), "env": communication_variables()}
     if device_name == "cuda":
         env["gpus"] = describe_gpus(gpus)
     return env
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average as the run starts (other work on its cores; None where the system has
+    none): a fit says when its points were measured on a busy host."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def describe_gpus(gpus: list[int] | None = None) -> list[dict[str, Any]]:

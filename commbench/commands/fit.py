@@ -1,5 +1,5 @@
-"""`commbench fit`: a cost model fitted to measured sweeps, written as a hardware file, and the
-warning every command gives when it reads a hardware file marked a poor fit."""
+"""`commbench fit`: a cost model fitted to measured sweeps, written as a hardware file (the commands that read
+one load it through commands/hw_option.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +7,7 @@ from dataclasses import replace
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, output_options, warn
-from commbench.costmodel import HardwareError, load_hardware
+from commbench.commands.hw_option import load_hw
 from commbench.results import RecordError, read_records
 from commbench.sizes import SizeError, parse_size
 
@@ -49,8 +49,8 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     lo, hi = _size_bounds(size_range)
     try:
         loaded = [(path, read_records(path, warn)) for path in files]  # a file given twice counts twice, as before
-        base_hw = load_hardware(base) if base else None
-    except (RecordError, HardwareError) as exc:
+        base_hw = load_hw(base, say_poor=False) if base else None
+    except RecordError as exc:
         raise UsageFault(str(exc)) from exc
     is_run = [any(r.get("record") in ("step", "proxy") for r in rs) for _, rs in loaded]  # a proxy run's file
     runs = [path for (path, _), run in zip(loaded, is_run) if run]
@@ -65,14 +65,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     if runs:
         hw = _with_step_terms(hw, runs, [r for (_, rs), run in zip(loaded, is_run) if run for r in rs], links,
                               base_hw.step_terms if base_hw is not None else None)
-    poor = F.poor_fit(hw.meta)
-    if poor and not accept_poor_fit:
-        raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
-                         f"range at a time (--setup, --sizes), or keep it marked poor with --accept-poor-fit")
-    if poor:
-        hw = replace(hw, meta={**hw.meta, "poor_fit": poor})
-        click.echo(f"commbench: warning: poor fit kept (--accept-poor-fit): {poor}; predictions from {output} "
-                   f"will say so", err=True)
+    hw = _marked(hw, F.poor_fit(hw.meta), [r for _, rs in loaded for r in rs], output, accept_poor_fit)
     try:
         hw.save(output)
     except OSError as exc:
@@ -84,6 +77,28 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
     else:
         click.echo(f"# step terms fitted; links as --base {base} has them (not fitted here)\n"
                    f"#   step terms: {hw.step_terms.said()}\n# wrote {output}")
+
+
+def _marked(hw, poor: str | None, records: list[dict], output: str, accept_poor_fit: bool):
+    """`hw` marked where its figures cannot be trusted as they stand: a poor fit (refused unless kept with
+    --accept-poor-fit), runs measured on a busy host (analysis/hosts.busy_hosts); each said here and on every
+    use (commands/hw_option.warn_poor)."""
+    if poor and not accept_poor_fit:
+        raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
+                         f"range at a time (--setup, --sizes), or keep it marked poor with --accept-poor-fit")
+    if poor:
+        hw = replace(hw, meta={**hw.meta, "poor_fit": poor})
+        click.echo(f"commbench: warning: poor fit kept (--accept-poor-fit): {poor}; predictions from {output} "
+                   f"will say so", err=True)
+    from commbench.analysis.hosts import busy_hosts
+
+    busy = busy_hosts(records)
+    if busy:  # the figures (links, step terms) hold other work's share of the cores: said here and on every use
+        hw = replace(hw, meta={**hw.meta, "fitted_under_load": busy})
+        click.echo(f"commbench: warning: measured under load ({busy}): the fitted figures hold the other work's "
+                   f"share of the cores; predictions from {output} will say so. Measure again on a quiet host",
+                   err=True)
+    return hw
 
 
 def _base_only(base_hw, runs: list[str]):
@@ -150,21 +165,3 @@ def _print_fit(hw, output: str) -> None:
     click.echo(f"# wrote {output}")
 
 
-def load_hw(spec: str, say_poor: bool = True):
-    """The hardware file or preset `spec`, checked by costmodel.load_hardware (UsageFault: one line, exit 2), and
-    said to be a poor fit where `fit --accept-poor-fit` wrote it (warn_poor): the one loader of the commands that
-    read --hw (predict, predict-scaling, proxy --hw, report --hw)."""
-    try:
-        hw = load_hardware(spec)
-    except HardwareError as exc:
-        raise UsageFault(str(exc)) from exc
-    if say_poor:
-        warn_poor(hw, spec)
-    return hw
-
-
-def warn_poor(hw, spec: str | None) -> None:
-    """A hardware file `fit --accept-poor-fit` wrote is used, and said to be poor, every time."""
-    if hw is not None and hw.meta.get("poor_fit"):
-        click.echo(f"commbench: warning: {spec} is a poor fit ({hw.meta['poor_fit']}): its predictions do not "
-                   f"describe the sweep it came from", err=True)
