@@ -58,6 +58,7 @@ def test_ddp_and_dimensions_beside_a_pipeline_train_end_to_end(request, tmp_path
     run = commbench("train", model, "--layout", layout, *extra, "-N", "4", "--steps", "2", "--warmup-steps", "1",
                     "--json", str(out), timeout=240)
     assert run.returncode == 0, run.stderr
+    assert "is deprecated" not in run.stderr  # torch's all_to_all_single warning, 8 times a MoE train (issue 48)
     records = read_records(str(out))
     steps, summary = [r for r in records if r["record"] == "step"], records[-1]
     name = said.split()[1]
