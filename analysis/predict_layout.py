@@ -99,7 +99,7 @@ def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
         exposed["pp"] = piped.step_us - max(piped.busy_us)
     comm["dp"], exposed["dp"] = dp_total, dp_exposed
     tokens = par.microbatches * job.microbatch * job.shape.seq_len * par.dp
-    memory = _memory(job, par)
+    memory = layout_memory(job, par)
     gpu_bytes = job.hw.device_memory_gb * 1e9 if job.hw.device_memory_gb else None
     model_flops = job.shape.training_flops_per_token() * tokens / (step * 1e-6) if step > 0 else 0.0
     peak = job.peak_tflops
@@ -256,7 +256,12 @@ def _data_parallel_us(job: Job, par: Parallelism, stage: int, forward: list[floa
     nodes, per_node = _replica_layout(job, par)
     plan = choice.plan(share, last, Layout(nodes, per_node))
     topo = Topology(nodes, per_node)
-    times = [comm_us(job.hw, topo, c, job.algorithm)[0] for c in plan.comms]
+    costs: dict[tuple, float] = {}  # a step's units repeat a few sizes: each costed once (a search costs thousands)
+    for c in plan.comms:
+        key = (c.collective, c.nbytes, c.dtype, c.group)
+        if key not in costs:
+            costs[key] = comm_us(job.hw, topo, c, job.algorithm)[0]
+    times = [costs[(c.collective, c.nbytes, c.dtype, c.group)] for c in plan.comms]
     step = simulate(plan, times)
     return sum(times), max(0.0, step.step_us - plan.compute_us)
 
@@ -273,8 +278,9 @@ def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
     return stage_profile(job.profile, job.shape.layers, par, stage)
 
 
-def _memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
-    held = tuple(pipeline.in_flight(pipeline.order(par.pp_schedule, par.pp, s, par.microbatches, par.virtual_stages))
+def layout_memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
+    """The fullest GPU's memory under `par` (proxies/memory.py), the activations held at once from the schedule."""
+    held = tuple(pipeline.held_at_once(par.pp_schedule, par.pp, s, par.microbatches, par.virtual_stages)
                  / par.virtual_stages for s in range(par.pp))
     choice = settle(par.setup)
     within_node = choice.get("shard_group") == "node" if "shard_group" in choice.setup.knobs or choice.setup.fixed \

@@ -57,6 +57,22 @@ def _one_forward_one_backward(total: int, warmup: int, forward, backward) -> lis
     return passes
 
 
+def held_at_once(schedule: str, pp: int, stage: int, microbatches: int, virtual_stages: int = 1) -> int:
+    """in_flight(order(...)) without building the order: the warm-up's forwards and the first steady one (GPipe:
+    every micro-batch). A search asks it of thousands of layouts."""
+    m, v = microbatches, virtual_stages
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        total, warmup = m, min(pp - stage - 1, m)
+    elif schedule == "interleaved":
+        total = m * v
+        warmup = total if m == pp else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    else:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    return warmup + 1 if total > warmup else total
+
+
 def in_flight(passes: Sequence[Pass]) -> int:
     """The most micro-batch chunks whose activations the rank holds at once (forwarded, not yet backwarded):
     what its activation memory is sized by."""

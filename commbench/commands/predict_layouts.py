@@ -9,7 +9,8 @@ import click
 from commbench.commands.common import UsageFault
 
 MAX_MICROBATCHES = 4096  # a step's micro-batches per rank: the pipeline's work grows with them
-LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtual_stages", "checkpointing", "seq_len")
+LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtual_stages", "checkpointing", "seq_len",
+                 "max_tp", "top")
 GB = 1e9  # as GPU vendors state memory
 
 
@@ -38,13 +39,18 @@ def layout_options(fn):
                      help="A parallel layout to predict and rank (repeat it): tp8,fsdp32; tp4,pp2,fsdp32; "
                           "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8, etp1; the data-parallel part as "
                           "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N; a pipeline's own schedule after @ "
-                          "(tp8sp,pp4,fsdp32@interleaved:2, pp2,fsdp8@gpipe). Needs a profile with a transformer "
-                          "shape."),
+                          "(tp8sp,pp4,fsdp32@interleaved:2, pp2,fsdp8@gpipe); auto: search every layout that can run "
+                          "(--max-tp, --top). Needs a profile with a transformer shape."),
         *schedule_options("selective"),
         click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
                      help="Sequences per optimizer step, all GPUs [default: one --microbatch a GPU, whatever the "
                           "layouts; in every record]."),
         click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: the profile's]."),
+        click.option("--max-tp", type=int, default=None,
+                     help="With --layout auto: the largest tensor-parallel degree searched [default: the node's "
+                          "GPUs]."),
+        click.option("--top", type=int, default=10, show_default=True,
+                     help="With --layout auto: the fastest layouts that fit to print (the JSON has all of them)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -72,8 +78,11 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
                          "transformers model)")
     if flags["seq_len"] is not None:
         shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"], MAX_SEQ_LEN))
+    searching = "auto" in (text.strip().lower() for text in flags["layouts"])
+    if searching and len(flags["layouts"]) > 1:
+        raise UsageFault("--layout auto searches every layout: give it alone")
     try:
-        layouts = _layouts(flags, setup, gpus, gpus_per_node, shape)
+        layouts = [] if searching else _layouts(flags, setup, gpus, gpus_per_node, shape)
     except (LayoutError, SetupError) as exc:
         raise UsageFault(str(exc)) from exc
     peak = hw.device_tflops.get("bf16") or hw.device_tflops.get("fp16")
@@ -81,8 +90,38 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     rate, source = (0.0, f"compute block:{dtype}") if block else compute_rate(hw, tflops, precision)
     job = Job(shape, profile, hw, gpus_per_node, flags["microbatch"], rate, flags["checkpointing"], algorithm,
               peak or None, rate_source=source, compute=block, compute_dtype=dtype or "bfloat16")
+    if searching:
+        return _searched(job, shape, setup, gpus, gpus_per_node, flags)
     predictions = rank_layouts(job, layouts)
-    return predictions, job, predictions[0].layout
+    return predictions, job, predictions[0].layout, []
+
+
+def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict):
+    """--layout auto: (the layouts that fit, fastest first; the Job; the top row's layout; lines said after)."""
+    from commbench.analysis.layout_search import SearchSpace, search
+    from commbench.proxies.parallelism import LayoutError
+
+    microbatch = _positive("--microbatch", flags["microbatch"], MAX_MICROBATCH)
+    top = _positive("--top", flags["top"], 1000)
+    max_tp = None if flags["max_tp"] is None else _positive("--max-tp", flags["max_tp"], 1 << 20)
+    setups = tuple(dict.fromkeys((setup, "fsdp-full")))
+    space = SearchSpace(gpus, gpus_per_node, global_batch(flags["global_batch"], gpus, microbatch), microbatch,
+                        setups, max_tp)
+    try:
+        found = search(job, shape, space)
+    except LayoutError as exc:
+        raise UsageFault(str(exc)) from exc
+    if not found.ranked:
+        nearest = found.too_big[0] if found.too_big else None
+        raise UsageFault(f"--layout auto: none of {found.searched:,} layouts fits {job.hw.name}'s GPUs" +
+                         (f" (the smallest, {nearest[0].name}, needs {nearest[1] / GB:.1f} GB)" if nearest else ""))
+    notes = [f"# searched {found.searched:,} layouts (tp up to {max_tp or gpus_per_node} with sp, pp with 1F1B and "
+             f"interleaved:2, cp up to {space.max_cp}, {' and '.join(setups)} on dp): {len(found.ranked):,} fit, the "
+             f"top {min(top, len(found.ranked))} above; the JSON has every one that fits"]
+    if found.too_big:
+        par, nbytes = found.too_big[0]
+        notes.append(f"# {len(found.too_big):,} do not fit; the nearest, {par.name}, needs {nbytes / GB:.1f} GB")
+    return found.ranked, job, found.ranked[0].layout, notes
 
 
 def compute_block(hw, shape):
@@ -263,8 +302,11 @@ def layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, alg
     hw = load_hw(hw_spec)
     per_node = gpus_per_node or hw.ranks_per_node
     count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
-    predictions, job, first = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup, flags)
-    for line in layout_lines(predictions, job, first, model, hw, count):
+    predictions, job, first, notes = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup,
+                                                     flags)
+    for line in layout_lines(predictions[:flags["top"]] if notes else predictions, job, first, model, hw, count):
+        click.echo(line)
+    for line in notes:
         click.echo(line)
     if json_path:
         write_records(json_path, layout_records(predictions, job, first, model, new_run_id()), append)

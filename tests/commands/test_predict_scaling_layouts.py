@@ -144,3 +144,20 @@ def test_a_billion_micro_steps_is_one_line(capsys):
     code = cli.main(["predict-scaling", "resnet50", "--gpus", "8", "--accumulate", "1000000000", "--hw", "dgx-h100",
                      "--tflops", "100"])
     assert code == 2 and "at most 4096" in capsys.readouterr().err
+
+
+def test_layout_auto_searches_ranks_and_writes_every_one_that_fits(capsys, tmp_path):
+    out = tmp_path / "auto.jsonl"
+    code = cli.main(["predict-scaling", "llama3.1-8b", "--gpus", "16", "--hw", "dgx-h100", "--tflops", "400",
+                     "--layout", "auto", "--top", "3", "--json", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    searched = next(line for line in stdout.splitlines() if line.startswith("# searched"))
+    fit = int(searched.split(": ")[1].split(" fit")[0].replace(",", ""))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == fit >= 3 and all(r["fits"] for r in records)
+    assert cli.main(["predict-scaling", "llama3.1-8b", "--gpus", "16", "--hw", "dgx-h100", "--tflops", "400",
+                     "--layout", "auto", "--layout", "tp8,dp2"]) == 2
+    assert "give it alone" in capsys.readouterr().err

@@ -61,3 +61,16 @@ def test_unknown_schedule_and_wrong_stage_count():
     with pytest.raises(ValueError, match="need 4 forward"):
         run("1f1b", 4, 2, [1.0] * 3, [1.0] * 3)
     assert order("1f1b", 2, 1, 2) == [Pass("F", 0), Pass("B", 0), Pass("F", 1), Pass("B", 1)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_held_at_once_is_what_the_order_holds(schedule):
+    """The closed form the layout search uses, against the order itself, stage by stage."""
+    from commbench.proxies.pipeline import held_at_once, in_flight, order
+
+    for pp in (1, 2, 3, 4, 8):
+        for m in (1, 2, 4, 8, 12, 16):
+            for v in ((2, 3) if schedule == "interleaved" else (1,)):
+                for stage in range(pp):
+                    assert held_at_once(schedule, pp, stage, m, v) == in_flight(order(schedule, pp, stage, m, v)), \
+                        (schedule, pp, stage, m, v)
