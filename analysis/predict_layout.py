@@ -166,15 +166,10 @@ def _layer_compute_us(job: Job, par: Parallelism, index: int) -> tuple[float, fl
     rank, per micro-batch: its operators from the compute block, else its FLOPs at the job's one rate."""
     shape = job.shape
     if uses_block(job):
-        t = ops.op_times(job.compute, ops.layer_ops(shape, par, job.microbatch, index), job.compute_dtype)
-        f_us, b_us = t.forward_us, t.backward_us
-        for key, applies in (("tp_layer", par.tp > 1), ("fsdp_unit", _fsdp(par))):
-            if applies:  # what the wrapper adds to the layer's operators, measured on this device
-                f_us += job.compute.framework_us.get(f"{key}_forward", 0.0)
-                b_us += job.compute.framework_us.get(f"{key}_backward", 0.0)
-        recompute = {"none": 0.0, "selective": t.attention_forward_us, "full": f_us}[job.checkpointing]
-        share = job.compute.core_share(job.gpus_per_node)
-        return share * f_us, share * (b_us + recompute), share * t.attention_forward_us
+        t = ops.rank_layer_times(job.compute, ops.layer_ops(shape, par, job.microbatch, index), job.compute_dtype,
+                                 par.tp > 1, _fsdp(par), job.compute.core_share(job.gpus_per_node))
+        recompute = {"none": 0.0, "selective": t.attention_forward_us, "full": t.forward_us}[job.checkpointing]
+        return t.forward_us, t.backward_us + recompute, t.attention_forward_us
     rate = job.tflops * 1e6  # FLOP per us
     local = job.microbatch * shape.seq_len / par.cp  # tokens of a micro-batch on one rank
     flops = shape.layer_forward_flops(index, causal_halved=job.causal_halved) * local / par.tp

@@ -16,9 +16,9 @@ Error = replay (or prediction) / training - 1, of the median step (the slowest r
     python benchmarks/layouts_accuracy.py --hw fit4.json --emulate 2x2        # 2 emulated nodes x 2 ranks
     python benchmarks/layouts_accuracy.py --hw fit4.json --compute hw.json    # and from a compute block
 
-The block-predicted column (--compute: a `commbench compute` of llama-tiny's layouts on this host) predicts
-each layout's step from its operators' measured times on --hw's links: no rate, no calibration, so every
-layout's error counts, the first's too.
+The block columns (--compute: a `commbench compute` of llama-tiny's layouts on this host): the replay with each
+operator's measured time spun on the ranks (`proxy --compute block`), and the prediction from the same times on
+--hw's links: no rate, no calibration, so every layout's error counts, the first's too.
 
 Prints a Markdown table; every run's JSON Lines are kept in --out.
 """
@@ -106,51 +106,47 @@ def predicted_us(entry: str, rate: float, args: argparse.Namespace, block: bool 
     return predict_layout(job, par).step_us
 
 
+def _columns(layout: str, rate: float, args: argparse.Namespace) -> dict:
+    """Each column's step for `layout` (microseconds), a run's failure (its last line), or None (not run)."""
+    def step(run: dict):
+        return run["failed"] if "failed" in run else run["step_us_p50"]
+
+    out = {"replay": step(commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")),
+           "measured-compute replay": step(commbench("proxy", layout, args, "--compute", "measured")),
+           "predicted": predicted_us(layout, rate, args)}
+    if args.compute:
+        out["block replay"] = step(commbench("proxy", layout, args, "--compute", "block", "--hw", args.compute))
+        out["block-predicted"] = predicted_us(layout, rate, args, block=True)
+    return out
+
+
 def table(layouts: list[str], trained: dict, rate: float, args: argparse.Namespace) -> None:
-    """Each layout trained (unless done), replayed and predicted: a Markdown row each, then the medians."""
-    print("| layout | train step (ms) | replay step (ms) | replay error | measured-compute replay (ms) | its error "
-          "| predicted step (ms) | predicted error | block-predicted step (ms) | its error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"replay": [], "measured-compute replay": [], "predicted": [],
-                                      "block-predicted": []}
-    steps: dict[str, dict[str, float]] = {"train": {}, "replay": {}, "measured-compute replay": {}, "predicted": {},
-                                          "block-predicted": {}}
+    """Each layout trained (unless done), replayed and predicted: a Markdown row each, then the medians. The
+    block columns calibrate nothing, so their errors count on every layout, the first's too."""
+    names = ["replay", "measured-compute replay", "predicted"] + (["block replay", "block-predicted"]
+                                                                   if args.compute else [])
+    print("| layout | train step (ms) | " + " | ".join(f"{n} (ms) | its error" for n in names) + " |")
+    print("|---|---|" + "---|---|" * len(names))
+    errors: dict[str, list[float]] = {n: [] for n in names}
+    steps: dict[str, dict[str, float]] = {n: {} for n in ["train", *names]}
     for layout in layouts:
         train = trained.get(layout) or commbench("train", layout, args)
-        replay = commbench("proxy", layout, args, "--tflops", f"{rate:.6g}")
-        measured = commbench("proxy", layout, args, "--compute", "measured")
-        predicted = predicted_us(layout, rate, args)
-        from_block = predicted_us(layout, rate, args, block=True)
-        if "failed" in train or "failed" in replay:
-            print(f"| `{layout}` | {train.get('failed', '')} | {replay.get('failed', '')} | | | | | | | |")
+        columns = _columns(layout, rate, args)
+        if "failed" in train or isinstance(columns["replay"], str):
+            print(f"| `{layout}` | {train.get('failed', '')} | {columns['replay']} |" + " |" * (2 * len(names) - 1))
             continue
-        t, r = train["step_us_p50"], replay["step_us_p50"]
-        steps["train"][layout], steps["replay"][layout] = t, r
-        if "failed" not in measured:
-            steps["measured-compute replay"][layout] = measured["step_us_p50"]
-        if predicted is not None:
-            steps["predicted"][layout] = predicted
-        cells = [f"{t / 1e3:.2f}", f"{r / 1e3:.2f}", f"{100 * (r / t - 1):+.1f}%"]
-        if "failed" in measured:
-            cells += [measured["failed"], ""]
-        else:
-            cells += [f"{measured['step_us_p50'] / 1e3:.2f}", f"{100 * (measured['step_us_p50'] / t - 1):+.1f}%"]
-        if layout != layouts[0]:
-            errors["replay"].append(abs(r / t - 1))
-            if "failed" not in measured:
-                errors["measured-compute replay"].append(abs(measured["step_us_p50"] / t - 1))
-        if predicted is not None:
-            cells += [f"{predicted / 1e3:.2f}", f"{100 * (predicted / t - 1):+.1f}%"]
-            if layout != layouts[0]:
-                errors["predicted"].append(abs(predicted / t - 1))
-        else:
-            cells += ["", ""]
-        if from_block is not None:  # no calibration: the first layout counts too
-            steps["block-predicted"][layout] = from_block
-            cells += [f"{from_block / 1e3:.2f}", f"{100 * (from_block / t - 1):+.1f}%"]
-            errors["block-predicted"].append(abs(from_block / t - 1))
-        else:
-            cells += ["", ""]
+        t = train["step_us_p50"]
+        steps["train"][layout] = t
+        cells = [f"{t / 1e3:.2f}"]
+        for name in names:
+            value = columns[name]
+            if value is None or isinstance(value, str):
+                cells += [value or "", ""]
+                continue
+            steps[name][layout] = value
+            cells += [f"{value / 1e3:.2f}", f"{100 * (value / t - 1):+.1f}%"]
+            if name.startswith("block") or layout != layouts[0]:
+                errors[name].append(abs(value / t - 1))
         print(f"| `{layout}`{' (calibration)' if layout == layouts[0] else ''} | " + " | ".join(cells) + " |",
               flush=True)
     summary(errors, steps)
@@ -160,7 +156,7 @@ def summary(errors: dict, steps: dict) -> None:
     """The medians of each column's errors and each column's ranking."""
     for what, values in errors.items():
         if values:
-            which = "none calibrated" if what == "block-predicted" else "besides the calibration"
+            which = "none calibrated" if what.startswith("block") else "besides the calibration"
             print(f"# {what}: median |error| {100 * statistics.median(values):.1f}%, max {100 * max(values):.1f}% "
                   f"over {len(values)} layout(s) ({which})")
     for what, by_layout in steps.items():

@@ -19,7 +19,8 @@ class ProxyConfig(RanksConfig):
     batch: int | None = None  # per rank; None: the profile's default
     bucket_mb: float | None = None  # None: DDP's default (25 MiB, first bucket 1 MiB)
     bucketing: str = "ddp"  # ddp, none (one allreduce per tensor), single
-    compute: str = "measured"  # measured (the real model timed here), flops (at tflops), trace (traced profile), none
+    compute: str = "measured"  # measured (the real model timed here), flops (at tflops), trace (traced profile),
+    # block (a layout's operators from compute_block, a hardware file's compute block: costmodel/compute.py), none
     tflops: float | None = None
     steps: int = 30
     warmup_steps: int = 5
@@ -35,6 +36,7 @@ class ProxyConfig(RanksConfig):
     # proxies/replay_layout.py on micro-batches of `microbatch` sequences; None: data parallel alone
     layout: dict[str, Any] | None = None
     microbatch: int = 1
+    compute_block: dict[str, Any] | None = None  # --compute block: the block, as the hardware file holds it
     checkpointing: str = "none"
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):

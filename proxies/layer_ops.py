@@ -150,6 +150,18 @@ def op_times(block: ComputeBlock, ops: list, dtype: str, framework: bool = True)
     return OpTimes(forward, backward, attention)
 
 
+def rank_layer_times(block: ComputeBlock, ops: list, dtype: str, tp: bool, fsdp: bool, share: float = 1.0) -> OpTimes:
+    """A decoder layer's `ops` on one rank with what its wrappers add as measured on this device (DTensor's
+    under `tp`, FSDP2's per unit under `fsdp`), times `share` (ranks sharing a CPU's cores: core_share)."""
+    t = op_times(block, ops, dtype)
+    forward, backward = t.forward_us, t.backward_us
+    for key, applies in (("tp_layer", tp), ("fsdp_unit", fsdp)):
+        if applies:
+            forward += block.framework_us.get(f"{key}_forward", 0.0)
+            backward += block.framework_us.get(f"{key}_backward", 0.0)
+    return OpTimes(share * forward, share * backward, share * t.attention_forward_us)
+
+
 def missing(block: ComputeBlock, dtype: str) -> list[str]:
     """The operator classes a layout's prediction needs that the block lacks (empty: it has them all)."""
     needs = [("matmul", f"{dtype} matrix products"), ("attention", f"{dtype} attention")]
@@ -160,4 +172,4 @@ def missing(block: ComputeBlock, dtype: str) -> list[str]:
 
 
 __all__ = ["Attention", "ComputeError", "Matmul", "OpTimes", "Streamed", "head_ops", "layer_ops", "matmuls",
-           "missing", "op_times", "unlisted"]
+           "missing", "op_times", "rank_layer_times", "unlisted"]

@@ -62,6 +62,41 @@ class RankCompute:
                          for f in fields(self) if getattr(self, f.name))
 
 
+def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtype: str) -> RankCompute:
+    """A rank's pieces costed from a compute block (`proxy --layout --compute block`; costmodel/compute.py) as
+    predict-scaling --layout costs them (proxies/layer_ops.py): the layer on its own block (the CP ring's other
+    blocks apart, one each), its wrappers' share; the embedding's gather and the optimizer's update (SGD with
+    momentum: 5 words a parameter) at the block's memory bandwidth. No core share: the replay's ranks share the
+    cores for real."""
+    from commbench.proxies import layer_ops as L
+    from commbench.proxies import memory as M
+    from commbench.proxies.setups import SETUPS
+
+    setup = SETUPS.get(par.setup)
+    fsdp = setup is not None and setup.trains_as == "fsdp"
+    ops = [op for op in L.layer_ops(shape, par, microbatch, 0) if op.label != "attention (cp ring)"]
+    layer = L.rank_layer_times(block, ops, dtype, par.tp > 1, fsdp)
+    heads, local = shape.heads // par.tp, shape.seq_len // par.cp
+    ring = block.attention_us(microbatch * heads, local, local, shape.head_dim, False, dtype) if par.cp > 1 \
+        else (0.0, 0.0)
+    out = {"layer_forward_us": layer.forward_us, "layer_backward_us": layer.backward_us,
+           "block_forward_us": ring[0], "block_backward_us": ring[1]}
+    tokens, width = microbatch * local, 4 if dtype == "float32" else 2
+    if stage == 0:
+        gather = block.memory_us(2 * tokens * shape.hidden * width) + (block.op_us or 0.0)
+        out.update(embed_forward_us=gather, embed_backward_us=2 * gather)
+    if stage == par.pp - 1:
+        head = L.op_times(block, L.head_ops(shape, par, microbatch), dtype, framework=False)
+        root = block.framework_us if fsdp else {}
+        out.update(head_forward_us=head.forward_us + root.get("fsdp_unit_forward", 0.0),
+                   head_backward_us=head.backward_us + root.get("fsdp_unit_backward", 0.0))
+    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, microbatch, expert_tp=par.expert_tp)
+    dense, experts, _ = M.stage_parameters(shape, layout, stage)
+    shards = optimizer_shards(par, setup)
+    out["optimizer_us"] = block.memory_us(5 * 4 * (dense + experts) / shards)
+    return RankCompute(**out)
+
+
 def refusal(par: Parallelism, transformer, microbatch: int, on_cpu: bool) -> str | None:
     """Why this layout's compute cannot be measured here (one line), or None."""
     t = transformer

@@ -339,11 +339,20 @@ def replay_layout_steps(ctx) -> None:
     torch.set_num_threads(1)  # the ranks share the host's cores, as train --layout's do
     rate = cfg.tflops * 1e6 if cfg.compute == "flops" and cfg.tflops else 0.0
     measured, cpu_time = measure_on_ranks(ctx, par, shape) if cfg.compute == "measured" else (None, False)
+    if cfg.compute == "block":
+        from commbench.costmodel.compute import compute_from_dict
+        from commbench.proxies.layout_compute import from_block
+
+        block = compute_from_dict(cfg.compute_block)
+        measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],
+                              block.meta.get("dtype", "float32"))
+        cpu_time = block.meta.get("clock") == "thread CPU time"  # spun as it was measured: this thread's CPU time
     replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, cfg.checkpointing, rate,
                           peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
     backend.barrier()
+    source = f"the compute block of {cfg.compute_block['device']}" if cfg.compute == "block" else "measured"
     label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else \
-        ("measured" + (" (CPU time)" if cpu_time else "")) if measured else "none"
+        (source + (" (CPU time)" if cpu_time else "")) if measured else "none"
     per_step = "; ".join(f"{dim} {c.collective} x{c.count} {c.phase} of {c.nbytes:,d} B"
                          for dim in ("tp", "cp", "ep") for c in layer_calls(par, shape, cfg.microbatch,
                                                                             cfg.checkpointing, shape.moe)

@@ -68,7 +68,8 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     cfg = ProxyConfig(model=o.model, batch=o.batch, bucket_mb=o.bucket_mb, bucketing=bucketing, compute=compute,
                       tflops=o.tflops, steps=o.steps, warmup_steps=o.warmup_steps, amp=o.amp, backend=backend,
                       hw=o.hw, json_path=json_path, monitor=o.monitor, trust_profile_code=o.trust_profile_code,
-                      setup=choice.name, knobs=dict(o.knobs))
+                      setup=choice.name, knobs=dict(o.knobs),
+                      compute_block=_block_of(o, profile).to_dict() if compute == "block" else None)
     return replace(cfg, **layout), plan
 
 
@@ -92,7 +93,28 @@ def _profile_and_compute(o: ProxyOptions) -> tuple[Profile, str]:
         raise UsageFault("--compute flops needs --tflops RATE (the device's achieved 1e12 FLOP/s)")
     if compute == "measured":
         _check_model_available(o.model, profile, o.trust_profile_code)
+    if compute == "block":
+        _block_of(o, profile)
     return profile, compute
+
+
+def _block_of(o: ProxyOptions, profile: Profile):
+    """--compute block: the compute block of --hw that a layout's replay costs its operators from, or one line."""
+    from commbench.commands.hw_option import load_hw
+    from commbench.proxies.layer_ops import missing, unlisted
+
+    if not o.layout or not o.hw:
+        raise UsageFault("--compute block costs a transformer layout's operators from a hardware file's compute "
+                         "block: give --layout SPEC and --hw FILE (from `commbench compute`)")
+    block = load_hw(o.hw).compute
+    if block is None:
+        raise UsageFault(f"--compute block: {o.hw} has no compute block (write one with `commbench compute "
+                         f"{o.model} --layout {o.layout} --hw {o.hw} -o FILE`)")
+    lacks = missing(block, block.meta.get("dtype", "float32")) + \
+        ([unlisted(profile.transformer)] if profile.transformer is not None and unlisted(profile.transformer) else [])
+    if lacks:
+        raise UsageFault(f"--compute block: {o.hw}'s block lacks {', '.join(lacks)}")
+    return block
 
 
 def _check_setup_flags(o: ProxyOptions) -> str:
