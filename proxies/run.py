@@ -27,7 +27,7 @@ class ProxyUsageError(ValueError):
 def train_twin(cfg: ProxyConfig) -> ProxyConfig:
     """The training run that checks a proxy: same model, batch, ranks, buckets, backend, steps."""
     base = cfg.json_path[:-6] if cfg.json_path.endswith(".jsonl") else cfg.json_path
-    return replace(cfg, json_path=f"{base}.train.jsonl", compute="measured", tflops=None)
+    return replace(cfg, json_path=f"{base}.train.jsonl", compute="measured", tflops=None, compute_block=None)
 
 
 def summary_of(path: str) -> dict[str, Any] | None:

@@ -46,10 +46,9 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
                                 "(llama-tiny, llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3)"),
                 (not training and not (cls.makes_ddp_calls and cls.runs_rank_groups),  # torch.distributed's calls
                  "--layout replays on --backend torch (gloo or NCCL groups)"),
-                (o.validate, "--validate compares with DDP training, not with a --layout"),
                 (o.batch is not None, "--layout runs micro-batches: give --microbatch (sequences) and "
                                       "--microbatches, not --batch"),
-                *(_training_refusals(o) if training else [])]
+                *(_training_refusals(o) if training or o.validate else [])]  # --validate trains the layout too
     for refused, line in refusals:
         if refused:
             raise UsageFault(line)

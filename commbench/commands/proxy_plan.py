@@ -56,7 +56,7 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                          "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
     if o.validate:
-        _check_validate(plan, bucketing, compute, cls)
+        _check_validate(plan, bucketing, "measured" if o.layout else compute, cls)  # a layout's: any compute
     choice = settle_setup(o.setup, o.given_knobs(), plan.nodes, plan.ranks_per_node,
                           "cpu" if backend.device == "cpu" else "cuda", plan.world)
     if plan.mode != "local" and not cls.runs_rank_groups and not choice.setup.allreduce_only:

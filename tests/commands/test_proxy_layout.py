@@ -67,3 +67,19 @@ def test_a_layout_replays_with_its_operators_from_a_block(tmp_path):
     assert "the compute block of cpu (test)" in run.stdout
     header = next(json.loads(line) for line in out.read_text().splitlines() if '"header"' in line)
     assert header["layout_compute_us"]["layer_forward_us"] > 200.0
+
+
+def test_a_layout_is_validated_against_its_training_and_the_error_kept(tmp_path):
+    """issue 48 item 4: --validate refused layouts ("compares with DDP training"); now the layout is trained as
+    replayed, the error printed and appended to the proxy's file as a validate record."""
+    import json
+
+    out = tmp_path / "v.jsonl"
+    run = commbench("proxy", "llama-tiny", "--layout", "tp2,dp2", "-N", "4", "--tflops", "0.003", "--steps", "1",
+                    "--warmup-steps", "1", "--validate", "--json", str(out), timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "real training of layout tp2,ddp2" in run.stdout and "proxy error" in run.stdout
+    record = next(json.loads(line) for line in out.read_text().splitlines() if '"record": "validate"' in line)
+    assert record["train_step_us"] > 0 and record["error"] == pytest.approx(
+        record["proxy_step_us"] / record["train_step_us"] - 1)
+    assert (tmp_path / "v.train.jsonl").exists()
