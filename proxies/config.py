@@ -22,6 +22,7 @@ class ProxyConfig(RanksConfig):
     compute: str = "measured"  # measured (the real model timed here), flops (at tflops), trace (traced profile),
     # block (a layout's operators from compute_block, a hardware file's compute block: costmodel/compute.py), none
     tflops: float | None = None
+    remeasure: bool = False  # --compute measured: measure even where an earlier run's figures are kept
     steps: int = 30
     warmup_steps: int = 5
     amp: bool = False  # train on GPU: torch.autocast fp16 with a grad scaler

@@ -120,7 +120,7 @@ class Trainer:
 
 def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
                     ready: Callable[[], None] = lambda: None, trust_code: bool = False,
-                    bucket_mb: float | None = None, choice=None, show_progress: bool = False
+                    bucket_mb: float | None = None, choice=None, show_progress: bool = False, repeats: int = 5
                     ) -> tuple[tuple[float, float, float, float], bool]:
     """The real model's (forward, backward, optimizer, the setup's own work) microseconds per step here, and
     whether they are CPU time: refused up front if it cannot fit; `ready` runs between building and
@@ -139,11 +139,13 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     choice = choice or settle("ddp", {"bucket_mb": bucket_mb})
     kind = getattr(device, "type", device)
     check_memory(profile, local_ranks * (2 if choice.setup.trains_as == "fsdp" else 1), kind)
+    steps = compute_steps(repeats)
     if show_progress:
-        print(f"# measuring {profile.name}'s compute here first (batch {batch}, at 1 rank: {COMPUTE_STEPS} steps of "
-              f"the real model; the replay's steps follow)", flush=True)
+        print(f"# measuring {profile.name}'s compute here first (batch {batch}, at 1 rank: {steps} steps of "
+              f"the real model; the replay's steps follow; kept for the next run of the same model, batch and "
+              f"setup)", flush=True)
     trainer = Trainer(profile, batch, device, amp=amp, trust_code=trust_code)
-    progress = Progress(COMPUTE_STEPS, enabled=None if show_progress else False, unit="steps")
+    progress = Progress(steps, enabled=None if show_progress else False, unit="steps")
     begun = 0
 
     def tick(what: str) -> None:  # before each step: the ones before it are done
@@ -154,11 +156,11 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     trainer.on_step = tick
     ready()
     try:
-        phases, cpu_time = trainer.phase_times_us(repeats=5), trainer.cpu_timed()
+        phases, cpu_time = trainer.phase_times_us(repeats=repeats), trainer.cpu_timed()
         with one_rank_group(kind) as group:
             try:
                 own = train_setups.own_work_us(trainer, choice, profile, group,
-                                               [device.index] if kind == "cuda" else None)
+                                               [device.index] if kind == "cuda" else None, pairs=own_pairs(repeats))
             finally:  # DDP's Reducer goes before the group does
                 trainer.wrapped = trainer.model = trainer.optimizer = None
                 del trainer
@@ -168,7 +170,17 @@ def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False
     return (*phases, own), cpu_time
 
 
-COMPUTE_STEPS = 6 + 2 * 2 + 2 * 6  # measure_compute's steps: phase_times_us(5), own_work_us's warm-up and pairs
+def own_pairs(repeats: int) -> int:
+    """own_work_us's pairs for `repeats` phase steps: 6 at 5 (its default), as few as 2."""
+    return max(2, min(6, repeats + 1))
+
+
+def compute_steps(repeats: int = 5) -> int:
+    """measure_compute's steps: phase_times_us's repeats after a warm-up, own_work_us's warm-up and pairs."""
+    return repeats + 1 + 2 * 2 + 2 * own_pairs(repeats)
+
+
+COMPUTE_STEPS = compute_steps()  # 22: the default run's
 
 
 @contextmanager

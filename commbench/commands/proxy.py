@@ -74,6 +74,9 @@ def _common(fn):
                    "--layout: each operator from --hw's compute block, `commbench compute`), none [default: "
                    "flops with --tflops, trace for a traced profile, else measured].")
 @click.option("--tflops", type=float, default=None, help="Achieved device rate, 1e12 FLOP/s, for --compute flops.")
+@click.option("--remeasure", is_flag=True,
+              help="--compute measured: time the model again, though an earlier run of the same model, batch and "
+                   "setup on this host kept its figures (proxies/compute_cache.py).")
 @click.option("--backend", "-b", default="torch", show_default=True,
               help="torch (gloo/NCCL), shm, p2p, hybrid (commbench's schedules), or sim (the cost model, --hw).")
 @click.option("--algorithm", "-A", default="auto", show_default=True, help="Schedule backends and sim: the allreduce.")

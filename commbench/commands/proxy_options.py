@@ -26,6 +26,7 @@ class ProxyOptions(RanksOptions):
     single_bucket: bool = False
     compute: str | None = None  # measured, flops, trace, none; None: flops with --tflops, trace if traced, measured
     tflops: float | None = None
+    remeasure: bool = False  # --compute measured: measure again where an earlier run's figures are kept
     amp: bool = False  # train
     trust_profile_code: bool = False
     # a parallel layout (proxy --layout, commands/proxy_parallel.py)

@@ -66,7 +66,8 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     if o.validate and not json_path:  # both runs' records, compared; proxy_command removes the folder
         json_path = os.path.join(tempfile.mkdtemp(prefix="commbench-validate-"), "proxy.jsonl")
     cfg = ProxyConfig(model=o.model, batch=o.batch, bucket_mb=o.bucket_mb, bucketing=bucketing, compute=compute,
-                      tflops=o.tflops, steps=o.steps, warmup_steps=o.warmup_steps, amp=o.amp, backend=backend,
+                      tflops=o.tflops, remeasure=o.remeasure,
+                      steps=o.steps, warmup_steps=o.warmup_steps, amp=o.amp, backend=backend,
                       hw=o.hw, json_path=json_path, monitor=o.monitor, trust_profile_code=o.trust_profile_code,
                       setup=choice.name, knobs=dict(o.knobs),
                       compute_block=_block_of(o, profile).to_dict() if compute == "block" else None)

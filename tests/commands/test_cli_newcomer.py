@@ -128,6 +128,9 @@ def test_measuring_the_compute_says_what_and_counts_its_steps(capsys, monkeypatc
     T.measure_compute(load_profile("llama-tiny"), 1, "cpu", show_progress=True)
     assert "# measuring llama-tiny's compute here first (batch 1, at 1 rank: 22 steps" in capsys.readouterr().out
     assert len(labels) == T.COMPUTE_STEPS  # the ETA's denominator is the steps that run
+    labels.clear()
+    T.measure_compute(load_profile("llama-tiny"), 1, "cpu", show_progress=True, repeats=2)  # proxy --steps 2
+    assert f"at 1 rank: {T.compute_steps(2)} steps" in capsys.readouterr().out and len(labels) == 13
 
 
 def test_progress_names_its_unit():

@@ -50,7 +50,7 @@ FLOORS = {
         "commbench.proxies.steps", "commbench.proxies.channels", "commbench.proxies.clocks",
         "commbench.proxies.extract", "commbench.proxies.train_layout*", "commbench.analysis.predict_proxy",
         "commbench.proxies.replay_trace", "commbench.proxies.replay_layout", "commbench.proxies.layout_compute",
-        "commbench.proxies.operator_timing", "commbench.proxies.compute_measure"],
+        "commbench.proxies.operator_timing", "commbench.proxies.compute_measure", "commbench.proxies.compute_cache"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
         "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare",
         "commbench.analysis.report_timeline"],
