@@ -70,16 +70,10 @@ def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, 
 def _layouts(model: str, layouts: tuple[str, ...], gpus: int | None, seq_len: int | None):
     from dataclasses import replace
 
+    from commbench.commands.predict_layouts import transformer_profile
     from commbench.proxies.parallelism import LayoutError, parse_layout
-    from commbench.proxies.profile import ProfileError, load_profile
 
-    try:
-        profile = load_profile(model)
-    except ProfileError as exc:
-        raise UsageFault(str(exc)) from exc
-    shape = profile.transformer
-    if shape is None:
-        raise UsageFault(f"compute needs a transformer's shape, and profile {profile.name} has none")
+    shape = transformer_profile(model, "compute").transformer
     if seq_len is not None:
         shape = replace(shape, seq_len=seq_len)
     try:

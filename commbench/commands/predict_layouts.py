@@ -64,18 +64,10 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
 
     from commbench.analysis.predict_layout import Job, rank_layouts
     from commbench.proxies.parallelism import LayoutError
-    from commbench.proxies.profile import ProfileError, load_profile
     from commbench.proxies.setups import SetupError
 
-    try:
-        profile = load_profile(model)
-    except ProfileError as exc:
-        raise UsageFault(str(exc)) from exc
+    profile = transformer_profile(model, "--layout")
     shape = profile.transformer
-    if shape is None:
-        raise UsageFault(f"--layout needs a transformer's shape, and profile {profile.name} has none (layouts: "
-                         "llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3, llama-tiny, or `profiles extract` of a "
-                         "transformers model)")
     if flags["seq_len"] is not None:
         shape = replace(shape, seq_len=_positive("--seq-len", flags["seq_len"], MAX_SEQ_LEN))
     searching = "auto" in (text.strip().lower() for text in flags["layouts"])
@@ -122,6 +114,21 @@ def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict
         par, nbytes = found.too_big[0]
         notes.append(f"# {len(found.too_big):,} do not fit; the nearest, {par.name}, needs {nbytes / GB:.1f} GB")
     return found.ranked, job, found.ranked[0].layout, notes
+
+
+def transformer_profile(model: str, what: str):
+    """The profile `model` with its transformer shape, or one line saying why not (`what` needs the shape)."""
+    from commbench.proxies.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(model)
+    except ProfileError as exc:
+        raise UsageFault(str(exc)) from exc
+    if profile.transformer is None:
+        raise UsageFault(f"{what} needs a transformer's shape, and profile {profile.name} has none (layouts: "
+                         "llama3.1-8b/70b/405b, mixtral-8x7b, deepseek-v3, llama-tiny, or `profiles extract` of a "
+                         "transformers model)")
+    return profile
 
 
 def compute_block(hw, shape):
