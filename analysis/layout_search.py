@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from commbench.proxies.parallelism import LayoutError, Parallelism
 
 MAX_CANDIDATES = 20_000  # layouts a search may enumerate before it is refused (bounds its time)
+MAX_MICROBATCHES = 4096  # a rank's micro-batches a step (commands/predict_layouts.py's, setups' accumulate)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def _with_rest(shape, space: SearchSpace, tp: int, cp: int, pp: int):
     if pp > shape.layers or space.global_batch % (dp * space.microbatch):
         return
     microbatches = space.global_batch // (dp * space.microbatch)
+    if microbatches > MAX_MICROBATCHES:  # a step's plan lays each out (predict-scaling's bound, setups' accumulate)
+        return
     schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and microbatches % pp == 0
                                  and shape.layers % (2 * pp) == 0 else [])
     experts = [e for e in _divisors(shape.experts) if (dp * cp) % e == 0] if shape.experts else [1]

@@ -69,6 +69,7 @@ class Job:
     rate_source: str = "given"  # where `tflops` comes from: "given", or "peak:fp32" / "peak:bf16" (optimistic)
     compute: ComputeBlock | None = None  # operators' times on the device: costs each layer's operators (else tflops)
     compute_dtype: str = "bfloat16"  # the block's precision the operators are read in
+    ranks_per_host: int | None = None  # ranks sharing a host's cores (a CPU block's core share); None: gpus_per_node
 
 
 def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
@@ -143,7 +144,7 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     if head and uses_block(job):
         times = ops.op_times(job.compute, ops.head_ops(shape, par, job.microbatch), job.compute_dtype, framework=False)
         root = job.compute.framework_us if _fsdp(par) else {}  # FSDP2's root unit: embedding, norm, head
-        share = job.compute.core_share(job.gpus_per_node)
+        share = job.compute.core_share(job.ranks_per_host or job.gpus_per_node)
         forward += share * (times.forward_us + root.get("fsdp_unit_forward", 0.0))
         backward += share * (times.backward_us + root.get("fsdp_unit_backward", 0.0))
     elif head:
@@ -166,8 +167,9 @@ def _layer_compute_us(job: Job, par: Parallelism, index: int) -> tuple[float, fl
     rank, per micro-batch: its operators from the compute block, else its FLOPs at the job's one rate."""
     shape = job.shape
     if uses_block(job):
+        share = job.compute.core_share(job.ranks_per_host or job.gpus_per_node)
         t = ops.rank_layer_times(job.compute, ops.layer_ops(shape, par, job.microbatch, index), job.compute_dtype,
-                                 par.tp > 1, _fsdp(par), job.compute.core_share(job.gpus_per_node))
+                                 par.tp > 1, _fsdp(par), share)
         recompute = {"none": 0.0, "selective": t.attention_forward_us, "full": t.forward_us}[job.checkpointing]
         return t.forward_us, t.backward_us + recompute, t.attention_forward_us
     rate = job.tflops * 1e6  # FLOP per us

@@ -99,7 +99,8 @@ def predicted_us(entry: str, rate: float, args: argparse.Namespace, block: bool 
     par = replace(par, microbatches=args.microbatches if par.pp > 1 else 1)
     per_node = int(args.emulate.split("x")[1]) if args.emulate else args.nprocs
     microbatch = args.sequences // par.microbatches
-    job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, microbatch, rate, "none", args.algorithm)
+    job = Job(profile.transformer, profile, load_hardware(args.hw), per_node, microbatch, rate, "none", args.algorithm,
+              ranks_per_host=args.nprocs if not args.emulate else int(args.emulate.split("x")[0]) * per_node)
     if block:
         compute = load_hardware(args.compute).compute
         job = replace(job, compute=compute, compute_dtype=compute.meta.get("dtype", "float32"))

@@ -141,7 +141,7 @@ def _value(knob: Knob, value: Any) -> Any:
     in_range = number >= knob.minimum if knob.kind is int else number > knob.minimum
     if not (in_range and math.isfinite(number) and number <= knob.maximum):
         low = f"at least {knob.minimum:g}" if knob.kind is int else f"more than {knob.minimum:g}"
-        raise SetupError(f"{flag} {value}: must be {low} (and at most {knob.maximum:g})")
+        raise SetupError(f"{flag} {value}: must be {low} and at most {knob.maximum:g}")
     return number
 
 

@@ -58,7 +58,11 @@ def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, 
     device, dtype = _device(device, dtype, threads)
     from commbench.proxies.compute_measure import measure_block
 
-    block = measure_block(shape, parsed, sorted(set(microbatches)), device, dtype, min_time, say=click.echo)
+    try:
+        block = measure_block(shape, parsed, sorted(set(microbatches)), device, dtype, min_time, say=click.echo)
+    except (MemoryError, RuntimeError) as exc:  # a tensor this device cannot hold (torch: RuntimeError)
+        raise UsageFault(f"cannot time {model}'s operators at these shapes here: "
+                         f"{(str(exc).splitlines() or [type(exc).__name__])[0][:200]}") from exc
     out = replace(hw, compute=block)
     out.save(output)
     click.echo(f"# {block.device}: {len(block.matmul)} products at {_rates(block)} TFLOP/s, "
@@ -71,13 +75,18 @@ def _layouts(model: str, layouts: tuple[str, ...], gpus: int | None, seq_len: in
     from dataclasses import replace
 
     from commbench.commands.predict_layouts import transformer_profile
+    from commbench.proxies.layer_ops import unlisted
     from commbench.proxies.parallelism import LayoutError, parse_layout
 
     shape = transformer_profile(model, "compute").transformer
+    if unlisted(shape):
+        raise UsageFault(f"compute lists Llama-style layers, and {model}'s have {unlisted(shape)}: predictions of it "
+                         "use one --tflops rate")
     if seq_len is not None:
         shape = replace(shape, seq_len=seq_len)
     try:
         parsed = [parse_layout(text, "ddp", gpus) for text in layouts] or [parse_layout("dp1")]
+        parsed = [replace(par, microbatches=par.pp) for par in parsed]  # the operators do not depend on them
         for par in parsed:
             par.check(gpus, None, shape)
     except LayoutError as exc:

@@ -73,6 +73,13 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     searching = "auto" in (text.strip().lower() for text in flags["layouts"])
     if searching and len(flags["layouts"]) > 1:
         raise UsageFault("--layout auto searches every layout: give it alone")
+    ignored = [flag for flag, given in (("--pp-schedule", flags["pp_schedule"] != "1f1b"),
+                                        ("--virtual-stages", flags["virtual_stages"] != 1)) if given and searching]
+    ignored += [flag for flag, given in (("--max-tp", flags["max_tp"] is not None), ("--top", flags["top"] != 10))
+                if given and not searching]
+    if ignored:
+        raise UsageFault(f"{', '.join(ignored)}: " + ("--layout auto searches 1F1B and interleaved:2 itself" if
+                                                      searching else "options of --layout auto's search"))
     try:
         layouts = [] if searching else _layouts(flags, setup, gpus, gpus_per_node, shape)
     except (LayoutError, SetupError) as exc:
@@ -95,7 +102,7 @@ def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict
 
     microbatch = _positive("--microbatch", flags["microbatch"], MAX_MICROBATCH)
     top = _positive("--top", flags["top"], 1000)
-    max_tp = None if flags["max_tp"] is None else _positive("--max-tp", flags["max_tp"], 1 << 20)
+    max_tp = None if flags["max_tp"] is None else _positive("--max-tp", flags["max_tp"], gpus_per_node)
     setups = tuple(dict.fromkeys((setup, "fsdp-full")))
     space = SearchSpace(gpus, gpus_per_node, global_batch(flags["global_batch"], gpus, microbatch), microbatch,
                         setups, max_tp)
@@ -107,8 +114,10 @@ def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict
         nearest = found.too_big[0] if found.too_big else None
         raise UsageFault(f"--layout auto: none of {found.searched:,} layouts fits {job.hw.name}'s GPUs" +
                          (f" (the smallest, {nearest[0].name}, needs {nearest[1] / GB:.1f} GB)" if nearest else ""))
+    fit = f"{len(found.ranked):,} fit" if job.hw.device_memory_gb else \
+        f"{len(found.ranked):,} predicted ({job.hw.name} gives no device memory: none refused)"
     notes = [f"# searched {found.searched:,} layouts (tp up to {max_tp or gpus_per_node} with sp, pp with 1F1B and "
-             f"interleaved:2, cp up to {space.max_cp}, {' and '.join(setups)} on dp): {len(found.ranked):,} fit, the "
+             f"interleaved:2, cp up to {space.max_cp}, {' and '.join(setups)} on dp): {fit}, the "
              f"top {min(top, len(found.ranked))} above; the JSON has every one that fits"]
     if found.too_big:
         par, nbytes = found.too_big[0]
@@ -309,6 +318,8 @@ def layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, alg
     hw = load_hw(hw_spec)
     per_node = gpus_per_node or hw.ranks_per_node
     count = scale[1][0] * (per_node if scale[0] == "nodes" else 1)
+    if not gpus_per_node and count < per_node:  # fewer GPUs than the hardware's node: one node of them
+        per_node = count
     predictions, job, first, notes = predict_layouts(model, hw, count, per_node, tflops, precision, algorithm, setup,
                                                      flags)
     for line in layout_lines(predictions[:flags["top"]] if notes else predictions, job, first, model, hw, count):

@@ -107,6 +107,8 @@ def _block_of(o: ProxyOptions, profile: Profile):
     if not o.layout or not o.hw:
         raise UsageFault("--compute block costs a transformer layout's operators from a hardware file's compute "
                          "block: give --layout SPEC and --hw FILE (from `commbench compute`)")
+    if o.tflops:
+        raise UsageFault("--compute block times each operator from the block: drop --tflops (one rate)")
     block = load_hw(o.hw).compute
     if block is None:
         raise UsageFault(f"--compute block: {o.hw} has no compute block (write one with `commbench compute "

@@ -127,12 +127,12 @@ class ComputeBlock:
         return at("forward_us"), at("backward_us")
 
     def core_share(self, ranks_per_host: int) -> float:
-        """How many times longer a rank's compute runs than measured when `ranks_per_host` ranks share this
-        block's CPU cores (1 on a GPU, or with a core each)."""
-        cpus = self.meta.get("cpus")
-        if not self.device.startswith("cpu") or not isinstance(cpus, int) or cpus < 1:
+        """How many times longer a rank's compute runs than measured when `ranks_per_host` ranks, each with the
+        threads it was measured with, share this block's CPU cores (1 on a GPU, or with cores enough)."""
+        cpus, threads = self.meta.get("cpus"), self.meta.get("threads") or 1
+        if not self.device.startswith("cpu") or not cpus:
             return 1.0
-        return max(1.0, ranks_per_host / cpus)
+        return max(1.0, ranks_per_host * threads / cpus)
 
     def memory_us(self, nbytes: float) -> float:
         if not self.memory_gbps:
@@ -168,19 +168,38 @@ def compute_from_dict(data: Any) -> ComputeBlock:
         raise ComputeError("compute.device must be a non-empty string")
     matmul = tuple(_matmul(p, f"compute.matmul[{i}]") for i, p in enumerate(_list(data, "matmul")))
     attention = tuple(_attention(p, f"compute.attention[{i}]") for i, p in enumerate(_list(data, "attention")))
-    framework = data.get("framework_us") or {}
+    framework = data.get("framework_us", {})
+    if framework is None:
+        framework = {}
     if not isinstance(framework, dict) or set(framework) - set(FRAMEWORK_KEYS):
         raise ComputeError(f"compute.framework_us must be an object of microseconds: {', '.join(FRAMEWORK_KEYS)}")
     sources = data.get("sources") or {}
     if not isinstance(sources, dict) or any(v not in SOURCES for v in sources.values()):
         raise ComputeError(f"compute.sources: each one of {', '.join(SOURCES)}")
-    meta = data.get("meta") or {}
+    meta = data.get("meta", {})
     if not isinstance(meta, dict):
         raise ComputeError("compute.meta must be a JSON object")
+    _check_meta(meta)
+    op_us = _figure(data, "op_us", "compute.", optional=True, zero=True)
+    if op_us is not None and op_us > MOST_OP_US:
+        raise ComputeError(f"compute.op_us must be at most {MOST_OP_US:g} (one operator's fixed cost)")
     return ComputeBlock(device, matmul, attention, _figure(data, "memory_gbps", "compute.", optional=True),
-                        _figure(data, "op_us", "compute.", optional=True, zero=True),
+                        op_us,
                         {k: _figure(framework, k, "compute.framework_us.", zero=True) for k in framework},
                         {str(k): str(v) for k, v in sources.items()}, meta)
+
+
+def _check_meta(meta: dict) -> None:
+    """What the prediction and the replay read of `meta`: the cores and threads (a CPU block's core share), the
+    dtype it was measured in, the clock it was timed with."""
+    for key in ("cpus", "threads"):
+        value = meta.get(key)
+        if value is not None and (type(value) is not int or not 1 <= value <= 1 << 20):
+            raise ComputeError(f"compute.meta.{key} must be a whole number from 1 (or null), not {value!r}")
+    if meta.get("dtype") is not None and meta["dtype"] not in DTYPES:
+        raise ComputeError(f"compute.meta.dtype must be one of {', '.join(DTYPES)}")
+    if meta.get("clock") is not None and not isinstance(meta["clock"], str):
+        raise ComputeError("compute.meta.clock must be a string")
 
 
 def _list(data: dict, key: str) -> list:
@@ -225,6 +244,8 @@ def _source(point: dict, where: str) -> str:
 
 
 MAX_COMPUTE_FIGURE = 1e15  # microseconds, dimensions, GB/s: finite, and far beyond any device
+LEAST = {"memory_gbps": 1e-3, "time_us": 1e-3, "forward_us": 1e-3, "backward_us": 1e-3}  # below: no device's
+MOST_OP_US = 1e6  # one operator's fixed cost: a second is no dispatch
 
 
 def _figure(data: dict, key: str, prefix: str, *, optional: bool = False, whole: bool = False,
@@ -232,9 +253,15 @@ def _figure(data: dict, key: str, prefix: str, *, optional: bool = False, whole:
     value = data.get(key)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not math.isfinite(value)):
         raise ComputeError(f"{prefix}{key} must be a finite number")
-    if value < 0 or (value == 0 and not zero) or value > MAX_COMPUTE_FIGURE or (whole and value != int(value)):
+    if abs(value) > MAX_COMPUTE_FIGURE:  # a 400-digit integer is no figure either (and isfinite overflows on it)
+        raise ComputeError(f"{prefix}{key} must be at most {MAX_COMPUTE_FIGURE:g}")
+    least = LEAST.get(key, 0.0)
+    if value < least:
+        raise ComputeError(f"{prefix}{key} must be at least {least:g}, not {value!r}")
+    if value < 0 or (value == 0 and not zero) or (whole and value != int(value)):
         kind = "a whole number" if whole else "a number"
         raise ComputeError(f"{prefix}{key} must be {kind} {'from 0' if zero else 'above 0'} to "
                            f"{MAX_COMPUTE_FIGURE:g}, not {value!r}")

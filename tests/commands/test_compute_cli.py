@@ -34,6 +34,7 @@ def test_a_block_is_measured_written_and_used(tmp_path):
     (["llama-tiny", "--microbatch", "0", "--hw", "dgx-h100"], "--microbatch"),
     (["llama-tiny", "--hw", "no-such-hw"], "no hardware file or preset"),
     (["llama-tiny", "--hw", "dgx-h100", "--device", "cuda"], "sees no GPU"),
+    (["deepseek-v3", "--hw", "dgx-h100"], "multi-head latent attention"),
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, args, message):
     import torch

@@ -95,6 +95,9 @@ def test_a_peak_rate_is_said_to_be_one(capsys, tmp_path):
     (["mixtral-8x7b", "--gpus", "64", "--layout", "ep8,fsdp8"], "ep is carved out of dp x cp"),
     (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2@gpipe"], "a layout without a pipeline"),
     (["llama3.1-8b", "--gpus", "16", "--layout", "pp2,dp8@interleaved"], "@interleaved:V"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "auto", "--pp-schedule", "gpipe"], "searches 1F1B and interleaved"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "tp8,dp2", "--top", "1"], "options of --layout auto"),
+    (["llama3.1-8b", "--gpus", "16", "--layout", "auto", "--max-tp", "16"], "--max-tp 16: at most 8"),
 ])
 def test_layouts_that_cannot_run_are_one_line(capsys, args, message):
     """In process (cli.main, as `python -m commbench` runs it): a process each only restarted Python."""

@@ -36,6 +36,7 @@ def test_a_layout_in_predicted_mode_is_refused_not_dropped(capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--compute", "block"], "give --layout SPEC and --hw FILE"),
     (["--compute", "block", "--layout", "tp2,dp2", "--hw", "dgx-h100"], "has no compute block"),
+    (["--compute", "block", "--layout", "tp2,dp2", "--hw", "dgx-h100", "--tflops", "5"], "drop --tflops"),
 ])
 def test_a_block_replay_without_a_block_is_one_line(capsys, extra, message):
     from commbench import cli

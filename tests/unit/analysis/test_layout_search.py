@@ -5,7 +5,6 @@ import pytest
 from commbench.analysis.layout_search import SearchSpace, candidates, search
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import load_hardware
-from commbench.proxies.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 
 
@@ -53,4 +52,13 @@ def test_a_search_larger_than_its_bound_is_one_line(monkeypatch):
     monkeypatch.setattr(layout_search, "MAX_CANDIDATES", 5)
     with pytest.raises(LayoutError, match="more than 5 layouts"):
         candidates(load_profile("llama3.1-70b").transformer, SearchSpace(256, 8, 256, 1))
-    assert parse_layout("tp8sp,fsdp32", gpus=256).sequence_parallel
+
+
+def test_a_global_batch_beyond_a_ranks_micro_batches_leaves_those_layouts_out():
+    """A search at --global-batch 16384 on 16 GPUs ran a minute, then a layout of 8,192 micro-batches a rank was
+    refused mid-way with a traceback (the setups' accumulate bound): such layouts are not candidates."""
+    from commbench.analysis.layout_search import MAX_MICROBATCHES
+
+    found = candidates(load_profile("llama3.1-8b").transformer, SearchSpace(16, 8, 16384, 1))
+    assert found and all(p.microbatches <= MAX_MICROBATCHES for p in found)
+    assert not any(p.dp == 2 for p in found)  # 8,192 micro-batches a rank

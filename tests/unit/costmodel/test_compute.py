@@ -65,6 +65,16 @@ def test_a_block_survives_the_hardware_file(tmp_path):
     ({"device": "d", "framework_us": {"sideways": 1}}, "framework_us"),
     ({"device": "d", "sources": {"op_us": "guessed"}}, "sources"),
     ({"device": "d", "matmul": [{}] * 5000}, "at most"),
+    ({"device": "d", "matmul": [{"m": 10 ** 400, "n": 1, "k": 1, "dtype": "float32", "time_us": 1}]}, "at most"),
+    ({"device": "d", "memory_gbps": 1e-300}, "at least 0.001"),
+    ({"device": "d", "op_us": 1e15}, "one operator's fixed cost"),
+    ({"device": "d", "framework_us": 0}, "framework_us"),
+    ({"device": "d", "meta": []}, "meta must be a JSON object"),
+    ({"device": "d", "meta": {"cpus": "two"}}, "meta.cpus"),
+    ({"device": "d", "meta": {"cpus": True}}, "meta.cpus"),
+    ({"device": "d", "meta": {"threads": 0}}, "meta.threads"),
+    ({"device": "d", "meta": {"dtype": "int4"}}, "meta.dtype"),
+    ({"device": "d", "meta": {"clock": 3}}, "meta.clock"),
 ])
 def test_a_bad_block_is_one_line_naming_the_field(compute, message):
     data = load_hardware("dgx-h100").to_dict()
@@ -72,3 +82,11 @@ def test_a_bad_block_is_one_line_naming_the_field(compute, message):
     with pytest.raises(HardwareError, match=message) as caught:
         hardware_from_dict(data, "hw.json")
     assert "\n" not in str(caught.value) and str(caught.value).startswith("hw.json: ")
+
+
+def test_ranks_share_a_cpus_cores_by_their_threads_and_a_gpu_is_its_own():
+    cpu = ComputeBlock("cpu (x)", meta={"cpus": 2, "threads": 1})
+    assert cpu.core_share(1) == 1.0 and cpu.core_share(2) == 1.0 and cpu.core_share(4) == 2.0
+    assert ComputeBlock("cpu (x)", meta={"cpus": 2, "threads": 2}).core_share(2) == 2.0
+    assert ComputeBlock("NVIDIA H100", meta={"cpus": 2}).core_share(8) == 1.0
+    assert ComputeBlock("cpu (x)").core_share(8) == 1.0  # cores not said: none assumed shared
