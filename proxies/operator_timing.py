@@ -3,12 +3,13 @@ block (commbench/costmodel/compute.py), run by `commbench compute`.
 
 Each operator runs on tensors made beforehand: one warm-up, then repeats until `min_time_s` of them have run
 (at least MIN_REPEATS, at most MAX_REPEATS), and the median is kept. The clock is the device's own: on a CPU
-the thread's CPU time when torch runs one thread (what the ranks of `train --layout` run: other processes
-on the cores cannot inflate it), else wall time; on a GPU CUDA events around each call. Matrix products run
-as torch.matmul, attention as scaled_dot_product_attention (forward, then its backward from a gradient of
-ones), memory-bound work as one elementwise add over a tensor of a layer's size, the per-operator cost as an
-add of one element, and the framework's share as a real decoder layer (transformers' LlamaDecoderLayer, as
-proxies/layout_compute.py builds a rank's shard) against the sum of its operators.
+the thread's CPU time when torch runs one thread (what the ranks of `train --layout` run: other processes on
+the cores do not add their own time to it, though they still slow it through the caches they share), else
+wall time; on a GPU CUDA events around each call. Matrix products run as torch.matmul, attention as
+scaled_dot_product_attention (forward, then its backward from a gradient of ones), memory-bound work as one
+elementwise add over a tensor of a layer's size, the per-operator cost as an add of one element, and the
+framework's share as a real decoder layer (transformers' LlamaDecoderLayer, as proxies/layout_compute.py
+builds a rank's shard) against the sum of its operators.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 MIN_REPEATS = 3
 MAX_REPEATS = 200
-WRAPPED_REPEATS = 5  # whole-model steps under each wrapper
+WRAPPED_ROUNDS = 4  # rounds of A B C C B A whole-model steps (plain, FSDP2, TP)
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -116,11 +117,13 @@ def time_decoder_layer(clock: Clock, par, shape, microbatch: int) -> tuple[float
 
 
 def time_wrapped_steps(clock: Clock, shape, microbatch: int, store_path: str) -> dict[str, tuple[float, float]]:
-    """(forward, backward) microseconds of one training micro-batch of the whole model (transformers' Llama at
-    `shape`, `microbatch` sequences) as it is, under FSDP2 (fully_shard on each layer and the root) and under
-    tensor parallelism (parallelize_module on each layer), each on a one-rank mesh of this process: what the
-    wrappers' own work (hooks, copies, DTensor's dispatch) adds to the same operators. Runs in a gloo group of
-    one (a FileStore at `store_path`) that it ends."""
+    """What the wrappers' own work (hooks, copies, DTensor's dispatch) adds to one training micro-batch of the
+    whole model (transformers' Llama at `shape`, `microbatch` sequences), forward and backward microseconds:
+    {"plain": the model as it is, "fsdp": FSDP2's addition (fully_shard on each layer and the root), "tp": tensor
+    parallelism's (parallelize_module on each layer)}, each on a one-rank mesh of this process. The three run
+    interleaved, a step each in the order A B C C B A, WRAPPED_ROUNDS times after two warm-ups, and each addition
+    is the median of its per-round differences (a machine that changes speed between rounds moves all three
+    alike). Runs in a gloo group of one (a FileStore at `store_path`) that it ends."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -135,16 +138,27 @@ def time_wrapped_steps(clock: Clock, shape, microbatch: int, store_path: str) ->
                  "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
                  "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
                  "mlp.down_proj": RowwiseParallel()}
-        out = {"plain": _step_us(clock, _llama(shape), shape, microbatch)}
-        model = _llama(shape)
-        for layer in model.model.layers:
+        sharded, parallel = _llama(shape), _llama(shape)
+        for layer in sharded.model.layers:
             fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        out["fsdp"] = _step_us(clock, model, shape, microbatch)
-        model = _llama(shape)
-        for layer in model.model.layers:
+        fully_shard(sharded, mesh=mesh)
+        for layer in parallel.model.layers:
             parallelize_module(layer, mesh, plans)
-        out["tp"] = _step_us(clock, model, shape, microbatch)
+        steppers = {name: _stepper(clock, model, shape, microbatch)
+                    for name, model in (("plain", _llama(shape)), ("fsdp", sharded), ("tp", parallel))}
+        for _ in range(2):  # warm-ups: FSDP2's lazy init, the allocator
+            for step in steppers.values():
+                step()
+        rounds = []
+        for _ in range(WRAPPED_ROUNDS):
+            times: dict[str, list] = {name: [] for name in steppers}
+            for name in ("plain", "fsdp", "tp", "tp", "fsdp", "plain"):
+                times[name].append(steppers[name]())
+            rounds.append({name: [sum(x) / 2 for x in zip(*pair)] for name, pair in times.items()})
+        plain = [statistics.median(r["plain"][i] for r in rounds) for i in (0, 1)]
+        out = {"plain": tuple(plain)}
+        for name in ("fsdp", "tp"):
+            out[name] = tuple(statistics.median(r[name][i] - r["plain"][i] for r in rounds) for i in (0, 1))
         return out
     finally:
         dist.destroy_process_group()
@@ -162,14 +176,15 @@ def _llama(shape):
     return LlamaForCausalLM(config)
 
 
-def _step_us(clock: Clock, model, shape, microbatch: int) -> tuple[float, float]:
-    """Median (forward with its loss, backward) of a micro-batch, the optimizer's step outside the times."""
+def _stepper(clock: Clock, model, shape, microbatch: int):
+    """A function running one micro-batch of `model` (forward with its loss, backward, then the optimizer's step
+    outside the times) that returns its (forward, backward) microseconds."""
     torch = clock.torch
     ids = torch.randint(0, shape.vocab, (microbatch, shape.seq_len))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     timer = time.thread_time if clock.cpu_time else time.perf_counter
-    rows = []
-    for index in range(WRAPPED_REPEATS + 2):
+
+    def step() -> tuple[float, float]:
         t0 = timer()
         loss = model(input_ids=ids, labels=ids).loss
         t1 = timer()
@@ -177,6 +192,6 @@ def _step_us(clock: Clock, model, shape, microbatch: int) -> tuple[float, float]
         t2 = timer()
         optimizer.step()
         optimizer.zero_grad()
-        if index >= 2:  # two warm-ups: FSDP2's lazy init and the allocator
-            rows.append(((t1 - t0) * 1e6, (t2 - t1) * 1e6))
-    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+        return (t1 - t0) * 1e6, (t2 - t1) * 1e6
+
+    return step
