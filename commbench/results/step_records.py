@@ -185,7 +185,7 @@ class LayoutRecord(Record):
     acc_ratio: float  # tokens/s against the baseline layout's
     baseline: str  # the top row's layout (until 2026-12-02: the first given)
     global_batch: int | None = None  # sequences per optimizer step, all GPUs (None: a file from before 2026-12-02)
-    tflops_source: str | None = None  # "given", or "peak:fp32" / "peak:bf16": the device's peak, optimistic
+    tflops_source: str | None = None  # "given"; "peak:fp32" / "peak:bf16" (optimistic); "compute block:DTYPE"
     kind: str = "predicted"
     run_id: str = ""
     timestamp: float = field(default_factory=time.time)
