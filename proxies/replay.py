@@ -238,10 +238,9 @@ def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:
     calls of one shape (they run in issue order; their data stays zeros)."""
     import torch.distributed as dist
 
+    from commbench.backends.torch_calls import issue
+
     groups = _groups(layout)
-    # torch 2.14 names them *_single (the *_tensor names warn); older torch has only the *_tensor ones
-    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     shapes: dict[tuple, tuple] = {}
     out = []
     for comm in plan.comms:
@@ -250,12 +249,7 @@ def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:
             shapes[key] = _buffers(backend, comm, layout)
         send, recv = shapes[key]
         group = groups[comm.group]
-        if comm.collective == "allreduce":
-            out.append(lambda b=recv, g=group: dist.all_reduce(b, group=g, async_op=True))
-        elif comm.collective == "allgather":
-            out.append(lambda s=send, r=recv, g=group: gather(r, s, group=g, async_op=True))
-        else:
-            out.append(lambda s=send, r=recv, g=group: scatter(r, s, group=g, async_op=True))
+        out.append(lambda c=comm.collective, s=send, r=recv, g=group: issue(dist, c, s, r, g))
     return out
 
 

@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 
+from commbench.backends.torch_calls import issue
 from commbench.launch import peer_wait_s
 from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
@@ -248,15 +249,9 @@ class LayoutReplay:
         dtype = getattr(torch, call.dtype)  # the activations', or int64 (an all-to-all of token counts)
         count = call.nbytes // dtype.itemsize // size * size
         full, shard = self._buffer(count, "full", dtype), self._buffer(count // size, "shard", dtype)
-        if call.collective == "allreduce":
-            work = dist.all_reduce(full, group=group, async_op=True)
-        elif call.collective == "allgather":
-            work = dist.all_gather_single(full, shard, group=group, async_op=True)
-        elif call.collective == "reduce_scatter":
-            work = dist.reduce_scatter_single(shard, full, group=group, async_op=True)
-        else:  # alltoall: the whole send buffer, count / size to each member
-            work = dist.all_to_all_single(self._buffer(count, "received", dtype), full, group=group, async_op=True)
-        self._wait(call.dim, [work])
+        send, recv = {"allgather": (shard, full), "reduce_scatter": (full, shard),  # alltoall: count / size to each
+                      "alltoall": (full, self._buffer(count, "received", dtype))}.get(call.collective, (full, full))
+        self._wait(call.dim, [issue(dist, call.collective, send, recv, group)])
 
     def _ring_step(self, call: LayerCall, attention_us: float) -> None:
         """One ring-attention step: this rank's K/V block to the next CP rank while the previous one's arrives,
@@ -321,11 +316,8 @@ class LayoutReplay:
         dtype = getattr(torch, comm.dtype)
         count = comm.nbytes // dtype.itemsize // size * size
         full, shard = self._buffer(count, "dp full", dtype), self._buffer(count // size, "dp shard", dtype)
-        if comm.collective == "allreduce":
-            return dist.all_reduce(full, group=group, async_op=True)
-        if comm.collective == "allgather":
-            return dist.all_gather_single(full, shard, group=group, async_op=True)
-        return dist.reduce_scatter_single(shard, full, group=group, async_op=True)
+        send, recv = {"allgather": (shard, full), "reduce_scatter": (full, shard)}.get(comm.collective, (full, full))
+        return issue(dist, comm.collective, send, recv, group)
 
 
 def replay_layout_steps(ctx) -> None:

@@ -138,8 +138,6 @@ def _torch_calls(job: JobTrace, rank: int, issued: list, device) -> list[list]:
     groups = {}
     for group in job.groups():  # every rank creates every group, in the same order
         groups[group] = None if len(group) == job.world else dist.new_group(list(group))
-    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     buffers: dict[tuple, tuple] = {}
     out = []
     for step in job.ranks[rank].steps:
@@ -151,25 +149,17 @@ def _torch_calls(job: JobTrace, rank: int, issued: list, device) -> list[list]:
             send, recv = buffers[key]
             group, root = groups[call.group], call.group[0]
             note = [call.collective, call.nbytes, call.dtype, list(call.group)]
-            calls.append(_issue(dist, call.collective, send, recv, group, root, gather, scatter, note, issued))
+            calls.append(_issue(dist, call.collective, send, recv, group, root, note, issued))
         out.append(calls)
     return out
 
 
-def _issue(dist, collective: str, send, recv, group, root: int, gather, scatter, note: list, issued: list):
+def _issue(dist, collective: str, send, recv, group, root: int, note: list, issued: list):
+    from commbench.backends.torch_calls import issue
+
     def go():
         issued.append(note)
-        if collective == "allreduce":
-            return dist.all_reduce(recv, group=group, async_op=True)
-        if collective == "allgather":
-            return gather(recv, send, group=group, async_op=True)
-        if collective == "reduce_scatter":
-            return scatter(recv, send, group=group, async_op=True)
-        if collective == "broadcast":
-            return dist.broadcast(recv, root, group=group, async_op=True)
-        if collective == "reduce":
-            return dist.reduce(recv, root, group=group, async_op=True)
-        return dist.all_to_all_single(recv, send, group=group, async_op=True)
+        return issue(dist, collective, send, recv, group, root)
     return go
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from commbench.backends.base import Backend, BackendError, OutOfMemory
 from commbench.backends.dist_group import DistGroup
 from commbench.backends.nccl_defects import one_rank_avg_defect, say_once
+from commbench.backends.torch_calls import shard_calls
 from commbench.backends.torch_lazy import LazyModule, cuda_available
 from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
@@ -153,10 +154,10 @@ class TorchBackend(Backend):
         elif collective == "reduce":
             call = lambda: dist.reduce(recv, dst=root, op=reduce_op)  # noqa: E731
         elif collective == "allgather":
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # newer torch's name
+            gather = shard_calls(dist)[0]  # newer torch's name where it has it (backends/torch_calls.py)
             call = lambda: gather(recv, send)  # noqa: E731
         elif collective == "reduce_scatter":
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            scatter = shard_calls(dist)[1]
             call = lambda: scatter(recv, send, op=reduce_op)  # noqa: E731
         elif collective == "alltoall":
             call = lambda: dist.all_to_all_single(recv, send)  # noqa: E731
