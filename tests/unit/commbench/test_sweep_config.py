@@ -20,7 +20,8 @@ SWEEP_HEADER_KEYS = {"collectives", "sizes", "dtype", "op", "root", "placements"
 PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tflops", "steps", "warmup_steps", "amp",
                      "backend", "torch_backend", "device", "algorithm", "topology", "hw", "json_path", "timeout_s",
                      "monitor", "trust_profile_code", "setup", "knobs",
-                     "layout", "microbatch", "checkpointing"}  # proxy --layout (2026-11-27)
+                     "layout", "microbatch", "checkpointing",  # proxy --layout (2026-11-27)
+                     "compute_block", "remeasure"}  # --compute block, the kept measurement (2026-12-02)
 
 
 def test_a_sweep_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
