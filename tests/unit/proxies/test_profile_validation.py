@@ -189,7 +189,9 @@ def test_every_command_that_reads_a_profile_refuses_it(infinite, args):
     (["proxy", "resnet50", "--nodes", "2", "--hw", "dgx-a100", "--tflops", "1e-300"],
      "computes for 7.78e+299 s, longer than a day"),
     (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--tflops", "1e-300"],
-     "compute per step from the profile's FLOPs at 1e-300 TFLOP/s: 7.78e+299 s; it must be more than 0 s and at "
+     "--tflops 1e-300: must be at least 1e-09"),
+    (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--tflops", "1e-8"],
+     "compute per step from the profile's FLOPs at 1e-08 TFLOP/s: 7.78e+07 s; it must be more than 0 s and at "
      "most a day"),
     (["predict-scaling", "resnet50", "--hw", "dgx-a100", "--throughput-1gpu", "1e-300"],
      "(3.2e+304 ms/step): 3.2e+301 s; it must be more than 0 s and at most a day"),
