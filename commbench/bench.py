@@ -178,7 +178,8 @@ class Sweep:
         self.sink = ResultSink(cfg.json_path, cfg.csv_path, cfg.append) if self.lead else None
         points = [size for _ in cfg.collectives for _ in self.passes for size in cfg.sizes
                   for _ in cfg.placements]  # in run order
-        self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points)
+        self.progress = Progress(len(points), enabled=None if self.lead else False, nbytes=points,
+                                 calls_for=lambda call_us: timing.planned_calls(cfg, call_us))
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
                            marks_in_rows=not cfg.nccl_tests_rows, json_kept=bool(cfg.json_path),
@@ -342,7 +343,10 @@ class Sweep:
         finally:
             gc.collect()  # drop this point's buffers before the next size allocates its own
             self.backend.end_point(failed)
-        self.progress.advance()
+        measured = self.lead and self.backend.timed and self.backend.kind == "measured"  # calls took the wall time
+        counted = stats["per_iteration_us"] if measured else ()
+        self.progress.advance(float(np.mean(counted)) if len(counted) else None,  # the mean: what the wall saw
+                              outcome.warmup + outcome.times_us.size + (1 if self.cfg.check else 0))
         if not self.lead:
             return None
         return self._record(plan, placement, op, outcome, stats)

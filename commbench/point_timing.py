@@ -46,6 +46,15 @@ def iteration_counts(backend: Any, cfg: Any, call: Callable[[], None]) -> tuple[
     return warmup, timed_calls(estimate_us, cfg.min_time_s, cfg.min_iters, cfg.max_iters)
 
 
+def planned_calls(cfg: Any, call_us: float) -> int:
+    """The calls a point makes when one call takes `call_us`: warm-up and timed calls as iteration_counts
+    sizes them, the -K calls left out, and the check's one (the progress line's ETA counts them)."""
+    warmup = cfg.warmup if cfg.warmup is not None else 1 + warmup_calls(call_us, cfg.min_time_s)
+    iters = cfg.iters if cfg.iters is not None else timed_calls(call_us, cfg.min_time_s, cfg.min_iters,
+                                                                 cfg.max_iters)
+    return warmup + iters + cfg.skip_iters + (1 if cfg.check else 0)
+
+
 # What each blocking mode puts inside the timed region, as the table's header says it.
 # 0 and 1 are nccl-tests' src/common.cu (startColl: with blocking_coll, a stream synchronize and a
 # barrier after each call, inside the timed loop); 3 leaves the barrier out of the timing, as

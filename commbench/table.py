@@ -15,6 +15,7 @@ from typing import IO, Callable
 
 import numpy as np
 
+from commbench.eta import Estimate, PointTime, point_estimate
 from commbench.results import CALIBRATED_ESTIMATE, PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
@@ -157,15 +158,17 @@ class Progress:
     In a real run (`enabled` None: decided by the stream) a heartbeat thread keeps the line alive while
     one point runs long (a 256 MiB allreduce of 50 iterations): the bar's clock ticks every second and
     the log gets its line every LOG_INTERVAL_S. `nbytes`, one per point in run order, makes the ETA count
-    the sizes still to come (point_estimate_s), not the points: the last points of 1K-1G hold most of
-    the bytes and most of the time."""
+    the sizes still to come (commbench/eta.py), not the points: the last points of 1K-1G hold most of
+    the bytes and most of the time; `calls_for` (the calls a point makes at a call's time) lets it count
+    them from the time of one call that each point measured (`advance(call_us, calls)`). An ETA that
+    rests on sizes beyond any cost per byte seen yet is a lower bound, and is printed as one."""
 
     LOG_INTERVAL_S = 5.0
     BEAT_S = 1.0
 
     def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool | None = None,
                  clock: Callable[[], float] = time.monotonic, unit: str = "points",
-                 nbytes: list[int] | None = None):
+                 nbytes: list[int] | None = None, calls_for: Callable[[float], int] | None = None):
         self.total, self.done, self.clock, self.unit = total, 0, clock, unit
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
@@ -174,7 +177,8 @@ class Progress:
         self._logged = self.started
         self._width = 0
         self.nbytes = list(nbytes) if nbytes is not None and len(nbytes) == total else None
-        self.durations: list[tuple[int, float]] = []  # (nbytes, seconds) of each point done
+        self.calls_for = calls_for
+        self.points: list[PointTime] = []  # each point done: its size, wall time, calls and time of one call
         self._point: tuple[int, float] | None = None  # the point running: (its index, when it began)
         self.label = ""
         self.lock = threading.RLock()  # the heartbeat and the table print to one terminal
@@ -183,18 +187,24 @@ class Progress:
             threading.Thread(target=self._beat, name="commbench-progress", daemon=True).start()
 
     def eta_s(self, now: float) -> float | None:
+        estimate = self.eta(now)
+        return None if estimate is None else estimate.seconds
+
+    def eta(self, now: float) -> Estimate | None:
         """Seconds left (None before the first point is done): the points still to come, each at its
         size's estimated time, plus what the running point has left of its estimate."""
         if not self.done:
             return None
-        if self.nbytes is None or not self.durations:
-            return (now - self.started) / self.done * (self.total - self.done)
-        left = sum(point_estimate_s(self.durations, n) for n in self.nbytes[self.done + 1:])
+        if self.nbytes is None or not self.points:
+            return Estimate((now - self.started) / self.done * (self.total - self.done), False)
+        to_come = [point_estimate(self.points, n, self.calls_for) for n in self.nbytes[self.done + 1:]]
+        left, at_least = sum(e.seconds for e in to_come), any(e.at_least for e in to_come)
         if self.done < self.total:
-            running = point_estimate_s(self.durations, self.nbytes[self.done])
+            running = point_estimate(self.points, self.nbytes[self.done], self.calls_for)
             began = self._point[1] if self._point and self._point[0] == self.done else now
-            left += max(0.0, running - (now - began))
-        return left
+            left += max(0.0, running.seconds - (now - began))
+            at_least = at_least or running.at_least
+        return Estimate(left, at_least)
 
     def update(self, label: str) -> None:
         """Point `self.done` begins (`label` names it)."""
@@ -203,8 +213,8 @@ class Progress:
             self._show(self._point[1])
 
     def _show(self, now: float) -> None:
-        eta = self.eta_s(now)
-        eta_text = f" ETA {eta:.0f}s" if eta is not None else ""
+        eta = self.eta(now)
+        eta_text = f" ETA {'at least ' if eta.at_least else ''}{eta.seconds:.0f}s" if eta is not None else ""
         if self.logging and now - self._logged >= self.LOG_INTERVAL_S:
             self._logged = now
             self.stream.write(f"commbench: {self.done}/{self.total} {self.unit}, {now - self.started:.0f} s{eta_text}: "
@@ -233,11 +243,13 @@ class Progress:
             except (OSError, ValueError):  # the stream closed under us: nothing more to say
                 return
 
-    def advance(self) -> None:
-        """The running point is done: its time is kept for the ETA of the sizes to come."""
+    def advance(self, call_us: float | None = None, calls: int = 0) -> None:
+        """The running point is done: its time (and, when given, its `calls` at `call_us` each) is kept for
+        the ETA of the sizes to come."""
         with self.lock:
             if self._point is not None and self._point[0] == self.done and self.nbytes is not None:
-                self.durations.append((self.nbytes[self.done], self.clock() - self._point[1]))
+                self.points.append(PointTime(self.nbytes[self.done], self.clock() - self._point[1], calls,
+                                             call_us if call_us is not None and math.isfinite(call_us) else None))
             self._point = None
             self.done += 1
 
@@ -251,29 +263,3 @@ class Progress:
     def close(self) -> None:
         self._stop.set()
         self.clear()
-
-
-GROWS_BY = 0.2  # time that grows by less than this fraction over the sizes done is taken as flat (noise)
-
-
-def point_estimate_s(durations: list[tuple[int, float]], nbytes: int) -> float:
-    """The time a point of `nbytes` will take, from the (nbytes, seconds) of the points done: the mean of
-    that size's own points when there are some, else the nearest size's time plus the extra bytes at the
-    seconds per byte of a straight line (latency + bytes / bandwidth) fitted to the sizes done. The line's
-    slope counts only once time grows measurably with size over them (GROWS_BY): a few small sizes that
-    differ by noise alone would otherwise predict hours for 1 GiB. Before that, the nearest size's time."""
-    by_size: dict[int, list[float]] = {}
-    for size, seconds in durations:
-        by_size.setdefault(size, []).append(seconds)
-    means = {size: sum(times) / len(times) for size, times in by_size.items()}
-    if nbytes in means:
-        return means[nbytes]
-    sizes = sorted(means)
-    nearest = min(sizes, key=lambda size: abs(math.log(max(size, 1) / max(nbytes, 1))))
-    per_byte_s = 0.0
-    if len(sizes) > 1:
-        x, y = np.array(sizes, dtype=float), np.array([means[size] for size in sizes])
-        per_byte_s = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
-        if per_byte_s * (x[-1] - x[0]) < GROWS_BY * y.mean():
-            per_byte_s = 0.0
-    return max(0.0, means[nearest] + per_byte_s * (nbytes - nearest))
