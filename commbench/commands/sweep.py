@@ -1,7 +1,6 @@
 """`commbench sweep`: parse and validate, then run the harness (commbench/bench.py) on every rank."""
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 
@@ -34,34 +33,27 @@ Exit codes: 0 ok, 1 wrong results (#wrong > 0), 2 bad input, 3 a rank failed
 """
 
 
-NCCL_TESTS_ONLY = ("-e", "-i", "-g", "-t", "-z", "-G", "-C", "-m", "-p", "-R", "-r")  # nccl-tests flags sweep lacks
-SIZE_LIKE = re.compile(r"^\d+[KMGTkmgt]?$")
-
-
 class SweepCommand(click.Command):
-    """sweep's parser: an nccl-tests command line (`-b 8 -e 1M`) is answered with the two ways to run it."""
+    """sweep's parser: nccl-tests' flags on a sweep line (`-b 8 -e 1M`, `-c 0`, `-g 2`) are answered in one
+    line each, with the command that takes them as typed (commands/sweep_letters.py)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        given = list(args)  # click's parser consumes `args`
-        backend_size = next((args[i + 1] for i in range(len(args) - 1)
-                             if args[i] == "-b" and SIZE_LIKE.match(args[i + 1])), None)
-        try:
-            parsed = super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            if exc.option_name in NCCL_TESTS_ONLY:
-                raise click.UsageError(_nccl_tests_hint(given)) from exc
-            raise
-        if backend_size is not None:
-            raise click.UsageError(_nccl_tests_hint(given))
-        return parsed
+        from commbench.commands import sweep_letters
 
+        given = list(args)  # click's parser consumes `args`
+        fault = sweep_letters.other_meaning(given)
+        if fault:
+            raise click.UsageError(fault)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            fault = sweep_letters.lacking(exc.option_name, given)
+            if fault:
+                raise click.UsageError(fault) from exc
+            raise
 
 
 MAX_ROOT = 1 << 24  # a root no job's ranks reach: refused even where the collective ignores it
-def _nccl_tests_hint(args: list[str]) -> str:
-    backend = " (here -b is --backend)" if "-b" in args else ""
-    return (f"sweep does not take nccl-tests' flags{backend}: give sizes as --sizes START-END "
-            f"(e.g. --sizes 8-1M), or run them as they are: commbench nccl-tests all_reduce_perf {' '.join(args)}")
 
 
 @click.command(cls=SweepCommand, epilog=SWEEP_EXAMPLES)
