@@ -38,7 +38,7 @@ from commbench.results import (
 )
 from commbench.sizes import format_size
 from commbench.sweep_config import SweepConfig
-from commbench.table import Progress, Table
+from commbench.table import Progress, Table, nccl_tests_devices
 from commbench.telemetry import run_monitor
 
 CHECK_CHUNK = 1 << 22  # elements compared per step: bounds the checker's extra memory
@@ -183,7 +183,9 @@ class Sweep:
         self.table = Table(list(cfg.placements), progress=self.progress,
                            show_algorithm=backend.runs_schedules and not cfg.nccl_tests_rows,
                            marks_in_rows=not cfg.nccl_tests_rows, json_kept=bool(cfg.json_path),
-                           show_p99=cfg.show_p99, timestamps=cfg.timestamps)
+                           show_p99=cfg.show_p99, timestamps=cfg.timestamps, csv_kept=bool(cfg.csv_path),
+                           keep_flag="-J FILE" if cfg.nccl_tests_binary else "--json FILE",
+                           nccl_tests=bool(cfg.nccl_tests_binary))
         self.argv = argv or sys.argv
         self.results: list[Result] = []
         # schedule backends know the layout they run on
@@ -247,6 +249,9 @@ class Sweep:
                           "ranks": environment, "hosts": hosts, "versions": software_versions(),
                           **self.backend.header_fields()})
         world = self.backend.world_size
+        if cfg.nccl_tests_binary:  # nccl-tests' own first lines, which scripts grep
+            for line in [*cfg.nccl_tests_header, "", *nccl_tests_devices(environment, world), ""]:
+                self.table.comment(line)
         where = f"{len(hosts)} host(s)" if not os.environ.get(EMULATED_VAR) else "one host's emulated nodes"
         self.table.comment(f"commbench sweep: backend {self.backend.name} ({self.backend.setup_text()}), "
                            f"{world} rank{'s' if world != 1 else ''} on {where}, launcher {launch.launcher}")
@@ -295,6 +300,9 @@ class Sweep:
             if not coll.inplace and cfg.placements == ("in-place",):
                 self.table.comment(f"{collective} has no in-place form: nothing to measure with --placement in-place")
             self.table.footer(cfg.check)
+            if cfg.nccl_tests_binary:
+                self.table.comment(f"Collective test concluded: {cfg.nccl_tests_binary}")
+                self.table.comment("")
 
     def _pass(self, collective: str, op: str | None) -> None:
         """One pass over the sizes with one dtype and op: a row per size."""

@@ -15,6 +15,11 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNOREC
 #: Hard ceiling on the number of sizes a sweep may contain (a typo like
 #: `--step 1` over 1K-1G would otherwise mean a billion points).
 MAX_SIZES = 10_000
+#: The most sizes a sweep measures: each costs its warm-up, timed calls and check (a quarter second at the
+#: least with adaptive iterations, minutes at 1 GiB on CPU ranks), so a longer range is a typo of its step:
+#: nccl-tests' `-b 1K -e 1G -f 1.0000001` is -f 1 (strtol), steps of -i's 1 MiB, 1,024 sizes, hours of gloo.
+#: `predict` costs sizes without running them and takes up to MAX_SIZES.
+MAX_MEASURED_SIZES = 1_000
 #: The largest size accepted: 4 TiB per rank is beyond any device's memory today, and larger
 #: numbers would overflow the counts the backends hand to their libraries.
 MAX_BYTES = 1 << 42

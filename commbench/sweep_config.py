@@ -40,6 +40,10 @@ class SweepConfig(RanksConfig):
     append: bool = False  # --append: add to --json/--csv instead of starting them anew
     monitor: bool = False  # GPU (NVML) and host (psutil) telemetry, averaged over each point's timed calls
     nccl_tests_rows: bool = False  # `commbench nccl-tests`: rows of nccl-tests' 13 columns, nothing after them
+    # `commbench nccl-tests NAME_perf`: its name, for nccl-tests' own lines around the table (its "# nThread ..."
+    # header, `nccl_tests_header`, then "# Using devices" and a line a rank; "# Collective test concluded: NAME")
+    nccl_tests_binary: str = ""
+    nccl_tests_header: tuple[str, ...] = ()
     # nccl-tests 2.19's -K, -I, -S, -M, -u, -z (sweep's --skip-iters, --p99, --timestamps, --memory-report,
     # --misalign, --blocking): commbench/point_timing.py and docs/nccl-tests.md
     skip_iters: int = 0  # the first this many timed iterations are left out of every statistic

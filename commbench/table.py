@@ -20,13 +20,14 @@ from commbench.results import CALIBRATED_ESTIMATE, PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
 NOISY_MARK = "~"
-KEPT = "p50_us, p99_us and iteration_times_us in the JSON"  # where a noisy row's spread is kept
+SPREAD = "p50_us, p99_us and iteration_times_us"  # the figures of a noisy row's spread, kept in every record
 
 
 class Table:
     def __init__(self, placements: list[str], stream: IO[str] | None = None, progress: Progress | None = None,
                  show_algorithm: bool = False, marks_in_rows: bool = True, json_kept: bool = True,
-                 show_p99: bool = False, timestamps: bool = False):
+                 show_p99: bool = False, timestamps: bool = False, csv_kept: bool = False,
+                 keep_flag: str = "--json FILE", nccl_tests: bool = False):
         self.placements = placements
         self.show_p99 = show_p99  # nccl-tests -I: the p99 of the iterations beside each time
         self.timestamps = timestamps  # nccl-tests -S: when the row's timed calls began (UTC), at its end
@@ -36,6 +37,9 @@ class Table:
         # nccl-tests' parsers count 13 columns: the noisy mark only in the footer then (the JSON has every figure)
         self.marks_in_rows = marks_in_rows
         self.json_kept = json_kept  # --json given: the footer may point at the records' figures
+        self.csv_kept = csv_kept  # --csv given: its rows hold them too
+        self.keep_flag = keep_flag  # the flag that keeps them (`commbench nccl-tests`: -J FILE)
+        self.nccl_tests = nccl_tests  # `commbench nccl-tests`: the average as nccl-tests prints it (%g, no unit)
         self.stream = stream or sys.stdout
         self.progress = progress
         self.busbw_sum = 0.0
@@ -116,15 +120,43 @@ class Table:
     def footer(self, checked: bool) -> None:
         if checked:
             self._print(f"# Out of bounds values : {self.wrong_total} {'OK' if self.wrong_total == 0 else 'FAILED'}")
-        average = f"{_fixed(self.busbw_sum / self.busbw_points)} GB/s (busbw of the {self.timed_as} times)" \
-            if self.busbw_points else "n/m"
-        self._print(f"# Avg bus bandwidth    : {average}")
+        average = self.busbw_sum / self.busbw_points if self.busbw_points else None
+        if average is None:
+            shown = "n/m"
+        elif self.nccl_tests:  # scripts read nccl-tests' last field: the number alone, as its %g prints it
+            shown = f"{average:g}"
+        else:
+            shown = f"{_fixed(average)} GB/s (busbw of the {self.timed_as} times)"
+        self._print(f"# Avg bus bandwidth    : {shown}")
         if self.noisy_rows:
             marked = f"{NOISY_MARK} : " if self.marks_in_rows else ""
             self._print(f"# {marked}{self.noisy_rows} row(s) with p99 > {NOISY_P99_OVER_P50:g} x p50: the time "
-                        f"varied between iterations ({KEPT if self.json_kept else 'add --json FILE to keep ' + KEPT})")
+                        f"varied between iterations ({self._spread_kept()})")
             self.noisy_rows = 0
         self._print("#")
+
+    def _spread_kept(self) -> str:
+        """Where the noisy rows' spread is, or the flag that would keep it."""
+        files = " and ".join(name for name, kept in (("the JSON", self.json_kept), ("the CSV", self.csv_kept)) if kept)
+        return f"{SPREAD} in {files}" if files else f"add {self.keep_flag} to keep {SPREAD} in the JSON"
+
+
+def nccl_tests_devices(environment: list[dict], world: int) -> list[str]:
+    """nccl-tests' "Using devices" block, a line a rank as its src/common.cu prints them (rank, group, pid,
+    host, device, bus id, model); a CPU rank names its CPU. A process that holds several ranks (sim, cuda's
+    virtual and peer modes) gives each of them its line."""
+    lines = ["Using devices"]
+    for rank in range(world):
+        env = environment[rank] if len(environment) == world else environment[0]
+        gpus = env.get("gpus") or []
+        if gpus:
+            gpu = gpus[rank % len(gpus)]
+            device, bus, model = f"{gpu.get('index', rank):2d}", gpu.get("bus_id", "?"), gpu.get("model", "?")
+        else:
+            device, bus, model = "cpu", "-", env.get("cpu") or "CPU"
+        lines.append(f" Rank {rank:2d} Group  0 Pid {env.get('pid', 0):6d} on {env.get('host', '?'):>10s} device "
+                     f"{device} [{bus}] {model}")
+    return lines
 
 
 def is_noisy(result: Result) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import click
 
 from commbench.commands.common import UsageFault, output_options
+from commbench.sizes import MAX_MEASURED_SIZES
 
 BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
             "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
@@ -54,8 +55,10 @@ class Translation:
     runs: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     local_ranks: int = 1  # -g: the ranks to spawn when no launcher started the command
+    header: list[str] = field(default_factory=list)  # nccl-tests' first lines ("nThread 1 nGpus ..."), without "# "
     cycles: int = 1  # -N: every pair's pass, this many times over (in one job, as nccl-tests)
     ranks_given: bool = False  # -g was given
+    binary: str = ""  # the NAME_perf given, without its path
 
 
 def translate(binary: str, flags: list[str]) -> Translation:
@@ -76,17 +79,33 @@ def translate(binary: str, flags: list[str]) -> Translation:
         value = values.get(flag[1])
         if value is not None and (default is None or _integer(values, flag[1], 0) != int(default)):
             raise UsageFault(f"{name}: {flag} {value} cannot be honoured: {why}")
-    out = Translation()
+    out = Translation(binary=name)
     base = ["-c", BINARIES[name], *_sizes(values, out), *_counts(values, out), *_rank_options(values, out),
             *_timing(values, out), "--nccl-tests-rows"]
     cycles = _integer(values, "N", 1, out.notes)
     if cycles < 1:
         raise UsageFault(f"{name}: -N {cycles}: commbench runs a finite number of cycles (at least 1)")
     out.cycles = cycles
+    out.header = _header(values, out)
     for dtype in _dtypes(values.get("d", "float")):
         for op in _ops(values.get("o", "sum")):
             out.runs.append([*base, "--dtype", dtype, "--op", op])
     return out
+
+
+def _header(values: dict, out: Translation) -> list[str]:
+    """nccl-tests' first lines, as its src/common.cu prints them from the flags: scripts grep them."""
+    low, high = _size(values.get("b", "32M"), "minbytes"), _size(values.get("e", "32M"), "maxbytes")
+    factor = _integer(values, "f", 1)
+    step = f"{factor}(factor)" if factor > 1 else f"{_integer(values, 'i', 1 << 20)}(bytes)"
+    lines = [f"nThread {_integer(values, 't', 1)} nGpus {out.local_ranks} minBytes {low} maxBytes {high} step: {step} "
+             f"warmup iters: {_integer(values, 'w', 5)} iters: {_integer(values, 'n', 20)} agg iters: "
+             f"{_integer(values, 'm', 1)} validation: {_integer(values, 'c', 1)} graph: {_integer(values, 'G', 0)}"]
+    if _integer(values, "z", 0):
+        lines.append("Blocking Enabled: wait for completion and barrier after each collective")
+    if _integer(values, "p", 0):
+        lines.append("Parallel Init Enabled: threads call into NcclInitRank concurrently")
+    return lines
 
 
 STRTOL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
@@ -144,7 +163,17 @@ def _sizes(values: dict, out: Translation) -> list[str]:
         return ["--sizes", *spec]
     if factor > 1:  # nccl-tests: a factor above 1 wins over the step
         return ["--sizes", *spec, "--factor", str(factor)]
-    return ["--sizes", *spec, "--step", str(_integer(values, "i", 1 << 20, out.notes))]
+    step = _integer(values, "i", 1 << 20, out.notes)
+    count = (high - low) // step + 1 if step > 0 else None
+    if count is None or count > MAX_MEASURED_SIZES:
+        read = [f"-{flag} {values[flag]} is {number}" for flag, number in (("f", factor), ("i", step))
+                if flag in values and values[flag].strip() != str(number)]
+        read_text = f" ({', '.join(read)}, as nccl-tests' strtol reads them)" if read else ""
+        many = f"{count:,d} sizes" if count is not None else "sizes without end"
+        raise UsageFault(f"-b {values.get('b', '32M')} -e {values.get('e', '32M')} in steps of {step} bytes"
+                         f"{read_text}: {many}; commbench measures at most {MAX_MEASURED_SIZES:,d}: give a factor "
+                         f"(-f 2) or a larger -i")
+    return ["--sizes", *spec, "--step", str(step)]
 
 
 def _counts(values: dict, out: Translation) -> list[str]:
@@ -271,6 +300,7 @@ def one_job(translation: Translation, plans: list) -> tuple:
     one header and one footer (issue 32: 36 jobs of ~2 s start-up each, each with its own table)."""
     cfg, plan = plans[0]
     passes = tuple((each.dtype, each.op) for each, _ in plans) * translation.cycles
+    cfg = replace(cfg, nccl_tests_binary=translation.binary, nccl_tests_header=tuple(translation.header))
     return (replace(cfg, passes=passes) if len(passes) > 1 else cfg), plan
 
 

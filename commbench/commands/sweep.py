@@ -236,12 +236,16 @@ def _sweep_config(o: SweepOptions, cls, request, world: int | None, local_ranks:
     from commbench import collectives as C
     from commbench import splits
     from commbench.backends import BackendError
-    from commbench.sizes import SizeError, parse_sizes
+    from commbench.sizes import MAX_MEASURED_SIZES, SizeError, parse_sizes
     from commbench.sweep_config import PLACEMENTS, SweepConfig
 
     try:
         spec = o.sizes if o.sizes is not None else cls.default_sizes
         sizes = parse_sizes(spec, o.factor, o.step)
+        if len(sizes) > MAX_MEASURED_SIZES:
+            raise SizeError(f"--sizes {spec} expands to {len(sizes):,d} sizes: a sweep measures at most "
+                            f"{MAX_MEASURED_SIZES:,d} (each its warm-up, timed calls and check); use a larger "
+                            f"--step or a --factor")
         names = C.resolve_collectives(o.collective_names)
         dtype = C.resolve_dtype(o.dtype)
     except (SizeError, ValueError) as exc:

@@ -35,7 +35,7 @@ def test_defaults_are_nccl_tests_defaults():
     (["-b", "8", "-e", "128M", "-f", "2"], "--sizes", "8-134217728"),
     (["-b", "8", "-e", "128M", "-f", "2"], "--factor", "2"),
     (["-b", "1K", "-e", "4k", "-i", "1024"], "--step", "1024"),
-    (["--minbytes", "1.5K", "--maxbytes", "1g"], "--sizes", "1536-1073741824"),
+    (["--minbytes", "1.5K", "--maxbytes", "512m"], "--sizes", "1536-536870912"),  # 512 steps of -i's 1 MiB
     (["-n", "50", "-w", "0x3"], "--warmup", "3"),
     (["--iters", "010"], "--iters", "8"),  # strtol base 0: octal, as nccl-tests reads it
     (["-d", "half"], "--dtype", "float16"),

@@ -14,7 +14,8 @@ from commbench.sweep_config import SweepConfig
 SWEEP_HEADER_KEYS = {"collectives", "sizes", "dtype", "op", "root", "placements", "warmup", "iters", "min_time_s",
                      "min_iters", "max_iters", "rank_agg", "stat", "check", "backend", "torch_backend", "device",
                      "json_path", "csv_path", "append", "timeout_s", "algorithm", "topology", "nprocs", "hw",
-                     "cuda_mode", "graph", "monitor", "nccl_tests_rows", "passes", "splits", "split_weights",
+                     "cuda_mode", "graph", "monitor", "nccl_tests_rows", "nccl_tests_binary", "nccl_tests_header",
+                     "passes", "splits", "split_weights",
                      "skip_iters", "show_p99", "timestamps", "memory_report", "misalign_nbytes", "blocking",
                      "tuning"}
 PROXY_HEADER_KEYS = {"model", "batch", "bucket_mb", "bucketing", "compute", "tflops", "steps", "warmup_steps", "amp",
