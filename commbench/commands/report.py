@@ -40,7 +40,8 @@ Examples:
 """)
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Directory to write (required but with --stragglers).")
+              help="The directory to write the plots (PNG) and index.md in: required, except with --stragglers "
+                   "(which prints its report instead).")
 @click.option("--stragglers", is_flag=True,
               help="Print instead the slowest rank and node of every point (the wait it caused the others), the "
                    "iterations that spiked and when, and per node (nccl-tests' analyze_perf_json --straggler "

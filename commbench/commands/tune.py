@@ -96,18 +96,27 @@ def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, d
 @click.option("--backend", "-b", default="shm", show_default=True, help="A backend that runs commbench's algorithms.")
 @click.option("--nprocs", "-N", type=int, default=None, help="Ranks (as sweep's -N).")
 @click.option("--sizes", "-s", default="1K-16M", show_default=True, help="Sizes to measure (as sweep's --sizes).")
-@click.option("--collective", "-c", default="allreduce", show_default=True)
+@click.option("--collective", "-c", default="allreduce", show_default=True,
+              help="The one collective to tune (a name as sweep's -c takes it).")
 @click.option("--algorithms", "algorithm_names", default=None, help="Comma-separated; default: every one it has.")
 @click.option("--rounds", type=click.IntRange(1, 100), default=2, show_default=True,
               help="Sweeps of every algorithm; even rounds in table order, odd ones reversed.")
-@click.option("--placement", type=click.Choice(["in-place", "out-of-place"]), default="in-place", show_default=True)
-@click.option("--topology", "-T", default=None, metavar="NODESxRANKS")
+@click.option("--placement", type=click.Choice(["in-place", "out-of-place"]), default="in-place", show_default=True,
+              help="The buffers measured (as sweep's --placement): their times pick each size's winner.")
+@click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
+              help="Nodes x ranks per node the algorithms are tuned for (as sweep's -T); the table's rows are "
+                   "for this layout [default: one node].")
 @click.option("--cuda-mode", default=None, help="cuda: as sweep's --cuda-mode.")
 @hw_option("sim: the hardware file that times the calls (from `commbench fit`, or a preset).", name="hw")
 @click.option("--graph", is_flag=True, default=False, help="cuda: time under a CUDA graph.")
-@click.option("--iters", type=int, default=None)
-@click.option("--warmup", type=int, default=None)
-@click.option("--min-time", "min_time", type=float, default=None)
+@click.option("--iters", type=int, default=None,
+              help="Timed iterations per point of every sweep (as sweep's --iters) [default: adaptive, to fill "
+                   "--min-time].")
+@click.option("--warmup", type=int, default=None,
+              help="Warm-up iterations per point of every sweep (as sweep's --warmup) [default: adaptive].")
+@click.option("--min-time", "min_time", type=float, default=None, metavar="SECONDS",
+              help="Adaptive iterations: the time budget of each point's timed calls (as sweep's --min-time) "
+                   "[default: sweep's, 0.2].")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per sweep, seconds.")
 @click.option("--output", "-o", "output", required=True, help="The tuning file to write (JSON).")
 @click.option("--json", "json_path", default=None, help="Also keep every sweep's records here (JSON Lines).")
