@@ -41,6 +41,7 @@ class Trend:
     fastest: dict[int, float]
     per_byte: float
     resolved: bool
+    largest: int = 0  # the largest size seen
 
     @classmethod
     def of(cls, samples: Sequence[tuple[int, float]], noise: float = 0.0) -> Trend:
@@ -54,24 +55,23 @@ class Trend:
         sizes = sorted(fastest)
         smaller = sizes[:len(sizes) // 2]
         if len(smaller) < 2:  # one smaller size says nothing of the noise: 1-4 KiB under load differ 2-4x
-            return cls(by_size, fastest, 0.0, False)
+            return cls(by_size, fastest, 0.0, False, sizes[-1])
         typical = sorted(fastest[n] for n in smaller)[(len(smaller) - 1) // 2]  # the median (lower one)
         bar = max(GROWTH * max(fastest[n] for n in smaller), typical + noise)
         grown = [n for n in sizes[len(smaller):] if fastest[n] >= bar and fastest[n] > 0]
         if not grown:
-            return cls(by_size, fastest, 0.0, False)
+            return cls(by_size, fastest, 0.0, False, sizes[-1])
         anchor, base = max(grown), max(n for n in smaller if fastest[n] == typical)
         per_byte = min((fastest[anchor] - typical) / (anchor - base), fastest[anchor] / anchor)  # at most what was seen
-        return cls(by_size, fastest, per_byte, True)
+        return cls(by_size, fastest, per_byte, True, sizes[-1])
 
     def at(self, nbytes: int) -> tuple[float, bool]:
         """(the value at `nbytes`, whether it is only a lower bound: beyond the sizes seen, no cost per byte
         shown yet)."""
         if nbytes in self.by_size:
             return self.by_size[nbytes], False
-        largest = max(self.by_size)
-        if nbytes > largest:
-            return self.by_size[largest] + self.per_byte * (nbytes - largest), not self.resolved
+        if nbytes > self.largest:
+            return self.by_size[self.largest] + self.per_byte * (nbytes - self.largest), not self.resolved
         nearest = min(self.by_size, key=lambda n: abs(math.log(max(n, 1) / max(nbytes, 1))))
         return max(0.0, self.by_size[nearest] + self.per_byte * (nbytes - nearest)), False
 
@@ -82,26 +82,46 @@ class Estimate:
     at_least: bool  # a lower bound: sizes to come lie beyond any cost per byte measured yet
 
 
+@dataclass(frozen=True)
+class Forecast:
+    """The points done, as the trends that estimate the points to come: fitted once (a progress line asks
+    for every point still to come, every second), then read per size with `at`."""
+    wall: Trend
+    call: Trend | None = None  # None: no call times (not every point timed its calls), or no calls_for
+    around: Trend | None = None
+    calls_for: Callable[[float], int] | None = None
+
+    @classmethod
+    def of(cls, points: Sequence[PointTime], calls_for: Callable[[float], int] | None = None) -> Forecast:
+        wall = Trend.of([(p.nbytes, p.seconds) for p in points])
+        if calls_for is None or not all(p.call_us is not None and p.calls > 0 for p in points):
+            return cls(wall)
+        call = Trend.of([(p.nbytes, p.call_us) for p in points])
+        # the rest of a point's wall time (buffers filled and checked, barriers, gathers), as noisy as the wall
+        walls = sorted(p.seconds for p in points)
+        around = Trend.of([(p.nbytes, p.seconds - p.calls * p.call_us * 1e-6) for p in points],
+                          noise=walls[(len(walls) - 1) // 2])
+        return cls(wall, call, around, calls_for)
+
+    def at(self, nbytes: int) -> Estimate:
+        """The time a point of `nbytes` will take: its own size's mean where that size ran (the other
+        placement, an earlier collective); else the trend of the wall times or, with call times, the calls
+        (`calls_for` at the trend of one call's time) plus the harness's time around them, whichever is
+        longer. The calls show a cost per byte long before the wall does: the adaptive rule keeps a point's
+        wall time near --min-time until one call is a fifth of it. A lower bound only while neither does."""
+        wall_s, wall_low = self.wall.at(nbytes)
+        if nbytes in self.wall.by_size or self.call is None:
+            return Estimate(wall_s, wall_low)
+        call_us, call_low = self.call.at(nbytes)
+        around_s, around_low = self.around.at(nbytes)
+        return Estimate(max(wall_s, around_s + self.calls_for(call_us) * call_us * 1e-6),
+                        wall_low and (call_low or around_low))
+
+
 def point_estimate(points: Sequence[PointTime], nbytes: int,
                    calls_for: Callable[[float], int] | None = None) -> Estimate:
-    """The time a point of `nbytes` will take, from the points done: the trend of their wall times, or, with
-    `calls_for` (the calls a point makes when one call takes that many microseconds: the harness's adaptive
-    rule) and every point's call time, its calls at the trend of one call's time plus the harness's typical
-    time around them (buffers, barriers, gathers), whichever is longer. The calls show a cost per byte long
-    before the wall does: the adaptive rule keeps a point's wall time near --min-time until one call is a
-    fifth of it. A lower bound only while neither shows a cost per byte."""
-    same = [p.seconds for p in points if p.nbytes == nbytes]
-    if same:  # this very size ran (the other placement, an earlier collective): its own mean
-        return Estimate(sum(same) / len(same), False)
-    wall_s, wall_low = Trend.of([(p.nbytes, p.seconds) for p in points]).at(nbytes)
-    if calls_for is None or not all(p.call_us is not None and p.calls > 0 for p in points):
-        return Estimate(wall_s, wall_low)
-    call_us, call_low = Trend.of([(p.nbytes, p.call_us) for p in points]).at(nbytes)
-    # the rest of a point's wall time (buffers filled and checked, barriers, gathers), as noisy as the wall time
-    walls = sorted(p.seconds for p in points)
-    around_s, around_low = Trend.of([(p.nbytes, p.seconds - p.calls * p.call_us * 1e-6) for p in points],
-                                    noise=walls[(len(walls) - 1) // 2]).at(nbytes)
-    return Estimate(max(wall_s, around_s + calls_for(call_us) * call_us * 1e-6), wall_low and (call_low or around_low))
+    """Forecast.of(points, calls_for).at(nbytes): one point's estimate."""
+    return Forecast.of(points, calls_for).at(nbytes)
 
 
 def point_estimate_s(durations: Sequence[tuple[int, float]], nbytes: int) -> float:

@@ -15,7 +15,7 @@ from typing import IO, Callable
 
 import numpy as np
 
-from commbench.eta import Estimate, PointTime, point_estimate
+from commbench.eta import Estimate, Forecast, PointTime
 from commbench.results import CALIBRATED_ESTIMATE, PROVENANCE_LABELS, Result
 
 NOISY_P99_OVER_P50 = 2.0  # a point whose p99 is more than this many times its p50 is marked noisy
@@ -211,6 +211,7 @@ class Progress:
         self.nbytes = list(nbytes) if nbytes is not None and len(nbytes) == total else None
         self.calls_for = calls_for
         self.points: list[PointTime] = []  # each point done: its size, wall time, calls and time of one call
+        self._forecast: tuple[int, Forecast] | None = None  # fitted to the first n points (refitted as they come)
         self._point: tuple[int, float] | None = None  # the point running: (its index, when it began)
         self.label = ""
         self.lock = threading.RLock()  # the heartbeat and the table print to one terminal
@@ -229,10 +230,13 @@ class Progress:
             return None
         if self.nbytes is None or not self.points:
             return Estimate((now - self.started) / self.done * (self.total - self.done), False)
-        to_come = [point_estimate(self.points, n, self.calls_for) for n in self.nbytes[self.done + 1:]]
+        if self._forecast is None or self._forecast[0] != len(self.points):
+            self._forecast = (len(self.points), Forecast.of(self.points, self.calls_for))
+        forecast = self._forecast[1]
+        to_come = [forecast.at(n) for n in self.nbytes[self.done + 1:]]
         left, at_least = sum(e.seconds for e in to_come), any(e.at_least for e in to_come)
         if self.done < self.total:
-            running = point_estimate(self.points, self.nbytes[self.done], self.calls_for)
+            running = forecast.at(self.nbytes[self.done])
             began = self._point[1] if self._point and self._point[0] == self.done else now
             left += max(0.0, running.seconds - (now - began))
             at_least = at_least or running.at_least
