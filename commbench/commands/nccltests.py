@@ -17,18 +17,9 @@ from dataclasses import dataclass, field, replace
 import click
 
 from commbench.commands.common import UsageFault, output_options
+from commbench.commands.nccltests_flags import BINARIES, LONG, SHORT, SHORT_OF
 from commbench.sizes import MAX_MEASURED_SIZES
 
-BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
-            "broadcast_perf": "broadcast", "reduce_perf": "reduce", "alltoall_perf": "alltoall",
-            "sendrecv_perf": "sendrecv", "gather_perf": "gather", "scatter_perf": "scatter",
-            "alltoallv_perf": "alltoallv", "hypercube_perf": "hypercube"}
-SHORT = "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:I:K:u:"  # -I, -K, -u: 2.19 (no long form here)
-LONG = ["nthreads=", "ngpus=", "minbytes=", "maxbytes=", "stepbytes=", "stepfactor=", "iters=", "agg_iters=",
-        "warmup_iters=", "run_cycles=", "parallel_init=", "check=", "op=", "datatype=", "root=", "blocking=",
-        "stream_null=", "timeout=", "cudagraph=", "report_cputime=", "report_timestamps=", "output_file=", "average=",
-        "local_register=", "cta_policy=", "device_implementation=", "device_cta_count=", "memory_report=", "help"]
-SHORT_OF = {name.rstrip("="): letter for name, letter in zip(LONG, "tgbeifnmwNpcodrzyTGCSJaRxDVMh")}
 # nccl-tests' type names -> commbench's; uint32/uint64 and the fp8 types have no commbench counterpart.
 DTYPES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32", "int64": "int64",
           "half": "float16", "float16": "float16", "float": "float32", "float32": "float32", "double": "float64",

@@ -236,16 +236,11 @@ def _sweep_config(o: SweepOptions, cls, request, world: int | None, local_ranks:
     from commbench import collectives as C
     from commbench import splits
     from commbench.backends import BackendError
-    from commbench.sizes import MAX_MEASURED_SIZES, SizeError, parse_sizes
+    from commbench.sizes import SizeError
     from commbench.sweep_config import PLACEMENTS, SweepConfig
 
     try:
-        spec = o.sizes if o.sizes is not None else cls.default_sizes
-        sizes = parse_sizes(spec, o.factor, o.step)
-        if len(sizes) > MAX_MEASURED_SIZES:
-            raise SizeError(f"--sizes {spec} expands to {len(sizes):,d} sizes: a sweep measures at most "
-                            f"{MAX_MEASURED_SIZES:,d} (each its warm-up, timed calls and check); use a larger "
-                            f"--step or a --factor")
+        sizes = _measured_sizes(o, cls)
         names = C.resolve_collectives(o.collective_names)
         dtype = C.resolve_dtype(o.dtype)
     except (SizeError, ValueError) as exc:
@@ -281,6 +276,19 @@ def _sweep_config(o: SweepOptions, cls, request, world: int | None, local_ranks:
         csv_path=o.csv_path, append=o.append, monitor=o.monitor, nccl_tests_rows=o.nccl_tests_rows,
         splits=o.splits, split_weights=split_weights, **_timing_options(o, dtype))
     return cfg, world
+
+
+def _measured_sizes(o: SweepOptions, cls) -> list[int]:
+    """The sizes --sizes (or the backend's default), --factor and --step give; SizeError past the bound."""
+    from commbench.sizes import MAX_MEASURED_SIZES, SizeError, parse_sizes
+
+    spec = o.sizes if o.sizes is not None else cls.default_sizes
+    sizes = parse_sizes(spec, o.factor, o.step)
+    if len(sizes) > MAX_MEASURED_SIZES:
+        raise SizeError(f"--sizes {spec} expands to {len(sizes):,d} sizes: a sweep measures at most "
+                        f"{MAX_MEASURED_SIZES:,d} (each its warm-up, timed calls and check); use a larger "
+                        f"--step or a --factor")
+    return sizes
 
 
 def _asks_for_all(collective_names) -> bool:

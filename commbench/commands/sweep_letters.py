@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from commbench.commands.nccltests import BINARIES, SHORT, SHORT_OF
+from commbench.commands.nccltests_flags import BINARIES, SHORT, SHORT_OF
 
 # every nccl-tests letter: (what it means there, what says it in sweep; None: nothing does)
 MEANING = {

@@ -23,8 +23,9 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
 def test_nccl_tests_flags_given_to_sweep_point_to_sizes_or_nccl_tests(capsys):
     """Each flag is answered with what says it here (sizes for -b/-e, --nprocs for -g: issue 48 found the
     sizes hint beside the point for -g) and the nccl-tests line it belongs to (no sweep option in it)."""
-    for args, way, line in ((["-b", "8", "-e", "1M"], "--sizes", "-b 8 -e 1M"), (["-b", "8"], "--sizes", "-b 8"),
-                            (["--sizes", "1K", "-e", "1M"], "--sizes", "-b 1K -e 1M"), (["-g", "2"], "--nprocs", "-g 2")):
+    cases = ((["-b", "8", "-e", "1M"], "--sizes", "-b 8 -e 1M"), (["-b", "8"], "--sizes", "-b 8"),
+             (["--sizes", "1K", "-e", "1M"], "--sizes", "-b 1K -e 1M"), (["-g", "2"], "--nprocs", "-g 2"))
+    for args, way, line in cases:
         code, _, err = _run(capsys, "sweep", *args)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert way in err and err.rstrip().endswith(f"commbench nccl-tests all_reduce_perf {line}"), err

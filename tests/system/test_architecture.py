@@ -22,7 +22,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
-        "commbench.files", "commbench.analysis",
+        "commbench.files", "commbench.analysis", "commbench.eta",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
     2: ["commbench.costmodel*", "commbench.step_terms",
@@ -466,6 +466,7 @@ UNTESTED_BY_NAME = {
     "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
     "commands/emulate": "system/test_emulate.py",
     "commands/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
+    "commands/nccltests_flags": "commands/test_nccl_tests.py (every flag), test_cli_newcomer.py (sweep's letters)",
     # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py
     "commbench/files": "unit/proxies/test_trace_*.py, system/test_inputs.py (devices, FIFOs, sizes)",
     # the topology's links and levels are pinned by the cost model's and the algorithms' exact-value tests
