@@ -234,13 +234,18 @@ def _kill_inside(names: Sequence[str]) -> None:
 
 def signal_inside(names: Sequence[str], sig: int) -> list[int]:
     """Send `sig` to every process in these namespaces; their pids."""
-    pids = [pid for ns in names for pid in _pids(ns)]
+    pids = pids_inside(names)
     for pid in pids:
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
     return pids
+
+
+def pids_inside(names: Sequence[str]) -> list[int]:
+    """The processes in these namespaces (but this one)."""
+    return [pid for ns in names for pid in _pids(ns)]
 
 
 def _pids(ns: str) -> list[int]:

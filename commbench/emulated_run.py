@@ -9,11 +9,11 @@ cluster. Ranks of one node share memory (hybrid, shm); ranks of different nodes 
 torchrun ends with 1 whatever failed, so every rank leaves its own exit code in a folder of the
 run's (job.report_exit; `commbench-TAG-exits-*` in the temporary folder), from which the job's
 code is made as a local spawn's is; `clean_dead_runs` removes the folders of runs that died with
-their clusters.
+their clusters. A run killed outright (kill -9) is cleaned up after by its reaper (start_reaper), a
+process of its own that outlives it.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import re
@@ -28,13 +28,24 @@ import threading
 import time
 from collections.abc import Sequence
 
-from commbench.emulate import NIC, RDZV_PORT, Cluster, create, destroy, rate_text, signal_inside, stop_inside
+from commbench.emulate import (
+    NIC,
+    RDZV_PORT,
+    Cluster,
+    create,
+    destroy,
+    pids_inside,
+    rate_text,
+    signal_inside,
+    stop_inside,
+)
 from commbench.emulate import clean as clean_clusters
 from commbench.emulate import clusters as all_clusters
-from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
+from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK, telling_code
 from commbench.launch import (
     EMULATED_VAR,
     EXIT_DIR_VAR,
+    INTERRUPT_WAIT_S,
     JOB_TAG_VAR,
     interrupt,
     rank_argv,
@@ -42,6 +53,7 @@ from commbench.launch import (
     stop_margin_s,
     supervise,
 )
+from commbench.lifetime import die_with_parent, sigterm_as_interrupt
 
 _STDERR_PASS_VAR = "COMMBENCH_EMULATE_VERBOSE"  # set: the launchers' own log lines are shown too
 
@@ -174,39 +186,39 @@ def _filter_stderr(stream) -> None:
     stream.close()
 
 
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child of a fork only calls it
-
-
 def _die_with_parent() -> None:
     """In the launcher's process before exec: SIGTERM when commbench dies (torchrun then stops its ranks)."""
-    _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGTERM)
 
 
 def run_job(nodes: int, ranks_per_node: int, rate_bps: int, job_env: dict[str, str], timeout_s: float) -> int:
     """One run on a cluster of its own: remove what killed runs left, build, launch `python -P -m
     commbench.job` (the job in `job_env`) on every node, tear down whatever happens; the exit code.
-    SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed."""
+    SIGTERM to this process ends the run as Ctrl-C does, so that the cluster is still removed; a reaper
+    (start_reaper) removes it if this process is killed outright."""
     gone = clean_dead_runs()
     if gone:
         print(f"commbench: note: removed {len(gone)} emulated cluster(s) left by runs that died "
               f"({', '.join(c.tag for c in gone)})", file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
-    cluster, exits = None, None
+    cluster, exits, reaper = None, None, start_reaper()
     try:
-        cluster = create(nodes, ranks_per_node, rate_bps)
-        note = cpu_bound_warning(cluster, max(host_ceiling_bps() for _ in range(3)))  # a reading can catch a busy core
-        if note:
-            print(f"commbench: warning: {note}", file=sys.stderr)
-        exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
-        env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
-        ranks = ["--no-python", *rank_argv("commbench.job")]  # torchrun's own `-m` would put the cwd first
-        return ranks_exit_code(launch(cluster, ranks, env, timeout_s), exits, nodes * ranks_per_node)
+        with sigterm_as_interrupt():
+            cluster = create(nodes, ranks_per_node, rate_bps)
+            # one reading can catch a busy core
+            note = cpu_bound_warning(cluster, max(host_ceiling_bps() for _ in range(3)))
+            if note:
+                print(f"commbench: warning: {note}", file=sys.stderr)
+            exits = tempfile.mkdtemp(prefix=f"commbench-{cluster.tag}-exits-")
+            env = dict(node_env(cluster), **job_env, **{EXIT_DIR_VAR: exits})
+            ranks = ["--no-python", *rank_argv("commbench.job")]  # torchrun's own `-m` would put the cwd first
+            return ranks_exit_code(launch(cluster, ranks, env, timeout_s), exits, nodes * ranks_per_node)
     finally:
         if cluster is not None:
             destroy(cluster)
         if exits:
             shutil.rmtree(exits, ignore_errors=True)
-        signal.signal(signal.SIGTERM, previous)
+        if reaper is not None:
+            stop_reaper(reaper)
 
 
 def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
@@ -225,11 +237,7 @@ def ranks_exit_code(launchers: int, folder: str, world: int) -> int:
         print(f"commbench: rank(s) {', '.join(map(str, missing))} ended without an exit code "
               f"(killed, or out of memory)", file=sys.stderr)
         return max([EXIT_FAULT, *faults])
-    return max(faults) if faults else EXIT_FAULT
-
-
-def _interrupt_on_term(_signum: int, _frame) -> None:
-    raise KeyboardInterrupt
+    return telling_code(faults)
 
 
 # ------------------------------------------------------------------------- the ranks' exit codes
@@ -283,3 +291,63 @@ def _exit_folders() -> list[tuple[str, str]]:
         if match and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # not another user's, no link
             found.append((name, match.group(1)))
     return found
+
+
+# --------------------------------------------------------------------- the reaper of a killed run
+
+def start_reaper() -> int | None:
+    """A process in a session of its own (a Ctrl-C or a hang-up of this terminal does not reach it) that
+    removes this run's cluster when this process dies, however it dies (kill -9 too): it reads a pipe whose
+    write end only this process holds, so it reads end-of-file once this process is gone, and then removes
+    what runs that died left (clean_dead_runs), this one's cluster with them. The write end's descriptor,
+    to be closed after the run's own teardown; None where no reaper can start (the next run cleans up)."""
+    read_end, write_end = os.pipe()  # neither inherited by the launchers (close_fds)
+    try:
+        subprocess.Popen([*rank_argv(__name__), "reap", str(os.getpid())], stdin=read_end,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def stop_reaper(write_end: int) -> None:
+    """After the run's own teardown: tell the reaper that it has nothing to do (REAPER_DONE, then the end)."""
+    try:
+        os.write(write_end, REAPER_DONE)
+    except OSError:
+        pass
+    os.close(write_end)
+
+
+REAPER_DONE = b"done"
+
+
+def reap(owner: int) -> None:
+    """The reaper's body (start_reaper): read its pipe to the end. Without REAPER_DONE first, the run it
+    watches died: once it is gone (its exit closes the pipe before it has quite ended) and its launchers,
+    stopped with it (PR_SET_PDEATHSIG), have stopped their ranks, which write their summaries (at most
+    INTERRUPT_WAIT_S), remove what it left."""
+    said = b""
+    try:
+        while True:
+            chunk = os.read(0, 64)
+            if not chunk:
+                break
+            said = (said + chunk)[-len(REAPER_DONE):]
+    except OSError:
+        pass
+    if said == REAPER_DONE:
+        return
+    deadline = time.monotonic() + INTERRUPT_WAIT_S
+    while time.monotonic() < deadline and any(c.alive() or pids_inside(c.namespaces) for c in all_clusters()
+                                              if c.owner_pid == owner):
+        time.sleep(0.1)
+    clean_dead_runs()
+
+
+if __name__ == "__main__":  # the reaper of a run (start_reaper): `python -P -m commbench.emulated_run reap PID`
+    if len(sys.argv) == 3 and sys.argv[1] == "reap" and sys.argv[2].isdigit():
+        reap(int(sys.argv[2]))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from commbench.environment import memory_limit_bytes
-from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
+from commbench.errors import EXIT_INTERRUPTED, EXIT_OK, telling_code
 
 SPAWN_VAR = "COMMBENCH_SPAWN_ID"  # set in ranks that commbench spawned itself
 EMULATED_VAR = "COMMBENCH_EMULATED"  # on an emulated cluster: its shape and links, said in the header
@@ -385,7 +385,7 @@ def _why_killed(signum: int) -> str:
 
 
 def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str = "rank") -> int:
-    """The most telling exit code: bad input (2) or a fault (3) beats wrong results (1)."""
+    """The most telling exit code (telling_code): bad input (2) or a fault (3) beats wrong results (1)."""
     codes = [p.returncode for p in procs]
     for rank, code in enumerate(codes):
         if code is not None and code < 0 and rank not in stopped:
@@ -397,4 +397,4 @@ def _job_exit_code(procs: list[subprocess.Popen], stopped: list[int], what: str 
     if all(c == 0 for c in codes):
         return EXIT_OK
     positive = [c for rank, c in enumerate(codes) if c and c > 0 and rank not in stopped]  # ours don't count
-    return max(positive) if positive else EXIT_FAULT
+    return telling_code(positive)

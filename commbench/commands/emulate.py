@@ -20,7 +20,7 @@ Examples:
   commbench proxy bert-base --emulate 2x2 --link 2gbit --compute flops --tflops 0.5
   commbench emulate up 2x1 --link 100mbit               # keep a cluster for torchrun/mpirun by hand
   commbench emulate status                              # clusters, their links, how to launch on them
-  commbench emulate down TAG                            # remove one (or: down --all)
+  commbench emulate down TAG                            # remove one (or: down --all; down: what dead runs left)
   commbench emulate clean                               # remove what killed runs left behind
 
 Needs root (or CAP_NET_ADMIN) and iproute2's ip and tc. docs/emulation.md.
@@ -116,8 +116,9 @@ def status_command() -> None:
 @click.argument("tags", nargs=-1, metavar="[TAG]...")
 @click.option("--all", "everything", is_flag=True, default=False, help="Every cluster, kept or running.")
 def down_command(tags: tuple[str, ...], everything: bool) -> None:
-    """Remove clusters (what runs inside them is stopped)."""
+    """Remove clusters (what runs inside them is stopped); without a TAG, what runs that died left."""
     from commbench import emulate as E
+    from commbench.emulated_run import clean_dead_runs
 
     try:
         E.require_privileges("commbench emulate down")
@@ -125,7 +126,13 @@ def down_command(tags: tuple[str, ...], everything: bool) -> None:
     except E.EmulateError as exc:
         raise UsageFault(str(exc)) from exc
     if not targets and not everything:
-        raise UsageFault("name the cluster(s) to remove (`commbench emulate status`), or give --all")
+        gone = clean_dead_runs()  # as `clean`: a killed run's cluster is what a user means to take down
+        if not gone:
+            raise UsageFault("no emulated cluster left by a run that died: name the cluster(s) to remove "
+                             "(`commbench emulate status`), or give --all")
+        for cluster in gone:
+            click.echo(f"removed emulated cluster {cluster.tag} (left by a run that died)")
+        return
     for cluster in targets:
         E.destroy(cluster)
         click.echo(f"removed emulated cluster {cluster.tag}")

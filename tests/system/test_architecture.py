@@ -22,7 +22,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
-        "commbench.files", "commbench.analysis", "commbench.eta",
+        "commbench.files", "commbench.analysis", "commbench.eta", "commbench.lifetime",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
     2: ["commbench.costmodel*", "commbench.step_terms",
@@ -347,7 +347,7 @@ def test_the_job_frame_names_no_module():
     assert module_strings(snippet, names) == [2, 4]  # the check can fail; a docstring and a message are not names
     assert module_strings((ROOT / "commbench" / "job.py").read_text(encoding="utf-8"), names) == []
     assert not {t for t in import_graph()["commbench.job"] if floor_of(t) >= floor_of("commbench.job")} - {
-        "commbench.launch", "commbench.emulate", "commbench.emulated_run"}
+        "commbench.launch", "commbench.lifetime", "commbench.emulate", "commbench.emulated_run"}
 
 
 # ---------------------------------------------------------------- room sizes

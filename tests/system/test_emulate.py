@@ -1,6 +1,7 @@
 """The emulated cluster (commbench/emulate.py; a job on it, emulated_run.py): options refused in one
 line, the refusal without privileges, and, as root with iproute2, a cluster's setup and teardown, a
-checked sweep across two nodes launched by torchrun, and cleanup after a failed rank, SIGTERM and a killed commbench.
+checked sweep across two nodes launched by torchrun, and cleanup after a failed rank, SIGTERM and a killed commbench
+(its reaper, and clean or down after a run whose reaper died too).
 
 Every cluster a test builds lives in namespaces named cbemu-<tag>-*, addresses 198.18.0.0/24
 inside them only; each test removes what it made."""
@@ -371,13 +372,37 @@ def test_a_failed_rank_ends_the_run_and_removes_the_cluster(tmp_path):
 
 
 @needs_root
-def test_a_killed_commbench_is_cleaned_by_the_next_clean(tmp_path):
-    proc, tag, _ = _run_until_measuring(tmp_path)
+def test_a_killed_commbench_leaves_nothing_its_reaper_removes_it(tmp_path):
+    """kill -9 of the commbench process: its reaper removes the cluster (namespaces, state, exit codes) once
+    the ranks, stopped by their torchrun, have written their summaries (issue 48: the three namespaces were
+    left until a later run or `emulate clean`)."""
+    proc, tag, path = _run_until_measuring(tmp_path)
     proc.kill()
     proc.wait(timeout=10)
-    out = commbench("emulate", "clean", timeout=60)
-    assert out.returncode == 0 and tag in out.stdout
-    assert _gone(tag)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _gone(tag):
+        time.sleep(0.2)
+    if not _gone(tag):
+        R.clean_dead_runs()  # this test's leftovers go whatever it finds
+        pytest.fail(f"cluster {tag} was left by the killed run")
+    assert not [line for line in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+                .splitlines() if f"commbench.emulated_run reap {proc.pid}" in line]  # the reaper itself gone
+    assert read_records(str(path))[-1]["record"] == "summary"
+
+
+@needs_root
+def test_a_killed_run_without_its_reaper_is_cleaned_by_the_next_clean_or_down():
+    """What a run whose reaper died too left (its owner dead): `emulate clean` removes it, and so does
+    `emulate down` without a tag (issue 48: it said to name a cluster)."""
+    for command in (("emulate", "clean"), ("emulate", "down")):
+        made = E.create(1, 1, 10**9)
+        E._write_state(E.Cluster(made.tag, 1, 1, 10**9, owner_pid=made.owner_pid, owner_start=-1))  # pid reused
+        try:
+            out = commbench(*command, timeout=60)
+            assert out.returncode == 0 and made.tag in out.stdout, out.stdout + out.stderr
+            assert _gone(made.tag)
+        finally:
+            E.destroy(made)
 
 
 @needs_root

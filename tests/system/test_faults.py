@@ -1,14 +1,13 @@
 """Faults end within the timeout, lose nothing and leave nothing behind.
 
-The fault matrix: kill -9 of each rank, SIGSTOP of a rank (a hang), Ctrl-C, and the commbench
-process itself killed, on gloo, shm and proxy runs, and nccl-tests mode's series of sweeps. For
-each: every process is gone within the timeout plus 1 s of slack (the slack is for this shared
-2-core machine: ranks wait for a peer for the timeout less the stop margin, launch.peer_wait_s,
-and the margin covers the rest), the
-documented exit code, every point measured before the fault still in the JSON Lines with the
-summary record last, no shared-memory segment, temporary folder or process left. The five faults
-of one backend run at once (about 20 s a backend on 2 cores): each run's fault comes when its
-own results appear, and the bound is checked from that moment.
+The fault matrix: kill -9 of each rank, SIGSTOP of a rank (a hang), Ctrl-C, SIGTERM to the commbench
+process alone, and the commbench process itself killed, on gloo, shm and proxy runs, and nccl-tests
+mode's series of sweeps. For each: every process is gone within the timeout plus 1 s of slack (the
+slack is for this shared 2-core machine: ranks wait for a peer for the timeout less the stop margin,
+launch.peer_wait_s, and the margin covers the rest), the documented exit code, every point measured
+before the fault still in the JSON Lines with the summary record last, no shared-memory segment,
+temporary folder or process left. The faults of one backend run at once (about 20 s a backend on 2
+cores): each run's fault comes when its own results appear, and the bound is checked from that moment.
 """
 import json
 import os
@@ -44,10 +43,12 @@ FAULTS = {  # fault -> (rank it hits, exit code, summary status, what stderr say
     "stop rank 0": (0, 3, {"interrupted", "failed"}, "rank 0 was still running"),
     "stop rank 1": (1, 3, {"failed"}, "rank 1 was still running"),
     "ctrl-c": (None, 130, {"interrupted"}, "commbench: interrupted; results already written are kept"),
+    # SIGTERM to commbench alone (timeout, a scheduler): as Ctrl-C (issue 48: it died with 143)
+    "sigterm commbench": (None, 130, {"interrupted"}, "commbench: interrupted; results already written are kept"),
     "kill commbench": (None, -9, {"interrupted"}, ""),
 }
-MATRIX = {"gloo": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
-          "shm": ("kill rank 0", "kill rank 1", "stop rank 1", "ctrl-c", "kill commbench"),
+MATRIX = {"gloo": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench", "sigterm commbench"),
+          "shm": ("kill rank 0", "kill rank 1", "stop rank 1", "ctrl-c", "kill commbench", "sigterm commbench"),
           "proxy": ("kill rank 0", "kill rank 1", "stop rank 0", "ctrl-c", "kill commbench"),
           "nccl-tests": ("kill rank 1", "stop rank 1", "ctrl-c")}
 
@@ -118,6 +119,8 @@ def run_fault(tmp_path, backend, fault):
             ranks[victim].send_signal(signal.SIGSTOP)
         elif fault == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole foreground group
+        elif fault == "sigterm commbench":
+            proc.send_signal(signal.SIGTERM)  # commbench alone: its ranks hear of it from commbench
         else:
             proc.send_signal(signal.SIGKILL)
         processes = [psutil.Process(proc.pid), *ranks.values()]

@@ -35,6 +35,7 @@ from commbench.sizes import SizeError, format_size, parse_sizes
 
 PLAN_VAR = "COMMBENCH_SHM_PLAN"
 PLAN_FILE = "plan.json"
+PARENT_VAR = "COMMBENCH_PROBE_PARENT"  # the pid of the rank that started the probe: the probe dies with it
 FORMAT = 2  # of plan.json: a change measures again
 NT_MODES = {"both": 4, "out": 2, "push": 3, "none": 1}  # shm_native.c fused_nt: 1 + STORE_OUT (1) | STORE_PUSH (2)
 BLOCK_RANGE, PREFETCH_MAX = (64, 65536), 1 << 20  # FUSED_BLOCK_MAX in shm_native.c
@@ -185,7 +186,8 @@ def measure(library: Path, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """probe.py in a process of its own (no threads of this one forked; started as the ranks are,
     without the working directory on its path): its JSON result."""
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+           PARENT_VAR: str(os.getpid())}  # the probe dies with this process (probe.main)
     done = subprocess.run([*rank_argv("commbench.backends.shm.probe"), str(library), f"{timeout_s:g}"],
                           capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     if done.returncode:

@@ -15,6 +15,9 @@ over ROUNDS rounds in alternating order (ABBA); a candidate replaces the incumbe
 value, then each stage's choice) only where the median of its per-round ratios to the incumbent is at
 least KEEP_UNLESS and their lower quartile at least 1: noise alone does not move the plan. A few
 seconds on an idle 2-core VM.
+
+The probe dies with the rank that started it, and its workers with the probe (lifetime.die_with_parent): a
+rank killed while it measures leaves no probe running.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import ctypes
 import json
 import mmap
 import multiprocessing as mp
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -29,7 +33,8 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from commbench.backends.shm import native as shm_native
-from commbench.backends.shm.plan import Plan
+from commbench.backends.shm.plan import PARENT_VAR, Plan
+from commbench.lifetime import die_with_parent
 
 ROUNDS, REPS = 6, 2
 KEEP_UNLESS = 1.03  # and the lower quartile of the ratios at least 1: most rounds agree
@@ -66,7 +71,9 @@ def _op(rank: int, buffers: dict, out_of_place: bool) -> shm_native.Op:
                          out2=out2.ctypes.data, a=mine.ctypes.data, b=theirs.ctypes.data, count=half)
 
 
-def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barrier, times, rounds: int) -> None:
+def _worker(rank: int, library_path: str, plans: list[dict], buffers: dict, barrier, times, rounds: int,
+            parent: int) -> None:
+    die_with_parent(parent_pid=parent)  # the probe killed (its rank was): the workers go with it
     run = shm_native._load(library_path).cb_shm_run
     calls = []
     for values in plans:
@@ -97,8 +104,8 @@ def scores(library_path: str, plans: list[dict], buffers: dict, forms: tuple = (
     context = mp.get_context("fork")
     times = context.Array("d", rounds * len(plans) * 2 * REPS * 2, lock=False)
     barrier = context.Barrier(2, timeout=60)
-    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times, rounds),
-                               daemon=True) for r in range(2)]
+    workers = [context.Process(target=_worker, args=(r, library_path, plans, buffers, barrier, times, rounds,
+                                                     os.getpid()), daemon=True) for r in range(2)]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -172,6 +179,8 @@ def probe(library_path: str, nbytes: int, budget_s: float | None = None) -> dict
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get(PARENT_VAR, "").isdigit():  # the rank that started it (plan.measure): gone, so is the probe
+        die_with_parent(parent_pid=int(os.environ[PARENT_VAR]))
     library_path = argv[0]
     budget_s = float(argv[1]) if len(argv) > 1 else None  # the probe's time limit (plan.measure passes it)
     shm_native._load(library_path)  # loaded (and its layout checked) before the fork

@@ -17,6 +17,7 @@ from commbench.errors import (
     BackendError,
     JobFault,
     OutOfMemory,
+    OutputError,
     mentions_out_of_memory,
 )
 from commbench.job import _outcome
@@ -48,7 +49,9 @@ def test_the_named_codes_are_the_documented_ones(doc):
     (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), EXIT_USAGE),
     (JobFault("rank 1 died"), EXIT_FAULT),
     (RuntimeError("Connection closed by peer"), EXIT_FAULT),
-    (OSError(28, "No space left on device", "out.jsonl"), EXIT_FAULT),
+    (OSError(5, "Input/output error", "/dev/shm/cb_x"), EXIT_FAULT),
+    # a results file that cannot be written (a full disk) is the user's to fix, as an output refused up front
+    (OutputError("out.jsonl", OSError(28, "No space left on device")), EXIT_USAGE),
     (KeyboardInterrupt(), EXIT_INTERRUPTED),
 ])
 def test_every_error_maps_to_its_code(exc, code):
@@ -56,6 +59,12 @@ def test_every_error_maps_to_its_code(exc, code):
     assert got == code
     assert status == ("interrupted" if code == EXIT_INTERRUPTED else "failed")
     assert (message is None) == (code == EXIT_INTERRUPTED) and "\n" not in (message or "")
+
+
+def test_a_full_disk_is_the_line_every_command_says():
+    message, code, _, _ = _outcome(OutputError("/mnt/x/a.jsonl", OSError(28, "No space left on device")),
+                                   LaunchInfo.local(0, 2, 0), timeout_s=5.0)
+    assert (message, code) == ("cannot write /mnt/x/a.jsonl: No space left on device", EXIT_USAGE)
 
 
 def test_a_bug_is_not_mapped():
@@ -68,3 +77,13 @@ def test_out_of_memory_is_read_from_every_librarys_wording():
         assert mentions_out_of_memory(text)
     assert not mentions_out_of_memory("Connection reset by peer")
     assert all(marker == marker.lower() for marker in errors.OOM_MARKERS)
+
+
+@pytest.mark.parametrize("codes,code", [([2, 3], 2), ([3, 2], 2), ([3, 1], 3), ([1], 1), ([130, 3], 130),
+                                        ([130, 2], 130), ([], 3), ([3, 3], 3)])
+def test_the_jobs_code_puts_bad_input_before_the_faults_it_causes(codes, code):
+    """Rank 0 stops on a results file it cannot write (2); its peer then fails on the closed connection (3):
+    the job says 2, the cause (issue 48: a full disk ended a spawned run with 3, or 1 with a traceback)."""
+    from commbench.errors import telling_code
+
+    assert telling_code(codes) == code

@@ -68,3 +68,72 @@ def test_a_probe_given_a_limit_times_one_call_and_says_its_size(monkeypatch):
     assert result["budget_s"] == 30.0 and result["one_call_ms"] > 0
     assert result["llc_bytes"] == shm_native.llc_bytes()
     shm_plan.checked(result["plan"])
+
+
+RANK = """import sys
+from pathlib import Path
+from commbench.backends.shm import plan
+plan.measure(Path(sys.argv[1]), 60.0)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    import os
+
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if name.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(name))
+    return found
+
+
+@pytest.mark.skipif(LIBRARY is None, reason="the native executor does not build here")
+def test_the_probe_and_its_workers_die_with_the_rank_that_started_it(tmp_path):
+    """kill -9 of the rank measuring the plan (plan.measure): the probe and its two workers end with it at once
+    (issue 48: three probe processes ran on for seconds, to the end of the probe)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    rank = subprocess.Popen([sys.executable, str(script), str(LIBRARY)], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(seen) < 3 and time.monotonic() < deadline and rank.poll() is None:
+            probes = _children(rank.pid)
+            seen = probes + [worker for probe in probes for worker in _children(probe)]
+            time.sleep(0.01)
+        assert len(seen) == 3, f"the probe's workers never ran ({seen}; rank {rank.poll()})"
+        rank.kill()
+        rank.wait(timeout=10)
+        deadline = time.monotonic() + 2.0  # a SIGKILL from the kernel: at once, even on a loaded machine
+        while time.monotonic() < deadline and [pid for pid in seen if _alive(pid)]:
+            time.sleep(0.02)
+        assert not [pid for pid in seen if _alive(pid)]
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)
+        for pid in seen:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
