@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from commbench.files import shown_values
 from commbench.results import CompareRecord, RecordError, ResultSink, read_records
 
 KEY_FIELDS = ("collective", "backend", "library", "algorithm", "dtype", "op", "placement", "world_size", "nnodes",
@@ -178,10 +179,11 @@ def _check_options(metric: str, threshold_pct: float) -> None:
 
 
 def load(path: str, warn=None) -> list[dict]:
-    """The records of a results file, every line checked (results.read_records); CompareError, one line
-    naming the file (and line), when it cannot be read, a line is malformed, or it holds no result."""
+    """The records of a results file, every line checked (results.read_records), their strings as shown
+    (files.shown_values, as report reads them); CompareError, one line naming the file (and line), when it
+    cannot be read, a line is malformed, or it holds no result."""
     try:
-        records = read_records(path, warn)
+        records = [shown_values(r) for r in read_records(path, warn)]
     except RecordError as exc:
         raise CompareError(str(exc)) from exc
     if not any(r["record"] == "result" for r in records):

@@ -19,6 +19,7 @@ from commbench.analysis import calibration as C
 from commbench.analysis import scale_terms as T
 from commbench.analysis.scaling import ScalingError, predict_scaling
 from commbench.costmodel import Hardware, terms_of
+from commbench.files import shown
 from commbench.proxies.profile import Profile
 from commbench.proxies.timeline import flops_times_us
 from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, RAW_ESTIMATE, ScalingRecord
@@ -172,8 +173,8 @@ def evidence_terms(hw: Hardware, step_ratios) -> tuple[Hardware, object, tuple[s
         step_ratios = T.default_step_ratios(terms.step_cv.value)
         said.append(("without a fit" if unfitted(hw) else "the file's step_terms")
                     + f": stragglers: the expected slowest of N ranks, steps normal with CV "
-                    f"{100 * terms.step_cv.value:.2f}% (step_cv, {terms.step_cv.source}: {terms.step_cv.evidence}; "
-                    f"--jitter-from for your own)")
+                    f"{100 * terms.step_cv.value:.2f}% (step_cv, {terms.step_cv.source}: "
+                    f"{shown(terms.step_cv.evidence)}; --jitter-from for your own)")
     return hw, step_ratios, tuple(said)
 
 

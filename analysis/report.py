@@ -18,6 +18,7 @@ from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
 from commbench.backends.registry import record_capabilities
+from commbench.files import shown_values
 from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
@@ -273,10 +274,11 @@ def _drawable(record: dict) -> bool:
 
 def read_all(paths: list[str], warn=None) -> list[dict]:
     """Every record of the files, each line checked (results.read_records: RecordError names the file and
-    line), marked with its file (`_file`: a series never mixes runs); ReportError when none is a timed
-    result, an ok proxy summary or a scaling point, and `warn` for each file that holds none (e.g. a
-    sweep of --backend sim without --hw: checked, not timed)."""
-    records = [{**r, "_file": p} for p in paths for r in read_records(p, warn)]
+    line), its strings as they are shown (files.shown_values: a newline, an escape or a lone surrogate a file
+    holds forges no line of a table and breaks no figure), marked with its file (`_file`: a series never mixes
+    runs); ReportError when none is a timed result, an ok proxy summary or a scaling point, and `warn` for each
+    file that holds none (e.g. a sweep of --backend sim without --hw: checked, not timed)."""
+    records = [{**shown_values(r), "_file": p} for p in paths for r in read_records(p, warn)]  # drawn and printed
     if not any(_drawable(r) for r in records):
         raise ReportError(f"{NOTHING_TO_DRAW} in " + ", ".join(paths))
     for path in idle_files(records, paths):

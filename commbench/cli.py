@@ -30,6 +30,7 @@ from commbench.commands import (
 )
 from commbench.commands.common import refuse_empty_values
 from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
+from commbench.files import shown
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -44,7 +45,7 @@ for command in (sweep.sweep, nccltests.nccl_tests_command, proxy.proxy_command, 
                 compute.compute_command,
                 emulate.emulate_group, tune.tune_command, replay.replay_command):
     cli.add_command(command)
-refuse_empty_values(cli)  # one rule for every command: an empty value is one line and exit 2
+refuse_empty_values(cli)  # one rule for every command: an empty value, or nan or inf, is one line and exit 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     process's own entry (argv None: the `commbench` script, `python -m commbench`), it ends the
     process without the interpreter's teardown once the command is done (job.exit_now: torch's
     teardown costs about a second and has aborted finished ranks); called in process, it returns."""
+    if argv is None:
+        from commbench.files import escape_unencodable_output
+
+        escape_unencodable_output()
     code = _main(argv)
     if argv is None:
         from commbench.job import exit_now
@@ -73,8 +78,8 @@ def _main(argv: list[str] | None) -> int:
     except click.exceptions.Abort:
         print("commbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except click.ClickException as exc:
-        print(f"commbench: error: {_message(exc)}", file=sys.stderr)
+    except click.ClickException as exc:  # one line, whatever a file it names held (files.shown)
+        print(f"commbench: error: {shown(_message(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -1,11 +1,13 @@
 """Reading input files safely: regular files only (a FIFO would block, a device like /dev/zero
 would never end), a bounded size where the whole file is read, and one error a command turns
-into one line. Reading a file never runs code: the readers parse JSON, nothing else."""
+into one line. Reading a file never runs code: the readers parse JSON, nothing else. What a file holds
+is printed back escaped (`shown`): a file cannot forge commbench's output."""
 from __future__ import annotations
 
 import json
 import os
 import stat
+import sys
 from typing import Any, BinaryIO
 
 # the largest figure a results or hardware file may hold (a poor fit writes 3e16 GB/s): no time, rate or size
@@ -55,6 +57,42 @@ def json_kind(value: Any) -> str:
     if isinstance(value, str):
         return f"the string {json.dumps(value[:40])}"
     return "a list" if isinstance(value, list) else "an object"
+
+
+def shown(text: Any) -> str:
+    """A string a file holds (a hardware file's name, notes or evidence, a trace's names, a results file's
+    fields), as commbench prints it back: every character that is not printable (a newline, a terminal escape,
+    a bidirectional override, a lone surrogate) written as its escape (\\n, \\x1b, \\u202e, \\ud800), so that
+    what a file holds can neither forge an output line nor break the output's encoding. The one rule for every
+    string printed back, on a terminal, in a table or in a figure."""
+    text = text if isinstance(text, str) else str(text)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def shown_values(value: Any) -> Any:
+    """`value` (a record as a file held it) with every string in it, at any depth, keys too, as `shown`
+    prints it: for readers that only display what they read (report, check, compare). What a reader made of
+    the file (a dict or list of its own type: packed times unpacked) is kept as it is."""
+    if isinstance(value, str):
+        return shown(value)
+    if type(value) is dict:
+        return {shown_values(k): shown_values(v) for k, v in value.items()}
+    if type(value) is list:
+        return [shown_values(v) for v in value] if any(isinstance(v, (str, dict, list)) for v in value) else value
+    return value
+
+
+def escape_unencodable_output() -> None:
+    """At a process's entry (the `commbench` command, a rank): a character its stdout cannot encode (a lone
+    surrogate a file held, printed without `shown`) is written as its escape, not a UnicodeEncodeError that
+    ends the command in a traceback. stderr does so already (Python's default for it)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a text file of its own (a test's capture), or closed
+            pass
 
 
 def open_regular(path: str, writable: bool = False) -> BinaryIO:

@@ -43,8 +43,10 @@ from commbench.errors import (
     BackendError,
     JobFault,
     OutOfMemory,
+    OutputError,
     mentions_out_of_memory,
 )
+from commbench.files import escape_unencodable_output, shown
 from commbench.launch import (
     EXIT_DIR_VAR,
     SPAWN_VAR,
@@ -57,6 +59,7 @@ from commbench.launch import (
     spawn_local,
     stop_margin_s,
 )
+from commbench.lifetime import sigterm_as_interrupt
 
 JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": Job.ref, "config": JSON, "argv": [...]}
 SUMMARY_RECORDS = ("summary", "proxy", "validate")  # a results file that ends in one of these is complete
@@ -141,32 +144,41 @@ def launcher_of(launcher_option: str = "auto", env: Mapping[str, str] | None = N
 
 
 def run(job: Job, cfg: Any, plan: Plan, argv: list[str]) -> int:
-    """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s)."""
+    """Carry out a plan: spawn `plan.world` ranks of `job`, or run this process's rank(s). SIGTERM to this
+    process ends the job as Ctrl-C does: exit 130, summaries written (lifetime.sigterm_as_interrupt)."""
     if not isinstance(cfg, job.config):
         raise TypeError(f"the {job.name} job runs a {job.config.__name__}, not a {type(cfg).__name__}")
-    if plan.mode in ("spawn", "emulate"):
-        where = "on this host" if plan.mode == "spawn" else f"on an emulated cluster of {plan.nodes} node(s)"
-        # the first line, at once: the ranks' start (torch's import, the rendezvous) takes seconds, more under load
-        print(f"commbench: {job.name}: starting {plan.world} rank(s) {where}; their first line follows once they meet",
-              file=sys.stderr, flush=True)
-        payload = json.dumps({"job": job.ref, "config": cfg.to_json(), "argv": list(argv)})
-        if plan.mode == "spawn":
-            code = spawn_local(__name__, plan.world, {JOB_VAR: payload}, cfg.timeout_s)
-        else:
-            from commbench.emulate import EmulateError
-            from commbench.emulated_run import run_job
-
-            try:
-                code = run_job(plan.nodes, plan.ranks_per_node, plan.link_bps, {JOB_VAR: payload}, cfg.timeout_s)
-            except EmulateError as exc:
-                print(f"commbench: error: {exc}", file=sys.stderr)
-                return EXIT_FAULT
-        if code != EXIT_OK and cfg.json_path:
-            close_records(job, cfg.json_path)
-        return code
     if plan.mode == "join":
         handle_stop_signals()
-    return job.rank(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
+        return job.rank(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
+    with sigterm_as_interrupt():
+        if plan.mode in ("spawn", "emulate"):
+            return _spawn(job, cfg, plan, argv)
+        return job.rank(cfg, plan.launch or LaunchInfo.local(0, 1, 0), argv)
+
+
+def _spawn(job: Job, cfg: Any, plan: Plan, argv: list[str]) -> int:
+    """Start the job's ranks on this host or on an emulated cluster, supervise them, and close the results
+    file of a rank 0 that died before its summary; the job's exit code."""
+    where = "on this host" if plan.mode == "spawn" else f"on an emulated cluster of {plan.nodes} node(s)"
+    # the first line, at once: the ranks' start (torch's import, the rendezvous) takes seconds, more under load
+    print(f"commbench: {job.name}: starting {plan.world} rank(s) {where}; their first line follows once they meet",
+          file=sys.stderr, flush=True)
+    payload = json.dumps({"job": job.ref, "config": cfg.to_json(), "argv": list(argv)})
+    if plan.mode == "spawn":
+        code = spawn_local(__name__, plan.world, {JOB_VAR: payload}, cfg.timeout_s)
+    else:
+        from commbench.emulate import EmulateError
+        from commbench.emulated_run import run_job
+
+        try:
+            code = run_job(plan.nodes, plan.ranks_per_node, plan.link_bps, {JOB_VAR: payload}, cfg.timeout_s)
+        except EmulateError as exc:
+            print(f"commbench: error: {exc}", file=sys.stderr)
+            return EXIT_FAULT
+    if code != EXIT_OK and cfg.json_path:
+        close_records(job, cfg.json_path)
+    return code
 
 
 def close_records(job: Job, path: str) -> None:
@@ -189,7 +201,10 @@ def close_records(job: Job, path: str) -> None:
     summary = job.summary(records, "rank 0 ended before it wrote the summary (see the messages of the run); "
                                    "written by the spawner from the records above")
     if summary is not None:
-        append_record(path, summary)
+        try:
+            append_record(path, summary)
+        except OutputError:  # a full disk, which rank 0 has named: the file ends at its last whole record
+            pass
 
 
 def end(code: int, plan: Plan) -> None:
@@ -249,7 +264,9 @@ def _outcome(exc: BaseException, launch: LaunchInfo, timeout_s: float) -> tuple[
             return f"out of memory: {error_line(exc)}", EXIT_USAGE, "failed", True
         return (f"{error_line(exc)} (a peer rank may have died or hung, or never started; "
                 f"--timeout {timeout_s:g} s)"), EXIT_FAULT, "failed", True
-    if isinstance(exc, OSError):  # a results file that cannot be written, a full disk
+    if isinstance(exc, OutputError):  # a results file that cannot be written (a full disk): the user's to fix
+        return str(exc), EXIT_USAGE, "failed", True
+    if isinstance(exc, OSError):
         return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), EXIT_FAULT, "failed", True
     raise exc
 
@@ -265,7 +282,7 @@ def error_line(exc: BaseException) -> str:
 def fail(launch: LaunchInfo, message: str, prefix: bool = True) -> None:
     """One line on stderr, naming the rank when there are several."""
     who = f"rank {launch.rank}: " if prefix and launch.world_size > 1 else ""
-    print(f"commbench: {who}{message}", file=sys.stderr, flush=True)
+    print(f"commbench: {who}{shown(message)}", file=sys.stderr, flush=True)  # one line, whatever a file held
 
 
 def exit_now(code: int) -> None:
@@ -318,6 +335,7 @@ def main() -> None:
     """The rank entry of `python -m commbench.job` (launch.spawn_local starts it, with SIGINT blocked
     until the handler is in place: a Ctrl-C while the rank starts is held, not lost or a traceback)."""
     handle_stop_signals()
+    escape_unencodable_output()
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         try:

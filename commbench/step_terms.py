@@ -20,6 +20,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from commbench.files import shown
+
 SOURCES = ("measured", "fitted", "defaulted")
 # The largest value each term may take: a file beyond it is damaged (the compute 10x slower while a call runs; a
 # step's spread 100% of its median; a second of framework time per call).
@@ -56,7 +58,7 @@ class StepTerms:
         units = {"overlap_slowdown": lambda v: f"{v:.3g}", "step_cv": lambda v: f"{100 * v:.2f}%",
                  "per_bucket_us": lambda v: f"{v:.3g} us"}
         return "; ".join(f"{f.name} {units[f.name](getattr(self, f.name).value)} ({getattr(self, f.name).source}: "
-                         f"{getattr(self, f.name).evidence})" for f in fields(self))
+                         f"{shown(getattr(self, f.name).evidence)})" for f in fields(self))  # as the file holds it
 
 
 NO_GPU = "no GPU was available to this project's sessions: not measured, 0 until a GPU run measures it"

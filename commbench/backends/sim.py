@@ -20,6 +20,7 @@ from commbench.backends.base import BackendError
 from commbench.backends.control import LocalControl
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
+from commbench.files import shown
 from commbench.launch import LaunchInfo
 from commbench.schedule import Schedule, run
 from commbench.topology import Topology, TopologyError, parse_topology
@@ -60,6 +61,7 @@ class SimBackend(ScheduleBackend):
 
     def header_notes(self, collectives: tuple[str, ...], placements: tuple[str, ...], hw: str | None) -> list[str]:
         poor = self.hardware.meta.get("poor_fit") if self.hardware is not None else None
+        poor = shown(poor) if poor else poor  # the file's text, printed back
         return [f"sim: results are checked; times are predicted by the cost model of {hw}" if hw
                 else "sim: results are checked; not timed (n/m) without --hw FILE|PRESET",
                 *([f"warning: {hw} is a poor fit ({poor}): its times do not describe the sweep it came from"]

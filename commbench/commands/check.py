@@ -8,6 +8,7 @@ import click
 from commbench.commands.common import UsageFault, check_outputs, output_options
 from commbench.commands.hw_option import hw_option
 from commbench.errors import EXIT_WRONG
+from commbench.files import shown
 
 CHECK_EXAMPLES = """
 \b
@@ -65,7 +66,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
         raise UsageFault(str(exc)) from exc
     rows, notes = K.check(records, hw)
     for note in notes:
-        click.echo(f"# note: {note}")
+        click.echo(f"# note: {shown(note)}")
     if not rows:
         raise UsageFault(f"nothing in {', '.join(files)} that {hw.name} can predict: give sweep (result), proxy "
                          f"replay, or training records beside a replay of the same setup")
@@ -120,8 +121,8 @@ def _table(rows, hw) -> None:
     rest. With intervals, why they are wide where they are (intervals.wide_note)."""
     from commbench.analysis.intervals import wide_note
 
-    click.echo(f"# predicted by {hw.name}; error = predicted / measured - 1")
-    width = max(len(r.setup) for r in rows)
+    click.echo(f"# predicted by {shown(hw.name)}; error = predicted / measured - 1")
+    width = max(len(r.setup) for r in rows)  # the records' strings as shown (report.read_all)
     whats = [f"{r.what} (training)" if r.kind == "train" else r.what for r in rows]
     spans = [f"{r.interval_us[0]:.1f}-{r.interval_us[1]:.1f}" if r.interval_us else "" for r in rows]
     point_w = max(26, *map(len, whats))

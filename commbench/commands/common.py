@@ -4,6 +4,7 @@ device (/dev/zero, /dev/full: a run's record closing would read one back without
 user's file overwritten unless `--force` (or added to, for JSON Lines, with `--append`)."""
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -153,7 +154,9 @@ def check_directory(path: str, own_file: str, force: bool = False) -> None:
 def refuse_empty_values(command: click.Command) -> None:
     """The one rule for an empty value, on every parameter of `command` and of the commands under it: a
     value given as '' (or blanks) is one line and exit 2, for an option (`--hw ''`), an argument, or an
-    item of a repeatable one, never taken as "not given" and the default run in its place."""
+    item of a repeatable one, never taken as "not given" and the default run in its place. And the one
+    rule for a number that is not finite: no option of commbench takes nan or inf (`--timeout nan`,
+    `--compute-scale inf`: one line and exit 2, not a ValueError where it is used)."""
     for sub in getattr(command, "commands", {}).values():
         refuse_empty_values(sub)
     for param in command.params:
@@ -165,9 +168,12 @@ def _refusing_empty(param: click.Parameter, callback: Callable | None) -> Callab
 
     def check(ctx: click.Context, parameter: click.Parameter, value):
         values = value if isinstance(value, (tuple, list)) else (value,)
-        if ctx.get_parameter_source(parameter.name) in given_by and any(
-                isinstance(v, str) and not v.strip() for v in values):
+        given = ctx.get_parameter_source(parameter.name) in given_by
+        if given and any(isinstance(v, str) and not v.strip() for v in values):
             raise UsageFault(f"{_named(parameter, values)} '': an empty value")
+        bad = next((v for v in values if isinstance(v, float) and not math.isfinite(v)), None)
+        if given and bad is not None and isinstance(parameter, click.Option):
+            raise UsageFault(f"{parameter.opts[0]} {bad:g}: must be a finite number")
         return callback(ctx, parameter, value) if callback else value
     return check
 

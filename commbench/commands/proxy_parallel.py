@@ -9,7 +9,7 @@ from dataclasses import replace
 import click
 
 from commbench.commands.common import UsageFault
-from commbench.commands.predict_layouts import schedule_options
+from commbench.commands.predict_layouts import MAX_MICROBATCH, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, schedule_options
 
 
 def layout_replay_options(fn):
@@ -52,9 +52,12 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
     for refused, line in refusals:
         if refused:
             raise UsageFault(line)
-    for flag in ("microbatch", "microbatches", "virtual_stages"):
-        if getattr(o, flag) is not None and getattr(o, flag) < 1:
-            raise UsageFault(f"--{flag.replace('_', '-')} {getattr(o, flag)}: must be at least 1")
+    bounds = {"microbatch": MAX_MICROBATCH, "microbatches": MAX_MICROBATCHES, "virtual_stages": MAX_VIRTUAL_STAGES}
+    for flag, most in bounds.items():  # as predict-scaling --layout bounds them (10^30 sequences: rank tracebacks)
+        value = getattr(o, flag)
+        if value is not None and not 1 <= value <= most:
+            raise UsageFault(f"--{flag.replace('_', '-')} {value}: must be " +
+                             ("at least 1" if value < 1 else f"at most {most:,}"))
     try:
         par = parse_layout(text, o.setup, world, pp_schedule=o.pp_schedule, virtual_stages=o.virtual_stages)
         microbatches = o.microbatches or (2 * par.pp if par.pp > 1 else 1)

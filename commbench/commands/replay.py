@@ -10,6 +10,9 @@ import click
 from commbench.commands.common import UsageFault, check_writable, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
 from commbench.commands.hw_option import hw_option
+from commbench.commands.options import Range, check
+
+COMPUTE_SCALE = Range(1e-6, 1e6)  # a device a million times faster or slower than the traced one, at most
 
 EXAMPLES = """
 \b
@@ -36,7 +39,8 @@ Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it),
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="With --hw: the job's ranks on nodes [default: one node of the trace's ranks].")
 @click.option("--compute-scale", type=float, default=1.0, show_default=True,
-              help="With --hw: the other device's compute speed-up over the traced one.")
+              help=f"With --hw: the other device's compute speed-up over the traced one "
+                   f"({COMPUTE_SCALE.low:g} to {COMPUTE_SCALE.high:g}).")
 @click.option("--torch-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
@@ -53,6 +57,7 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
     from commbench.proxies.trace_calls import TraceError
     from commbench.proxies.trace_files import read_traces
 
+    check({"--compute-scale": (COMPUTE_SCALE, compute_scale)})  # inf made every step's compute 0 us
     if steps < 1 or warmup_steps < 0 or not compute_scale > 0 or not 0 < timeout_s < 1e6:
         raise UsageFault("--steps must be at least 1, --warmup-steps at least 0, --compute-scale above 0, "
                          "--timeout above 0 (and below 1e6 s)")

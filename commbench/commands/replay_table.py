@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from commbench.commands.common import UsageFault
+from commbench.files import shown
 
 
 def _size(nbytes: int) -> str:
@@ -25,7 +26,7 @@ def print_table(job) -> None:
     trace = job.ranks[0]
     steps = len(trace.steps)
     step_us = [s.step_us for s in trace.steps]
-    click.echo(f"# {job.source}: {job.world} rank(s), {steps} step(s), {len(job.groups())} group(s); "
+    click.echo(f"# {shown(job.source)}: {job.world} rank(s), {steps} step(s), {len(job.groups())} group(s); "
                f"rank 0's calls per collective and size (every member of a group issues the same)")
     if any(step_us):
         mean = sum(step_us) / len(step_us)
@@ -37,14 +38,14 @@ def print_table(job) -> None:
                f"{'busbw(GB/s)':>11} {'share':>6} {'exposed(ms)':>11} {'overlap(ms)':>11}")
     for row in table_rows(job):
         group = ",".join(map(str, row.group)) if len(row.group) <= 4 else f"{len(row.group)} ranks"
-        click.echo(f"  {row.collective:>14} {_size(row.nbytes):>11} {row.dtype:>8} {group:>12} {row.calls:>6} "
-                   f"{_cell(row.time_us, '.1f'):>9} {_cell(row.busbw_gbps, '.3f'):>11} "
+        click.echo(f"  {shown(row.collective):>14} {_size(row.nbytes):>11} {shown(row.dtype):>8} {group:>12} "
+                   f"{row.calls:>6} {_cell(row.time_us, '.1f'):>9} {_cell(row.busbw_gbps, '.3f'):>11} "
                    f"{'-' if row.share is None else format(row.share * 100, '.1f') + '%':>6} "
                    f"{row.exposed_us / 1e3:>11.3f} {row.overlapped_us / 1e3:>11.3f}")
     click.echo("# time: the median call's run (the worker's or kernel's span); share: the calls' run time over the "
                "step's; exposed: per step, the issuing thread waiting while they ran; overlap: the rest")
     for note in job.notes:
-        click.echo(f"# note: {note}")
+        click.echo(f"# note: {shown(note)}")
 
 
 def predict_and_print(job, hw_spec: str, topology: str | None, compute_scale: float, json_path: str | None,
@@ -61,7 +62,7 @@ def predict_and_print(job, hw_spec: str, topology: str | None, compute_scale: fl
         p = predict_trace(job, hw, topo, compute_scale)
     except (HardwareError, TopologyError, ValueError) as exc:
         raise UsageFault(str(exc).splitlines()[0]) from exc
-    click.echo(f"# predicted on {hw.name} ({topo.nodes}x{topo.ranks_per_node}), cost model; traced compute"
+    click.echo(f"# predicted on {shown(hw.name)} ({topo.nodes}x{topo.ranks_per_node}), cost model; traced compute"
                + ("" if compute_scale == 1.0 else f" / {compute_scale:g}") + "; calls one at a time in issue order")
     click.echo(f"# {'step':>6} {'compute(ms)':>12} {'comm(ms)':>10} {'exposed(ms)':>12} {'step(ms)':>10}")
     for k, step in enumerate(p.steps_us):

@@ -7,6 +7,7 @@ import json
 import click
 
 from commbench.commands.common import UsageFault, check_outputs, warn
+from commbench.files import shown_values
 from commbench.results import RecordError, read_records
 from commbench.sizes import format_size
 
@@ -18,7 +19,7 @@ def stragglers(files: list[str], spike_factor: float, json_path: str | None, for
 
     check_outputs(("--json", json_path), force=force, append=False)
     try:
-        records = [record for path in files for record in read_records(path, warn)]
+        records = [shown_values(record) for path in files for record in read_records(path, warn)]  # as shown
         found = S.report(records, spike_factor)
     except (RecordError, S.StragglerError) as exc:
         raise UsageFault(str(exc)) from exc

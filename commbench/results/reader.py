@@ -104,6 +104,10 @@ def _value_problem(kind: str, record: dict[str, Any], budget: TimesBudget | None
     for name, names in known:
         if record[name] not in names:
             return f"result record: unknown {name} {record[name]!r}; known: {', '.join(names)}"
+    kept = record.get("rank_times_us")  # its count of ranks, as a record's own counts (not true, not 2.5)
+    ranks = kept.get("ranks") if isinstance(kept, dict) else 1
+    if not (_KINDS["int"][0](ranks) and 1 <= ranks <= LARGEST_INTEGER):
+        return f"result record: rank_times_us.ranks must be a whole number, at least 1, not {json_kind(ranks)}"
     if any(isinstance(record.get(k), dict) for k in ("iteration_times_us", "skipped_times_us", "rank_times_us")):
         try:  # packed: unpacked here, once, bounded, kept beside the record for the readers (UnpackedTimes)
             unpack_in_place(record, budget or TimesBudget())

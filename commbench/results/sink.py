@@ -1,54 +1,110 @@
 """Writing records: ResultSink, the one writer of every record type (records.py), one JSON line
 each, flushed and fsynced as it is written (a crash loses nothing already written), and results in
-CSV too. A file that cannot be written is one OutputError line naming it."""
+CSV too. A file that cannot be written is one OutputError line naming it, and a write that fails part
+way (a full disk) leaves no part of its line: the file is cut back to its last whole line (`_Lines`),
+so a file given to --append is left as it was before the run, with every line the run wrote whole."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import errno
 import json
 import math
 import os
+import stat
 import uuid
 from collections.abc import Iterable
 from typing import IO, Any
 
+from commbench.errors import OutputError  # noqa: F401 - this module's error, as commbench.results names it
 from commbench.results.records import RESULT_FIELDS, SCHEMA_VERSION, Record, Result, SweepSummary
 
 
-class OutputError(OSError):
-    """An output file that cannot be opened or written (a full disk, no permission): one line,
-    `cannot write PATH: reason`. An OSError, so whatever handles those handles it."""
+class _Lines:
+    """An output file written a whole line at a time, without a buffer of its own: a line is on its way to
+    the disk once `write` returns. A write or an fsync that fails (a full disk) cuts a regular file back to
+    its last whole line (`whole`: what was there before, then each line written since) and raises
+    OutputError; a file that is not regular (a pipe, /dev/null) is left as it is."""
 
-    def __init__(self, path: str, exc: OSError):
-        super().__init__(exc.errno, exc.strerror or str(exc), path)
+    def __init__(self, path: str, mode: str):
+        self.path = path
+        self.raw = open(path, mode + "b", buffering=0)  # noqa: SIM115 - closed by close()
+        info = os.fstat(self.raw.fileno())
+        self.regular = stat.S_ISREG(info.st_mode)
+        self.whole = self.synced = info.st_size if self.regular and mode == "a" else 0
 
-    def __str__(self) -> str:
-        return f"cannot write {self.filename}: {self.strerror}"
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+    def tell(self) -> int:
+        return self.whole
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "backslashreplace")  # a lone surrogate a file held: its escape, not an error
+        try:
+            written = 0
+            while written < len(data):
+                step = _write_some(self.raw.fileno(), data[written:])
+                if step <= 0:  # a file that takes nothing more and says no error: full, as far as it is concerned
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += step
+        except OSError as exc:
+            self._cut(self.whole)
+            raise OutputError(self.path, exc) from exc
+        self.whole += len(data)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is held here (every write went to the file at once)."""
+
+    def sync(self) -> None:
+        """fsync: the lines written so far are on the disk. Where that fails, what it could not write since the last
+        fsync that held is cut off (the lines since then included: their state on the disk is unknown)."""
+        try:
+            _fsync(self.raw)
+        except OSError as exc:
+            self._cut(self.synced)
+            raise OutputError(self.path, exc) from exc
+        self.synced = self.whole
+
+    def _cut(self, size: int) -> None:
+        if not self.regular:
+            return
+        try:
+            os.ftruncate(self.raw.fileno(), size)
+            self.whole = self.synced = size
+        except OSError:
+            pass  # nothing more can be done for it here: the caller reports the write that failed
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def _write_some(fd: int, data: bytes) -> int:
+    """os.write (apart, so that a test can make it fail part way, as a disk that fills mid-line does)."""
+    return os.write(fd, data)
 
 
 class ResultSink:
-    """Writes records to JSON Lines (and results to CSV too), flushing and fsyncing each line.
+    """Writes records to JSON Lines (and results to CSV too), fsyncing each line.
 
     `append` adds to an existing file instead of starting a new one (the CSV header is then written
     only into an empty file). A write that fails (a full disk) raises OutputError; every line
-    written before it stays in the file."""
+    written before it stays in the file, and nothing of the line that failed (_Lines)."""
 
     def __init__(self, json_path: str | None = None, csv_path: str | None = None, append: bool = False):
         mode = "a" if append else "w"
         self._json_path, self._csv_path = json_path, csv_path
-        self._json: IO[str] | None = _open(json_path, mode)
+        self._json: _Lines | None = _open(json_path, mode)
         try:
-            self._csv_file: IO[str] | None = _open(csv_path, mode)
+            self._csv_file: _Lines | None = _open(csv_path, mode)
         except OutputError:
             self.close()
             raise
         self._csv = csv.DictWriter(self._csv_file, RESULT_FIELDS) if self._csv_file else None
         if self._csv and self._csv_file.tell() == 0:
-            with _writing(csv_path):
-                self._csv.writeheader()
-                self._csv_file.flush()
+            self._csv.writeheader()
 
     def __enter__(self) -> ResultSink:
         return self
@@ -66,9 +122,7 @@ class ResultSink:
             row = dataclasses.asdict(result)
             for name in ("telemetry", "iteration_times_us", "skipped_times_us", "rank_times_us"):  # one JSON cell each
                 row[name] = json.dumps(row[name]) if row[name] else None
-            with _writing(self._csv_path):
-                self._csv.writerow(row)
-                self._csv_file.flush()
+            self._csv.writerow(row)  # one write of the whole row (csv's writer): all of it or none
 
     def summary(self, summary: SweepSummary | dict[str, Any]) -> None:
         """The sweep's last line; a dict is written as given (the form callers used before SweepSummary)."""
@@ -104,16 +158,13 @@ class ResultSink:
     def _write_json(self, record: dict[str, Any], sync: bool = True) -> None:
         if self._json:
             line = json.dumps(_finite(record), allow_nan=False, default=str) + "\n"  # JSON has no infinity
-            with _writing(self._json_path):
-                self._json.write(line)
+            self._json.write(line)
             if sync:
                 self._sync()
 
     def _sync(self) -> None:
         if self._json:
-            with _writing(self._json_path):
-                self._json.flush()
-                _fsync(self._json)
+            self._json.sync()
 
     def close(self) -> None:
         """Close the files; a buffer that cannot be flushed any more (a full disk) raises OutputError once."""
@@ -179,7 +230,7 @@ def append_refusal(path: str, csv_file: bool) -> str | None:
     return "it holds no commbench records (its first line is not a JSON record)"
 
 
-def _open(path: str | None, mode: str = "w") -> IO[str] | None:
+def _open(path: str | None, mode: str = "w") -> _Lines | None:
     if not path:
         return None
     try:
@@ -189,23 +240,12 @@ def _open(path: str | None, mode: str = "w") -> IO[str] | None:
 
             with open(path, "r+b") as handle:
                 drop_torn_line(handle)
-        return open(path, mode, encoding="utf-8", newline="")
+        return _Lines(path, mode)
     except OSError as exc:
         raise OutputError(path, exc) from exc
 
 
-@contextlib.contextmanager
-def _writing(path: str | None):
-    """Turns an OSError while writing `path` into OutputError (one line naming the file)."""
-    try:
-        yield
-    except OutputError:
-        raise
-    except OSError as exc:
-        raise OutputError(path or "?", exc) from exc
-
-
-def _fsync(handle: IO[str]) -> None:
+def _fsync(handle: IO[bytes]) -> None:
     """fsync, where the file supports it (a pipe, /dev/null or a terminal does not: nothing to sync)."""
     try:
         os.fsync(handle.fileno())

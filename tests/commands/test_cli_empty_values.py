@@ -38,6 +38,10 @@ def no_ranks(monkeypatch):
     (["sweep", "--backend", "sim", "--sizes", "1K", "--root", "99999999999999999999"],
      "--root 99999999999999999999: must be a rank in 0..1"),
     (["sweep", "--backend", "sim", "--sizes", "1K", "--root", "-1"], "--root -1: must be a rank in 0..1"),
+    # a number that is not finite, on every float option (issue 48: tune --timeout nan was a ValueError)
+    (["tune", "-b", "sim", "--hw", "dgx-h100", "-T", "1x2", "-s", "1K", "-o", "t.json", "--timeout", "nan"],
+     "--timeout nan: must be a finite number"),
+    (["check", "r.jsonl", "--hw", "dgx-a100", "--max-error", "inf"], "--max-error inf: must be a finite number"),
 ])
 def test_an_empty_or_out_of_range_value_is_one_line_exit_2(capsys, args, message):
     assert cli.main(args) == 2

@@ -35,6 +35,11 @@ def test_a_layout_replays_end_to_end_with_records(tmp_path):
      "--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--batch", "4"], "give --microbatch"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--microbatches", "0"], "--microbatches 0: must be at least 1"),
+    # issue 48: 10^30 sequences a micro-batch were accepted here and failed on the ranks in tracebacks
+    (["--layout", "tp2,dp2", "--tflops", "1", "--microbatch", str(10**30)], f"--microbatch {10**30}: must be at most "
+                                                                            "65,536"),
+    (["--layout", "pp2,dp2", "--tflops", "1", "--microbatches", "10000000"], "--microbatches 10000000: must be at "
+                                                                              "most 4,096"),
     (["--layout", "tp2,dp2", "--tflops", "1", "--backend", "shm"], "--layout replays on --backend torch"),
     (["--layout", "tp2,bogus", "--tflops", "1"], "layout part 'bogus'"),
     (["--layout", "tp2,bogus:2", "--tflops", "1"], "unknown setup 'bogus'"),

@@ -61,6 +61,10 @@ def test_hw_predicts_and_writes_a_predicted_record(tmp_path):
     (["missing.json", DDP[1]], "missing.json"),
     ([*DDP, "--hw", "no-such-hw"], "no-such-hw"),
     ([*DDP, "--hw", "dgx-h100", "-T", "2x2"], "2"),
+    # issue 48: inf made every step's compute 0 us, 1e300 as good as inf
+    ([*DDP, "--hw", "dgx-h100", "--compute-scale", "inf"], "--compute-scale inf: must be a finite number"),
+    ([*DDP, "--hw", "dgx-h100", "--compute-scale", "1e300"], "--compute-scale 1e+300: must be at most 1e+06"),
+    ([*DDP, "--hw", "dgx-h100", "--compute-scale", "1e-300"], "--compute-scale 1e-300: must be at least 1e-06"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, words):
     """In process (cli.main, as `python -m commbench` runs it); the truncated trace's test runs the real command."""

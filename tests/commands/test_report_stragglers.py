@@ -68,6 +68,23 @@ def test_a_rank_stopped_during_a_sweep_is_found(tmp_path, capsys):
     assert "by rank 0" not in printed
 
 
+def test_a_rank_count_that_is_not_a_whole_number_is_one_line(tmp_path, capsys):
+    """A result's rank_times_us.ranks true (a bool is an int to Python): one line naming it, exit 2 (issue 48:
+    a TypeError from numpy's reshape in report --stragglers)."""
+    from commbench.results import pack_times
+
+    point = {"record": "result", "kind": "measured", "collective": "allreduce", "backend": "shm", "library": "shm",
+             "algorithm": "ring", "dtype": "float32", "op": "sum", "root": None, "placement": "in-place",
+             "world_size": 2, "nnodes": 1, "count": 256, "nbytes": 1024, "time_us": 10.0, "busbw_gbps": 0.1,
+             "wrong": 0, "rank_times_us": {"ranks": True, "times_us": pack_times([10.0] * 200)}}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(point) + "\n")
+    assert cli.main(["report", "--stragglers", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"commbench: error: {path}:1: result record: rank_times_us.ranks must be a whole number, at least " \
+                  "1, not true\n"
+
+
 def test_stragglers_options_are_checked(tmp_path, capsys):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")

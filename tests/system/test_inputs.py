@@ -450,6 +450,75 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, ca
         assert [line for line in out.splitlines() if not line.startswith("#")]
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs (root only), and a function that fills it until `free` bytes are left; unmounted after."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+
+    def fill(free: int) -> None:
+        with open(where / "filler", "ab") as handle:
+            while os.statvfs(where).f_bavail * os.statvfs(where).f_frsize > free:
+                try:
+                    handle.write(b"\0" * 1024)
+                    handle.flush()
+                except OSError:
+                    break
+
+    try:
+        yield where, fill
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_append_on_a_full_disk_leaves_the_users_file_whole(small_disk, capsys):
+    """predict --append onto a file when the disk fills part way: every line it holds is whole, the user's
+    lines first (issue 48: a torn last line was left in it)."""
+    where, fill = small_disk
+    mine = where / "mine.jsonl"
+    write_lines(mine, records(worlds=(2,)))
+    before = mine.read_bytes()
+    fill(4096)
+    code, _, err = run(capsys, "predict", "--hw", "dgx-a100", "--topology", "2x8", "--sizes", "1K-1G", "--json",
+                       mine, "--append")
+    assert (code, err) == (2, f"commbench: error: cannot write {mine}: No space left on device\n")
+    after = mine.read_bytes()
+    assert after.startswith(before) and after.endswith(b"\n")
+    assert len(read_records(str(mine))) == after.count(b"\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--backend", "shm", "-N", "2", "--sizes", "1K-1M"],
+    ["proxy", "tts_angular", "--nprocs", "2", "--backend", "shm", "--compute", "flops", "--tflops", "0.05",
+     "--steps", "2", "--warmup-steps", "1"],
+])
+@pytest.mark.parametrize("free", [0, 4096])
+def test_a_full_disk_under_spawned_ranks_is_one_line_and_exit_2(small_disk, command, free):
+    """Rank 0's results file fills the disk: one line naming it (and its peer's about rank 0), exit 2, the
+    file's lines whole (issue 48: a traceback in the spawner, exit 1, when the summary did not fit)."""
+    from conftest import commbench, said_lines
+
+    where, fill = small_disk
+    path = where / "r.jsonl"
+    fill(free)
+    out = commbench(*command, "--json", str(path), "--timeout", "60", timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    said = said_lines(out.stderr)
+    assert said[0] == f"commbench: rank 0: cannot write {path}: No space left on device", said
+    assert len(said) <= 2, said  # and rank 1's, that rank 0 ended
+    data = path.read_bytes() if path.exists() else b""
+    assert not data or data.endswith(b"\n")
+    read_records(str(path)) if data else None
+
+
 def test_a_device_that_cannot_fsync_is_a_fine_output(capsys):
     code, _, err = run(capsys, "predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K",
                        "--json", "/dev/null")
@@ -465,10 +534,10 @@ def test_the_sink_keeps_what_it_wrote_when_a_write_fails(tmp_path, monkeypatch):
     sink.header({"run_id": "x"})
     sink.result(point)
 
-    def full(_text):
+    def full(_fd, _data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(sink._json, "write", full)
+    monkeypatch.setattr("commbench.results.sink._write_some", full)  # the sink's one write (os.write)
     with pytest.raises(OutputError) as failure:
         sink.result(point)
     assert str(failure.value) == f"cannot write {path}: No space left on device"

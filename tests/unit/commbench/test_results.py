@@ -131,6 +131,88 @@ def test_append_adds_a_record_after_the_others(tmp_path):
     assert ValidateRecord.from_dict(records[1]) == _validate()
 
 
+def _disk_full_after(monkeypatch, room: int):
+    """The sink's writes from now on: `room` bytes more fit, then ENOSPC, part way through a line as a disk
+    that fills does (a short write, then the error)."""
+    import errno
+    import os
+
+    from commbench.results import sink as sink_module
+
+    left = [room]
+
+    def write_some(fd, data):
+        if not left[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = os.write(fd, bytes(data[:left[0]]))
+        left[0] -= written
+        return written
+
+    monkeypatch.setattr(sink_module, "_write_some", write_some)
+
+
+@pytest.mark.parametrize("room", [0, 10, 700])
+def test_a_full_disk_leaves_an_appended_file_as_it_was(tmp_path, monkeypatch, room):
+    """--append onto the user's file, the disk full part way through the first line: the file is cut back
+    to what it held (issue 48: a torn last line was left in it)."""
+    path = tmp_path / "mine.jsonl"
+    with ResultSink(str(path)) as sink:
+        sink.header({"run_id": "old"})
+        sink.write(_point([1.0, 2.0]))
+    before = path.read_bytes()
+    _disk_full_after(monkeypatch, room)
+    sink = ResultSink(str(path), append=True)
+    with pytest.raises(R.OutputError, match="No space left on device"):
+        sink.header({"run_id": "new", "padding": "x" * 1000})
+    sink.close()
+    assert path.read_bytes() == before
+
+
+def test_a_full_disk_keeps_every_whole_line_of_the_run_in_json_and_csv(tmp_path, monkeypatch):
+    path, csv_path = tmp_path / "r.jsonl", tmp_path / "r.csv"
+    sink = ResultSink(str(path), str(csv_path))
+    sink.header({"run_id": "abc"})
+    sink.write(_point([1.0, 2.0]))
+    kept_json, kept_csv = path.read_bytes(), csv_path.read_bytes()
+    _disk_full_after(monkeypatch, 100)  # the next JSON line (over 1 KB) fits in part only
+    with pytest.raises(R.OutputError):
+        sink.write(_point([3.0, 4.0]))
+    assert path.read_bytes() == kept_json and path.read_bytes().endswith(b"\n")
+    _disk_full_after(monkeypatch, 0)
+    with pytest.raises(R.OutputError):
+        sink.summary(SweepSummary("abc", "failed", "disk", 1, 0, 1.0))
+    sink.close()
+    assert [r["record"] for r in read_records(str(path))] == ["header", "result"]
+    assert csv_path.read_bytes() == kept_csv
+
+
+def test_a_failed_fsync_cuts_what_it_did_not_make_durable(tmp_path, monkeypatch):
+    import errno
+
+    from commbench.results import sink as sink_module
+
+    path = tmp_path / "r.jsonl"
+    sink = ResultSink(str(path))
+    sink.header({"run_id": "abc"})
+    kept = path.read_bytes()
+
+    def full(_handle):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sink_module, "_fsync", full)
+    with pytest.raises(R.OutputError):
+        sink.write(_point([1.0]))
+    sink.close()
+    assert path.read_bytes() == kept
+
+
+def test_a_lone_surrogate_in_a_csv_cell_is_written_escaped(tmp_path):
+    csv_path = tmp_path / "r.csv"
+    with ResultSink(None, str(csv_path)) as sink:
+        sink.write(dataclasses.replace(_point([1.0]), backend="sh\ud800m"))
+    assert "sh\\ud800m" in csv_path.read_text(encoding="utf-8")
+
+
 def test_older_records_read_with_defaults_and_newer_fields_are_ignored():
     old = _point([1.0, 2.0]).to_dict()
     del old["iteration_times_us"], old["record"]
