@@ -283,8 +283,10 @@ def layout_memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
     within_node = choice.get("shard_group") == "node" if "shard_group" in choice.setup.knobs or choice.setup.fixed \
         else False
     degree = _replica_layout(job, par)[1] if within_node else None  # HSDP shards inside a node only
-    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, choice.setup.memory_sharding,
-                      job.checkpointing, par.sequence_parallel, par.expert_tp, shard_degree=degree)
+    sharding = choice.setup.memory_sharding
+    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
+                      par.sequence_parallel, par.expert_tp, shard_degree=degree,
+                      gradients_held=not (sharding == "fsdp" and par.pp == 1 and par.microbatches == 1))
     return M.memory_per_gpu(job.shape, layout)
 
 

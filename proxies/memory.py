@@ -51,6 +51,7 @@ class MemoryBreakdown:
     optimizer_nbytes: int
     activations_nbytes: int
     buffers_nbytes: int  # FSDP's gathered layers
+    gradients_held: bool = True  # through the forward (Layout.gradients_held)
 
     @property
     def model_states_nbytes(self) -> int:
@@ -58,7 +59,13 @@ class MemoryBreakdown:
 
     @property
     def total_nbytes(self) -> int:
-        return self.model_states_nbytes + self.activations_nbytes + self.buffers_nbytes
+        """The peak: every part at once where the gradients live through the forward; else the larger of the
+        loss's peak (no gradients yet, every activation held) and the backward's end (the gradients, no
+        activations)."""
+        if self.gradients_held:
+            return self.model_states_nbytes + self.activations_nbytes + self.buffers_nbytes
+        return self.parameters_nbytes + self.optimizer_nbytes + self.buffers_nbytes + \
+            max(self.activations_nbytes, self.gradients_nbytes)
 
 
 def model_state_nbytes(parameters: float, shard_degree: int, sharding: str,
@@ -90,29 +97,30 @@ def layer_activation_nbytes(shape: TransformerShape, index: int, microbatch: int
                             sequence_parallel: bool = True, checkpointing: str = "none",
                             dropout: bool = False, expert_tp: int | None = None) -> float:
     """Bytes one layer keeps for its backward per micro-batch (Korthikanti et al. 2022, sec. 4):
-    16-bit activations, 1-byte dropout masks, s this CP rank's share of the sequence."""
+    activations of the shape's dtype_bytes (their 16-bit 2 bytes; 4 for a float32 run), 1-byte dropout masks,
+    s this CP rank's share of the sequence."""
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"checkpointing {checkpointing!r}: one of {', '.join(CHECKPOINTING)}")
-    s, b, h = shape.seq_len / cp, microbatch, shape.hidden
+    s, b, h, w = shape.seq_len / cp, microbatch, shape.hidden, shape.dtype_bytes
     sb = s * b
     if checkpointing == "full":  # only the layer's input (sec. 4.3: 2sbh), split by SP
-        return 2 * sb * h / (tp if sequence_parallel else 1)
+        return w * sb * h / (tp if sequence_parallel else 1)
     # not split by TP unless SP splits it: the two norms' inputs (4sbh), the attention and MLP inputs
     # (2sbh each), the two dropout masks (sbh each); MLA's latent down-projections
-    replicated = 8 * sb * h + (2 * sb * h if dropout else 0)
+    replicated = 4 * w * sb * h + (2 * sb * h if dropout else 0)
     if shape.kv_lora_rank:
-        replicated += 2 * sb * (shape.q_lora_rank + shape.kv_lora_rank + shape.qk_rope_head_dim)
+        replicated += w * sb * (shape.q_lora_rank + shape.kv_lora_rank + shape.qk_rope_head_dim)
     # split by TP: Q, K, V, the output projection's input, the MLP's intermediates
-    split = 2 * sb * (shape.heads * shape.head_dim + shape.kv_heads * (shape.head_dim + shape.value_head_dim)
+    split = w * sb * (shape.heads * shape.head_dim + shape.kv_heads * (shape.head_dim + shape.value_head_dim)
                       + shape.heads * shape.value_head_dim)
     if checkpointing == "none":  # softmax output 2as^2b; with dropout its mask as^2b and output 2as^2b
-        split += (5 if dropout else 2) * shape.heads * s * s * b
+        split += (2 * w + 1 if dropout else w) * shape.heads * s * s * b
     if shape.is_moe_layer(index):
-        replicated += 4 * sb * shape.experts + 2 * 2 * sb * shape.top_k * h  # fp32 router logits, dispatch, combine
-        split += 2 * sb * shape.shared_experts * _mlp_intermediates(shape, shape.expert_ffn)
-        split += 2 * sb * shape.top_k * _mlp_intermediates(shape, shape.expert_ffn) * tp / (expert_tp or tp)
+        replicated += 4 * sb * shape.experts + 2 * w * sb * shape.top_k * h  # fp32 router logits, dispatch, combine
+        split += w * sb * shape.shared_experts * _mlp_intermediates(shape, shape.expert_ffn)
+        split += w * sb * shape.top_k * _mlp_intermediates(shape, shape.expert_ffn) * tp / (expert_tp or tp)
     else:
-        split += 2 * sb * _mlp_intermediates(shape, shape.ffn)
+        split += w * sb * _mlp_intermediates(shape, shape.ffn)
     return replicated / (tp if sequence_parallel else 1) + split / tp
 
 
@@ -122,11 +130,21 @@ def _mlp_intermediates(shape: TransformerShape, intermediate: int) -> int:
     return (3 if shape.gated_mlp else 2) * intermediate
 
 
+# Bytes per logit (sequence x vocabulary / tp) at the loss's backward beyond the logits themselves: the loss
+# upcasts the logits to fp32 (transformers' ForCausalLMLoss, torchtitan's cross_entropy_loss), keeps the fp32
+# log-softmax output for the backward (4), and its backward holds that output's gradient (4) and the fp32
+# logits' gradient (4) at once. Measured on CPU with torch's MemTracker: 14.0 bytes a logit at bf16, 15.4 at
+# fp32 (docs/memory.md, benchmarks/memory_measured.py).
+LOSS_FP32_BYTES = 12
+
+
 def output_activation_nbytes(shape: TransformerShape, microbatch: int, tp: int = 1, cp: int = 1) -> float:
-    """The last stage's final norm and output layer with its fp32 cross-entropy (Korthikanti et al.
-    2022, sec. 4.3: 4sbh/t (1 + v/h))."""
+    """The last stage's final norm and output layer at the peak of its loss: the head's input (Korthikanti et
+    al. 2022, sec. 4.3: 4sbh/t for 16-bit) and, per logit (sbv/t), the logits in the model's dtype and the
+    loss's fp32 buffers (LOSS_FP32_BYTES). Korthikanti's 4sbv/t counts the fp32 log-softmax output only; a
+    real step also holds its gradient and the logits' while the loss's backward runs."""
     sb = shape.seq_len / cp * microbatch
-    return 4 * sb * (shape.hidden + shape.vocab) / tp
+    return (2 * shape.dtype_bytes * sb * shape.hidden + (shape.dtype_bytes + LOSS_FP32_BYTES) * sb * shape.vocab) / tp
 
 
 @dataclass(frozen=True)
@@ -148,6 +166,10 @@ class Layout:
     expert_tp: int | None = None  # TP inside an expert; None: tp (Megatron-Core's default)
     dropout: bool = False
     shard_degree: int | None = None  # ranks the model states shard over; None: dp x cp (HSDP: a node's replicas)
+    # whether gradients exist while the forward runs: DDP's buckets, a pipeline's or accumulation's earlier
+    # micro-batches, Megatron's main_grad buffers keep them; FSDP2 with one micro-batch a step frees them
+    # (zero_grad(set_to_none=True)), so its peak is the larger of the loss's and the backward's end
+    gradients_held: bool = True
 
 
 def memory_per_gpu(shape: TransformerShape, layout: Layout, precision: Precision = ZERO) -> MemoryBreakdown:
@@ -193,13 +215,18 @@ def stage_parameters(shape: TransformerShape, layout: Layout, stage: int,
         layer_experts = p["experts"] / (layout.ep * etp)
         dense, experts = dense + layer_dense, experts + layer_experts
         largest_layer = max(largest_layer, layer_dense + layer_experts)
-    if stage == 0:
-        dense += shape.vocab * shape.hidden / tp
+    return dense + root_parameters(shape, layout, stage), experts, largest_layer
+
+
+def root_parameters(shape: TransformerShape, layout: Layout, stage: int) -> float:
+    """The parameters of stage `stage` outside its layers, per GPU: the embedding on the first stage, the final
+    norm and the head on the last (FSDP's root unit)."""
+    root = shape.vocab * shape.hidden / layout.tp if stage == 0 else 0.0
     if stage == layout.pp - 1:  # a tied head is a second copy when it sits on another stage
         tied_elsewhere = shape.tied_embeddings and layout.pp > 1
-        dense += shape.hidden + (shape.vocab * shape.hidden / tp if tied_elsewhere or not shape.tied_embeddings
-                                 else 0)
-    return dense, experts, largest_layer
+        root += shape.hidden + (shape.vocab * shape.hidden / layout.tp if tied_elsewhere or not shape.tied_embeddings
+                                else 0)
+    return root
 
 
 def _expert_ranks(layout: Layout) -> int:
@@ -226,8 +253,12 @@ def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision,
         layout.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))
     if stage == layout.pp - 1:
         activations += output_activation_nbytes(shape, layout.microbatch, tp, layout.cp)
-    buffers = 2 * largest_layer * precision.param_bytes if layout.sharding == "fsdp" else 0.0
-    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)))
+    # FSDP's gathered parameters: the root unit (embedding, head) from its forward to the end of the backward,
+    # and two layers in the backward (the one computing and the one prefetched); measured on CPU with
+    # FSDPMemTracker, the root unit gathered at the loss's peak (docs/memory.md)
+    buffers = (2 * largest_layer + root_parameters(shape, layout, stage)) * precision.param_bytes \
+        if layout.sharding == "fsdp" else 0.0
+    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)), layout.gradients_held)
 
 
 def fits(breakdown: MemoryBreakdown, gpu_nbytes: int, reserved_fraction: float = 0.0) -> bool:

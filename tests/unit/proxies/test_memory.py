@@ -143,3 +143,35 @@ def test_in_flight_per_stage_from_a_schedule(llama70b):
                                                      rel=1e-9)
     with pytest.raises(ValueError, match="in_flight gives 2 stages' counts for pp 4"):
         memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=(1, 2)))
+
+
+def test_the_loss_holds_fourteen_bytes_a_logit_at_bf16_beside_the_heads_input():
+    """The last stage's output at its loss's peak: the bf16 logits (2 bytes), the fp32 log-softmax output, its
+    gradient and the logits' gradient (4 each): 14 bytes a logit, split by tp and cp; was Korthikanti's 4."""
+    shape = load_profile("llama3.1-8b").transformer
+    head_input = 4 * shape.seq_len * shape.hidden / 8
+    assert output_activation_nbytes(shape, 1, tp=8) == pytest.approx(head_input + 14 * shape.seq_len * shape.vocab / 8)
+    wide = dataclasses.replace(shape, dtype_bytes=4)  # a float32 run: 16 bytes a logit, activations twice
+    assert output_activation_nbytes(wide, 1) == pytest.approx(8 * shape.seq_len * shape.hidden
+                                                              + 16 * shape.seq_len * shape.vocab)
+    assert layer_activation_nbytes(wide, 0, 1) == pytest.approx(2 * layer_activation_nbytes(shape, 0, 1))
+
+
+def test_gradients_freed_through_the_forward_make_the_peak_the_larger_phase():
+    """Without gradients through the forward (FSDP2, one micro-batch, set_to_none), the peak is the larger of
+    the loss's (every activation, no gradient) and the backward's end (every gradient, no activation)."""
+    shape = load_profile("llama3.1-8b").transformer
+    held = memory_per_gpu(shape, Layout(dp=8, sharding="zero2"))
+    freed = memory_per_gpu(shape, Layout(dp=8, sharding="zero2", gradients_held=False))
+    assert held.total_nbytes == held.model_states_nbytes + held.activations_nbytes
+    assert freed.total_nbytes == held.total_nbytes - min(held.gradients_nbytes, held.activations_nbytes)
+
+
+def test_fsdp_keeps_its_root_unit_gathered_beside_two_layers():
+    """FSDP2's root unit (embedding on the first stage, head on the last) stays gathered from its forward to the
+    end of the backward, beside the two layers the backward gathers: both in the buffers."""
+    shape = load_profile("llama3.1-8b").transformer
+    one_stage = memory_per_gpu(shape, Layout(dp=8, sharding="fsdp"))
+    layer = sum(shape.layer_parameters(0).values())
+    root = 2 * shape.vocab * shape.hidden + shape.hidden  # untied embedding and head, the final norm
+    assert one_stage.buffers_nbytes == pytest.approx(2 * (2 * layer + root), rel=1e-9)
