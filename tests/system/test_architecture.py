@@ -21,6 +21,7 @@ PACKAGES = {"commbench": ROOT / "commbench", "commbench.analysis": ROOT / "analy
 # 1 core data, 2 pure models and workloads, 3 runtime, 4 commands and readers of results.
 FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
+        "commbench.algorithm_builds",
         "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
         "commbench.files", "commbench.analysis", "commbench.eta", "commbench.lifetime",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
@@ -467,6 +468,7 @@ UNTESTED_BY_NAME = {
     "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
     "commands/emulate": "system/test_emulate.py",
     "commands/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
+    "commbench/algorithm_builds": "unit/commbench/test_algorithms.py (each builder and closed form via the table)",
     "commands/nccltests_flags": "commands/test_nccl_tests.py (every flag), test_cli_newcomer.py (sweep's letters)",
     # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py
     "commbench/files": "unit/proxies/test_trace_*.py, system/test_inputs.py (devices, FIFOs, sizes)",

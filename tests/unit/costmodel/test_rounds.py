@@ -4,6 +4,7 @@ import pytest
 
 from commbench import algorithms as A
 from commbench import costmodel as M
+from commbench.schedule import Transfer
 from commbench.topology import Link, Topology
 
 NVLINK = Link("nvlink", bw_gbps=100.0, latency_us=2.0)
@@ -77,7 +78,7 @@ def test_nic_sharing_across_a_node():
 
 def test_one_transfer_uses_one_nic():
     topo = Topology(2, 8)
-    lone = ((A.Transfer(0, 8, (0, 1000), False),),)
+    lone = ((Transfer(0, 8, (0, 1000), False),),)
     eight_nics = M.Hardware("x", 8, NVLINK, Link("ib", 25.0, 5.0, 8))
     assert M.round_us(lone[0], topo, eight_nics, 4) == pytest.approx(5.0 + 4000 / 25e3)
 
