@@ -60,7 +60,8 @@ def _events_us(run, stream=None) -> float:
 
 def torch_part(sizes: list[int], iters: int, rounds: int) -> list[dict]:
     from commbench.backends.torch_dist import TorchBackend
-    from commbench.launch import LaunchInfo, free_port
+    from commbench.launch import free_port
+    from commbench.launchers import LaunchInfo
 
     backend = TorchBackend(LaunchInfo.local(0, 1, free_port()), device="cuda", torch_backend="nccl")
     try:
@@ -95,7 +96,8 @@ def _torch_size(backend, nbytes: int, iters: int, rounds: int) -> list[dict]:
 
 def cupy_part(sizes: list[int], iters: int, rounds: int) -> list[dict]:
     from commbench.backends.cuda.nccl import CupyBackend
-    from commbench.launch import LaunchInfo, free_port
+    from commbench.launch import free_port
+    from commbench.launchers import LaunchInfo
 
     backend = CupyBackend(LaunchInfo.local(0, 1, free_port()))
     try:

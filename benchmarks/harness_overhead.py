@@ -66,7 +66,7 @@ from commbench import bench
 from commbench import collectives as C
 from commbench.backends import BackendConfig
 from commbench.backends.torch_dist import TorchBackend
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.sizes import SizeError, format_size, parse_sizes
 from commbench.sweep_config import SweepConfig
 

@@ -76,7 +76,7 @@ def _segments(rank: int, count: int, barrier, slack: int, stagger: int = 0) -> d
 def _backend(rank: int, port: int):
     """commbench's shm backend in this rank (its gloo control plane, its segments, its executor's planner)."""
     from commbench.backends.shm.backend import ShmBackend
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.topology import Topology
 
     return ShmBackend(LaunchInfo.local(rank, 2, port), Topology(1, 2), "auto", 120.0)

@@ -49,7 +49,7 @@ def halves_schedule(count: int, rounds: int):
 def _rank(rank: int, world: int, port: int, outbox, args: argparse.Namespace) -> None:
     from commbench import collectives as C
     from commbench.backends.shm.backend import ShmBackend
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", args.timeout)

@@ -112,7 +112,7 @@ class Tools:
     """The backends and buffers of the tools one rank runs; `slot(tool, nbytes)` builds a Slot."""
 
     def __init__(self, control, tools: set[str], port: int, timeout_s: float):
-        from commbench.launch import LaunchInfo
+        from commbench.launchers import LaunchInfo
 
         self.control, self.tools = control, tools
         self.launch = LaunchInfo.local(control.rank, control.world, port)

@@ -26,7 +26,7 @@ from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, oversubscribed, software_versions
 from commbench.errors import EXIT_OK, EXIT_WRONG, JobFault
 from commbench.job import Job, error_line
-from commbench.launch import EMULATED_VAR, LaunchInfo
+from commbench.launchers import EMULATED_VAR, LaunchInfo
 from commbench.results import (
     Result,
     ResultSink,

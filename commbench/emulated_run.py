@@ -43,7 +43,6 @@ from commbench.emulate import clean as clean_clusters
 from commbench.emulate import clusters as all_clusters
 from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK, telling_code
 from commbench.launch import (
-    EMULATED_VAR,
     EXIT_DIR_VAR,
     INTERRUPT_WAIT_S,
     JOB_TAG_VAR,
@@ -53,6 +52,7 @@ from commbench.launch import (
     stop_margin_s,
     supervise,
 )
+from commbench.launchers import EMULATED_VAR
 from commbench.lifetime import die_with_parent, sigterm_as_interrupt
 
 _STDERR_PASS_VAR = "COMMBENCH_EMULATE_VERBOSE"  # set: the launchers' own log lines are shown too

@@ -51,14 +51,12 @@ from commbench.launch import (
     EXIT_DIR_VAR,
     SPAWN_VAR,
     WATCHDOG_VAR,
-    LaunchInfo,
-    detect_launcher,
-    from_environment,
     new_job_id,
     remove_segments,
     spawn_local,
     stop_margin_s,
 )
+from commbench.launchers import LaunchInfo, detect_launcher, from_environment
 from commbench.lifetime import sigterm_as_interrupt
 
 JOB_VAR = "COMMBENCH_JOB"  # a spawned rank's job: {"job": Job.ref, "config": JSON, "argv": [...]}

@@ -14,7 +14,7 @@ from commbench.backends.rank_frame import run_on_backend
 from commbench.backends.registry import capabilities_of
 from commbench.environment import local_environment, software_versions
 from commbench.errors import EXIT_OK, JobFault
-from commbench.launch import EMULATED_VAR
+from commbench.launchers import EMULATED_VAR
 from commbench.proxies import buckets as B
 from commbench.proxies.clocks import ComputeTimeout
 from commbench.proxies.profile import load_profile

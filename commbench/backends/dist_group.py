@@ -25,7 +25,8 @@ import numpy as np
 
 from commbench.backends.control import GroupControl
 from commbench.backends.torch_lazy import LazyModule
-from commbench.launch import LaunchInfo, peer_wait_s
+from commbench.launch import peer_wait_s
+from commbench.launchers import LaunchInfo
 
 # torch on first use: the parent settles options and prints before a rank imports torch (torch_lazy)
 torch = LazyModule("torch", globals(), "torch")

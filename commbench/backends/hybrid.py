@@ -31,7 +31,7 @@ from commbench.backends.shm.executor import pull, reducer
 from commbench.backends.shm.segments import ShmBuffer
 from commbench.backends.shm.waits import require_x86
 from commbench.backends.torch_lazy import LazyModule
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
 

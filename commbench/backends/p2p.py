@@ -28,7 +28,7 @@ from commbench.backends.base import BackendError
 from commbench.backends.schedule_base import ScheduleBackend, job_topology
 from commbench.backends.torch_dist import TorchBackend, _as_oom
 from commbench.backends.torch_lazy import LazyModule
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.topology import Topology
 

@@ -21,7 +21,7 @@ from commbench.backends.control import LocalControl
 from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.files import shown
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.schedule import Schedule, run
 from commbench.topology import Topology, TopologyError, parse_topology
 

@@ -21,7 +21,7 @@ from commbench.backends.torch_calls import shard_calls
 from commbench.backends.torch_lazy import LazyModule, cuda_available
 from commbench.collectives import COLLECTIVES, DType, refused_world
 from commbench.errors import mentions_out_of_memory
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 
 # torch on first use: the parent settles options and prints before a rank imports torch (torch_lazy)
 torch = LazyModule("torch", globals(), "torch")

@@ -226,7 +226,7 @@ def check_outputs(*outputs: tuple[str, str | None], inputs: Iterable[str] = (), 
 def find_job(launcher_option: str):
     """(launcher, LaunchInfo or None) of this process, or one line (exit 2) naming a broken variable."""
     from commbench import job
-    from commbench.launch import LaunchError
+    from commbench.launchers import LaunchError
 
     try:
         return job.find_job(launcher_option)

@@ -44,7 +44,7 @@ def emulated_shape(emulate: str | None, link: str | None, conflicts: dict[str, o
     """(nodes, ranks per node, link bit/s) when --emulate is given, else None (and --link refused).
     Options that say the scale or the launch another way are refused beside it, one line."""
     from commbench.emulate import EmulateError, parse_rate, parse_shape, require_privileges
-    from commbench.launch import detect_launcher
+    from commbench.launchers import detect_launcher
 
     for flag, value in (("emulate", emulate), ("link", link)):  # given but empty: not the default, not "no cluster"
         if value is not None and not value.strip():

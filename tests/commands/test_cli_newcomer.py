@@ -161,7 +161,7 @@ def test_sweep_notes_ranks_beyond_the_hosts_cores():
 
 
 def test_an_emulated_clusters_header_does_not_say_one_host_above_its_nodes(capsys, monkeypatch):
-    from commbench.launch import EMULATED_VAR
+    from commbench.launchers import EMULATED_VAR
 
     monkeypatch.setenv(EMULATED_VAR, "2 node(s) x 1 rank(s), each node's link 1 Gbit/s")
     code, out, _ = _run(capsys, "sweep", "--backend", "sim", "--nprocs", "2", "--sizes", "1K")

@@ -23,7 +23,7 @@ FLOORS = {
     1: ["commbench", "commbench.sizes", "commbench.collectives", "commbench.schedule", "commbench.algorithms",
         "commbench.algorithm_builds",
         "commbench.tuning", "commbench.alltoall", "commbench.topology", "commbench.results", "commbench.environment",
-        "commbench.files", "commbench.analysis", "commbench.eta", "commbench.lifetime",
+        "commbench.files", "commbench.analysis", "commbench.eta", "commbench.lifetime", "commbench.launchers",
         "commbench.proxies", "commbench.results*", "commbench.errors", "commbench.splits",
         "commbench.backends.registry"],
     2: ["commbench.costmodel*", "commbench.step_terms",

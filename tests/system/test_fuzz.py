@@ -41,7 +41,7 @@ def files(tmp_path_factory):
     """A valid sim sweep (measured by the cost model, in process) and malformed files of each kind."""
     from commbench.backends import BackendConfig
     from commbench.bench import run_sweep
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.sweep_config import SweepConfig
 
     folder = tmp_path_factory.mktemp("fuzz")

@@ -34,7 +34,8 @@ from commbench.backends.cuda.device import launch_on, oom_or, rank_gpu, require_
 from commbench.backends.cuda.sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
-from commbench.launch import LaunchInfo, peer_wait_s
+from commbench.launch import peer_wait_s
+from commbench.launchers import LaunchInfo
 from commbench.topology import Topology
 
 MAX_WORLD = 1024  # one block of the barrier kernel has a thread per rank

@@ -43,7 +43,8 @@ from commbench.backends.cuda.device import (
 )
 from commbench.backends.nccl_defects import one_rank_avg_defect, say_once
 from commbench.collectives import DType
-from commbench.launch import LaunchInfo, peer_wait_s
+from commbench.launch import peer_wait_s
+from commbench.launchers import LaunchInfo
 
 
 def _loaded_nccl_version() -> int | None:

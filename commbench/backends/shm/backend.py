@@ -42,7 +42,8 @@ from commbench.backends.shm.waits import (
 )
 from commbench.collectives import DTYPES, DType
 from commbench.environment import affinity_text, cpu_affinity, host_cores
-from commbench.launch import SHM_DIR, SPAWN_VAR, LaunchInfo, new_job_id, peer_wait_s, segment_prefix
+from commbench.launch import SHM_DIR, SPAWN_VAR, new_job_id, peer_wait_s, segment_prefix
+from commbench.launchers import LaunchInfo
 from commbench.topology import Topology
 
 

@@ -10,7 +10,7 @@ import pytest
 from commbench import cli
 from commbench.backends import BackendConfig
 from commbench.bench import run_sweep
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.sweep_config import SweepConfig
 
 

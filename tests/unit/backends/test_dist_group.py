@@ -16,7 +16,7 @@ RANK = """
 import json, os, sys
 import torch.distributed as dist
 from commbench.backends.dist_group import DistGroup
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 
 rank, world, port = map(int, sys.argv[1:])
 group = DistGroup(LaunchInfo.local(rank, world, port, launcher="spawn"), "cpu", "gloo", timeout_s=60)

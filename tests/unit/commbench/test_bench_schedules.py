@@ -25,7 +25,8 @@ from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
-from commbench.launch import SHM_DIR, LaunchInfo
+from commbench.launch import SHM_DIR
+from commbench.launchers import LaunchInfo
 from commbench.schedule import Schedule, Transfer
 from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology

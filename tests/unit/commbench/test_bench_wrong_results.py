@@ -2,7 +2,8 @@
 from commbench.backends.torch_dist import TorchBackend
 from commbench.bench import Sweep
 from commbench.errors import EXIT_WRONG
-from commbench.launch import LaunchInfo, free_port
+from commbench.launch import free_port
+from commbench.launchers import LaunchInfo
 from commbench.results import read_records
 from commbench.sweep_config import SweepConfig
 

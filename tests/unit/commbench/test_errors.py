@@ -21,7 +21,7 @@ from commbench.errors import (
     mentions_out_of_memory,
 )
 from commbench.job import _outcome
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 
 ROOT = REPO
 NAMED = {"ok": EXIT_OK, "wrong results": EXIT_WRONG, "bad input": EXIT_USAGE, "a rank failed": EXIT_FAULT,

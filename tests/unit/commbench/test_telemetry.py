@@ -12,7 +12,7 @@ from commbench import telemetry as T
 from commbench.backends import BackendConfig
 from commbench.backends.sim import SimBackend
 from commbench.bench import Sweep
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology
 

@@ -17,7 +17,8 @@ from commbench.backends import BackendConfig
 from commbench.bench import Sweep
 from commbench.collectives import DTYPES, OPS
 from commbench.errors import EXIT_OK
-from commbench.launch import LaunchInfo, free_port
+from commbench.launch import free_port
+from commbench.launchers import LaunchInfo
 from commbench.sweep_config import SweepConfig
 
 # NCCL's ncclDataType_t and ncclRedOp_t (nccl.h), as cupy.cuda.nccl exports them

@@ -17,7 +17,7 @@ from commbench.backends import BackendConfig
 from commbench.bench import run_sweep
 from commbench.cli import main
 from commbench.errors import EXIT_USAGE
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.sweep_config import SweepConfig
 
 GPUS = gpu_count("cuda")

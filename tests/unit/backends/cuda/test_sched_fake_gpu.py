@@ -23,7 +23,7 @@ from commbench.backends.cuda import plan as P
 from commbench.bench import Sweep
 from commbench.collectives import DTYPES
 from commbench.errors import EXIT_OK
-from commbench.launch import LaunchInfo
+from commbench.launchers import LaunchInfo
 from commbench.schedule import REDUCERS, split
 from commbench.sweep_config import SweepConfig
 from commbench.topology import Topology

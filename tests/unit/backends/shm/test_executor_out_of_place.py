@@ -25,7 +25,7 @@ def _rank(rank: int, world: int, port: int, executor: str, queue) -> None:
     os.environ["COMMBENCH_SHM_EXECUTOR"] = executor
     from commbench import collectives as C
     from commbench.backends.shm.backend import ShmBackend
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.schedule import run
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)

@@ -53,7 +53,7 @@ def _rank(rank: int, world: int, port: int, executor: str, folder: str) -> None:
     os.environ[shm_native.EXECUTOR_VAR] = executor
     from commbench import collectives as C
     from commbench.backends.shm.backend import ShmBackend
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.schedule import run
     from commbench.topology import Topology
 

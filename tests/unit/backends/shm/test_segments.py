@@ -22,7 +22,7 @@ def test_every_rank_on_a_host_starts_on_its_own_line_within_the_slack():
 def _rank(rank: int, world: int, port: int, queue) -> None:
     from commbench import collectives as C
     from commbench.backends.shm.backend import ShmBackend
-    from commbench.launch import LaunchInfo
+    from commbench.launchers import LaunchInfo
     from commbench.topology import Topology
 
     backend = ShmBackend(LaunchInfo.local(rank, world, port), Topology(1, world), "auto", 60)
