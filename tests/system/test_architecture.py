@@ -4,7 +4,8 @@ each other, directly or around a cycle. Imports inside functions count too: a la
 still a dependency. Modules and functions stay small, no code outside backends/ branches on a
 backend's name, and every test file is where tests/README.md says.
 
-`python tests/system/test_architecture.py` prints the graph, floor by floor, then folder by folder.
+`python tests/system/test_architecture.py` prints the graph, floor by floor, then folder by folder; with
+`--table`, docs/architecture.md's table of floors and folders (which a test holds to the graph).
 """
 from __future__ import annotations
 
@@ -227,6 +228,41 @@ def print_folders(graph: dict[str, set[str]]) -> None:
         for floor in sorted({floor_of(m) for m in members}, reverse=True):
             names = [m.replace("commbench.", "") for m in members if floor_of(m) == floor]
             print(f"  floor {floor}: {', '.join(names)}")
+
+
+FLOOR_NAMES = {4: "4 commands, readers", 3: "3 runtime", 2: "2 pure", 1: "1 core data"}
+FOLDER_HEADS = {"commbench": "commbench/", "proxies": "proxies/", "analysis": "analysis/", "commands": "commands"}
+TABLE_START = "<!-- the floors and folders: `python tests/system/test_architecture.py --table`; checked by the test -->"
+TABLE_END = "<!-- end of the generated table -->"
+
+
+def _short(module: str) -> str:
+    """A module's name inside its folder, sub-packages as paths: backends/cuda/sched, costmodel/call."""
+    for prefix in ("commbench.analysis.", "commbench.proxies.", "commbench.commands.", "commbench."):
+        if module.startswith(prefix):
+            return module[len(prefix):].replace(".", "/")
+    return module.replace("commbench", "commbench/__init__") if module == "commbench" else module
+
+
+def floor_table(graph: dict[str, set[str]]) -> str:
+    """docs/architecture.md's table of floors by folders, every module in its cell, from the graph itself."""
+    lines = ["| floor | " + " | ".join(FOLDER_HEADS[f] for f in FOLDERS) + " |", "|---" * (len(FOLDERS) + 1) + "|"]
+    for floor in sorted(FLOORS, reverse=True):
+        cells = [", ".join(sorted(_short(m) for m in graph if floor_of(m) == floor and folder_of(m) == folder
+                                  and m not in ("commbench", "commbench.analysis", "commbench.proxies",
+                                                "commbench.commands")))
+                 for folder in FOLDERS]
+        lines.append(f"| {FLOOR_NAMES[floor]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def test_the_docs_table_of_floors_is_the_graphs():
+    """docs/architecture.md's table between its markers is what floor_table prints: it cannot drift."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert TABLE_START in text and TABLE_END in text, "docs/architecture.md lost its table's markers"
+    shown = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert shown == floor_table(import_graph()), \
+        "docs/architecture.md's table differs from the graph: paste `python tests/system/test_architecture.py --table`"
 
 
 def _backend_names() -> set[str]:
@@ -583,6 +619,9 @@ def test_the_module_check_can_fail(tmp_path):
 
 if __name__ == "__main__":
     graph = import_graph()
+    if sys.argv[1:] == ["--table"]:
+        print(floor_table(graph))
+        sys.exit(0)
     for floor in sorted(FLOORS, reverse=True):
         print(f"floor {floor}")
         for module in sorted(m for m in graph if floor_of(m) == floor):
