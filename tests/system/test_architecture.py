@@ -514,7 +514,6 @@ UNTESTED_BY_NAME = {
     "backends/base": "unit/commbench/test_sweep_config.py (BackendConfig), test_bench_*.py",
     "backends/schedule_base": "unit/commbench/test_bench_schedules.py (every schedule backend)",
     "backends/rank_frame": "every job's ranks: unit/commbench/test_bench_*.py, commands/test_proxy.py",
-    "backends/registry": "unit/commbench/test_results.py (record capabilities), this file (names)",
     "backends/control": "unit/backends/test_dist_group.py (gloo's), unit/backends/cuda/test_sched_fake_gpu.py",
     "backends/bfloat16": "unit/commbench/test_bench_schedules.py, test_collectives.py (bfloat16 results checked)",
     # backends run by the harness's and the commands' tests, by name (--backend)
