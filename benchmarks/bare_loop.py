@@ -2,7 +2,7 @@
 
 The loop a user would write (barrier, N back-to-back dist.all_reduce calls, each timed with
 time.perf_counter), with its warm-up and N chosen by commbench's adaptive rule (method.py) and its
-per-call times reduced by commbench's own bench.summarize, so its time_us and p50_us mean what
+per-call times reduced by commbench's own bench_point.summarize, so its time_us and p50_us mean what
 commbench's do. harness_overhead.py times it beside the harness in the same ranks; sweep_repeat.py
 runs it in fresh ranks (bare_run_rank) beside each `commbench sweep`.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commbench import bench
+from commbench import bench_point
 
 
 def bare_allreduce_times_us(tensor: torch.Tensor, iters: int, warmup: int) -> np.ndarray:
@@ -33,10 +33,10 @@ def bare_allreduce_times_us(tensor: torch.Tensor, iters: int, warmup: int) -> np
 
 
 def bare_allreduce_stats(tensor: torch.Tensor, iters: int, warmup: int) -> dict[str, float]:
-    """The bare loop, reduced as commbench reduces its own times (bench.summarize): one sample per call,
+    """The bare loop, reduced as commbench reduces its own times (bench_point.summarize): one sample per call,
     the slowest rank's; time_us their mean, p50_us their median, and the other percentiles. Every rank
     gets them."""
-    return bench.summarize(gather_over_ranks(bare_allreduce_times_us(tensor, iters, warmup)), "max")
+    return bench_point.summarize(gather_over_ranks(bare_allreduce_times_us(tensor, iters, warmup)), "max")
 
 
 def bare_allreduce_us(tensor: torch.Tensor, iters: int, warmup: int) -> float:

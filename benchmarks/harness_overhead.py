@@ -6,13 +6,13 @@ the same process group, an in-place float32 sum allreduce at each size in two wa
 
   bare       dist.barrier(), then N back-to-back dist.all_reduce(t), each timed with
              time.perf_counter; both ranks' per-call times are then gathered
-             (dist.all_gather) and reduced by commbench.bench.summarize;
-  commbench  commbench.bench.measure_point (in-place, check off) on a TorchBackend,
-             then commbench.bench.collect, exactly as `commbench sweep` builds its
+             (dist.all_gather) and reduced by commbench.bench_point.summarize;
+  commbench  commbench.bench_point.measure_point (in-place, check off) on a TorchBackend,
+             then commbench.bench_point.collect, exactly as `commbench sweep` builds its
              numbers.
 
 Each round gives two statistics per method, computed for both by the same function
-(bench.summarize: one sample per call, the slowest rank's time of that call):
+(bench_point.summarize: one sample per call, the slowest rank's time of that call):
 
   mean  the mean of those samples: commbench's time_us (--stat mean), the number its
         busbw comes from;
@@ -62,7 +62,7 @@ import torch
 from bare_loop import bare_allreduce_stats, calibrate
 from local_ranks import RankFailure, run_local_ranks
 
-from commbench import bench
+from commbench import bench_point
 from commbench import collectives as C
 from commbench.backends import BackendConfig
 from commbench.backends.torch_dist import TorchBackend
@@ -81,8 +81,8 @@ def commbench_allreduce_stats(backend: TorchBackend, cfg: SweepConfig, plan: C.P
                               pattern: C.Pattern) -> dict[str, float] | None:
     """time_us, p50_us, ... exactly as `commbench sweep` reports them for the in-place column
     (rank 0; None elsewhere)."""
-    outcome = bench.measure_point(backend, cfg, plan, "in-place", pattern)
-    return bench.collect(backend, outcome, cfg.rank_agg)  # what bench.Sweep reports
+    outcome = bench_point.measure_point(backend, cfg, plan, "in-place", pattern)
+    return bench_point.collect(backend, outcome, cfg.rank_agg)  # what bench.Sweep reports
 
 
 def _overhead_rank(rank: int, world: int, port: int, outbox, sizes: list[int], rounds: int, min_time_s: float,

@@ -208,7 +208,7 @@ class Tools:
 
     def shm_checked(self, nbytes: int, slot_time_s: float) -> dict:
         """commbench's own harness on shm at this size, result checked: what `commbench sweep` measures."""
-        from commbench import bench
+        from commbench import bench_point
         from commbench import collectives as C
         from commbench.backends import BackendConfig
         from commbench.sweep_config import SweepConfig
@@ -217,8 +217,9 @@ class Tools:
         plan = C.plan("allreduce", nbytes, dtype, self.control.world)
         cfg = SweepConfig(sizes=(plan.nbytes,), placements=("in-place",), min_time_s=slot_time_s,
                           backend=BackendConfig(backend="shm", device="cpu"), check=True)
-        outcome = bench.measure_point(backend, cfg, plan, "in-place", C.make_pattern(dtype, "sum", self.control.world))
-        result = bench.collect(backend, outcome, "max")
+        pattern = C.make_pattern(dtype, "sum", self.control.world)
+        outcome = bench_point.measure_point(backend, cfg, plan, "in-place", pattern)
+        result = bench_point.collect(backend, outcome, "max")
         backend.end_point()
         return {"wrong": result["wrong"], "time_us": result["time_us"], "p50_us": result["p50_us"]} if result else {}
 

@@ -45,7 +45,7 @@ FLOORS = {
         "commbench.proxies.memory", "commbench.proxies.parallelism", "commbench.proxies.pipeline",
         "commbench.proxies.layout_calls", "commbench.proxies.trace*", "commbench.analysis.predict_trace",
         "commbench.proxies.stage_share", "commbench.proxies.layer_ops"],
-    3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench", "commbench.table",
+    3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench*", "commbench.table",
         "commbench.telemetry", "commbench.sweep_config", "commbench.point_timing",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
@@ -504,6 +504,7 @@ UNTESTED_BY_NAME = {
     "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
     "commands/emulate": "system/test_emulate.py",
     "commands/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
+    "commbench/bench_point": "unit/commbench/test_point_timing.py, test_table_stats.py, test_bench_*.py (each point)",
     "commbench/algorithm_builds": "unit/commbench/test_algorithms.py (each builder and closed form via the table)",
     "commands/nccltests_flags": "commands/test_nccl_tests.py (every flag), test_cli_newcomer.py (sweep's letters)",
     # read through the readers that use it: every trace and profile reader's tests, system/test_inputs.py

@@ -3,7 +3,7 @@ rank's times kept for report --stragglers, and the memory report (-M)."""
 import numpy as np
 import pytest
 
-from commbench import bench
+from commbench import bench_point
 from commbench import point_timing as T
 from commbench.results import raw_times
 
@@ -47,7 +47,7 @@ def test_blocking_modes_put_what_they_say_inside_the_timed_region(mode, expected
 
 def test_skipped_leading_iterations_are_in_no_figure_but_kept():
     matrix = np.array([[900.0, 10, 10, 10], [800.0, 12, 12, 12]])
-    stats = bench.summarize(matrix, "max", "mean", skip=1)
+    stats = bench_point.summarize(matrix, "max", "mean", skip=1)
     assert stats["time_us"] == 12 and stats["max_us"] == 12 and list(stats["skipped_us"]) == [900]
     fields = T.timing_fields(stats, 1.5, 1)
     assert fields["skipped_iters"] == 1 and list(raw_times({"iteration_times_us": fields["skipped_times_us"]})) == [900]
@@ -57,7 +57,7 @@ def test_skipped_leading_iterations_are_in_no_figure_but_kept():
 
 
 def test_rank_times_beyond_the_bound_are_not_kept():
-    stats = bench.summarize(np.ones((2, T.MAX_RANK_TIMES // 2 + 1)), "max")
+    stats = bench_point.summarize(np.ones((2, T.MAX_RANK_TIMES // 2 + 1)), "max")
     assert T.timing_fields(stats, None, 0)["rank_times_us"] is None
 
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from commbench import bench
+from commbench import bench_point
 from commbench import collectives as C
 from commbench.eta import point_estimate_s
 from commbench.results import Result, point_result, raw_times
@@ -43,7 +43,7 @@ TIMES_US = np.array([[10.0, 10.0, 50.0, 70.0],
 
 
 def _measured(stat: str, rank_agg: str = "max") -> Result:
-    stats = bench.summarize(TIMES_US, rank_agg, stat)
+    stats = bench_point.summarize(TIMES_US, rank_agg, stat)
     plan = C.plan("allreduce", 1 << 20, C.resolve_dtype("float32"), 2)
     return point_result(plan, dtype="float32", op="sum", placement="in-place", nnodes=1, backend="torch",
                         library="gloo", device="cpu", time_us=stats["time_us"],
