@@ -19,7 +19,7 @@ from commbench.analysis.predict_scaling import applied_terms, evidence_terms
 from commbench.analysis.scaling import StepPrediction, predict_step, step_interval_us
 from commbench.analysis.stragglers import expected_max
 from commbench.backends.registry import MODEL, PREDICTED
-from commbench.costmodel import Hardware, load_hardware, with_topology
+from commbench.costmodel import Hardware, load_hardware
 from commbench.proxies.catalog import ModelError
 from commbench.proxies.comm_plan import describe_calls
 from commbench.proxies.config import ProxyConfig
@@ -74,12 +74,13 @@ class ProxyPrediction:
         return self.batch * self.choice.get("accumulate") * self.topo.world
 
 
-def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
+def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str], hw: Hardware | None = None) -> int:
     """A proxy step predicted by the cost model (no ranks) on `plan.nodes` x `plan.ranks_per_node`
-    (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts."""
+    (a job.Plan): the table and a kind=predicted record. Under a launcher only rank 0 predicts. `hw`: the
+    command's --hw as it loaded it (None: cfg.hw read here)."""
     if not plan.lead:
         return 0
-    prediction = predict(cfg, Topology(plan.nodes, plan.ranks_per_node))
+    prediction = predict(cfg, Topology(plan.nodes, plan.ranks_per_node), hw)
     log = StepLog(cfg.json_path, True, prediction.samples)
     log.header(_header(prediction, cfg, argv), _header_lines(prediction, cfg))
     t = prediction.times
@@ -103,11 +104,12 @@ def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str]) -> int:
     return 0
 
 
-def predict(cfg: ProxyConfig, topo: Topology) -> ProxyPrediction:
-    """The step `cfg` asks for on `topo`, costed on its hardware, with its interval where there is one."""
+def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> ProxyPrediction:
+    """The step `cfg` asks for on `topo`, costed on `hw` (None: cfg.hw loaded here), with its interval where there
+    is one. The node size is the topology's (the cost model reads no other)."""
     profile = load_profile(cfg.model)
     batch = cfg.batch or profile.default_batch
-    hw = with_topology(load_hardware(cfg.hw), topo)
+    hw = hw if hw is not None else load_hardware(cfg.hw)
     compute, label = _compute_split(profile, batch, cfg)
     algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)

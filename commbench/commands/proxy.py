@@ -109,10 +109,12 @@ def proxy_command(**options) -> None:
     cfg, plan = make_config(o)
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.analysis.predict_proxy import predict_proxy
+        from commbench.commands.hw_option import load_hw
 
         check_writable(cfg.json_path, "--json", o.force)
         say_note(plan)
-        sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv)))
+        hw = load_hw(cfg.hw, say_poor=False)  # the one --hw parsed (a poor fit was said then), not read again
+        sys.exit(_usage(lambda: predict_proxy(cfg, plan, sys.argv, hw)))
     if o.validate and o.json_path:  # the training twin's file, refused before any work
         from commbench.proxies.run import train_twin
 
