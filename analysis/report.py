@@ -1,9 +1,11 @@
 """`commbench report`: plots and a Markdown summary from any result files.
 
 For every collective: bus bandwidth against size (log x) and time against size
-(log-log), one colour per setup (backend/library/algorithm, ranks), measured
-points solid, predicted ones (`kind: predicted`, or the `--hw` model's prediction
-of each measured setup) dashed. index.md lists the setups with their headline
+(log-log), one colour per series that differs in what ran (backend/library/algorithm,
+ranks, dtype, reduction, placement, file; the legend names what differs), measured
+points solid (out-of-place dotted), predicted ones (`kind: predicted`, or the `--hw`
+model's prediction of each measured setup) dashed in their run's colour; a poor fit's
+or a loaded host's `--hw` is said above every picture that draws its predictions. index.md lists the setups with their headline
 numbers and links the PNGs. Proxy, train and scaling records get their own plots
 (report_steps.py): the step breakdown, scaling curves and the acc_ratio scatter;
 compare records (compare --json) the before/after chart (report_compare.py).
@@ -18,7 +20,7 @@ from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
 from commbench.backends.registry import record_capabilities
-from commbench.files import shown_values
+from commbench.files import shown, shown_values
 from commbench.results import read_records
 
 MEASURED, PREDICTED = "measured", "predicted"
@@ -68,23 +70,25 @@ def _auto_runs(results: list[dict]) -> None:
 
 
 def collect_series(records: list[dict]) -> list[Series]:
-    """One series per run (file), collective, setup, dtype, placement and kind; the label names the
-    parts that differ between the series of a collective (file, dtype, placement)."""
+    """One series per run (file), collective, setup, dtype, reduction, placement and kind; the label names the
+    parts that differ between the series of a collective (file, dtype, reduction, placement), and plot gives
+    each label its own colour."""
     results = [dict(r) for r in records if r.get("record") == "result" and r.get("time_us")]
     _auto_runs(results)
     groups: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
         kind = PREDICTED if r.get("kind") == PREDICTED else MEASURED
-        key = (r["collective"], _setup(r), r.get("dtype"), r["placement"], r.get("_file", ""), kind)
+        key = (r["collective"], _setup(r), r.get("dtype"), r.get("op"), r["placement"], r.get("_file", ""), kind)
         groups[key][r["nbytes"]].append(r)
-    varying = {part: {k[0]: len({kk[part] for kk in groups if kk[0] == k[0]}) > 1 for k in groups}
-               for part in (2, 3, 4)}
+    varying = {part: {k[0]: len({kk[part] for kk in groups if kk[0] == k[0] and kk[part] is not None}) > 1
+                      for k in groups} for part in (2, 3, 4, 5)}  # a record without an op (a model's) differs in none
     series = []
-    for key, points in sorted(groups.items()):
-        collective, setup, dtype, placement, source, kind = key
+    for key, points in sorted(groups.items(), key=lambda item: tuple(str(part) for part in item[0])):
+        collective, setup, dtype, op, placement, source, kind = key
         label = ", ".join([setup, *([dtype] if varying[2][collective] else []),
-                           *([placement] if varying[3][collective] else []),
-                           *([os.path.basename(source)] if varying[4][collective] and source else [])])
+                           *([f"op {op}"] if varying[3][collective] and op else []),
+                           *([placement] if varying[4][collective] else []),
+                           *([os.path.basename(source)] if varying[5][collective] and source else [])])
         series.append(_series(collective, label, kind, placement, points, setup))
     return series
 
@@ -138,10 +142,11 @@ def line_style(series: Series) -> tuple[str, str | None, str]:
     return "-", "o", f"solid with dots: measured{' in-place' if series.placement == 'in-place' else ''}"
 
 
-def plot(series: list[Series], out_dir: str) -> list[str]:
+def plot(series: list[Series], out_dir: str, mark: str | None = None) -> list[str]:
     """One PNG per collective: busbw and time against size; the time panel shades each measured
-    series' p10-p90 of the iterations; busbw on a log axis (any positive value), one colour per setup and
-    placement."""
+    series' p10-p90 of the iterations; busbw on a log axis (any positive value). One colour per label, that
+    is per run that differs from the others in what it ran (setup, dtype, reduction, placement, file), a
+    prediction in its run's colour; `mark` (model_mark) written above a picture that draws a prediction."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,35 +155,59 @@ def plot(series: list[Series], out_dir: str) -> list[str]:
     files = []
     for collective in sorted({s.collective for s in series}):
         mine = [s for s in series if s.collective == collective]
-        lines = sorted({(s.setup, s.placement) for s in mine})  # a placement's band never shares another's colour
-        colours = {line: plt.cm.tab10(i % 10) for i, line in enumerate(lines)}
+        labels = list(dict.fromkeys(s.label for s in sorted(mine, key=lambda s: s.kind != MEASURED)))
+        palette = plt.cm.tab10 if len(labels) <= 10 else plt.cm.tab20  # a band never shares another's colour
+        colours = {label: palette(i % palette.N) for i, label in enumerate(labels)}
         fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
         for s in mine:
-            colour = colours[(s.setup, s.placement)]
+            colour = colours[s.label]
             style, marker, _ = line_style(s)
             name = s.label + ("" if s.kind == MEASURED else " (predicted)")
             ax_bw.plot(s.nbytes, s.busbw_gbps, style, marker=marker, ms=3, color=colour, label=name)
             ax_t.plot(s.nbytes, s.time_us, style, marker=marker, ms=3, color=colour, label=name)
             if s.kind == MEASURED and s.low_us and any(v == v for v in s.low_us):  # nan != nan: no band
                 ax_t.fill_between(s.nbytes, s.low_us, s.high_us, color=colour, alpha=0.15, lw=0)
-        for ax, ylabel in ((ax_bw, "bus bandwidth (GB/s, 1e9 B/s)"), (ax_t, "time per call (us)")):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("message size (bytes per rank)")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="major", alpha=0.3)
-            ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
-            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
-            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax_t.set_yscale("log")
-        if any(v > 0 for s in mine for v in s.busbw_gbps):  # log for every collective, so that charts compare
-            ax_bw.set_yscale("log")
-        stat = "/".join(sorted({s.stat for s in mine if s.kind == MEASURED})) or "predicted"
-        ax_bw.set_title(f"{collective}: bus bandwidth (of the {stat} time)")
-        ax_t.set_title(f"{collective}: time, {stat} (line) and p10-p90 of the iterations (band)")
-        ax_bw.legend(fontsize=7, loc="best")
-        path = R.save_png(fig, out_dir, f"{collective}.png")
-        files.append(path)
+        _size_axes(matplotlib, (ax_bw, ax_t), mine)
+        if any(s.kind == PREDICTED for s in mine):
+            R.mark_figure(fig, mark)
+        files.append(R.save_png(fig, out_dir, f"{collective}.png"))
     return files
+
+
+def _size_axes(matplotlib, axes, mine: list[Series]) -> None:
+    """The two panels' axes against size: bytes on log 2, time on log, busbw on log when any is positive."""
+    ax_bw, ax_t = axes
+    for ax, ylabel in ((ax_bw, "bus bandwidth (GB/s, 1e9 B/s)"), (ax_t, "time per call (us)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes per rank)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax_t.set_yscale("log")
+    if any(v > 0 for s in mine for v in s.busbw_gbps):  # log for every collective, so that charts compare
+        ax_bw.set_yscale("log")
+    collective = mine[0].collective
+    stat = "/".join(sorted({s.stat for s in mine if s.kind == MEASURED})) or "predicted"
+    ax_bw.set_title(f"{collective}: bus bandwidth (of the {stat} time)")
+    ax_t.set_title(f"{collective}: time, {stat} (line) and p10-p90 of the iterations (band)")
+    ax_bw.legend(fontsize=7, loc="best")
+
+
+def model_mark(hw) -> str | None:
+    """What a picture drawing `hw`'s predictions says above it when the file says they are not to be trusted,
+    as check and predict warn of it (commands/hw_option.warn_poor): fit --accept-poor-fit's meta.poor_fit,
+    fit's meta.fitted_under_load; None when neither."""
+    meta = hw.meta if hw is not None else {}
+    notes = []
+    if meta.get("poor_fit"):
+        notes.append(f"POOR FIT: {hw.name} ({meta['poor_fit']}): its predictions do not describe the sweep "
+                     "it came from")
+    if meta.get("fitted_under_load"):
+        notes.append(f"{hw.name} was fitted from runs under load ({meta['fitted_under_load']}): its figures "
+                     "hold that load")
+    return "\n".join(shown(note) for note in notes) or None  # a newline a file holds is escaped, not drawn
 
 
 def _proxy_pairs(records: list[dict], hw) -> list[tuple[str, float, float]]:
@@ -193,9 +222,11 @@ def _proxy_pairs(records: list[dict], hw) -> list[tuple[str, float, float]]:
             for r in rows if r.what == "step"]
 
 
-def plot_prediction(series: list[Series], out_dir: str, extra: list[tuple[str, float, float]] = ()) -> str | None:
+def plot_prediction(series: list[Series], out_dir: str, extra: list[tuple[str, float, float]] = (),
+                    mark: str | None = None) -> str | None:
     """Predicted against measured time, every point of every setup both exist for (and `extra`: proxy
-    steps), with the line of perfect prediction and +-25%; the title gives the median and largest error."""
+    steps), with the line of perfect prediction and +-25%; the title gives the median and largest error,
+    `mark` (model_mark) is written above it."""
     pairs = list(extra)
     for s in series:
         if s.kind != MEASURED:
@@ -230,6 +261,7 @@ def plot_prediction(series: list[Series], out_dir: str, extra: list[tuple[str, f
                  f"max {100 * errors.max():.0f}%")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7)
+    R.mark_figure(fig, mark)
     path = R.save_png(fig, out_dir, "predicted_vs_measured.png")
     return path
 
@@ -299,6 +331,8 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, w
     through `warn`."""
     notes = [f"{p}: {NOTHING_TO_DRAW}: nothing drawn from it" for p in idle_files(records, paths)]
     series = collect_series(records)
+    mark = model_mark(hw)  # on every picture that draws hw's predictions, and here
+    notes += mark.split("\n") if mark else []
     if hw is not None:
         from commbench.analysis.check import applicable
 
@@ -310,13 +344,13 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, w
                 warn(f"not predicted: {note}")
     steps = R.step_rows(records)
     os.makedirs(out_dir, exist_ok=True)
-    pngs = plot(series, out_dir) if series else []
-    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw)),) if p]  # check: applicable only
+    pngs = plot(series, out_dir, mark) if series else []
+    pngs += [p for p in (plot_prediction(series, out_dir, _proxy_pairs(records, hw), mark),) if p]  # applicable only
     if steps:
         pngs.append(R.plot_steps(steps, out_dir))
     from commbench.analysis.report_timeline import plot_timeline
 
-    pngs += [p for p in (plot_timeline(records, out_dir, hw),) if p]
+    pngs += [p for p in (plot_timeline(records, out_dir, hw, mark),) if p]
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
                          plot_compare(records, out_dir)) if p]
     extra = [*(f"Note: {note}" for note in notes), *([""] if notes else []), *R.index_lines(steps, records)]

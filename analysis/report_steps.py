@@ -83,35 +83,57 @@ def ms_text(value_ms: float) -> str:
     return np.format_float_positional(value_ms, precision=4, unique=False, fractional=False, trim="-")
 
 
+SMALL_PARTS = ("compute", "communication", "exposed comm.", "other")  # the right panel's bars of each run
+COMPUTE_COLOUR = "#64b5cd"
+COMPUTE = "compute (alone + overlapped)"
+
+
 def _plot_small_parts(ax, rows: list[dict]) -> None:
-    """Per split row: communication, exposed communication and other (ms) as bars on a log axis,
-    each with its value; a zero is written, not drawn."""
-    values = [v for row in rows if row["parts"] for v in (row["comm_ms"], *row["parts"][2:]) if v >= MIN_MS]
+    """Per split row: its compute (alone + overlapped), communication, exposed communication and other (ms) as
+    bars on a log axis, each named on the axis and its value written; a zero is written, not drawn."""
+    bars = [(y + offset, value, colour, name) for y, row in enumerate(rows) if row["parts"] for offset, value, colour,
+            name in zip((-0.3, -0.1, 0.1, 0.3), (sum(row["parts"][:2]), row["comm_ms"], *row["parts"][2:]),
+                        (COMPUTE_COLOUR, COMM_COLOUR, *COLOURS[2:]), SMALL_PARTS)]
+    values = [value for _, value, _, _ in bars if value >= MIN_MS]
+    floor = min(values, default=1.0) / 3
+    for y, value, colour, _ in bars:
+        if value >= MIN_MS:
+            ax.barh(y, value, height=0.18, color=colour)
+        ax.text(max(value, floor), y, f" {ms_text(value)}" if value >= MIN_MS else " 0", va="center", fontsize=6.5)
     for y, row in enumerate(rows):
         if row["parts"] is None:
-            continue
-        for offset, value, colour in zip((-0.27, 0.0, 0.27), (row["comm_ms"], *row["parts"][2:]),
-                                         (COMM_COLOUR, *COLOURS[2:])):
-            if value >= MIN_MS:
-                ax.barh(y + offset, value, height=0.25, color=colour)
-            text = f" {ms_text(value)}" if value >= MIN_MS else " 0"
-            ax.text(max(value, min(values, default=1.0) / 3), y + offset, text, va="center", fontsize=6.5)
+            ax.text(floor, y, " real training: its step is not split", va="center", fontsize=7)
     if values:
-        ax.set_xlim(min(values) / 3, max(values) * 4)
-    ax.set(xscale="log", xlabel="ms (log)", title="Its own parts (ms), not columns' medians")
+        ax.set_xlim(floor, max(values) * 4)
+    ax.set_yticks([y for y, _, _, _ in bars], [name for _, _, _, name in bars], fontsize=7)
+    ax.yaxis.tick_right()
+    ax.yaxis.set_label_position("right")
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the rows of the left panel, top down
+    ax.set(xscale="log", xlabel="time in the median step (ms, log axis)", ylabel="part of the step",
+           title="The median step's own parts (ms)")
     import matplotlib.ticker
 
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels ran into each other
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _pos: f"{value:g}"))
 
 
+def mark_figure(fig, mark: str | None) -> None:
+    """Write `mark` (report.model_mark: why the predictions drawn are not to be trusted) above the whole
+    picture in red, wrapped to its width; nothing without one."""
+    if mark:
+        import textwrap
+
+        width = max(40, int(fig.get_figwidth() * 12))  # characters of 9 pt bold on a line of the figure
+        text = "\n".join(textwrap.fill(line, width) for line in mark.split("\n")).replace("$", r"\$")
+        fig.suptitle(text, color="#b00000", fontsize=9, fontweight="bold")
+
+
 def plot_steps(rows: list[dict], out_dir: str) -> str:
     """Left: each run's median step as shares of it (100%), so a 2 ms step reads as well as a 2 s one,
-    its time written at the end. Right: its communication, exposed communication and other time on a
-    log axis, where a bar of 1% of the step is as readable as the step itself."""
+    its time written at the end. Right: its compute, communication, exposed communication and other time on
+    a log axis, each bar named, where a bar of 1% of the step is as readable as the step itself."""
     plt = _plt()
-    fig, (ax, ax_ms) = plt.subplots(1, 2, figsize=(14, 0.62 * len(rows) + 2.0), sharey=True,
-                                    gridspec_kw={"width_ratios": (3, 2)})
+    fig, (ax, ax_ms) = plt.subplots(1, 2, figsize=(14, 0.9 * len(rows) + 2.0), gridspec_kw={"width_ratios": (3, 2)})
     for y, row in enumerate(rows):
         if row["parts"] is None:
             ax.barh(y, 100.0, color="#999999", label="real training step (not split)")
@@ -131,15 +153,17 @@ def plot_steps(rows: list[dict], out_dir: str) -> str:
     unique = dict(zip(labels, handles))
     from matplotlib.patches import Patch
 
+    unique[COMPUTE] = Patch(color=COMPUTE_COLOUR)
     unique[COMM] = Patch(color=COMM_COLOUR)
-    fig.legend(unique.values(), unique.keys(), fontsize=8, loc="lower center", ncol=6, frameon=False)
+    fig.legend(unique.values(), unique.keys(), fontsize=8, loc="lower center", ncol=(len(unique) + 1) // 2,
+               frameon=False)  # two rows, each entry whole
     ax.set_yticks(range(len(rows)), [row["label"] for row in rows], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # top down, row by row beside the right panel's bars
     ax.set(xlim=(0, 118), xlabel="share of the median step (%); its time at the right",
            title="The median step itself: compute + exposed communication + other")
     ax_ms.grid(True, axis="x", which="both", alpha=0.3)
     ax.grid(True, axis="x", alpha=0.3)
-    path = save_png(fig, out_dir, "proxy_steps.png", rect=(0, 0.07, 1, 1))
+    path = save_png(fig, out_dir, "proxy_steps.png", rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # the legend's
     return path
 
 

@@ -57,9 +57,10 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     return plan, predicted
 
 
-def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
-    """timeline.png of up to MAX_RUNS replays (None: no replay recorded its calls)."""
-    from commbench.analysis.report_steps import _plt, save_png
+def plot_timeline(records: list[dict], out_dir: str, hw=None, mark: str | None = None) -> str | None:
+    """timeline.png of up to MAX_RUNS replays (None: no replay recorded its calls); `mark` (report.model_mark)
+    written above it when it draws `hw`'s prediction."""
+    from commbench.analysis.report_steps import _plt, mark_figure, save_png
 
     runs = timeline_runs(records)
     if not runs:
@@ -68,45 +69,53 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None) -> str | None:
     shown_phases: set[str] = set()
     shown_kinds: set[str] = set()
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.3 * len(runs)), squeeze=False)
-    for ax, (header, summary, step) in zip(axes[:, 0], runs):
-        plan, predicted = _plan_and_prediction(header, summary, hw)
-        marks = step.get("compute_marks_us")
-        spans = [(p.start_us, p.end_us) for p in plan.phases]
-        if isinstance(marks, list) and len(marks) > 1:  # the compute as it ran, on the calls' wall clock
-            spans = [(wall_at(marks, start, late=True), wall_at(marks, end, late=False)) for start, end in spans]
-        phase_names = [p.name for p in plan.phases]
-        lanes = [("compute (as it ran)" if isinstance(marks, list) and len(marks) > 1 else "compute (plan)",
-                  [(start, end, PHASE_COLOURS.get(name, "0.6")) for (start, end), name in zip(spans, phase_names)])]
-        shown_phases.update(phase_names)
-        kinds = [c.collective for c in plan.comms]
-        shown_kinds.update(kinds[:len(step["calls_us"])])
-        measured = "calls predicted" if summary.get("kind") == "predicted" else "calls measured"
-        lanes.append((measured, [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
-                                          zip(step["calls_us"], kinds)]))
-        if predicted is not None:
-            lanes.append(("calls predicted", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
-                                               zip(predicted.comm_intervals, kinds)]))
-        for row, (_, bars) in enumerate(lanes):
-            ax.broken_barh([(s / 1e3, max(e - s, 0.0) / 1e3) for s, e, _ in bars], (row - 0.35, 0.7),
-                           facecolors=[c for _, _, c in bars], edgecolor="white", linewidth=0.3)
-        ax.axvline(step["step_us"] / 1e3, color="black", linewidth=1)
-        if predicted is not None:
-            ax.axvline(predicted.step_us / 1e3, color="black", linestyle="--", linewidth=1)
-        ax.set_yticks(range(len(lanes)), [name for name, _ in lanes])
-        ax.invert_yaxis()
-        ax.set_title(f"{summary['model']} {summary.get('setup') or 'ddp'}, {summary['world_size']} ranks on "
-                     f"{summary.get('nnodes') or 1} node(s): median step {step['step_us'] / 1e3:.1f} ms "
-                     + ("predicted" if summary.get("kind") == "predicted" else "measured")
-                     + (f", {predicted.step_us / 1e3:.1f} ms predicted (dashed)" if predicted is not None else ""),
-                     fontsize=9)
-        ax.set_xlabel("ms from the step's start (rank 0)")
+    predicted = [_draw_run(ax, header, summary, step, hw, shown_phases, shown_kinds)
+                 for ax, (header, summary, step) in zip(axes[:, 0], runs)]
     # the legend names what is drawn: the compute's phases (its grey shades) and the collectives the runs have
     keys = [(PHASE_NAMES.get(n, n), PHASE_COLOURS[n]) for n in PHASE_COLOURS if n in shown_phases]
     keys += [(k, c) for k, c in COLOURS.items() if k in shown_kinds]
     keys += [(k, "tab:red") for k in sorted(shown_kinds - set(COLOURS))]
     fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in keys], [k for k, _ in keys], loc="lower center",
                ncol=max(1, len(keys)), fontsize=8)
+    if any(predicted):  # hw's prediction is drawn: what its file says of it, above it
+        mark_figure(fig, mark)
     return save_png(fig, out_dir, "timeline.png", rect=(0, 0.06, 1, 1))
+
+
+def _draw_run(ax, header: dict, summary: dict, step: dict, hw, shown_phases: set[str], shown_kinds: set[str]) -> bool:
+    """One run's lanes on `ax`: compute, calls measured and, with `hw`, calls predicted; adds the phases and
+    collectives drawn to the sets; whether it drew hw's prediction."""
+    plan, predicted = _plan_and_prediction(header, summary, hw)
+    marks = step.get("compute_marks_us")
+    spans = [(p.start_us, p.end_us) for p in plan.phases]
+    if isinstance(marks, list) and len(marks) > 1:  # the compute as it ran, on the calls' wall clock
+        spans = [(wall_at(marks, start, late=True), wall_at(marks, end, late=False)) for start, end in spans]
+    phase_names = [p.name for p in plan.phases]
+    lanes = [("compute (as it ran)" if isinstance(marks, list) and len(marks) > 1 else "compute (plan)",
+              [(start, end, PHASE_COLOURS.get(name, "0.6")) for (start, end), name in zip(spans, phase_names)])]
+    shown_phases.update(phase_names)
+    kinds = [c.collective for c in plan.comms]
+    shown_kinds.update(kinds[:len(step["calls_us"])])
+    measured = "calls predicted" if summary.get("kind") == "predicted" else "calls measured"
+    lanes.append((measured, [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in zip(step["calls_us"], kinds)]))
+    if predicted is not None:
+        lanes.append(("calls predicted", [(s, e, COLOURS.get(k, "tab:red")) for (s, e), k in
+                                           zip(predicted.comm_intervals, kinds)]))
+    for row, (_, bars) in enumerate(lanes):
+        ax.broken_barh([(s / 1e3, max(e - s, 0.0) / 1e3) for s, e, _ in bars], (row - 0.35, 0.7),
+                       facecolors=[c for _, _, c in bars], edgecolor="white", linewidth=0.3)
+    ax.axvline(step["step_us"] / 1e3, color="black", linewidth=1)
+    if predicted is not None:
+        ax.axvline(predicted.step_us / 1e3, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(lanes)), [name for name, _ in lanes])
+    ax.invert_yaxis()
+    ax.set_title(f"{summary['model']} {summary.get('setup') or 'ddp'}, {summary['world_size']} ranks on "
+                 f"{summary.get('nnodes') or 1} node(s): median step {step['step_us'] / 1e3:.1f} ms "
+                 + ("predicted" if summary.get("kind") == "predicted" else "measured")
+                 + (f", {predicted.step_us / 1e3:.1f} ms predicted (dashed)" if predicted is not None else ""),
+                 fontsize=9)
+    ax.set_xlabel("ms from the step's start (rank 0)")
+    return predicted is not None
 
 
 def wall_at(marks: list[list[float]], progress_us: float, late: bool) -> float:

@@ -51,3 +51,93 @@ def test_index_md_says_each_line_style_as_drawn(tmp_path):
     index = open(write_index(series, pngs, str(tmp_path), ["a.jsonl"]), encoding="utf-8").read()
     assert "Solid with dots: measured in-place; dotted with squares: measured out-of-place." in index
     assert "dashed" not in index  # nothing predicted here
+
+
+def _figures(monkeypatch):
+    """The figures report draws, kept (each laid out as saved) instead of written."""
+    from commbench.analysis import report_steps
+
+    figures = []
+
+    def keep(fig, out_dir, name, rect=None):
+        fig.tight_layout(rect=rect)
+        figures.append(fig)
+        return name
+
+    monkeypatch.setattr(report_steps, "save_png", keep)
+    return figures
+
+
+def test_runs_that_differ_in_what_they_ran_draw_in_colours_of_their_own(monkeypatch, tmp_path):
+    """A bf16 and an fp32 run drew identical lines (colour followed the placement only; issue 48, item 13): every
+    series that differs in what ran (dtype, algorithm, backend, world, reduction, placement) has its own colour
+    and a legend entry naming what differs, and a prediction is drawn in its run's colour, dashed."""
+    from commbench.analysis.report import plot
+
+    variants = [{}, {"dtype": "bfloat16"}, {"algorithm": "tree"}, {"backend": "p2p"}, {"world_size": 8},
+                {"op": "max"}, {"placement": "out-of-place"}]
+    records = [_record(n, 10.0 + i, run_id=str(i)) | variant | {"op": variant.get("op", "sum")}
+               for i, variant in enumerate(variants) for n in (1024, 4096)]  # a run each, as sweep writes them
+    records += [_record(n, 9.0, kind="predicted", run_id="p") | {"op": "sum"} for n in (1024, 4096)]
+    figures = _figures(monkeypatch)
+    plot(collect_series(records), str(tmp_path))
+    (fig,) = figures
+    for ax in fig.axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        measured = [line for label, line in lines.items() if not label.endswith("(predicted)")]
+        assert len(measured) == len(variants)
+        assert len({line.get_color() for line in measured}) == len(variants), sorted(lines)
+        predicted = next(line for label, line in lines.items() if label.endswith("(predicted)"))
+        twin = lines[predicted.get_label().removesuffix(" (predicted)")]
+        assert predicted.get_color() == twin.get_color() and predicted.get_linestyle() == "--"
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert {"shm/ring, 4 ranks, float32, op sum, in-place", "shm/ring, 4 ranks, bfloat16, op sum, in-place",
+            "shm/tree, 4 ranks, float32, op sum, in-place", "p2p/ring, 4 ranks, float32, op sum, in-place",
+            "shm/ring, 8 ranks, float32, op sum, in-place", "shm/ring, 4 ranks, float32, op max, in-place",
+            "shm/ring, 4 ranks, float32, op sum, out-of-place"} <= set(legend)
+
+
+def _poor(meta):
+    from dataclasses import replace
+
+    from commbench.costmodel import load_hardware
+
+    hw = load_hardware("dgx-h100")
+    return replace(hw, meta={**hw.meta, **meta})
+
+
+def _nccl(nbytes, time_us):
+    return _record(nbytes, time_us) | {"backend": "torch", "library": "nccl", "device": "cuda", "world_size": 8,
+                                       "count": nbytes // 4, "op": "sum"}
+
+
+def test_a_poor_fit_is_marked_on_every_picture_of_its_predictions(monkeypatch, tmp_path):
+    """check and predict warn of a poor fit (fit --accept-poor-fit), the report's pictures did not (issue 48,
+    item 13): each picture that draws its predictions says so above it, inside the picture, and index.md too."""
+    from commbench.analysis.report import write_report
+
+    figures = _figures(monkeypatch)
+    records = [_nccl(n, 10.0 * n / 1024) for n in (1024, 4096, 16384)]
+    hw = _poor({"poor_fit": "median error 31.0% > 25%: half the points are further off than that"})
+    index, pngs = write_report(records, ["a.jsonl"], str(tmp_path), hw)
+    assert [p.rsplit("/", 1)[-1] for p in pngs] == ["allreduce.png", "predicted_vs_measured.png"]
+    assert len(figures) == 2
+    for fig in figures:
+        mark = fig.get_suptitle()
+        assert mark.startswith("POOR FIT: dgx-h100") and "median error 31.0%" in mark.replace("\n", " ")
+        box, frame = fig._suptitle.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, (mark, box, frame)
+    assert "Note: POOR FIT: dgx-h100 (median error 31.0%" in open(index, encoding="utf-8").read()
+
+
+def test_a_good_fit_and_no_model_leave_the_pictures_unmarked(monkeypatch, tmp_path):
+    from commbench.analysis.report import model_mark, write_report
+
+    figures = _figures(monkeypatch)
+    records = [_nccl(n, 10.0 * n / 1024) for n in (1024, 4096, 16384)]
+    write_report(records, ["a.jsonl"], str(tmp_path / "good"), _poor({}))
+    write_report(records, ["a.jsonl"], str(tmp_path / "none"))
+    assert len(figures) == 3 and all(fig.get_suptitle() == "" for fig in figures)
+    assert model_mark(None) is None and model_mark(_poor({})) is None
+    loaded = model_mark(_poor({"fitted_under_load": "load 5.0 on 2 cores\n$x$"}))
+    assert loaded == "dgx-h100 was fitted from runs under load (load 5.0 on 2 cores\\n$x$): its figures hold that load"

@@ -110,3 +110,27 @@ def test_a_layout_run_is_named_by_its_layout_with_each_dimensions_median_wait():
     table = lines[lines.index("## Parallel layouts") + 6:]
     assert table[0].split(" | ")[1:] == ["0.20", "0.40 |"]  # tp, then dp: the medians of 0.1, 0.3, 0.2 ms
     assert "| tp | dp |" in lines[lines.index("## Parallel layouts") + 4] and not table[1]  # training: no waits
+
+
+def test_the_right_panel_names_each_bar_with_its_units_and_draws_the_compute(tmp_path, monkeypatch):
+    """proxy_steps.png's right panel had no labels and no compute bar (issue 48, item 13): each run's compute
+    (alone + overlapped), communication, exposed communication and other are bars of their own, each named on
+    the axis, the axes saying what they hold and in which unit; a training run says it is not split."""
+    from commbench.analysis import report_steps
+
+    figures = []
+    monkeypatch.setattr(report_steps, "save_png", lambda fig, *a, **k: figures.append(fig) or "proxy_steps.png")
+    rows = step_rows([_summary("a.jsonl", compute_us=1000.0, comm_us=60.0, exposed_comm_us=20.0, other_us=7.0,
+                               step_us=1027.0), _summary("t.jsonl", run_id="t", kind="train", step_us=900.0)])
+    plot_steps(rows, str(tmp_path))
+    (fig,) = figures
+    right = fig.axes[1]
+    assert "ms" in right.get_xlabel() and "log" in right.get_xlabel() and right.get_ylabel()
+    assert [t.get_text() for t in right.get_yticklabels()] == ["compute", "communication", "exposed comm.", "other"]
+    widths = [bar.get_width() for bar in right.patches]
+    assert widths == pytest.approx([1.0, 0.060, 0.020, 0.007])  # ms: compute is alone 0.96 + overlapped 0.04
+    assert [bar.get_y() + bar.get_height() / 2 for bar in right.patches] == pytest.approx([-0.3, -0.1, 0.1, 0.3])
+    assert any("not split" in t.get_text() for t in right.texts)
+    assert right.get_ylim() == fig.axes[0].get_ylim()  # its bars beside their run's row
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "compute (alone + overlapped)" in legend and "communication (allreduces in flight)" in legend

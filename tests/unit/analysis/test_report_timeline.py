@@ -72,3 +72,18 @@ def test_wall_at_maps_progress_through_the_marks():
     assert wall_at(marks, 200.0, late=False) == 700.0  # a phase ending at 200 ends before the wait
     assert wall_at(marks, 200.0, late=True) == 900.0  # one beginning there begins after it
     assert wall_at(marks, 500.0, late=False) == 910.0  # past the last mark: the last
+
+
+def test_a_poor_fits_prediction_is_marked_and_a_measurement_alone_is_not(monkeypatch, tmp_path):
+    """The timeline drew a poor fit's predicted calls without a word (issue 48, item 13)."""
+    from dataclasses import replace
+
+    from commbench.costmodel import load_hardware
+
+    figures = []
+    monkeypatch.setattr(report_steps, "save_png", lambda fig, *a, **k: figures.append(fig) or "timeline.png")
+    hw = load_hardware("dgx-h100")
+    hw = replace(hw, meta={**hw.meta, "poor_fit": "median error 31.0% > 25%"})
+    plot_timeline(records(), str(tmp_path), hw, "POOR FIT: dgx-h100 (median error 31.0% > 25%)")
+    plot_timeline(records(), str(tmp_path), None, "POOR FIT: dgx-h100 (median error 31.0% > 25%)")
+    assert [fig.get_suptitle() for fig in figures] == ["POOR FIT: dgx-h100 (median error 31.0% > 25%)", ""]
