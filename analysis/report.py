@@ -5,10 +5,11 @@ For every collective: bus bandwidth against size (log x) and time against size
 ranks, dtype, reduction, placement, file; the legend names what differs), measured
 points solid (out-of-place dotted), predicted ones (`kind: predicted`, or the `--hw`
 model's prediction of each measured setup) dashed in their run's colour; a poor fit's
-or a loaded host's `--hw` is said above every picture that draws its predictions. index.md lists the setups with their headline
-numbers and links the PNGs. Proxy, train and scaling records get their own plots
-(report_steps.py): the step breakdown, scaling curves and the acc_ratio scatter;
-compare records (compare --json) the before/after chart (report_compare.py).
+or a loaded host's `--hw` is said above every picture that draws its predictions.
+index.md lists the setups with their headline numbers and links the PNGs. Proxy,
+train and scaling records get their own plots (report_steps.py): the step breakdown,
+scaling curves and the acc_ratio scatter; compare records (compare --json) the
+before/after chart (report_compare.py).
 """
 from __future__ import annotations
 
