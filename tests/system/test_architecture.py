@@ -467,6 +467,16 @@ def misplaced_tests(tests: Path = TESTS, commands: set[str] | None = None) -> li
     return found + [f"unit/{name}/: no such source folder" for name in sorted(extra)]
 
 
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their basename (rootdir, no packages): two of one name stop the whole
+    collection ("import file mismatch"), as tests/unit/commbench/test_launchers.py beside tests/system's did."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if not (path.parent / "__init__.py").exists():  # in a package it is imported by its dotted path
+            seen.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert [paths for paths in seen.values() if len(paths) > 1] == []
+
+
 def test_tests_are_found_by_name():
     assert misplaced_tests() == []
 
