@@ -68,6 +68,25 @@ def commbench(*args, timeout=180, env=None, **kwargs):
 PROGRESS_LINE = re.compile(r"^commbench: (\w[\w-]*: starting \d+ rank|\d+/\d+ \w+, )")
 
 
+def notes_joined(stdout: str, width: int = 120) -> list[str]:
+    """The lines of `stdout` with each `#` note that commands/common.py note_lines broke at `width` joined back
+    into one line (a line is a continuation when it is indented two past its note's first line and its first
+    word did not fit on the line before), so a test can find a note's words wherever the breaks fell."""
+    joined: list[str] = []
+    lead, last = -1, ""
+    for line in stdout.splitlines():
+        text = line[1:].lstrip(" ")
+        indent = len(line) - len(text)
+        if (joined and line.startswith("#") and last.startswith("#") and text and indent == lead + 2
+                and len(last) + 1 + len(text.split()[0]) > width):
+            joined[-1] += " " + text
+        else:
+            joined.append(line)
+            lead = indent
+        last = line
+    return joined
+
+
 def said_lines(stderr: str) -> list[str]:
     """The lines of `stderr` that say something (errors, notes), without the progress lines."""
     return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import textwrap
 from collections.abc import Callable, Iterable
 
 import click
@@ -149,6 +150,22 @@ def check_directory(path: str, own_file: str, force: bool = False) -> None:
     except OSError as exc:
         raise UsageFault(f"cannot write in {path}: {exc.strerror or exc}") from exc
     check_writable(os.path.join(path, own_file), "-o", force=force)
+
+
+NOTE_WIDTH = 120  # the widest `#` note line a command prints: a terminal's or a review's width, not 450
+
+
+def note_lines(line: str, width: int = NOTE_WIDTH) -> list[str]:
+    """A `#` note line wider than `width` as several `#` lines, each at most `width` (a word wider than that stays
+    whole): broken at spaces only, so every word and figure is kept in order; the lines after the first indented
+    two past the first's text, so they read as one note, and each still a `#` line, so that a parser that skips
+    comments skips them all. Any other line is returned as it is."""
+    if len(line) <= width or not line.startswith("#"):
+        return [line]
+    text = line[1:].lstrip(" ")
+    lead = line[:len(line) - len(text)]
+    return textwrap.wrap(text, width=width, initial_indent=lead, subsequent_indent=lead + "  ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def refuse_empty_values(command: click.Command) -> None:

@@ -11,7 +11,7 @@ import click
 from commbench import collectives as C
 from commbench import tuning
 from commbench.commands import layout as L
-from commbench.commands.common import UsageFault, check_outputs, output_options
+from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options
 from commbench.commands.hw_option import hw_option, load_hw, warn_poor
 from commbench.costmodel import HardwareError, with_topology
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
@@ -79,8 +79,9 @@ def predict_command(**params) -> None:
     table = Table(["in-place"], show_algorithm=True)
     ranks = f"{topo.world} rank{'s' if topo.world != 1 else ''}"
     table.comment(f"commbench predict: {hw.name} on {topo} ({ranks}), predicted by the cost model")
-    for line in _notes(hw, o.hw_spec, topo, results):
-        table.comment(line)
+    for note in _notes(hw, o.hw_spec, topo, results):
+        for line in note_lines(f"# {note}"):  # each at most 120 characters (the corpus's note was 405)
+            table.comment(line[2:])
     try:
         with ResultSink(o.json_path, append=o.append) as sink:  # a full disk: the rows and lines before it stay
             for name in names:

@@ -10,7 +10,7 @@ import click
 from commbench.algorithms import LIBRARY, TABLE
 from commbench.commands import layout as L
 from commbench.commands import options as O
-from commbench.commands.common import UsageFault, check_outputs, output_options, write_records
+from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options, write_records
 from commbench.commands.hw_option import hw_option, load_hw
 from commbench.commands.predict_layouts import LAYOUT_PARAMS, layout_options, layouts_command, only_data_parallel
 from commbench.commands.setup_flags import settle_setup, setup_options
@@ -222,8 +222,8 @@ def _scaling_table(run, records) -> list[str]:
     swidth = max([5, *(len(r.setup) for r in records)])
     cells = [_interval_ms(r.step_interval_us) + _FROM.get(r.interval_source, "") for r in records]
     width = max([len("step 80%(ms)"), *map(len, cells)])
-    lines = [f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, nothing measured): "
-             f"batch {run.batch} per GPU, compute from {run.compute_label}",
+    lines = [*note_lines(f"# predict-scaling {run.profile.name} on {run.hw.name} (predicted by the cost model, "
+                         f"nothing measured): batch {run.batch} per GPU, compute from {run.compute_label}"),
              "# " + (f"{'setup':>{swidth}} " if setups else "")
              + f"{'algorithm':>9} {'gpus':>6} {'nodes':>6} {'step(ms)':>9} "
              + (f"{'step 80%(ms)':>{width}} " if intervals else "") + f"{'raw step(ms)':>12} "
@@ -236,7 +236,13 @@ def _scaling_table(run, records) -> list[str]:
                      + f"{r.comm_us / 1e3:>9.2f} {r.exposed_comm_us / 1e3:>11.2f} {r.samples_per_s:>11.1f} "
                      f"{r.samples_per_s / r.gpus:>8.1f} {r.speedup:>8.2f} {r.linearity:>9.3f} {r.raw_linearity:>13.3f}"
                      + (f" {r.acc_ratio:>9.3f}" if r.acc_ratio is not None else ""))
-    lines.append(_estimate_note(records))
+    return lines + [wrapped for line in _scaling_notes(run, records, intervals, setups, swidth)
+                    for wrapped in note_lines(line)]  # each at most 120 characters (the step terms' was 472)
+
+
+def _scaling_notes(run, records, intervals: bool, setups: bool, swidth: int) -> list[str]:
+    """The `#` notes under the table: what its columns are, the intervals, the terms applied, NCCL's choices."""
+    lines = [_estimate_note(records)]
     lines += _interval_notes(run, records) if intervals or _fitted(run.hw) else []
     lines += [f"# {term}" for term in run.terms]
     lines.append(_step_terms_line(run.hw))

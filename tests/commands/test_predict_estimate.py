@@ -1,6 +1,6 @@
 """`commbench predict`: the time shown is the calibrated estimate, inside its 80% interval, the cost model's raw
 time beside it labelled raw; with a fit, the fit's own time, inside its jackknife+ interval."""
-from conftest import commbench
+from conftest import commbench, notes_joined
 
 from commbench.results import read_records
 
@@ -19,4 +19,4 @@ def test_every_predicted_time_lies_inside_its_interval_with_the_raw_time_beside_
         line = next(x for x in proc.stdout.splitlines() if x.split()[:1] == [str(r["nbytes"])] and
                     x.split()[1] == str(r["count"]))
         assert "] corpus  raw " in line
-    assert "the time shown is the calibrated estimate" in proc.stdout
+    assert "the time shown is the calibrated estimate" in "\n".join(notes_joined(proc.stdout))

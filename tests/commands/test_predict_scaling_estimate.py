@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import commbench
+from conftest import commbench, notes_joined
 
 from commbench.analysis import calibration as C
 from commbench.costmodel import PRESET_DIR
@@ -74,7 +74,7 @@ def test_step_terms_are_printed_and_recorded_with_their_source(tmp_path):
     out = tmp_path / "s.jsonl"
     proc = commbench("predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "8", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("# step terms:"))
+    line = next(x for x in notes_joined(proc.stdout) if x.startswith("# step terms:"))
     assert "overlap_slowdown 0 (defaulted" in line and "step_cv 0.25% (defaulted" in line
     [record] = read_records(str(out))
     assert record["step_terms"]["overlap_slowdown"] == {"value": 0.0, "source": "defaulted"}
@@ -100,7 +100,7 @@ def test_rows_whose_calibrated_linearity_is_0_say_they_show_the_raw_figure(tmp_p
     low, high = clipped.linearity_interval
     assert low <= clipped.linearity <= high and high == clipped.linearity and clipped.step_interval_us is None
     assert clipped.samples_per_s_interval[0] <= clipped.samples_per_s <= clipped.samples_per_s_interval[1]
-    notes = [x for x in proc.stdout.splitlines() if x.startswith("#")]
+    notes = [x for x in notes_joined(proc.stdout) if x.startswith("#")]
     assert not any("no calibration applies" in x for x in notes)
     estimate = next(x for x in notes if "the cost model's own figure" in x)
     assert "at 64 GPUs the corpus's median error takes the linearity to 0" in estimate and "8 GPUs" not in estimate
