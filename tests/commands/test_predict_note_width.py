@@ -4,6 +4,7 @@ note_lines), every word of it kept in order; the table's own rows and column hea
 from __future__ import annotations
 
 import pytest
+
 from commbench.cli import main
 from commbench.commands.common import NOTE_WIDTH, note_lines
 
