@@ -118,24 +118,35 @@ def _write(path: str, append: bool, records: list[dict]) -> None:
 
 def _table(rows, hw) -> None:
     """One row per point; every column as wide as its widest cell, so no long name or large time shifts the
-    rest. With intervals, why they are wide where they are (intervals.wide_note)."""
+    rest. Each time carries its unit: a sweep point's in us, a step's (and its comm's) in ms, as the proxy's and
+    train's own tables print them (a 10.9 s step read 10977439.9 before). With intervals, why they are wide where
+    they are (intervals.wide_note)."""
     from commbench.analysis.intervals import wide_note
 
     click.echo(f"# predicted by {shown(hw.name)}; error = predicted / measured - 1")
     width = max(len(r.setup) for r in rows)  # the records' strings as shown (report.read_all)
     whats = [f"{r.what} (training)" if r.kind == "train" else r.what for r in rows]
-    spans = [f"{r.interval_us[0]:.1f}-{r.interval_us[1]:.1f}" if r.interval_us else "" for r in rows]
+    measured, predicted = [_time(r, r.measured_us) for r in rows], [_time(r, r.predicted_us) for r in rows]
+    spans = [f"{_time(r, r.interval_us[0], unit=False)}-{_time(r, r.interval_us[1])}" if r.interval_us else ""
+             for r in rows]
     point_w = max(26, *map(len, whats))
-    measured_w = max(13, *(len(f"{r.measured_us:.1f}") for r in rows))
-    predicted_w = max(14, *(len(f"{r.predicted_us:.1f}") for r in rows))
-    span_w = max(len("80% interval (us)"), *map(len, spans))
-    extra = f"  {'80% interval (us)':>{span_w}}" if any(spans) else ""
-    click.echo(f"#{'setup':>{width - 1}}  {'point':<{point_w}} {'measured(us)':>{measured_w}} "
-               f"{'predicted(us)':>{predicted_w}} {'error':>8}{extra}")
-    for r, what, span in zip(rows, whats, spans):
+    measured_w, predicted_w = max(12, *map(len, measured)), max(12, *map(len, predicted))
+    span_w = max(len("80% interval"), *map(len, spans))
+    extra = f"  {'80% interval':>{span_w}}" if any(spans) else ""
+    click.echo(f"#{'setup':>{width - 1}}  {'point':<{point_w}} {'measured':>{measured_w}} "
+               f"{'predicted':>{predicted_w}} {'error':>8}{extra}")
+    for r, what, span, m, p in zip(rows, whats, spans, measured, predicted):
         interval = f"  {span:>{span_w}} {'in' if r.inside else 'OUT'}" if span else ""
-        click.echo(f"{r.setup:>{width}}  {what:<{point_w}} {r.measured_us:>{measured_w}.1f} "
-                   f"{r.predicted_us:>{predicted_w}.1f} {100 * r.error:>+7.1f}%{interval}")
+        click.echo(f"{r.setup:>{width}}  {what:<{point_w}} {m:>{measured_w}} {p:>{predicted_w}} "
+                   f"{100 * r.error:>+7.1f}%{interval}")
     note = wide_note(hw) if any(spans) else None
     if note:
         click.echo(f"# {note}")
+
+
+def _time(row, time_us: float, unit: bool = True) -> str:
+    """A row's time with its unit: us for a sweep point (one decimal, as the sweep's table), ms for a step or
+    its comm (two decimals, as the proxy's and train's tables)."""
+    if row.kind == "sweep":
+        return f"{time_us:.1f}" + (" us" if unit else "")
+    return f"{time_us / 1e3:.2f}" + (" ms" if unit else "")

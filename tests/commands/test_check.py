@@ -395,3 +395,28 @@ def test_the_table_stays_aligned_past_999_us_and_long_point_names(capsys):
     error_ends = {line.index("%") for line in lines}
     interval_ends = {len(line.rsplit(" ", 1)[0]) for line in lines}
     assert len(measured_ends) == len(error_ends) == len(interval_ends) == 1, "\n".join(lines)
+
+
+def test_a_step_is_printed_in_ms_and_a_sweep_point_in_us_each_with_its_unit(capsys):
+    """A 10.9 s training step read 10977439.9 in a column of microseconds (issue 48, item 12): a step and its
+    comm are in ms, as the proxy's and train's tables print them, a sweep point in us, every cell with its unit."""
+    from types import SimpleNamespace
+
+    from commbench.commands import check as command
+    from commbench.costmodel import load_hardware
+
+    def row(kind, what, measured, predicted, interval):
+        return SimpleNamespace(setup="resnet50 b32, torch/ring, 1x2", what=what, kind=kind, measured_us=measured,
+                               predicted_us=predicted, error=predicted / measured - 1, interval_us=interval,
+                               inside=interval[0] <= measured <= interval[1])
+
+    rows = [row("train", "step", 10977439.9, 10551457.1, (9e6, 1.2e7)),
+            row("proxy", "comm", 137629.1, 455.0, (300.0, 900.0)),
+            row("sweep", "allreduce 4KiB in-place", 10.1, 10.2, (2.1, 198.2))]
+    command._table(rows, load_hardware("dgx-a100"))
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "10977439.9" not in out and "(us)" not in lines[1] and "measured" in lines[1]
+    assert "10977.44 ms" in lines[2] and "10551.46 ms" in lines[2] and "9000.00-12000.00 ms in" in lines[2]
+    assert "137.63 ms" in lines[3] and "0.46 ms" in lines[3] and "0.30-0.90 ms OUT" in lines[3]
+    assert "10.1 us" in lines[4] and "10.2 us" in lines[4] and "2.1-198.2 us in" in lines[4]
