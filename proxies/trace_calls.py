@@ -18,12 +18,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from commbench.proxies.comm_plan import Comm, CommPlan, Phase
 
 IDLE_MIN_US = 20.0  # a gap between the issuing thread's ops shorter than this is not a wait
 RESUME_SLACK_US = 200.0  # a call that ended this soon after its thread resumed may still be what it waited for
+EXACT_GAPS = 64  # waits one call's run spans, summed one by one; past it, from their running total
 
 
 class TraceError(ValueError):
@@ -35,6 +36,9 @@ class TraceError(ValueError):
 MAX_ELEMENTS = 1 << 42  # in one tensor or call (4.4e12; a 405 B-parameter model holds 4e11 in all)
 MAX_RANKS = 1 << 17  # in a job or a group (131,072)
 MAX_TIME_US = 1e16  # a timestamp or a duration (317 years)
+MAX_EVENTS = 1 << 23  # events (lines, nodes) a reader takes from one file (8.4 M; a profiler trace of 2 GB holds fewer)
+MAX_CALLS = 1 << 20  # calls of one rank in all its steps: each is a tensor and a call a replay prepares
+REPLAYED = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")  # torch_calls.issue's
 
 
 def brief(value) -> str:
@@ -87,6 +91,7 @@ class TraceCall:
     progress_us: float = 0.0  # compute done when it was issued
     needed_us: float = math.inf  # compute progress that waited for it
     exposed_us: float = 0.0  # the part of its run while the issuing thread was idle (waiting)
+    where: str = field(default="", compare=False, repr=False)  # the file and the event it was read from
 
     @property
     def time_us(self) -> float | None:
@@ -154,6 +159,7 @@ class Busy:
     def __init__(self, spans: Sequence[tuple[float, float]]):
         self.spans = merge_intervals(spans)
         self.starts = [s for s, _ in self.spans]
+        self.ends = [e for _, e in self.spans]
         self.before = [0.0]
         for s, e in self.spans:
             self.before.append(self.before[-1] + e - s)
@@ -169,8 +175,8 @@ class Busy:
     def idle(self, start: float, end: float) -> list[tuple[float, float]]:
         """The gaps of at least IDLE_MIN_US in [start, end]."""
         gaps, t = [], start
-        i = max(0, bisect.bisect_right(self.starts, start) - 1)
-        for s, e in self.spans[i:]:
+        for i in range(max(0, bisect.bisect_right(self.starts, start) - 1), len(self.spans)):  # no copy: once per step
+            s, e = self.spans[i]
             if s > end:
                 break
             if s - t >= IDLE_MIN_US:
@@ -183,15 +189,43 @@ class Busy:
 
 def _waits(gaps: list[tuple[float, float]], calls: Sequence[TraceCall]) -> dict[int, tuple[float, float]]:
     """Call index -> the gap in which the thread waited for it: idle when the call ended, in a gap that
-    lasted past its issue (the issue is idle time too: it is not compute)."""
+    lasted past its issue (the issue is idle time too: it is not compute). The first such gap in order: the
+    gaps are disjoint and sorted, so only those from the first that ends near the call's end are asked."""
+    ends = [g1 for _, g1 in gaps]
     out = {}
     for i, call in enumerate(calls):
         if call.end_us is not None:
-            for g0, g1 in gaps:
+            for k in range(bisect.bisect_left(ends, call.end_us - RESUME_SLACK_US - 1.0), len(gaps)):
+                g0, g1 = gaps[k]
+                if g0 > call.end_us:
+                    break
                 if g0 <= call.end_us <= g1 + RESUME_SLACK_US and g1 >= call.issue_us:
                     out[i] = (g0, g1)
                     break
     return out
+
+
+def _overlap(gaps: Busy, start: float, end: float) -> float:
+    """The time of [start, end] inside `gaps`: each overlapping gap's part, summed in order (as many gaps as a
+    call can span in a real trace), or from the gaps' running total past EXACT_GAPS (a crafted trace's
+    calls spanning thousands of waits each cost calls x waits)."""
+    lo, hi = bisect.bisect_left(gaps.ends, start - 1.0), bisect.bisect_right(gaps.starts, end + 1.0)
+    if hi - lo > EXACT_GAPS:
+        return max(0.0, gaps.progress(end) - gaps.progress(start))
+    return sum((max(0.0, min(end, g1) - max(start, g0)) for g0, g1 in gaps.spans[lo:hi]), 0.0 if gaps.spans else 0)
+
+
+def _overlap_all(running: list[tuple[float, float]], gaps: list[tuple[float, float]]) -> float:
+    """The time of the disjoint sorted `running` inside the disjoint sorted `gaps`: one sweep of both."""
+    total, j = (0.0 if running and gaps else 0), 0
+    for start, end in running:
+        while j < len(gaps) and gaps[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(gaps) and gaps[k][0] < end:
+            total += max(0.0, min(end, gaps[k][1]) - max(start, gaps[k][0]))
+            k += 1
+    return total
 
 
 def build_step(start: float, end: float, ops: Busy, calls: Sequence[TraceCall],
@@ -206,42 +240,71 @@ def build_step(start: float, end: float, ops: Busy, calls: Sequence[TraceCall],
     p0 = busy.progress(start)
     compute = busy.progress(end) - p0
     wait_gaps = merge_intervals(list(waits.values()))
+    waited = Busy(wait_gaps)
     placed = []
     for i, call in enumerate(calls):
         progress = busy.progress(call.issue_us) - p0
         needed = busy.progress(waits[i][0]) - p0 if i in waits else math.inf
-        exposed = 0.0 if call.end_us is None else sum(max(0.0, min(call.end_us, g1) - max(call.start_us, g0))
-                                                      for g0, g1 in wait_gaps)
+        exposed = 0.0 if call.end_us is None else _overlap(waited, call.start_us, call.end_us)
         placed.append(replace(call, issue_us=call.issue_us - start, progress_us=progress, exposed_us=exposed,
                               needed_us=max(needed, progress) if needed < compute else math.inf,
                               start_us=None if call.start_us is None else call.start_us - start,
                               end_us=None if call.end_us is None else call.end_us - start))
     running = merge_intervals([(c.start_us, c.end_us) for c in calls if c.start_us is not None])
-    exposed = sum(max(0.0, min(e, g1) - max(s, g0)) for s, e in running for g0, g1 in wait_gaps)
+    exposed = _overlap_all(running, wait_gaps)
     return TraceStep(end - start, compute, tuple(placed), exposed)
 
 
 def check_job(job: JobTrace, origin: str) -> None:
-    """TraceError unless the ranks are 0..world-1 and every group's members issue the same calls
-    (collective, bytes) in the same order: calls that differ would hang a replay."""
+    """TraceError unless the ranks are 0..world-1, every call is one a replay can issue (its collective, its
+    size, its group: distinct ranks of the job, the issuing rank among them), and every group's members issue
+    the same calls (collective, bytes) in the same order: calls that differ would hang a replay. All in the
+    parent, before any rank starts: a bad call fails here in one line, not in every rank. One pass per rank."""
     seen = [r.rank for r in job.ranks]
     missing = sorted(set(range(job.world)) - set(seen))
-    if missing or len(seen) != job.world:
+    if missing or len(seen) != job.world or seen != list(range(job.world)):
         raise TraceError(f"{origin}: a job of {job.world} ranks, but no trace of rank(s) "
                          f"{', '.join(map(str, missing)) or '?'} (give every rank's file)")
-    for group in job.groups():
-        if any(r >= job.world for r in group):
-            raise TraceError(f"{origin}: a call's group {list(group)} names ranks beyond the job's {job.world}")
-        sequences = {r: [(c.collective, c.nbytes) for s in job.ranks[r].steps for c in s.calls if c.group == group]
-                     for r in group}
-        first = sequences[group[0]]
+    sequences: dict[tuple[int, ...], dict[int, list]] = {}
+    for trace in job.ranks:
+        own = [c for s in trace.steps for c in s.calls]
+        if len(own) > MAX_CALLS:
+            raise TraceError(f"{origin}: rank {trace.rank} issues {len(own):,d} calls; a replay takes at most "
+                             f"{MAX_CALLS:,d}")
+        known: set[tuple[int, ...]] = set()
+        for number, call in enumerate(own, 1):
+            if call.group not in known:
+                _check_group(call, trace.rank, job.world, call.where or f"{origin}: rank {trace.rank}'s call {number}")
+                known.add(call.group)
+            _check_call(call, call.where or f"{origin}: rank {trace.rank}'s call {number}")
+            sequences.setdefault(call.group, {}).setdefault(trace.rank, []).append((call.collective, call.nbytes))
+    for group, by_rank in sorted(sequences.items(), key=lambda item: (len(item[0]), item[0])):
+        first = by_rank.get(group[0], [])
         for r in group[1:]:
-            if sequences[r] != first:
-                at = next((i for i, (a, b) in enumerate(zip(first, sequences[r])) if a != b), min(len(first),
-                                                                                                len(sequences[r])))
+            other = by_rank.get(r, [])
+            if other != first:
+                at = next((i for i, (a, b) in enumerate(zip(first, other)) if a != b), min(len(first), len(other)))
                 raise TraceError(f"{origin}: ranks {group[0]} and {r} of group {list(group)} disagree at its call "
-                                 f"{at + 1} ({len(first)} and {len(sequences[r])} calls): a truncated trace, or "
+                                 f"{at + 1} ({len(first)} and {len(other)} calls): a truncated trace, or "
                                  f"traces of different steps")
+
+
+def _check_group(call: TraceCall, rank: int, world: int, where: str) -> None:
+    group = call.group
+    if not all(type(r) is int and 0 <= r < world for r in group):
+        raise TraceError(f"{where}: a call's group {brief(list(group))} names ranks beyond the job's {world}")
+    if not group or list(group) != sorted(set(group)):
+        raise TraceError(f"{where}: 'group' is {brief(list(group))}; it must be distinct ranks, in order")
+    if rank not in group:
+        raise TraceError(f"{where}: rank {rank} issues a call on group {brief(list(group))}, which it is not in")
+
+
+def _check_call(call: TraceCall, where: str) -> None:
+    if call.collective not in REPLAYED:
+        raise TraceError(f"{where}: 'collective' is {brief(call.collective)}; a replay issues {', '.join(REPLAYED)}")
+    if type(call.nbytes) is not int or not 0 <= call.nbytes <= MAX_ELEMENTS * 8:
+        raise TraceError(f"{where}: 'nbytes' is {brief(call.nbytes)}; it must be a whole number from 0 to "
+                         f"{MAX_ELEMENTS * 8:,d}")
 
 
 def step_plan(step: TraceStep, compute: bool = True) -> CommPlan:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from commbench.proxies import trace_calls
 from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep, brief, checked_count
 from commbench.proxies.trace_json import open_text, read_chrome_trace
 from commbench.proxies.trace_torch import C10D_OPS, DTYPES, ITEMSIZE, shape_elements
@@ -44,7 +45,10 @@ def _calls(path: str, group: tuple[int, ...], dropped: Counter) -> list[TraceCal
     nodes, schema = [], None
     try:
         with open_text(path) as handle:
-            for key, value in read_chrome_trace(handle, path, NODES_KEY):
+            for number, (key, value) in enumerate(read_chrome_trace(handle, path, NODES_KEY)):
+                if number >= trace_calls.MAX_EVENTS:
+                    raise TraceError(f"{path}: more than {trace_calls.MAX_EVENTS:,d} nodes: more than a trace this "
+                                     f"reader takes")
                 if key == "schema":
                     schema = str(value)
                 elif key == NODES_KEY and str(value.get("name", "")).startswith("c10d::"):
@@ -68,7 +72,7 @@ def _calls(path: str, group: tuple[int, ...], dropped: Counter) -> list[TraceCal
             raise TraceError(f"{where}: 'inputs' {brief(inputs)} lacks its input {which} (shapes and types)")
         dtype = _dtype(str(types[which]), where)
         calls.append(TraceCall(collective, shape_elements(shapes[which], where) * ITEMSIZE[dtype], dtype, "", group,
-                               "0", 0.0, None, None))
+                               "0", 0.0, None, None, where=where))
     return calls
 
 

@@ -9,10 +9,12 @@ busbw: collectives.bandwidths_gbps) and the job's (calls, share of the step, exp
 """
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
 from commbench.collectives import bandwidths_gbps
+from commbench.files import shown
 from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceError, check_job
 from commbench.proxies.trace_et import looks_like_execution_trace, read_execution_traces
 from commbench.proxies.trace_json import open_text
@@ -23,6 +25,7 @@ from commbench.proxies.trace_torch import read_torch_trace
 def read_traces(paths: list[str]) -> JobTrace:
     if not paths:
         raise TraceError("no trace file given")
+    _once(paths)
     kinds = {_kind(p) for p in paths}
     if len(kinds) > 1:
         raise TraceError(f"{', '.join(paths)}: a mix of formats ({', '.join(sorted(kinds))}): give one kind")
@@ -31,6 +34,20 @@ def read_traces(paths: list[str]) -> JobTrace:
     job = reader(paths)
     check_job(job, origin)
     return job
+
+
+def _once(paths: list[str]) -> None:
+    """TraceError for a file given twice (by two names too): its calls would be read, and replayed, twice."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        try:
+            status = os.stat(path)
+        except (OSError, ValueError):  # no such file, a NUL in the name: said where the file is opened
+            continue
+        first = seen.setdefault((status.st_dev, status.st_ino), path)
+        if first != path or paths.count(path) > 1:
+            said = "given twice" if first == path else f"the same file as {shown(first)}"
+            raise TraceError(f"{shown(path)}: {said}: give each file once (its calls would be read twice)")
 
 
 def _kind(path: str) -> str:

@@ -3,17 +3,22 @@ top-level object's keys one at a time, and the `traceEvents` array one event at 
 
 The file is read in chunks of CHUNK_CHARS; at most one chunk plus one event is held, so a trace of
 any size is read in memory bounded by its largest event (MAX_VALUE_CHARS: a value still unparsed that
-far is a broken file, said so, not read to its end). A `.gz` file is read through gzip. A file
-that ends before its object does (a job killed while it wrote its trace) raises TraceError.
+far is a broken file, said so, not read to its end). A value longer than a chunk is decoded again only
+after the unread window has doubled, so a long value costs a few decodes, not one per chunk (a 60 MB
+value was 60 decodes of up to 60 MB). A `.gz` file is read through gzip. Only a regular file is opened
+(files.open_regular: a named pipe would wait for a writer forever). A file that ends before its object
+does (a job killed while it wrote its trace) raises TraceError.
 """
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from commbench.files import UnreadableFile, open_regular
 from commbench.proxies.trace_calls import TraceError
 
 CHUNK_CHARS = 1 << 20
@@ -24,12 +29,29 @@ _PAST_COMMAS = re.compile(r"[^\s,]")
 
 
 def open_text(path: str) -> TextIO:
-    """A trace file as text, gunzipped when it is gzip (by its magic bytes, not its name)."""
-    with open(path, "rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+    """A trace file as text, gunzipped when it is gzip (by its magic bytes, not its name); TraceError for a
+    file that is not regular (a FIFO, a device, a directory) or cannot be opened."""
+    try:
+        raw = open_regular(path)
+    except UnreadableFile as exc:
+        raise TraceError(str(exc)) from None
+    if raw.peek(2)[:2] == b"\x1f\x8b":
+        return io.TextIOWrapper(_OwnGzip(raw), encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+
+
+class _OwnGzip(gzip.GzipFile):
+    """A gzip stream over a file it closes with itself (GzipFile leaves a file object it was given open)."""
+
+    def __init__(self, raw):
+        super().__init__(fileobj=raw, mode="rb")
+        self.raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.raw.close()
 
 
 class _Reader:
@@ -40,9 +62,9 @@ class _Reader:
         self.text, self.pos = "", 0
         self.decoder = json.JSONDecoder()
 
-    def _more(self) -> bool:
+    def _more(self, chars: int = CHUNK_CHARS) -> bool:
         try:
-            chunk = self.handle.read(CHUNK_CHARS)
+            chunk = self.handle.read(chars)
         except (OSError, EOFError) as exc:  # a truncated gzip stream
             raise TraceError(f"{self.origin}: cannot be read to its end ({exc})") from exc
         if not chunk:
@@ -80,7 +102,8 @@ class _Reader:
                 if len(self.text) - self.pos > MAX_VALUE_CHARS:  # no event is this long: a broken file
                     raise TraceError(f"{self.origin}: not valid JSON ({exc.msg}, {MAX_VALUE_CHARS >> 20} MiB "
                                      f"after where a value starts)") from exc
-                if not self._more():
+                window = len(self.text) - self.pos  # read as much again (up to the bound): a few decodes in all
+                if not self._more(max(CHUNK_CHARS, min(window, MAX_VALUE_CHARS + 1 - window))):
                     raise TraceError(f"{self.origin}: the file ends inside a JSON value (truncated, or not valid "
                                      f"JSON: {exc.msg})") from exc
                 continue

@@ -15,12 +15,20 @@ alike. Count is per rank for AllReduce, Broadcast and Reduce; AllGather's is wha
 ReduceScatter's what each receives (so nccl-tests' size is count x nranks). The log has no times:
 compute and run times are unknown (zero), and the whole log is one step. Send/Recv are left out and
 counted in the notes.
+
+A line is read only as far as MAX_LINE_CHARS (NCCL formats a message in a fixed buffer of a few KB, debug.cc): a
+longer line is not NCCL's and is passed over unread. The prefix's host starts where a name can (after a
+space, a colon or the line's start), as the leftmost match would, so a long run of name characters is
+scanned once, not once per character (an 80 KB line took 37 s). Each process's lines are in one file: a
+log given twice, or a merged log beside a rank's own, would replay every call twice, and is refused.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
 
+from commbench.files import shown
+from commbench.proxies import trace_calls
 from commbench.proxies.trace_calls import (
     MAX_ELEMENTS,
     MAX_RANKS,
@@ -31,13 +39,15 @@ from commbench.proxies.trace_calls import (
     TraceStep,
     checked_count,
 )
+from commbench.proxies.trace_json import open_text
 
-PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
+MAX_LINE_CHARS = 1 << 16
+PREFIX = re.compile(r"(?<![^\s:])(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
 COLL = re.compile(r"^(?P<name>\w+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
                   r"datatype (?P<dtype>\d+) op (?P<op>\d+) root (?P<root>-?\d+) comm (?P<comm>\S+) "
                   r"\[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)")
-INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) .*?"
-                  r"commId (?P<commid>0x[0-9a-fA-F]+) - Init COMPLETE")
+INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) ")  # then, later:
+INIT_ID = re.compile(r"commId (?P<commid>0x[0-9a-fA-F]+) - Init COMPLETE")
 NAMES = {"AllReduce": "allreduce", "AllGather": "allgather", "ReduceScatter": "reduce_scatter",
          "Broadcast": "broadcast", "Reduce": "reduce"}
 GATHERS = ("allgather", "reduce_scatter")  # count is one rank's share
@@ -57,8 +67,9 @@ def read_nccl_logs(paths: list[str]) -> JobTrace:
     """The job's calls from its NCCL log(s)."""
     calls: dict[tuple[str, str], list[tuple[dict, str]]] = defaultdict(list)  # process -> (COLL fields, origin)
     comms: dict[tuple[str, str, str], dict] = {}  # (host, pid, comm pointer) -> INIT fields
+    files: dict[tuple[str, str], str] = {}
     for path in paths:
-        _read(path, calls, comms)
+        _read(path, calls, comms, files)
     if not calls:
         raise TraceError(f"{', '.join(paths)}: no NCCL COLL lines (run with NCCL_DEBUG=INFO "
                          f"NCCL_DEBUG_SUBSYS=INIT,COLL)")
@@ -66,6 +77,9 @@ def read_nccl_logs(paths: list[str]) -> JobTrace:
     members: dict[str, list[int]] = defaultdict(list)
     for (host, pid, _), init in comms.items():
         if (host, pid) in ranks:
+            if ranks[(host, pid)] in members[init["commid"]]:
+                raise TraceError(f"{init['where']}: rank {ranks[(host, pid)]} holds communicator "
+                                 f"{shown(init['commid'])} twice: a group of one rank twice cannot be replayed")
             members[init["commid"]].append(ranks[(host, pid)])
     world = len(ranks)
     dropped: Counter = Counter()
@@ -85,28 +99,59 @@ def read_nccl_logs(paths: list[str]) -> JobTrace:
     return JobTrace(world, tuple(traces), "NCCL COLL log", tuple(notes))
 
 
-def _read(path: str, calls: dict, comms: dict) -> None:
+def _read(path: str, calls: dict, comms: dict, files: dict) -> None:
+    """The COLL and INIT lines of one log into `calls` and `comms`; `files`: process -> the file its lines are in."""
+    kept = 0
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                match = PREFIX.search(line.rstrip("\n"))
+        with open_text(path) as handle:
+            for number, line in _lines(handle):
+                match = PREFIX.search(line)
                 if not match:
                     continue
                 process, msg = (match["host"], match["pid"]), match["msg"]
                 coll = COLL.match(msg)
+                init = None if coll else INIT.search(msg)
+                found = init and INIT_ID.search(msg, init.end())
+                if not (coll or found):
+                    continue
+                if files.setdefault(process, path) != path:
+                    raise TraceError(f"{path}:{number}: process {shown(':'.join(process))} has lines in "
+                                     f"{files[process]} too: a log given twice (each process's lines in one file)")
+                kept += 1
+                if kept > trace_calls.MAX_EVENTS:
+                    raise TraceError(f"{path}: more than {trace_calls.MAX_EVENTS:,d} COLL and INIT lines: more "
+                                     f"than a trace this reader takes")
                 if coll:
                     calls[process].append((coll.groupdict(), f"{path}:{number}"))
-                    continue
-                init = INIT.search(msg)
-                if init:
-                    where = f"{path}:{number} (an INIT line)"
-                    nranks = _number(init["nranks"], where, "nranks", MAX_RANKS)
-                    rank = _number(init["rank"], where, "rank", MAX_RANKS)
-                    if not rank < nranks:
-                        raise TraceError(f"{where}: rank {rank} of a communicator of {nranks} rank(s)")
-                    comms[(*process, init["comm"])] = {**init.groupdict(), "rank": rank, "nranks": nranks}
+                else:
+                    _init(init, found["commid"], f"{path}:{number} (an INIT line)", process, comms)
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+
+
+def _init(init: re.Match, commid: str, where: str, process: tuple[str, str], comms: dict) -> None:
+    nranks = _number(init["nranks"], where, "nranks", MAX_RANKS)
+    rank = _number(init["rank"], where, "rank", MAX_RANKS)
+    if not rank < nranks:
+        raise TraceError(f"{where}: rank {rank} of a communicator of {nranks} rank(s)")
+    comms[(*process, init["comm"])] = {"comm": init["comm"], "commid": commid, "rank": rank, "nranks": nranks,
+                                       "where": where}
+
+
+def _lines(handle):
+    """(number, line without its newline) for each line of at most MAX_LINE_CHARS; a longer one is passed
+    over in pieces, never held whole."""
+    number = 0
+    while True:
+        line = handle.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = handle.readline(MAX_LINE_CHARS)
+            continue
+        yield number, line.rstrip("\n")
 
 
 def _global_ranks(calls: dict, comms: dict, paths: list[str]) -> dict[tuple[str, str], int]:
@@ -151,7 +196,7 @@ def _call(fields: dict, init: dict | None, members: dict, world: int, origin: st
         raise TraceError(f"{origin}: count {fields['count']} on {nranks} ranks moves {count:,d} elements; a call "
                          f"moves at most {MAX_ELEMENTS:,d}")
     return TraceCall(collective, count * itemsize, dtype, OPS.get(_number(fields["op"], origin, "op", 1 << 20), "sum"),
-                     group, fields["comm"], 0.0, None, None)
+                     group, fields["comm"], 0.0, None, None, where=origin)
 
 
 def _number(digits: str, where: str, field: str, limit: int) -> int:

@@ -1,6 +1,7 @@
 """proxies/trace_calls.py: a step's calls placed on the compute's progress, waits inferred from the
 issuing thread's idle time, and the checks that keep a replay from hanging."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -72,3 +73,49 @@ def test_issuing_is_not_compute_and_time_between_ops_is():
     busy = Busy([(0, 100), (110, 200), (215, 300)])  # 10 us between two ops: Python, not a wait
     step = build_step(0, 300, busy, [call(200, 210, 260)], issuing=[(200, 215)])
     assert step.compute_us == 300 - 15 and step.calls[0].progress_us == 200
+
+
+@pytest.mark.parametrize("group,said", [
+    ((0, 0), "'group' is [0, 0]; it must be distinct ranks"),
+    ((-1, 0), "group [-1, 0] names ranks beyond the job's 2"),
+    ((1,), "rank 0 issues a call on group [1], which it is not in"),
+    ((), "'group' is []"),
+])
+def test_a_group_a_replay_cannot_make_is_refused_before_any_rank_starts(group, said):
+    """Groups [0, 0] and [-1, 0] were accepted, and a rank issuing on a group it is not in failed in the ranks
+    with an AttributeError (issue 48, item 21). The error names the event the call was read from."""
+    bad = replace(call(0, 0, 1, group=group), where="r0.json: event 7 ('record_param_comms')")
+    with pytest.raises(TraceError) as caught:
+        check_job(job([bad], [call(0, 0, 1, group=(1,))] if group == (1,) else []), "t")
+    assert str(caught.value).startswith("r0.json: event 7 ('record_param_comms'): ") and said in str(caught.value)
+
+
+def test_a_call_without_an_event_is_named_by_its_rank_and_place():
+    bad = replace(call(0, 0, 1), nbytes=-8)
+    with pytest.raises(TraceError, match=r"^t: rank 1's call 2: 'nbytes' is -8"):
+        check_job(job([call(0, 0, 1), call(0, 0, 1)], [call(0, 0, 1), bad]), "t")
+    with pytest.raises(TraceError, match="'collective' is 'sendrecv'; a replay issues allreduce"):
+        check_job(job([replace(call(0, 0, 1), collective="sendrecv")], []), "t")
+
+
+def test_calls_past_the_bound_are_one_line(monkeypatch):
+    from commbench.proxies import trace_calls
+
+    monkeypatch.setattr(trace_calls, "MAX_CALLS", 3)
+    check_job(job([call(0, 0, 1)] * 3, [call(0, 0, 1)] * 3), "t")
+    with pytest.raises(TraceError, match="rank 0 issues 4 calls; a replay takes at most 3"):
+        check_job(job([call(0, 0, 1)] * 4, [call(0, 0, 1)] * 4), "t")
+
+
+def test_calls_spanning_many_waits_give_the_same_exposed_time_from_the_running_total(monkeypatch):
+    """Past EXACT_GAPS a call's exposed time comes from the waits' running total (a crafted trace's calls x waits
+    took minutes); it is the sum the gaps give one by one."""
+    from commbench.proxies import trace_calls
+
+    ops = Busy([(100.0 * i, 100.0 * i + 40.0) for i in range(200)])  # idle 60 us after every op
+    calls = [call(100.0 * i + 40.0, 100.0 * i + 45.0, 100.0 * i + 80.0 + 100.0 * (i % 7)) for i in range(150)]
+    exact = build_step(0.0, 20000.0, ops, calls)
+    monkeypatch.setattr(trace_calls, "EXACT_GAPS", 0)
+    totals = build_step(0.0, 20000.0, ops, calls)
+    assert any(c.exposed_us > 60 for c in exact.calls) and exact.exposed_us == totals.exposed_us
+    assert [c.exposed_us for c in totals.calls] == pytest.approx([c.exposed_us for c in exact.calls])

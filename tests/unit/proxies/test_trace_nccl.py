@@ -109,3 +109,53 @@ def test_numbers_out_of_range_are_one_line_naming_the_line_and_the_field(tmp_pat
         read_traces([path])
     said = str(caught.value)
     assert said.startswith(f"{path}:") and field in said and "\n" not in said, said
+
+
+def test_a_log_given_twice_is_refused_not_read_twice(tmp_path):
+    """Every call was replayed twice, silently (issue 48, item 21): the same file, a copy of it, a merged log
+    beside a rank's own."""
+    lines = four_rank_log()
+    path = write(tmp_path, "nccl.log", lines)
+    with pytest.raises(TraceError, match="nccl.log: given twice"):
+        read_traces([path, path])
+    copy = write(tmp_path, "copy.log", lines)
+    with pytest.raises(TraceError, match=r"copy.log:\d+: process node0:\d+ has lines in .*nccl.log too"):
+        read_traces([path, copy])
+    rank3 = write(tmp_path, "rank3.log", [x for x in lines if ":104:" in x])
+    with pytest.raises(TraceError, match="a log given twice"):
+        read_traces([path, rank3])
+
+
+def test_a_rank_holding_a_communicator_twice_is_refused(tmp_path):
+    """Was a group [0, 0] (issue 48, item 21): two INIT lines of one process with one commId."""
+    lines = [*four_rank_log(), init(0, "0x888000000", 0, 2, "0x9999"), init(0, "0x888000001", 1, 2, "0x9999")]
+    lines += [coll(0, "AllReduce", 0, 8, 7, comm, 2) for comm in ("0x888000000", "0x888000001")]
+    with pytest.raises(TraceError, match=r"nccl.log:\d+ \(an INIT line\): rank 0 holds communicator 0x9999 twice"):
+        read_traces([write(tmp_path, "nccl.log", lines)])
+
+
+def test_long_lines_cost_their_length_not_its_square(tmp_path):
+    """A 60 KB line of name characters took 48 s (the prefix's host tried at every character) and one of INIT
+    fields 1.5 s (issue 48, item 17); a line past MAX_LINE_CHARS is passed over unread. Each line is read as
+    the good log's lines are."""
+    import time
+
+    from commbench.proxies.trace_nccl import MAX_LINE_CHARS
+
+    hostile = ["a" * 60000, "node0:101:1 [0] NCCL INFO " + "comm 0x1 rank 1 nranks 1 " * 2400,
+               "b" * (3 * MAX_LINE_CHARS) + " " + coll(0, "AllReduce", 9, 8, 7, "0x555000000", 4)]
+    started = time.perf_counter()
+    good = four_rank_log()
+    job = read_traces([write(tmp_path, "nccl.log", [good[0], hostile[0], *good[1:], *hostile[1:]])])
+    assert time.perf_counter() - started < 3.0
+    assert job == read_traces([write(tmp_path, "good.log", good)])
+
+
+def test_a_named_pipe_is_refused_at_once(tmp_path):
+    """Was read forever, waiting for a writer (issue 48, item 17)."""
+    import os
+
+    fifo = tmp_path / "nccl.log"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceError, match="nccl.log: not a regular file"):
+        read_traces([str(fifo)])

@@ -100,11 +100,18 @@ def test_unknown_schema_version_is_named(tmp_path):
         read_traces([bad, DDP[1]])
 
 
-def test_a_missing_or_doubled_rank_is_named():
+def test_a_missing_or_doubled_rank_is_named(tmp_path):
     with pytest.raises(TraceError, match="no trace of rank.* 1"):
         read_traces(DDP[:1])
-    with pytest.raises(TraceError, match="second trace of rank 0"):
+    with pytest.raises(TraceError, match="given twice"):
         read_traces([DDP[0], DDP[0]])
+    copy = tmp_path / "copy.json.gz"
+    copy.write_bytes(open(DDP[0], "rb").read())
+    with pytest.raises(TraceError, match="second trace of rank 0"):
+        read_traces([DDP[0], str(copy)])
+    (tmp_path / "link.json.gz").symlink_to(DDP[0])  # one file by two names (issue 48, item 21)
+    with pytest.raises(TraceError, match="link.json.gz: the same file as .*rank0.json.gz"):
+        read_traces([DDP[0], str(tmp_path / "link.json.gz")])
 
 
 def test_traces_of_different_jobs_disagree(tmp_path):
@@ -217,3 +224,72 @@ def test_distributed_info_out_of_range_is_one_line(tmp_path, info, field):
     with pytest.raises(TraceError, match=f"^{path}: distributedInfo: .*") as caught:
         read_traces([path])
     assert field in str(caught.value)
+
+
+def test_a_rank_issuing_on_a_group_it_is_not_in_is_named(tmp_path):
+    """Failed in the ranks with an AttributeError, exit 3 (issue 48, item 21)."""
+    paths = [_nccl_like_trace(tmp_path / f"r{r}.json", r) for r in range(4)]
+    data = json.loads((tmp_path / "r0.json").read_text())
+    data["traceEvents"][2]["args"].update({"Process Group Ranks": "[2, 3]"})
+    (tmp_path / "r0.json").write_text(json.dumps(data))
+    with pytest.raises(TraceError, match=r"r0.json: event 2 \('record_param_comms'\): rank 0 issues a call on group "
+                                         r"\[2, 3\], which it is not in"):
+        read_traces(paths)
+
+
+def _many_steps(path, rank, steps):
+    events = []
+    for k in range(steps):
+        t = 200.0 * k
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": t,
+                    "dur": 150.0},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": 40.0},
+                   _param_event(t + 40.0, "allreduce", 64, 64, [0, 1], "0"),
+                   {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 7,
+                    "ts": t + 55.0, "dur": 30.0}]
+    path.write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": rank, "world_size": 2},
+                                "traceEvents": events}))
+    return str(path)
+
+
+def test_each_step_is_built_from_its_own_calls_only(tmp_path, monkeypatch):
+    """Every step was given every call's issue span: steps x calls (4,000 steps 7.6 s, issue 48, item 17)."""
+    from commbench.proxies import trace_torch
+
+    given = []
+    real = trace_torch.build_step
+    monkeypatch.setattr(trace_torch, "build_step", lambda *a: given.append(len(a[4])) or real(*a))
+    job = read_traces([_many_steps(tmp_path / f"r{r}.json", r, 50) for r in (0, 1)])
+    assert len(job.ranks[0].steps) == 50 and all(len(s.calls) == 1 for s in job.ranks[0].steps)
+    assert given == [1] * 100
+
+
+def test_events_past_the_bound_are_one_line(tmp_path, monkeypatch):
+    from commbench.proxies import trace_calls
+
+    paths = [_many_steps(tmp_path / f"r{r}.json", r, 5) for r in (0, 1)]
+    monkeypatch.setattr(trace_calls, "MAX_EVENTS", 19)
+    with pytest.raises(TraceError, match="r0.json: more than 19 events"):
+        read_traces(paths)
+
+
+def test_a_long_value_is_decoded_a_few_times_not_once_per_chunk(tmp_path, monkeypatch):
+    """A 60 MB value was decoded again after every 1 MiB chunk: 118 s (issue 48, item 17); it takes a doubling
+    window, a few decodes in all. The events after it are read as before."""
+    calls = []
+    decoder = json.JSONDecoder
+
+    class Counting(decoder):
+        def raw_decode(self, text, index=0):
+            calls.append(len(text) - index)
+            return super().raw_decode(text, index)
+
+    data = json.loads(open(_nccl_like_trace(tmp_path / "r.json", 0)).read())
+    data = {"deviceProperties": [1.5] * 200_000, **data}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    monkeypatch.setattr(trace_json, "CHUNK_CHARS", 1000)
+    monkeypatch.setattr(trace_json.json, "JSONDecoder", Counting)
+    with open(tmp_path / "r.json") as handle:
+        read = list(trace_json.read_chrome_trace(handle, "r.json"))
+    assert read[0] == ("deviceProperties", data["deviceProperties"]) and len(read) == 3 + len(data["traceEvents"])
+    assert sum(calls) < 8 * len(json.dumps(data))
