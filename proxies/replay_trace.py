@@ -163,6 +163,14 @@ def _issue(dist, collective: str, send, recv, group, root: int, note: list, issu
     return go
 
 
+def buffer_bytes(job: JobTrace, rank: int) -> int:
+    """The bytes of the buffers `_torch_calls` makes on `rank`: one set per (collective, size, dtype, group
+    size), a full buffer and, but for allreduce, broadcast and reduce, a second (at most as large)."""
+    keys = {(c.collective, c.nbytes, c.dtype, len(c.group)) for s in job.ranks[rank].steps for c in s.calls}
+    return sum(nbytes * (1 if collective in ("allreduce", "broadcast", "reduce") else 2)
+               for collective, nbytes, _, _ in keys)
+
+
 def _buffers(collective: str, nbytes: int, dtype: str, size: int, device) -> tuple:
     """(send, recv) tensors of zeros on `device`: the full buffer of nbytes (whole shards: a multiple of the
     group's size where the call splits it), and a shard of it for all-gather's input and reduce-scatter's

@@ -46,12 +46,13 @@ Exit codes: 0 ok, 2 bad input (a trace that cannot be read: one line naming it),
 @click.option("--launcher", type=click.Choice(["auto", "spawn", "torchrun", "slurm", "mpi"]), default="auto",
               show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, metavar="SECONDS")
+@click.option("--oversubscribe", is_flag=True, help="Allow more local ranks than 4 per core (one per traced rank).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="JSON Lines: a header, one record per step, a summary (what check and report read).")
 @emulate_options
 @output_options(append=False)
 def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topology, compute_scale, torch_backend,
-                   device, launcher, timeout_s, json_path, force, emulate, link) -> None:
+                   device, launcher, timeout_s, oversubscribe, json_path, force, emulate, link) -> None:
     """Tabulate, replay or predict the communication of a traced job (TRACE: one profiler JSON per rank, one
     execution trace per rank in rank order, or NCCL log(s); docs/replay.md)."""
     from commbench.proxies.trace_calls import TraceError
@@ -81,11 +82,11 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
         sys.exit(predict_and_print(job_trace, hw, topology, compute_scale, json_path, sys.argv))
     shape = emulated_shape(emulate, link, {"--launcher": launcher != "auto"})
     _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, device, launcher, timeout_s,
-            json_path, info, shape)
+            json_path, info, shape, oversubscribe)
 
 
 def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, device, launcher, timeout_s,
-            json_path, info, shape) -> None:
+            json_path, info, shape, oversubscribe) -> None:
     import os
 
     from commbench import job
@@ -104,8 +105,22 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
         plan = job.Plan("spawn", world, None, 1, world)
     request = BackendConfig(backend="torch", torch_backend=torch_backend, device=device, nprocs=plan.world,
                             timeout_s=timeout_s)
-    _, settled = settle_backend(request, {"spawn": "spawn", "emulate": "torchrun"}.get(plan.mode)
-                                or job.launcher_of(launcher))
+    cls, settled = settle_backend(request, {"spawn": "spawn", "emulate": "torchrun"}.get(plan.mode)
+                                  or job.launcher_of(launcher))
+    if plan.mode != "join":  # this host starts every rank of the trace: as many as its cores and memory carry
+        _check_host(job_trace, plan.world, cls.resolve_device(settled)[0], oversubscribe)
     cfg = TraceReplayConfig(traces=tuple(os.path.abspath(t) for t in traces), steps=steps,
                             warmup_steps=warmup_steps, compute=compute, backend=settled, json_path=json_path)
     job.end(job.run(TRACE_REPLAY_JOB, cfg, plan, sys.argv), plan)
+
+
+def _check_host(job_trace, world: int, device: str, oversubscribe: bool) -> None:
+    """Before any rank starts: the trace's ranks as local processes (a trace of 4,096 ranks forked 4,096), and
+    on the CPU their buffers (a call of 4 TB failed in every rank)."""
+    from commbench.commands.options import check_local_ranks, check_memory
+    from commbench.proxies.replay_trace import buffer_bytes
+
+    check_local_ranks(world, oversubscribe, "local ranks (one per traced rank)")
+    if device == "cpu":
+        check_memory(sum(buffer_bytes(job_trace, rank) for rank in range(world)),
+                     f"the trace's {world} rank(s), each holding a buffer of every call size it issues,")

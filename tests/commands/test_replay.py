@@ -57,7 +57,7 @@ def test_hw_predicts_and_writes_a_predicted_record(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (DDP[:1], "no trace of rank"),
-    ([DDP[0], DDP[0]], "second trace of rank 0"),
+    ([DDP[0], DDP[0]], "given twice"),  # issue 48, item 21: an NCCL log given twice replayed every call twice
     (["missing.json", DDP[1]], "missing.json"),
     ([*DDP, "--hw", "no-such-hw"], "no-such-hw"),
     ([*DDP, "--hw", "dgx-h100", "-T", "2x2"], "2"),
@@ -104,3 +104,49 @@ def test_nccl_log_replays_its_calls_on_two_ranks(tmp_path):
     (step,) = [r for r in read_records(str(out)) if r["record"] == "step"]
     assert step["issued"] == [["allreduce", 65536 * 4, "float32", [0, 1]],
                               ["allgather", 1000 * 2 * 2, "bfloat16", [0, 1]], ["broadcast", 77 * 2, "float16", [0, 1]]]
+
+
+def _param_trace(path, rank, world, group, nelems=64):
+    """One rank's profiler trace of one record_param_comms allreduce on `group` (ProcessGroupNCCL's fields)."""
+    import json
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0,
+               "dur": 500.0},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+              {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 100.0, "dur": 5.0,
+               "args": {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": nelems,
+                        "Out msg nelems": nelems, "Group size": len(group), "Process Group Name": "1",
+                        "Process Group Ranks": str(list(group))}}]
+    path.write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": rank, "world_size": world},
+                                "traceEvents": events}))
+    return str(path)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("not-in-group", "r0.json: event 2 ('record_param_comms'): rank 0 issues a call on group [1, 2], which it is "
+                     "not in"),
+    ("buffers", "the trace's 2 rank(s), each holding a buffer of every call size it issues, need 8192.0 GiB"),
+])
+def test_a_trace_the_ranks_cannot_replay_is_refused_before_they_start(capsys, tmp_path, case, words):
+    """Failed in every rank: an AttributeError (exit 3), an allocation of 4 TiB (a line per rank), issue 48,
+    item 21. Now one line from the parent, exit 2, and no rank started."""
+    if case == "not-in-group":
+        paths = [_param_trace(tmp_path / f"r{r}.json", r, 4, (1, 2) if r < 3 else (3,)) for r in range(4)]
+    else:
+        paths = [_param_trace(tmp_path / f"r{r}.json", r, 2, (0, 1), nelems=1 << 40) for r in range(2)]
+    code = cli.main(["replay", *paths, "--steps", "1", "--warmup-steps", "0"])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commbench: error: ") and words in lines[0], err
+    assert "starting" not in err and "Traceback" not in err
+
+
+def test_a_named_pipe_is_refused_at_once(tmp_path):
+    """Was read until killed, waiting for a writer (issue 48, item 17)."""
+    import os
+
+    fifo = tmp_path / "rank0.json"
+    os.mkfifo(fifo)
+    proc = commbench("replay", str(fifo), "--table-only", timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"commbench: error: {fifo}: not a regular file"
