@@ -28,7 +28,7 @@ from commbench.analysis.intervals import interval_us, levels_fitted, schedule_in
 from commbench.analysis.provenance import headers_by_run, mismatch
 from commbench.backends.registry import record_capabilities
 from commbench.collectives import DTYPES
-from commbench.costmodel import Hardware, schedule_us, with_topology
+from commbench.costmodel import Hardware, form_us, with_topology
 from commbench.sizes import format_size
 from commbench.topology import Topology
 
@@ -110,13 +110,13 @@ def _sweep_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     rows, loads = [], run_loads(records)
     for r in usable:
         try:
-            topo, schedule = schedule_for(r)  # built once: the prediction and its interval cost the same schedule
+            topo, form = schedule_for(r)  # built once: the prediction and its interval cost the same rounds
         except FitError as exc:
             notes.append(str(exc))
             continue
         itemsize = DTYPES[r["dtype"]].itemsize
-        predicted = schedule_us(schedule, topo, hw, itemsize)  # as fit.predict_records costs a record
-        interval = schedule_interval_us(hw, schedule, topo, itemsize, float(predicted))
+        predicted = form_us(form, topo, hw, itemsize)  # as fit.predict_records costs a record
+        interval = schedule_interval_us(hw, form, topo, itemsize, float(predicted))
         what = f"{r['collective']} {format_size(int(r['nbytes'])).replace(' ', '')} {r.get('placement', '')}"
         nodes = int(r.get("nnodes") or 1)
         setup, over = _marked(f"{setup_of(r)}, {r['world_size']} ranks" + (f" on {nodes} nodes" if nodes > 1 else ""),

@@ -25,13 +25,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from commbench import algorithms
 from commbench.algorithms import LIBRARY_ALGORITHM  # what a library's point is rebuilt as (report.py imports it here)
 from commbench.analysis.hosts import host_cache_bytes, measured_on
 from commbench.analysis.provenance import measured_with
 from commbench.collectives import DTYPES
-from commbench.costmodel import Hardware, link_loads, working_set_bytes
-from commbench.schedule import Schedule
+from commbench.costmodel import Hardware, link_loads, table_form, working_set_bytes
+from commbench.schedule import Phases, Schedule
 from commbench.topology import Link, Topology
 
 
@@ -43,7 +42,7 @@ class FitError(ValueError):
 class Point:
     record: dict
     topo: Topology
-    schedule: Schedule
+    schedule: Schedule | Phases  # what it is costed by (schedule_for)
     features: np.ndarray  # [1, rounds_intra, rounds_inter, bytes_intra, bytes_inter]
     working_set: int  # bytes of every local rank's buffer (what competes for the caches)
 
@@ -63,8 +62,10 @@ def _name(chosen: list[dict]) -> str:
     return f"{_backend_of(setup_of(chosen[0]))}/{'+'.join(algorithms)}"
 
 
-def schedule_for(record: dict) -> tuple[Topology, Schedule]:
-    """The topology and schedule a result record ran (FitError, naming the point, when none models it)."""
+def schedule_for(record: dict) -> tuple[Topology, Schedule | Phases]:
+    """The topology a result record ran on, and what its point is costed by (costmodel.table_form: the schedule
+    that ran it, or past FULL_SCHEDULE_MAX_RANKS ranks its closed form); FitError, naming the point, when none
+    models it."""
     world, nodes = int(record["world_size"]), int(record.get("nnodes") or 1)
     topo = Topology(nodes, world // nodes) if world % nodes == 0 else Topology(1, world)
     name = record.get("algorithm") or LIBRARY_ALGORITHM.get(record["collective"])
@@ -75,22 +76,24 @@ def schedule_for(record: dict) -> tuple[Topology, Schedule]:
         raise FitError(f"the {record['collective']} point of {record['nbytes']} bytes ({setup_of(record)}) has no "
                        "count: a fit needs the element count of each point")
     try:
-        return topo, algorithms.build(record["collective"], name, topo, int(record["count"]), int(record["nbytes"]),
-                                      root)
+        return topo, table_form(topo, record["collective"], name, int(record["count"]), int(record["nbytes"]), root)
     except (ValueError, LookupError, ZeroDivisionError) as exc:
         raise FitError(f"cannot model the {record['collective']} point of {record['nbytes']} bytes on {world} ranks "
                        f"({setup_of(record)}): {exc}") from exc
 
 
-def features(schedule: Schedule, topo: Topology, itemsize: int) -> np.ndarray:
-    """[1, intra rounds, inter rounds, intra bytes, inter bytes] on each round's busiest resource."""
+def features(form: Schedule | Phases, topo: Topology, itemsize: int) -> np.ndarray:
+    """[1, intra rounds, inter rounds, intra bytes, inter bytes] on each round's busiest resource (a closed
+    form's rounds times their repeats, on its own topology)."""
     out = np.zeros(5)
     out[0] = 1.0
-    for rnd in schedule.rounds:
+    rounds = form.rounds if isinstance(form, Phases) else ((rnd, 1) for rnd in form.rounds)
+    topo = form.topology if isinstance(form, Phases) else topo
+    for rnd, repeats in rounds:
         loads = link_loads(rnd, topo, itemsize)  # per rank and level: NIC sharing is not fitted
         level = 1 if any(inter for inter, _, _ in loads.values()) else 0
-        out[1 + level] += 1
-        out[3 + level] += max(total for inter, total, _ in loads.values() if inter == bool(level))
+        out[1 + level] += repeats
+        out[3 + level] += repeats * max(total for inter, total, _ in loads.values() if inter == bool(level))
     return out
 
 
@@ -129,9 +132,17 @@ def poor_fit(meta: dict) -> str | None:
     return None
 
 
+# The most points one fit takes: its jackknife refits the model once without each, so its work grows as points^2
+# (20,000 points took 14 s on the 2-core CI host, 2026-12-02; a sweep has hundreds).
+MAX_FIT_POINTS = 10_000
+
+
 def fit(records: list[dict], setup: str | None = None, base: Hardware | None = None) -> Hardware:
     """Fit one setup's points (all of them when the records hold one setup)."""
     chosen = _select(usable(records), setup)
+    if len(chosen) > MAX_FIT_POINTS:
+        raise FitError(f"{len(chosen):,d} points to fit, more than {MAX_FIT_POINTS:,d} (the fit is refitted once "
+                       f"without each point): fit one setup and size range at a time (--setup, --sizes)")
     pts = points(chosen)
     if len(pts) < 3:
         raise FitError(f"{len(pts)} usable points for {setup or 'the results'}: a fit needs at least 3 measured, "
@@ -364,10 +375,10 @@ def _notes(fitted: dict, active: np.ndarray, base: Hardware | None) -> list[str]
 
 def predict_records(records: list[dict], hw: Hardware) -> np.ndarray:
     """The model's time for each record's point (its schedule on its topology)."""
-    from commbench.costmodel import schedule_us
+    from commbench.costmodel import form_us
 
     out = []
     for r in records:
-        topo, schedule = schedule_for(r)
-        out.append(schedule_us(schedule, topo, hw, DTYPES[r["dtype"]].itemsize))
+        topo, form = schedule_for(r)
+        out.append(form_us(form, topo, hw, DTYPES[r["dtype"]].itemsize))
     return np.array(out)

@@ -24,7 +24,7 @@ import numpy as np
 
 from commbench.analysis.fit import COLUMNS, INTERVAL, INTERVAL_LEVEL, JACKKNIFE, features
 from commbench.costmodel import Hardware, HardwareError, working_set_bytes
-from commbench.schedule import Schedule
+from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology
 
 
@@ -121,10 +121,10 @@ def levels_fitted(hw: Hardware, topo: Topology) -> bool:
     return bool((topo.ranks_per_node == 1 or levels.get("intra")) and (topo.nodes == 1 or levels.get("inter")))
 
 
-def schedule_interval_us(hw: Hardware, schedule: Schedule, topo: Topology, itemsize: int,
+def schedule_interval_us(hw: Hardware, schedule: Schedule | Phases, topo: Topology, itemsize: int,
                          central_us: float) -> tuple[float, float] | None:
-    """The 80% interval of `central_us`, the cost model's time of `schedule`. The fit's model is linear
-    in its figures (time = features . figures), so each resample's time is that of the fit scaled by
+    """The 80% interval of `central_us`, the cost model's time of `schedule` (or its closed form). The fit's
+    model is linear in its figures (time = features . figures), so each resample's time is that of the fit scaled by
     features . resample / features . fit. None without resamples, or when the schedule crosses a level
     the fit did not measure (its figures were copied or given, not fitted: no interval would say how
     uncertain they are)."""

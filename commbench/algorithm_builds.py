@@ -17,19 +17,20 @@ Rounds = list[list[Transfer]]
 # ---------------------------------------------------------------- building blocks
 
 
-def _ring_reduce_scatter(members: list[int], parts: tuple[Chunk, ...]) -> Rounds:
+def _ring_reduce_scatter(members: list[int], parts: tuple[Chunk, ...], steps: int | None = None) -> Rounds:
     """Members reduce `parts` around a ring so that member i ends with parts[i] complete.
-    Step k: member i sends part (i - k - 1) to member i + 1, which adds it in."""
+    Step k: member i sends part (i - k - 1) to member i + 1, which adds it in. `steps`: the first
+    that many only (a closed form's one round: the whole ring is members^2 transfers)."""
     n = len(members)
     return [[Transfer(members[i], members[(i + 1) % n], parts[(i - k - 1) % n], True) for i in range(n)]
-            for k in range(n - 1)]
+            for k in range(n - 1 if steps is None else min(steps, n - 1))]
 
 
-def _ring_allgather(members: list[int], parts: tuple[Chunk, ...]) -> Rounds:
-    """Member i starts with parts[i]; step k: member i forwards part (i - k) to member i + 1."""
+def _ring_allgather(members: list[int], parts: tuple[Chunk, ...], steps: int | None = None) -> Rounds:
+    """Member i starts with parts[i]; step k: member i forwards part (i - k) to member i + 1 (`steps`: as above)."""
     n = len(members)
     return [[Transfer(members[i], members[(i + 1) % n], parts[(i - k) % n], False) for i in range(n)]
-            for k in range(n - 1)]
+            for k in range(n - 1 if steps is None else min(steps, n - 1))]
 
 
 def _subparts(chunk: Chunk, pieces: int) -> tuple[Chunk, ...]:
@@ -221,9 +222,11 @@ def _ring_phases(topo: Topology, count: int, reduces: tuple[bool, ...], channels
     n, small = topo.world, _two_nodes(topo)
     if n == 1:
         return Phases(small, count, ())
-    members = list(range(small.world))
-    parts = ((0, math.ceil(math.ceil(count / n) / channels)),) * small.world
-    steps = [(_ring_reduce_scatter if reduce else _ring_allgather)(members, parts)[0] for reduce in reduces]
+    # two ranks a node stand for all: each rank's links carry one part a step and each node's NICs one hop
+    # either way, as in the whole ring (a round of 4 transfers, not 2 x ranks per node)
+    members = [rank for node in range(small.nodes) for rank in small.node_ranks(node)[:2]]
+    parts = ((0, math.ceil(math.ceil(count / n) / channels)),) * len(members)
+    steps = [(_ring_reduce_scatter if reduce else _ring_allgather)(members, parts, 1)[0] for reduce in reduces]
     return Phases(small, count, tuple((tuple(step) * channels, n - 1) for step in steps))
 
 
@@ -249,11 +252,11 @@ def hier_allreduce_phases(topo: Topology, count: int) -> Phases:
     sub = math.ceil(part / nodes)
 
     def inside(ring: Callable[..., Rounds]) -> tuple[Transfer, ...]:
-        return tuple(t for k in range(small.nodes) for t in ring(small.node_ranks(k), ((0, part),) * per_node)[0])
+        return tuple(t for k in range(small.nodes) for t in ring(small.node_ranks(k), ((0, part),) * per_node, 1)[0])
 
     def across(ring: Callable[..., Rounds]) -> tuple[Transfer, ...]:
         peers = [small.local_peers(local) for local in range(per_node)]
-        return tuple(t for ranks in peers for t in ring(ranks, ((0, sub),) * small.nodes)[0])
+        return tuple(t for ranks in peers for t in ring(ranks, ((0, sub),) * small.nodes, 1)[0])
 
     rounds = []
     if per_node > 1:

@@ -10,6 +10,7 @@ from commbench.costmodel.call import (
     call_form,
     call_us,
     call_variants_us,
+    table_form,
 )
 from commbench.costmodel.hardware import (
     HARDWARE_FIELDS,
@@ -24,6 +25,7 @@ from commbench.costmodel.hardware import (
     with_topology,
 )
 from commbench.costmodel.rounds import (
+    form_us,
     in_cache,
     link_loads,
     phases_us,
@@ -34,6 +36,6 @@ from commbench.costmodel.rounds import (
 )
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "FULL_SCHEDULE_MAX_RANKS", "HARDWARE_FIELDS", "MAX_HARDWARE_BYTES", "PRESET_DIR",
-           "Hardware", "HardwareError", "algorithm_us", "call_form", "call_us", "call_variants_us",
+           "Hardware", "HardwareError", "algorithm_us", "call_form", "call_us", "call_variants_us", "form_us",
            "hardware_from_dict", "in_cache", "link_loads", "load_hardware", "phases_us", "presets", "round_us",
-           "schedule_us", "terms_of", "variants_us", "with_topology", "working_set_bytes"]
+           "schedule_us", "table_form", "terms_of", "variants_us", "with_topology", "working_set_bytes"]

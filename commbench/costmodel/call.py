@@ -75,6 +75,24 @@ def call_variants_us(hws: list[Hardware], topo: Topology, collective: str, algor
     return [0.0] * len(hws) if form is None else variants_us(form, topo, hws, itemsize)
 
 
+def table_form(topo: Topology, collective: str, algorithm: str, count: int, nbytes: int,
+               root: int = 0) -> Phases | Schedule:
+    """What a measured point of a table algorithm (`auto`: the rule's choice) is costed by, as check, fit and
+    report cost a sweep's record: its full schedule, the rounds that ran, on up to FULL_SCHEDULE_MAX_RANKS ranks;
+    its closed form beyond (O(ranks per node) work: a 32,768-rank record's schedule held 2 x 10^9 transfers),
+    the same cost when the world divides the count, at most one element a part above it otherwise. ValueError:
+    past that bound, an algorithm without a closed form; AlgorithmError: no such one."""
+    name = algorithms.choose(collective, topo, nbytes) if algorithm == AUTO and collective in algorithms.ALGORITHMS \
+        else algorithm
+    entry = algorithms.entry(collective, name)
+    if topo.world <= FULL_SCHEDULE_MAX_RANKS:
+        return entry.schedule(topo, count, root)
+    if entry.phases is None:
+        raise ValueError(f"{collective} by {name} has no closed form and is costed from its full schedule, whose "
+                         f"work grows with the ranks: at most {FULL_SCHEDULE_MAX_RANKS} ranks, not {topo.world}")
+    return entry.phases(topo, count)
+
+
 def algorithm_us(hw: Hardware, topo: Topology, collective: str, algorithm: str, count: int, itemsize: int,
                  root: int = 0) -> float:
     """One call of a table algorithm on `count` elements (any root): by the entry's closed form where it has

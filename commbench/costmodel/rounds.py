@@ -97,6 +97,11 @@ def phases_us(phases: Phases, hw: Hardware, itemsize: int) -> float:
                                          for rnd, repeats in phases.rounds)
 
 
+def form_us(form: Phases | Schedule, topo: Topology, hw: Hardware, itemsize: int) -> float:
+    """phases_us of a closed form, schedule_us of a full schedule on `topo`: what costs a call_form or table_form."""
+    return phases_us(form, hw, itemsize) if isinstance(form, Phases) else schedule_us(form, topo, hw, itemsize)
+
+
 def variants_us(form: Phases | Schedule, topo: Topology, hws: list[Hardware], itemsize: int) -> list[float]:
     """phases_us (a Phases) or schedule_us (a Schedule on `topo`) of one call on each of `hws`, hardware
     that differs only in its figures (latency, bandwidth, cache bandwidth, overhead: a fit's resampled

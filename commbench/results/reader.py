@@ -34,6 +34,13 @@ REQUIRED_FIELDS = {
     "layout": ("model", "hardware", "gpus", "layout", "step_us", "tokens_per_s", "memory_nbytes"),
 }
 AT_LEAST_ONE = ("world_size", "nnodes", "gpus", "nodes", "gpus_per_node", "batch")  # counts of things, >= 1
+# The largest job a record may declare, in ranks (its world, nodes, GPUs): predict-scaling's own bound (its
+# MAX_GPUS), far above any cluster built. Past it a record is refused: the readers' work grows with it.
+MAX_RANKS = 1 << 20
+RANK_COUNTS = ("world_size", "nnodes", "gpus", "nodes", "gpus_per_node")
+# The most records read from one results file: a sweep writes one a point (1K-1G, 7 collectives, 2
+# placements: 588), a proxy run one a step; `check` of 100,000 takes about a minute on a 2-core host.
+MAX_RECORDS_PER_FILE = 100_000
 PLACEMENT_NAMES = ("out-of-place", "in-place")
 
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {  # an annotation's base name: test, and its name
@@ -92,6 +99,8 @@ def _value_problem(kind: str, record: dict[str, Any], budget: TimesBudget | None
         value = record.get(name)
         if isinstance(value, (int, float)) and value < 1:
             return f"{kind} record: {name} must be at least 1, not {value!r}"
+        if name in RANK_COUNTS and isinstance(value, (int, float)) and value > MAX_RANKS:
+            return f"{kind} record: {name} {value!r} is above {MAX_RANKS:,d}, the largest job commbench models"
     if kind == "scaling" and not record["speedup"] > 0:
         return f"scaling record: speedup must be positive, not {record['speedup']!r}"
     if kind != "result":
@@ -108,6 +117,9 @@ def _value_problem(kind: str, record: dict[str, Any], budget: TimesBudget | None
     ranks = kept.get("ranks") if isinstance(kept, dict) else 1
     if not (_KINDS["int"][0](ranks) and 1 <= ranks <= LARGEST_INTEGER):
         return f"result record: rank_times_us.ranks must be a whole number, at least 1, not {json_kind(ranks)}"
+    if ranks > MAX_RANKS:
+        return f"result record: rank_times_us.ranks {ranks:,d} is above {MAX_RANKS:,d}, the largest job commbench " \
+            "models"
     if any(isinstance(record.get(k), dict) for k in ("iteration_times_us", "skipped_times_us", "rank_times_us")):
         try:  # packed: unpacked here, once, bounded, kept beside the record for the readers (UnpackedTimes)
             unpack_in_place(record, budget or TimesBudget())
@@ -149,7 +161,7 @@ def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[d
     """All records of a JSON Lines results file, each line checked (check_record), a result's packed times
     unpacked once and within one TimesBudget for the file (past it: RecordError). Blank lines are
     ignored; a truncated last line (a run killed mid-write) is skipped, with `warn(message)`; any
-    other bad line is one RecordError: 'PATH:LINE: what is wrong'."""
+    other bad line, or a record past MAX_RECORDS_PER_FILE, is one RecordError: 'PATH:LINE: what is wrong'."""
     records, budget = [], TimesBudget()
     try:
         with open_regular(path) as handle:
@@ -157,6 +169,9 @@ def read_records(path: str, warn: Callable[[str], None] | None = None) -> list[d
                 record = _parse_line(path, number, raw, warn, budget)
                 if record is not None:
                     records.append(record)
+                    if len(records) > MAX_RECORDS_PER_FILE:
+                        raise RecordError(f"{path}:{number}: more than {MAX_RECORDS_PER_FILE:,d} records, more than "
+                                          f"commbench reads from one results file: split it, or keep one run a file")
     except UnreadableFile as exc:
         raise RecordError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
     except OSError as exc:
