@@ -10,6 +10,7 @@ import click
 
 from commbench import collectives as C
 from commbench import tuning
+from commbench.algorithms import TABLE
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options
 from commbench.commands.hw_option import hw_option, load_hw, warn_poor
@@ -53,17 +54,31 @@ Examples:
   commbench predict --hw dgx-a100 --nodes 4 --gpus-per-node 8    # = --topology 4x8; --nodes 4 alone: 4 x 8 too
 """)
 @hw_option("Hardware JSON (from fit) or a preset.", required=True)
-@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True)
-@click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST")
-@click.option("--factor", "-f", type=float, default=None)
-@click.option("--dtype", "-d", default="float32", show_default=True)
+@click.option("--collective", "-c", "collective_names", multiple=True, default=("allreduce",), show_default=True,
+              metavar="NAME", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall (those "
+                                   "commbench has schedules for, which the model costs). Repeatable, or "
+                                   "comma-separated.")
+@click.option("--sizes", "-s", default="1K-1G", show_default=True, metavar="RANGE|LIST",
+              help="Message sizes in bytes, as sweep takes them: a range START-END (binary K/M/G/T suffixes) or a "
+                   "comma list (1K,4K,1M).")
+@click.option("--factor", "-f", type=float, default=None,
+              help="In a range of --sizes: multiply the size by this between steps [default: 2].")
+@click.option("--dtype", "-d", default="float32", show_default=True,
+              help="Element type (float32, float16, bfloat16, float64, int32, int8, uint8, int64): how many "
+                   "elements a size holds, rounded down per collective as nccl-tests does.")
 @click.option("--nodes", type=int, default=None, help="Nodes to predict [default: 1 with --gpus-per-node].")
 @click.option("--gpus-per-node", type=int, default=None,
               help="Ranks per node [default with --nodes: the hardware's ranks per node].")
 @click.option("--topology", "-T", default=None, metavar="NODESxRANKS",
               help="Short for --nodes NODES --gpus-per-node RANKS. One of the two forms is required.")
-@click.option("--algorithm", "-A", default="auto", show_default=True)
-@click.option("--root", type=int, default=0, show_default=True)
+@click.option("--algorithm", "-A", default="auto", show_default=True,
+              help="The schedule of commbench's to cost (" + "; ".join(
+                  f"{name}: {', '.join(table)}" for name, table in TABLE.items()) + "), or auto: the one "
+                   "commbench's own backends pick for each size (--tuning's table, else the built-in rule; "
+                   "docs/algorithms.md). Not predict-scaling's default nccl, NCCL's own choice of ring or tree, "
+                   "protocol and channels by its tuning model: predict costs commbench's schedules only.")
+@click.option("--root", type=int, default=0, show_default=True,
+              help="Root rank of broadcast and reduce (a rank of the topology).")
 @click.option("--tuning", "tuning_path", default=None, metavar="FILE",
               help="The tuning table `auto` follows (commbench tune writes one); default: the built-in rule.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,

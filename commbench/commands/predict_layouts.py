@@ -14,12 +14,19 @@ LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtua
 GB = 1e9  # as GPU vendors state memory
 
 
-def schedule_options(checkpointing: str) -> list:
-    """What a layout's step runs beside its degrees, spelled alike on predict-scaling and proxy: the micro-batch,
-    the pipeline's schedule and virtual stages, activation checkpointing (default `checkpointing`)."""
+CHECKPOINTING_HELP = ("activation checkpointing: none keeps every activation; selective recomputes the attention "
+                      "core in the backward (Korthikanti et al. 2022); full the whole forward, its calls included")
+
+
+def schedule_options(checkpointing: str, why: str, microbatches: str = "") -> list:
+    """What a layout's step runs beside its degrees, spelled alike on predict-scaling, proxy and train: the size of
+    a micro-batch (--microbatch; how many a step runs, --microbatches, is `microbatches`'s help where the command
+    takes it), the pipeline's schedule and virtual stages, activation checkpointing (default `checkpointing`,
+    `why` says why)."""
+    count = f" (how many a step runs: {microbatches})" if microbatches else ""
     return [
-        click.option("--microbatch", type=int, default=1, show_default=True,
-                     help="With --layout: sequences per micro-batch."),
+        click.option("--microbatch", type=int, default=1, show_default=True, metavar="SEQUENCES",
+                     help=f"With --layout: the size of one micro-batch, in sequences{count}."),
         click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
                      show_default=True, help="With --layout: the schedule of a layout with a pipeline that names "
                                              "none (its own: pp2,fsdp8@gpipe); none applies without one."),
@@ -27,8 +34,7 @@ def schedule_options(checkpointing: str) -> list:
                      help="With --layout: model chunks per pipeline rank (interleaved 1F1B; its own: "
                           "pp4,fsdp8@interleaved:2)."),
         click.option("--checkpointing", type=click.Choice(["none", "selective", "full"]), default=checkpointing,
-                     show_default=True, help="With --layout: activation checkpointing (selective recomputes the "
-                                             "attention core; full the whole forward, its calls included)."),
+                     help=f"With --layout: {CHECKPOINTING_HELP} [default: {checkpointing}: {why}]."),
     ]
 
 
@@ -41,7 +47,9 @@ def layout_options(fn):
                           "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N; a pipeline's own schedule after @ "
                           "(tp8sp,pp4,fsdp32@interleaved:2, pp2,fsdp8@gpipe); auto: search every layout that can run "
                           "(--max-tp, --top). Needs a profile with a transformer shape."),
-        *schedule_options("selective"),
+        *schedule_options("selective", "the attention scores not stored, as FlashAttention does too: the "
+                                       "Llama 3 paper's 405B layout fits 80 GB only so, docs/layouts.md",
+                          "--global-batch / (dp x --microbatch) on each rank"),
         click.option("--global-batch", type=int, default=None, metavar="SEQUENCES",
                      help="Sequences per optimizer step, all GPUs [default: one --microbatch a GPU, whatever the "
                           "layouts; in every record]."),
@@ -243,7 +251,8 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
     lines = [f"# predict-scaling {model} --layout: {len(predictions)} layout(s) on {gpus} GPUs of {hw.name} "
              f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node}), {tokens:,} tokens a step "
              f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,})",
-             f"# compute: {rate}, {job.checkpointing} activation checkpointing",
+             f"# compute: {rate}, " + ("no" if job.checkpointing == "none" else job.checkpointing)
+             + " activation checkpointing",
              "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
              "dimension; memory = the fullest GPU's (proxies/memory.py)",
              f"# {'rank':>4}  {'layout':<{width}} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "

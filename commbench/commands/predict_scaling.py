@@ -56,7 +56,8 @@ Examples:
 @click.option("--algorithm", "-A", default="nccl", show_default=True,
               help="nccl (what DDP's NCCL runs: ring or tree, LL/LL128/Simple and channels by NCCL 2.20.3's own "
                    "tuning model), nccl-ring (the library's ring, one channel per NIC) or one of commbench's "
-                   f"allreduce schedules: {', '.join(TABLE['allreduce'])}.")
+                   f"allreduce schedules: {', '.join(TABLE['allreduce'])} (predict's default auto is the "
+                   "schedule commbench's backends pick; there is no nccl in predict).")
 @click.option("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb [default: DDP's own].")
 @click.option("--baseline", default=None, metavar="ALGORITHM",
               help="With --candidate: acc_ratio = candidate / baseline.")

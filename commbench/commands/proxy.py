@@ -90,7 +90,7 @@ def _common(fn):
 @click.option("--local", "spawn_local", is_flag=True, help="With --nodes: spawn all NODES x GPUS ranks on this host.")
 @hw_option("Cost model for --backend sim (or --nodes larger than the job): predicted, not measured.", name="hw")
 @click.option("--validate", is_flag=True, help="Also train the real model with the same settings; print the error.")
-@layout_replay_options
+@layout_replay_options("proxy")
 def proxy_command(**options) -> None:
     """Replay the gradient allreduces DDP issues for MODEL, with the backward compute emulated.
 
@@ -140,7 +140,7 @@ Examples:
 """)
 @_common
 @click.option("--amp", is_flag=True, help="Mixed precision (fp16 autocast with a grad scaler) on GPU.")
-@layout_replay_options
+@layout_replay_options("train")
 def train_command(**options) -> None:
     """Train MODEL for real as --setup says (torch DDP or FSDP2; random weights, synthetic data) and time each step."""
     from commbench import job

@@ -11,24 +11,41 @@ import click
 from commbench.commands.common import UsageFault
 from commbench.commands.predict_layouts import MAX_MICROBATCH, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, schedule_options
 
+LAYOUT_HELP = {
+    "proxy": "Replay a parallel layout (a transformer profile; --backend torch): tp2,dp2; tp2sp,dp2 (sequence "
+             "parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as dpN (--setup), ddpN, "
+             "fsdpN, hsdpN or SETUP:N. Compute from FLOPs at --tflops, or without it measured on each rank's own "
+             "layers (--compute measured).",
+    "train": "Train a parallel layout for real (a transformer profile): tp2,fsdp2; tp2sp,fsdp2 (sequence parallel); "
+             "pp2,fsdp2; cp2,fsdp2; ep2,fsdp2 (an MoE model); the data-parallel part as DDP (ddpN) or FSDP2 (fsdpN), "
+             "or dpN as --setup says.",
+}
+MICROBATCHES_HELP = {
+    "proxy": "With --layout: how many micro-batches a step runs on each rank, each of --microbatch sequences "
+             "[default: 2 x pp with a pipeline, else 1].",
+    "train": "With a pipeline in --layout: how many micro-batches a step runs on each rank, each of --microbatch "
+             "sequences [default: 2 x pp]; without pp, a step is one micro-batch: give --microbatch.",
+}
+CHECKPOINTING_WHY = {
+    "proxy": "as train --layout runs, so that a replay and a training run compare; selective is predict-scaling's "
+             "default",
+    "train": "train --layout keeps every activation, and runs none only",
+}
 
-def layout_replay_options(fn):
-    """--layout and the pipeline's schedule, micro-batches and activation checkpointing beside it."""
-    options = [
-        click.option("--layout", "layout", default=None, metavar="SPEC",
-                     help="Replay (proxy) or train (train) a parallel layout (a transformer profile; --backend torch): "
-                          "tp2,dp2; tp2sp,dp2 "
-                          "(sequence parallel); pp2,dp2; cp2,dp2; ep2,dp2 (an MoE model); the data-parallel part as "
-                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N. proxy: compute from FLOPs at --tflops, or "
-                          "without it measured on each rank's own layers (--compute measured); "
-                          "train: data parallel as DDP (ddpN) or FSDP2 (fsdpN)."),
-        click.option("--microbatches", type=int, default=None,
-                     help="With --layout: micro-batches per step [default: 2 x pp with a pipeline, else 1]."),
-        *schedule_options("none"),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+
+def layout_replay_options(command: str):
+    """--layout and the pipeline's schedule, micro-batches and activation checkpointing beside it, each said for
+    `command` (proxy: a replay; train: real training, which takes neither --backend nor --tflops)."""
+    def decorate(fn):
+        options = [
+            click.option("--layout", "layout", default=None, metavar="SPEC", help=LAYOUT_HELP[command]),
+            click.option("--microbatches", type=int, default=None, metavar="COUNT", help=MICROBATCHES_HELP[command]),
+            *schedule_options("none", CHECKPOINTING_WHY[command], "--microbatches"),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
 
 
 def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int) -> dict:
