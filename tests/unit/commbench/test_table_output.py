@@ -63,3 +63,11 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     test_command = next(line for line in readme.splitlines() if "pytest" in line and line.startswith("python3 -m venv"))
     assert test_command in ci.splitlines()
+
+
+def test_the_readme_puts_the_presets_where_they_are():
+    """The README put presets/ under costmodel/ (issue 48, item 14): they are commbench/presets/."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`costmodel/` with `presets/`" not in readme and "`presets/` (the hardware presets" in readme
+    assert (ROOT / "commbench" / "presets" / "dgx-a100.json").is_file()
+    assert not (ROOT / "commbench" / "costmodel" / "presets").exists()
