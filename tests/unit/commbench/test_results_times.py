@@ -112,3 +112,19 @@ def test_every_packed_field_is_charged_to_the_files_budget(tmp_path, inflations)
     bad.write_text(json.dumps({**RESULT, "timed_start": 1e20}) + "\n")
     with pytest.raises(RecordError, match="timed_start 1e.20 is not a time"):
         read_records(str(bad))
+
+
+def test_packed_times_are_within_float32_rounding_and_docs_metrics_says_so_not_exact():
+    """docs/metrics.md said the raw times recompute any figure exactly: past 64 iterations they are float32
+    (issue 48, item 14). Up to 64 they are the float64 values; past, each within 2^-24 relative, not exact."""
+    from pathlib import Path
+
+    values = np.random.default_rng(7).uniform(1.0, 5000.0, 1000)
+    assert list(pack_times(values[:64])) == list(values[:64])  # a plain list: exact
+    record = {"iteration_times_us": pack_times(values)}
+    relative = np.abs(np.asarray(raw_times(record), dtype=np.float64) / values - 1)
+    assert 0 < relative.max() <= 2.0**-24
+    assert abs(np.asarray(raw_times(record), dtype=np.float64).mean() / values.mean() - 1) < 2.0**-24
+    metrics = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    assert "recomputed from them exactly:" not in metrics
+    assert "exactly up to 64 iterations" in metrics and "within 2^-24" in metrics
