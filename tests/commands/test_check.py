@@ -239,9 +239,9 @@ def test_report_draws_proxy_steps_beside_sweep_points(runs, tmp_path, monkeypatc
     drawn = {}
     real = R.plot_prediction
 
-    def spy(series, out_dir, extra=()):
+    def spy(series, out_dir, extra=(), mark=None):
         drawn["extra"] = list(extra)
-        return real(series, out_dir, extra)
+        return real(series, out_dir, extra, mark)
 
     monkeypatch.setattr(R, "plot_prediction", spy)
     _, pngs = R.report([str(sweep), str(proxy)], str(tmp_path / "rep"), load_hardware(str(hw_path)))
