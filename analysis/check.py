@@ -28,7 +28,7 @@ from commbench.analysis.intervals import interval_us, levels_fitted, schedule_in
 from commbench.analysis.provenance import headers_by_run, mismatch
 from commbench.backends.registry import record_capabilities
 from commbench.collectives import DTYPES
-from commbench.costmodel import Hardware, form_us, with_topology
+from commbench.costmodel import Hardware, form_us
 from commbench.sizes import format_size
 from commbench.topology import Topology
 
@@ -257,14 +257,14 @@ def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, 
         notes.append(f"{r['model']}: {exc}; left out")
         return []
     device = "cpu" if r.get("device") == "cpu" else "cuda"
-    pred = predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+    pred = predict_step(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
                         r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
                         choice=choice, device=device).times
     kind = "train" if r["kind"] == "train" else "proxy"
     named = "" if choice.name == DEFAULT_SETUP else f" {choice.name}"
     setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
     # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
-    interval = step_interval_us(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+    interval = step_interval_us(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
                                 r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu,
                                 choice=choice, device=device)
     rows = [Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]), float(pred.step_us),
@@ -283,7 +283,7 @@ def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, 
     """The predicted step's time with a call in flight, on hardware `hw` (one resample's)."""
     from commbench.analysis.scaling import predict_step
 
-    return predict_step(profile, batch, topo, with_topology(hw, topo), *split[:3], r.get("bucket_mb"),
+    return predict_step(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
                         r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
                         choice=choice, device=device).times.comm_us
 

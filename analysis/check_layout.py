@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from commbench.analysis.predict_layout import Job, predict_layout
-from commbench.costmodel import Hardware, with_topology
+from commbench.costmodel import Hardware
 from commbench.proxies.layout_calls import CHECKPOINTING
 from commbench.proxies.parallelism import LayoutError, Parallelism
 from commbench.proxies.profile import ProfileError, load_profile
@@ -67,7 +67,7 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -
         raise LayoutCheckError(f"{name}: {world} rank(s) on {nodes} node(s) do not hold the layout; left out")
     topo = Topology(nodes, world // nodes)
     microbatch, tflops, checkpointing = _run_settings(name, config)
-    job = Job(profile.transformer, profile, with_topology(hw, topo), topo.ranks_per_node, microbatch, tflops,
+    job = Job(profile.transformer, profile, hw, topo.ranks_per_node, microbatch, tflops,
               checkpointing, algorithm)
     try:
         par.check(world, topo.ranks_per_node, profile.transformer)

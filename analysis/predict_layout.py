@@ -22,7 +22,7 @@ from math import comb
 
 from commbench.analysis.scaling import comm_us
 from commbench.collectives import resolve_dtype
-from commbench.costmodel import Hardware, call_us, with_topology
+from commbench.costmodel import Hardware, call_us
 from commbench.costmodel.compute import ComputeBlock
 from commbench.proxies import layer_ops as ops
 from commbench.proxies import memory as M
@@ -196,7 +196,7 @@ def _call_us(job: Job, par: Parallelism, call: LayerCall) -> float:
     if call.collective == "alltoall":
         return _alltoall_us(job.hw, topo, call.nbytes)
     itemsize = resolve_dtype(call.dtype).itemsize
-    return call_us(with_topology(job.hw, topo), topo, call.collective, job.algorithm, call.nbytes, itemsize)[0]
+    return call_us(job.hw, topo, call.collective, job.algorithm, call.nbytes, itemsize)[0]
 
 
 def _p2p_us(job: Job, par: Parallelism, dim: str, nbytes: int) -> float:

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from commbench import collectives as C
-from commbench.costmodel import Hardware, with_topology
+from commbench.costmodel import Hardware
 from commbench.proxies.comm_plan import simulate
 from commbench.proxies.trace_calls import JobTrace, TraceStep, step_plan
 from commbench.topology import Topology
@@ -48,7 +48,7 @@ def call_us(hw: Hardware, collective: str, nbytes: int, dtype: str, group: tuple
     topo = group_topology(group, per_node)
     if topo.world == 1:
         return 0.0
-    result = predict_point(with_topology(hw, topo), collective, nbytes, C.resolve_dtype(dtype), topo, algorithm)
+    result = predict_point(hw, collective, nbytes, C.resolve_dtype(dtype), topo, algorithm)
     if result is None:
         return 0.0
     # the cost model's own time: a trace's calls are costed raw (predict centres a shown point by the corpus)

@@ -34,7 +34,6 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     own calls are predicted already: none more)."""
     from commbench.analysis.check import setup_of_record
     from commbench.analysis.scaling import predict_step, step_plan
-    from commbench.costmodel import with_topology
     from commbench.proxies.profile import load_profile
     from commbench.topology import Topology
 
@@ -51,7 +50,7 @@ def _plan_and_prediction(header: dict, summary: dict, hw):
     if hw is not None and summary.get("kind") == "proxy":
         algorithm = (header.get("config") or {}).get("algorithm")
         algorithm = "ring" if algorithm in (None, "auto") or not record_capabilities(summary).schedule else algorithm
-        predicted = predict_step(profile, int(summary["batch"]), topo, with_topology(hw, topo), *compute,
+        predicted = predict_step(profile, int(summary["batch"]), topo, hw, *compute,
                                  summary.get("bucket_mb"), summary.get("bucketing") or "ddp", algorithm,
                                  float(split.get("ddp") or 0.0), choice=choice, device=device).times
     return plan, predicted

@@ -17,7 +17,7 @@ import numpy as np
 
 from commbench.algorithms import LIBRARY
 from commbench.analysis.intervals import levels_fitted, partial_interval_us, uncertainty
-from commbench.costmodel import Hardware, call_us, call_variants_us, nccl_tuning, with_topology
+from commbench.costmodel import Hardware, call_us, call_variants_us, nccl_tuning
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Choice, Compute, Layout, settle
@@ -45,7 +45,7 @@ def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algori
         key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
         if key not in done:
             group = group_topology(topo, comm.group)
-            done[key] = np.array(call_variants_us([with_topology(v, group) for v in hws], group, comm.collective,
+            done[key] = np.array(call_variants_us([v for v in hws], group, comm.collective,
                                                   algorithm, comm.nbytes, resolve_dtype(comm.dtype).itemsize))
         out[:, j] = done[key]
     return out
@@ -57,7 +57,7 @@ def comm_us(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> tuple[f
     from commbench.collectives import resolve_dtype
 
     group = group_topology(topo, comm.group)
-    return call_us(with_topology(hw, group), group, comm.collective, algorithm, comm.nbytes,
+    return call_us(hw, group, comm.collective, algorithm, comm.nbytes,
                    resolve_dtype(comm.dtype).itemsize)
 
 

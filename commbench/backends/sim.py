@@ -157,11 +157,11 @@ class SimBackend(ScheduleBackend):
 
 
 def _hardware(spec: str, topology: Topology | None):
-    """The cost model of a hardware file or preset (laid onto `topology`), or one BackendError."""
-    from commbench.costmodel import HardwareError, load_hardware, with_topology
+    """The cost model of a hardware file or preset, or one BackendError (the node size is `topology`'s, which
+    the cost model is handed with every call)."""
+    from commbench.costmodel import HardwareError, load_hardware
 
     try:
-        hardware = load_hardware(spec)
-        return with_topology(hardware, topology) if topology is not None else hardware
+        return load_hardware(spec)
     except HardwareError as exc:
         raise BackendError(str(exc)) from exc

@@ -14,7 +14,7 @@ from commbench.algorithms import TABLE
 from commbench.commands import layout as L
 from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options
 from commbench.commands.hw_option import hw_option, load_hw, warn_poor
-from commbench.costmodel import HardwareError, with_topology
+from commbench.costmodel import HardwareError
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
 from commbench.sizes import SizeError, parse_sizes
 from commbench.table import Table
@@ -133,7 +133,7 @@ def _predict(o: PredictOptions, said: L.Layout):
             raise UsageFault(refused)
         check_outputs(("--json", o.json_path), force=o.force, append=o.append)
         table = tuning.load(o.tuning_path) if o.tuning_path else None
-        results = predict(with_topology(hw, topo), names, size_list, dt, topo, o.algorithm, o.root, table)
+        results = predict(hw, names, size_list, dt, topo, o.algorithm, o.root, table)
     except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
     except (HardwareError, SizeError, TopologyError, ValueError) as exc:

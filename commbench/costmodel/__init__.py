@@ -22,7 +22,6 @@ from commbench.costmodel.hardware import (
     load_hardware,
     presets,
     terms_of,
-    with_topology,
 )
 from commbench.costmodel.rounds import (
     form_us,
@@ -38,4 +37,4 @@ from commbench.costmodel.rounds import (
 __all__ = ["ALLREDUCE_ALGORITHMS", "FULL_SCHEDULE_MAX_RANKS", "HARDWARE_FIELDS", "MAX_HARDWARE_BYTES", "PRESET_DIR",
            "Hardware", "HardwareError", "algorithm_us", "call_form", "call_us", "call_variants_us", "form_us",
            "hardware_from_dict", "in_cache", "link_loads", "load_hardware", "phases_us", "presets", "round_us",
-           "schedule_us", "table_form", "terms_of", "variants_us", "with_topology", "working_set_bytes"]
+           "schedule_us", "table_form", "terms_of", "variants_us", "working_set_bytes"]

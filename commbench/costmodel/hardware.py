@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from commbench.costmodel.compute import ComputeBlock, ComputeError, compute_from_dict
@@ -26,7 +26,7 @@ class HardwareError(ValueError):
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    ranks_per_node: int
+    ranks_per_node: int  # the node size a command takes when not told one (--gpus-per-node); the cost model reads the Topology's
     intra: Link  # commbench.topology.Link: the one type of a level's figures
     inter: Link
     reduce_gbps: float | None = None  # a += b bandwidth of the device; None: folded into bw (fits do this)
@@ -178,6 +178,3 @@ def load_hardware(spec: str) -> Hardware:
         raise HardwareError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return hardware_from_dict(data, origin=path)
 
-
-def with_topology(hw: Hardware, topo: Topology) -> Hardware:
-    return hw if hw.ranks_per_node == topo.ranks_per_node else replace(hw, ranks_per_node=topo.ranks_per_node)

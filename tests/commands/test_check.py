@@ -295,7 +295,7 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     """A train record beside a replay of the same setup (what `proxy --validate` writes) is predicted with the
     replay's header split, DDP's own work included; without such a replay it is named and left out."""
     from commbench.analysis.scaling import predict_step
-    from commbench.costmodel import load_hardware, with_topology
+    from commbench.costmodel import load_hardware
     from commbench.proxies.profile import load_profile
     from commbench.topology import Topology
 
@@ -311,7 +311,7 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     rows, notes = K.check(records + [train], hw)
     by_kind = {r.kind: r for r in rows if r.what == "step"}
     topo = Topology(1, 2)
-    expected = predict_step(load_profile("tts_angular"), 1, topo, with_topology(hw, topo), 3000.0, 6000.0, 500.0,
+    expected = predict_step(load_profile("tts_angular"), 1, topo, hw, 3000.0, 6000.0, 500.0,
                             replay.get("bucket_mb"), "ddp", K.LIBRARY_ALGORITHM["allreduce"], ddp_us=2000.0)
     assert by_kind["train"].predicted_us == pytest.approx(expected.times.step_us)
     assert by_kind["proxy"].predicted_us == pytest.approx(expected.times.step_us)  # same setup, same prediction

@@ -89,7 +89,7 @@ def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
     compute split its header gives."""
     from commbench.analysis.check import check
     from commbench.analysis.scaling import predict_step
-    from commbench.costmodel import load_hardware, with_topology
+    from commbench.costmodel import load_hardware
     from commbench.topology import Topology
 
     sim = tmp_path / "sim.jsonl"
@@ -104,7 +104,7 @@ def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
     step = next(r for r in rows if r.what == "step")
     split = header["compute_split_us"]
     topo = Topology(2, 8)
-    expected = predict_step(load_profile("bert-base"), 4, topo, with_topology(hw, topo), split["forward"],
+    expected = predict_step(load_profile("bert-base"), 4, topo, hw, split["forward"],
                             split["backward"], split["optimizer"], algorithm="ring", ddp_us=split["ddp"],
                             choice=S.settle("fsdp-full")).times.step_us
     assert "fsdp-full" in step.setup and step.predicted_us == pytest.approx(expected, rel=1e-9)

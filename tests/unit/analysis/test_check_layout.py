@@ -7,7 +7,7 @@ import pytest
 from commbench.analysis.check import check
 from commbench.analysis.check_layout import LayoutCheckError, check_layout_run, parallelism_of
 from commbench.analysis.predict_layout import Job, predict_layout
-from commbench.costmodel import load_hardware, with_topology
+from commbench.costmodel import load_hardware
 from commbench.proxies.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 from commbench.topology import Topology
@@ -38,7 +38,7 @@ def test_a_replay_is_predicted_for_its_own_layout_rate_and_topology(hw, layout, 
     checked = check_layout_run(record, header["config"], hw, "ring")
     profile = load_profile("llama-tiny")
     topo = Topology(nodes, 4 // nodes)
-    expected = predict_layout(Job(profile.transformer, profile, with_topology(hw, topo), 4 // nodes, 1, 0.01, "none",
+    expected = predict_layout(Job(profile.transformer, profile, hw, 4 // nodes, 1, 0.01, "none",
                                   "ring"), parallelism_of(record))
     assert checked.step_us == pytest.approx(expected.step_us)
     assert checked.exposed_us == pytest.approx(sum(expected.exposed_us.values()))

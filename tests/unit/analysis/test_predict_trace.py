@@ -45,9 +45,8 @@ def test_a_calls_cost_is_the_models_raw_time_not_the_calibrated_point():
     header says (the cost model)."""
     from commbench.analysis.predict import predict_point
     from commbench.collectives import resolve_dtype
-    from commbench.costmodel import with_topology
 
     hw, topo = load_hardware("dgx-a100"), Topology(1, 2)
-    shown = predict_point(with_topology(hw, topo), "allreduce", 25 << 20, resolve_dtype("float32"), topo, "auto")
+    shown = predict_point(hw, "allreduce", 25 << 20, resolve_dtype("float32"), topo, "auto")
     assert shown.raw_time_us is not None and shown.raw_time_us != shown.time_us  # the preset is calibrated
     assert call_us(hw, "allreduce", 25 << 20, "float32", (0, 1), 2) == pytest.approx(shown.raw_time_us)

@@ -256,9 +256,9 @@ def test_sweep_monitor_puts_averages_in_every_result_and_the_summary(tmp_path, c
 
 
 def _hw():
-    from commbench.costmodel import load_hardware, with_topology
+    from commbench.costmodel import load_hardware
 
-    return with_topology(load_hardware("dgx-a100"), Topology(1, 4))
+    return load_hardware("dgx-a100")
 
 
 def test_run_monitor_watches_the_runs_gpus_on_rank_0s_host(monkeypatch):

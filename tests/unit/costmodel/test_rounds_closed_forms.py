@@ -5,7 +5,7 @@ bandwidth and a cache regime. The fast paths of predict-scaling are these closed
 import pytest
 
 from commbench import algorithms as A
-from commbench.costmodel import Hardware, algorithm_us, load_hardware, phases_us, schedule_us, with_topology
+from commbench.costmodel import Hardware, algorithm_us, load_hardware, phases_us, schedule_us
 from commbench.topology import Link, Topology
 
 TOPOLOGIES = [Topology(1, 2), Topology(1, 8), Topology(2, 4), Topology(3, 4), Topology(5, 2), Topology(4, 1),
@@ -22,7 +22,7 @@ WITH_PHASES = [(c, name) for c, entries in A.TABLE.items() for name, e in entrie
 
 
 def _full_and_fast(collective, name, topo, hw, count):
-    hw = with_topology(hw, topo)
+    hw = hw
     entry = A.entry(collective, name)
     full = schedule_us(entry.schedule(topo, count), topo, hw, 4)
     return full, phases_us(entry.phases(topo, count), hw, 4)
@@ -59,7 +59,7 @@ def test_closed_form_bounds_the_schedule_otherwise(collective, name, topo, hw_na
 @pytest.mark.parametrize("topo", [Topology(1, 4), Topology(3, 2)], ids=str)
 def test_algorithm_us_costs_every_entry(collective, name, topo):
     """By the closed form where there is one, else the full schedule: the same number (twoshot included)."""
-    hw = with_topology(HARDWARE["shared-nics"], topo)
+    hw = HARDWARE["shared-nics"]
     count = 6000 * topo.world
     entry = A.entry(collective, name)
     assert algorithm_us(hw, topo, collective, name, count, 4) == \
