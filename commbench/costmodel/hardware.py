@@ -26,7 +26,7 @@ class HardwareError(ValueError):
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    ranks_per_node: int  # the node size a command takes when not told one (--gpus-per-node); the cost model reads the Topology's
+    ranks_per_node: int  # the node size a command takes when not told one; the cost model reads the Topology's
     intra: Link  # commbench.topology.Link: the one type of a level's figures
     inter: Link
     reduce_gbps: float | None = None  # a += b bandwidth of the device; None: folded into bw (fits do this)
