@@ -96,9 +96,11 @@ def test_every_figure_of_check_is_in_its_records_and_the_runs(runs):
     printed = [line for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
     assert len(printed) == len(rows) > 0
     for line, row in zip(printed, rows):
-        numbers = re.findall(r"(-?\d+\.\d+)(%?)", line[line.index(row["what"]) + len(row["what"]):])
-        measured, predicted, error = (n for n, _ in numbers[:3])
-        assert close(measured, row["measured_us"]) and close(predicted, row["predicted_us"])
+        numbers = re.findall(r"(-?\d+\.\d+)\s*(us|ms|s|%)", line[line.index(row["what"]) + len(row["what"]):])
+        (measured, m_unit), (predicted, p_unit), (error, _) = numbers[:3]
+        scale = {"us": 1.0, "ms": 1e3, "s": 1e6}  # each time printed with its unit (a step in ms, a point in us)
+        assert close(measured, row["measured_us"] / scale[m_unit])
+        assert close(predicted, row["predicted_us"] / scale[p_unit])
         assert close(error, 100 * row["error"])
     results = {f"{r['collective']} {r['nbytes'] // 1024}KiB {r['placement']}": r
                for r in read_records(str(sweep_path)) if r["record"] == "result"}

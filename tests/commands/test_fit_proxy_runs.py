@@ -4,7 +4,7 @@ read only sweeps, and a hardware file's terms could only be written by hand)."""
 import json
 
 import pytest
-from conftest import commbench
+from conftest import commbench, notes_joined
 
 from commbench.results import read_records
 
@@ -59,7 +59,7 @@ def _predicted(tmp_path, spec: str) -> tuple[dict, str]:
                      "--force")
     assert proc.returncode == 0, proc.stderr
     [record] = read_records(str(out))
-    return record, next(x for x in proc.stdout.splitlines() if x.startswith("# step terms:"))
+    return record, next(x for x in notes_joined(proc.stdout) if x.startswith("# step terms:"))
 
 
 def _sweep(path) -> str:
