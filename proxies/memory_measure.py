@@ -12,7 +12,6 @@ so the accounting is checked; what a shard of many ranks holds is the same arith
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from commbench.proxies import memory as M
@@ -64,10 +63,8 @@ def _wrapped(module, wrapper: str):
 
     if wrapper == "none":
         return module
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not dist.is_initialized():  # one rank: an in-memory store, no port to find free
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if wrapper == "ddp":
         return torch.nn.parallel.DistributedDataParallel(module)
     from torch.distributed.fsdp import fully_shard
