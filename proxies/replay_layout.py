@@ -352,7 +352,8 @@ def replay_layout_steps(ctx) -> None:
     ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
     ctx.start(label, [f"layout {par.name} on {par.world} ranks: stage {replay.stage} of {par.pp} here, "
                       f"{par.microbatches} micro-batch(es) of {cfg.microbatch} sequence(s) of {shape.seq_len} tokens, "
-                      f"{cfg.checkpointing} activation checkpointing; per layer and micro-batch: "
+                      f"{'no' if cfg.checkpointing == 'none' else cfg.checkpointing} activation checkpointing; "
+                      "per layer and micro-batch: "
                       f"{per_step or 'no calls'}" + (f"; pipeline {par.pp_schedule}" + (
                           f" with {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "") +
                           f", sends of {replay.boundary_nbytes:,d} B" if par.pp > 1 else ""),

@@ -66,6 +66,7 @@ def test_a_layout_replays_with_its_operators_from_a_block(tmp_path):
                     "--steps", "2", "--warmup-steps", "1", "--json", str(out), timeout=240)
     assert run.returncode == 0, run.stderr
     assert "the compute block of cpu (test)" in run.stdout
+    assert "no activation checkpointing" in run.stdout  # not "none activation checkpointing" (issue 48, item 12)
     header = next(json.loads(line) for line in out.read_text().splitlines() if '"header"' in line)
     assert header["layout_compute_us"]["layer_forward_us"] > 200.0
 
