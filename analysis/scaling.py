@@ -45,8 +45,8 @@ def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algori
         key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
         if key not in done:
             group = group_topology(topo, comm.group)
-            done[key] = np.array(call_variants_us([v for v in hws], group, comm.collective,
-                                                  algorithm, comm.nbytes, resolve_dtype(comm.dtype).itemsize))
+            done[key] = np.array(call_variants_us(list(hws), group, comm.collective, algorithm, comm.nbytes,
+                                                  resolve_dtype(comm.dtype).itemsize))
         out[:, j] = done[key]
     return out
 
