@@ -52,7 +52,7 @@ class SimBackend(ScheduleBackend):
     def settle(cls, cfg, launcher: str | None):
         cfg = super().settle(cfg, launcher)
         if cfg.hw:
-            _hardware(cfg.hw, None)
+            _hardware(cfg.hw)
         return cfg
 
     @classmethod
@@ -82,7 +82,7 @@ class SimBackend(ScheduleBackend):
             topology = parse_topology(cfg.topology, world)
         except TopologyError as exc:
             raise BackendError(str(exc)) from exc
-        hardware = _hardware(cfg.hw, topology) if cfg.hw else None
+        hardware = _hardware(cfg.hw) if cfg.hw else None
         return cls(world, topology, cfg.algorithm, hardware)
 
     @property
@@ -156,9 +156,9 @@ class SimBackend(ScheduleBackend):
         pass
 
 
-def _hardware(spec: str, topology: Topology | None):
-    """The cost model of a hardware file or preset, or one BackendError (the node size is `topology`'s, which
-    the cost model is handed with every call)."""
+def _hardware(spec: str):
+    """The cost model of a hardware file or preset, or one BackendError (the node size is the run's topology's,
+    which the cost model is handed with every call)."""
     from commbench.costmodel import HardwareError, load_hardware
 
     try:
