@@ -239,64 +239,35 @@ def _step_inputs(r: dict, headers: dict, replays: dict, loads: dict, notes: list
 
 def _run_rows(r: dict, headers: dict, replays: dict, loads: dict, hw: Hardware, notes: list[str]) -> list[Row]:
     """The step row of one proxy or training run, and a replay's communication row ([]: left out, noted)."""
-    from commbench.analysis.scaling import predict_step, step_interval_us
-    from commbench.proxies.setups import DEFAULT_SETUP
+    from commbench.analysis.scaling import StepQuestion, predict_step, step_interval_us
+    from commbench.proxies.setups import DEFAULT_SETUP, Compute
 
     inputs = _step_inputs(r, headers, replays, loads, notes)
     if inputs is None:
         return []
     profile, topo, split, comm_cpu = inputs
     cfg = _config(headers, r)
-    batch = int(r["batch"])
     algorithm = cfg.get("algorithm") if record_capabilities(r).schedule else None
     if algorithm in (None, "auto"):
         algorithm = LIBRARY_ALGORITHM["allreduce"]
     try:
-        choice = setup_of_record(r, topo)
+        q = StepQuestion.from_record(r, Compute(*split), topo, profile, algorithm=algorithm, comm_cpu_gbps=comm_cpu)
     except ValueError as exc:
         notes.append(f"{r['model']}: {exc}; left out")
         return []
-    device = "cpu" if r.get("device") == "cpu" else "cuda"
-    pred = predict_step(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
-                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
-                        choice=choice, device=device).times
+    pred = predict_step(q, topo, hw).times
     kind = "train" if r["kind"] == "train" else "proxy"
-    named = "" if choice.name == DEFAULT_SETUP else f" {choice.name}"
-    setup, over = _marked(f"{r['model']} b{batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
+    named = "" if q.choice.name == DEFAULT_SETUP else f" {q.choice.name}"
+    setup, over = _marked(f"{r['model']} b{q.batch}{named}, {r['backend']}/{algorithm}, {topo}", r, loads)
     # the step's interval spreads its communication only, as predict-scaling's and the sim proxy's do
-    interval = step_interval_us(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
-                                r.get("bucketing") or "ddp", algorithm, split[3], comm_cpu_gbps=comm_cpu,
-                                choice=choice, device=device)
+    interval = step_interval_us(q, topo, hw)
     rows = [Row(kind, setup, "step", int(r["gradient_bytes"]), float(r["step_us_p50"]), float(pred.step_us),
                 interval, over)]
     if kind == "proxy" and r.get("comm_us_p50") and topo.world > 1:  # one rank communicates nothing
         rows.append(Row("proxy", setup, "comm", int(r["gradient_bytes"]), float(r["comm_us_p50"]),
-                        float(pred.comm_us), interval_us(hw, lambda v, args=(profile, batch, topo, split, r,
-                                                                               algorithm, comm_cpu, choice, device):
-                                                         _comm_us(v, *args)) if levels_fitted(hw, topo) else None,
-                        over))
+                        float(pred.comm_us), interval_us(hw, lambda v: predict_step(q, topo, v).times.comm_us)
+                        if levels_fitted(hw, topo) else None, over))
     return rows
-
-
-def _comm_us(hw: Hardware, profile, batch: int, topo: Topology, split, r: dict, algorithm: str,
-             comm_cpu: float | None, choice, device: str) -> float:
-    """The predicted step's time with a call in flight, on hardware `hw` (one resample's)."""
-    from commbench.analysis.scaling import predict_step
-
-    return predict_step(profile, batch, topo, hw, *split[:3], r.get("bucket_mb"),
-                        r.get("bucketing") or "ddp", algorithm, ddp_us=split[3], comm_cpu_gbps=comm_cpu,
-                        choice=choice, device=device).times.comm_us
-
-
-def setup_of_record(r: dict, topo: Topology):
-    """The record's training setup with its settled knobs (older records: DDP with their bucket_mb); ValueError
-    (SetupError): a setup or knob this commbench does not know."""
-    from commbench.proxies.setups import SETUPS, Layout, settle
-
-    name = r.get("setup") if isinstance(r.get("setup"), str) else "ddp"
-    knobs = {**(r.get("knobs") if isinstance(r.get("knobs"), dict) else {}), "bucket_mb": r.get("bucket_mb")}
-    takes = SETUPS[name].knobs if name in SETUPS else ()  # a record keeps every knob, fixed ones too
-    return settle(name, {k: v for k, v in knobs.items() if k in takes}, Layout(topo.nodes, topo.ranks_per_node))
 
 
 def _setup_key(r: dict, headers: dict) -> tuple:

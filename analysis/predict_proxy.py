@@ -16,7 +16,7 @@ from commbench.algorithms import LIBRARY
 from commbench.analysis.calibration import load_calibration
 from commbench.analysis.intervals import levels_fitted
 from commbench.analysis.predict_scaling import applied_terms, evidence_terms
-from commbench.analysis.scaling import StepPrediction, predict_step, step_interval_us
+from commbench.analysis.scaling import StepPrediction, StepQuestion, predict_step, step_interval_us
 from commbench.analysis.stragglers import expected_max
 from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, load_hardware
@@ -25,14 +25,13 @@ from commbench.proxies.comm_plan import describe_calls
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, load_profile
 from commbench.proxies.run import ProxyUsageError
-from commbench.proxies.setups import Choice
+from commbench.proxies.setups import Choice, Compute
 from commbench.proxies.steps import ProxyResult, StepLog
 from commbench.proxies.timeline import flops_times_us, traced_words
 from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, FIT_PROVENANCE, RAW_ESTIMATE
 from commbench.step_terms import StepTerms
 from commbench.topology import Topology
 
-Compute = tuple[float, float, float, float]  # forward, backward, optimizer, DDP's own work: us per step on one rank
 
 
 @dataclass(frozen=True)
@@ -114,15 +113,16 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
     algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
     step_terms = applied_terms(hw)
-    hw, late, terms = _evidence_terms(hw, profile, batch, topo, compute, cfg, choice)
-    step_args = (profile, batch, topo, hw, *compute[:3], cfg.bucket_mb, cfg.bucketing, algorithm, compute[3], late)
-    step = predict_step(*step_args, choice=choice, terms=step_terms)
-    interval = step_interval_us(*step_args, choice=choice, terms=step_terms)
+    q = StepQuestion(profile, batch, compute, choice, algorithm, cfg.bucketing, terms=step_terms)
+    hw, late, terms = _evidence_terms(hw, q, topo)
+    q = q.at(straggler_us=late)
+    step = predict_step(q, topo, hw)
+    interval = step_interval_us(q, topo, hw)
     source, estimate = (FIT_PROVENANCE if interval else None), step.times.step_us
     if interval:  # a fit's interval holds its own prediction, stretched where every refit moved one way
         interval = (min(interval[0], estimate), max(interval[1], estimate))
     elif topo.world > 1:
-        interval, source, estimate = _corpus_interval(profile, batch, hw, compute, cfg, step, choice)
+        interval, source, estimate = _corpus_interval(q, hw, step)
     return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms,
                            estimate, step_terms)
 
@@ -130,13 +130,13 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
 def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Compute, str]:
     """One rank's compute per step as --compute says, and the words the header gives it."""
     if cfg.compute == "flops":
-        return (*flops_times_us(profile, batch, cfg.tflops), 0.0, 0.0), f"flops at {cfg.tflops:g} TFLOP/s"
+        return Compute(*flops_times_us(profile, batch, cfg.tflops)), f"flops at {cfg.tflops:g} TFLOP/s"
     if cfg.compute == "trace":
-        return (*profile.traced.times_us(batch), 0.0, 0.0), traced_words(profile)
+        return Compute(*profile.traced.times_us(batch)), traced_words(profile)
     if cfg.compute == "measured":
         compute = _measure_here(profile, batch, cfg)
-        return compute, f"measured on this host (DDP's own work {compute[3] / 1e3:.2f} ms, measured at 1 rank)"
-    return (0.0, 0.0, 0.0, 0.0), "none"
+        return compute, f"measured on this host (DDP's own work {compute.own_us / 1e3:.2f} ms, measured at 1 rank)"
+    return Compute(0.0, 0.0), "none"
 
 
 def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
@@ -145,33 +145,30 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
     from commbench.proxies.train import measure_compute
 
     try:
-        return measure_compute(profile, batch, torch.device("cuda" if cfg.backend.device == "cuda" else "cpu"), cfg.amp,
+        return Compute(*measure_compute(profile, batch, torch.device("cuda" if cfg.backend.device == "cuda" else "cpu"), cfg.amp,
                                trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
-                               show_progress=True)[0]
+                               show_progress=True)[0])
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 
 
-def _evidence_terms(hw: Hardware, profile: Profile, batch: int, topo: Topology, compute: Compute, cfg: ProxyConfig,
-                    choice: Choice) -> tuple[Hardware, float, tuple[str, ...]]:
+def _evidence_terms(hw: Hardware, q: StepQuestion, topo: Topology) -> tuple[Hardware, float, tuple[str, ...]]:
     """(hardware, straggler delay in us, what was applied): predict-scaling's terms for a hardware without a
     fit (analysis/predict_scaling.evidence_terms), the stragglers' delay over this step's compute alone."""
     hw, ratios, terms = evidence_terms(hw, None)
     if ratios is None or topo.world == 1:
         return hw, 0.0, terms
-    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
-    return hw, max(0.0, one * (expected_max(ratios, topo.world) - 1.0)), terms
+    return hw, max(0.0, _one_rank_step(q, hw) * (expected_max(ratios, topo.world) - 1.0)), terms
 
 
-def _one_rank_step(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
-                   choice: Choice) -> float:
-    """The same setup's step on one rank (no communication), in us."""
-    return predict_step(profile, batch, Topology(1, 1), replace(hw, ranks_per_node=1), *compute[:3], cfg.bucket_mb,
-                        cfg.bucketing, LIBRARY, compute[3], choice=choice).times.step_us
+def _one_rank_step(q: StepQuestion, hw: Hardware) -> float:
+    """The same setup's step on one rank (no communication, no step terms), in us."""
+    alone = q.at(algorithm=LIBRARY, terms=None, straggler_us=0.0)
+    return predict_step(alone, Topology(1, 1), replace(hw, ranks_per_node=1)).times.step_us
 
 
-def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Compute, cfg: ProxyConfig,
-                     step: StepPrediction, choice: Choice) -> tuple[tuple[float, float] | None, str | None, float]:
+def _corpus_interval(q: StepQuestion, hw: Hardware,
+                     step: StepPrediction) -> tuple[tuple[float, float] | None, str | None, float]:
     """(step interval, "corpus calibration", calibrated step) from the published corpus's calibration of linearity,
     against this step's compute on one rank; (None, None, raw step) without a calibration or where the interval
     reaches 0 (the raw step then stays the estimate)."""
@@ -179,7 +176,7 @@ def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Comput
     raw = step.times.step_us
     if calibration is None:
         return None, None, raw
-    one = _one_rank_step(profile, batch, hw, compute, cfg, choice)
+    one = _one_rank_step(q, hw)
     interval = calibration.step_interval_us(one, raw)
     if not interval:
         return None, None, raw
@@ -190,9 +187,10 @@ def _corpus_interval(profile: Profile, batch: int, hw: Hardware, compute: Comput
 
 
 def _header(p: ProxyPrediction, cfg: ProxyConfig, argv: list[str]) -> dict:
-    forward, backward, optimizer, ddp = p.compute
+    c = p.compute
     return {"kind": "predicted", "model": p.profile.name, "command": " ".join(argv),
-            "compute_split_us": {"forward": forward, "backward": backward, "optimizer": optimizer, "ddp": ddp},
+            "compute_split_us": {"forward": c.forward_us, "backward": c.backward_us, "optimizer": c.optimizer_us,
+                                 "ddp": c.own_us},
             "config": cfg.header_fields(), "hardware": p.hw.name, "topology": str(p.topo),
             "calls": describe_calls(p.step.plan), "setup": p.choice.name, "knobs": dict(p.choice.knobs),
             "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source,

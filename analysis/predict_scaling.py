@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 
 from commbench.analysis import calibration as C
 from commbench.analysis import scale_terms as T
-from commbench.analysis.scaling import ScalingError, predict_scaling
+from commbench.analysis.scaling import ScalingError, StepQuestion, predict_scaling
 from commbench.costmodel import Hardware, terms_of
 from commbench.files import shown
 from commbench.proxies.profile import Profile
+from commbench.proxies.setups import Choice
 from commbench.proxies.timeline import flops_times_us
 from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, RAW_ESTIMATE, ScalingRecord
 from commbench.step_terms import StepTerms
@@ -112,36 +113,45 @@ def curve_label(setup: str, algorithm: str, setups: list[str], algorithms: list[
     return f"{setup}/{algorithm}"
 
 
-def scaling_run(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
-                forward_us: float, backward_us: float, algorithms: list[str], bucket_mb: float | None = None,
-                baseline: str | None = None, candidate: str | None = None, compute_label: str = "",
-                ddp_us: float = 0.0, step_ratios=None, choices: list | None = None) -> ScalingRun:
-    """A curve per (setup, algorithm) pair over `gpu_counts` (weak scaling: `batch` per GPU) on nodes of
-    `gpus_per_node`: `choices[i]` (proxies.setups.Choice; None: DDP with `bucket_mb`) costed by `algorithms[i]`
-    (one algorithm and no choices: DDP), the setup's own work `ddp_us` per step and, given a 1-rank run's
-    `step_ratios`, the expected slowest of N ranks (analysis/stragglers.py). `baseline`/`candidate` name curves
-    (curve_label). A hardware without a fit gets the terms of analysis/scale_terms.py that the published corpus
-    keeps, and every point of 2+ GPUs without a fit's interval gets the corpus calibration's estimate and interval
-    (corpus_interval). ScalingError: a GPU count that does not fill whole nodes, or a compute time
+@dataclass(frozen=True)
+class Curves:
+    """The curves one predict-scaling run draws: a (setup choice, algorithm) pair each, and the two that acc_ratio
+    compares by their curve_label (None: no ratio)."""
+    pairs: tuple[tuple[Choice, str], ...]
+    baseline: str | None = None
+    candidate: str | None = None
+
+    @property
+    def algorithms(self) -> list[str]:
+        return [a for _, a in self.pairs]
+
+
+def scaling_run(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, curves: Curves,
+                step_ratios=None) -> ScalingRun:
+    """A curve per (setup, algorithm) pair of `curves` over `gpu_counts` (weak scaling: `q.batch` per GPU) on
+    nodes of `gpus_per_node`: `q` with each pair's choice and algorithm and, given a 1-rank run's `step_ratios`,
+    the expected slowest of N ranks (analysis/stragglers.py). A hardware without a fit gets the terms of
+    analysis/scale_terms.py that the published corpus keeps (the question's step terms are the hardware's:
+    applied_terms), and every point of 2+ GPUs without a fit's interval gets the corpus calibration's estimate and
+    interval (corpus_interval). ScalingError: a GPU count that does not fill whole nodes, or a compute time
     `check_compute_us` refuses."""
-    check_compute_us(forward_us, backward_us, compute_label)
+    check_compute_us(q.compute.forward_us, q.compute.backward_us, q.compute_label)
     measured = step_ratios is not None
     used, step_ratios, terms = evidence_terms(hw, step_ratios)
     node_hw = replace(used, ranks_per_node=gpus_per_node)
-    choices = choices or [None] * len(algorithms)
-    setups = [c.name if c is not None else "ddp" for c in choices]
-    curves = {}
-    for choice, name, setup in zip(choices, algorithms, setups):
-        label = curve_label(setup, name, setups, algorithms)
-        if label not in curves:
-            curves[label] = predict_scaling(profile, node_hw, gpu_counts, gpus_per_node, batch, forward_us,
-                                            backward_us, 0.0, bucket_mb, "ddp", name, ddp_us, step_ratios, choice,
-                                            compute_label, applied_terms(hw))
+    setups, algorithms = [c.name for c, _ in curves.pairs], curves.algorithms
+    out = {}
+    for choice, name in curves.pairs:
+        label = curve_label(choice.name, name, setups, algorithms)
+        if label not in out:
+            out[label] = predict_scaling(q.at(choice=choice, algorithm=name, terms=applied_terms(hw)), node_hw,
+                                         gpu_counts, gpus_per_node, step_ratios)
+    batch = q.batch
     calibration = C.load_calibration()
-    curves = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
-                     for p in points] for name, points in curves.items()}
-    return ScalingRun(profile, hw, batch, compute_label, curves, baseline, candidate, ddp_us, measured, terms,
-                      calibration)
+    out = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
+                  for p in points] for name, points in out.items()}
+    return ScalingRun(q.profile, hw, batch, q.compute_label, out, curves.baseline, curves.candidate,
+                      q.compute.own_us, measured, terms, calibration)
 
 
 def unfitted(hw: Hardware) -> bool:

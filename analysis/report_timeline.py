@@ -32,27 +32,18 @@ def timeline_runs(records: list[dict]) -> list[tuple[dict, dict, dict]]:
 def _plan_and_prediction(header: dict, summary: dict, hw):
     """The run's plan (compute phases, calls) and, with `hw`, the predicted step's call intervals (a sim proxy's
     own calls are predicted already: none more)."""
-    from commbench.analysis.check import setup_of_record
-    from commbench.analysis.scaling import predict_step, step_plan
-    from commbench.proxies.profile import load_profile
+    from commbench.analysis.scaling import StepQuestion, predict_step, split_compute, step_plan
     from commbench.topology import Topology
 
-    split = header["compute_split_us"]
-    profile = load_profile(summary["model"])
     nodes = int(summary.get("nnodes") or 1)
     topo = Topology(nodes, int(summary["world_size"]) // nodes)
-    choice = setup_of_record(summary, topo)
-    device = "cpu" if summary.get("device") == "cpu" else "cuda"
-    compute = (float(split["forward"]), float(split["backward"]), float(split["optimizer"]))
-    plan = step_plan(profile, topo, *compute, summary.get("bucket_mb"), summary.get("bucketing") or "ddp",
-                     float(split.get("ddp") or 0.0), choice, device)
+    q = StepQuestion.from_record(summary, split_compute(header["compute_split_us"]), topo)
+    plan = step_plan(q, topo)
     predicted = None
     if hw is not None and summary.get("kind") == "proxy":
         algorithm = (header.get("config") or {}).get("algorithm")
         algorithm = "ring" if algorithm in (None, "auto") or not record_capabilities(summary).schedule else algorithm
-        predicted = predict_step(profile, int(summary["batch"]), topo, hw, *compute,
-                                 summary.get("bucket_mb"), summary.get("bucketing") or "ddp", algorithm,
-                                 float(split.get("ddp") or 0.0), choice=choice, device=device).times
+        predicted = predict_step(q.at(algorithm=algorithm), topo, hw).times
     return plan, predicted
 
 

@@ -11,7 +11,7 @@ the step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from commbench.analysis.intervals import levels_fitted, partial_interval_us, unc
 from commbench.costmodel import Hardware, call_us, call_variants_us, nccl_tuning
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
-from commbench.proxies.setups import Choice, Compute, Layout, settle
+from commbench.proxies.setups import SETUPS, Choice, Compute, Layout, settle
 from commbench.proxies.timeline import StepTimes
 from commbench.results import FIT_PROVENANCE, ScalingRecord
 from commbench.step_terms import StepTerms
@@ -97,30 +97,78 @@ def size_choices(pred: StepPrediction) -> tuple[SizeChoice, ...] | None:
                  for nbytes, (n, c) in by_size.items())
 
 
-def step_plan(profile: Profile, topo: Topology, forward_us: float, backward_us: float, optimizer_us: float = 0.0,
-              bucket_mb: float | None = None, bucketing: str = "ddp", ddp_us: float = 0.0,
-              choice: Choice | None = None, device: str = "cuda") -> CommPlan:
-    """The step's plan by `choice` (None: DDP with `bucket_mb`), its own work `ddp_us` (measured at 1 rank)."""
-    if choice is None:
-        choice = settle("ddp", {"bucket_mb": bucket_mb})
-    return choice.plan(profile, Compute(forward_us, backward_us, optimizer_us, ddp_us),
-                       Layout(topo.nodes, topo.ranks_per_node, device), bucketing)
+@dataclass(frozen=True)
+class StepQuestion:
+    """What one data-parallel step prediction asks, built once by each command (or from a record: from_record)
+    and handed on whole: the model at `batch` per GPU and micro-step, one rank's `compute` per micro-step (and
+    the setup's own work, measured at 1 rank), the setup `choice` with its knobs (DDP's bucket size among them:
+    nowhere else), the algorithm each call is costed by, the proxy's `bucketing` (ddp, none or single), the
+    ranks' `device`, the step `terms` (commbench/step_terms.py: the compute slowed while a call runs, the
+    framework's time per call; None: neither), `comm_cpu_gbps` (CPU ranks with no spare core: the bytes the
+    communication library moves per second of the compute's core; None: it takes none), the expected slowest
+    rank's delay `straggler_us` (analysis/stragglers.py), and `compute_label`, where the compute came from."""
+    profile: Profile
+    batch: int
+    compute: Compute
+    choice: Choice = field(default_factory=lambda: settle("ddp"))
+    algorithm: str = LIBRARY
+    bucketing: str = "ddp"
+    device: str = "cuda"
+    terms: StepTerms | None = None
+    comm_cpu_gbps: float | None = None
+    straggler_us: float = 0.0
+    compute_label: str = ""
+
+    @classmethod
+    def ddp(cls, profile: Profile, batch: int, forward_us: float, backward_us: float, bucket_mb: float | None = None,
+            **fields) -> StepQuestion:
+        """DDP with `bucket_mb` (None: DDP's own) over a forward and backward of the times given."""
+        return cls(profile, batch, Compute(forward_us, backward_us), settle("ddp", {"bucket_mb": bucket_mb}),
+                   **fields)
+
+    @classmethod
+    def from_record(cls, record: dict, compute: Compute, topo: Topology, profile: Profile | None = None,
+                    **fields) -> StepQuestion:
+        """The question a proxy or training record answers: its model (or `profile`, loaded already), batch,
+        setup and knobs (setup_of_record), bucketing and device, with `compute` and the `fields` given.
+        ValueError (SetupError, ProfileError): a setup, knob or model this commbench does not know."""
+        from commbench.proxies.profile import load_profile
+
+        return cls(profile or load_profile(record["model"]), int(record["batch"]), compute,
+                   setup_of_record(record, topo), bucketing=record.get("bucketing") or "ddp",
+                   device="cpu" if record.get("device") == "cpu" else "cuda", **fields)
+
+    def at(self, **changes) -> StepQuestion:
+        return replace(self, **changes)
 
 
-def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float, backward_us: float,
-                 optimizer_us: float = 0.0, bucket_mb: float | None = None, bucketing: str = "ddp",
-                 algorithm: str = LIBRARY, ddp_us: float = 0.0, straggler_us: float = 0.0,
-                 comm_cpu_gbps: float | None = None, choice: Choice | None = None,
-                 device: str = "cuda", terms: StepTerms | None = None) -> StepPrediction:
-    """One data-parallel step on `topo` in the setup `choice` (None: DDP with `bucket_mb`): compute as given per
-    micro-step, the setup's own work (`ddp_us`, measured at 1 rank) where the setup places it, each call from the
-    model, and `straggler_us` (the expected slowest rank's delay: analysis/stragglers.py) added to the step.
-    `comm_cpu_gbps`: on CPU ranks with no spare core, the bytes the communication library moves per second of
-    the CPU it takes from the compute's core (a replay measures it); each call then slows the compute it
-    overlaps. `terms` (commbench/step_terms.py): the compute slowed while a call runs (`overlap_slowdown`) and the
-    framework's time per call (`per_bucket_us`, counted as other); None: neither."""
-    plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
-                     device)
+def setup_of_record(r: dict, topo: Topology) -> Choice:
+    """The record's training setup with its settled knobs (older records: DDP with their bucket_mb); ValueError
+    (SetupError): a setup or knob this commbench does not know."""
+    name = r.get("setup") if isinstance(r.get("setup"), str) else "ddp"
+    knobs = {**(r.get("knobs") if isinstance(r.get("knobs"), dict) else {}), "bucket_mb": r.get("bucket_mb")}
+    takes = SETUPS[name].knobs if name in SETUPS else ()  # a record keeps every knob, fixed ones too
+    return settle(name, {k: v for k, v in knobs.items() if k in takes}, Layout(topo.nodes, topo.ranks_per_node))
+
+
+def split_compute(split: dict) -> Compute:
+    """A replay header's `compute_split_us` (forward, backward, optimizer, ddp) as one rank's Compute."""
+    return Compute(float(split["forward"]), float(split["backward"]), float(split.get("optimizer") or 0.0),
+                   float(split.get("ddp") or 0.0))
+
+
+def step_plan(q: StepQuestion, topo: Topology) -> CommPlan:
+    """The step's plan: the setup's compute phases and calls on `topo`."""
+    return q.choice.plan(q.profile, q.compute, Layout(topo.nodes, topo.ranks_per_node, q.device), q.bucketing)
+
+
+def predict_step(q: StepQuestion, topo: Topology, hw: Hardware) -> StepPrediction:
+    """One data-parallel step of `q` on `topo`: compute as given per micro-step, the setup's own work where the
+    setup places it, each call from the model, and the straggler delay added to the step. With comm_cpu_gbps
+    each call slows the compute it overlaps by the CPU its bytes take; with terms, by the overlap slowdown, and
+    the framework's time per call is counted as other."""
+    plan = step_plan(q, topo)
+    algorithm, terms = q.algorithm, q.terms
     costs = {}
     for comm in plan.comms:
         key = (comm.collective, comm.group, comm.nbytes, comm.dtype)
@@ -129,8 +177,8 @@ def predict_step(profile: Profile, batch: int, topo: Topology, hw: Hardware, for
     pairs = [costs[(c.collective, c.group, c.nbytes, c.dtype)] for c in plan.comms]
     comm = [t for t, _ in pairs]
     choices = [c for _, c in pairs] if algorithm == LIBRARY and topo.world > 1 else None
-    times = simulate(plan, comm, steal_us(plan, comm_cpu_gbps, comm, terms))
-    return StepPrediction(_late(times, straggler_us + framework_us(plan, topo, terms)), plan, comm, choices)
+    times = simulate(plan, comm, steal_us(plan, q.comm_cpu_gbps, comm, terms))
+    return StepPrediction(_late(times, q.straggler_us + framework_us(plan, topo, terms)), plan, comm, choices)
 
 
 def steal_us(plan: CommPlan, comm_cpu_gbps: float | None, comm: list[float] | None = None,
@@ -160,16 +208,10 @@ def _late(times: StepTimes, straggler_us: float) -> StepTimes:
     communication of the rank that waits)."""
     if not straggler_us:
         return times
-    from dataclasses import replace
-
     return replace(times, step_us=times.step_us + straggler_us, other_us=times.other_us + straggler_us)
 
 
-def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware, forward_us: float,
-                     backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
-                     bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                     straggler_us: float = 0.0, comm_cpu_gbps: float | None = None, choice: Choice | None = None,
-                     device: str = "cuda", terms: StepTerms | None = None) -> tuple[float, float] | None:
+def step_interval_us(q: StepQuestion, topo: Topology, hw: Hardware) -> tuple[float, float] | None:
     """The 80% interval of predict_step's step time (docs/model.md, "Uncertainty"): each call costed on every
     resample of the fit (intervals.Uncertainty: the fit without each point), times that resample's factors (one
     for all of a step's calls), through the same timeline; compute is as given, not spread. None: one rank
@@ -177,12 +219,12 @@ def step_interval_us(profile: Profile, batch: int, topo: Topology, hw: Hardware,
     preset), a link level of `topo` the fit did not measure (intervals.levels_fitted), or `nccl`, whose calls
     NCCL's tuning model times with NCCL's own latency constants, which no fit measured (only its bandwidths
     come from the file)."""
+    algorithm, terms, comm_cpu_gbps = q.algorithm, q.terms, q.comm_cpu_gbps
     if algorithm == LIBRARY or topo.world == 1 or not levels_fitted(hw, topo) or uncertainty(hw) is None:
         return None
-    plan = step_plan(profile, topo, forward_us, backward_us, optimizer_us, bucket_mb, bucketing, ddp_us, choice,
-                     device)
+    plan = step_plan(q, topo)
     n = len(plan.comms)
-    extra_us = straggler_us + framework_us(plan, topo, terms)
+    extra_us = q.straggler_us + framework_us(plan, topo, terms)
 
     def steps(hardware: list[Hardware], factors: np.ndarray) -> np.ndarray:
         comm = _variant_comm_us(hardware, topo, plan, algorithm)
@@ -214,23 +256,16 @@ def layout(gpus: int, gpus_per_node: int) -> Topology:
     return Topology(gpus // gpus_per_node, gpus_per_node)
 
 
-def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_per_node: int, batch: int,
-                    forward_us: float, backward_us: float, optimizer_us: float = 0.0, bucket_mb: float | None = None,
-                    bucketing: str = "ddp", algorithm: str = LIBRARY, ddp_us: float = 0.0,
-                    step_ratios: np.ndarray | None = None, choice: Choice | None = None,
-                    compute_label: str = "", terms: StepTerms | None = None) -> list[ScalingRecord]:
-    """Step time, throughput, speedup and linearity per GPU count (weak scaling: `batch` per GPU and micro-step)
-    in the setup `choice` (None: DDP with `bucket_mb`), one `scaling` record each (`compute_label`: where the
-    compute time came from). `ddp_us`: the setup's own work per step (measured at 1 rank); `step_ratios`: a
-    1-rank run's step times over their median, whose expected maximum over N ranks delays every step of N
-    (analysis/stragglers.py). A fitted hardware file gives each point its step's 80% interval, and the
+def predict_scaling(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_per_node: int,
+                    step_ratios: np.ndarray | None = None) -> list[ScalingRecord]:
+    """Step time, throughput, speedup and linearity of `q` per GPU count (weak scaling: its batch per GPU and
+    micro-step), one `scaling` record each; `step_ratios`: a 1-rank run's step times over their median, whose
+    expected maximum over N ranks delays every step of N (analysis/stragglers.py). A fitted hardware file gives each point its step's 80% interval, and the
     throughput and linearity at its ends (the 1-GPU step they are measured against has no communication:
     nothing of it is uncertain)."""
-    from dataclasses import asdict, replace
-
     from commbench.analysis.stragglers import expected_max
 
-    choice = choice or settle("ddp", {"bucket_mb": bucket_mb})
+    choice, batch = q.choice, q.batch
     samples = batch * dict(choice.knobs).get("accumulate", 1)  # per GPU per optimizer step
     points, base, one_step = [], None, None
     for gpus in [1, *gpu_counts]:
@@ -239,24 +274,22 @@ def predict_scaling(profile: Profile, hw: Hardware, gpu_counts: list[int], gpus_
         if step_ratios is not None and gpus > 1:
             late = max(0.0, one_step * (expected_max(step_ratios, gpus) - 1.0))
         node_hw = replace(hw, ranks_per_node=topo.ranks_per_node)
-        pred = predict_step(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb, bucketing,
-                            algorithm, ddp_us, late, choice=choice, terms=terms)
+        at = q.at(straggler_us=late)
+        pred = predict_step(at, topo, node_hw)
         t = pred.times
         one_step = one_step or t.step_us
         rate = samples * gpus / (t.step_us * 1e-6)
         base = base or rate
-        step = step_interval_us(profile, batch, topo, node_hw, forward_us, backward_us, optimizer_us, bucket_mb,
-                                bucketing, algorithm, ddp_us, late, choice=choice, terms=terms) \
-            if gpus in gpu_counts else None
+        step = step_interval_us(at, topo, node_hw) if gpus in gpu_counts else None
         rates = (samples * gpus / (step[1] * 1e-6), samples * gpus / (step[0] * 1e-6)) if step else None
         choices = size_choices(pred)
         points.append(ScalingRecord(
-            model=profile.name, hardware=hw.name, batch=batch, compute=compute_label, gpus=gpus, nodes=topo.nodes,
-            gpus_per_node=topo.ranks_per_node, algorithm=algorithm, step_us=t.step_us, compute_us=t.compute_us,
-            comm_us=t.comm_us, exposed_comm_us=t.exposed_comm_us, samples_per_s=rate, speedup=rate / base,
+            model=q.profile.name, hardware=hw.name, batch=batch, compute=q.compute_label, gpus=gpus,
+            nodes=topo.nodes, gpus_per_node=topo.ranks_per_node, algorithm=q.algorithm, step_us=t.step_us,
+            compute_us=t.compute_us, comm_us=t.comm_us, exposed_comm_us=t.exposed_comm_us, samples_per_s=rate, speedup=rate / base,
             linearity=rate / (gpus * base), nccl_choices=None if choices is None else tuple(asdict(c) for c in choices),
             setup=choice.name, knobs=dict(choice.knobs), step_interval_us=step, samples_per_s_interval=rates,
             linearity_interval=(rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
             straggler_us=late, interval_source=FIT_PROVENANCE if step else None,
-            step_terms=terms.summary() if terms is not None else None))
+            step_terms=q.terms.summary() if q.terms is not None else None))
     return points[1:]

@@ -108,7 +108,8 @@ def predicted_point(corpus, row, profile, terms: Terms, slowdown: float | None =
     from commbench.analysis.predict_scaling import applied_terms
     from commbench.analysis.published import setup_choice
     from commbench.analysis.scale_terms import default_step_ratios, delivered
-    from commbench.analysis.scaling import predict_scaling
+    from commbench.analysis.scaling import StepQuestion, predict_scaling
+    from commbench.proxies.setups import Compute
     from commbench.step_terms import Term
 
     system = corpus.systems[row.system]
@@ -123,8 +124,9 @@ def predicted_point(corpus, row, profile, terms: Terms, slowdown: float | None =
     share = profile.forward_flops / (profile.forward_flops + profile.backward_flops)
 
     def point(gpus: int, step_us: float):
-        return predict_scaling(profile, hw, [gpus], row.gpus_per_node, row.batch, step_us * share,
-                               step_us * (1 - share), 0.0, step_ratios=ratios, choice=choice, terms=step_terms)[0]
+        q = StepQuestion(profile, row.batch, Compute(step_us * share, step_us * (1 - share)), choice,
+                         terms=step_terms)
+        return predict_scaling(q, hw, [gpus], row.gpus_per_node, ratios)[0]
 
     with hop_latency(terms.hop_latency):
         step = row.batch * row.base_gpus / row.base_rate * 1e6  # the reference's step, all of it compute

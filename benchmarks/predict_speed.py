@@ -31,7 +31,7 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
 
-    from commbench.analysis.scaling import predict_scaling
+    from commbench.analysis.scaling import StepQuestion, predict_scaling
     from commbench.costmodel import load_hardware
     from commbench.proxies.profile import load_profile
 
@@ -46,7 +46,8 @@ def main() -> int:
         whole.append(time.perf_counter() - start)
         start = time.perf_counter()
         for algorithm in ("nccl", "hier"):  # baseline and candidate, as the command does
-            points = predict_scaling(profile, hw, GPUS[1:], 8, args.batch, 1e4, 2e4, algorithm=algorithm)
+            question = StepQuestion.ddp(profile, args.batch, 1e4, 2e4, algorithm=algorithm)
+            points = predict_scaling(question, hw, GPUS[1:], 8)
         inner.append(time.perf_counter() - start)
         assert points[-1].gpus == 1000
     print(f"{args.model} on {args.hw}, GPU counts {','.join(map(str, GPUS))}, baseline nccl + candidate hier, "

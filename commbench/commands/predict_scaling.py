@@ -91,10 +91,11 @@ def predict_scaling_command(model, hw_spec, gpus, nodes, gpus_per_node, topology
                              **{"--" + k.replace("_", "-"): v for k, v in knobs.items()}})
         return layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags,
                                 json_path, append)
-    pairs = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
-                    {**knobs, "bucket_mb": bucket_mb})
-    run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, pairs,
-                       bucket_mb, ddp_ms, jitter_from)
+    O.check({"--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb)})
+    curves = _curves(setup, algorithm, baseline, candidate, baseline_setup, candidate_setup,
+                     {**knobs, "bucket_mb": bucket_mb})
+    run = _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput_1gpu, tflops, precision, curves,
+                       ddp_ms, jitter_from)
     records = run.records(new_run_id())
     for line in _scaling_table(run, records):
         click.echo(line)
@@ -121,7 +122,7 @@ def _scaling_scale(gpus: str | None, nodes: str | None, gpus_per_node: int | Non
 
 
 def _curves(setup: str, algorithm: str, baseline: str | None, candidate: str | None, baseline_setup: str | None,
-            candidate_setup: str | None, knobs: dict) -> dict:
+            candidate_setup: str | None, knobs: dict):
     """The (setup, algorithm) pairs to predict and the curves acc_ratio compares: --baseline/--candidate pick two
     algorithms, --baseline-setup/--candidate-setup two setups (both: two setup/algorithm pairs)."""
     if (baseline is None) != (candidate is None):
@@ -140,25 +141,25 @@ def _curves(setup: str, algorithm: str, baseline: str | None, candidate: str | N
         if value is not None and not any(_takes(n, knob) for n, _ in pairs):
             settle_setup(pairs[0][0], {knob: value})
     chosen = [settle_setup(n, {k: v for k, v in knobs.items() if _takes(n, k)}) for n, _ in pairs]
-    from commbench.analysis.predict_scaling import curve_label  # scipy: this module's docstring
+    from commbench.analysis.predict_scaling import Curves, curve_label  # scipy: this module's docstring
 
     setups, algs = [n for n, _ in pairs], [a for _, a in pairs]
     labels = [curve_label(n, a, setups, algs) for n, a in pairs]
     two = len(pairs) == 2 and (baseline or baseline_setup)
-    return {"choices": chosen, "algorithms": algs, "baseline": labels[0] if two else None,
-            "candidate": labels[1] if two else None}
+    return Curves(tuple(zip(chosen, algs)), labels[0] if two else None, labels[1] if two else None)
 
 
 def _takes(setup: str, knob: str) -> bool:
     return setup in SETUPS and knob in SETUPS[setup].knobs
 
 
-def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, pairs, bucket_mb,
-                 ddp_ms=0.0, jitter_from=None):
+def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops, precision, curves, ddp_ms=0.0,
+                 jitter_from=None):
     """predict-scaling's options checked (UsageFault: one line, exit 2), then the prediction."""
     from commbench.analysis import predict_scaling as S  # scipy: this module's docstring
-    from commbench.analysis.scaling import ScalingError
+    from commbench.analysis.scaling import ScalingError, StepQuestion
     from commbench.costmodel import ALLREDUCE_ALGORITHMS
+    from commbench.proxies.setups import Compute
 
     try:
         profile = load_profile(model)
@@ -166,7 +167,6 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
         raise UsageFault(str(exc)) from exc
     hw = load_hw(hw_spec)
     O.check({"--batch": (O.COUNT, batch), "--gpus-per-node": (O.Range(1, 1 << 20, integer=True), gpus_per_node),
-             "--bucket-mb": (O.Range(0, 1 << 20, low_open=True), bucket_mb),
              "--throughput-1gpu": (O.Range(0, 1e12, low_open=True), throughput),
              "--tflops": (TFLOPS, tflops), "--ddp-ms": (O.Range(0, 86400e3), ddp_ms)})
     ratios = None
@@ -179,7 +179,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             raise UsageFault(str(exc)) from exc
     if not throughput and not tflops and not S.peak_tflops(hw, precision) and profile.traced is None:
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
-    for name in dict.fromkeys(pairs["algorithms"]):
+    for name in dict.fromkeys(curves.algorithms):
         if name not in ALLREDUCE_ALGORITHMS:
             raise UsageFault(f"unknown allreduce algorithm {name!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
     per_node = gpus_per_node or hw.ranks_per_node
@@ -191,9 +191,9 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     batch = batch or profile.default_batch
     try:
         forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
-        return S.scaling_run(profile, hw, counts, per_node, batch, forward, backward, pairs["algorithms"],
-                             bucket_mb, pairs["baseline"], pairs["candidate"], label, ddp_ms * 1e3, ratios,
-                             pairs["choices"])
+        question = StepQuestion(profile, batch, Compute(forward, backward, own_us=ddp_ms * 1e3),
+                                curves.pairs[0][0], compute_label=label)
+        return S.scaling_run(question, hw, counts, per_node, curves, ratios)
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
 

@@ -294,9 +294,10 @@ def test_no_interval_where_the_fit_measured_no_link(runs):
 def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_work(runs):
     """A train record beside a replay of the same setup (what `proxy --validate` writes) is predicted with the
     replay's header split, DDP's own work included; without such a replay it is named and left out."""
-    from commbench.analysis.scaling import predict_step
+    from commbench.analysis.scaling import StepQuestion, predict_step
     from commbench.costmodel import load_hardware
     from commbench.proxies.profile import load_profile
+    from commbench.proxies.setups import Compute, settle
     from commbench.topology import Topology
 
     _, hw_path, proxy = runs
@@ -311,8 +312,9 @@ def test_a_training_run_is_predicted_with_its_replays_measured_compute_and_ddp_w
     rows, notes = K.check(records + [train], hw)
     by_kind = {r.kind: r for r in rows if r.what == "step"}
     topo = Topology(1, 2)
-    expected = predict_step(load_profile("tts_angular"), 1, topo, hw, 3000.0, 6000.0, 500.0,
-                            replay.get("bucket_mb"), "ddp", K.LIBRARY_ALGORITHM["allreduce"], ddp_us=2000.0)
+    q = StepQuestion(load_profile("tts_angular"), 1, Compute(3000.0, 6000.0, 500.0, 2000.0),
+                     settle("ddp", {"bucket_mb": replay.get("bucket_mb")}), K.LIBRARY_ALGORITHM["allreduce"])
+    expected = predict_step(q, topo, hw)
     assert by_kind["train"].predicted_us == pytest.approx(expected.times.step_us)
     assert by_kind["proxy"].predicted_us == pytest.approx(expected.times.step_us)  # same setup, same prediction
     assert expected.times.compute_us == pytest.approx(11_500.0)  # DDP's own work counted in the step

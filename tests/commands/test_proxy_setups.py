@@ -88,7 +88,7 @@ def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
     """A replay record of fsdp-full is predicted as fsdp-full (its own plan, more calls than DDP's), with the
     compute split its header gives."""
     from commbench.analysis.check import check
-    from commbench.analysis.scaling import predict_step
+    from commbench.analysis.scaling import StepQuestion, predict_step, split_compute
     from commbench.costmodel import load_hardware
     from commbench.topology import Topology
 
@@ -102,11 +102,10 @@ def test_check_predicts_a_setups_replay_with_its_own_plan(tmp_path):
     hw = load_hardware("dgx-a100")
     rows, _ = check([header, replay], hw)
     step = next(r for r in rows if r.what == "step")
-    split = header["compute_split_us"]
     topo = Topology(2, 8)
-    expected = predict_step(load_profile("bert-base"), 4, topo, hw, split["forward"],
-                            split["backward"], split["optimizer"], algorithm="ring", ddp_us=split["ddp"],
-                            choice=S.settle("fsdp-full")).times.step_us
+    q = StepQuestion(load_profile("bert-base"), 4, split_compute(header["compute_split_us"]), S.settle("fsdp-full"),
+                     "ring")
+    expected = predict_step(q, topo, hw).times.step_us
     assert "fsdp-full" in step.setup and step.predicted_us == pytest.approx(expected, rel=1e-9)
     as_ddp, _ = check([header, {**replay, "setup": "ddp", "knobs": None}], hw)
     assert next(r for r in as_ddp if r.what == "step").predicted_us < step.predicted_us

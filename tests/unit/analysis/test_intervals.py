@@ -13,7 +13,7 @@ from conftest import DATA, commbench
 from commbench.analysis import calibration as C
 from commbench.analysis import fit as F
 from commbench.analysis.intervals import levels_fitted
-from commbench.analysis.scaling import predict_scaling, predict_step, step_interval_us
+from commbench.analysis.scaling import StepQuestion, predict_scaling, predict_step, step_interval_us
 from commbench.collectives import DTYPES
 from commbench.costmodel import Hardware, load_hardware, phases_us, schedule_us, variants_us
 from commbench.proxies.profile import load_profile
@@ -91,13 +91,12 @@ def test_variants_us_is_each_hardwares_own_cost(topo):
 def test_the_interval_is_the_prediction_when_every_resample_agrees_and_no_point_scatters(algorithm):
     hw = _exact(TRUE_HW)
     profile = load_profile("resnet50")
+    q = StepQuestion.ddp(profile, 8, 3e4, 6e4, algorithm=algorithm)
     for topo in (Topology(1, 2), Topology(2, 2)):
-        step = predict_step(profile, 8, topo, replace(hw, ranks_per_node=topo.ranks_per_node), 3e4, 6e4,
-                            algorithm=algorithm).times.step_us
-        low, high = step_interval_us(profile, 8, topo, replace(hw, ranks_per_node=topo.ranks_per_node), 3e4, 6e4,
-                                     algorithm=algorithm)
+        step = predict_step(q, topo, replace(hw, ranks_per_node=topo.ranks_per_node)).times.step_us
+        low, high = step_interval_us(q, topo, replace(hw, ranks_per_node=topo.ranks_per_node))
         assert low == pytest.approx(step, rel=1e-12) and high == pytest.approx(step, rel=1e-12)
-    for point in predict_scaling(profile, hw, [2, 4], 2, 8, 3e4, 6e4, algorithm=algorithm):
+    for point in predict_scaling(q, hw, [2, 4], 2):
         assert point.step_interval_us == pytest.approx((point.step_us, point.step_us), rel=1e-12)
         assert point.linearity_interval == pytest.approx((point.linearity, point.linearity), rel=1e-12)
 
@@ -106,7 +105,7 @@ def test_a_fitted_interval_holds_the_prediction_and_has_a_width(fitted):
     assert fitted.meta["levels_fitted"] == {"intra": True, "inter": True}
     profile = load_profile("resnet50")
     for algorithm in ("ring", "hier"):
-        points = predict_scaling(profile, fitted, [2, 4, 8], 2, 8, 3e3, 6e3, algorithm=algorithm)
+        points = predict_scaling(StepQuestion.ddp(profile, 8, 3e3, 6e3, algorithm=algorithm), fitted, [2, 4, 8], 2)
         for p in points:
             low, high = p.step_interval_us
             assert low <= p.step_us <= high and high - low > 1e-3 * p.step_us, (algorithm, p.gpus)
@@ -114,21 +113,21 @@ def test_a_fitted_interval_holds_the_prediction_and_has_a_width(fitted):
             assert p.linearity_interval[0] <= p.linearity <= p.linearity_interval[1]
     # compute is given, not spread: with 0.9 s of it and tens of ms of communication, the interval is as wide
     # as the communication's spread, not as the 15% scatter of the fit's points on the whole step
-    for p in predict_scaling(profile, fitted, [2, 4], 2, 8, 3e5, 6e5, algorithm="ring"):
+    for p in predict_scaling(StepQuestion.ddp(profile, 8, 3e5, 6e5, algorithm="ring"), fitted, [2, 4], 2):
         low, high = p.step_interval_us
         assert low <= p.step_us <= high and 0 < high - low < min(p.comm_us, 0.02 * p.step_us)
 
 
 def test_no_interval_without_resamples_an_unmeasured_level_or_for_nccl(fitted):
     profile = load_profile("resnet50")
+    ring = StepQuestion.ddp(profile, 8, 3e3, 6e3, algorithm="ring")
     preset = load_hardware("dgx-a100")
     assert all(p.step_interval_us is None and p.samples_per_s_interval is None and p.linearity_interval is None
-               for p in predict_scaling(profile, preset, [8, 16], 8, 8, 3e3, 6e3, algorithm="ring"))
-    assert all(p.step_interval_us is None for p in predict_scaling(profile, fitted, [2, 4], 2, 8, 3e3, 6e3,
-                                                                   algorithm="nccl"))
+               for p in predict_scaling(ring, preset, [8, 16], 8))
+    assert all(p.step_interval_us is None for p in predict_scaling(ring.at(algorithm="nccl"), fitted, [2, 4], 2))
     one_node = F.fit(_records(ONE_NODE, 0.15))
     assert levels_fitted(one_node, Topology(1, 2)) and not levels_fitted(one_node, Topology(2, 2))
-    two, four = predict_scaling(profile, one_node, [2, 4], 2, 8, 3e3, 6e3, algorithm="ring")
+    two, four = predict_scaling(ring, one_node, [2, 4], 2)
     assert two.step_interval_us is not None and four.step_interval_us is None
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import commbench
 
-from commbench.analysis.scaling import ScalingError, layout, predict_scaling, predict_step
+from commbench.analysis.scaling import ScalingError, StepQuestion, layout, predict_scaling, predict_step
 from commbench.costmodel import Hardware, load_hardware
 from commbench.proxies.profile import Profile, TensorSpec, load_profile
 from commbench.topology import Link, Topology
@@ -21,8 +21,8 @@ def _toy_profile():
 
 def test_predicted_step_exact_values():
     topo = Topology(1, 4)
-    pred = predict_step(_toy_profile(), 1, topo, HW, forward_us=1000.0, backward_us=1000.0, algorithm="ring",
-                        bucketing="none")
+    pred = predict_step(StepQuestion.ddp(_toy_profile(), 1, 1000.0, 1000.0, algorithm="ring", bucketing="none"),
+                        topo, HW)
     comm = 6 + 1.5 * 1e6 / 1e5 + 3  # each 1 MB bucket
     assert pred.comm_us == pytest.approx([comm, comm])
     # w1 ready at 500 us into the backward (t=1500), w2 at the end (t=2000): the last allreduce ends 2000 + comm
@@ -31,7 +31,8 @@ def test_predicted_step_exact_values():
 
 
 def test_linearity_and_speedup():
-    points = predict_scaling(_toy_profile(), HW, [1, 4, 8], 4, 1, 1000.0, 1000.0, algorithm="ring", bucketing="none")
+    q = StepQuestion.ddp(_toy_profile(), 1, 1000.0, 1000.0, algorithm="ring", bucketing="none")
+    points = predict_scaling(q, HW, [1, 4, 8], 4)
     assert [p.gpus for p in points] == [1, 4, 8] and points[0].linearity == 1.0 and points[0].speedup == 1.0
     for p in points[1:]:
         assert p.linearity == pytest.approx(p.samples_per_s / (p.gpus * points[0].samples_per_s))
@@ -48,7 +49,7 @@ def test_layout_rejects_partial_nodes():
 def test_a_thousand_gpus_predict():
     # the speed target (under a second) is checked by benchmarks/predict_speed.py, not here
     profile, hw = load_profile("bert-large"), load_hardware("dgx-a100")
-    points = predict_scaling(profile, hw, [1, 8, 64, 512, 1000], 8, 4, 1e4, 2e4, algorithm="hier")
+    points = predict_scaling(StepQuestion.ddp(profile, 4, 1e4, 2e4, algorithm="hier"), hw, [1, 8, 64, 512, 1000], 8)
     assert points[-1].gpus == 1000 and points[-1].nodes == 125
     assert points[-1].linearity < points[1].linearity <= 1.0  # more nodes, more communication per step
 

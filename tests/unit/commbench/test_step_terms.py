@@ -5,7 +5,7 @@ import json
 import pytest
 
 from commbench.analysis.predict_scaling import applied_terms
-from commbench.analysis.scaling import predict_step
+from commbench.analysis.scaling import StepQuestion, predict_step
 from commbench.costmodel import HardwareError, hardware_from_dict, load_hardware, terms_of
 from commbench.proxies.profile import load_profile
 from commbench.step_terms import CPU_DEFAULTS, GPU_DEFAULTS, SOURCES
@@ -71,10 +71,11 @@ def test_the_terms_lengthen_the_step_as_they_say():
     def step(**terms):
         hw = hardware_from_dict(_file(**{k: {"value": v, "source": "measured", "evidence": "t"}
                                          for k, v in terms.items()}))
-        return predict_step(profile, 32, topo, hw, 10_000.0, 20_000.0, terms=terms_of(hw))
+        return predict_step(StepQuestion.ddp(profile, 32, 10_000.0, 20_000.0, terms=terms_of(hw)), topo, hw)
 
     plain = step()
-    assert plain.times.step_us == pytest.approx(predict_step(profile, 32, topo, base, 10_000.0, 20_000.0).times.step_us)
+    alone = predict_step(StepQuestion.ddp(profile, 32, 10_000.0, 20_000.0), topo, base)
+    assert plain.times.step_us == pytest.approx(alone.times.step_us)
     buckets = step(per_bucket_us=100.0)
     assert buckets.times.step_us - plain.times.step_us == pytest.approx(100.0 * plain.calls)
     slowed = step(overlap_slowdown=1.0)  # half pace while a call runs: the overlapped compute takes longer

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import commbench
 
-from commbench.analysis.scaling import predict_step
+from commbench.analysis.scaling import StepQuestion, predict_step
 from commbench.costmodel import Hardware
 from commbench.costmodel import nccl_tuning as N
 from commbench.proxies.profile import Profile, TensorSpec
@@ -122,12 +122,12 @@ def _profile():
 
 
 def test_a_step_records_what_nccl_runs_per_bucket():
-    pred = predict_step(_profile(), 1, Topology(2, 8), DGX, 1000.0, 1000.0, bucketing="none", algorithm="nccl")
+    q = StepQuestion.ddp(_profile(), 1, 1000.0, 1000.0, bucketing="none", algorithm="nccl")
+    pred = predict_step(q, Topology(2, 8), DGX)
     assert [c.nbytes for c in pred.plan.comms] == [KIB, 16 * MIB]
     assert [c.label for c in pred.choices] == ["tree/LL", "ring/LL128"]
     assert pred.comm_us == [c.time_us for c in pred.choices]
-    assert predict_step(_profile(), 1, Topology(2, 8), DGX, 1000.0, 1000.0, bucketing="none",
-                        algorithm="ring").choices is None
+    assert predict_step(q.at(algorithm="ring"), Topology(2, 8), DGX).choices is None
 
 
 def test_predict_scaling_says_what_the_nccl_baseline_ran(tmp_path):

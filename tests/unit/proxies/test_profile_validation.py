@@ -208,14 +208,16 @@ def test_absurd_compute_times_are_refused_up_front(tmp_path, args, message):
 def test_predict_scaling_refuses_a_step_of_no_time_or_centuries(throughput, tflops):
     """An infinite rate made the step 0 s and every speed-up 0/0 (ZeroDivisionError); whatever the
     options let through, the prediction itself refuses it in one line."""
-    from commbench.analysis.predict_scaling import compute_us, scaling_run
-    from commbench.analysis.scaling import ScalingError
+    from commbench.analysis.predict_scaling import Curves, compute_us, scaling_run
+    from commbench.analysis.scaling import ScalingError, StepQuestion
+    from commbench.proxies.setups import settle
     from commbench.costmodel import load_hardware
 
     profile, hw = load_profile("resnet50"), load_hardware("dgx-a100")
     forward, backward, label = compute_us(profile, hw, 32, throughput, tflops, "fp32")
     with pytest.raises(ScalingError, match=r"compute per step from .*; it must be more than 0 s and at most a day"):
-        scaling_run(profile, hw, [1, 8], 8, 32, forward, backward, ["ring"], compute_label=label)
+        scaling_run(StepQuestion.ddp(profile, 32, forward, backward, compute_label=label), hw, [1, 8], 8,
+                    Curves(((settle("ddp"), "ring"),)))
 
 
 @pytest.mark.parametrize("spec,args,message", [
