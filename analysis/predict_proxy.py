@@ -33,7 +33,6 @@ from commbench.step_terms import StepTerms
 from commbench.topology import Topology
 
 
-
 @dataclass(frozen=True)
 class ProxyPrediction:
     """A predicted step and what it was predicted from: what its header, step and summary records say."""
@@ -145,9 +144,9 @@ def _measure_here(profile: Profile, batch: int, cfg: ProxyConfig) -> Compute:
     from commbench.proxies.train import measure_compute
 
     try:
-        return Compute(*measure_compute(profile, batch, torch.device("cuda" if cfg.backend.device == "cuda" else "cpu"), cfg.amp,
-                               trust_code=cfg.trust_profile_code, bucket_mb=cfg.bucket_mb, choice=cfg.choice(),
-                               show_progress=True)[0])
+        device = torch.device("cuda" if cfg.backend.device == "cuda" else "cpu")
+        return Compute(*measure_compute(profile, batch, device, cfg.amp, trust_code=cfg.trust_profile_code,
+                                        bucket_mb=cfg.bucket_mb, choice=cfg.choice(), show_progress=True)[0])
     except (MemoryError, ModelError) as exc:
         raise ProxyUsageError(str(exc).splitlines()[0]) from exc
 

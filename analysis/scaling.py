@@ -260,9 +260,9 @@ def predict_scaling(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_p
                     step_ratios: np.ndarray | None = None) -> list[ScalingRecord]:
     """Step time, throughput, speedup and linearity of `q` per GPU count (weak scaling: its batch per GPU and
     micro-step), one `scaling` record each; `step_ratios`: a 1-rank run's step times over their median, whose
-    expected maximum over N ranks delays every step of N (analysis/stragglers.py). A fitted hardware file gives each point its step's 80% interval, and the
-    throughput and linearity at its ends (the 1-GPU step they are measured against has no communication:
-    nothing of it is uncertain)."""
+    expected maximum over N ranks delays every step of N (analysis/stragglers.py). A fitted hardware file gives
+    each point its step's 80% interval, and the throughput and linearity at its ends (the 1-GPU step they are
+    measured against has no communication: nothing of it is uncertain)."""
     from commbench.analysis.stragglers import expected_max
 
     choice, batch = q.choice, q.batch
@@ -286,7 +286,8 @@ def predict_scaling(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_p
         points.append(ScalingRecord(
             model=q.profile.name, hardware=hw.name, batch=batch, compute=q.compute_label, gpus=gpus,
             nodes=topo.nodes, gpus_per_node=topo.ranks_per_node, algorithm=q.algorithm, step_us=t.step_us,
-            compute_us=t.compute_us, comm_us=t.comm_us, exposed_comm_us=t.exposed_comm_us, samples_per_s=rate, speedup=rate / base,
+            compute_us=t.compute_us, comm_us=t.comm_us, exposed_comm_us=t.exposed_comm_us, samples_per_s=rate,
+            speedup=rate / base,
             linearity=rate / (gpus * base), nccl_choices=None if choices is None else tuple(asdict(c) for c in choices),
             setup=choice.name, knobs=dict(choice.knobs), step_interval_us=step, samples_per_s_interval=rates,
             linearity_interval=(rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,

@@ -210,8 +210,8 @@ def test_predict_scaling_refuses_a_step_of_no_time_or_centuries(throughput, tflo
     options let through, the prediction itself refuses it in one line."""
     from commbench.analysis.predict_scaling import Curves, compute_us, scaling_run
     from commbench.analysis.scaling import ScalingError, StepQuestion
-    from commbench.proxies.setups import settle
     from commbench.costmodel import load_hardware
+    from commbench.proxies.setups import settle
 
     profile, hw = load_profile("resnet50"), load_hardware("dgx-a100")
     forward, backward, label = compute_us(profile, hw, 32, throughput, tflops, "fp32")
