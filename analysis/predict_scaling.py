@@ -140,13 +140,12 @@ def scaling_run(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_per_n
     used, step_ratios, terms = evidence_terms(hw, step_ratios)
     node_hw = replace(used, ranks_per_node=gpus_per_node)
     setups, algorithms = [c.name for c, _ in curves.pairs], curves.algorithms
-    out = {}
+    q, batch, out = q.at(terms=applied_terms(hw)), q.batch, {}
     for choice, name in curves.pairs:
         label = curve_label(choice.name, name, setups, algorithms)
         if label not in out:
-            out[label] = predict_scaling(q.at(choice=choice, algorithm=name, terms=applied_terms(hw)), node_hw,
-                                         gpu_counts, gpus_per_node, step_ratios)
-    batch = q.batch
+            out[label] = predict_scaling(q.at(choice=choice, algorithm=name), node_hw, gpu_counts, gpus_per_node,
+                                         step_ratios)
     calibration = C.load_calibration()
     out = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)
                   for p in points] for name, points in out.items()}

@@ -192,7 +192,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     try:
         forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
         question = StepQuestion(profile, batch, Compute(forward, backward, own_us=ddp_ms * 1e3),
-                                curves.pairs[0][0], compute_label=label)
+                                compute_label=label)  # each curve its own setup choice and algorithm
         return S.scaling_run(question, hw, counts, per_node, curves, ratios)
     except (ScalingError, ValueError) as exc:  # ValueError: an algorithm costed past its full schedule's reach
         raise UsageFault(str(exc)) from exc
