@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import comb
 
+from commbench.analysis.predict_trace import group_topology
 from commbench.analysis.scaling import comm_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware, call_us
@@ -251,13 +252,19 @@ def _data_parallel_us(job: Job, par: Parallelism, stage: int, forward: list[floa
     accumulate = par.microbatches if par.pp == 1 else 1  # a pipeline overlaps the last micro-batch only
     choice = settle(par.setup, {"accumulate": accumulate} if accumulate > 1 else {})
     nodes, per_node = _replica_layout(job, par)
-    plan = choice.plan(share, last, Layout(nodes, per_node))
-    topo = Topology(nodes, per_node)
+    topo, groups = Topology(nodes, per_node), None
+    if par.dp_shard:  # HSDP's sized shard group: planned as R "nodes" of S x cp, each group costed where it sits
+        shard, replicate = par.hsdp_groups(0)
+        plan = choice.plan(share, last, Layout(len(replicate), len(shard)))
+        groups = {"world": topo, "node": group_topology(shard, job.gpus_per_node),
+                  "cross": group_topology(replicate, job.gpus_per_node)}
+    else:
+        plan = choice.plan(share, last, Layout(nodes, per_node))
     costs: dict[tuple, float] = {}  # a step's units repeat a few sizes: each costed once (a search costs thousands)
     for c in plan.comms:
         key = (c.collective, c.nbytes, c.dtype, c.group)
         if key not in costs:
-            costs[key] = comm_us(job.hw, topo, c, job.algorithm)[0]
+            costs[key] = comm_us(job.hw, topo, c, job.algorithm, groups)[0]
     times = [costs[(c.collective, c.nbytes, c.dtype, c.group)] for c in plan.comms]
     step = simulate(plan, times)
     return sum(times), max(0.0, step.step_us - plan.compute_us)
@@ -282,7 +289,11 @@ def layout_memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
     choice = settle(par.setup)
     within_node = choice.get("shard_group") == "node" if "shard_group" in choice.setup.knobs or choice.setup.fixed \
         else False
-    degree = _replica_layout(job, par)[1] if within_node else None  # HSDP shards inside a node only
+    degree = None  # the model states shard over every replica (dp x cp)
+    if par.dp_shard:  # HSDP's sized shard group: dp_shard x cp ranks
+        degree = par.dp_shard * par.cp
+    elif within_node:  # HSDP: the replicas inside a node
+        degree = _replica_layout(job, par)[1]
     sharding = choice.setup.memory_sharding
     layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
                       par.sequence_parallel, par.expert_tp, shard_degree=degree,

@@ -51,12 +51,14 @@ def _variant_comm_us(hws: list[Hardware], topo: Topology, plan: CommPlan, algori
     return out
 
 
-def comm_us(hw: Hardware, topo: Topology, comm: Comm, algorithm: str) -> tuple[float, nccl_tuning.NcclChoice | None]:
+def comm_us(hw: Hardware, topo: Topology, comm: Comm, algorithm: str,
+            groups: dict[str, Topology] | None = None) -> tuple[float, nccl_tuning.NcclChoice | None]:
     """One call's predicted time on `topo` (its group's ranks), and what NCCL runs for it (`nccl` allreduces):
-    costmodel.call_us on the call's group."""
+    costmodel.call_us on the call's group. `groups`: where the ranks of a group name sit when they are not
+    what `topo` makes of it (HSDP's sized shard group: its "node" may span nodes)."""
     from commbench.collectives import resolve_dtype
 
-    group = group_topology(topo, comm.group)
+    group = (groups or {}).get(comm.group) or group_topology(topo, comm.group)
     return call_us(hw, group, comm.collective, algorithm, comm.nbytes,
                    resolve_dtype(comm.dtype).itemsize)
 

@@ -21,7 +21,9 @@ same groups (tests/unit/proxies/test_parallelism.py checks it).
 Spelling (`--layout` on predict-scaling and friends): comma-separated degrees, each a dimension and
 its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, `etp1` (the experts
 without tensor parallelism), and the data-parallel part as `dpN` (the command's `--setup`), `ddpN`,
-`fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid) or `SETUP:N` for any setup (`zero1:32`). A dimension left
+`fsdpN` (fsdp-full), `hsdpN` (fsdp-hybrid: sharded over the replicas inside a node, replicated across
+nodes), `hsdpRxS` (fsdp-hybrid with its shard group sized: R replicas of S-rank shard groups, torchtitan's
+dp_replicate x dp_shard, `hsdp8x16`) or `SETUP:N` for any setup (`zero1:32`). A dimension left
 out has degree 1; `dp` may be left out and is then what the GPUs leave (`tp8,pp2` on 256 GPUs: dp 16).
 A layout with a pipeline may carry its own schedule after `@`: `tp8sp,pp4,fsdp32@interleaved:2` (interleaved
 1F1B, 2 virtual stages a rank), `pp2,fsdp8@gpipe`; without one it takes the command's (`--pp-schedule`,
@@ -37,7 +39,8 @@ from dataclasses import asdict, dataclass
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ...
 MESH = ("pp", "dp", "cp", "tp")  # the mesh's dimensions, outermost first
 DP_SHORTHANDS = {"ddp": "ddp", "fsdp": "fsdp-full", "hsdp": "fsdp-hybrid"}  # dp (no name): the command's --setup
-EXAMPLE = "tp8,pp2,fsdp16 (dimensions tp, tpNsp, pp, cp, ep and the data-parallel part dpN/ddpN/fsdpN/hsdpN/SETUP:N)"
+EXAMPLE = ("tp8,pp2,fsdp16 (dimensions tp, tpNsp, pp, cp, ep and the data-parallel part dpN/ddpN/fsdpN/hsdpN/hsdpRxS/"
+           "SETUP:N)")
 
 
 class LayoutError(ValueError):
@@ -59,6 +62,9 @@ class Parallelism:
     microbatches: int = 1
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
     expert_tp: int | None = None  # the experts' tensor parallelism: None (tp, Megatron-Core's default) or 1
+    # HSDP (fsdp-hybrid) only: the dp ranks one shard group spans, consecutive on the dp axis (torchtitan's
+    # dp_shard; FSDP shards over dp_shard x cp); None: the replicas inside one node
+    dp_shard: int | None = None
 
     @property
     def world(self) -> int:
@@ -71,7 +77,10 @@ class Parallelism:
                  f"pp{self.pp}" if self.pp > 1 else "", f"cp{self.cp}" if self.cp > 1 else "",
                  f"ep{self.ep}" if self.ep > 1 else "", "etp1" if self.expert_tp == 1 and self.tp > 1 else ""]
         short = {v: k for k, v in DP_SHORTHANDS.items()}
-        parts.append(f"{short[self.setup]}{self.dp}" if self.setup in short else f"{self.setup}:{self.dp}")
+        if self.dp_shard:
+            parts.append(f"hsdp{self.dp // self.dp_shard}x{self.dp_shard}")
+        else:
+            parts.append(f"{short[self.setup]}{self.dp}" if self.setup in short else f"{self.setup}:{self.dp}")
         return ",".join(p for p in parts if p) + self.schedule_suffix
 
     @property
@@ -119,6 +128,16 @@ class Parallelism:
         return tuple(self.rank_of({**at, "dp": f // inner // self.cp, "cp": f // inner % self.cp,
                                    "tp": f % inner if inner > 1 else at["tp"]}) for f in members)
 
+    def hsdp_groups(self, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """HSDP's (shard group, replicate group) of `rank`: the ranks its shard spans (dp_shard consecutive dp
+        positions, each with every cp position, as torchtitan's dp_shard_cp), and the ranks holding the same
+        shard (the same place in each shard group). Without dp_shard: one shard group of every dp x cp rank."""
+        at, size = self.coords(rank), self.dp_shard or self.dp
+        first = at["dp"] - at["dp"] % size
+        shard = tuple(self.rank_of({**at, "dp": first + i, "cp": c}) for i in range(size) for c in range(self.cp))
+        replicate = tuple(self.rank_of({**at, "dp": at["dp"] % size + j * size}) for j in range(self.dp // size))
+        return shard, replicate
+
     def nodes_spanned(self, dim: str, ranks_per_node: int) -> tuple[int, int]:
         """(nodes, ranks per node) of one group along `dim` when nodes hold `ranks_per_node` consecutive ranks."""
         members = self.group(0, dim)
@@ -150,6 +169,9 @@ class Parallelism:
         elif (self.dp * self.cp) % self.ep:
             raise LayoutError(f"{self.name}: ep {self.ep} must divide dp x cp = {self.dp * self.cp} (expert-parallel "
                               "ranks are data- or context-parallel ranks; etp1 lets tensor-parallel ranks join)")
+        if self.dp_shard is not None and (self.setup != "fsdp-hybrid" or self.dp_shard < 1 or self.dp % self.dp_shard):
+            raise LayoutError(f"{self.name}: a shard group size is HSDP's (hsdpRxS, R x S = dp), not {self.setup}'s "
+                              f"with dp {self.dp}")
         self._check_schedule()
         if shape is not None:
             self._check_shape(shape)
@@ -239,14 +261,15 @@ def _schedule_suffix(text: str, suffix: str) -> dict:
     return {"pp_schedule": name, "virtual_stages": virtual}
 
 
-_PART = re.compile(r"^(tp|pp|cp|ep|etp)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)$|^([a-z][a-z0-9-]*):(\d+)$", re.ASCII)
+_PART = re.compile(r"^(tp|pp|cp|ep|etp)(\d+)(sp)?$|^(dp|ddp|fsdp|hsdp)(\d+)(?:x(\d+))?$|^([a-z][a-z0-9-]*):(\d+)$",
+                   re.ASCII)
 
 
 def _part(part: str, setup: str) -> tuple[str, dict]:
     match = _PART.match(part.lower())
-    if not match or (match.group(3) and match.group(1) != "tp"):
+    if not match or (match.group(3) and match.group(1) != "tp") or (match.group(6) and match.group(4) != "hsdp"):
         raise LayoutError(f"layout part {part!r}: spell a layout like {EXAMPLE}")
-    dim, size, sp, dp_name, dp_size, named, named_size = match.groups()
+    dim, size, sp, dp_name, dp_size, shard_size, named, named_size = match.groups()
     if dim == "etp":
         if size != "1":
             raise LayoutError(f"layout part {part!r}: the experts' tensor parallelism is tp (leave it out) or etp1")
@@ -254,6 +277,9 @@ def _part(part: str, setup: str) -> tuple[str, dict]:
     if dim:
         return dim, {dim: _degree(part, size), **({"sequence_parallel": True} if sp else {})}
     name = (DP_SHORTHANDS[dp_name] if dp_name != "dp" else setup) if dp_name else DP_SHORTHANDS.get(named, named)
+    if shard_size:  # hsdpRxS: R replicas of S-rank shard groups
+        replicas, shards = _degree(part, dp_size), _degree(part, shard_size)
+        return "dp", {"dp": _degree(part, str(replicas * shards)), "setup": name, "dp_shard": shards}
     return "dp", {"dp": _degree(part, dp_size or named_size), "setup": name}
 
 

@@ -44,7 +44,8 @@ def layout_options(fn):
         click.option("--layout", "layouts", multiple=True, metavar="SPEC",
                      help="A parallel layout to predict and rank (repeat it): tp8,fsdp32; tp4,pp2,fsdp32; "
                           "tp8sp,pp16,dp64 (sp: sequence parallelism); cp2, ep8, etp1; the data-parallel part as "
-                          "dpN (--setup), ddpN, fsdpN, hsdpN or SETUP:N; a pipeline's own schedule after @ "
+                          "dpN (--setup), ddpN, fsdpN, hsdpN (sharded inside a node), hsdpRxS (R replicas of "
+                          "S-rank shard groups) or SETUP:N; a pipeline's own schedule after @ "
                           "(tp8sp,pp4,fsdp32@interleaved:2, pp2,fsdp8@gpipe); auto: search every layout that can run "
                           "(--max-tp, --top). Needs a profile with a transformer shape."),
         *schedule_options("selective", "the attention scores not stored, as FlashAttention does too: the "

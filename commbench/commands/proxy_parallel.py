@@ -83,6 +83,9 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
             raise LayoutError("--pp-schedule interleaved needs --virtual-stages 2 or more (1 is 1F1B)")
         par.check(world, ranks_per_node, shape, within_node=("tp",) if ranks_per_node < world else ())
         settle(par.setup)  # a data-parallel part naming no setup is refused here, not on every rank
+        if par.dp_shard and not training:  # the ranks replay a layout's data-parallel part on one group
+            raise LayoutError(f"{par.name}: a sized HSDP shard group is predict-scaling's; the proxy runs HSDP on "
+                              f"one host as one shard group (spell it hsdp{par.dp})")
         if not training and compute == "measured":
             _check_measured(o, par, shape)
         if training:

@@ -49,6 +49,13 @@ def test_a_candidate_added_leaves_the_others_as_they_were(capsys):
     assert sorted(three, key=lambda name: after[name][0]) == order
 
 
+def test_hsdp_sizes_its_shard_group(capsys):
+    """issue 48: `tp8,hsdp128` could not say its shard group and held what ddp holds; hsdpRxS shards over S."""
+    ranked = _ranked(capsys, "tp8,ddp32", "tp8,hsdp32", "tp8,hsdp4x8", "tp8,fsdp32")
+    memory = {name: gb for name, (_, _, gb) in ranked.items()}
+    assert memory["tp8,fsdp32"] < memory["tp8,hsdp4x8"] < memory["tp8,hsdp32"] <= memory["tp8,ddp32"] + 1
+
+
 def test_a_schedule_applies_to_pipelines_only_and_a_layout_may_carry_its_own(capsys):
     """--pp-schedule gpipe leaves a layout without a pipeline as it was (it made tp8,fsdp32's memory 8x); a
     layout's own @schedule lets 1F1B and interleaved share one table."""

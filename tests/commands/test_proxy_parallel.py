@@ -43,6 +43,7 @@ def test_a_layout_replays_end_to_end_with_records(tmp_path):
     (["--layout", "tp2,dp2", "--tflops", "1", "--backend", "shm"], "--layout replays on --backend torch"),
     (["--layout", "tp2,bogus", "--tflops", "1"], "layout part 'bogus'"),
     (["--layout", "tp2,bogus:2", "--tflops", "1"], "unknown setup 'bogus'"),
+    (["--layout", "hsdp2x2", "--tflops", "1"], "a sized HSDP shard group is predict-scaling's"),
 ])
 def test_a_layout_that_cannot_run_is_one_line_and_exit_2(capsys, extra, message):
     """In process (cli.main, as `python -m commbench` runs it); the last test runs the real command's refusal."""

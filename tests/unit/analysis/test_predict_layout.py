@@ -115,6 +115,25 @@ def test_hybrid_sharding_shards_inside_a_node_only(job):
     assert hybrid.memory.optimizer_nbytes == pytest.approx(8 * full.memory.optimizer_nbytes, rel=0.01)  # 4 vs 32
 
 
+def test_a_sized_hsdp_shard_group_shards_by_its_size_and_costs_its_groups_where_they_sit(job):
+    """hsdpRxS: the model states shard over S ranks whatever the nodes; hsdp1xN is fsdp-full over N, hsdpNx1
+    is node-sharded HSDP where TP fills the node (one replica a node)."""
+    fsdp, hsdp = (predict_layout(job, Parallelism(tp=8, dp=32, setup=s)) for s in ("fsdp-full", "fsdp-hybrid"))
+    one_x, x_one, sized = (predict_layout(job, Parallelism(tp=8, dp=32, setup="fsdp-hybrid", dp_shard=s))
+                           for s in (32, 1, 4))
+    assert (one_x.memory, one_x.step_us) == (fsdp.memory, fsdp.step_us)
+    assert (x_one.memory, x_one.step_us) == (hsdp.memory, hsdp.step_us)
+    assert sized.memory.optimizer_nbytes == pytest.approx(8 * fsdp.memory.optimizer_nbytes, rel=0.01)  # 4 vs 32
+    assert fsdp.memory.total_nbytes < sized.memory.total_nbytes < hsdp.memory.total_nbytes
+    # on nodes of 32 GPUs a node holds 4 replicas: hsdp8x4 is node-sharded HSDP there, call for call
+    wide = replace(job, gpus_per_node=32)
+    on_wide, node_wide = (predict_layout(wide, Parallelism(tp=8, dp=32, setup="fsdp-hybrid", dp_shard=s))
+                          for s in (4, None))
+    assert (on_wide.memory, on_wide.comm_us) == (node_wide.memory, node_wide.comm_us)
+    # on nodes of 8 (TP fills each) the same 4-rank shard group spans 4 nodes: costed across them, not as a node's
+    assert on_wide.comm_us["dp"] < sized.comm_us["dp"]
+
+
 def _routed_copies(experts, top_k, holders, draws=20000, seed=7):
     """Monte Carlo: the mean number of holder groups (nodes or GPUs, `holders` of them, experts evenly placed)
     that a token's top_k distinct experts, drawn uniformly, touch."""

@@ -25,6 +25,7 @@ class Shape:  # what the checks read of a model's shape
     ("cp2,ep4,hsdp8", None, Parallelism(cp=2, ep=4, dp=8, setup="fsdp-hybrid")),
     ("zero1:32,tp2", None, Parallelism(tp=2, dp=32, setup="zero1")),
     ("tp2,fsdp:8", None, Parallelism(tp=2, dp=8, setup="fsdp-full")),  # a shorthand in the SETUP:N form too
+    ("tp8,hsdp8x16", None, Parallelism(tp=8, dp=128, setup="fsdp-hybrid", dp_shard=16)),  # R replicas x S shards
 ])
 def test_spelling(text, gpus, expected):
     par = parse_layout(text, gpus=gpus)
@@ -39,6 +40,7 @@ def test_spelling(text, gpus, expected):
     ("pp2sp,dp2", "spell a layout like"),
     ("tp0,dp2", "a degree is 1"),
     ("tp8,pp2", "name the data-parallel part"),
+    ("tp8,fsdp8x16", "spell a layout like"),  # a shard group size is HSDP's
 ])
 def test_bad_spellings_are_one_line(text, message):
     with pytest.raises(LayoutError, match=message) as err:
@@ -145,3 +147,14 @@ def test_a_layout_without_a_pipeline_takes_no_schedule():
 def test_bad_schedules_and_digits_are_one_line(text):
     with pytest.raises(LayoutError):
         parse_layout(text)
+
+
+def test_hsdp_groups_are_dp_shard_consecutive_dp_ranks_with_every_cp_and_one_per_shard_group_across():
+    par = parse_layout("tp2,cp2,hsdp2x3")  # mesh (pp, dp, cp, tp) = (1, 6, 2, 2)
+    shard, replicate = par.hsdp_groups(0)
+    assert shard == tuple(par.rank_of({"pp": 0, "dp": d, "cp": c, "tp": 0}) for d in range(3) for c in range(2))
+    assert replicate == (0, par.rank_of({"pp": 0, "dp": 3, "cp": 0, "tp": 0}))
+    assert par.hsdp_groups(par.rank_of({"pp": 0, "dp": 4, "cp": 1, "tp": 1}))[1] == \
+        tuple(par.rank_of({"pp": 0, "dp": d, "cp": 1, "tp": 1}) for d in (1, 4))
+    with pytest.raises(LayoutError, match="HSDP's"):
+        Parallelism(dp=8, setup="fsdp-full", dp_shard=4).check()
