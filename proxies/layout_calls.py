@@ -30,7 +30,9 @@ megatron/core/transformer/moe/token_dispatcher.py @ 0014f137); with the experts 
 the dispatcher gathers and scatters over TP instead, so the count stays the dense layer's. Without SP there
 is nothing to follow: Megatron-Core refuses to train MoE layers under TP without SP (MoELayer.forward,
 megatron/core/transformer/moe/moe_layer.py @ 00119989), and so does `Parallelism.check` for etp1 on a model
-with experts. The "torch" style keeps the dense count (unchecked: `train` does not run etp1).
+with experts. The "torch" style is `train`'s MoE (proxies/train_layout_moe.py), whose experts are whole on
+each rank: under SP it takes this TP rank's tokens as they are, etp1's path, whatever `expert_tp` says
+(traced: tests/unit/proxies/test_train_layouts.py, "tp2 sp ep2 dp2").
 
 Sizes are nccl-tests' (the larger per-rank buffer): an all-gather's output, a reduce-scatter's input, an
 all-to-all's whole send buffer. Full activation checkpointing runs the forward again in the backward,
@@ -83,7 +85,8 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
     replays = 2 if checkpointing == "full" else 1  # the backward runs the forward's calls again
     if par.tp > 1:
         if par.sequence_parallel:
-            blocks = 1 if moe and par.expert_tp == 1 and style == "megatron" else 2  # etp1: attention's only
+            # etp1 (torch: always, its experts whole): the attention's only
+            blocks = 1 if moe and (par.expert_tp == 1 or style == "torch") else 2
             for phase, times in (("forward", 1), ("backward", replays)):
                 calls.append(LayerCall("tp", "allgather", act, dtype, phase, blocks * times, "",
                                        "tp all-gather (sp)"))

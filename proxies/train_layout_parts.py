@@ -42,13 +42,25 @@ def tensor_parallel(model, mesh, sequence_parallel: bool) -> None:
                 "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
                 "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
                                                 desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                if hasattr(layer.mlp, "gate_proj") else _moe_sequence_parallel()})
         parallelize_module(layer, mesh, plan)
     if sequence_parallel:
         parallelize_module(model.model.layers[0], mesh, PrepareModuleInput(
             input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
         parallelize_module(model.model.norm, mesh, PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True))
+
+
+def _moe_sequence_parallel():
+    """The expert-parallel MoE under sequence parallelism takes this TP rank's part of the sequence as it is,
+    as Megatron-Core's token dispatchers do with experts that have no TP of their own (etp1: this MoE's
+    experts are whole on each rank), routed as plain tensors (its router is not one of TP's DTensors: mixing
+    them failed in aten.mm), its output this rank's part again; no TP call (proxies/layout_calls.py)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
 
 
 def shard_data_parallel(model: nn.Module, units, mesh) -> None:

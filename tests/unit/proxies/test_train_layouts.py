@@ -37,6 +37,9 @@ LAYOUTS = {
     # CP and EP beside a pipeline (dp 1: FSDP2 shards over the cp group; ep = dp: the ep group is the dp group)
     "pp2 cp2": (LayoutSpec(pp=2, cp=2), DENSE),
     "pp2 ep2 dp2": (LayoutSpec(pp=2, ep=2), MOE),
+    # EP beside TP with sequence parallelism: the MoE's tokens gathered over TP as the dense MLP's (issue 48: its
+    # router's plain weights met TP's DTensor input, aten.mm "got mixed torch.Tensor and DTensor")
+    "tp2 sp ep2 dp2": (LayoutSpec(tp=2, sequence_parallel=True, ep=2), MOE),
     # SP beside a pipeline (dp 1): the hidden states crossing a stage boundary are this TP rank's part
     "pp2 tp2 sp": (LayoutSpec(pp=2, tp=2, sequence_parallel=True), DENSE),
 }
@@ -135,6 +138,14 @@ def _expected(name, rank):
     layers = shape.layers
     if name == "dp4":
         return _fsdp(F32 * _layer_elements(shape), layers, [_root(shape)], "dp")
+    if spec.ep > 1 and spec.tp > 1:  # beside TP with SP: the MoE takes its TP rank's tokens as they are
+        router_and_norms = shape.experts * shape.hidden + 2 * shape.hidden  # replicated over TP
+        attention = _layer_elements(shape, tp=2) - (3 * shape.hidden * shape.ffn // 2 + 2 * shape.hidden)
+        calls = _fsdp(F32 * (attention + router_and_norms), layers, [_root(shape)], "ep")  # the dp group is ep's
+        calls.update({("allgather", activation, "tp"): 2 * layers + 2, ("reduce_scatter", activation, "tp"): 2 * layers,
+                      ("allreduce", F32 * shape.hidden, "tp"): 2 * layers,
+                      ("alltoall", shape.experts * 8, "ep"): layers})
+        return calls
     if name.startswith("tp2"):
         calls = _fsdp(F32 * _layer_elements(shape, tp=2), layers, [_root(shape)], "dp")
         if spec.sequence_parallel:  # 2 gathers and 2 reduce-scatters per layer each way, entering and leaving
@@ -236,12 +247,14 @@ def test_ring_attention_gives_the_whole_sequence_loss(runs, name):
         assert len(halves) == 2 and sum(halves) / 2 == pytest.approx(reference[dp], abs=2e-5)
 
 
-def test_expert_parallelism_beside_a_pipeline_trains_the_same_mixture(runs):
-    """EP under a pipeline routes and computes as without one: the last stage's first loss equals the EP run's
-    on the same data-parallel rank (same router and experts: an EP rank's experts follow its place in the group)."""
+@pytest.mark.parametrize("name", ["pp2 ep2 dp2", "tp2 sp ep2 dp2"])
+def test_expert_parallelism_beside_a_pipeline_or_tp_trains_the_same_mixture(runs, name):
+    """EP under a pipeline, or beside TP with SP (each TP rank routing its part of the sequence), routes and
+    computes as without one: the first loss (a pipeline's last stage's) equals the EP run's on the same
+    data-parallel rank (same router and experts: an EP rank's experts follow its place in the group)."""
     reference = {run.coordinates["dp"]: run.losses[0] for run in runs["ep2 dp4"]}
-    last_stages = [run for run in runs["pp2 ep2 dp2"] if run.losses[0] == run.losses[0]]
-    assert len(last_stages) == 2
+    last_stages = [run for run in runs[name] if run.losses[0] == run.losses[0]]
+    assert len(last_stages) == (2 if name.startswith("pp") else 4)
     for run in last_stages:
         assert run.losses[0] == pytest.approx(reference[run.coordinates["dp"]], abs=2e-5), run.rank
         assert run.losses[-1] < run.losses[0]
