@@ -154,6 +154,14 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     return forward, backward, {d: (t, x) for d, (t, x) in dims.items()}
 
 
+def model_compute_us(job: Job) -> tuple[float, float]:
+    """(forward us, backward us) of one micro-batch of `job.microbatch` sequences through the whole model on one
+    rank, no parallel dimension (DDP's data parallelism: what each replica computes), operator by operator from
+    the job's compute block (else its FLOPs at the job's rate)."""
+    forward, backward, _ = _chunk_us(job, Parallelism(), range(job.shape.layers), head=True)
+    return forward, backward
+
+
 def uses_block(job: Job) -> bool:
     """Whether the job's compute comes from its compute block (operator by operator) rather than one rate."""
     return job.compute is not None and ops.unlisted(job.shape) is None

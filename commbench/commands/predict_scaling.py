@@ -50,9 +50,12 @@ Examples:
 @click.option("--jitter-from", type=click.Path(dir_okay=False), default=None, metavar="RUN.jsonl",
               help="A 1-rank proxy or train run's step records: every step of N GPUs waits for the slowest of N "
                    "ranks drawn from their distribution (stragglers; docs/model.md).")
-@click.option("--tflops", type=float, default=None, help="Achieved device rate (1e12 FLOP/s) for the profile's FLOPs.")
+@click.option("--tflops", type=float, default=None,
+              help="Achieved device rate (1e12 FLOP/s) for the profile's FLOPs: one rate for every operator, "
+                   "in place of the hardware file's compute block (commbench compute).")
 @click.option("--precision", type=click.Choice(["fp32", "amp"]), default="fp32", show_default=True,
-              help="Which of the hardware's device_tflops to use when neither rate is given (a peak: optimistic).")
+              help="Which of the hardware's device_tflops to use when neither rate is given and the hardware "
+                   "file holds no compute block for the model (a peak: optimistic).")
 @click.option("--algorithm", "-A", default="nccl", show_default=True,
               help="nccl (what DDP's NCCL runs: ring or tree, LL/LL128/Simple and channels by NCCL 2.20.3's own "
                    "tuning model), nccl-ring (the library's ring, one channel per NIC) or one of commbench's "
@@ -177,7 +180,13 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             ratios = load_ratios(jitter_from)
         except JitterError as exc:
             raise UsageFault(str(exc)) from exc
-    if not throughput and not tflops and not S.peak_tflops(hw, precision) and profile.traced is None:
+    block = None
+    if not throughput and not tflops and profile.traced is None and profile.transformer is not None and hw.compute:
+        from commbench.commands.predict_layouts import compute_block
+
+        block = compute_block(hw, profile.transformer)  # what it lacks is a warning, and one rate instead
+        block = block if block[0] is not None else None
+    if not throughput and not tflops and not block and not S.peak_tflops(hw, precision) and profile.traced is None:
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     for name in dict.fromkeys(curves.algorithms):
         if name not in ALLREDUCE_ALGORITHMS:
@@ -190,7 +199,7 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             raise UsageFault(f"--nodes {max(counts) // per_node} x {per_node} GPUs: at most {MAX_GPUS:,d} GPUs")
     batch = batch or profile.default_batch
     try:
-        forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision)
+        forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision, block, per_node)
         question = StepQuestion(profile, batch, Compute(forward, backward, own_us=ddp_ms * 1e3),
                                 compute_label=label)  # each curve its own setup choice and algorithm
         return S.scaling_run(question, hw, counts, per_node, curves, ratios)

@@ -3,7 +3,7 @@ and bad input refused in one line."""
 import json
 
 import pytest
-from conftest import commbench
+from conftest import commbench, notes_joined
 
 from commbench import cli
 
@@ -25,6 +25,14 @@ def test_a_block_is_measured_written_and_used(tmp_path):
     rated = commbench("predict-scaling", "llama-tiny", "--gpus", "2", "--hw", str(out), "--layout", "dp2",
                       "--global-batch", "4", "--tflops", "0.05")
     assert "--tflops: one rate for every operator" in rated.stdout
+    # data parallelism too (issue 47 item 4): each replica's whole model, operator by operator from the block
+    scaled = commbench("predict-scaling", "llama-tiny", "--gpus", "1,2", "--hw", str(out))
+    assert scaled.returncode == 0, scaled.stderr
+    header = " ".join(notes_joined(scaled.stdout))
+    assert "compute from the compute block of cpu" in header and "operator by operator" in header
+    assert "no --tflops" not in scaled.stderr and "peak" not in header
+    given = commbench("predict-scaling", "llama-tiny", "--gpus", "1,2", "--hw", str(out), "--tflops", "0.05")
+    assert "the profile's FLOPs at 0.05 TFLOP/s" in " ".join(notes_joined(given.stdout))
 
 
 @pytest.mark.parametrize("args,message", [
