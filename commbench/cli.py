@@ -29,7 +29,7 @@ from commbench.commands import (
     tune,
 )
 from commbench.commands.common import refuse_empty_values
-from commbench.errors import EXIT_INTERRUPTED, EXIT_USAGE
+from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
 from commbench.files import shown
 
 
@@ -80,7 +80,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_INTERRUPTED
     except click.ClickException as exc:  # one line, whatever a file it names held (files.shown)
         print(f"commbench: error: {shown(_message(exc))}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAULT if exc.exit_code == EXIT_FAULT else EXIT_USAGE  # a fault (tune past --timeout): 3
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

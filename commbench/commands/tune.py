@@ -12,10 +12,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 import click
@@ -23,6 +25,7 @@ import numpy as np
 
 from commbench.commands.common import UsageFault, check_outputs, output_options
 from commbench.commands.hw_option import hw_option
+from commbench.errors import EXIT_FAULT
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,13 @@ class TuneOptions:
     force: bool
 
 
-def _sweep_args(o: TuneOptions, algorithm: str, path: str) -> list[str]:
+class TuneTimeout(click.ClickException):
+    exit_code = EXIT_FAULT  # as a job past its --timeout
+
+
+def _sweep_args(o: TuneOptions, algorithm: str, path: str, timeout_s: float) -> list[str]:
     args = ["sweep", "--backend", o.backend, "-c", o.collective, "--sizes", o.sizes, "--algorithm", algorithm,
-            "--placement", o.placement, "--json", path, "--timeout", str(o.timeout_s)]
+            "--placement", o.placement, "--json", path, "--timeout", f"{timeout_s:.1f}"]
     for flag, value in (("-N", o.nprocs), ("--topology", o.topology), ("--cuda-mode", o.cuda_mode), ("--hw", o.hw),
                         ("--iters", o.iters), ("--warmup", o.warmup), ("--min-time", o.min_time)):
         if value is not None:
@@ -58,19 +65,44 @@ def _sweep_args(o: TuneOptions, algorithm: str, path: str) -> list[str]:
     return args + (["--graph"] if o.graph else [])
 
 
-def _run_sweep(options: TuneOptions, algorithm: str, path: str) -> tuple[list[dict], str | None]:
-    """(result records, None) of one sweep, or ([], its last error line)."""
+def _run_sweep(options: TuneOptions, algorithm: str, path: str, timeout_s: float) -> tuple[list[dict], str | None]:
+    """(result records, None) of one sweep given `timeout_s` (what is left of the tune's), or ([], its last
+    error line)."""
     from commbench.launch import rank_argv
     from commbench.results import read_records
 
     # As a rank starts (`python -P -m`): `-m` alone would put the working directory first on the
     # import path, and a `uuid.py` there would run in every sweep (issue 48).
-    proc = subprocess.run([*rank_argv("commbench"), *_sweep_args(options, algorithm, path)],
-                          capture_output=True, text=True, timeout=options.timeout_s + 60, check=False)
+    # its own session, so that the tune's deadline (a sweep's --timeout bounds a hang, not a long run) or the
+    # tune's own end ends the sweep's ranks too: SIGTERM ends a sweep as Ctrl-C does, its ranks with it
+    proc = subprocess.Popen([*rank_argv("commbench"), *_sweep_args(options, algorithm, path, timeout_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s + 5)
+    except subprocess.TimeoutExpired:
+        _end(proc)
+        return [], f"the sweep was still running at the tune's --timeout ({timeout_s:.0f} s left for it)"
+    except BaseException:  # Ctrl-C or SIGTERM of the tune: its sweep ends with it
+        _end(proc)
+        raise
     if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        lines = [line for line in stderr.splitlines() if line.strip()]
         return [], lines[-1] if lines else f"exit {proc.returncode}"
     return [r for r in read_records(path) if r["record"] == "result"], None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a sweep and its ranks: SIGTERM to its session, SIGKILL if it has not ended 10 s later."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, dict[str, float]]]:
@@ -117,7 +149,9 @@ def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, d
 @click.option("--min-time", "min_time", type=float, default=None, metavar="SECONDS",
               help="Adaptive iterations: the time budget of each point's timed calls (as sweep's --min-time) "
                    "[default: sweep's, 0.2].")
-@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per sweep, seconds.")
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True,
+              help="The whole tune, seconds: each sweep gets what is left; past it the tune stops (exit 3), "
+                   "its sweeps' records kept in --json and the table written from the rounds it completed.")
 @click.option("--output", "-o", "output", required=True, help="The tuning file to write (JSON).")
 @click.option("--json", "json_path", default=None, help="Also keep every sweep's records here (JSON Lines).")
 @output_options(append=False)
@@ -141,7 +175,14 @@ def tune_command(**given) -> None:
         raise UsageFault(f"--algorithms {','.join(unknown)}: {o.collective} on --backend "
                          f"{o.backend} has {', '.join(table) or 'none'}")
     check_outputs(("--output", o.output), ("--json", o.json_path), force=o.force)
-    rounds, records, skipped = _measure(o, names)
+    rounds, records, skipped, ran_out = _measure(o, names)
+    if o.json_path and records:
+        with open(o.json_path, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+    if ran_out and not rounds:
+        kept = f"; its sweeps' records are in {o.json_path}" if o.json_path and records else ""
+        raise TuneTimeout(f"--timeout {o.timeout_s:g} s reached before one round of {len(names)} sweeps ended: "
+                          f"no table written{kept} (give more time, fewer --sizes or --algorithms)")
     if not records:
         raise UsageFault("no algorithm ran: " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
     first = records[0]
@@ -151,16 +192,13 @@ def tune_command(**given) -> None:
     when = datetime.datetime.now(datetime.timezone.utc)
     name = f"tune-{first['library']}-{world}-ranks-{when:%Y-%m-%d}"
     source = (f"commbench tune {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['tune'] else ''}".strip()
-              + f"; {socket.gethostname()}, {when:%Y-%m-%d %H:%M} UTC, {o.rounds} paired round(s)")
+              + f"; {socket.gethostname()}, {when:%Y-%m-%d %H:%M} UTC, {len(rounds)} paired round(s)")
     result = TuningTable(name, o.backend, first["library"], source, rows)
     with open(o.output, "w", encoding="utf-8") as handle:
         handle.write(result.to_json())
-    if o.json_path:
-        with open(o.json_path, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(r) + "\n" for r in records)
     topo = Topology(nodes, world // max(nodes, 1))
     click.echo(f"# commbench tune: {o.backend} ({first['library']}), {world} ranks on {nodes} node(s), "
-               f"{o.rounds} round(s); time over the round's fastest, median")
+               f"{len(rounds)} round(s); time over the round's fastest, median")
     click.echo("#" + "size (B)".rjust(13) + "".join(n.rjust(10) for n in names) + "    winner   rule's")
     for nbytes, (winner, medians) in won.items():
         rule = chosen_by(o.collective, topo, nbytes)[0]
@@ -169,18 +207,34 @@ def tune_command(**given) -> None:
     for name_, why in skipped.items():
         click.echo(f"# {name_} did not run: {why}")
     click.echo(f"# wrote {o.output} ({len(rows)} row(s)); use it with --tuning {o.output}")
+    if ran_out:
+        raise TuneTimeout(f"--timeout {o.timeout_s:g} s reached after {len(rounds)} of {o.rounds} round(s): the "
+                          "table is from those")
 
 
-def _measure(options: TuneOptions, names: list[str]) -> tuple[list[dict[str, dict[int, float]]], list[dict], dict]:
-    """Rounds of {algorithm: {nbytes: time_us}}, every result record, and {algorithm: why it did not run}."""
+def _measure(options: TuneOptions, names: list[str]) -> tuple[list[dict[str, dict[int, float]]], list[dict], dict,
+                                                               bool]:
+    """The completed rounds of {algorithm: {nbytes: time_us}}, every result record, {algorithm: why it did not
+    run}, and whether the tune's --timeout ended it first (a round cut short is not paired: left out). Each
+    sweep is said on stderr as it starts, with the time the rest should take."""
     rounds, records, skipped = [], [], {}
+    deadline = time.monotonic() + options.timeout_s
+    started, done, total = time.monotonic(), 0, options.rounds * len(names)
     with tempfile.TemporaryDirectory(prefix="commbench-tune-") as folder:
         for index in range(options.rounds):
             order = names if index % 2 == 0 else names[::-1]
             times: dict[str, dict[int, float]] = {}
             for algorithm in (a for a in order if a not in skipped):
+                left = deadline - time.monotonic()
+                if left < 1:
+                    return rounds, records, skipped, True
+                eta = f", about {(time.monotonic() - started) / done * (total - done):.0f} s left" if done else ""
+                click.echo(f"# tune: sweep {done + 1} of {total}: round {index + 1}, {algorithm}{eta}", err=True)
                 path = os.path.join(folder, f"{index}-{algorithm}.jsonl")
-                results, error = _run_sweep(options, algorithm, path)
+                results, error = _run_sweep(options, algorithm, path, left)
+                done += 1
+                if error and deadline - time.monotonic() < 1:  # ended by the tune's --timeout, not its own fault
+                    return rounds, records, skipped, True
                 if error:
                     skipped[algorithm] = error
                     continue
@@ -188,4 +242,4 @@ def _measure(options: TuneOptions, names: list[str]) -> tuple[list[dict[str, dic
                 times[algorithm] = {int(r["nbytes"]): float(r["time_us"]) for r in results
                                     if r["time_us"] is not None and r["placement"] == options.placement}
             rounds.append(times)
-    return rounds, records, skipped
+    return rounds, records, skipped, False

@@ -88,3 +88,21 @@ def test_every_option_of_tune_is_a_field_of_its_options_value():
     assert params == {f.name for f in dataclasses.fields(TuneOptions)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         TuneOptions(**{name: None for name in params}).rounds = 3
+
+
+def test_timeout_bounds_the_whole_tune_and_keeps_what_it_measured(tmp_path):
+    """issue 48: `--rounds 100` ran for minutes and `--timeout` bounded each sweep alone. Now the tune stops at
+    its --timeout (exit 3), the table from the rounds it completed, every sweep's records kept, and each sweep
+    said on stderr as it starts."""
+    out, kept = tmp_path / "t.json", tmp_path / "t.jsonl"
+    proc = commbench("tune", "-b", "sim", "--hw", "dgx-h100", "-T", "1x2", "-s", "1K", "--algorithms",
+                     "ring,oneshot", "--rounds", "100", "--timeout", "15", "-o", str(out), "--json", str(kept),
+                     timeout=180)
+    assert proc.returncode == 3, proc.stderr
+    assert "# tune: sweep 1 of 200: round 1, ring" in proc.stderr and "s left" in proc.stderr
+    assert kept.exists() and results_of(kept)[0]
+    if out.exists():  # at least one round ended: the table says how many it is from
+        rounds = int(json.loads(out.read_text())["source"].split(" paired round(s)")[0].rsplit(" ", 1)[1])
+        assert 1 <= rounds < 100 and f"reached after {rounds} of 100 round(s)" in proc.stderr
+    else:
+        assert "before one round of 2 sweeps ended: no table written" in proc.stderr
