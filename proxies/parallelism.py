@@ -36,6 +36,8 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+from commbench.proxies.setups import SETUPS
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ...
 MESH = ("pp", "dp", "cp", "tp")  # the mesh's dimensions, outermost first
 DP_SHORTHANDS = {"ddp": "ddp", "fsdp": "fsdp-full", "hsdp": "fsdp-hybrid"}  # dp (no name): the command's --setup
@@ -169,7 +171,8 @@ class Parallelism:
         elif (self.dp * self.cp) % self.ep:
             raise LayoutError(f"{self.name}: ep {self.ep} must divide dp x cp = {self.dp * self.cp} (expert-parallel "
                               "ranks are data- or context-parallel ranks; etp1 lets tensor-parallel ranks join)")
-        if self.dp_shard is not None and (self.setup != "fsdp-hybrid" or self.dp_shard < 1 or self.dp % self.dp_shard):
+        hybrid = self.setup in SETUPS and dict(SETUPS[self.setup].fixed).get("shard_group") == "node"
+        if self.dp_shard is not None and (not hybrid or self.dp_shard < 1 or self.dp % self.dp_shard):
             raise LayoutError(f"{self.name}: a shard group size is HSDP's (hsdpRxS, R x S = dp), not {self.setup}'s "
                               f"with dp {self.dp}")
         self._check_schedule()

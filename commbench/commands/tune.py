@@ -91,6 +91,18 @@ def _run_sweep(options: TuneOptions, algorithm: str, path: str, timeout_s: float
     return [r for r in read_records(path) if r["record"] == "result"], None
 
 
+def _keep(o: TuneOptions, names: list[str], records: list[dict], rounds: list, ran_out: bool) -> None:
+    """Every sweep's records into --json, whatever ended the tune; TuneTimeout when --timeout came before the
+    first round ended (nothing to table)."""
+    if o.json_path and records:
+        with open(o.json_path, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+    if ran_out and not rounds:
+        kept = f"; its sweeps' records are in {o.json_path}" if o.json_path and records else ""
+        raise TuneTimeout(f"--timeout {o.timeout_s:g} s reached before one round of {len(names)} sweeps ended: "
+                          f"no table written{kept} (give more time, fewer --sizes or --algorithms)")
+
+
 def _end(proc: subprocess.Popen) -> None:
     """End a sweep and its ranks: SIGTERM to its session, SIGKILL if it has not ended 10 s later."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -176,13 +188,7 @@ def tune_command(**given) -> None:
                          f"{o.backend} has {', '.join(table) or 'none'}")
     check_outputs(("--output", o.output), ("--json", o.json_path), force=o.force)
     rounds, records, skipped, ran_out = _measure(o, names)
-    if o.json_path and records:
-        with open(o.json_path, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(r) + "\n" for r in records)
-    if ran_out and not rounds:
-        kept = f"; its sweeps' records are in {o.json_path}" if o.json_path and records else ""
-        raise TuneTimeout(f"--timeout {o.timeout_s:g} s reached before one round of {len(names)} sweeps ended: "
-                          f"no table written{kept} (give more time, fewer --sizes or --algorithms)")
+    _keep(o, names, records, rounds, ran_out)
     if not records:
         raise UsageFault("no algorithm ran: " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
     first = records[0]
