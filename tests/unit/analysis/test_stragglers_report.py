@@ -73,3 +73,15 @@ def test_a_rank_held_up_inside_a_call_is_the_one_found():
     culprit, spread = S.holdups(matrix)
     assert culprit[10] == culprit[11] == 2 and spread[10] > 4000
     assert S.caused_wait_us(matrix).argmax() == 2
+
+
+def test_many_spikes_are_timed_from_one_running_sum():
+    """issue 48: each spike's moment summed rank 0's times before it anew (800k iterations from a 7.5 KB file
+    took 14.6 s, a crafted file minutes); the moments are the running sum of the times before each spike."""
+    samples = np.tile([1000.0, 10000.0], 100_000)  # every other iteration a spike: 100,000 of them
+    record = {"iteration_times_us": samples.tolist(), "timed_start": 1_700_000_000.0}
+    found = S.spikes(record, factor=1.5)
+    assert len(found) == 100_000 and [s.iteration for s in found[:2]] == [1, 3]
+    last = found[-1]
+    moment = 1_700_000_000.0 + samples[:last.iteration].sum() * 1e-6
+    assert last.at_utc == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{int(moment % 1 * 1000):03d}Z"
