@@ -241,7 +241,7 @@ def _positive(value: Any) -> bool:
 def row_residual(corpus: Corpus, row: Row, predicted_us: Callable[[Hardware, Row], float]) -> float:
     """ln(measured / predicted time); a row of unknown size: ln(predicted / measured busbw) at large messages
     (the model's busbw from its time per byte between PEAK_SIZES: the size does not matter there)."""
-    hw = replace(corpus.systems[row.system], ranks_per_node=row.gpus_per_node)
+    hw = corpus.systems[row.system]  # the row's node size is its topology's (predicted_us builds it)
     if row.nbytes is not None:
         return math.log(row.measured_us / predicted_us(hw, row))
     small, large = (predicted_us(hw, replace(row, nbytes=nbytes)) for nbytes in PEAK_SIZES)

@@ -163,7 +163,7 @@ def _evidence_terms(hw: Hardware, q: StepQuestion, topo: Topology) -> tuple[Hard
 def _one_rank_step(q: StepQuestion, hw: Hardware) -> float:
     """The same setup's step on one rank (no communication, no step terms), in us."""
     alone = q.at(algorithm=LIBRARY, terms=None, straggler_us=0.0)
-    return predict_step(alone, Topology(1, 1), replace(hw, ranks_per_node=1)).times.step_us
+    return predict_step(alone, Topology(1, 1), hw).times.step_us
 
 
 def _corpus_interval(q: StepQuestion, hw: Hardware,

@@ -151,13 +151,12 @@ def scaling_run(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_per_n
     check_compute_us(q.compute.forward_us, q.compute.backward_us, q.compute_label)
     measured = step_ratios is not None
     used, step_ratios, terms = evidence_terms(hw, step_ratios)
-    node_hw = replace(used, ranks_per_node=gpus_per_node)
     setups, algorithms = [c.name for c, _ in curves.pairs], curves.algorithms
     q, batch, out = q.at(terms=applied_terms(hw)), q.batch, {}
     for choice, name in curves.pairs:
         label = curve_label(choice.name, name, setups, algorithms)
         if label not in out:
-            out[label] = predict_scaling(q.at(choice=choice, algorithm=name), node_hw, gpu_counts, gpus_per_node,
+            out[label] = predict_scaling(q.at(choice=choice, algorithm=name), used, gpu_counts, gpus_per_node,
                                          step_ratios)
     calibration = C.load_calibration()
     out = {name: [corpus_interval(p, batch * (p.knobs or {}).get("accumulate", 1), calibration)

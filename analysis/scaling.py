@@ -275,14 +275,13 @@ def predict_scaling(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_p
         late = 0.0
         if step_ratios is not None and gpus > 1:
             late = max(0.0, one_step * (expected_max(step_ratios, gpus) - 1.0))
-        node_hw = replace(hw, ranks_per_node=topo.ranks_per_node)
         at = q.at(straggler_us=late)
-        pred = predict_step(at, topo, node_hw)
+        pred = predict_step(at, topo, hw)  # the node's size is the topology's: the cost model reads only it
         t = pred.times
         one_step = one_step or t.step_us
         rate = samples * gpus / (t.step_us * 1e-6)
         base = base or rate
-        step = step_interval_us(at, topo, node_hw) if gpus in gpu_counts else None
+        step = step_interval_us(at, topo, hw) if gpus in gpu_counts else None
         rates = (samples * gpus / (step[1] * 1e-6), samples * gpus / (step[0] * 1e-6)) if step else None
         choices = size_choices(pred)
         points.append(ScalingRecord(
