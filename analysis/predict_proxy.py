@@ -108,7 +108,7 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
     profile = load_profile(cfg.model)
     batch = cfg.batch or profile.default_batch
     hw = hw if hw is not None else load_hardware(cfg.hw)
-    compute, label = _compute_split(profile, batch, cfg)
+    compute, label = _compute_split(profile, batch, cfg, hw, topo.ranks_per_node)
     algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
     step_terms = applied_terms(hw)
@@ -126,8 +126,10 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
                            estimate, step_terms)
 
 
-def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Compute, str]:
-    """One rank's compute per step as --compute says, and the words the header gives it."""
+def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig, hw: Hardware,
+                   ranks_per_node: int) -> tuple[Compute, str]:
+    """One rank's compute per step as --compute says (a CPU block's cores shared by `ranks_per_node` ranks, as
+    predict-scaling shares them), and the words the header gives it."""
     if cfg.compute == "flops":
         return Compute(*flops_times_us(profile, batch, cfg.tflops)), f"flops at {cfg.tflops:g} TFLOP/s"
     if cfg.compute == "trace":
@@ -135,6 +137,15 @@ def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig) -> tuple[Comp
     if cfg.compute == "measured":
         compute = _measure_here(profile, batch, cfg)
         return compute, f"measured on this host (DDP's own work {compute.own_us / 1e3:.2f} ms, measured at 1 rank)"
+    if cfg.compute == "block":  # a transformer's whole model on each replica, operator by operator
+        from commbench.analysis.predict_layout import Job, model_compute_us
+        from commbench.costmodel.compute import compute_from_dict
+
+        block = compute_from_dict(cfg.compute_block)
+        dtype = block.meta.get("dtype", "float32")
+        job = Job(profile.transformer, profile, hw, ranks_per_node, batch, 1.0, "none", compute=block,
+                  compute_dtype=dtype)
+        return Compute(*model_compute_us(job)), f"each operator from the compute block of {block.device} ({dtype})"
     return Compute(0.0, 0.0), "none"
 
 

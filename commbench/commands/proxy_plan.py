@@ -52,6 +52,9 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     if plan.mode in ("spawn", "emulate"):  # an emulated cluster's ranks all run on this host too
         O.check_local_ranks(plan.world, o.oversubscribe)
     backend = _settle_backend(o, plan, cls)
+    if compute == "block" and not o.layout and plan.mode != "local":  # the ranks' replay spins flops or traces
+        raise UsageFault("--compute block without --layout predicts the step (--backend sim, or --hw without "
+                         "ranks); a data-parallel replay on ranks takes --tflops RATE or --compute measured")
     if plan.mode == "local" and not o.compute and compute == "measured":
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                          "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")
@@ -104,9 +107,12 @@ def _block_of(o: ProxyOptions, profile: Profile):
     from commbench.commands.hw_option import load_hw
     from commbench.proxies.layer_ops import missing, unlisted
 
-    if not o.layout or not o.hw:
-        raise UsageFault("--compute block costs a transformer layout's operators from a hardware file's compute "
-                         "block: give --layout SPEC and --hw FILE (from `commbench compute`)")
+    if not o.hw:
+        raise UsageFault("--compute block costs a transformer's operators from a hardware file's compute block: "
+                         "give --hw FILE (from `commbench compute`)")
+    if profile.transformer is None:
+        raise UsageFault(f"--compute block costs a transformer's operators, and profile {profile.name} has no "
+                         "transformer shape: use --tflops RATE or --compute measured")
     if o.tflops:
         raise UsageFault("--compute block times each operator from the block: drop --tflops (one rate)")
     block = load_hw(o.hw).compute

@@ -33,6 +33,20 @@ def test_a_block_is_measured_written_and_used(tmp_path):
     assert "no --tflops" not in scaled.stderr and "peak" not in header
     given = commbench("predict-scaling", "llama-tiny", "--gpus", "1,2", "--hw", str(out), "--tflops", "0.05")
     assert "the profile's FLOPs at 0.05 TFLOP/s" in " ".join(notes_joined(given.stdout))
+    # and the predicted data-parallel proxy: the same step as predict-scaling's on the same 2 ranks of a node
+    proxied = commbench("proxy", "llama-tiny", "--backend", "sim", "--hw", str(out), "-N", "2", "--compute", "block",
+                        "--json", str(tmp_path / "p.jsonl"))
+    assert proxied.returncode == 0, proxied.stderr
+    assert "compute each operator from the compute block of cpu" in proxied.stdout
+    summary = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()][-1]
+    two = commbench("predict-scaling", "llama-tiny", "--gpus", "2", "--gpus-per-node", "2", "--hw", str(out),
+                    "--json", str(tmp_path / "s.jsonl"))
+    assert two.returncode == 0, two.stderr
+    point = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()][-1]
+    assert (summary["compute_us_p50"], summary["step_us_p50"]) == pytest.approx((point["compute_us"],
+                                                                                 point["step_us"]), rel=1e-9)
+    refused = commbench("proxy", "llama-tiny", "--hw", str(out), "-N", "2", "--compute", "block")  # on ranks
+    assert refused.returncode == 2 and "--compute block without --layout predicts the step" in refused.stderr
 
 
 @pytest.mark.parametrize("args,message", [

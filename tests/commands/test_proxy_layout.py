@@ -34,7 +34,7 @@ def test_a_layout_in_predicted_mode_is_refused_not_dropped(capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--compute", "block"], "give --layout SPEC and --hw FILE"),
+    (["--compute", "block"], "give --hw FILE (from `commbench compute`)"),
     (["--compute", "block", "--layout", "tp2,dp2", "--hw", "dgx-h100"], "has no compute block"),
     (["--compute", "block", "--layout", "tp2,dp2", "--hw", "dgx-h100", "--tflops", "5"], "drop --tflops"),
 ])
