@@ -30,7 +30,7 @@ setup(
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
     install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
     extras_require={
-        "test": ["pytest>=7", "psutil>=5", "ruff>=0.6"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "psutil>=5", "ruff>=0.6"],
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
         "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
         "mpi": ["mpi4py>=3.1"],
