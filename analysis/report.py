@@ -192,7 +192,9 @@ def _size_axes(matplotlib, axes, mine: list[Series]) -> None:
     collective = mine[0].collective
     stat = "/".join(sorted({s.stat for s in mine if s.kind == MEASURED})) or "predicted"
     ax_bw.set_title(f"{collective}: bus bandwidth (of the {stat} time)")
-    ax_t.set_title(f"{collective}: time, {stat} (line) and p10-p90 of the iterations (band)")
+    banded = any(s.kind == MEASURED and s.low_us and any(v == v for v in s.low_us) for s in mine)
+    ax_t.set_title(f"{collective}: time, {stat} (line)" + (" and p10-p90 of the iterations (band)" if banded else
+                                                          ": predictions have no iterations (no band)"))
     ax_bw.legend(fontsize=7, loc="best")
 
 

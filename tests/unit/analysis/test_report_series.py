@@ -141,3 +141,17 @@ def test_a_good_fit_and_no_model_leave_the_pictures_unmarked(monkeypatch, tmp_pa
     assert model_mark(None) is None and model_mark(_poor({})) is None
     loaded = model_mark(_poor({"fitted_under_load": "load 5.0 on 2 cores\n$x$"}))
     assert loaded == "dgx-h100 was fitted from runs under load (load 5.0 on 2 cores\\n$x$): its figures hold that load"
+
+
+def test_the_time_panel_names_a_band_only_where_one_is_drawn(monkeypatch, tmp_path):
+    """A predict file alone has no iterations: its time panel said "p10-p90 of the iterations (band)" with no
+    band drawn (issue 48, item 13)."""
+    from commbench.analysis.report import plot
+
+    figures = _figures(monkeypatch)
+    predicted = [_record(n, 10.0, kind="predicted") for n in (1024, 4096)]
+    plot(collect_series(predicted), str(tmp_path))
+    plot(collect_series([_record(n, 10.0) for n in (1024, 4096)]), str(tmp_path))
+    alone, measured = (fig.axes[1].get_title() for fig in figures)
+    assert "band" in measured and "p10-p90" in measured
+    assert "p10-p90" not in alone and "no band" in alone
