@@ -211,18 +211,9 @@ def _run_bounded(command: list[str], timeout_s: float) -> int:
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        import signal
+        from commbench.lifetime import end_session
 
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        end_session(proc, grace_s=5)
         raise JobTimeout(f"no result in {timeout_s:g} s") from None
 
 

@@ -59,3 +59,21 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
     _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if parent_pid is not None and os.getppid() != parent_pid:
         os.kill(os.getpid(), sig)
+
+
+def end_session(proc, grace_s: float = 10.0) -> None:
+    """End a process started in its own session (`start_new_session=True`) and every process of that session:
+    SIGTERM (a commbench job ends as on Ctrl-C, its ranks with it), then SIGKILL if it has not ended `grace_s`
+    later. `proc` is a subprocess.Popen; its pipes, if any, are drained as it ends."""
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import numpy as np
 from commbench.commands.common import UsageFault, check_outputs, output_options
 from commbench.commands.hw_option import hw_option
 from commbench.errors import EXIT_FAULT
+from commbench.lifetime import end_session
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,10 @@ def _run_sweep(options: TuneOptions, algorithm: str, path: str, timeout_s: float
     try:
         _, stderr = proc.communicate(timeout=timeout_s + 5)
     except subprocess.TimeoutExpired:
-        _end(proc)
+        end_session(proc)
         return [], f"the sweep was still running at the tune's --timeout ({timeout_s:.0f} s left for it)"
     except BaseException:  # Ctrl-C or SIGTERM of the tune: its sweep ends with it
-        _end(proc)
+        end_session(proc)
         raise
     if proc.returncode != 0:
         lines = [line for line in stderr.splitlines() if line.strip()]
@@ -101,20 +101,6 @@ def _keep(o: TuneOptions, names: list[str], records: list[dict], rounds: list, r
         kept = f"; its sweeps' records are in {o.json_path}" if o.json_path and records else ""
         raise TuneTimeout(f"--timeout {o.timeout_s:g} s reached before one round of {len(names)} sweeps ended: "
                           f"no table written{kept} (give more time, fewer --sizes or --algorithms)")
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """End a sweep and its ranks: SIGTERM to its session, SIGKILL if it has not ended 10 s later."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.communicate(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def winners(rounds: list[dict[str, dict[int, float]]]) -> dict[int, tuple[str, dict[str, float]]]:

@@ -84,3 +84,31 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_ending_a_session_ends_every_process_in_it_and_one_that_ignores_sigterm_too():
+    """end_session (tune's sweeps past its --timeout, the benchmarks' mpirun): the process and what it started
+    are gone, SIGKILL after the grace where SIGTERM is ignored."""
+    import os
+    import subprocess
+    import time
+
+    from commbench.lifetime import end_session
+
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & echo $!; wait"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    child = int(proc.stdout.readline())
+    started = time.monotonic()
+    end_session(proc, grace_s=0.5)
+    assert proc.poll() is not None and time.monotonic() - started < 30
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+            if open(f"/proc/{child}/stat").read().split()[2] == "Z":  # ended, not yet reaped by init
+                break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"pid {child} of the session still runs")
