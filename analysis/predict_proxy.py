@@ -25,31 +25,26 @@ from commbench.proxies.comm_plan import describe_calls
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, load_profile
 from commbench.proxies.run import ProxyUsageError
-from commbench.proxies.setups import Choice, Compute
+from commbench.proxies.setups import Compute
 from commbench.proxies.steps import ProxyResult, StepLog
 from commbench.proxies.timeline import flops_times_us, traced_words
 from commbench.results import CALIBRATED_ESTIMATE, CORPUS_PROVENANCE, FIT_PROVENANCE, RAW_ESTIMATE
-from commbench.step_terms import StepTerms
 from commbench.topology import Topology
 
 
 @dataclass(frozen=True)
 class ProxyPrediction:
-    """A predicted step and what it was predicted from: what its header, step and summary records say."""
-    profile: Profile
-    batch: int
+    """A predicted step and what it was predicted from: what its header, step and summary records say. `q` is
+    the question the step answers (the profile, batch, compute and its words, setup choice, algorithm, step
+    terms), asked once and kept whole."""
+    q: StepQuestion
     topo: Topology
     hw: Hardware
-    compute: Compute
-    compute_label: str  # where the compute comes from (--compute)
-    algorithm: str
-    choice: Choice  # the setup with its knobs settled for this layout
     step: StepPrediction
     interval: tuple[float, float] | None  # the step's 80% interval, us
     interval_source: str | None  # FIT_PROVENANCE or CORPUS_PROVENANCE
     terms: tuple[str, ...]  # predict-scaling's terms applied for a hardware without a fit
     estimate_us: float  # the step users see: calibrated where the corpus gave the interval, else the raw step
-    step_terms: StepTerms | None  # the step terms applied (predict_scaling.applied_terms)
 
     @property
     def calibrated(self) -> bool:
@@ -69,7 +64,7 @@ class ProxyPrediction:
 
     @property
     def samples(self) -> int:
-        return self.batch * self.choice.get("accumulate") * self.topo.world
+        return self.q.batch * self.q.choice.get("accumulate") * self.topo.world
 
 
 def predict_proxy(cfg: ProxyConfig, plan: Any, argv: list[str], hw: Hardware | None = None) -> int:
@@ -111,8 +106,8 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
     compute, label = _compute_split(profile, batch, cfg, hw, topo.ranks_per_node)
     algorithm = LIBRARY if cfg.backend.algorithm == "auto" else cfg.backend.algorithm  # the library's ring unless told
     choice = cfg.choice(topo.nodes, topo.ranks_per_node)
-    step_terms = applied_terms(hw)
-    q = StepQuestion(profile, batch, compute, choice, algorithm, cfg.bucketing, terms=step_terms)
+    q = StepQuestion(profile, batch, compute, choice, algorithm, cfg.bucketing, terms=applied_terms(hw),
+                     compute_label=label)
     hw, late, terms = _evidence_terms(hw, q, topo)
     q = q.at(straggler_us=late)
     step = predict_step(q, topo, hw)
@@ -122,8 +117,7 @@ def predict(cfg: ProxyConfig, topo: Topology, hw: Hardware | None = None) -> Pro
         interval = (min(interval[0], estimate), max(interval[1], estimate))
     elif topo.world > 1:
         interval, source, estimate = _corpus_interval(q, hw, step)
-    return ProxyPrediction(profile, batch, topo, hw, compute, label, algorithm, choice, step, interval, source, terms,
-                           estimate, step_terms)
+    return ProxyPrediction(q, topo, hw, step, interval, source, terms, estimate)
 
 
 def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig, hw: Hardware,
@@ -197,14 +191,14 @@ def _corpus_interval(q: StepQuestion, hw: Hardware,
 
 
 def _header(p: ProxyPrediction, cfg: ProxyConfig, argv: list[str]) -> dict:
-    c = p.compute
-    return {"kind": "predicted", "model": p.profile.name, "command": " ".join(argv),
+    c = p.q.compute
+    return {"kind": "predicted", "model": p.q.profile.name, "command": " ".join(argv),
             "compute_split_us": {"forward": c.forward_us, "backward": c.backward_us, "optimizer": c.optimizer_us,
                                  "ddp": c.own_us},
             "config": cfg.header_fields(), "hardware": p.hw.name, "topology": str(p.topo),
-            "calls": describe_calls(p.step.plan), "setup": p.choice.name, "knobs": dict(p.choice.knobs),
+            "calls": describe_calls(p.step.plan), "setup": p.q.choice.name, "knobs": dict(p.q.choice.knobs),
             "step_interval_us": list(p.interval) if p.interval else None, "interval_source": p.interval_source,
-            "step_terms": p.step_terms.summary() if p.step_terms else None, **_estimate_fields(p)}
+            "step_terms": p.q.terms.summary() if p.q.terms else None, **_estimate_fields(p)}
 
 
 def _estimate_fields(p: ProxyPrediction) -> dict:
@@ -212,17 +206,18 @@ def _estimate_fields(p: ProxyPrediction) -> dict:
 
 
 def _step_terms_line(p: ProxyPrediction) -> str:
-    return "step terms: " + (p.step_terms.said() if p.step_terms else "none (a fitted file without a step_terms "
+    return "step terms: " + (p.q.terms.said() if p.q.terms else "none (a fitted file without a step_terms "
                                                                       "block: its figures are measured)")
 
 
 def _header_lines(p: ProxyPrediction, cfg: ProxyConfig) -> list[str]:
     ranks = f"{p.topo.world} rank{'s' if p.topo.world != 1 else ''}"
-    return [f"predicted {p.profile.name} on {p.topo} ({ranks}) of {p.hw.name}, setup {p.choice.name}: "
-            f"{p.step.calls} call(s) per step, allreduce {p.algorithm} from the cost model; compute {p.compute_label}",
+    return [f"predicted {p.q.profile.name} on {p.topo} ({ranks}) of {p.hw.name}, setup {p.q.choice.name}: "
+            f"{p.step.calls} call(s) per step, allreduce {p.q.algorithm} from the cost model; "
+            f"compute {p.q.compute_label}",
             f"one step: the cost model predicts every step alike (--steps {cfg.steps} and --warmup-steps "
             f"{cfg.warmup_steps} do not apply to a prediction)",
-            *_interval_lines(p.hw, p.topo, p.algorithm, p.interval, p.interval_source),
+            *_interval_lines(p.hw, p.topo, p.q.algorithm, p.interval, p.interval_source),
             *p.terms, _step_terms_line(p)]
 
 
@@ -248,16 +243,16 @@ def _interval_lines(hw: Hardware, topo: Topology, algorithm: str, interval: tupl
 def _summary(p: ProxyPrediction, cfg: ProxyConfig, run_id: str) -> ProxyResult:
     """The summary record: one step, so every median is its p90."""
     t = p.times
-    return ProxyResult(kind="predicted", model=p.profile.name, backend=MODEL, **PREDICTED.fields(), library=p.hw.name,
+    return ProxyResult(kind="predicted", model=p.q.profile.name, backend=MODEL, **PREDICTED.fields(), library=p.hw.name,
                        device="-",
-                       world_size=p.topo.world, nnodes=p.topo.nodes, batch=p.batch, bucket_mb=cfg.bucket_mb,
-                       bucketing=cfg.bucketing, buckets=p.step.calls, gradient_bytes=p.profile.nbytes,
-                       compute=p.compute_label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
+                       world_size=p.topo.world, nnodes=p.topo.nodes, batch=p.q.batch, bucket_mb=cfg.bucket_mb,
+                       bucketing=cfg.bucketing, buckets=p.step.calls, gradient_bytes=p.q.profile.nbytes,
+                       compute=p.q.compute_label, steps=1, warmup_steps=0, compute_us_p50=t.compute_us,
                        compute_us_p90=t.compute_us, comm_us_p50=t.comm_us, comm_us_p90=t.comm_us,
                        exposed_comm_us_p50=t.exposed_comm_us, exposed_comm_us_p90=t.exposed_comm_us,
                        step_us_p50=t.step_us, step_us_p90=t.step_us, other_us_p50=t.other_us,
                        other_us_p90=t.other_us, samples_per_s=t.samples_per_s(p.samples) if t.step_us > 0 else None,
                        run_id=run_id,
                        step_interval_us=list(p.interval) if p.interval else None,
-                       interval_source=p.interval_source, setup=p.choice.name, knobs=dict(p.choice.knobs),
+                       interval_source=p.interval_source, setup=p.q.choice.name, knobs=dict(p.q.choice.knobs),
                        calibration_us=p.calibration_us, **_estimate_fields(p))
