@@ -154,10 +154,12 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     return forward, backward, {d: (t, x) for d, (t, x) in dims.items()}
 
 
-def model_compute_us(job: Job) -> tuple[float, float]:
-    """(forward us, backward us) of one micro-batch of `job.microbatch` sequences through the whole model on one
-    rank, no parallel dimension (DDP's data parallelism: what each replica computes), operator by operator from
-    the job's compute block (else its FLOPs at the job's rate)."""
+def model_compute_us(profile: Profile, hw: Hardware, batch: int, block: ComputeBlock, dtype: str,
+                     ranks_per_node: int) -> tuple[float, float]:
+    """(forward us, backward us) of `batch` sequences through a transformer profile's whole model on one rank, no
+    parallel dimension (data parallelism: what each replica computes), operator by operator from `block` read
+    in `dtype`, a CPU block's cores shared by `ranks_per_node` ranks (the rate the Job takes is not read)."""
+    job = Job(profile.transformer, profile, hw, ranks_per_node, batch, 1.0, "none", compute=block, compute_dtype=dtype)
     forward, backward, _ = _chunk_us(job, Parallelism(), range(job.shape.layers), head=True)
     return forward, backward
 

@@ -132,14 +132,13 @@ def _compute_split(profile: Profile, batch: int, cfg: ProxyConfig, hw: Hardware,
         compute = _measure_here(profile, batch, cfg)
         return compute, f"measured on this host (DDP's own work {compute.own_us / 1e3:.2f} ms, measured at 1 rank)"
     if cfg.compute == "block":  # a transformer's whole model on each replica, operator by operator
-        from commbench.analysis.predict_layout import Job, model_compute_us
+        from commbench.analysis.predict_layout import model_compute_us
         from commbench.costmodel.compute import compute_from_dict
 
         block = compute_from_dict(cfg.compute_block)
         dtype = block.meta.get("dtype", "float32")
-        job = Job(profile.transformer, profile, hw, ranks_per_node, batch, 1.0, "none", compute=block,
-                  compute_dtype=dtype)
-        return Compute(*model_compute_us(job)), f"each operator from the compute block of {block.device} ({dtype})"
+        return (Compute(*model_compute_us(profile, hw, batch, block, dtype, ranks_per_node)),
+                f"each operator from the compute block of {block.device} ({dtype})")
     return Compute(0.0, 0.0), "none"
 
 

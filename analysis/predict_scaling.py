@@ -66,10 +66,9 @@ def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | N
     """(forward_us, backward_us, label) of one step at `batch`, from the first of: a 1-GPU throughput
     (samples/s), a traced profile's time, an achieved rate (TFLOP/s), `block` (the hardware's compute block
     and the dtype to read it in, for a transformer profile: its operators at `batch` sequences, a CPU block's
-    cores shared by `ranks_per_node` ranks), the
-    hardware's peak for `precision`. Given rates are positive; ScalingError when none is given and the
-    hardware has no peak. A rate given for a traced profile (no FLOPs) times a step of 0 s, which
-    check_compute_us refuses with the label's advice."""
+    cores shared by `ranks_per_node` ranks), the hardware's peak for `precision`. Given rates are positive;
+    ScalingError when none is given and the hardware has no peak. A rate given for a traced profile (no FLOPs)
+    times a step of 0 s, which check_compute_us refuses with the label's advice."""
     forward_work, backward_work = profile.compute_work()
     share = forward_work / (forward_work + backward_work) if forward_work + backward_work > 0 else 0.0
     if throughput:
@@ -86,13 +85,10 @@ def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | N
         return 0.0, 0.0, (f"--tflops {tflops:g}: {profile.name} is a traced profile and counts no FLOPs; without "
                           f"--tflops its compute is the time traced on {traced.device}")
     if block is not None and not tflops and profile.transformer is not None:
-        from commbench.analysis.predict_layout import Job, model_compute_us
+        from commbench.analysis.predict_layout import model_compute_us
 
         compute, dtype = block
-        job = Job(profile.transformer, profile, hw, ranks_per_node or hw.ranks_per_node, batch,
-                  peak_tflops(hw, precision) or 1.0,
-                  "none", compute=compute, compute_dtype=dtype)
-        forward, backward = model_compute_us(job)
+        forward, backward = model_compute_us(profile, hw, batch, compute, dtype, ranks_per_node or hw.ranks_per_node)
         return forward, backward, (f"the compute block of {compute.device}, operator by operator, {dtype} "
                                    f"({_ms(forward + backward)} ms/step)")
     rate = tflops or peak_tflops(hw, precision)

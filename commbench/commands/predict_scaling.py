@@ -184,8 +184,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
     if not throughput and not tflops and profile.traced is None and profile.transformer is not None and hw.compute:
         from commbench.commands.predict_layouts import compute_block
 
-        block = compute_block(hw, profile.transformer)  # what it lacks is a warning, and one rate instead
-        block = block if block[0] is not None else None
+        found = compute_block(hw, profile.transformer)  # what it lacks is a warning, and one rate instead
+        block = found if found[0] is not None else None
     if not throughput and not tflops and not block and not S.peak_tflops(hw, precision) and profile.traced is None:
         raise UsageFault(f"{hw.name} gives no device_tflops for {precision}: pass --throughput-1gpu or --tflops")
     for name in dict.fromkeys(curves.algorithms):
