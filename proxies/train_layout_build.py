@@ -1,5 +1,6 @@
-"""A layout built on this rank: the Llama of proxies/train_layout_model.py laid out as a `LayoutSpec` on the
-4-D mesh ("pp", "dp", "cp", "tp"), tp innermost, with its step and its SGD optimizer.
+"""A layout built on this rank: the Llama of proxies/train_layout_model.py laid out as a layout (proxies/
+parallelism.py's Parallelism) on the 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost, with its step and its
+SGD optimizer.
 
 Each dimension is torch's own where torch has one that runs on CPU (proxies/train_layout_parts.py): TP by
 `parallelize_module`, PP by `torch.distributed.pipelining`'s stages and schedules, the data-parallel replicas
@@ -19,30 +20,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commbench.proxies.train_layout_model import DIMENSIONS, LayoutSpec, ModelShape, llama, loss, tokens
+from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.train_layout_model import (
+    DIMENSIONS,
+    ModelShape,
+    check_trainable,
+    llama,
+    loss,
+    replicas_wrapper,
+    tokens,
+)
 from commbench.proxies.train_layout_trace import mesh_labels
 
 
-def _meshes(spec: LayoutSpec):
+def _meshes(par: Parallelism):
     """The 4-D mesh, the data-parallel mesh of the dense parameters, and (EP) the experts' (edp, ep) mesh."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    mesh = init_device_mesh("cpu", (spec.pp, spec.dp, spec.cp, spec.tp), mesh_dim_names=DIMENSIONS)
-    dense = mesh["dp", "cp"]._flatten("dp_cp") if spec.cp > 1 else mesh["dp"]
+    mesh = init_device_mesh("cpu", (par.pp, par.dp, par.cp, par.tp), mesh_dim_names=DIMENSIONS)
+    dense = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]
     experts = None
-    if spec.ep > 1:
-        ranks = torch.arange(spec.world).view(spec.pp, spec.dp * spec.cp // spec.ep, spec.ep, spec.tp)
+    if par.ep > 1:
+        ranks = torch.arange(par.world).view(par.pp, par.dp * par.cp // par.ep, par.ep, par.tp)
         experts = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
     return mesh, dense, experts
 
 
-def _model(spec: LayoutSpec, shape: ModelShape, mesh, experts):
+def _model(par: Parallelism, shape: ModelShape, mesh, experts):
     """The whole model on this rank: ring attention over "cp" (CP), the experts' MoE (EP), the TP plan."""
     from commbench.proxies.train_layout_parts import tensor_parallel
 
     attention = "sdpa"
-    if spec.cp > 1:
+    if par.cp > 1:
         from transformers import AttentionInterface, AttentionMaskInterface
 
         from commbench.proxies.train_layout_ring import ring_attention
@@ -50,10 +60,10 @@ def _model(spec: LayoutSpec, shape: ModelShape, mesh, experts):
         AttentionInterface.register(attention, ring_attention(mesh.get_group("cp")))
         AttentionMaskInterface.register(attention, lambda *args, **kwargs: None)
     model = llama(shape, attention)
-    if spec.ep > 1:
+    if par.ep > 1:
         _moe(model, shape, experts)
-    if spec.tp > 1:
-        tensor_parallel(model, mesh["tp"], spec.sequence_parallel)
+    if par.tp > 1:
+        tensor_parallel(model, mesh["tp"], par.sequence_parallel)
     return model
 
 
@@ -70,16 +80,16 @@ def _moe(model, shape: ModelShape, experts) -> None:
         fully_shard(layer.mlp.experts_here, mesh=experts["edp"])
 
 
-def _replicas(spec: LayoutSpec, dense):
+def _replicas(par: Parallelism, dense):
     """The data-parallel wrapper of a module whose units are its decoder layers -> the module to run: FSDP2 on
     each unit and then the module (reshard after forward, `--setup fsdp-full`), or DDP around it (DDP's default
     buckets, `--setup ddp`); the module itself where the parameters have one replica."""
     from commbench.proxies.train_layout_parts import shard_data_parallel
 
     def wrap(module, units):
-        if spec.dp * spec.cp == 1:
+        if par.dp * par.cp == 1:
             return module
-        if spec.data_parallel == "ddp":
+        if replicas_wrapper(par) == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             return DistributedDataParallel(module, device_mesh=dense)
@@ -88,21 +98,21 @@ def _replicas(spec: LayoutSpec, dense):
     return wrap
 
 
-def _rank_tokens(spec: LayoutSpec, shape: ModelShape, mesh):
+def _rank_tokens(par: Parallelism, shape: ModelShape, mesh):
     """This rank's inputs, labels and positions: its data-parallel rank's batch, its CP block of the sequence."""
     import torch
 
     inputs, labels = tokens(shape, seed=mesh["dp"].get_local_rank())
-    block = shape.seq_len // spec.cp
+    block = shape.seq_len // par.cp
     positions = torch.arange(mesh["cp"].get_local_rank() * block, (mesh["cp"].get_local_rank() + 1) * block)
     return inputs[:, positions], labels[:, positions], positions.unsqueeze(0)
 
 
-def _dense(spec: LayoutSpec, shape: ModelShape, mesh, dense, experts):
+def _dense(par: Parallelism, shape: ModelShape, mesh, dense, experts):
     """The model without a pipeline, and its step: (forward + backward) -> loss."""
-    model = _model(spec, shape, mesh, experts)
-    run = _replicas(spec, dense)(model, list(model.model.layers))
-    inputs, labels, positions = _rank_tokens(spec, shape, mesh)
+    model = _model(par, shape, mesh, experts)
+    run = _replicas(par, dense)(model, list(model.model.layers))
+    inputs, labels, positions = _rank_tokens(par, shape, mesh)
 
     def step():
         value = loss(run(input_ids=inputs, position_ids=positions).logits, labels)
@@ -111,13 +121,13 @@ def _dense(spec: LayoutSpec, shape: ModelShape, mesh, dense, experts):
     return [run], step
 
 
-def _stage_examples(spec: LayoutSpec, shape: ModelShape):
+def _stage_examples(par: Parallelism, shape: ModelShape):
     """A stage's micro-batch input and output (first, last) -> (tensor, tensor): tokens in, logits out, hidden
     states between; this rank's CP block of the sequence, and under SP this TP rank's part of it."""
     import torch
 
-    rows, length = shape.batch // spec.microbatches, shape.seq_len // spec.cp
-    between = torch.empty(rows, length // (spec.tp if spec.sequence_parallel else 1), shape.hidden,
+    rows, length = shape.batch // par.microbatches, shape.seq_len // par.cp
+    between = torch.empty(rows, length // (par.tp if par.sequence_parallel else 1), shape.hidden,
                           requires_grad=True)  # a gradient goes back: the stage receives and sends one
 
     def examples(first: bool, last: bool):
@@ -126,15 +136,15 @@ def _stage_examples(spec: LayoutSpec, shape: ModelShape):
     return examples
 
 
-def _pipelined(spec: LayoutSpec, shape: ModelShape, mesh, dense, experts):
+def _pipelined(par: Parallelism, shape: ModelShape, mesh, dense, experts):
     """The pipeline stages of this rank and their step: the schedule over the micro-batches."""
     from commbench.proxies.train_layout_parts import pipeline_schedule, pipeline_stages
 
-    model = _model(spec, shape, mesh, experts)
-    inputs, labels, positions = _rank_tokens(spec, shape, mesh)
-    stages = pipeline_stages(model, mesh, spec.virtual, positions, _replicas(spec, dense),
-                             _stage_examples(spec, shape))
-    schedule = pipeline_schedule(stages, spec.schedule, spec.microbatches, loss)
+    model = _model(par, shape, mesh, experts)
+    inputs, labels, positions = _rank_tokens(par, shape, mesh)
+    stages = pipeline_stages(model, mesh, par.virtual_stages, positions, _replicas(par, dense),
+                             _stage_examples(par, shape))
+    schedule = pipeline_schedule(stages, par.pp_schedule, par.microbatches, loss)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
 
     def step():
@@ -161,21 +171,22 @@ class BuiltLayout:
         return value
 
 
-def build_layout(spec: LayoutSpec, shape: ModelShape) -> BuiltLayout:
-    """The model of `shape` laid out as `spec` on this rank's initialised gloo process group (every rank
+def build_layout(par: Parallelism, shape: ModelShape) -> BuiltLayout:
+    """The model of `shape` laid out as `par` on this rank's initialised gloo process group (every rank
     calls it: the mesh's groups are made collectively), with its SGD optimizer."""
     import torch
+    import torch.distributed as dist
 
-    spec.check(shape)
-    mesh, dense, experts = _meshes(spec)
+    check_trainable(par, shape, dist.get_world_size())
+    mesh, dense, experts = _meshes(par)
     torch.manual_seed(0)  # the same initial weights on every rank
-    modules, forward_backward = (_pipelined if spec.pp > 1 else _dense)(spec, shape, mesh, dense, experts)
+    modules, forward_backward = (_pipelined if par.pp > 1 else _dense)(par, shape, mesh, dense, experts)
     # taken before the first forward: DDP over TP parameters swaps the module's own for DTensors in each forward
     parameters = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
     # groups by their ranks: with dp 1 the dp_cp group is the cp group (labelled cp), with ep = dp x cp the ep
     # group is the data-parallel one (labelled ep)
-    extra = {"dp_cp": dense.get_group()} if spec.cp > 1 and spec.dp > 1 else {}
+    extra = {"dp_cp": dense.get_group()} if par.cp > 1 and par.dp > 1 else {}
     if experts is not None:
         extra.update(edp=experts.get_group("edp"), ep=experts.get_group("ep"))
     coordinates = mesh.get_coordinate() and dict(zip(DIMENSIONS, mesh.get_coordinate()))

@@ -1,53 +1,39 @@
-"""What `train --layout` trains: a layout's degrees on the ranks (`LayoutSpec`) and the small Llama it trains
-(`ModelShape`, transformers' LlamaForCausalLM), with its synthetic tokens and loss. proxies/train_layout_build.py
+"""What `train --layout` trains: the small Llama (`ModelShape`, transformers' LlamaForCausalLM) with its
+synthetic tokens and loss, and what a layout (proxies/parallelism.py's Parallelism, the one value of a
+layout's degrees) must be to train it here (`check_trainable`). proxies/train_layout_build.py
 lays the model out; proxies/train_layouts.py runs it and says what torch issues."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DIMENSIONS = ("pp", "dp", "cp", "tp")  # the mesh, outermost first: tp innermost (consecutive ranks)
-DATA_PARALLEL = ("fsdp", "ddp")
 
 
-@dataclass(frozen=True)
-class LayoutSpec:
-    """Degrees of a layout on `world` ranks; dp is what is left. EP borrows ep consecutive ranks of the
-    flattened (dp, cp) ranks; pp > 1 runs `schedule` over `microbatches` with `virtual` stages per rank; the
-    dp x cp replicas of each parameter are kept by `data_parallel`."""
-    world: int = 4
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    sequence_parallel: bool = False
-    schedule: str = "1f1b"
-    microbatches: int = 4
-    virtual: int = 1
-    data_parallel: str = "fsdp"  # the replicas' wrapper: "fsdp" (FSDP2 fully_shard) or "ddp" (DistributedDataParallel)
+def replicas_wrapper(par) -> str:
+    """What keeps a layout's dp x cp replicas of each parameter here: "fsdp" (FSDP2 fully_shard) or "ddp"
+    (DistributedDataParallel), as the layout's setup trains (proxies/setups.py); "" for a setup not trained."""
+    from commbench.proxies.setups import SETUPS
 
-    @property
-    def dp(self) -> int:
-        return self.world // (self.tp * self.pp * self.cp)
+    return SETUPS[par.setup].trains_as if par.setup in SETUPS else ""
 
-    def check(self, shape: ModelShape) -> None:
-        """One ValueError for a layout that cannot run this shape."""
-        if self.tp * self.pp * self.cp * self.dp != self.world:
-            raise ValueError(f"tp {self.tp} x pp {self.pp} x cp {self.cp} does not divide {self.world} ranks")
-        if shape.heads % self.tp or shape.kv_heads % self.tp:
-            raise ValueError(f"tp {self.tp} does not divide {shape.heads} heads and {shape.kv_heads} kv heads")
-        if shape.layers % (self.pp * self.virtual):
-            raise ValueError(f"pp {self.pp} x {self.virtual} virtual stages does not divide {shape.layers} layers")
-        if self.data_parallel not in DATA_PARALLEL or (self.data_parallel == "ddp" and self.ep > 1):
-            raise ValueError(f"data parallelism {self.data_parallel!r} with ep {self.ep}: choose fsdp (any ep) or "
-                             "ddp (ep 1)")
-        if (self.dp * self.cp) % self.ep or (self.ep > 1 and shape.experts % self.ep):
-            raise ValueError(f"ep {self.ep} does not divide dp x cp {self.dp * self.cp} and {shape.experts} experts")
-        if self.schedule not in SCHEDULES or (self.virtual > 1) != (self.schedule == "interleaved" and self.pp > 1):
-            raise ValueError(f"schedule {self.schedule!r} with {self.virtual} virtual stage(s)")
-        if (self.pp > 1 and shape.batch % self.microbatches) or \
-                shape.seq_len % (self.cp * (self.tp if self.sequence_parallel else 1)):
-            raise ValueError(f"{self.microbatches} micro-batches or the sequence split does not fit {shape}")
+
+def check_trainable(par, shape: ModelShape, world: int | None = None) -> None:
+    """One ValueError for a layout (proxies/parallelism.py's Parallelism) that cannot train `shape` on `world`
+    ranks here: what `Parallelism.check` refuses, then what this Llama needs beyond it (whole key/value heads
+    and as many layers on each TP rank and stage, DDP without experts, micro-batches and sequence split evenly)."""
+    par.check(gpus=world, shape=shape)
+    if shape.heads % par.tp or shape.kv_heads % par.tp:
+        raise ValueError(f"tp {par.tp} does not divide {shape.heads} heads and {shape.kv_heads} kv heads")
+    if shape.layers % (par.pp * par.virtual_stages):
+        raise ValueError(f"pp {par.pp} x {par.virtual_stages} virtual stages does not divide {shape.layers} layers")
+    wrapper = replicas_wrapper(par)
+    if wrapper not in ("fsdp", "ddp") or (wrapper == "ddp" and par.ep > 1):
+        raise ValueError(f"data parallelism {par.setup!r} with ep {par.ep}: choose fsdp-full (any ep) or ddp (ep 1)")
+    if par.pp > 1 and (par.virtual_stages > 1) != (par.pp_schedule == "interleaved"):
+        raise ValueError(f"schedule {par.pp_schedule!r} with {par.virtual_stages} virtual stage(s)")
+    if (par.pp > 1 and shape.batch % par.microbatches) or \
+            shape.seq_len % (par.cp * (par.tp if par.sequence_parallel else 1)):
+        raise ValueError(f"{par.microbatches} micro-batches or the sequence split does not fit {shape}")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import time
 
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.train_layout_build import build_layout
-from commbench.proxies.train_layouts import spec_of
+from commbench.proxies.train_layout_model import replicas_wrapper
+from commbench.proxies.train_layouts import trained_shape
 
 
 def train_layout_steps(ctx) -> None:
@@ -22,13 +23,13 @@ def train_layout_steps(ctx) -> None:
 
     cfg, backend = ctx.cfg, ctx.backend
     par = Parallelism(**cfg.layout)
-    spec, shape = spec_of(par, ctx.profile.transformer, cfg.microbatch)
+    shape = trained_shape(par, ctx.profile.transformer, cfg.microbatch)
     torch.set_num_threads(1)  # CPU ranks sharing the host's cores, as the replay's
-    built = build_layout(spec, shape)
+    built = build_layout(par, shape)
     ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
     pipeline = (f"; pipeline {par.pp_schedule}" + (f" with {par.virtual_stages} virtual stages"
                                                    if par.virtual_stages > 1 else "")) if par.pp > 1 else ""
-    wrapper = {"fsdp": "FSDP2", "ddp": "DDP"}[spec.data_parallel]
+    wrapper = {"fsdp": "FSDP2", "ddp": "DDP"}[replicas_wrapper(par)]
     data = f"{wrapper} on dp x cp = {par.dp * par.cp} ranks" if par.dp * par.cp > 1 else "no data-parallel replicas"
     try:
         ctx.start("real", [f"real training of layout {par.name} on {par.world} ranks: a transformers Llama of the "

@@ -48,15 +48,15 @@ import time
 from dataclasses import dataclass, field
 
 from commbench.proxies.train_layout_build import build_layout
-from commbench.proxies.train_layout_model import LayoutSpec, ModelShape
+from commbench.proxies.train_layout_model import ModelShape, check_trainable
 from commbench.proxies.train_layout_trace import trace_mode
 
-__all__ = ["LayoutRun", "LayoutSpec", "ModelShape", "build_layout", "run_layout", "spec_of", "train_layouts"]
+__all__ = ["LayoutRun", "ModelShape", "build_layout", "run_layout", "train_layouts", "trained_shape"]
 
 
-def spec_of(par, transformer, microbatch: int) -> tuple[LayoutSpec, ModelShape]:
-    """A layout as `proxy --layout` spells it (proxies/parallelism.py's Parallelism) and a profile's shape, as
-    trained here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
+def trained_shape(par, transformer, microbatch: int) -> ModelShape:
+    """The shape a layout (proxies/parallelism.py's Parallelism, as `--layout` spells it) trains of a profile's
+    transformer here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
     One ValueError for what this trainer cannot run: where there are replicas, a data-parallel part other
     than DDP (`ddp`) or FSDP2 (`fsdp-full`), or DDP beside expert parallelism; the experts' own tensor
     parallelism (etp1); micro-batches without a pipeline."""
@@ -78,12 +78,8 @@ def spec_of(par, transformer, microbatch: int) -> tuple[LayoutSpec, ModelShape]:
         raise ValueError("train --layout runs micro-batches through a pipeline only: without pp give --microbatch "
                          "(sequences per step), not --microbatches")
     shape = ModelShape.of(transformer, batch=microbatch * par.microbatches)
-    spec = LayoutSpec(world=par.world, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
-                      sequence_parallel=par.sequence_parallel, schedule=par.pp_schedule,
-                      microbatches=par.microbatches, virtual=par.virtual_stages if par.pp > 1 else 1,
-                      data_parallel="fsdp" if fsdp else "ddp")
-    spec.check(shape)
-    return spec, shape
+    check_trainable(par, shape)
+    return shape
 
 
 @dataclass
@@ -96,12 +92,12 @@ class LayoutRun:
     losses: list = field(default_factory=list)
 
 
-def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
-    """Train `steps` optimizer steps (SGD) of a layout on this rank's initialised gloo process group and
+def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
+    """Train `steps` optimizer steps (SGD) of a layout (a Parallelism) on this rank's initialised gloo process group and
     trace the last `traced`: every call each issues, by mesh dimension."""
     import torch.distributed as dist
 
-    built = build_layout(spec, shape)
+    built = build_layout(par, shape)
     run = LayoutRun(dist.get_rank(), built.coordinates)
     for index in range(steps):
         calls = []
@@ -115,7 +111,7 @@ def run_layout(spec: LayoutSpec, shape: ModelShape, steps: int = 4, traced: int 
     return run
 
 
-def _rank(rank: int, world: int, port: int, specs: dict, shape_of: dict, steps: int, out) -> None:
+def _rank(rank: int, world: int, port: int, layouts: dict, shape_of: dict, steps: int, out) -> None:
     import torch
     import torch.distributed as dist
 
@@ -123,9 +119,9 @@ def _rank(rank: int, world: int, port: int, specs: dict, shape_of: dict, steps: 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for name, spec in specs.items():
+        for name, par in layouts.items():
             try:
-                out.put((name, rank, run_layout(spec, shape_of[name], steps)))
+                out.put((name, rank, run_layout(par, shape_of[name], steps)))
             except Exception as error:  # said to the parent, which stops waiting
                 out.put((name, rank, f"{type(error).__name__}: {error}"))
                 raise
@@ -134,8 +130,8 @@ def _rank(rank: int, world: int, port: int, specs: dict, shape_of: dict, steps: 
         dist.destroy_process_group()
 
 
-def train_layouts(specs: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300) -> dict:
-    """Spawn `world` local gloo ranks that run each named layout in turn: name -> [LayoutRun per rank].
+def train_layouts(layouts: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300) -> dict:
+    """Spawn `world` local gloo ranks that run each named layout (a Parallelism) in turn: name -> [LayoutRun per rank].
     A rank that fails, dies or sends nothing for `timeout_s` ends the job with one RuntimeError."""
     import queue
 
@@ -146,12 +142,12 @@ def train_layouts(specs: dict, shape_of: dict, world: int = 4, steps: int = 4, t
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, specs, shape_of, steps, out)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, layouts, shape_of, steps, out)) for r in range(world)]
     for proc in procs:
         proc.start()
-    results: dict = {name: [None] * world for name in specs}
+    results: dict = {name: [None] * world for name in layouts}
     try:
-        waited_s, left = 0.0, len(specs) * world
+        waited_s, left = 0.0, len(layouts) * world
         while left:
             try:
                 name, rank, run = out.get(timeout=1.0)

@@ -89,9 +89,9 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
         if not training and compute == "measured":
             _check_measured(o, par, shape)
         if training:
-            from commbench.proxies.train_layouts import spec_of
+            from commbench.proxies.train_layouts import trained_shape
 
-            spec_of(par, shape, o.microbatch)
+            trained_shape(par, shape, o.microbatch)
     except (LayoutError, SetupError, ValueError) as exc:
         raise UsageFault(str(exc)) from exc
     return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": o.microbatch,

@@ -13,35 +13,46 @@ from collections import Counter
 import pytest
 from conftest import clean_env
 
+from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.profile import load_profile
+from commbench.proxies.train_layout_model import check_trainable
 from commbench.proxies.train_layout_trace import totals
-from commbench.proxies.train_layouts import LayoutSpec, ModelShape, train_layouts
+from commbench.proxies.train_layouts import ModelShape, train_layouts
 
 F32 = 4
 # the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2
 DENSE = ModelShape.of(load_profile("llama-tiny").transformer, batch=4)
 MOE = dataclasses.replace(DENSE, experts=4, top_k=2)
+
+
+def _layout(world: int = 4, setup: str = "fsdp-full", **degrees) -> Parallelism:
+    """A layout on `world` ranks, dp what the others leave; 4 micro-batches through a pipeline."""
+    rest = degrees.get("tp", 1) * degrees.get("pp", 1) * degrees.get("cp", 1)
+    micro = {"microbatches": 4} if degrees.get("pp", 1) > 1 else {}
+    return Parallelism(dp=max(1, world // rest), setup=setup, **{**micro, **degrees})
+
+
 STEPS = 4  # the last two traced: DDP rebuilds its buckets in the second step's forward (a broadcast of their order)
 LAYOUTS = {
-    "dp4": (LayoutSpec(), DENSE),
-    "tp2 dp2": (LayoutSpec(tp=2), DENSE),
-    "tp2 sp dp2": (LayoutSpec(tp=2, sequence_parallel=True), DENSE),
-    "pp2 dp2 1f1b": (LayoutSpec(pp=2, schedule="1f1b"), DENSE),
-    "pp2 dp2 gpipe": (LayoutSpec(pp=2, schedule="gpipe"), DENSE),
-    "pp2 dp2 interleaved": (LayoutSpec(pp=2, schedule="interleaved", virtual=2), DENSE),
-    "cp2 dp2": (LayoutSpec(cp=2), DENSE),
-    "ep2 dp4": (LayoutSpec(ep=2), MOE),
+    "dp4": (_layout(), DENSE),
+    "tp2 dp2": (_layout(tp=2), DENSE),
+    "tp2 sp dp2": (_layout(tp=2, sequence_parallel=True), DENSE),
+    "pp2 dp2 1f1b": (_layout(pp=2, pp_schedule="1f1b"), DENSE),
+    "pp2 dp2 gpipe": (_layout(pp=2, pp_schedule="gpipe"), DENSE),
+    "pp2 dp2 interleaved": (_layout(pp=2, pp_schedule="interleaved", virtual_stages=2), DENSE),
+    "cp2 dp2": (_layout(cp=2), DENSE),
+    "ep2 dp4": (_layout(ep=2), MOE),
     # DDP as the data-parallel part, beside TP and under a pipeline
-    "tp2 ddp2": (LayoutSpec(tp=2, data_parallel="ddp"), DENSE),
-    "pp2 ddp2 1f1b": (LayoutSpec(pp=2, data_parallel="ddp"), DENSE),
+    "tp2 ddp2": (_layout(tp=2, setup="ddp"), DENSE),
+    "pp2 ddp2 1f1b": (_layout(pp=2, setup="ddp"), DENSE),
     # CP and EP beside a pipeline (dp 1: FSDP2 shards over the cp group; ep = dp: the ep group is the dp group)
-    "pp2 cp2": (LayoutSpec(pp=2, cp=2), DENSE),
-    "pp2 ep2 dp2": (LayoutSpec(pp=2, ep=2), MOE),
+    "pp2 cp2": (_layout(pp=2, cp=2), DENSE),
+    "pp2 ep2 dp2": (_layout(pp=2, ep=2), MOE),
     # EP beside TP with sequence parallelism: the MoE's tokens gathered over TP as the dense MLP's (issue 48: its
     # router's plain weights met TP's DTensor input, aten.mm "got mixed torch.Tensor and DTensor")
-    "tp2 sp ep2 dp2": (LayoutSpec(tp=2, sequence_parallel=True, ep=2), MOE),
+    "tp2 sp ep2 dp2": (_layout(tp=2, sequence_parallel=True, ep=2), MOE),
     # SP beside a pipeline (dp 1): the hidden states crossing a stage boundary are this TP rank's part
-    "pp2 tp2 sp": (LayoutSpec(pp=2, tp=2, sequence_parallel=True), DENSE),
+    "pp2 tp2 sp": (_layout(pp=2, tp=2, sequence_parallel=True), DENSE),
 }
 
 
@@ -102,7 +113,7 @@ def _beside_a_pipeline(name, rank):
     first, last = stage == 0, stage == spec.pp - 1
     elements = layers * _layer_elements(shape, spec.tp, bool(shape.experts)) + _root(shape, first, last) // F32
     activation = rows * length * shape.hidden * F32
-    if spec.data_parallel == "ddp":
+    if spec.setup == "ddp":
         calls = _ddp(F32 * elements, 0 if spec.pp > 1 else F32 * shape.head_dim)
     elif spec.dp * spec.cp == 1:  # one replica: no wrapper
         calls = Counter()
@@ -132,7 +143,7 @@ def _beside_a_pipeline(name, rank):
 
 def _expected(name, rank):
     spec, shape = LAYOUTS[name]
-    if spec.data_parallel == "ddp" or (spec.pp > 1 and (spec.cp * spec.ep > 1 or spec.sequence_parallel)):
+    if spec.setup == "ddp" or (spec.pp > 1 and (spec.cp * spec.ep > 1 or spec.sequence_parallel)):
         return _beside_a_pipeline(name, rank)
     activation = shape.batch * shape.seq_len * shape.hidden * F32
     layers = shape.layers
@@ -156,7 +167,7 @@ def _expected(name, rank):
             calls[("allreduce", activation, "tp")] = 7 * layers
         return calls
     if name.startswith("pp2"):
-        stages = spec.pp * spec.virtual
+        stages = spec.pp * spec.virtual_stages
         mine = range(rank // 2, stages, spec.pp)  # rank = pp x 2 + dp
         roots = [r for r in (_root(shape, i == 0, i == stages - 1) for i in mine) if r]
         calls = _fsdp(F32 * _layer_elements(shape), layers // spec.pp, roots, "dp", spec.microbatches)
@@ -274,16 +285,18 @@ def test_step_times_are_recorded(runs):
     assert all(len(run.step_time_us) == STEPS and min(run.step_time_us) > 0 for name in runs for run in runs[name])
 
 
-@pytest.mark.parametrize("spec, says", [
-    (LayoutSpec(tp=3), "does not divide 4 ranks"),
-    (LayoutSpec(tp=4, world=8), "does not divide 4 heads and 2 kv heads"),
-    (LayoutSpec(pp=4, virtual=2, schedule="interleaved"), "does not divide 4 layers"),
-    (LayoutSpec(ep=3, world=6, tp=2), "ep 3 does not divide"),
-    (LayoutSpec(pp=2, virtual=2), "schedule '1f1b' with 2 virtual"),
+@pytest.mark.parametrize("par, world, says", [
+    (_layout(tp=3), 4, "= 3 GPUs, not 4"),
+    (_layout(tp=4, world=8), 8, "does not divide 4 heads and 2 kv heads"),
+    (_layout(pp=4, virtual_stages=2, pp_schedule="interleaved"), 4, "8 pipeline stages for the model's 4 layers"),
+    (_layout(ep=3, world=6, tp=2), 6, "ep = 3 does not divide the model's 4 experts"),
+    (_layout(pp=2, virtual_stages=2), 4, "--virtual-stages 2 needs --pp-schedule interleaved"),
+    (_layout(pp=2, world=2, microbatches=3), 2, "3 micro-batches or the sequence split"),
+    (_layout(tp=2, setup="zero1"), 4, "data parallelism 'zero1'"),
 ])
-def test_a_layout_that_cannot_run_is_refused(spec, says):
+def test_a_layout_that_cannot_run_is_refused(par, world, says):
     with pytest.raises(ValueError, match=says):
-        spec.check(MOE)
+        check_trainable(par, MOE, world)
 
 
 def test_a_shape_this_llama_cannot_build_is_refused():
@@ -296,8 +309,8 @@ def test_a_rank_that_fails_ends_the_job_in_one_error():
     """The layout is checked on the rank: its ValueError comes back as the job's one RuntimeError, at once."""
     old = {k: os.environ.pop(k) for k in list(os.environ) if k not in clean_env()}
     try:
-        with pytest.raises(RuntimeError, match="rank 0 failed in layout bad: ValueError: tp 2 x pp 1 x cp 1"):
-            train_layouts({"bad": LayoutSpec(world=1, tp=2)}, {"bad": DENSE}, world=1, steps=1, timeout_s=60)
+        with pytest.raises(RuntimeError, match="rank 0 failed in layout bad: LayoutError: .* = 2 GPUs, not 1"):
+            train_layouts({"bad": _layout(world=1, tp=2)}, {"bad": DENSE}, world=1, steps=1, timeout_s=60)
     finally:
         os.environ.update(old)
 
@@ -305,16 +318,12 @@ def test_a_rank_that_fails_ends_the_job_in_one_error():
 def _planned(name: str, rank: int):
     """proxies/layout_calls.step_bytes in torch's style for this layout and the rank's pipeline stage."""
     from commbench.proxies.layout_calls import step_bytes
-    from commbench.proxies.parallelism import Parallelism
 
     spec, shape = LAYOUTS[name]
     moe = {"experts": shape.experts, "top_k": shape.top_k, "expert_ffn": shape.ffn} if shape.experts else {}
     model = dataclasses.replace(load_profile("llama-tiny").transformer, dtype_bytes=F32, **moe)
     micro = spec.microbatches if spec.pp > 1 else 1
-    par = Parallelism(tp=spec.tp, pp=spec.pp, cp=spec.cp, ep=spec.ep, dp=spec.dp,
-                      sequence_parallel=spec.sequence_parallel, pp_schedule=spec.schedule, microbatches=micro,
-                      virtual_stages=spec.virtual)
-    return step_bytes(par, model, shape.batch // micro, stage=par.coords(rank)["pp"], style="torch")
+    return step_bytes(spec, model, shape.batch // micro, stage=spec.coords(rank)["pp"], style="torch")
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "dp4"])
