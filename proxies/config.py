@@ -4,10 +4,11 @@ one BackendConfig inside it, settled by the backend's class before any rank star
 (commands/backend_options.py), as the sweep's are."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from commbench.backends.base import BackendConfig, RanksConfig
+from commbench.proxies.parallelism import Parallelism
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,21 @@ class ProxyConfig(RanksConfig):
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
     setup: str = "ddp"  # proxies/setups.py
     knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
-    # proxy --layout: a parallel layout's fields (proxies/parallelism.py Parallelism), replayed by
-    # proxies/replay_layout.py on micro-batches of `microbatch` sequences; None: data parallel alone
-    layout: dict[str, Any] | None = None
+    # proxy --layout, train --layout: the parallel layout, replayed by proxies/replay_layout.py (trained by
+    # proxies/train_layout_run.py) on micro-batches of `microbatch` sequences; None: data parallel alone
+    layout: Parallelism | None = None
     microbatch: int = 1
     compute_block: dict[str, Any] | None = None  # --compute block: the block, as the hardware file holds it
     checkpointing: str = "none"
+
+    @classmethod
+    def from_json(cls, text: str) -> ProxyConfig:
+        cfg = super().from_json(text)  # JSON holds the layout's fields: the ranks get the value itself back
+        return replace(cfg, layout=Parallelism(**cfg.layout)) if isinstance(cfg.layout, dict) else cfg
+
+    def header_fields(self) -> dict[str, Any]:
+        fields = super().header_fields()
+        return {**fields, "layout": asdict(self.layout)} if self.layout is not None else fields
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
         """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""

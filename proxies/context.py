@@ -58,7 +58,7 @@ class RankContext:
         record = {"kind": self.kind, "model": profile.name, "command": " ".join(self.argv),
                   "config": self.cfg.header_fields(), "ranks": environment, "versions": software_versions(),
                   "buckets": B.describe(self.buckets), "summary_fields": self.fixed, **(extra or {})}
-        replicas = self.cfg.layout["dp"] if getattr(self.cfg, "layout", None) else world  # a layout's dp ranks
+        replicas = self.cfg.layout.dp if getattr(self.cfg, "layout", None) else world  # a layout's dp ranks
         self.log = StepLog(self.cfg.json_path, self.backend.rank == 0,
                            self.batch * replicas * self.choice.get("accumulate"))
         if self.cfg.monitor:  # every rank: the ranks' GPUs are gathered

@@ -326,7 +326,7 @@ def replay_layout_steps(ctx) -> None:
     import torch
 
     cfg, backend = ctx.cfg, ctx.backend
-    par = Parallelism(**cfg.layout)
+    par = cfg.layout
     shape = ctx.profile.transformer
     torch.set_num_threads(1)  # the ranks share the host's cores, as train --layout's do
     rate = cfg.tflops * 1e6 if cfg.compute == "flops" and cfg.tflops else 0.0

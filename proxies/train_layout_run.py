@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import time
 
-from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.train_layout_build import build_layout
 from commbench.proxies.train_layout_model import replicas_wrapper
 from commbench.proxies.train_layouts import trained_shape
@@ -22,7 +21,7 @@ def train_layout_steps(ctx) -> None:
     import torch
 
     cfg, backend = ctx.cfg, ctx.backend
-    par = Parallelism(**cfg.layout)
+    par = cfg.layout
     shape = trained_shape(par, ctx.profile.transformer, cfg.microbatch)
     torch.set_num_threads(1)  # CPU ranks sharing the host's cores, as the replay's
     built = build_layout(par, shape)

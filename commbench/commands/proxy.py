@@ -179,7 +179,7 @@ def _validate(cfg, plan, keep: bool, force: bool) -> int:
 
     lead = plan.lead
     if lead:
-        what = f"layout {_layout_name(cfg)}" if cfg.layout else f"setup {cfg.setup}"
+        what = f"layout {cfg.layout.name}" if cfg.layout else f"setup {cfg.setup}"
         click.echo(f"# validate: real training of {what} with the same model, batch, ranks, knobs and "
                    f"backend" + _validate_eta(cfg))
     train_cfg = R.train_twin(cfg)
@@ -205,12 +205,6 @@ def _validate_eta(cfg) -> str:
     seconds = steps * summary["step_us_p50"] / 1e6
     shown = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
     return f": {steps} steps, about {shown} s at the replay's median step, and the model's build"
-
-
-def _layout_name(cfg) -> str:
-    from commbench.proxies.parallelism import Parallelism
-
-    return Parallelism(**cfg.layout).name
 
 
 # ---------------------------------------------------------------- profiles

@@ -94,7 +94,7 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
             trained_shape(par, shape, o.microbatch)
     except (LayoutError, SetupError, ValueError) as exc:
         raise UsageFault(str(exc)) from exc
-    return {"layout": {k: v for k, v in par.to_dict().items() if k != "layout"}, "microbatch": o.microbatch,
+    return {"layout": par, "microbatch": o.microbatch,
             "checkpointing": o.checkpointing, "setup": par.setup}
 
 

@@ -49,6 +49,19 @@ def test_a_proxy_config_reaches_the_ranks_unchanged_and_heads_its_file_flat():
                                                                                             40.0)
 
 
+def test_a_layout_reaches_the_ranks_as_the_value_itself_and_heads_its_file_as_its_fields():
+    """proxy --layout's config carries a Parallelism (issue 46: the layout was a dict on its way to the ranks)."""
+    from dataclasses import asdict
+
+    from commbench.proxies.parallelism import parse_layout
+
+    par = parse_layout("tp2,pp2,fsdp2@interleaved:2", microbatches=4)
+    cfg = ProxyConfig(model="llama-tiny", backend=BackendConfig(backend="torch", nprocs=8), layout=par)
+    back = ProxyConfig.from_json(cfg.to_json())
+    assert back == cfg and isinstance(back.layout, type(par)) and back.layout.name == "tp2,pp2,fsdp2@interleaved:2"
+    assert cfg.header_fields()["layout"] == asdict(par)  # the header's fields, as files have always held them
+
+
 @pytest.fixture
 def started(monkeypatch):
     """The configs that validation let start (no rank starts)."""
