@@ -305,10 +305,9 @@ def layout_memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
     elif within_node:  # HSDP: the replicas inside a node
         degree = _replica_layout(job, par)[1]
     sharding = choice.setup.memory_sharding
-    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, job.microbatch, held, sharding, job.checkpointing,
-                      par.sequence_parallel, par.expert_tp, shard_degree=degree,
-                      gradients_held=not (sharding == "fsdp" and par.pp == 1 and par.microbatches == 1))
-    return M.memory_per_gpu(job.shape, layout)
+    choices = M.MemoryChoices(job.microbatch, held, sharding, job.checkpointing, shard_degree=degree,
+                              gradients_held=not (sharding == "fsdp" and par.pp == 1 and par.microbatches == 1))
+    return M.memory_per_gpu(job.shape, par, choices)
 
 
 def rank_layouts(job: Job, layouts: list[Parallelism]) -> list[LayoutPrediction]:

@@ -90,8 +90,7 @@ def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtyp
         root = block.framework_us if fsdp else {}
         out.update(head_forward_us=head.forward_us + root.get("fsdp_unit_forward", 0.0),
                    head_backward_us=head.backward_us + root.get("fsdp_unit_backward", 0.0))
-    layout = M.Layout(par.tp, par.pp, par.cp, par.ep, par.dp, microbatch, expert_tp=par.expert_tp)
-    dense, experts, _ = M.stage_parameters(shape, layout, stage)
+    dense, experts, _ = M.stage_parameters(shape, par, stage)
     shards = optimizer_shards(par, setup)
     out["optimizer_us"] = block.memory_us(5 * 4 * (dense + experts) / shards)
     return RankCompute(**out)

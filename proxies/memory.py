@@ -1,11 +1,11 @@
 """Memory per GPU of a parallel layout: parameters, gradients, optimizer state and activations.
 
-A layout is plain integers here: tp, pp, cp, ep, dp (world = tp * pp * cp * dp; the EP group is
-drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it, and as proxies/parallelism.py
-lays it out), the micro-batch size in sequences, and the micro-batches whose activations each
-pipeline stage holds at once (1F1B: stage k holds pp - k; any schedule: per stage, as
-proxies/pipeline.py's `in_flight` counts them from the schedule's order). Formulas and their
-sources: docs/layouts.md, "Shapes and memory".
+A layout's degrees are proxies/parallelism.py's Parallelism: tp, pp, cp, ep, dp (world = tp * pp * cp * dp;
+the EP group is drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it), sequence
+parallelism and the experts' tp. `MemoryChoices` holds the rest: the micro-batch size in sequences, the
+sharding, checkpointing, and the micro-batches whose activations each pipeline stage holds at once
+(1F1B: stage k holds pp - k; any schedule: per stage, as proxies/pipeline.py's `in_flight` counts them
+from the schedule's order). Formulas and their sources: docs/layouts.md, "Shapes and memory".
 
 - Model states follow ZeRO's accounting (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
   Toward Training Trillion Parameter Models", sec. 3.1 and 5): mixed-precision Adam keeps 2 bytes
@@ -22,8 +22,12 @@ sources: docs/layouts.md, "Shapes and memory".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from commbench.proxies.transformer import TransformerShape
+
+if TYPE_CHECKING:  # the degrees are read off the layout; parallelism.py's table of setups is not needed here
+    from commbench.proxies.parallelism import Parallelism
 
 CHECKPOINTING = ("none", "selective", "full")
 SHARDING = ("none", "zero1", "zero2", "fsdp")
@@ -51,7 +55,7 @@ class MemoryBreakdown:
     optimizer_nbytes: int
     activations_nbytes: int
     buffers_nbytes: int  # FSDP's gathered layers
-    gradients_held: bool = True  # through the forward (Layout.gradients_held)
+    gradients_held: bool = True  # through the forward (MemoryChoices.gradients_held)
 
     @property
     def model_states_nbytes(self) -> int:
@@ -148,13 +152,10 @@ def output_activation_nbytes(shape: TransformerShape, microbatch: int, tp: int =
 
 
 @dataclass(frozen=True)
-class Layout:
-    """The degrees and the per-GPU choices memory depends on."""
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    dp: int = 1
+class MemoryChoices:
+    """What memory depends on beside a layout's degrees (proxies/parallelism.py's Parallelism: tp, pp, cp, ep,
+    dp, sequence parallelism, the experts' tp): the micro-batch, the schedule's in-flight micro-batches, the
+    sharding of the model states, checkpointing and dropout."""
     microbatch: int = 1
     # micro-batches of its layers each stage holds at once: None, 1F1B's (stage k: pp - k); an int, the first
     # stage's, one fewer per later stage; a tuple, each stage's own (proxies/pipeline.py's in_flight of a
@@ -162,8 +163,6 @@ class Layout:
     in_flight: int | float | tuple[float, ...] | None = None
     sharding: str = "none"
     checkpointing: str = "none"
-    sequence_parallel: bool = True
-    expert_tp: int | None = None  # TP inside an expert; None: tp (Megatron-Core's default)
     dropout: bool = False
     shard_degree: int | None = None  # ranks the model states shard over; None: dp x cp (HSDP: a node's replicas)
     # whether gradients exist while the forward runs: DDP's buckets, a pipeline's or accumulation's earlier
@@ -172,25 +171,28 @@ class Layout:
     gradients_held: bool = True
 
 
-def memory_per_gpu(shape: TransformerShape, layout: Layout, precision: Precision = ZERO) -> MemoryBreakdown:
-    """The breakdown on the stage whose total is largest (the first holds the most activations,
-    the last the head)."""
-    _check(shape, layout)
-    counts = stage_layers(shape.layers, layout.pp)
+def memory_per_gpu(shape: TransformerShape, par: Parallelism, choices: MemoryChoices = MemoryChoices(),
+                   precision: Precision = ZERO) -> MemoryBreakdown:
+    """The breakdown of layout `par` (its degrees) on the stage whose total is largest (the first holds the most
+    activations, the last the head)."""
+    _check(shape, par, choices)
+    counts = stage_layers(shape.layers, par.pp)
     best = None
-    for stage in range(layout.pp):
-        breakdown = _stage_memory(shape, layout, precision, stage, counts)
+    for stage in range(par.pp):
+        breakdown = _stage_memory(shape, par, choices, precision, stage, counts)
         if best is None or breakdown.total_nbytes > best.total_nbytes:
             best = breakdown
     return best
 
 
-def _check(shape: TransformerShape, layout: Layout) -> None:
-    for name in ("tp", "pp", "cp", "ep", "dp", "microbatch"):
+def _check(shape: TransformerShape, layout: Parallelism, choices: MemoryChoices) -> None:
+    for name in ("tp", "pp", "cp", "ep", "dp"):
         if getattr(layout, name) < 1:
             raise ValueError(f"layout: {name} must be at least 1")
-    if isinstance(layout.in_flight, tuple) and len(layout.in_flight) != layout.pp:
-        raise ValueError(f"layout: in_flight gives {len(layout.in_flight)} stages' counts for pp {layout.pp}")
+    if choices.microbatch < 1:
+        raise ValueError("layout: microbatch must be at least 1")
+    if isinstance(choices.in_flight, tuple) and len(choices.in_flight) != layout.pp:
+        raise ValueError(f"layout: in_flight gives {len(choices.in_flight)} stages' counts for pp {layout.pp}")
     ranks = layout.dp * layout.cp * _expert_ranks(layout)
     if ranks % layout.ep:
         raise ValueError(f"layout: ep {layout.ep} must divide dp x cp{' x tp' if _expert_ranks(layout) > 1 else ''} "
@@ -201,7 +203,7 @@ def _check(shape: TransformerShape, layout: Layout) -> None:
         raise ValueError(f"layout: tp {layout.tp} does not divide the {shape.heads} heads")
 
 
-def stage_parameters(shape: TransformerShape, layout: Layout, stage: int,
+def stage_parameters(shape: TransformerShape, layout: Parallelism, stage: int,
                      counts: list[int] | None = None) -> tuple[float, float, float]:
     """(dense, expert, largest layer's) parameters one GPU of pipeline stage `stage` holds: its layers' split by
     tp (experts by ep x expert tp), the embedding on the first stage, the final norm and head on the last."""
@@ -218,7 +220,7 @@ def stage_parameters(shape: TransformerShape, layout: Layout, stage: int,
     return dense + root_parameters(shape, layout, stage), experts, largest_layer
 
 
-def root_parameters(shape: TransformerShape, layout: Layout, stage: int) -> float:
+def root_parameters(shape: TransformerShape, layout: Parallelism, stage: int) -> float:
     """The parameters of stage `stage` outside its layers, per GPU: the embedding on the first stage, the final
     norm and the head on the last (FSDP's root unit)."""
     root = shape.vocab * shape.hidden / layout.tp if stage == 0 else 0.0
@@ -229,36 +231,36 @@ def root_parameters(shape: TransformerShape, layout: Layout, stage: int) -> floa
     return root
 
 
-def _expert_ranks(layout: Layout) -> int:
+def _expert_ranks(layout: Parallelism) -> int:
     """The tensor-parallel ranks that join the experts' data-parallel ranks: tp when the experts have no tensor
     parallelism of their own (expert_tp 1, Megatron-Core's etp1), else 1."""
     return layout.tp if layout.expert_tp == 1 else 1
 
 
-def _stage_memory(shape: TransformerShape, layout: Layout, precision: Precision, stage: int,
-                  counts: list[int]) -> MemoryBreakdown:
-    tp = layout.tp
+def _stage_memory(shape: TransformerShape, layout: Parallelism, choices: MemoryChoices, precision: Precision,
+                  stage: int, counts: list[int]) -> MemoryBreakdown:
+    tp, c = layout.tp, choices
     first = sum(counts[:stage])
     dense, experts, largest_layer = stage_parameters(shape, layout, stage, counts)
-    replicas = layout.shard_degree or layout.dp * layout.cp
-    expert_replicas = max(1, (layout.shard_degree or layout.dp * layout.cp * _expert_ranks(layout)) // layout.ep)
-    states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, layout.sharding, precision),
-                                    model_state_nbytes(experts, expert_replicas, layout.sharding, precision))]
-    if isinstance(layout.in_flight, tuple):
-        held = layout.in_flight[stage]
+    replicas = c.shard_degree or layout.dp * layout.cp
+    expert_replicas = max(1, (c.shard_degree or layout.dp * layout.cp * _expert_ranks(layout)) // layout.ep)
+    states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, c.sharding, precision),
+                                    model_state_nbytes(experts, expert_replicas, c.sharding, precision))]
+    if isinstance(c.in_flight, tuple):
+        held = c.in_flight[stage]
     else:
-        held = max(1, (layout.in_flight or layout.pp) - stage)
+        held = max(1, (c.in_flight or layout.pp) - stage)
     activations = held * sum(layer_activation_nbytes(
-        shape, index, layout.microbatch, tp, layout.cp, layout.sequence_parallel, layout.checkpointing,
-        layout.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))
+        shape, index, c.microbatch, tp, layout.cp, layout.sequence_parallel, c.checkpointing,
+        c.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))
     if stage == layout.pp - 1:
-        activations += output_activation_nbytes(shape, layout.microbatch, tp, layout.cp)
+        activations += output_activation_nbytes(shape, c.microbatch, tp, layout.cp)
     # FSDP's gathered parameters: the root unit (embedding, head) from its forward to the end of the backward,
     # and two layers in the backward (the one computing and the one prefetched); measured on CPU with
     # FSDPMemTracker, the root unit gathered at the loss's peak (docs/memory.md)
     buffers = (2 * largest_layer + root_parameters(shape, layout, stage)) * precision.param_bytes \
-        if layout.sharding == "fsdp" else 0.0
-    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)), layout.gradients_held)
+        if c.sharding == "fsdp" else 0.0
+    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)), c.gradients_held)
 
 
 def fits(breakdown: MemoryBreakdown, gpu_nbytes: int, reserved_fraction: float = 0.0) -> bool:

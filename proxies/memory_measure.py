@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from commbench.proxies import memory as M
 from commbench.proxies.catalog import build
+from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.transformer import TransformerShape, from_config
 
 WRAPPERS = ("none", "ddp", "fsdp")
@@ -86,6 +87,6 @@ def predicted_peak(shape: TransformerShape, batch: int, wrapper: str) -> M.Memor
     under DDP (its buckets; set_to_none frees the others)."""
     width = shape.dtype_bytes
     precision = M.Precision(f"adamw-{8 * width}bit", width, width, 2 * width)
-    layout = M.Layout(microbatch=batch, sharding="fsdp" if wrapper == "fsdp" else "none",
-                      gradients_held=wrapper == "ddp")
-    return M.memory_per_gpu(shape, layout, precision)
+    choices = M.MemoryChoices(microbatch=batch, sharding="fsdp" if wrapper == "fsdp" else "none",
+                              gradients_held=wrapper == "ddp")
+    return M.memory_per_gpu(shape, Parallelism(), choices, precision)

@@ -8,7 +8,7 @@ import pytest
 from commbench.proxies.memory import (
     MEGATRON,
     ZERO,
-    Layout,
+    MemoryChoices,
     fits,
     layer_activation_nbytes,
     memory_per_gpu,
@@ -16,8 +16,18 @@ from commbench.proxies.memory import (
     output_activation_nbytes,
     stage_layers,
 )
+from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.profile import load_profile
 from commbench.proxies.transformer import TransformerShape
+
+DEGREES = ("tp", "pp", "cp", "ep", "dp", "sequence_parallel", "expert_tp")
+
+
+def _memory(shape, precision=ZERO, sequence_parallel=True, **given):
+    """memory_per_gpu of a layout's degrees (a Parallelism, sequence parallel unless said) and the choices."""
+    par = Parallelism(sequence_parallel=sequence_parallel, **{k: v for k, v in given.items() if k in DEGREES})
+    return memory_per_gpu(shape, par, MemoryChoices(**{k: v for k, v in given.items() if k not in DEGREES}),
+                          precision)
 
 
 @pytest.mark.parametrize("sharding,published_gb", [("none", 120.0), ("zero1", 31.4), ("zero2", 16.6),
@@ -80,10 +90,10 @@ def llama70b():
 
 
 def test_sharding_divides_what_it_shards(llama70b):
-    plain = memory_per_gpu(llama70b, Layout(tp=8, dp=32))
-    zero1 = memory_per_gpu(llama70b, Layout(tp=8, dp=32, sharding="zero1"))
-    zero2 = memory_per_gpu(llama70b, Layout(tp=8, dp=32, sharding="zero2"))
-    fsdp = memory_per_gpu(llama70b, Layout(tp=8, dp=32, sharding="fsdp"))
+    plain = _memory(llama70b, tp=8, dp=32)
+    zero1 = _memory(llama70b, tp=8, dp=32, sharding="zero1")
+    zero2 = _memory(llama70b, tp=8, dp=32, sharding="zero2")
+    fsdp = _memory(llama70b, tp=8, dp=32, sharding="fsdp")
     assert zero1.optimizer_nbytes == pytest.approx(plain.optimizer_nbytes / 32, rel=1e-6)
     assert zero1.gradients_nbytes == plain.gradients_nbytes
     assert zero2.gradients_nbytes == pytest.approx(plain.gradients_nbytes / 32, rel=1e-6)
@@ -96,8 +106,8 @@ def test_sharding_divides_what_it_shards(llama70b):
 
 def test_one_f_one_b_holds_pp_microbatches_on_the_first_stage(llama70b):
     """1F1B: stage k holds pp - k micro-batches; the first stage pp of its layers' activations."""
-    one = memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=1, checkpointing="selective"))
-    full = memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, checkpointing="selective"))
+    one = _memory(llama70b, tp=8, pp=4, dp=8, in_flight=1, checkpointing="selective")
+    full = _memory(llama70b, tp=8, pp=4, dp=8, checkpointing="selective")
     per_layer = layer_activation_nbytes(llama70b, 0, 1, tp=8, checkpointing="selective")
     assert full.stage == 0 and full.activations_nbytes == pytest.approx(4 * 20 * per_layer, rel=1e-9)
     assert one.stage == 3  # with one micro-batch in flight the last stage's head decides
@@ -106,30 +116,30 @@ def test_one_f_one_b_holds_pp_microbatches_on_the_first_stage(llama70b):
 
 
 def test_checkpointing_and_cp_shrink_activations(llama70b):
-    sizes = [memory_per_gpu(llama70b, Layout(tp=8, dp=32, checkpointing=c)).activations_nbytes
+    sizes = [_memory(llama70b, tp=8, dp=32, checkpointing=c).activations_nbytes
              for c in ("none", "selective", "full")]
     assert sizes[0] > sizes[1] > sizes[2]
-    cp2 = memory_per_gpu(llama70b, Layout(tp=8, cp=2, dp=16, checkpointing="selective"))
+    cp2 = _memory(llama70b, tp=8, cp=2, dp=16, checkpointing="selective")
     assert cp2.activations_nbytes == pytest.approx(sizes[1] / 2, rel=1e-9)
 
 
 def test_experts_divide_by_ep():
     shape = load_profile("mixtral-8x7b").transformer
-    one = memory_per_gpu(shape, Layout(ep=1, dp=8))
-    eight = memory_per_gpu(shape, Layout(ep=8, dp=8))
+    one = _memory(shape, ep=1, dp=8)
+    eight = _memory(shape, ep=8, dp=8)
     experts = shape.parameter_counts()["experts"]
     assert one.parameters_nbytes - eight.parameters_nbytes == pytest.approx(2 * experts * 7 / 8, rel=1e-9)
     with pytest.raises(ValueError, match="ep 16 must divide dp x cp = 8"):
-        memory_per_gpu(shape, Layout(ep=16, dp=8))
+        _memory(shape, ep=16, dp=8)
     with pytest.raises(ValueError, match="tp 3 does not divide the 32 heads"):
-        memory_per_gpu(shape, Layout(tp=3))
+        _memory(shape, tp=3)
 
 
 def test_fits():
-    breakdown = memory_per_gpu(load_profile("llama-tiny").transformer, Layout(dp=4))
+    breakdown = _memory(load_profile("llama-tiny").transformer, dp=4)
     assert fits(breakdown, breakdown.total_nbytes) and not fits(breakdown, breakdown.total_nbytes - 1)
     assert not fits(breakdown, breakdown.total_nbytes, reserved_fraction=0.1)
-    big = memory_per_gpu(load_profile("llama3.1-405b").transformer, Layout(dp=8))
+    big = _memory(load_profile("llama3.1-405b").transformer, dp=8)
     assert not fits(big, 80 * 2**30)  # 405B without model parallelism: 16 bytes a parameter, 6.5 TB
 
 
@@ -137,12 +147,12 @@ def test_in_flight_per_stage_from_a_schedule(llama70b):
     """A schedule's own counts per stage (proxies/pipeline.py's in_flight of its order; interleaved:
     chunks of 1/v of the stage's layers), here GPipe's: every stage holds all 8 micro-batches."""
     per_layer = layer_activation_nbytes(llama70b, 0, 1, tp=8, checkpointing="selective")
-    gpipe = memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=(8, 8, 8, 8), checkpointing="selective"))
+    gpipe = _memory(llama70b, tp=8, pp=4, dp=8, in_flight=(8, 8, 8, 8), checkpointing="selective")
     assert gpipe.stage == 3  # the same activations everywhere; the head's output layer on top
     assert gpipe.activations_nbytes == pytest.approx(8 * 20 * per_layer + output_activation_nbytes(llama70b, 1, 8),
                                                      rel=1e-9)
     with pytest.raises(ValueError, match="in_flight gives 2 stages' counts for pp 4"):
-        memory_per_gpu(llama70b, Layout(tp=8, pp=4, dp=8, in_flight=(1, 2)))
+        _memory(llama70b, tp=8, pp=4, dp=8, in_flight=(1, 2))
 
 
 def test_the_loss_holds_fourteen_bytes_a_logit_at_bf16_beside_the_heads_input():
@@ -161,8 +171,8 @@ def test_gradients_freed_through_the_forward_make_the_peak_the_larger_phase():
     """Without gradients through the forward (FSDP2, one micro-batch, set_to_none), the peak is the larger of
     the loss's (every activation, no gradient) and the backward's end (every gradient, no activation)."""
     shape = load_profile("llama3.1-8b").transformer
-    held = memory_per_gpu(shape, Layout(dp=8, sharding="zero2"))
-    freed = memory_per_gpu(shape, Layout(dp=8, sharding="zero2", gradients_held=False))
+    held = _memory(shape, dp=8, sharding="zero2")
+    freed = _memory(shape, dp=8, sharding="zero2", gradients_held=False)
     assert held.total_nbytes == held.model_states_nbytes + held.activations_nbytes
     assert freed.total_nbytes == held.total_nbytes - min(held.gradients_nbytes, held.activations_nbytes)
 
@@ -171,7 +181,7 @@ def test_fsdp_keeps_its_root_unit_gathered_beside_two_layers():
     """FSDP2's root unit (embedding on the first stage, head on the last) stays gathered from its forward to the
     end of the backward, beside the two layers the backward gathers: both in the buffers."""
     shape = load_profile("llama3.1-8b").transformer
-    one_stage = memory_per_gpu(shape, Layout(dp=8, sharding="fsdp"))
+    one_stage = _memory(shape, dp=8, sharding="fsdp")
     layer = sum(shape.layer_parameters(0).values())
     root = 2 * shape.vocab * shape.hidden + shape.hidden  # untied embedding and head, the final norm
     assert one_stage.buffers_nbytes == pytest.approx(2 * (2 * layer + root), rel=1e-9)
