@@ -32,7 +32,7 @@ from commbench.proxies.comm_plan import simulate
 from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.profile import Profile
-from commbench.proxies.setups import Compute, Layout, settle
+from commbench.proxies.setups import Compute, Placement, settle
 from commbench.proxies.stage_share import stage_profile
 from commbench.topology import Topology
 
@@ -265,11 +265,11 @@ def _data_parallel_us(job: Job, par: Parallelism, stage: int, forward: list[floa
     topo, groups = Topology(nodes, per_node), None
     if par.dp_shard:  # HSDP's sized shard group: planned as R "nodes" of S x cp, each group costed where it sits
         shard, replicate = par.hsdp_groups(0)
-        plan = choice.plan(share, last, Layout(len(replicate), len(shard)))
+        plan = choice.plan(share, last, Placement(len(replicate), len(shard)))
         groups = {"world": topo, "node": group_topology(shard, job.gpus_per_node),
                   "cross": group_topology(replicate, job.gpus_per_node)}
     else:
-        plan = choice.plan(share, last, Layout(nodes, per_node))
+        plan = choice.plan(share, last, Placement(nodes, per_node))
     costs: dict[tuple, float] = {}  # a step's units repeat a few sizes: each costed once (a search costs thousands)
     for c in plan.comms:
         key = (c.collective, c.nbytes, c.dtype, c.group)

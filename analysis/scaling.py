@@ -20,7 +20,7 @@ from commbench.analysis.intervals import levels_fitted, partial_interval_us, unc
 from commbench.costmodel import Hardware, call_us, call_variants_us, nccl_tuning
 from commbench.proxies.comm_plan import Comm, CommPlan, simulate, simulate_many
 from commbench.proxies.profile import Profile
-from commbench.proxies.setups import SETUPS, Choice, Compute, Layout, settle
+from commbench.proxies.setups import SETUPS, Choice, Compute, Placement, settle
 from commbench.proxies.timeline import StepTimes
 from commbench.results import FIT_PROVENANCE, ScalingRecord
 from commbench.step_terms import StepTerms
@@ -150,7 +150,7 @@ def setup_of_record(r: dict, topo: Topology) -> Choice:
     name = r.get("setup") if isinstance(r.get("setup"), str) else "ddp"
     knobs = {**(r.get("knobs") if isinstance(r.get("knobs"), dict) else {}), "bucket_mb": r.get("bucket_mb")}
     takes = SETUPS[name].knobs if name in SETUPS else ()  # a record keeps every knob, fixed ones too
-    return settle(name, {k: v for k, v in knobs.items() if k in takes}, Layout(topo.nodes, topo.ranks_per_node))
+    return settle(name, {k: v for k, v in knobs.items() if k in takes}, Placement(topo.nodes, topo.ranks_per_node))
 
 
 def split_compute(split: dict) -> Compute:
@@ -161,7 +161,7 @@ def split_compute(split: dict) -> Compute:
 
 def step_plan(q: StepQuestion, topo: Topology) -> CommPlan:
     """The step's plan: the setup's compute phases and calls on `topo`."""
-    return q.choice.plan(q.profile, q.compute, Layout(topo.nodes, topo.ranks_per_node, q.device), q.bucketing)
+    return q.choice.plan(q.profile, q.compute, Placement(topo.nodes, topo.ranks_per_node, q.device), q.bucketing)
 
 
 def predict_step(q: StepQuestion, topo: Topology, hw: Hardware) -> StepPrediction:

@@ -62,7 +62,7 @@ class TopologyError(ValueError):
     """A topology spec that is malformed or does not match the world size."""
 
 
-def parse_layout(spec: str) -> Topology:
+def parse_nodes_by_ranks(spec: str) -> Topology:
     """`NODESxRANKS` (e.g. `8x8`) on its own, for predictions that need no job."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
     if not match:
@@ -77,7 +77,7 @@ def parse_topology(spec: str | None, world: int) -> Topology:
     """`NODESxRANKS` that must match a job of `world` ranks; None or empty means one node."""
     if not spec:
         return Topology(1, world)
-    topo = parse_layout(spec)
+    topo = parse_nodes_by_ranks(spec)
     if topo.world != world:
         raise TopologyError(f"--topology {spec} has {topo.world} ranks but the job has {world}")
     return topo

@@ -52,8 +52,8 @@ class ProxyConfig(RanksConfig):
 
     def choice(self, nodes: int | None = None, ranks_per_node: int | None = None, device: str = "cuda"):
         """The setup with its knobs settled (proxies.setups.Choice); SetupError: a knob it does not take."""
-        from commbench.proxies.setups import Layout, settle
+        from commbench.proxies.setups import Placement, settle
 
         knobs = {**self.knobs, **({"bucket_mb": self.bucket_mb} if self.bucket_mb is not None else {})}
-        layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
+        layout = Placement(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
         return settle(self.setup, knobs, layout)

@@ -30,7 +30,7 @@ from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.comm_plan import CommPlan, describe_calls, points
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.context import RankContext, run_rank, summary_from_records
-from commbench.proxies.setup_steps import Compute, Layout
+from commbench.proxies.setup_steps import Compute, Placement
 from commbench.proxies.timeline import StepTimes, busy_us, flops_times_us, plan_step, run_step, traced_words
 
 # ---------------------------------------------------------------- the proxy body
@@ -199,7 +199,7 @@ def _replay_setup(ctx: RankContext) -> None:
     schedules (allreduces only)."""
     cfg, backend, profile = ctx.cfg, ctx.backend, ctx.profile
     forward, backward, update, own, label = compute_times(ctx)
-    layout = Layout(ctx.launch.nnodes, backend.world_size // ctx.launch.nnodes, backend.device)
+    layout = Placement(ctx.launch.nnodes, backend.world_size // ctx.launch.nnodes, backend.device)
     plan = ctx.choice.plan(profile, Compute(forward, backward, update, own), layout)
     issue = _torch_calls(plan, backend, layout) if backend.launches_async else None
     backend.barrier()
@@ -233,7 +233,7 @@ def _replay_setup(ctx: RankContext) -> None:
                            "other_us": times.other_us}, _calls_and_marks(times))
 
 
-def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:
+def _torch_calls(plan: CommPlan, backend, layout: Placement) -> list:
     """torch.distributed's async call per call of the plan, on its group (gloo or NCCL), buffers shared between
     calls of one shape (they run in issue order; their data stays zeros)."""
     import torch.distributed as dist
@@ -253,7 +253,7 @@ def _torch_calls(plan: CommPlan, backend, layout: Layout) -> list:
     return out
 
 
-def _groups(layout: Layout) -> dict:
+def _groups(layout: Placement) -> dict:
     """world, this rank's node and this rank's cross-node group: every rank makes every group, in one order."""
     import torch.distributed as dist
 
@@ -273,7 +273,7 @@ def _groups(layout: Layout) -> dict:
     return groups
 
 
-def _buffers(backend, comm, layout: Layout) -> tuple:
+def _buffers(backend, comm, layout: Placement) -> tuple:
     """(send, recv) of a call: an allreduce in place, an all-gather from its shard, a reduce-scatter to it."""
     dtype = C.resolve_dtype(comm.dtype)
     size = {"world": layout.world, "node": layout.ranks_per_node, "cross": layout.nodes}[comm.group]

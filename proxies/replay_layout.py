@@ -43,7 +43,7 @@ from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, l
 from commbench.proxies.layout_compute import RankCompute, measure_on_ranks
 from commbench.proxies.parallelism import Parallelism
 from commbench.proxies.pipeline import Pass, order
-from commbench.proxies.setup_steps import Compute, Layout
+from commbench.proxies.setup_steps import Compute, Placement
 from commbench.proxies.setups import settle
 from commbench.proxies.stage_share import stage_layer_ranges, stage_profile
 
@@ -293,7 +293,7 @@ class LayoutReplay:
         share = stage_profile(profile, self.shape.layers, par, self.stage)
         accumulate = par.microbatches if par.pp == 1 and par.microbatches > 1 else 1
         choice = settle(par.setup, {"accumulate": accumulate} if accumulate > 1 else {})
-        return choice.plan(share, Compute(1.0, 2.0), Layout(1, replicas, "cpu"))
+        return choice.plan(share, Compute(1.0, 2.0), Placement(1, replicas, "cpu"))
 
     def _dp_progress(self, at_us: float) -> None:
         """The data-parallel plan's calls at compute progress `at_us` of its last micro-step (forward 1 us,

@@ -54,7 +54,9 @@ class Compute:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Placement:
+    """Where a data-parallel job's ranks sit: `nodes` nodes of `ranks_per_node` ranks on `device` (not a parallel
+    layout: that is proxies/parallelism.py's Parallelism)."""
     nodes: int
     ranks_per_node: int
     device: str = "cuda"  # cpu ranks issue FSDP's forward all-gathers as they reach them
@@ -70,7 +72,7 @@ class Layout:
 class StepContext:
     """Progress bookkeeping while a setup lays out its step: phases end to end from 0."""
 
-    def __init__(self, profile: Profile, compute: Compute, layout: Layout, knobs: dict[str, Any],
+    def __init__(self, profile: Profile, compute: Compute, layout: Placement, knobs: dict[str, Any],
                  bucketing: str = "ddp"):
         self.profile, self.compute, self.layout, self.knobs = profile, compute, layout, knobs
         self.bucketing = bucketing

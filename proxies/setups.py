@@ -17,7 +17,7 @@ from commbench.proxies.comm_plan import Comm, CommPlan, Phase
 from commbench.proxies.profile import Profile
 from commbench.proxies.setup_steps import (
     Compute,
-    Layout,
+    Placement,
     StepContext,
     apex,
     compressed,
@@ -96,7 +96,7 @@ class Choice:
     def to_dict(self) -> dict[str, Any]:
         return {"setup": self.name, "knobs": dict(self.knobs)}
 
-    def plan(self, profile: Profile, compute: Compute, layout: Layout, bucketing: str = "ddp") -> CommPlan:
+    def plan(self, profile: Profile, compute: Compute, layout: Placement, bucketing: str = "ddp") -> CommPlan:
         """The step's compute and calls; `bucketing` none or single: the proxy's DDP without buckets, or with one."""
         ctx = StepContext(profile, compute, layout, dict(self.knobs), bucketing)
         phases, comms = self.setup.build(profile, dict(self.knobs), ctx)
@@ -105,7 +105,7 @@ class Choice:
         return plan
 
 
-def settle(name: str, knobs: dict[str, Any] | None = None, layout: Layout | None = None) -> Choice:
+def settle(name: str, knobs: dict[str, Any] | None = None, layout: Placement | None = None) -> Choice:
     """The setup `name` with `knobs` (name -> value, None: its default) checked against it and `layout`."""
     setup = SETUPS.get(name)
     if setup is None:
@@ -145,7 +145,7 @@ def _value(knob: Knob, value: Any) -> Any:
     return number
 
 
-def _check_layout(name: str, values: dict[str, Any], layout: Layout) -> None:
+def _check_layout(name: str, values: dict[str, Any], layout: Placement) -> None:
     if values.get("shard_group") == "node" and layout.world % layout.ranks_per_node:
         raise SetupError(f"setup {name}: shards span a node of {layout.ranks_per_node} ranks, which does not "
                          f"divide {layout.world} ranks")

@@ -276,14 +276,14 @@ def _train_steps(ctx) -> None:
     import torch
 
     from commbench.proxies import train_setups
-    from commbench.proxies.setups import Layout
+    from commbench.proxies.setups import Placement
 
     backend, profile, cfg, launch = ctx.backend, ctx.profile, ctx.cfg, ctx.launch
     check_memory(profile, launch.local_world_size, backend.device)
     device = torch.device(backend.device, torch.cuda.current_device()) if backend.device == "cuda" else "cpu"
     torch.manual_seed(1234 + backend.rank)
     trainer = Trainer(profile, ctx.batch, device, cfg.amp, trust_code=cfg.trust_profile_code)
-    layout = Layout(launch.nnodes, launch.world_size // max(1, launch.nnodes), backend.device)
+    layout = Placement(launch.nnodes, launch.world_size // max(1, launch.nnodes), backend.device)
     model_name = type(trainer.model).__name__  # before fully_shard renames the class (FSDP<name>)
     try:
         running = train_setups.apply(trainer, ctx.choice, layout, profile,

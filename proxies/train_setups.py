@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from commbench.proxies.setup_steps import MIB, Layout, units_of
+from commbench.proxies.setup_steps import MIB, Placement, units_of
 from commbench.proxies.setups import Choice
 from commbench.proxies.units import untie
 
@@ -66,7 +66,7 @@ def bucket_cap_mb(choice: Choice) -> float | None:
     return knobs.get("bucket_mb")
 
 
-def apply(trainer, choice: Choice, layout: Layout, profile, device_ids: list[int] | None = None,
+def apply(trainer, choice: Choice, layout: Placement, profile, device_ids: list[int] | None = None,
           process_group: Any = None) -> Running:
     """Wrap `trainer.model` as `choice` says, on `process_group` (None: the default group, laid out as
     `layout`; a group of one rank: DDP on it, or FSDP on a 1-rank mesh)."""
@@ -93,7 +93,7 @@ def _ddp(trainer, choice: Choice, device_ids, group) -> Running:
                    {"world": group or dist.group.WORLD})
 
 
-def _fsdp(trainer, choice: Choice, layout: Layout, profile, group) -> Running:
+def _fsdp(trainer, choice: Choice, layout: Placement, profile, group) -> Running:
     from torch.distributed.fsdp import fully_shard
 
     mesh, shape = _mesh(choice, layout, trainer.device, group)
@@ -119,7 +119,7 @@ def _fsdp(trainer, choice: Choice, layout: Layout, profile, group) -> Running:
                                             + (f", forward prefetch {prefetch}" if prefetch else ""), groups)
 
 
-def _mesh(choice: Choice, layout: Layout, device: Any, group):
+def _mesh(choice: Choice, layout: Placement, device: Any, group):
     """FSDP's device mesh: this rank alone (`group`), the world, or nodes x ranks per node (HSDP)."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -150,7 +150,7 @@ def own_work_us(trainer, choice: Choice, profile, group, device_ids=None, pairs:
         plain.model = copy.deepcopy(trainer.model)
         plain.wrapped = plain.model
         plain.new_optimizer()
-    running = apply(trainer, choice, Layout(1, 1, str(getattr(trainer.device, "type", trainer.device))), profile,
+    running = apply(trainer, choice, Placement(1, 1, str(getattr(trainer.device, "type", trainer.device))), profile,
                     device_ids, group)
     reference = (Running(plain, choice, "plain", "").step if plain is not None
                  else lambda: running.step(synchronise=False))

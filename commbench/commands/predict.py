@@ -11,7 +11,7 @@ import click
 from commbench import collectives as C
 from commbench import tuning
 from commbench.algorithms import TABLE
-from commbench.commands import layout as L
+from commbench.commands import scale as L
 from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options
 from commbench.commands.hw_option import hw_option, load_hw, warn_poor
 from commbench.costmodel import HardwareError
@@ -109,7 +109,7 @@ def predict_command(**params) -> None:
         raise UsageFault(str(exc)) from exc
 
 
-def _predict(o: PredictOptions, said: L.Layout):
+def _predict(o: PredictOptions, said: L.Scale):
     """The options checked (UsageFault: one line, exit 2), then the prediction at the layout `said`:
     (hardware, topology, collective names, dtype, results)."""
     # analysis inside the function: its modules add ~40 ms to every `commbench --help` (commands/fit.py)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import click
 
 from commbench.algorithms import LIBRARY, TABLE
-from commbench.commands import layout as L
 from commbench.commands import options as O
+from commbench.commands import scale as L
 from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options, write_records
 from commbench.commands.hw_option import hw_option, load_hw
 from commbench.commands.predict_layouts import LAYOUT_PARAMS, layout_options, layouts_command, only_data_parallel

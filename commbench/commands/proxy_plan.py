@@ -182,8 +182,8 @@ def _check_predicted_algorithm(algorithm: str) -> None:
 
 def _settle_layout(o: ProxyOptions) -> ProxyOptions:
     """--topology NxG folded into --nodes/--gpus-per-node, a part not given taken from --nprocs; values
-    that disagree are one line (commands/layout.py)."""
-    from commbench.commands import layout as L
+    that disagree are one line (commands/scale.py)."""
+    from commbench.commands import scale as L
 
     if o.emulate and o.topology:
         raise UsageFault("--emulate NODESxRANKS sets the job's layout and launch: drop --topology")

@@ -47,9 +47,9 @@ def settle_setup(name: str, options: dict, nodes: int | None = None, ranks_per_n
                  device: str = "cuda", world: int | None = None):
     """The setup with its knobs checked against the layout (when known; `world`: the job's ranks, which nodes of
     unequal size make other than nodes x ranks per node): a Choice, or one line and exit 2."""
-    from commbench.proxies.setups import Layout, SetupError, settle
+    from commbench.proxies.setups import Placement, SetupError, settle
 
-    layout = Layout(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
+    layout = Placement(nodes, ranks_per_node, device) if nodes and ranks_per_node else None
     try:
         choice = settle(name, given_knobs(options), layout)
     except SetupError as exc:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import click
 
 from commbench.algorithms import listing
-from commbench.commands import layout
+from commbench.commands import scale
 from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
 from commbench.commands.hw_option import hw_option
@@ -173,7 +173,7 @@ def plan_sweep(o: SweepOptions):
     from commbench import job
 
     _check_counts(o)
-    o = layout.for_sweep(o, joined=job.launcher_of(o.launcher) is not None)
+    o = scale.for_sweep(o, joined=job.launcher_of(o.launcher) is not None)
     shape = emulated_shape(o.emulate, o.link, {"--nprocs": o.nprocs, "--topology": o.topology,
                                                "--launcher": o.launcher != "auto"})
     cls, request = _backend(o, "torchrun" if shape else job.launcher_of(o.launcher))

@@ -27,7 +27,7 @@ def test_replay_of_a_setup_issues_the_plans_calls_and_records_its_setup(tmp_path
     header, (summary,), steps = _records(out, "header")[0], _records(out, "proxy"), _records(out, "step")
     assert summary["setup"] == setup and summary["knobs"]["accumulate"] == 2
     plan = S.settle(setup, {"accumulate": 2}).plan(load_profile("resnet18"), S.Compute(1, 1),
-                                                             S.Layout(1, 2, "cpu"))
+                                                             S.Placement(1, 2, "cpu"))
     expected = [{"collective": c, "group": g, "calls": n, "nbytes": b} for (c, g), (n, b) in plan.bytes_by().items()]
     assert header["calls"]["by_collective"] == expected
     for step in steps:  # two micro-steps of emulated compute, each at the profile's FLOPs

@@ -571,7 +571,7 @@ UNTESTED_BY_NAME = {
     "commands/common": "commands/test_cli*.py, system/test_inputs.py (outputs, one-line faults)",
     "commands/options": "commands/test_cli_option_limits.py, system/test_inputs.py",
     "commands/ranks_options": "commands/test_proxy_options.py (the base of sweep's and proxy's options)",
-    "commands/layout": "commands/test_cli_layout.py, test_sweep_layout.py",
+    "commands/scale": "commands/test_cli_layout.py, test_sweep_layout.py",
     "commands/setup_flags": "commands/test_proxy_setups.py, test_cli_exit_codes.py",
     "commands/backend_options": "unit/commbench/test_sweep_config.py (the ranks get what the backend settled)",
     "commands/predict_layouts": "commands/test_predict_scaling_layouts.py",

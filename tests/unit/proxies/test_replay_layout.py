@@ -125,12 +125,12 @@ def test_a_step_issues_the_layouts_calls_and_bytes(traced, case, rank):
     assert layer_and_pipeline == step_bytes(par, shape, MICROBATCH, CHECKPOINTING.get(case, "none"), stage)
     assert sum(1 for c in calls if c[0] == "recv") == sum(1 for c in calls if c[0] == "send")  # every send received
     # the data-parallel setup on the replicas (dp x cp ranks): the stage's share of the gradients
-    from commbench.proxies.setup_steps import Compute, Layout
+    from commbench.proxies.setup_steps import Compute, Placement
     from commbench.proxies.setups import settle
 
     share = stage_profile(profile, shape.layers, par, stage)
     accumulate = {"accumulate": par.microbatches} if par.pp == 1 and par.microbatches > 1 else {}
-    plan = settle(par.setup, accumulate).plan(share, Compute(1.0, 2.0), Layout(1, par.dp * par.cp, "cpu"))
+    plan = settle(par.setup, accumulate).plan(share, Compute(1.0, 2.0), Placement(1, par.dp * par.cp, "cpu"))
     planned = {(("dp", c), by) for (c, _), by in plan.bytes_by().items()}
     assert {(k, v) for k, v in issued.items() if k[0] == "dp"} == planned
     if par.setup == "ddp":

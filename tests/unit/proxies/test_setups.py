@@ -33,7 +33,7 @@ def test_ddp_plan_gives_the_overlap_timeline_exactly(model, bucket_mb):
     profile = load_profile(model)
     buckets = B.assign(profile, bucket_mb)
     old = T.plan_step(profile, buckets, 1e4, 2e4, 3e3, 1.5e3)
-    plan = S.settle("ddp", {"bucket_mb": bucket_mb}).plan(profile, S.Compute(1e4, 2e4, 3e3, 1.5e3), S.Layout(1, 2))
+    plan = S.settle("ddp", {"bucket_mb": bucket_mb}).plan(profile, S.Compute(1e4, 2e4, 3e3, 1.5e3), S.Placement(1, 2))
     assert [c.nbytes for c in plan.comms] == [b.nbytes for b in buckets]
     comm = [b.nbytes / 1e3 for b in buckets]
     for steal in (None, [c * 0.3 for c in comm]):
@@ -47,7 +47,7 @@ def test_ddp_plan_gives_the_overlap_timeline_exactly(model, bucket_mb):
 
 
 def test_each_setups_calls_and_bytes_per_step():
-    toy, compute, layout = _toy(), S.Compute(50.0, 100.0), S.Layout(2, 2)
+    toy, compute, layout = _toy(), S.Compute(50.0, 100.0), S.Placement(2, 2)
     f32 = "float32"
 
     def calls(name, **knobs):
@@ -78,7 +78,7 @@ def test_each_setups_calls_and_bytes_per_step():
 
 def test_accumulation_communicates_in_the_last_micro_step_only():
     toy = _toy()
-    plan = S.settle("ddp", {"accumulate": 4}).plan(toy, S.Compute(50.0, 100.0, 10.0, 8.0), S.Layout(1, 2))
+    plan = S.settle("ddp", {"accumulate": 4}).plan(toy, S.Compute(50.0, 100.0, 10.0, 8.0), S.Placement(1, 2))
     assert plan.compute_us == pytest.approx(4 * 150 + 10 + 8)
     last_backward = [p for p in plan.phases if p.name == "backward"][-1]
     assert all(last_backward.start_us <= c.ready_us <= last_backward.end_us for c in plan.comms)
@@ -87,12 +87,12 @@ def test_accumulation_communicates_in_the_last_micro_step_only():
 
 def test_horovod_fuses_what_is_ready_each_cycle():
     toy = _toy()  # backward 100 us: head ready at 20, a.1 at 60, a.0 at 100
-    plan = S.settle("horovod", {"cycle_ms": 0.05}).plan(toy, S.Compute(50.0, 100.0), S.Layout(1, 2))
+    plan = S.settle("horovod", {"cycle_ms": 0.05}).plan(toy, S.Compute(50.0, 100.0), S.Placement(1, 2))
     # ticks every 50 us of the backward: the head at the first, a.1 at the second (the backward's end), a.0 at
     # the third, past the end: issued at the end (the timer's wait after the backward is not counted)
     assert [(c.ready_us, c.nbytes) for c in plan.comms] == [(50 + 50, 2 * MB), (50 + 100, MB), (50 + 100, MB)]
     capped = S.settle("horovod", {"cycle_ms": 1.0, "fusion_mb": 1.5}).plan(toy, S.Compute(50.0, 100.0),
-                                                                           S.Layout(1, 2))
+                                                                           S.Placement(1, 2))
     assert [c.nbytes for c in capped.comms] == [2 * MB, 2 * MB]  # one cycle, buffers closed at >= 1.5 MiB
 
 
@@ -102,11 +102,11 @@ def test_fsdp_step_by_hand():
     exposed. A GPU prefetches the next unit's all-gather in the forward and runs the reduce-scatters beside the
     backward: the root's all-gather, one forward wait and the last reduce-scatter are exposed."""
     toy = _toy()
-    plan = S.settle("fsdp-grad-op").plan(toy, S.Compute(50.0, 100.0), S.Layout(1, 2, "cpu"))
+    plan = S.settle("fsdp-grad-op").plan(toy, S.Compute(50.0, 100.0), S.Placement(1, 2, "cpu"))
     times = P.simulate(plan, [10.0] * len(plan.comms))
     assert times.exposed_comm_us == pytest.approx(60.0)
     assert times.step_us == pytest.approx(150.0 + 60.0)
-    gpu = S.settle("fsdp-grad-op").plan(toy, S.Compute(50.0, 100.0), S.Layout(1, 2, "cuda"))
+    gpu = S.settle("fsdp-grad-op").plan(toy, S.Compute(50.0, 100.0), S.Placement(1, 2, "cuda"))
     assert P.simulate(gpu, [10.0] * len(gpu.comms)).step_us == pytest.approx(170.0)
 
 
@@ -114,7 +114,7 @@ def test_simulate_many_is_simulate_row_by_row():
     rng = np.random.default_rng(3)
     profile = load_profile("bert-base")
     for name in S.SETUPS:
-        plan = S.settle(name, {"accumulate": 2}).plan(profile, S.Compute(3e4, 6e4, 5e3, 2e3), S.Layout(2, 4, "cpu"))
+        plan = S.settle(name, {"accumulate": 2}).plan(profile, S.Compute(3e4, 6e4, 5e3, 2e3), S.Placement(2, 4, "cpu"))
         rows = rng.uniform(0, 5e4, size=(4, len(plan.comms)))
         assert P.simulate_many(plan, rows) == pytest.approx([P.simulate(plan, row).step_us for row in rows])
         assert P.simulate(plan, rows[0]).step_us >= plan.compute_us
@@ -127,7 +127,7 @@ def test_simulate_many_is_simulate_row_by_row():
     ("ddp", {"accumulate": 2.5}, None, "whole number"),
     ("horovod", {"cycle_ms": math.inf}, None, "--cycle-ms"),
     ("fsdp-full", {"shard_group": "rack"}, None, "choose from world, node"),
-    ("fsdp-full", {"shard_group": "node"}, S.Layout(3, 2), None),
+    ("fsdp-full", {"shard_group": "node"}, S.Placement(3, 2), None),
 ])
 def test_bad_setups_are_one_line(name, knobs, layout, message):
     if message is None:  # 3 nodes of 2 divide 6 ranks: accepted
@@ -143,7 +143,7 @@ def test_every_setup_plans_every_shipped_profile(model):
     byte at least once; FSDP's units hold every tensor once (tied parameters in one unit: units.untie)."""
     profile = load_profile(model)
     for name in S.SETUPS:
-        for layout in (S.Layout(1, 2), S.Layout(2, 8)):
+        for layout in (S.Placement(1, 2), S.Placement(2, 8)):
             plan = S.settle(name).plan(profile, S.Compute(1e4, 2e4, 1e3), layout)
             plan.check()
             moved = plan.bytes_by()

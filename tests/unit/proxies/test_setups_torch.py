@@ -15,7 +15,7 @@ from conftest import c10d_trace, clean_env, commbench
 
 from commbench.launch import free_port
 from commbench.proxies.extract import extract
-from commbench.proxies.setup_steps import Compute, Layout
+from commbench.proxies.setup_steps import Compute, Placement
 from commbench.proxies.setups import settle
 from commbench.results import read_records
 
@@ -84,7 +84,7 @@ def _rank(rank, port, profiles, out):
             profile = profiles[model]
             torch.manual_seed(1234 + rank)
             trainer = Trainer(profile, 2, "cpu")
-            layout = Layout(nodes, per_node, "cpu")
+            layout = Placement(nodes, per_node, "cpu")
             running = apply(trainer, settle(name, knobs, layout), layout, profile)
             for _ in range(WARMUP_STEPS):
                 running.step()
@@ -142,7 +142,7 @@ def traced(profiles):
 def _planned(profiles, case):
     model, name, knobs, nodes, per_node = CASES[case]
     profile = profiles[model]
-    layout = Layout(nodes, per_node, "cpu")
+    layout = Placement(nodes, per_node, "cpu")
     plan = settle(name, knobs, layout).plan(profile, Compute(100.0, 200.0, 10.0, 5.0), layout)
     return plan, [(c.collective, c.nbytes, c.dtype, c.group) for c in plan.comms]
 
