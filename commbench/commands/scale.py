@@ -1,9 +1,9 @@
 """One way to say the scale on every command: `--nodes N --gpus-per-node G` (torchrun's
 `--nnodes` / `--nproc-per-node`, spelled as commbench spells them), or the short form
 `--topology NxG` (`-T`). sweep, predict, proxy and predict-scaling accept all three; given
-twice with different values (`-T 2x4 --nodes 3`, or a layout that is not `--nprocs` ranks)
+twice with different values (`-T 2x4 --nodes 3`, or a scale that is not `--nprocs` ranks)
 the command stops with one line and exit 2 instead of picking one. What a command does when
-only part of the layout is given (the ranks per node of its hardware, of this host's GPUs)
+only part of the scale is given (the ranks per node of its hardware, of this host's GPUs)
 stays its own, and its help says so."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SHORT_FORM = "--topology NxG is --nodes N --gpus-per-node G"
 
 
 @dataclass(frozen=True)
-class Layout:
+class Scale:
     """What the options say: each part None where not given."""
     nodes: int | None
     per_node: int | None
@@ -33,17 +33,17 @@ class Layout:
 
 
 def settle(topology: str | None, nodes: int | None, per_node: int | None, world: int | None = None,
-           world_flag: str = "--nprocs") -> Layout:
-    """The layout the options say, or one line (UsageFault): a malformed or out-of-range value,
-    --topology disagreeing with --nodes/--gpus-per-node, or a layout that is not `world` ranks
+           world_flag: str = "--nprocs") -> Scale:
+    """The scale the options say, or one line (UsageFault): a malformed or out-of-range value,
+    --topology disagreeing with --nodes/--gpus-per-node, or a scale that is not `world` ranks
     (`world`: the rank count given another way, e.g. --nprocs)."""
     from commbench.commands import options as O
-    from commbench.topology import TopologyError, parse_layout
+    from commbench.topology import TopologyError, parse_nodes_by_ranks
 
     O.check({"--nodes": (O.COUNT, nodes), "--gpus-per-node": (O.COUNT, per_node)})
     if topology is not None:
         try:
-            topo = parse_layout(topology)
+            topo = parse_nodes_by_ranks(topology)
         except TopologyError as exc:
             raise UsageFault(str(exc)) from exc
         O.check({"--topology's nodes": (O.COUNT, topo.nodes), "--topology's ranks per node":
@@ -53,47 +53,47 @@ def settle(topology: str | None, nodes: int | None, per_node: int | None, world:
                 raise UsageFault(f"--topology {topology} and {flag} {value} disagree: say the scale once "
                                  f"({SHORT_FORM})")
         nodes, per_node = topo.nodes, topo.ranks_per_node
-    layout = Layout(nodes, per_node)
-    if world is not None and layout.given:
-        _check_world(layout, world, world_flag, topology)
-    return layout
+    scale = Scale(nodes, per_node)
+    if world is not None and scale.given:
+        _check_world(scale, world, world_flag, topology)
+    return scale
 
 
-def _check_world(layout: Layout, world: int, world_flag: str, topology: str | None) -> None:
+def _check_world(scale: Scale, world: int, world_flag: str, topology: str | None) -> None:
     said = f"--topology {topology}" if topology is not None else " ".join(
-        f"{flag} {value}" for flag, value in (("--nodes", layout.nodes), ("--gpus-per-node", layout.per_node))
+        f"{flag} {value}" for flag, value in (("--nodes", scale.nodes), ("--gpus-per-node", scale.per_node))
         if value is not None)
-    if layout.complete and layout.nodes * layout.per_node != world:
-        raise UsageFault(f"{said} is {layout.nodes * layout.per_node} ranks but {world_flag} {world}: say the scale "
+    if scale.complete and scale.nodes * scale.per_node != world:
+        raise UsageFault(f"{said} is {scale.nodes * scale.per_node} ranks but {world_flag} {world}: say the scale "
                          f"once")
-    part = layout.nodes or layout.per_node
-    if not layout.complete and world % part:
+    part = scale.nodes or scale.per_node
+    if not scale.complete and world % part:
         raise UsageFault(f"{world_flag} {world} ranks do not fill {said} evenly: give --nodes and --gpus-per-node "
                          f"(or --topology NxG)")
 
 
-def complete(layout: Layout, world: int | None, per_node_default: int) -> Layout:
+def complete(scale: Scale, world: int | None, per_node_default: int) -> Scale:
     """Fill the part not given: from `world` ranks where known, else `per_node_default` ranks per node
     (--nodes alone) or one node (--gpus-per-node alone)."""
-    nodes, per_node = layout.nodes, layout.per_node
+    nodes, per_node = scale.nodes, scale.per_node
     if nodes is not None and per_node is None:
         per_node = world // nodes if world is not None else per_node_default
     elif per_node is not None and nodes is None:
         nodes = world // per_node if world is not None else 1
-    return Layout(nodes, per_node)
+    return Scale(nodes, per_node)
 
 
 def for_sweep(options, joined: bool):
-    """sweep's options with the layout said once: --nodes/--gpus-per-node folded into --topology, and
+    """sweep's options with the scale said once: --nodes/--gpus-per-node folded into --topology, and
     when this command makes the ranks (spawned, or in process) into --nprocs too, so that --topology
     2x4 runs 8 ranks. In a launcher's job (`joined`) the job has its own size, which the backend
-    checks the layout against. Beside --emulate (its own layout), --nodes/--gpus-per-node are refused.
+    checks the scale against. Beside --emulate (its own scale), --nodes/--gpus-per-node are refused.
     `options`: commands/sweep_options.SweepOptions; returned with its topology and nprocs settled."""
     nodes, per_node = options.nodes, options.gpus_per_node
     if options.emulate:
         given = [flag for flag, value in (("--nodes", nodes), ("--gpus-per-node", per_node)) if value is not None]
         if given:
-            raise UsageFault(f"--emulate NODESxRANKS sets the job's layout and launch: drop {', '.join(given)}")
+            raise UsageFault(f"--emulate NODESxRANKS sets the job's scale and launch: drop {', '.join(given)}")
         return options
     world = None if joined else options.nprocs
     said = settle(options.topology, nodes, per_node, world)
@@ -101,9 +101,9 @@ def for_sweep(options, joined: bool):
         return options
     said = complete(said, world, local_gpus() or 1)
     nprocs = options.nprocs if joined or world is not None else said.nodes * said.per_node
-    if not _runs_schedules(options.backend):  # a library lays out its own ranks: the layout says how many
+    if not _runs_schedules(options.backend):  # a library lays out its own ranks: the scale says how many
         if not joined and said.nodes > 1:
-            raise UsageFault(f"layout {said.spec()}: ranks spawned here are all on this host, and --backend "
+            raise UsageFault(f"scale {said.spec()}: ranks spawned here are all on this host, and --backend "
                              f"{options.backend} cannot lay them out as {said.nodes} nodes: start them with "
                              f"a launcher (torchrun --nnodes {said.nodes}), emulate the nodes (--emulate "
                              f"{said.spec()}), or give --nprocs {said.nodes * said.per_node} alone")
