@@ -20,8 +20,9 @@ setup(
     # profiles ship as data. The CUDA kernels
     # in cuda/ ship as commbench/cuda/*.cu (data, no __init__.py: a top-level `cuda` package would
     # shadow NVIDIA's `cuda` namespace that CuPy imports).
-    packages=find_packages(include=["commbench", "commbench.*"]) + ["commbench.analysis", "commbench.proxies",
-                                                                     "commbench.proxies.models", "commbench.cuda"],
+    packages=find_packages(include=["commbench", "commbench.*"]) + [
+        "commbench.analysis", "commbench.proxies", "commbench.proxies.models", "commbench.proxies.layouts",
+        "commbench.proxies.layouts.train", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
     package_data={"commbench": ["presets/*.json", "presets/README.md", "presets/tuning/*.json"],
                   "commbench.analysis": ["corpus/*.json", "corpus/README.md"],

@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import Hardware
-from commbench.proxies.layout_calls import CHECKPOINTING
-from commbench.proxies.parallelism import LayoutError, Parallelism
+from commbench.proxies.layouts.calls import CHECKPOINTING
+from commbench.proxies.layouts.parallelism import LayoutError, Parallelism
 from commbench.proxies.profile import ProfileError, load_profile
 from commbench.topology import Topology
 

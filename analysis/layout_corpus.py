@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
-from commbench.proxies.layout_calls import EP_DISPATCHERS
-from commbench.proxies.parallelism import SCHEDULES, LayoutError, Parallelism
+from commbench.proxies.layouts.calls import EP_DISPATCHERS
+from commbench.proxies.layouts.parallelism import SCHEDULES, LayoutError, Parallelism
 from commbench.proxies.profile import Profile, ProfileError, TensorSpec, UnitSpec, load_profile
 from commbench.proxies.setups import SETUPS
 from commbench.proxies.transformer import TransformerShape, shape_from_dict

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commbench.proxies.parallelism import LayoutError, Parallelism
+from commbench.proxies.layouts.parallelism import LayoutError, Parallelism
 
 MAX_CANDIDATES = 20_000  # layouts a search may enumerate before it is refused (bounds its time)
 MAX_MICROBATCHES = 4096  # a rank's micro-batches a step (commands/predict_layouts.py's, setups' accumulate)
@@ -95,7 +95,7 @@ class SearchResult:
 def search(job, shape, space: SearchSpace) -> SearchResult:
     """Enumerate, check memory, predict what fits (analysis/predict_layout.py), rank."""
     from commbench.analysis.predict_layout import RESERVED_FRACTION, layout_memory, predict_layout
-    from commbench.proxies import memory as M
+    from commbench.proxies.layouts import memory as M
 
     layouts = candidates(shape, space)
     gpu_bytes = job.hw.device_memory_gb * 1e9 if job.hw.device_memory_gb else None

@@ -1,19 +1,19 @@
 """A parallel layout's training step predicted from the cost model: tensor, pipeline, context and expert
-parallelism composed with a data-parallel setup (proxies/parallelism.py), on a model's transformer shape.
+parallelism composed with a data-parallel setup (proxies/layouts/parallelism.py), on a model's transformer shape.
 
 How a step is put together (docs/layouts.md, "Predicting a layout"):
 1. Compute: each layer's FLOPs per token (proxies/transformer.py) times the tokens one rank holds of a
    micro-batch (b x s / cp), split over the TP ranks, at the achieved rate `tflops`; the backward is
    twice the forward plus what activation checkpointing recomputes.
-2. Each layer's calls (proxies/layout_calls.py) costed on its group's ranks (where the mesh places them:
-   proxies/parallelism.py): TP and EP calls wait on the compute and are waited for; a CP ring step runs
+2. Each layer's calls (proxies/layouts/calls.py) costed on its group's ranks (where the mesh places them:
+   proxies/layouts/parallelism.py): TP and EP calls wait on the compute and are waited for; a CP ring step runs
    beside the attention it feeds, so only what outlasts that attention shows.
 3. The pipeline: virtual stage j's forward and backward (compute plus what its calls expose) laid out in
-   the schedule's order with a send between stages (proxies/pipeline.py): the bubble follows from it.
+   the schedule's order with a send between stages (proxies/layouts/pipeline.py): the bubble follows from it.
 4. The data-parallel setup on the gradients a rank holds, over dp x cp ranks: the setups table's own plan
    (proxies/setups.py) of a profile cut to one rank's share of the busiest stage, overlapped with the last
    micro-batch's compute (all micro-batches' when there is no pipeline, as gradient accumulation runs them).
-5. Memory per GPU (proxies/memory.py), with the activations held at once taken from the schedule's order.
+5. Memory per GPU (proxies/layouts/memory.py), with the activations held at once taken from the schedule's order.
 """
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ from commbench.analysis.scaling import comm_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware, call_us
 from commbench.costmodel.compute import ComputeBlock
-from commbench.proxies import layer_ops as ops
-from commbench.proxies import memory as M
-from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import simulate
-from commbench.proxies.layout_calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts import layer_ops as ops
+from commbench.proxies.layouts import memory as M
+from commbench.proxies.layouts import pipeline
+from commbench.proxies.layouts.calls import EP_DISPATCH, LayerCall, boundary_nbytes, layer_calls
+from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.stage_share import stage_profile
 from commbench.proxies.profile import Profile
 from commbench.proxies.setups import Compute, Placement, settle
-from commbench.proxies.stage_share import stage_profile
 from commbench.topology import Topology
 
 RESERVED_FRACTION = 0.1  # of a GPU's memory kept free for the allocator, the CUDA context and NCCL's buffers
@@ -66,7 +66,7 @@ class Job:
     algorithm: str = "nccl"
     peak_tflops: float | None = None  # for MFU
     causal_halved: bool = True  # attention kernels skip the masked half of the scores (FlashAttention's causal)
-    ep_dispatcher: str = "alltoall"  # layout_calls.EP_DISPATCHERS: how MoE tokens reach their experts
+    ep_dispatcher: str = "alltoall"  # calls.EP_DISPATCHERS: how MoE tokens reach their experts
     rate_source: str = "given"  # where `tflops` comes from: "given", or "peak:fp32" / "peak:bf16" (optimistic)
     compute: ComputeBlock | None = None  # operators' times on the device: costs each layer's operators (else tflops)
     compute_dtype: str = "bfloat16"  # the block's precision the operators are read in
@@ -288,12 +288,13 @@ def _replica_layout(job: Job, par: Parallelism) -> tuple[int, int]:
 
 
 def _stage_profile(job: Job, par: Parallelism, stage: int) -> Profile:
-    """The profile cut to what one rank of pipeline stage `stage` holds (proxies/stage_share.py)."""
+    """The profile cut to what one rank of pipeline stage `stage` holds (proxies/layouts/stage_share.py)."""
     return stage_profile(job.profile, job.shape.layers, par, stage)
 
 
 def layout_memory(job: Job, par: Parallelism) -> M.MemoryBreakdown:
-    """The fullest GPU's memory under `par` (proxies/memory.py), the activations held at once from the schedule."""
+    """The fullest GPU's memory under `par` (proxies/layouts/memory.py), the activations held at once from the
+    schedule."""
     held = tuple(pipeline.held_at_once(par.pp_schedule, par.pp, s, par.microbatches, par.virtual_stages)
                  / par.virtual_stages for s in range(par.pp))
     choice = settle(par.setup)

@@ -8,7 +8,7 @@ construction): its replay at a nominal rate gives the FLOPs per rank and step an
 and the rate is the FLOPs over what the training step leaves for compute. Every other layout is predicted
 from that one rate. The prediction (`--hw FIT`, a `commbench fit` of this machine's sweep) uses the same rate.
 Beside them, `commbench proxy llama-tiny --layout L --compute measured`: the replay with each rank's compute
-timed on its own pieces of the model (proxies/layout_compute.py), no rate and no calibration (its error on the
+timed on its own pieces of the model (proxies/layouts/compute.py), no rate and no calibration (its error on the
 first layout counts like the others'; the medians leave it out for both replays, so they compare).
 Error = replay (or prediction) / training - 1, of the median step (the slowest rank's per step).
 
@@ -89,7 +89,7 @@ def predicted_us(entry: str, rate: float, args: argparse.Namespace, block: bool 
         return None
     from commbench.analysis.predict_layout import Job, predict_layout
     from commbench.costmodel import load_hardware
-    from commbench.proxies.parallelism import parse_layout
+    from commbench.proxies.layouts.parallelism import parse_layout
     from commbench.proxies.profile import load_profile
 
     profile = load_profile(args.model)

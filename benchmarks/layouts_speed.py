@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from commbench.analysis.predict_layout import Job, rank_layouts
 from commbench.costmodel import load_hardware
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 
 CASES = {

@@ -1,5 +1,5 @@
-"""Memory per device: proxies/memory.py's prediction against a real training step's peak, measured on this
-machine's CPU by torch's own tracker (proxies/memory_measure.py: MemTracker, FSDPMemTracker for FSDP2), one
+"""Memory per device: proxies/layouts/memory.py's prediction against a real training step's peak, measured on this
+machine's CPU by torch's own tracker (proxies/layouts/memory_measure.py: MemTracker, FSDPMemTracker for FSDP2), one
 rank, bare, under DDP and under FSDP2, float32 and bfloat16 (issue 47, item 5). Prints per case the measured
 peak, the prediction and its error, and the tracker's parts; the median and max |error| and the target
 (within 10%). No timing is involved: the tracker counts tensor storages, so load does not change a figure.
@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from commbench.proxies.memory_measure import DTYPES, WRAPPERS, measure_peak, predicted_peak, shape_of
+from commbench.proxies.layouts.memory_measure import DTYPES, WRAPPERS, measure_peak, predicted_peak, shape_of
 
 MIB = 2**20
 LLAMA = "transformers:LlamaForCausalLM:"

@@ -118,7 +118,7 @@ def unstated_depth(corpus: LayoutCorpus, outcomes: list[Outcome], depths=(2, 4))
 
 
 def _errors_at_depth(corpus: LayoutCorpus, members: list[Outcome], depth: int) -> list[tuple[str, float]]:
-    from commbench.proxies.parallelism import LayoutError
+    from commbench.proxies.layouts.parallelism import LayoutError
 
     def at_depth(row: Row):
         par = replace(row.parallelism(), virtual_stages=depth)

@@ -1,5 +1,5 @@
 """A compute block measured on this device for a model's layouts (`commbench compute`): every operator
-proxies/layer_ops.py lists for one rank of each layout, timed by proxies/operator_timing.py, once per shape.
+proxies/layouts/layer_ops.py lists for one rank of each layout, timed by proxies/operator_timing.py, once per shape.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from commbench.costmodel.compute import AttentionPoint, ComputeBlock, MatmulPoint
-from commbench.proxies import layer_ops as L
 from commbench.proxies import operator_timing as T
+from commbench.proxies.layouts import layer_ops as L
 
 
 def shapes_of(shape, layouts, microbatches: list[int]) -> tuple[list[tuple[int, int, int]], list[tuple]]:

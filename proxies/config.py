@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from commbench.backends.base import BackendConfig, RanksConfig
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.parallelism import Parallelism
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class ProxyConfig(RanksConfig):
     trust_profile_code: bool = False  # build a model from code the profile file names (source.spec module:callable)
     setup: str = "ddp"  # proxies/setups.py
     knobs: dict[str, Any] = field(default_factory=dict)  # the setup's knobs as given (bucket_mb is its own field)
-    # proxy --layout, train --layout: the parallel layout, replayed by proxies/replay_layout.py (trained by
-    # proxies/train_layout_run.py) on micro-batches of `microbatch` sequences; None: data parallel alone
+    # proxy --layout, train --layout: the parallel layout, replayed by proxies/layouts/replay.py (trained by
+    # proxies/layouts/train/run.py) on micro-batches of `microbatch` sequences; None: data parallel alone
     layout: Parallelism | None = None
     microbatch: int = 1
     compute_block: dict[str, Any] | None = None  # --compute block: the block, as the hardware file holds it

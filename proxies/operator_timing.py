@@ -1,4 +1,4 @@
-"""Operators timed on this device at the shapes proxies/layer_ops.py lists: the measuring half of the compute
+"""Operators timed on this device at the shapes proxies/layouts/layer_ops.py lists: the measuring half of the compute
 block (commbench/costmodel/compute.py), run by `commbench compute`.
 
 Each operator runs on tensors made beforehand: one warm-up, then repeats until `min_time_s` of them have run
@@ -8,7 +8,7 @@ the cores do not add their own time to it, though they still slow it through the
 wall time; on a GPU CUDA events around each call. Matrix products run as torch.matmul, attention as
 scaled_dot_product_attention (forward, then its backward from a gradient of ones), memory-bound work as one
 elementwise add over a tensor of a layer's size, the per-operator cost as an add of one element, and the
-framework's share as a real decoder layer (transformers' LlamaDecoderLayer, as proxies/layout_compute.py
+framework's share as a real decoder layer (transformers' LlamaDecoderLayer, as proxies/layouts/compute.py
 builds a rank's shard) against the sum of its operators.
 """
 from __future__ import annotations
@@ -107,8 +107,8 @@ def op_us(clock: Clock) -> float:
 
 
 def time_decoder_layer(clock: Clock, par, shape, microbatch: int) -> tuple[float, float]:
-    """(forward, backward) microseconds of one real decoder layer of the rank's shard (layout_compute's pieces)."""
-    from commbench.proxies.layout_compute import RankPieces
+    """(forward, backward) microseconds of one real decoder layer of the rank's shard (layouts/compute.py's pieces)."""
+    from commbench.proxies.layouts.compute import RankPieces
 
     pieces = RankPieces(par, shape, microbatch, 0, clock.device)
     forward_us = clock.median_us(pieces.layer)

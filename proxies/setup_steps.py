@@ -56,7 +56,7 @@ class Compute:
 @dataclass(frozen=True)
 class Placement:
     """Where a data-parallel job's ranks sit: `nodes` nodes of `ranks_per_node` ranks on `device` (not a parallel
-    layout: that is proxies/parallelism.py's Parallelism)."""
+    layout: that is proxies/layouts/parallelism.py's Parallelism)."""
     nodes: int
     ranks_per_node: int
     device: str = "cuda"  # cpu ranks issue FSDP's forward all-gathers as they reach them

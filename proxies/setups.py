@@ -77,7 +77,7 @@ class Setup:
     reshard_after_forward: bool | None = None  # FSDP2 fully_shard's flag (None: not FSDP)
     trains_instead: str = ""  # trains_as "": why, and the nearest setup that `train` runs
     proxy_buckets: bool = False  # replayed through the proxy's DDP buckets (--no-bucketing/--single-bucket apply)
-    memory_sharding: str = "none"  # what it shards of the model states at rest (proxies/memory.py's SHARDING)
+    memory_sharding: str = "none"  # what it shards of the model states at rest (proxies/layouts/memory.py's SHARDING)
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ def _free_bytes(device: str) -> int | None:
 def run_train(cfg, launch, argv: list[str]) -> int:
     """The `train` job on this rank; returns the exit code (2: does not fit, 3: a rank failed)."""
     if cfg.layout:  # a parallel layout (train --layout)
-        from commbench.proxies.train_layout_run import train_layout_steps
+        from commbench.proxies.layouts.train.run import train_layout_steps
 
         return run_rank(cfg, launch, argv, train_layout_steps)
     return run_rank(cfg, launch, argv, _train_steps)

@@ -1,6 +1,6 @@
 """`commbench compute MODEL --layout ... --hw BASE -o HW.json`: the device half of a prediction measured here.
 
-It times the operators one rank of each layout runs (proxies/layer_ops.py: a decoder layer's products at the
+It times the operators one rank of each layout runs (proxies/layouts/layer_ops.py: a decoder layer's products at the
 layout's shard, attention by sequence and CP block, the memory-bound work, the head), a real decoder layer
 against them for the framework's share, and writes BASE with that `compute` block (costmodel/compute.py):
 predict-scaling --layout then costs each layout's operators from it rather than at one --tflops rate.
@@ -75,8 +75,8 @@ def _layouts(model: str, layouts: tuple[str, ...], gpus: int | None, seq_len: in
     from dataclasses import replace
 
     from commbench.commands.predict_layouts import transformer_profile
-    from commbench.proxies.layer_ops import unlisted
-    from commbench.proxies.parallelism import LayoutError, parse_layout
+    from commbench.proxies.layouts.layer_ops import unlisted
+    from commbench.proxies.layouts.parallelism import LayoutError, parse_layout
 
     shape = transformer_profile(model, "compute").transformer
     if unlisted(shape):

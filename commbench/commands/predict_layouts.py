@@ -72,7 +72,7 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
     from dataclasses import replace
 
     from commbench.analysis.predict_layout import Job, rank_layouts
-    from commbench.proxies.parallelism import LayoutError
+    from commbench.proxies.layouts.parallelism import LayoutError
     from commbench.proxies.setups import SetupError
 
     profile = transformer_profile(model, "--layout")
@@ -107,7 +107,7 @@ def predict_layouts(model: str, hw, gpus: int, gpus_per_node: int, tflops: float
 def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict):
     """--layout auto: (the layouts that fit, fastest first; the Job; the top row's layout; lines said after)."""
     from commbench.analysis.layout_search import SearchSpace, search
-    from commbench.proxies.parallelism import LayoutError
+    from commbench.proxies.layouts.parallelism import LayoutError
 
     microbatch = _positive("--microbatch", flags["microbatch"], MAX_MICROBATCH)
     top = _positive("--top", flags["top"], 1000)
@@ -152,7 +152,7 @@ def transformer_profile(model: str, what: str):
 def compute_block(hw, shape):
     """(the hardware's compute block, the precision to read it in) where it has what a layout's layers need,
     else (None, "") with a warning that says what it lacks (the prediction then falls back to one rate)."""
-    from commbench.proxies import layer_ops
+    from commbench.proxies.layouts import layer_ops
 
     block = hw.compute
     if block is None:
@@ -207,7 +207,7 @@ def _layouts(flags: dict, setup: str, gpus: int, gpus_per_node: int, shape) -> l
     the GPUs only, so adding a candidate never changes the others' steps or their order."""
     from dataclasses import replace
 
-    from commbench.proxies.parallelism import LayoutError, parse_layout
+    from commbench.proxies.layouts.parallelism import LayoutError, parse_layout
     from commbench.proxies.setups import settle
 
     microbatch = _positive("--microbatch", flags["microbatch"], MAX_MICROBATCH)
@@ -255,7 +255,7 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
              f"# compute: {rate}, " + ("no" if job.checkpointing == "none" else job.checkpointing)
              + " activation checkpointing",
              "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
-             "dimension; memory = the fullest GPU's (proxies/memory.py)",
+             "dimension; memory = the fullest GPU's (proxies/layouts/memory.py)",
              f"# {'rank':>4}  {'layout':<{width}} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
              f"{'tp/cp/ep(ms)':>13} {'pp(ms)':>9} {'dp(ms)':>9} {'GB/GPU':>8} {'fits':>5} {'vs #1':>9}"]
     for rank, p in enumerate(predictions, 1):

@@ -1,5 +1,5 @@
 """`proxy MODEL --layout SPEC` and `train MODEL --layout SPEC`: the options that replay a parallel layout on
-real ranks (proxies/replay_layout.py) or train it for real (proxies/train_layout_run.py), checked before any
+real ranks (proxies/layouts/replay.py) or train it for real (proxies/layouts/train/run.py), checked before any
 rank starts. The spelling is predict-scaling's (commands/predict_layouts.py); proxy and train take one layout,
 and the micro-batches a step runs."""
 from __future__ import annotations
@@ -51,7 +51,7 @@ def layout_replay_options(command: str):
 def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int) -> dict:
     """The ProxyConfig fields of `--layout` ({} without it); a layout that cannot run here is one line.
     `o`: the command's options (commands/proxy_options.ProxyOptions); `cls`: the backend's class."""
-    from commbench.proxies.parallelism import LayoutError, parse_layout
+    from commbench.proxies.layouts.parallelism import LayoutError, parse_layout
     from commbench.proxies.setups import SetupError, settle
 
     text = o.layout
@@ -89,7 +89,7 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
         if not training and compute == "measured":
             _check_measured(o, par, shape)
         if training:
-            from commbench.proxies.train_layouts import trained_shape
+            from commbench.proxies.layouts.train.local import trained_shape
 
             trained_shape(par, shape, o.microbatch)
     except (LayoutError, SetupError, ValueError) as exc:
@@ -99,9 +99,9 @@ def layout_fields(o, cls, profile, compute: str, world: int, ranks_per_node: int
 
 
 def _check_measured(o, par, shape) -> None:
-    """The replay's compute timed on each rank's own pieces (proxies/layout_compute.py): what cannot be
+    """The replay's compute timed on each rank's own pieces (proxies/layouts/compute.py): what cannot be
     measured here is one line."""
-    from commbench.proxies.layout_compute import refusal
+    from commbench.proxies.layouts.compute import refusal
 
     why = refusal(par, shape, o.microbatch, on_cpu=not _on_gpu(o))
     if why:
@@ -117,7 +117,7 @@ def _on_gpu(o) -> bool:
 
 
 def _training_refusals(o) -> list[tuple[bool, str]]:
-    """What `train --layout` (proxies/train_layout_run.py) cannot run, as layout_fields' refusals."""
+    """What `train --layout` (proxies/layouts/train/run.py) cannot run, as layout_fields' refusals."""
     knobs = " ".join(f"--{name.replace('_', '-')}" for name in sorted(o.given_knobs()))
     return [(_on_gpu(o), "train --layout trains on CPU ranks over gloo (give --device cpu on a GPU host)"),
             (bool(knobs), f"train --layout runs DDP and FSDP2 with their defaults: drop {knobs}"),

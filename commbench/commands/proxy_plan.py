@@ -105,7 +105,7 @@ def _profile_and_compute(o: ProxyOptions) -> tuple[Profile, str]:
 def _block_of(o: ProxyOptions, profile: Profile):
     """--compute block: the compute block of --hw that a layout's replay costs its operators from, or one line."""
     from commbench.commands.hw_option import load_hw
-    from commbench.proxies.layer_ops import missing, unlisted
+    from commbench.proxies.layouts.layer_ops import missing, unlisted
 
     if not o.hw:
         raise UsageFault("--compute block costs a transformer's operators from a hardware file's compute block: "

@@ -90,7 +90,7 @@ class ProxyResult(Record):
     comm_cpu_gbps: float | None = None
     setup: str = "ddp"  # the training setup (proxies/setups.py) and its settled knobs; older files: ddp
     knobs: dict | None = None
-    layout: dict | None = None  # proxy --layout: the parallel layout (proxies/parallelism.py to_dict)
+    layout: dict | None = None  # proxy --layout: the parallel layout (proxies/layouts/parallelism.py to_dict)
     schedule: bool | None = None  # as a Result's: what the backend could do (None: readers look it up by name)
     timing: str | None = None
 

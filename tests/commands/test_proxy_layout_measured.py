@@ -1,5 +1,5 @@
 """`proxy MODEL --layout SPEC --compute measured`: the replay's compute timed on each rank's own pieces of the
-model (proxies/layout_compute.py), not FLOPs at one rate; what cannot be measured here is one line, exit 2."""
+model (proxies/layouts/compute.py), not FLOPs at one rate; what cannot be measured here is one line, exit 2."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""`train MODEL --layout SPEC`: a parallel layout trained for real (proxies/train_layout_run.py) on 4 spawned
+"""`train MODEL --layout SPEC`: a parallel layout trained for real (proxies/layouts/train/run.py) on 4 spawned
 gloo ranks, through the job frame and records of `train` and `proxy --layout` (the header and every record
 carry the layout); layouts or options the trainer cannot run: one line, exit 2, before any rank starts."""
 from __future__ import annotations

@@ -42,18 +42,19 @@ FLOORS = {
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units", "commbench.proxies.transformer",
-        "commbench.proxies.memory", "commbench.proxies.parallelism", "commbench.proxies.pipeline",
-        "commbench.proxies.layout_calls", "commbench.proxies.trace*", "commbench.analysis.predict_trace",
-        "commbench.proxies.stage_share", "commbench.proxies.layer_ops"],
+        "commbench.proxies.layouts", "commbench.proxies.layouts.memory", "commbench.proxies.layouts.parallelism",
+        "commbench.proxies.layouts.pipeline", "commbench.proxies.layouts.calls", "commbench.proxies.trace*",
+        "commbench.analysis.predict_trace",
+        "commbench.proxies.layouts.stage_share", "commbench.proxies.layouts.layer_ops"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench*", "commbench.table",
         "commbench.telemetry", "commbench.sweep_config", "commbench.point_timing",
         "commbench.backends*", "commbench.proxies.config", "commbench.proxies.context", "commbench.proxies.replay",
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
         "commbench.proxies.steps", "commbench.proxies.channels", "commbench.proxies.clocks",
-        "commbench.proxies.extract", "commbench.proxies.train_layout*", "commbench.analysis.predict_proxy",
-        "commbench.proxies.replay_trace", "commbench.proxies.replay_layout", "commbench.proxies.layout_compute",
+        "commbench.proxies.extract", "commbench.proxies.layouts.train*", "commbench.analysis.predict_proxy",
+        "commbench.proxies.replay_trace", "commbench.proxies.layouts.replay", "commbench.proxies.layouts.compute",
         "commbench.proxies.operator_timing", "commbench.proxies.compute_measure", "commbench.proxies.compute_cache",
-        "commbench.proxies.memory_measure"],
+        "commbench.proxies.layouts.memory_measure"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
         "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare",
         "commbench.analysis.report_timeline"],
@@ -431,9 +432,12 @@ UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" 
                 "backends/cuda": ROOT / "commbench" / "backends" / "cuda",
                 "backends/shm": ROOT / "commbench" / "backends" / "shm",
                 "costmodel": ROOT / "commbench" / "costmodel",
-                "analysis": ROOT / "analysis", "proxies": ROOT / "proxies"}  # tests/unit/<key>/ -> its modules
+                "analysis": ROOT / "analysis", "proxies": ROOT / "proxies",
+                "proxies/layouts": ROOT / "proxies" / "layouts",
+                "proxies/layouts/train": ROOT / "proxies" / "layouts" / "train"}  # tests/unit/<key>/ -> its modules
 # A folder's names tested under another key: commands/, or a subfolder's own key (unit/costmodel/, unit/backends/cuda/).
-TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda", "shm"}}
+TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda", "shm"},
+                    "proxies": {"layouts"}, "proxies/layouts": {"train"}}
 
 
 def _names_in(folder: Path) -> set[str]:
@@ -538,7 +542,7 @@ UNTESTED_BY_NAME = {
     "backends/cuda/ipc": "unit/backends/cuda/test_sched.py (GPU), test_sched_fake_gpu.py",
     "backends/cuda/checks": "unit/backends/cuda/test_host.py, commands/test_selftest.py",
     # train --layout's rank body: trained end to end by its command's test
-    "proxies/train_layout_run": "commands/test_train_layout.py",
+    "proxies/layouts/train/run": "commands/test_train_layout.py",
     # analysis/ pieces pinned through the analyses that use them
     "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
     "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",
@@ -553,19 +557,22 @@ UNTESTED_BY_NAME = {
     "proxies/channels": "unit/proxies/test_timeline.py, system/test_faults.py",
     "proxies/clocks": "unit/proxies/test_timeline.py, system/test_faults.py",
     "proxies/comm_plan": "unit/proxies/test_setups.py, test_trace_calls.py, unit/analysis/test_predict_layout.py",
-    "proxies/setup_steps": "unit/proxies/test_setups_torch.py, test_replay_layout.py",
+    "proxies/setup_steps": "unit/proxies/test_setups_torch.py, unit/proxies/layouts/test_replay_layout.py",
+    "proxies/replay": "commands/test_proxy.py, commands/test_proxy_setups.py (the data-parallel replay on ranks)",
+    "proxies/train": "commands/test_proxy.py (train, --validate), unit/proxies/test_setups_torch.py",
     "proxies/train_setups": "unit/proxies/test_setups_torch.py",
     "proxies/catalog": "unit/proxies/test_profile_shipped.py, test_units.py, system/test_security.py",
     "proxies/replay_trace": "commands/test_replay.py, system/test_emulate_replay.py",
     "proxies/trace_files": "unit/proxies/test_trace_*.py, unit/analysis/test_predict_trace.py",
     "proxies/trace_json": "unit/proxies/test_trace_torch.py",
-    "proxies/stage_share": "unit/proxies/test_replay_layout.py, unit/analysis/test_predict_layout.py",
-    "proxies/train_layout_parts": "unit/proxies/test_train_layouts.py (one 4-rank job trains every layout)",
-    "proxies/train_layout_build": "unit/proxies/test_train_layouts.py, commands/test_train_layout.py",
-    "proxies/train_layout_model": "unit/proxies/test_train_layouts.py",
-    "proxies/train_layout_moe": "unit/proxies/test_train_layouts.py",
-    "proxies/train_layout_ring": "unit/proxies/test_train_layouts.py",
-    "proxies/train_layout_trace": "unit/proxies/test_train_layouts.py",
+    "proxies/layouts/stage_share": "unit/proxies/layouts/test_replay_layout.py, unit/analysis/test_predict_layout.py",
+    "proxies/layouts/train/parts": "unit/proxies/layouts/train/test_local_layouts.py (one 4-rank job trains every "
+                                   "layout)",
+    "proxies/layouts/train/build": "unit/proxies/layouts/train/test_local_layouts.py, commands/test_train_layout.py",
+    "proxies/layouts/train/model": "unit/proxies/layouts/train/test_local_layouts.py",
+    "proxies/layouts/train/moe": "unit/proxies/layouts/train/test_local_layouts.py",
+    "proxies/layouts/train/ring": "unit/proxies/layouts/train/test_local_layouts.py",
+    "proxies/layouts/train/trace": "unit/proxies/layouts/train/test_local_layouts.py",
     # commands/: helpers shared by several commands, tested through them; commands tested under other names
     "commands/__main__": "commands/test_cli.py (python -m commbench)",
     "commands/common": "commands/test_cli*.py, system/test_inputs.py (outputs, one-line faults)",

@@ -8,7 +8,7 @@ from commbench.analysis.check import check
 from commbench.analysis.check_layout import LayoutCheckError, check_layout_run, parallelism_of
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import load_hardware
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 from commbench.topology import Topology
 

@@ -47,7 +47,7 @@ def test_what_fits_is_ranked_fastest_first_and_the_rest_counted():
 
 def test_a_search_larger_than_its_bound_is_one_line(monkeypatch):
     from commbench.analysis import layout_search
-    from commbench.proxies.parallelism import LayoutError
+    from commbench.proxies.layouts.parallelism import LayoutError
 
     monkeypatch.setattr(layout_search, "MAX_CANDIDATES", 5)
     with pytest.raises(LayoutError, match="more than 5 layouts"):

@@ -7,9 +7,9 @@ import pytest
 from commbench.analysis.predict_layout import Job, predict_layout, rank_layouts
 from commbench.analysis.scaling import comm_us
 from commbench.costmodel import load_hardware
-from commbench.proxies import pipeline
 from commbench.proxies.comm_plan import Comm
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts import pipeline
+from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.profile import load_profile
 from commbench.topology import Topology
 
@@ -95,7 +95,7 @@ def test_a_ranks_share_of_the_experts_is_their_element_count_over_ep_and_tp():
 def test_context_parallel_steps_show_only_what_outlasts_the_phases_attention(job):
     """Overlapping calls of a phase are summed, then the phase's attention covers them once."""
     from commbench.analysis.predict_layout import _call_us, _chunk_us
-    from commbench.proxies.layout_calls import layer_calls
+    from commbench.proxies.layouts.calls import layer_calls
 
     par = Parallelism(tp=8, cp=16, dp=1)
     forward, backward, dims = _chunk_us(job, par, range(1), head=False)

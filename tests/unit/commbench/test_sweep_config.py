@@ -53,7 +53,7 @@ def test_a_layout_reaches_the_ranks_as_the_value_itself_and_heads_its_file_as_it
     """proxy --layout's config carries a Parallelism (issue 46: the layout was a dict on its way to the ranks)."""
     from dataclasses import asdict
 
-    from commbench.proxies.parallelism import parse_layout
+    from commbench.proxies.layouts.parallelism import parse_layout
 
     par = parse_layout("tp2,pp2,fsdp2@interleaved:2", microbatches=4)
     cfg = ProxyConfig(model="llama-tiny", backend=BackendConfig(backend="torch", nprocs=8), layout=par)

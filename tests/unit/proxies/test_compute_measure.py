@@ -1,9 +1,9 @@
 """A compute block measured here for llama-tiny's layouts: one point for every shape its ranks run."""
 import pytest
 
-from commbench.proxies import layer_ops as L
 from commbench.proxies.compute_measure import measure_block, shapes_of
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts import layer_ops as L
+from commbench.proxies.layouts.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 
 SHAPE = load_profile("llama-tiny").transformer

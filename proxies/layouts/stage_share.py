@@ -1,15 +1,15 @@
 """What one rank of a parallel layout holds of a model: its pipeline stage's layers, split over the
 tensor-parallel ranks (experts over the expert-parallel ranks too), as a profile whose gradients the
 data-parallel setup reduces. Shared by the modelled step (analysis/predict_layout.py) and the replay
-on real ranks (proxies/replay_layout.py), so both reduce the same bytes."""
+on real ranks (proxies/layouts/replay.py), so both reduce the same bytes."""
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import replace
 
-from commbench.proxies import memory as M
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts import memory as M
+from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.profile import Profile, TensorSpec, UnitSpec
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

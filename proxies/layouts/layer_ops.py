@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commbench.costmodel.compute import ComputeBlock, ComputeError
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.parallelism import Parallelism
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ rank holds them, without any call:
   divided by tp (Megatron-LM's local matrices; at least one key/value head), on `microbatch` sequences of
   seq_len / cp tokens;
 - with CP, one attention block beyond the diagonal: the local queries against one other rank's keys and
-  values (scores, softmax, values: the ring's step, proxies/train_layout_ring.py), which the replay runs
+  values (scores, softmax, values: the ring's step, proxies/layouts/train/ring.py), which the replay runs
   beside each ring step;
 - on the first stage the embedding, on the last the final norm, the output layer (whole on each TP rank, as
-  `train --layout` keeps it: proxies/train_layout_parts.py) and the loss;
+  `train --layout` keeps it: proxies/layouts/train/parts.py) and the loss;
 - the optimizer: SGD with momentum over the rank's parameters (its stage's layers, embedding and head),
   each divided by the data-parallel replicas when the setup shards the optimizer (ZeRO-1, ZeRO-2, FSDP).
 Each piece's forward and backward are timed separately, the median of `repeats` after a warm-up, as CPU
@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, fields
 
-from commbench.proxies.parallelism import Parallelism
-from commbench.proxies.stage_share import stage_layer_ranges
+from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.stage_share import stage_layer_ranges
 
 CPU_STEP_FLOP_LIMIT = 2e12  # a rank's step on this host's CPU beyond which measuring takes minutes: refused
 
@@ -64,12 +64,12 @@ class RankCompute:
 
 def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtype: str) -> RankCompute:
     """A rank's pieces costed from a compute block (`proxy --layout --compute block`; costmodel/compute.py) as
-    predict-scaling --layout costs them (proxies/layer_ops.py): the layer on its own block (the CP ring's other
+    predict-scaling --layout costs them (proxies/layouts/layer_ops.py): the layer on its own block (the CP ring's other
     blocks apart, one each), its wrappers' share; the embedding's gather and the optimizer's update (SGD with
     momentum: 5 words a parameter) at the block's memory bandwidth. No core share: the replay's ranks share the
     cores for real."""
-    from commbench.proxies import layer_ops as L
-    from commbench.proxies import memory as M
+    from commbench.proxies.layouts import layer_ops as L
+    from commbench.proxies.layouts import memory as M
     from commbench.proxies.setups import SETUPS
 
     setup = SETUPS.get(par.setup)
@@ -139,7 +139,7 @@ def measure_rank_compute(par: Parallelism, transformer, microbatch: int, stage: 
 
 
 def measure_on_ranks(ctx, par: Parallelism, shape) -> tuple[RankCompute, bool]:
-    """The `proxy --layout` rank's compute (proxies/replay_layout.py), timed on its own pieces, every rank at
+    """The `proxy --layout` rank's compute (proxies/layouts/replay.py), timed on its own pieces, every rank at
     once; each piece the slowest rank's (ranks without an embedding or a head measure none: 0)."""
     import numpy as np
     import torch

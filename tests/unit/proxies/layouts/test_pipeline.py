@@ -2,7 +2,7 @@
 the closed forms of Narayanan et al. 2021 (section 2.2) where those hold."""
 import pytest
 
-from commbench.proxies.pipeline import Pass, in_flight, order, run
+from commbench.proxies.layouts.pipeline import Pass, in_flight, order, run
 
 
 @pytest.mark.parametrize("schedule,pp,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1),
@@ -66,7 +66,7 @@ def test_unknown_schedule_and_wrong_stage_count():
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_held_at_once_is_what_the_order_holds(schedule):
     """The closed form the layout search uses, against the order itself, stage by stage."""
-    from commbench.proxies.pipeline import held_at_once, in_flight, order
+    from commbench.proxies.layouts.pipeline import held_at_once, in_flight, order
 
     for pp in (1, 2, 3, 4, 8):
         for m in (1, 2, 4, 8, 12, 16):

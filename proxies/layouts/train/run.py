@@ -1,4 +1,4 @@
-"""`commbench train MODEL --layout SPEC`: the real training of a parallel layout (proxies/train_layout_build.py:
+"""`commbench train MODEL --layout SPEC`: the real training of a parallel layout (proxies/layouts/train/build.py:
 TP by parallelize_module, pipelining's schedules, ring attention, an expert-parallel MoE, FSDP2 or DDP on
 the data-parallel ranks) as one rank of the `train` job, with the header, step records and summary of
 `proxy --layout` (proxies/context.py), so that the two files compare step by step.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import gc
 import time
 
-from commbench.proxies.train_layout_build import build_layout
-from commbench.proxies.train_layout_model import replicas_wrapper
-from commbench.proxies.train_layouts import trained_shape
+from commbench.proxies.layouts.train.build import build_layout
+from commbench.proxies.layouts.train.local import trained_shape
+from commbench.proxies.layouts.train.model import replicas_wrapper
 
 
 def train_layout_steps(ctx) -> None:

@@ -30,9 +30,9 @@ megatron/core/transformer/moe/token_dispatcher.py @ 0014f137); with the experts 
 the dispatcher gathers and scatters over TP instead, so the count stays the dense layer's. Without SP there
 is nothing to follow: Megatron-Core refuses to train MoE layers under TP without SP (MoELayer.forward,
 megatron/core/transformer/moe/moe_layer.py @ 00119989), and so does `Parallelism.check` for etp1 on a model
-with experts. The "torch" style is `train`'s MoE (proxies/train_layout_moe.py), whose experts are whole on
+with experts. The "torch" style is `train`'s MoE (proxies/layouts/train/moe.py), whose experts are whole on
 each rank: under SP it takes this TP rank's tokens as they are, etp1's path, whatever `expert_tp` says
-(traced: tests/unit/proxies/test_train_layouts.py, "tp2 sp ep2 dp2").
+(traced: tests/unit/proxies/layouts/train/test_local_layouts.py, "tp2 sp ep2 dp2").
 
 Sizes are nccl-tests' (the larger per-rank buffer): an all-gather's output, a reduce-scatter's input, an
 all-to-all's whole send buffer. Full activation checkpointing runs the forward again in the backward,
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.parallelism import Parallelism
 
 DTYPES = {4: "float32", 2: "bfloat16"}  # a shape's dtype_bytes -> the calls' dtype
 CHECKPOINTING = ("none", "selective", "full")

@@ -1,8 +1,8 @@
-"""Each parallel layout trained for real on 4 gloo ranks (proxies/train_layouts.py), and what torch issues.
+"""Each parallel layout trained for real on 4 gloo ranks (proxies/layouts/train/local.py), and what torch issues.
 
 One spawned 4-rank job trains a small Llama (transformers' LlamaForCausalLM) under every layout for four
 steps and traces the last two. The calls of a steady step must equal the closed forms below, written in
-the model's shape only: these are the closed forms of proxies/train_layouts.py's docstring and of
+the model's shape only: these are the closed forms of proxies/layouts/train/local.py's docstring and of
 docs/layouts.md ("What torch issues"), which the layout plans are checked against. The losses check that
 each layout trains the same model on the same data: TP, SP, CP and PP give the data-parallel loss.
 """
@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 from conftest import clean_env
 
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.train.local import ModelShape, train_layouts
+from commbench.proxies.layouts.train.model import check_trainable
+from commbench.proxies.layouts.train.trace import totals
 from commbench.proxies.profile import load_profile
-from commbench.proxies.train_layout_model import check_trainable
-from commbench.proxies.train_layout_trace import totals
-from commbench.proxies.train_layouts import ModelShape, train_layouts
 
 F32 = 4
 # the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2
@@ -316,8 +316,8 @@ def test_a_rank_that_fails_ends_the_job_in_one_error():
 
 
 def _planned(name: str, rank: int):
-    """proxies/layout_calls.step_bytes in torch's style for this layout and the rank's pipeline stage."""
-    from commbench.proxies.layout_calls import step_bytes
+    """proxies/layouts/calls.step_bytes in torch's style for this layout and the rank's pipeline stage."""
+    from commbench.proxies.layouts.calls import step_bytes
 
     spec, shape = LAYOUTS[name]
     moe = {"experts": shape.experts, "top_k": shape.top_k, "expert_ffn": shape.ffn} if shape.experts else {}

@@ -16,7 +16,7 @@ Ranks are laid out on a mesh (pp, dp, cp, tp), tensor innermost: consecutive ran
 so TP stays inside a node, then CP, then DP, with pipeline stages outermost (Megatron-LM's default
 order "tp-cp-ep-dp-pp", arguments.py `--rank-order`, read outermost last). torch's
 `init_device_mesh(device, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))` gives the
-same groups (tests/unit/proxies/test_parallelism.py checks it).
+same groups (tests/unit/proxies/layouts/test_parallelism.py checks it).
 
 Spelling (`--layout` on predict-scaling and friends): comma-separated degrees, each a dimension and
 its size, `tp8`, `tp8sp` (with sequence parallelism), `pp4`, `cp2`, `ep8`, `etp1` (the experts

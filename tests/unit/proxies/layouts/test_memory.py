@@ -1,11 +1,11 @@
-"""Memory per GPU (proxies/memory.py): model states against ZeRO's published per-device figures,
+"""Memory per GPU (proxies/layouts/memory.py): model states against ZeRO's published per-device figures,
 activations against Korthikanti et al. 2022's per-layer formulas, and what each layout degree,
 sharding choice and pipeline schedule divides or multiplies."""
 import dataclasses
 
 import pytest
 
-from commbench.proxies.memory import (
+from commbench.proxies.layouts.memory import (
     MEGATRON,
     ZERO,
     MemoryChoices,
@@ -16,7 +16,7 @@ from commbench.proxies.memory import (
     output_activation_nbytes,
     stage_layers,
 )
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.profile import load_profile
 from commbench.proxies.transformer import TransformerShape
 
@@ -144,7 +144,7 @@ def test_fits():
 
 
 def test_in_flight_per_stage_from_a_schedule(llama70b):
-    """A schedule's own counts per stage (proxies/pipeline.py's in_flight of its order; interleaved:
+    """A schedule's own counts per stage (proxies/layouts/pipeline.py's in_flight of its order; interleaved:
     chunks of 1/v of the stage's layers), here GPipe's: every stage holds all 8 micro-batches."""
     per_layer = layer_activation_nbytes(llama70b, 0, 1, tp=8, checkpointing="selective")
     gpipe = _memory(llama70b, tp=8, pp=4, dp=8, in_flight=(8, 8, 8, 8), checkpointing="selective")

@@ -3,26 +3,26 @@
 `commbench proxy MODEL --layout tp2,dp2 -N 4` runs this on each rank. Every rank makes the process groups of
 every dimension (tp, cp, ep and the data-parallel replicas, dp x cp: every group, in one order on all ranks,
 as torch.distributed.new_group needs). Each step, a rank runs its pipeline stage's passes in the schedule's
-order (proxies/pipeline.py):
+order (proxies/layouts/pipeline.py):
 - a forward pass of a model chunk receives the activation from the previous virtual stage, runs each layer
   (its FLOPs at --tflops, waited for as a GPU's kernels: proxies/clocks.py; or with --compute measured the
-  times of the rank's own pieces, proxies/layout_compute.py, spun for as CPU time on a CPU) with the layer's calls
-  (proxies/layout_calls.py: TP allreduces, or SP all-gathers and reduce-scatters, on the tp group; CP ring
+  times of the rank's own pieces, proxies/layouts/compute.py, spun for as CPU time on a CPU) with the layer's calls
+  (proxies/layouts/calls.py: TP allreduces, or SP all-gathers and reduce-scatters, on the tp group; CP ring
   steps on the cp group, each overlapped with its share of the attention; EP all-to-alls on the ep group in
   MoE layers, the token counts' first) on zero buffers of the calls' sizes, then sends the activation on;
 - a backward pass mirrors it: the gradient from the next virtual stage, the layers in reverse with their
   backward calls, the gradient sent back.
 Pipeline sends are asynchronous (isend, waited for at the step's end) and each receive names its pass by tag,
 so no two neighbours wait on each other: a receive's send is always issued, as the schedule's order is the
-order proxies/pipeline.py proves free of cycles. Ranks of one stage run the same program, so the collectives
+order proxies/layouts/pipeline.py proves free of cycles. Ranks of one stage run the same program, so the collectives
 of tp, cp, ep and the replicas (all inside a stage) are issued in one order on every member.
 
 The data-parallel setup runs on the replicas: the setups table's plan (proxies/setups.py) for the stage's share
-of the model (proxies/stage_share.py, as analysis/predict_layout.py cuts it), its last micro-step laid over the
+of the model (proxies/layouts/stage_share.py, as analysis/predict_layout.py cuts it), its last micro-step laid over the
 rank's last forward and last backward pass: each call is issued (asynchronously) at the layer where the plan
 issues it and waited for where the plan needs it, so DDP's buckets and FSDP's reduce-scatters overlap the last
 backward as in training, and FSDP's gathers are waited for in the forward; the rest is waited for after the
-last pass. Then the calls outside the layers (`layout_calls.outside_layer_calls`: sequence parallelism's norm gradients,
+last pass. Then the calls outside the layers (`calls.outside_layer_calls`: sequence parallelism's norm gradients,
 reduced once a step on the tp group, as Megatron-LM's finalize_model_grads does).
 
 A step's figures: compute (the emulated compute), comm = exposed (the time the rank waited for calls and for
@@ -39,13 +39,13 @@ from itertools import zip_longest
 from commbench.backends.torch_calls import issue
 from commbench.launch import peer_wait_s
 from commbench.proxies.clocks import CpuClock, SleepClock
-from commbench.proxies.layout_calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
-from commbench.proxies.layout_compute import RankCompute, measure_on_ranks
-from commbench.proxies.parallelism import Parallelism
-from commbench.proxies.pipeline import Pass, order
+from commbench.proxies.layouts.calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
+from commbench.proxies.layouts.compute import RankCompute, measure_on_ranks
+from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.pipeline import Pass, order
+from commbench.proxies.layouts.stage_share import stage_layer_ranges, stage_profile
 from commbench.proxies.setup_steps import Compute, Placement
 from commbench.proxies.setups import settle
-from commbench.proxies.stage_share import stage_layer_ranges, stage_profile
 
 GROUP_DIMS = ("tp", "cp", "ep", "replicas")  # replicas: the dp x cp ranks holding the same weights
 
@@ -88,7 +88,7 @@ class StepFigures:
 
 class LayoutReplay:
     """One rank's step of a layout: `rate` is FLOP per microsecond (0: no compute), or `measured` the rank's
-    compute timed here (proxies/layout_compute.py), spun for as CPU time with `cpu_clock`."""
+    compute timed here (proxies/layouts/compute.py), spun for as CPU time with `cpu_clock`."""
 
     def __init__(self, par: Parallelism, shape, profile, rank: int, microbatch: int, checkpointing: str = "none",
                  rate: float = 0.0, limit_s: float = math.inf, groups: dict | None = None,
@@ -333,7 +333,7 @@ def replay_layout_steps(ctx) -> None:
     measured, cpu_time = measure_on_ranks(ctx, par, shape) if cfg.compute == "measured" else (None, False)
     if cfg.compute == "block":
         from commbench.costmodel.compute import compute_from_dict
-        from commbench.proxies.layout_compute import from_block
+        from commbench.proxies.layouts.compute import from_block
 
         block = compute_from_dict(cfg.compute_block)
         measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],

@@ -1,8 +1,8 @@
 """Each dimension's calls per layer and micro-batch, and a step's totals, as closed forms of the shape."""
 import pytest
 
-from commbench.proxies.layout_calls import boundary_nbytes, layer_calls, step_bytes
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts.calls import boundary_nbytes, layer_calls, step_bytes
+from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.transformer import TransformerShape
 
 

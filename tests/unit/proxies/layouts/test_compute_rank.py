@@ -1,13 +1,13 @@
-"""A layout rank's measured compute (proxies/layout_compute.py): which pieces each rank times, and how the
-replay (proxies/replay_layout.py) spends them per layer, beside CP's ring steps and under recomputation."""
+"""A layout rank's measured compute (proxies/layouts/compute.py): which pieces each rank times, and how the
+replay (proxies/layouts/replay.py) spends them per layer, beside CP's ring steps and under recomputation."""
 from __future__ import annotations
 
 import pytest
 
-from commbench.proxies.layout_compute import RankCompute, measure_rank_compute, refusal
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts.compute import RankCompute, measure_rank_compute, refusal
+from commbench.proxies.layouts.parallelism import parse_layout
+from commbench.proxies.layouts.replay import LayoutReplay
 from commbench.proxies.profile import load_profile
-from commbench.proxies.replay_layout import LayoutReplay
 
 SHAPE = load_profile("llama-tiny").transformer
 MEASURED = RankCompute(layer_forward_us=100.0, layer_backward_us=250.0, block_forward_us=10.0,
@@ -63,7 +63,7 @@ def test_moe_and_non_llama_shapes_are_refused_with_the_way_out():
 def test_the_optimizer_step_is_timed_on_the_shard_a_rank_updates(layout, shards):
     """ZeRO-1 and -2 update 1/dp of the parameters on each rank as FSDP does (the setup models charge
     optimizer_us / shards for them too); it was measured unsharded for them."""
-    from commbench.proxies.layout_compute import optimizer_shards
+    from commbench.proxies.layouts.compute import optimizer_shards
     from commbench.proxies.setups import SETUPS
 
     par = parse_layout(layout, gpus=4)
@@ -82,7 +82,7 @@ def _block():
 
 def test_a_ranks_pieces_from_a_block_hold_each_stage_its_own():
     """proxy --layout --compute block: the replay's pieces from the block's times (no model built)."""
-    from commbench.proxies.layout_compute import from_block
+    from commbench.proxies.layouts.compute import from_block
 
     block = _block()
     plain = from_block(block, parse_layout("dp4", gpus=4), SHAPE, 1, 0, "float32")

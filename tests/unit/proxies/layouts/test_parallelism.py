@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from commbench.proxies.parallelism import LayoutError, Parallelism, parse_layout
+from commbench.proxies.layouts.parallelism import LayoutError, Parallelism, parse_layout
 
 
 @dataclass(frozen=True)

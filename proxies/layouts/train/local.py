@@ -2,11 +2,11 @@
 
 A layout runs a small transformers LlamaForCausalLM (`ModelShape`; an expert-parallel MoE in place of
 every MLP for EP) on a 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost; EP groups are ep consecutive
-ranks of the flattened (dp, cp) ranks (proxies/train_layout_build.py builds it on a rank). `run_layout`
+ranks of the flattened (dp, cp) ranks (proxies/layouts/train/build.py builds it on a rank). `run_layout`
 trains it on an initialised gloo group and traces each call of the last steps
-(proxies/train_layout_trace.py); `train_layouts` spawns the local ranks.
+(proxies/layouts/train/trace.py); `train_layouts` spawns the local ranks.
 
-What torch 2.14.1 issues per optimizer step, per rank (tests/unit/proxies/test_train_layouts.py pins
+What torch 2.14.1 issues per optimizer step, per rank (tests/unit/proxies/layouts/train/test_local_layouts.py pins
 each line on 4 gloo ranks). b sequences of s tokens per data-parallel rank, h hidden, L layers, f the
 FFN, kv = kv_heads x head_dim, V vocabulary, E experts, k top-k, M micro-batches, fp32 (4 bytes);
 bytes are nccl-tests' size (the larger per-rank buffer):
@@ -47,15 +47,15 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from commbench.proxies.train_layout_build import build_layout
-from commbench.proxies.train_layout_model import ModelShape, check_trainable
-from commbench.proxies.train_layout_trace import trace_mode
+from commbench.proxies.layouts.train.build import build_layout
+from commbench.proxies.layouts.train.model import ModelShape, check_trainable
+from commbench.proxies.layouts.train.trace import trace_mode
 
 __all__ = ["LayoutRun", "ModelShape", "build_layout", "run_layout", "train_layouts", "trained_shape"]
 
 
 def trained_shape(par, transformer, microbatch: int) -> ModelShape:
-    """The shape a layout (proxies/parallelism.py's Parallelism, as `--layout` spells it) trains of a profile's
+    """The shape a layout (proxies/layouts/parallelism.py's Parallelism, as `--layout` spells it) trains of a profile's
     transformer here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
     One ValueError for what this trainer cannot run: where there are replicas, a data-parallel part other
     than DDP (`ddp`) or FSDP2 (`fsdp-full`), or DDP beside expert parallelism; the experts' own tensor

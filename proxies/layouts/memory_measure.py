@@ -1,4 +1,4 @@
-"""Memory per device a real training step holds, measured, to check proxies/memory.py against.
+"""Memory per device a real training step holds, measured, to check proxies/layouts/memory.py against.
 
 `measure_peak` trains a transformers model for a few steps on one rank (CPU or GPU) as a user's loop would
 (AdamW, `zero_grad(set_to_none=True)`), bare, under DDP or under FSDP2 (a unit per decoder layer and the
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commbench.proxies import memory as M
 from commbench.proxies.catalog import build
-from commbench.proxies.parallelism import Parallelism
+from commbench.proxies.layouts import memory as M
+from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.transformer import TransformerShape, from_config
 
 WRAPPERS = ("none", "ddp", "fsdp")
@@ -76,13 +76,13 @@ def _wrapped(module, wrapper: str):
 
 
 def shape_of(constructor: str, seq_len: int, dtype: str) -> TransformerShape:
-    """The shape proxies/memory.py reads, from the same model's config, at `dtype`'s width."""
+    """The shape proxies/layouts/memory.py reads, from the same model's config, at `dtype`'s width."""
     config = build(constructor, (seq_len,)).module.config
     return from_config(config, seq_len, dtype_bytes=4 if dtype == "float32" else 2)
 
 
 def predicted_peak(shape: TransformerShape, batch: int, wrapper: str) -> M.MemoryBreakdown:
-    """proxies/memory.py's figure for the step measure_peak runs: one rank, AdamW's two moments in the
+    """proxies/layouts/memory.py's figure for the step measure_peak runs: one rank, AdamW's two moments in the
     parameters' dtype (no fp32 master copy: the loop above keeps none), gradients through the forward only
     under DDP (its buckets; set_to_none frees the others)."""
     width = shape.dtype_bytes

@@ -1,11 +1,11 @@
-"""A layout built on this rank: the Llama of proxies/train_layout_model.py laid out as a layout (proxies/
-parallelism.py's Parallelism) on the 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost, with its step and its
+"""A layout built on this rank: the Llama of proxies/layouts/train/model.py laid out as a layout (proxies/
+layouts/parallelism.py's Parallelism) on the 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost, with its step and its
 SGD optimizer.
 
-Each dimension is torch's own where torch has one that runs on CPU (proxies/train_layout_parts.py): TP by
+Each dimension is torch's own where torch has one that runs on CPU (proxies/layouts/train/parts.py): TP by
 `parallelize_module`, PP by `torch.distributed.pipelining`'s stages and schedules, the data-parallel replicas
 by FSDP2 `fully_shard` or by `DistributedDataParallel`; CP is ring attention over send/recv
-(proxies/train_layout_ring.py) and EP an MoE layer over all-to-all (proxies/train_layout_moe.py). The
+(proxies/layouts/train/ring.py) and EP an MoE layer over all-to-all (proxies/layouts/train/moe.py). The
 replicas of a parameter are the dp x cp ranks of its tp and pp position (CP ranks hold the same weights
 and see other tokens of the same sequences); EP borrows ep consecutive ranks of them.
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commbench.proxies.parallelism import Parallelism
-from commbench.proxies.train_layout_model import (
+from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.train.model import (
     DIMENSIONS,
     ModelShape,
     check_trainable,
@@ -30,7 +30,7 @@ from commbench.proxies.train_layout_model import (
     replicas_wrapper,
     tokens,
 )
-from commbench.proxies.train_layout_trace import mesh_labels
+from commbench.proxies.layouts.train.trace import mesh_labels
 
 
 def _meshes(par: Parallelism):
@@ -49,13 +49,13 @@ def _meshes(par: Parallelism):
 
 def _model(par: Parallelism, shape: ModelShape, mesh, experts):
     """The whole model on this rank: ring attention over "cp" (CP), the experts' MoE (EP), the TP plan."""
-    from commbench.proxies.train_layout_parts import tensor_parallel
+    from commbench.proxies.layouts.train.parts import tensor_parallel
 
     attention = "sdpa"
     if par.cp > 1:
         from transformers import AttentionInterface, AttentionMaskInterface
 
-        from commbench.proxies.train_layout_ring import ring_attention
+        from commbench.proxies.layouts.train.ring import ring_attention
         attention = "commbench_ring"
         AttentionInterface.register(attention, ring_attention(mesh.get_group("cp")))
         AttentionMaskInterface.register(attention, lambda *args, **kwargs: None)
@@ -72,7 +72,7 @@ def _moe(model, shape: ModelShape, experts) -> None:
     (the ranks holding the same experts)."""
     from torch.distributed.fsdp import fully_shard
 
-    from commbench.proxies.train_layout_moe import ExpertParallelMoE
+    from commbench.proxies.layouts.train.moe import ExpertParallelMoE
 
     for index, layer in enumerate(model.model.layers):
         layer.mlp = ExpertParallelMoE(shape.hidden, shape.ffn, shape.experts, shape.top_k, experts.get_group("ep"),
@@ -84,7 +84,7 @@ def _replicas(par: Parallelism, dense):
     """The data-parallel wrapper of a module whose units are its decoder layers -> the module to run: FSDP2 on
     each unit and then the module (reshard after forward, `--setup fsdp-full`), or DDP around it (DDP's default
     buckets, `--setup ddp`); the module itself where the parameters have one replica."""
-    from commbench.proxies.train_layout_parts import shard_data_parallel
+    from commbench.proxies.layouts.train.parts import shard_data_parallel
 
     def wrap(module, units):
         if par.dp * par.cp == 1:
@@ -138,7 +138,7 @@ def _stage_examples(par: Parallelism, shape: ModelShape):
 
 def _pipelined(par: Parallelism, shape: ModelShape, mesh, dense, experts):
     """The pipeline stages of this rank and their step: the schedule over the micro-batches."""
-    from commbench.proxies.train_layout_parts import pipeline_schedule, pipeline_stages
+    from commbench.proxies.layouts.train.parts import pipeline_schedule, pipeline_stages
 
     model = _model(par, shape, mesh, experts)
     inputs, labels, positions = _rank_tokens(par, shape, mesh)

@@ -56,7 +56,7 @@ def _moe_sequence_parallel():
     """The expert-parallel MoE under sequence parallelism takes this TP rank's part of the sequence as it is,
     as Megatron-Core's token dispatchers do with experts that have no TP of their own (etp1: this MoE's
     experts are whole on each rank), routed as plain tensors (its router is not one of TP's DTensors: mixing
-    them failed in aten.mm), its output this rank's part again; no TP call (proxies/layout_calls.py)."""
+    them failed in aten.mm), its output this rank's part again; no TP call (proxies/layouts/calls.py)."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput
 
@@ -66,7 +66,7 @@ def _moe_sequence_parallel():
 def shard_data_parallel(model: nn.Module, units, mesh) -> None:
     """FSDP2 on the data-parallel mesh: each unit (a decoder layer), then the root
     (reshard_after_forward=True, as `--setup fsdp-full`). DDP, the other wrapper, is one call
-    (proxies/train_layout_build.py)."""
+    (proxies/layouts/train/build.py)."""
     from torch.distributed.fsdp import fully_shard
 
     for unit in units:
@@ -100,7 +100,7 @@ class LlamaStage(nn.Module):
 def pipeline_stages(model, mesh, virtual: int, positions: torch.Tensor, replicas, examples) -> list:
     """This rank's PipelineStages: pp x `virtual` stages of equal runs of layers, stage i on pipeline
     rank i mod pp (torch's looped placement for the interleaved schedule), each stage module given to
-    `replicas(module, units)` (the data-parallel wrapper, proxies/train_layout_build.py), which returns the
+    `replicas(module, units)` (the data-parallel wrapper, proxies/layouts/train/build.py), which returns the
     module the stage runs. `examples(first, last)`: a micro-batch's input and output tensors of a stage, which
     fix the stage's shapes: torch's inference of them otherwise runs a forward and backward outside DDP's
     no_sync, whose gradient hooks a DDP stage then counts twice (the interleaved schedule fails on it)."""

@@ -1,5 +1,6 @@
-"""proxies/memory.py against a real step's peak (proxies/memory_measure.py): llama-tiny trained on one CPU rank,
-bare, under DDP and under FSDP2, measured by torch's MemTracker (tensor storages, so load changes nothing).
+"""proxies/layouts/memory.py against a real step's peak (proxies/layouts/memory_measure.py): llama-tiny trained on
+one CPU rank, bare, under DDP and under FSDP2, measured by torch's MemTracker (tensor storages, so load changes
+nothing).
 The model was 35-41% under before it counted the loss's fp32 buffers, a float32 run's width, DDP's buckets and
 FSDP2's gathered root (benchmarks/memory_measured.py, docs/memory.md)."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 CHILD = """
 import json, sys
-from commbench.proxies.memory_measure import measure_peak, predicted_peak, shape_of
+from commbench.proxies.layouts.memory_measure import measure_peak, predicted_peak, shape_of
 constructor, seq, batch = sys.argv[1], 64, 4
 out = {}
 for wrapper in ("none", "ddp", "fsdp"):

@@ -1,10 +1,10 @@
 """Memory per GPU of a parallel layout: parameters, gradients, optimizer state and activations.
 
-A layout's degrees are proxies/parallelism.py's Parallelism: tp, pp, cp, ep, dp (world = tp * pp * cp * dp;
+A layout's degrees are proxies/layouts/parallelism.py's Parallelism: tp, pp, cp, ep, dp (world = tp * pp * cp * dp;
 the EP group is drawn from the dp * cp ranks, as Megatron-Core and torchtitan draw it), sequence
 parallelism and the experts' tp. `MemoryChoices` holds the rest: the micro-batch size in sequences, the
 sharding, checkpointing, and the micro-batches whose activations each pipeline stage holds at once
-(1F1B: stage k holds pp - k; any schedule: per stage, as proxies/pipeline.py's `in_flight` counts them
+(1F1B: stage k holds pp - k; any schedule: per stage, as proxies/layouts/pipeline.py's `in_flight` counts them
 from the schedule's order). Formulas and their sources: docs/layouts.md, "Shapes and memory".
 
 - Model states follow ZeRO's accounting (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from commbench.proxies.transformer import TransformerShape
 
-if TYPE_CHECKING:  # the degrees are read off the layout; parallelism.py's table of setups is not needed here
-    from commbench.proxies.parallelism import Parallelism
+if TYPE_CHECKING:  # the degrees are read off the layout; layouts/parallelism.py's table of setups is not needed here
+    from commbench.proxies.layouts.parallelism import Parallelism
 
 CHECKPOINTING = ("none", "selective", "full")
 SHARDING = ("none", "zero1", "zero2", "fsdp")
@@ -153,12 +153,12 @@ def output_activation_nbytes(shape: TransformerShape, microbatch: int, tp: int =
 
 @dataclass(frozen=True)
 class MemoryChoices:
-    """What memory depends on beside a layout's degrees (proxies/parallelism.py's Parallelism: tp, pp, cp, ep,
+    """What memory depends on beside a layout's degrees (proxies/layouts/parallelism.py's Parallelism: tp, pp, cp, ep,
     dp, sequence parallelism, the experts' tp): the micro-batch, the schedule's in-flight micro-batches, the
     sharding of the model states, checkpointing and dropout."""
     microbatch: int = 1
     # micro-batches of its layers each stage holds at once: None, 1F1B's (stage k: pp - k); an int, the first
-    # stage's, one fewer per later stage; a tuple, each stage's own (proxies/pipeline.py's in_flight of a
+    # stage's, one fewer per later stage; a tuple, each stage's own (proxies/layouts/pipeline.py's in_flight of a
     # schedule's order, divided by the virtual stages for interleaved 1F1B: a chunk holds 1/v of the layers)
     in_flight: int | float | tuple[float, ...] | None = None
     sharding: str = "none"

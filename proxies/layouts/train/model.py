@@ -1,7 +1,7 @@
 """What `train --layout` trains: the small Llama (`ModelShape`, transformers' LlamaForCausalLM) with its
-synthetic tokens and loss, and what a layout (proxies/parallelism.py's Parallelism, the one value of a
-layout's degrees) must be to train it here (`check_trainable`). proxies/train_layout_build.py
-lays the model out; proxies/train_layouts.py runs it and says what torch issues."""
+synthetic tokens and loss, and what a layout (proxies/layouts/parallelism.py's Parallelism, the one value of a
+layout's degrees) must be to train it here (`check_trainable`). proxies/layouts/train/build.py
+lays the model out; proxies/layouts/train/local.py runs it and says what torch issues."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ def replicas_wrapper(par) -> str:
 
 
 def check_trainable(par, shape: ModelShape, world: int | None = None) -> None:
-    """One ValueError for a layout (proxies/parallelism.py's Parallelism) that cannot train `shape` on `world`
+    """One ValueError for a layout (proxies/layouts/parallelism.py's Parallelism) that cannot train `shape` on `world`
     ranks here: what `Parallelism.check` refuses, then what this Llama needs beyond it (whole key/value heads
     and as many layers on each TP rank and stage, DDP without experts, micro-batches and sequence split evenly)."""
     par.check(gpus=world, shape=shape)

@@ -128,7 +128,7 @@ def mesh_labels(mesh, extra: dict | None = None) -> dict:
 
 def totals(calls: list[Call]) -> dict[tuple[str, str], tuple[int, int]]:
     """(group label, collective) -> (calls, bytes summed) of one step: the form of
-    proxies/layout_calls.step_bytes, keyed by the group's label rather than the plan's dimension."""
+    proxies/layouts/calls.step_bytes, keyed by the group's label rather than the plan's dimension."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
     for call in calls:
         count, nbytes = out.get((call.group, call.collective), (0, 0))

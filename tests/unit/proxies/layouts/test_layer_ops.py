@@ -7,8 +7,8 @@ import pytest
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import load_hardware
 from commbench.costmodel.compute import AttentionPoint, ComputeBlock, MatmulPoint, attention_flops
-from commbench.proxies import layer_ops as L
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts import layer_ops as L
+from commbench.proxies.layouts.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 
 SHAPE = load_profile("llama3.1-8b").transformer

@@ -1,8 +1,8 @@
-"""A layout's replay on 4 gloo ranks (proxies/replay_layout.py) against the calls the layout declares.
+"""A layout's replay on 4 gloo ranks (proxies/layouts/replay.py) against the calls the layout declares.
 
 One spawned 4-rank job runs every case: a TorchDispatchMode sees each c10d call one step of a rank issues
 (collective, bytes: the larger buffer, the process group), and per (dimension, collective) the calls and bytes
-must equal layout_calls.step_bytes for the rank's pipeline stage (pipeline and ring steps: the sends), and the
+must equal calls.step_bytes for the rank's pipeline stage (pipeline and ring steps: the sends), and the
 data-parallel calls the setup's plan for the stage's share of the model (for DDP: all of its gradient bytes)."""
 import os
 import queue
@@ -11,10 +11,10 @@ import pytest
 from conftest import c10d_trace, clean_env
 
 from commbench.launch import free_port
-from commbench.proxies.layout_calls import step_bytes
-from commbench.proxies.parallelism import parse_layout
+from commbench.proxies.layouts.calls import step_bytes
+from commbench.proxies.layouts.parallelism import parse_layout
+from commbench.proxies.layouts.stage_share import stage_profile
 from commbench.proxies.profile import load_profile
-from commbench.proxies.stage_share import stage_profile
 from commbench.proxies.transformer import TransformerShape
 
 MOE = TransformerShape(layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=176, vocab=1024, seq_len=64,
@@ -48,7 +48,7 @@ def _rank(rank, port, out):
     import torch
     import torch.distributed as dist
 
-    from commbench.proxies.replay_layout import LayoutReplay
+    from commbench.proxies.layouts.replay import LayoutReplay
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
