@@ -22,7 +22,7 @@ setup(
     # shadow NVIDIA's `cuda` namespace that CuPy imports).
     packages=find_packages(include=["commbench", "commbench.*"]) + [
         "commbench.analysis", "commbench.proxies", "commbench.proxies.models", "commbench.proxies.layouts",
-        "commbench.proxies.layouts.train", "commbench.cuda"],
+        "commbench.proxies.layouts.train", "commbench.proxies.traces", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
     package_data={"commbench": ["presets/*.json", "presets/README.md", "presets/tuning/*.json"],
                   "commbench.analysis": ["corpus/*.json", "corpus/README.md"],

@@ -164,8 +164,8 @@ def _trace_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
     """A step row and a comm row per replay of a user's trace (`commbench replay`): the same trace's calls and
     traced compute predicted (analysis/predict_trace.py) against the replay's medians."""
     from commbench.analysis.predict_trace import predict_trace
-    from commbench.proxies.trace_calls import TraceError
-    from commbench.proxies.trace_files import read_traces
+    from commbench.proxies.traces.calls import TraceError
+    from commbench.proxies.traces.files import read_traces
 
     headers = {r.get("run_id"): r for r in records if r.get("record") == "header"}
     rows, loads = [], run_loads(records)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from commbench import collectives as C
 from commbench.costmodel import Hardware
 from commbench.proxies.comm_plan import simulate
-from commbench.proxies.trace_calls import JobTrace, TraceStep, step_plan
+from commbench.proxies.traces.calls import JobTrace, TraceStep, step_plan
 from commbench.topology import Topology
 
 

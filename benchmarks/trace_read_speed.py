@@ -50,8 +50,8 @@ def write_big(source: str, path: str, target_bytes: int) -> int:
 def read_in_child(paths: list[str]) -> dict:
     code = ("import json, resource, sys, time\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "from commbench.proxies.trace_files import read_traces\n"
-            "from commbench.proxies.trace_torch import read_torch_trace\n"
+            "from commbench.proxies.traces.files import read_traces\n"
+            "from commbench.proxies.traces.torch_profiler import read_torch_trace\n"
             "c = time.process_time(); t = time.perf_counter(); read_torch_trace(sys.argv[1])\n"
             "one, one_cpu = time.perf_counter() - t, time.process_time() - c\n"
             "t = time.perf_counter(); job = read_traces(sys.argv[1:]); s = time.perf_counter() - t\n"

@@ -9,7 +9,7 @@ model's sharding units (`units`): the modules an FSDP wrapping policy wraps, eac
 with its parameter tensors and the forward and backward FLOPs spent in it, in the
 order the forward runs them. Schema 3 adds, for decoder-only transformers, the model's shape
 (`transformer`: proxies/transformer.py), what parallel layouts and memory per GPU need. Schema 4 adds a
-traced profile's compute (trace_profile.py) as time (`traced`), its FLOPs 0: a trace counts none. Profiles
+traced profile's compute (traces/extracted_profile.py) as time (`traced`), its FLOPs 0: a trace counts none. Profiles
 ship as JSON in proxies/profiles/ and are built by extract.py; nothing in this module needs torch.
 """
 from __future__ import annotations

@@ -296,9 +296,10 @@ def profiles_extract(spec, output, input_shape, name, default_batch, sample_unit
 
 
 def _profile_from_trace(path, input_shape, name, default_batch, sample_unit, wrap):
-    """profiles extract --from-trace: the gradients and compute of a traced DDP job (proxies/trace_profile.py)."""
-    from commbench.proxies.trace_calls import TraceError
-    from commbench.proxies.trace_profile import profile_from_trace
+    """profiles extract --from-trace: the gradients and compute of a traced DDP job
+    (proxies/traces/extracted_profile.py)."""
+    from commbench.proxies.traces.calls import TraceError
+    from commbench.proxies.traces.extracted_profile import profile_from_trace
 
     if input_shape or wrap:
         raise UsageFault("--input-shape and --wrap describe a model definition: a trace has neither (--from-trace)")

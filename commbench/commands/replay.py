@@ -1,5 +1,5 @@
 """`replay`: a user's own job from its trace (PyTorch profiler, NCCL's COLL log): the table of what it
-communicated, then the same calls replayed on real ranks (proxies/replay_trace.py) or, with --hw,
+communicated, then the same calls replayed on real ranks (proxies/traces/replay.py) or, with --hw,
 predicted on other hardware (analysis/predict_trace.py). docs/replay.md says how to capture each format."""
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def replay_command(traces, steps, warmup_steps, compute, table_only, hw, topolog
                    device, launcher, timeout_s, oversubscribe, json_path, force, emulate, link) -> None:
     """Tabulate, replay or predict the communication of a traced job (TRACE: one profiler JSON per rank, one
     execution trace per rank in rank order, or NCCL log(s); docs/replay.md)."""
-    from commbench.proxies.trace_calls import TraceError
-    from commbench.proxies.trace_files import read_traces
+    from commbench.proxies.traces.calls import TraceError
+    from commbench.proxies.traces.files import read_traces
 
     check({"--compute-scale": (COMPUTE_SCALE, compute_scale)})  # inf made every step's compute 0 us
     if steps < 1 or warmup_steps < 0 or not compute_scale > 0 or not 0 < timeout_s < 1e6:
@@ -92,7 +92,7 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
     from commbench import job
     from commbench.backends import BackendConfig
     from commbench.commands.backend_options import settle_backend
-    from commbench.proxies.replay_trace import TRACE_REPLAY_JOB, TraceReplayConfig
+    from commbench.proxies.traces.replay import TRACE_REPLAY_JOB, TraceReplayConfig
 
     world = info.world_size if info is not None else shape[0] * shape[1] if shape else job_trace.world
     if world != job_trace.world:
@@ -118,7 +118,7 @@ def _check_host(job_trace, world: int, device: str, oversubscribe: bool) -> None
     """Before any rank starts: the trace's ranks as local processes (a trace of 4,096 ranks forked 4,096), and
     on the CPU their buffers (a call of 4 TB failed in every rank)."""
     from commbench.commands.options import check_local_ranks, check_memory
-    from commbench.proxies.replay_trace import buffer_bytes
+    from commbench.proxies.traces.replay import buffer_bytes
 
     check_local_ranks(world, oversubscribe, "local ranks (one per traced rank)")
     if device == "cpu":

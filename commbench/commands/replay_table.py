@@ -21,7 +21,7 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def print_table(job) -> None:
     """What rank 0 of the traced job communicated, per collective and size, over the traced steps."""
-    from commbench.proxies.trace_files import table_rows
+    from commbench.proxies.traces.files import table_rows
 
     trace = job.ranks[0]
     steps = len(trace.steps)

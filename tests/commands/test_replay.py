@@ -6,7 +6,7 @@ import pytest
 from conftest import DATA, commbench
 
 from commbench import cli
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.files import read_traces
 from commbench.results import read_records
 
 TRACES = DATA / "traces"

@@ -43,7 +43,10 @@ FLOORS = {
         "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units", "commbench.proxies.transformer",
         "commbench.proxies.layouts", "commbench.proxies.layouts.memory", "commbench.proxies.layouts.parallelism",
-        "commbench.proxies.layouts.pipeline", "commbench.proxies.layouts.calls", "commbench.proxies.trace*",
+        "commbench.proxies.layouts.pipeline", "commbench.proxies.layouts.calls", "commbench.proxies.traces",
+        "commbench.proxies.traces.calls", "commbench.proxies.traces.execution_trace", "commbench.proxies.traces.files",
+        "commbench.proxies.traces.chrome_json", "commbench.proxies.traces.nccl_log",
+        "commbench.proxies.traces.extracted_profile", "commbench.proxies.traces.torch_profiler",
         "commbench.analysis.predict_trace",
         "commbench.proxies.layouts.stage_share", "commbench.proxies.layouts.layer_ops"],
     3: ["commbench.launch", "commbench.emulate*", "commbench.job", "commbench.bench*", "commbench.table",
@@ -52,7 +55,7 @@ FLOORS = {
         "commbench.proxies.train", "commbench.proxies.train_setups", "commbench.proxies.run",
         "commbench.proxies.steps", "commbench.proxies.channels", "commbench.proxies.clocks",
         "commbench.proxies.extract", "commbench.proxies.layouts.train*", "commbench.analysis.predict_proxy",
-        "commbench.proxies.replay_trace", "commbench.proxies.layouts.replay", "commbench.proxies.layouts.compute",
+        "commbench.proxies.traces.replay", "commbench.proxies.layouts.replay", "commbench.proxies.layouts.compute",
         "commbench.proxies.operator_timing", "commbench.proxies.compute_measure", "commbench.proxies.compute_cache",
         "commbench.proxies.layouts.memory_measure"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
@@ -425,6 +428,41 @@ def test_the_size_check_can_fail(tmp_path):
     assert oversized(("pkg",), tmp_path) == ["pkg/big.py: module (451 lines)", "pkg/big.py:1: long (51 lines)"]
 
 
+MAX_POSITIONAL = 6  # issue 46: a step prediction's 16 parameters travelled by position through five layers
+POSITIONAL_CHECKED = ("analysis", "proxies")
+# nn.Module constructors that keep the argument order of the published model code they rebuild (its users call
+# them as that code does): TorchBench's speech_transformer and Transformer-XL
+POSITIONAL_EXEMPT = ("proxies/models/",)
+
+
+def long_positional_lists(folders=POSITIONAL_CHECKED, root: Path = ROOT) -> list[str]:
+    """Functions taking more than MAX_POSITIONAL parameters by position (self and cls aside), as
+    'path:line: name (n)': past that many, the rest are keyword-only (`*`) or one value."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            if where.startswith(POSITIONAL_EXEMPT):
+                continue
+            for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                    if len(names) > MAX_POSITIONAL:
+                        found.append(f"{where}:{node.lineno}: {node.name} ({len(names)})")
+    return found
+
+
+def test_no_long_positional_parameter_lists():
+    assert long_positional_lists() == []
+
+
+def test_the_positional_check_can_fail(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "wide.py").write_text("def wide(a, b, c, d, e, f, g):\n    pass\n\n\n"
+                                              "def named(a, b, c, d, e, f, *, g):\n    pass\n")
+    assert long_positional_lists(("pkg",), tmp_path) == ["pkg/wide.py:1: wide (7)"]
+
+
 # ---------------------------------------------------------------- where the tests are (tests/README.md)
 
 TESTS = ROOT / "tests"
@@ -434,10 +472,11 @@ UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" 
                 "costmodel": ROOT / "commbench" / "costmodel",
                 "analysis": ROOT / "analysis", "proxies": ROOT / "proxies",
                 "proxies/layouts": ROOT / "proxies" / "layouts",
-                "proxies/layouts/train": ROOT / "proxies" / "layouts" / "train"}  # tests/unit/<key>/ -> its modules
+                "proxies/layouts/train": ROOT / "proxies" / "layouts" / "train",
+                "proxies/traces": ROOT / "proxies" / "traces"}  # tests/unit/<key>/ -> its modules
 # A folder's names tested under another key: commands/, or a subfolder's own key (unit/costmodel/, unit/backends/cuda/).
 TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda", "shm"},
-                    "proxies": {"layouts"}, "proxies/layouts": {"train"}}
+                    "proxies": {"layouts", "traces"}, "proxies/layouts": {"train"}}
 
 
 def _names_in(folder: Path) -> set[str]:
@@ -556,15 +595,16 @@ UNTESTED_BY_NAME = {
     "proxies/steps": "unit/commbench/test_results.py, commands/test_proxy.py",
     "proxies/channels": "unit/proxies/test_timeline.py, system/test_faults.py",
     "proxies/clocks": "unit/proxies/test_timeline.py, system/test_faults.py",
-    "proxies/comm_plan": "unit/proxies/test_setups.py, test_trace_calls.py, unit/analysis/test_predict_layout.py",
+    "proxies/comm_plan": "unit/proxies/test_setups.py, traces/test_calls_traced.py, "
+                         "unit/analysis/test_predict_layout.py",
     "proxies/setup_steps": "unit/proxies/test_setups_torch.py, unit/proxies/layouts/test_replay_layout.py",
     "proxies/replay": "commands/test_proxy.py, commands/test_proxy_setups.py (the data-parallel replay on ranks)",
     "proxies/train": "commands/test_proxy.py (train, --validate), unit/proxies/test_setups_torch.py",
     "proxies/train_setups": "unit/proxies/test_setups_torch.py",
     "proxies/catalog": "unit/proxies/test_profile_shipped.py, test_units.py, system/test_security.py",
-    "proxies/replay_trace": "commands/test_replay.py, system/test_emulate_replay.py",
-    "proxies/trace_files": "unit/proxies/test_trace_*.py, unit/analysis/test_predict_trace.py",
-    "proxies/trace_json": "unit/proxies/test_trace_torch.py",
+    "proxies/traces/replay": "commands/test_replay.py, system/test_emulate_replay.py",
+    "proxies/traces/files": "unit/proxies/traces/test_*.py, unit/analysis/test_predict_trace.py",
+    "proxies/traces/chrome_json": "unit/proxies/traces/test_torch_profiler.py",
     "proxies/layouts/stage_share": "unit/proxies/layouts/test_replay_layout.py, unit/analysis/test_predict_layout.py",
     "proxies/layouts/train/parts": "unit/proxies/layouts/train/test_local_layouts.py (one 4-rank job trains every "
                                    "layout)",

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from conftest import DATA, commbench
 
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.files import read_traces
 from commbench.results import read_records
 
 DDP = [str(DATA / "traces" / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]

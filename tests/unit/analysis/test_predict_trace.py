@@ -4,7 +4,7 @@ from conftest import DATA
 
 from commbench.analysis.predict_trace import call_us, group_topology, predict_trace
 from commbench.costmodel import load_hardware
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.files import read_traces
 from commbench.topology import Topology
 
 DDP = [str(DATA / "traces" / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]

@@ -13,7 +13,7 @@ import pytest
 from commbench import job
 from commbench.bench import SWEEP_JOB
 from commbench.proxies.replay import PROXY_JOB
-from commbench.proxies.replay_trace import TRACE_REPLAY_JOB
+from commbench.proxies.traces.replay import TRACE_REPLAY_JOB
 from commbench.proxies.train import TRAIN_JOB
 
 DECLARED = [SWEEP_JOB, PROXY_JOB, TRAIN_JOB, TRACE_REPLAY_JOB]

@@ -28,8 +28,8 @@ import re
 from collections import Counter, defaultdict
 
 from commbench.files import shown
-from commbench.proxies import trace_calls
-from commbench.proxies.trace_calls import (
+from commbench.proxies.traces import calls as trace_calls
+from commbench.proxies.traces.calls import (
     MAX_ELEMENTS,
     MAX_RANKS,
     JobTrace,
@@ -39,7 +39,7 @@ from commbench.proxies.trace_calls import (
     TraceStep,
     checked_count,
 )
-from commbench.proxies.trace_json import open_text
+from commbench.proxies.traces.chrome_json import open_text
 
 MAX_LINE_CHARS = 1 << 16
 PREFIX = re.compile(r"(?<![^\s:])(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")

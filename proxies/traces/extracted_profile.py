@@ -21,8 +21,8 @@ import statistics
 from collections import Counter
 
 from commbench.proxies.profile import DTYPE_BYTES, Profile, ProfileError, TensorSpec, TracedCompute, profile_from_dict
-from commbench.proxies.trace_calls import Busy, TraceError, brief, subtract_spans
-from commbench.proxies.trace_torch import DTYPES, collect
+from commbench.proxies.traces.calls import Busy, TraceError, brief, subtract_spans
+from commbench.proxies.traces.torch_profiler import DTYPES, collect
 
 
 def profile_from_trace(path: str, name: str | None = None, batch: int = 1, sample_unit: str = "samples") -> Profile:

@@ -1,9 +1,9 @@
 """Read PyTorch's execution trace (torch.profiler.ExecutionTraceObserver's JSON, Chakra's input; one
-file per rank) into the job's calls, streamed (trace_json.py) as the profiler's trace is.
+file per rank) into the job's calls, streamed (traces/chrome_json.py) as the profiler's trace is.
 
 An execution trace lists every operator the rank ran as a node, in execution order (its `id`), with
 its inputs' shapes and types but no times. The calls are the `c10d::` nodes (the same operators
-trace_torch.C10D_OPS sizes: the input whose elements are nccl-tests' size, the dtype from its type,
+torch_profiler.C10D_OPS sizes: the input whose elements are nccl-tests' size, the dtype from its type,
 "Tensor(float)" or "GenericList[Tensor(float)]"). What it cannot know: which rank wrote the file (the
 schema 1.1.1 header has a pid, no rank: the files are taken in rank order, as given), which process
 group a call used (its group is written "<Object>": every call is taken to be on all ranks, and a trace
@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from commbench.proxies import trace_calls
-from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep, brief, checked_count
-from commbench.proxies.trace_json import open_text, read_chrome_trace
-from commbench.proxies.trace_torch import C10D_OPS, DTYPES, ITEMSIZE, shape_elements
+from commbench.proxies.traces import calls as trace_calls
+from commbench.proxies.traces.calls import JobTrace, RankTrace, TraceCall, TraceError, TraceStep, brief, checked_count
+from commbench.proxies.traces.chrome_json import open_text, read_chrome_trace
+from commbench.proxies.traces.torch_profiler import C10D_OPS, DTYPES, ITEMSIZE, shape_elements
 
 SCHEMA_PREFIXES = ("1.0.", "1.1.")  # torch 2.14.1 writes "1.1.1-chakra.0.0.4"
 NODES_KEY = "nodes"

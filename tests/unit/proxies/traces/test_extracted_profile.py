@@ -1,13 +1,13 @@
-"""proxies/trace_profile.py: a profile from a real DDP trace (tests/data/traces/, 4 x Linear(512, 512)
+"""proxies/traces/extracted_profile.py: a profile from a real DDP trace (tests/data/traces/, 4 x Linear(512, 512)
 on 2 gloo ranks) gives back the bucket layout DDP made for the model, and the traced compute."""
 import pytest
 from conftest import DATA
 
 from commbench.proxies import buckets as B
 from commbench.proxies.profile import load_profile
-from commbench.proxies.trace_calls import TraceError
-from commbench.proxies.trace_files import read_traces
-from commbench.proxies.trace_profile import profile_from_trace
+from commbench.proxies.traces.calls import TraceError
+from commbench.proxies.traces.extracted_profile import profile_from_trace
+from commbench.proxies.traces.files import read_traces
 
 DDP = [str(DATA / "traces" / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 FSDP = str(DATA / "traces" / "fsdp2_2rank_gloo_rank0.json.gz")

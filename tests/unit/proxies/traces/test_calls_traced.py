@@ -1,4 +1,4 @@
-"""proxies/trace_calls.py: a step's calls placed on the compute's progress, waits inferred from the
+"""proxies/traces/calls.py: a step's calls placed on the compute's progress, waits inferred from the
 issuing thread's idle time, and the checks that keep a replay from hanging."""
 import math
 from dataclasses import replace
@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from commbench.proxies.comm_plan import simulate
-from commbench.proxies.trace_calls import (
+from commbench.proxies.traces.calls import (
     Busy,
     JobTrace,
     RankTrace,
@@ -99,7 +99,7 @@ def test_a_call_without_an_event_is_named_by_its_rank_and_place():
 
 
 def test_calls_past_the_bound_are_one_line(monkeypatch):
-    from commbench.proxies import trace_calls
+    from commbench.proxies.traces import calls as trace_calls
 
     monkeypatch.setattr(trace_calls, "MAX_CALLS", 3)
     check_job(job([call(0, 0, 1)] * 3, [call(0, 0, 1)] * 3), "t")
@@ -110,7 +110,7 @@ def test_calls_past_the_bound_are_one_line(monkeypatch):
 def test_calls_spanning_many_waits_give_the_same_exposed_time_from_the_running_total(monkeypatch):
     """Past EXACT_GAPS a call's exposed time comes from the waits' running total (a crafted trace's calls x waits
     took minutes); it is the sum the gaps give one by one."""
-    from commbench.proxies import trace_calls
+    from commbench.proxies.traces import calls as trace_calls
 
     ops = Busy([(100.0 * i, 100.0 * i + 40.0) for i in range(200)])  # idle 60 us after every op
     calls = [call(100.0 * i + 40.0, 100.0 * i + 45.0, 100.0 * i + 80.0 + 100.0 * (i % 7)) for i in range(150)]

@@ -1,4 +1,4 @@
-"""proxies/trace_torch.py and trace_files.py on real profiler traces (tests/data/traces/, captured with
+"""proxies/traces/torch_profiler.py and traces/files.py on real profiler traces (tests/data/traces/, captured with
 benchmarks/capture_trace.py on 2 CPU ranks over gloo) and on record_param_comms events as ProcessGroupNCCL
 writes them (torch/csrc/distributed/c10d/ParamCommsUtils.hpp's argument names)."""
 import gzip
@@ -8,9 +8,9 @@ import math
 import pytest
 from conftest import DATA
 
-from commbench.proxies import trace_json
-from commbench.proxies.trace_calls import TraceError
-from commbench.proxies.trace_files import read_traces, table_rows
+from commbench.proxies.traces import chrome_json as trace_json
+from commbench.proxies.traces.calls import TraceError
+from commbench.proxies.traces.files import read_traces, table_rows
 
 TRACES = DATA / "traces"
 DDP = [str(TRACES / f"ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
@@ -161,7 +161,7 @@ def test_record_param_comms_give_groups_sizes_and_kernel_times(tmp_path):
 
 
 def test_group_ranks_cut_short_by_torch_are_completed(tmp_path):
-    from commbench.proxies.trace_torch import _ranks
+    from commbench.proxies.traces.torch_profiler import _ranks
 
     ranks = list(range(0, 128, 2))
     args = _param_event(0, "allreduce", 1, 1, ranks, "0")["args"]
@@ -254,7 +254,7 @@ def _many_steps(path, rank, steps):
 
 def test_each_step_is_built_from_its_own_calls_only(tmp_path, monkeypatch):
     """Every step was given every call's issue span: steps x calls (4,000 steps 7.6 s, issue 48, item 17)."""
-    from commbench.proxies import trace_torch
+    from commbench.proxies.traces import torch_profiler as trace_torch
 
     given = []
     real = trace_torch.build_step
@@ -265,7 +265,7 @@ def test_each_step_is_built_from_its_own_calls_only(tmp_path, monkeypatch):
 
 
 def test_events_past_the_bound_are_one_line(tmp_path, monkeypatch):
-    from commbench.proxies import trace_calls
+    from commbench.proxies.traces import calls as trace_calls
 
     paths = [_many_steps(tmp_path / f"r{r}.json", r, 5) for r in (0, 1)]
     monkeypatch.setattr(trace_calls, "MAX_EVENTS", 19)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from commbench.collectives import bandwidths_gbps
 from commbench.files import shown
-from commbench.proxies.trace_calls import JobTrace, RankTrace, TraceError, check_job
-from commbench.proxies.trace_et import looks_like_execution_trace, read_execution_traces
-from commbench.proxies.trace_json import open_text
-from commbench.proxies.trace_nccl import looks_like_nccl_log, read_nccl_logs
-from commbench.proxies.trace_torch import read_torch_trace
+from commbench.proxies.traces.calls import JobTrace, RankTrace, TraceError, check_job
+from commbench.proxies.traces.chrome_json import open_text
+from commbench.proxies.traces.execution_trace import looks_like_execution_trace, read_execution_traces
+from commbench.proxies.traces.nccl_log import looks_like_nccl_log, read_nccl_logs
+from commbench.proxies.traces.torch_profiler import read_torch_trace
 
 
 def read_traces(paths: list[str]) -> JobTrace:

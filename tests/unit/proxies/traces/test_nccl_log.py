@@ -1,10 +1,10 @@
-"""proxies/trace_nccl.py on lines in the format NCCL prints them: the INFO prefix of src/debug.cc
+"""proxies/traces/nccl_log.py on lines in the format NCCL prints them: the INFO prefix of src/debug.cc
 (ncclDebugLog: "HOST:PID:TID [DEV] NCCL INFO "), the COLL line of src/enqueue.cc (ncclEnqueueCheck) and
 the INIT line of src/init.cc ("... commId 0x.. - Init COMPLETE"), NVIDIA/nccl 2.20.5."""
 import pytest
 
-from commbench.proxies.trace_calls import TraceError
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.calls import TraceError
+from commbench.proxies.traces.files import read_traces
 
 PIDS = {0: 101, 1: 102, 2: 103, 3: 104}
 
@@ -140,7 +140,7 @@ def test_long_lines_cost_their_length_not_its_square(tmp_path):
     the good log's lines are."""
     import time
 
-    from commbench.proxies.trace_nccl import MAX_LINE_CHARS
+    from commbench.proxies.traces.nccl_log import MAX_LINE_CHARS
 
     hostile = ["a" * 60000, "node0:101:1 [0] NCCL INFO " + "comm 0x1 rank 1 nranks 1 " * 2400,
                "b" * (3 * MAX_LINE_CHARS) + " " + coll(0, "AllReduce", 9, 8, 7, "0x555000000", 4)]

@@ -1,5 +1,5 @@
 """Read a PyTorch profiler trace (Chrome JSON, `prof.export_chrome_trace`, one file per rank) into
-one rank's calls (trace_calls.RankTrace). No torch import: the file is streamed (trace_json.py).
+one rank's calls (trace_calls.RankTrace). No torch import: the file is streamed (traces/chrome_json.py).
 
 Where the calls come from, in this order of preference:
 - `record_param_comms` CPU events (ProcessGroupNCCL writes them, torch/csrc/distributed/c10d/
@@ -24,8 +24,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from commbench.proxies import trace_calls
-from commbench.proxies.trace_calls import (
+from commbench.proxies.traces import calls as trace_calls
+from commbench.proxies.traces.calls import (
     MAX_ELEMENTS,
     MAX_RANKS,
     Busy,
@@ -39,7 +39,7 @@ from commbench.proxies.trace_calls import (
     checked_time,
     subtract_spans,
 )
-from commbench.proxies.trace_json import EVENTS_KEY, open_text, read_chrome_trace
+from commbench.proxies.traces.chrome_json import EVENTS_KEY, open_text, read_chrome_trace
 
 KNOWN_SCHEMAS = (1,)  # schemaVersion values this reader has read (torch 2.14's kineto writes 1)
 PARAM_COMMS = "record_param_comms"

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from commbench.files import UnreadableFile, open_regular
-from commbench.proxies.trace_calls import TraceError
+from commbench.proxies.traces.calls import TraceError
 
 CHUNK_CHARS = 1 << 20
 MAX_VALUE_CHARS = 64 << 20  # one event or top-level value; past it unparsed, the file is not JSON

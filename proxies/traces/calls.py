@@ -1,6 +1,6 @@
 """A user's own job, as its traces show it: per rank, each step's collective calls in issue order and
-the compute between them. Every trace reader (trace_torch: PyTorch's profiler; trace_et: its execution
-trace; trace_nccl: NCCL's COLL log) gives this one form, and the replay, the table and the prediction
+the compute between them. Every trace reader (torch_profiler: PyTorch's profiler; execution_trace: its
+execution trace; nccl_log: NCCL's COLL log) gives this one form, and the replay, the table and the prediction
 read only it.
 
 A call's place in its step is two points on the compute's progress, as a setup's calls have

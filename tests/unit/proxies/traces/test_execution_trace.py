@@ -1,4 +1,4 @@
-"""proxies/trace_et.py on real execution traces (ExecutionTraceObserver, torch 2.14.1, schema
+"""proxies/traces/execution_trace.py on real execution traces (ExecutionTraceObserver, torch 2.14.1, schema
 1.1.1-chakra.0.0.4) of DDP on 2 gloo ranks: benchmarks/capture_trace.py --execution-trace --width 128
 --layers 2 --steps 1 --warmup 1 (two steps, one bucket each)."""
 import gzip
@@ -6,8 +6,8 @@ import gzip
 import pytest
 from conftest import DATA
 
-from commbench.proxies.trace_calls import TraceError
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.calls import TraceError
+from commbench.proxies.traces.files import read_traces
 
 ET = [str(DATA / "traces" / f"et_ddp_2rank_gloo_rank{r}.json.gz") for r in (0, 1)]
 MODEL_BYTES = 2 * (128 * 128 + 128) * 4

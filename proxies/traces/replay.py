@@ -1,8 +1,8 @@
 """Replay a user's traced job on the ranks of a commbench job: the `replay` job of commbench/job.py.
 
-Every rank reads the trace (proxies/trace_files.py), recreates the trace's groups (every rank calls
+Every rank reads the trace (proxies/traces/files.py), recreates the trace's groups (every rank calls
 new_group for every group, in one order), and runs each traced step of its own rank as a setup's plan
-(trace_calls.step_plan) with proxies/replay.py's `run_plan`: the traced compute emulated on a clock up
+(traces/calls.step_plan) with proxies/replay.py's `run_plan`: the traced compute emulated on a clock up
 to each call's issue point, the call issued with torch.distributed (async, on its group, buffers of its
 size and dtype, zeros), and the compute waiting where the traced thread waited. Replayed step k is
 traced step k modulo their number. The rows, the JSON step records and the summary are the proxy's
@@ -30,8 +30,8 @@ from commbench.proxies.clocks import SleepClock
 from commbench.proxies.context import summary_from_records, summary_of
 from commbench.proxies.replay import run_plan
 from commbench.proxies.steps import METRICS, STEP, StepLog
-from commbench.proxies.trace_calls import JobTrace, step_plan
-from commbench.proxies.trace_files import read_traces
+from commbench.proxies.traces.calls import JobTrace, step_plan
+from commbench.proxies.traces.files import read_traces
 
 
 @dataclass(frozen=True)
