@@ -173,7 +173,7 @@ def fit(records: list[dict], setup: str | None = None, base: Hardware | None = N
         # between out of the cache).
         above = int(ws[(a[:, 3] > 0) & (ws > cache)].min())
         cache = llc if llc and cache <= llc < above else math.isqrt(cache * above)  # Python ints: no overflow
-    hw = _hardware(x, active, pts, predicted, y, setup or _name(chosen), base, cache)
+    hw = _hardware(x, active, pts, predicted, y, setup=setup or _name(chosen), base=base, cache=cache)
     if cache is not None and cache == llc:
         hw.meta["notes"].append(f"cache boundary at the hosts' last-level cache ({llc} bytes, from their run headers)")
     hw.meta["measured_with"] = measured_with(chosen, records)  # what it applies to (provenance.py)
@@ -324,7 +324,7 @@ def _identifiable(a: np.ndarray) -> np.ndarray:
     return active
 
 
-def _hardware(x, active, pts, predicted, measured, setup: str, base: Hardware | None,
+def _hardware(x, active, pts, predicted, measured, *, setup: str, base: Hardware | None,
               cache: int | None = None) -> Hardware:
     overhead, alpha_intra, alpha_inter, inv_intra, inv_inter = x[:5]
     fitted = {"intra": bool(active[3]), "inter": bool(active[4])}

@@ -23,7 +23,7 @@ from commbench.tuning import TuningTable
 MAX_RANKS = 1024
 
 
-def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, topo: Topology, algorithm: str,
+def predict_point(hw: Hardware, collective: str, nbytes: int, dtype: C.DType, topo: Topology, algorithm: str, *,
                   root: int = 0, tuning: TuningTable | None = None) -> Result | None:
     """One predicted point (None when the size rounds to zero elements); `auto` follows `tuning`'s
     table where it has a row (as a backend's `auto` does), else the built-in rule."""
@@ -63,11 +63,11 @@ def row_us(hw: Hardware, row: collective_corpus.Row) -> float:
 
 
 def predict(hw: Hardware, collectives: list[str], sizes: list[int], dtype: C.DType, topo: Topology,
-            algorithm: str = "auto", root: int = 0, tuning: TuningTable | None = None) -> list[Result]:
+            algorithm: str = "auto", *, root: int = 0, tuning: TuningTable | None = None) -> list[Result]:
     out = []
     for collective in collectives:
         for nbytes in sizes:
-            point = predict_point(hw, collective, nbytes, dtype, topo, algorithm, root, tuning)
+            point = predict_point(hw, collective, nbytes, dtype, topo, algorithm, root=root, tuning=tuning)
             if point is not None and all(p.nbytes != point.nbytes or p.collective != collective for p in out):
                 out.append(point)
     return out

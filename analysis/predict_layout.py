@@ -88,7 +88,8 @@ def predict_layout(job: Job, par: Parallelism) -> LayoutPrediction:
             before = per_dim[j % par.pp].get(dim, (0.0, 0.0))
             per_dim[j % par.pp][dim] = (before[0] + total, before[1] + exposed)
     hop = _p2p_us(job, par, "pp", boundary_nbytes(par, job.shape, job.microbatch)) if par.pp > 1 else 0.0
-    piped = pipeline.run(par.pp_schedule, par.pp, par.microbatches, forward, backward, hop, par.virtual_stages)
+    piped = pipeline.run(par.pp_schedule, par.pp, par.microbatches, forward, backward, hop,
+                         virtual_stages=par.virtual_stages)
     busiest = max(range(par.pp), key=lambda s: piped.busy_us[s])
     compute = sum((e - b) for _, b, e in piped.passes[busiest]) - sum(x for _, x in per_dim[busiest].values()) \
         * par.microbatches

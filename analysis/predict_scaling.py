@@ -61,7 +61,7 @@ def peak_tflops(hw: Hardware, precision: str) -> float | None:
 
 
 def compute_us(profile: Profile, hw: Hardware, batch: int, throughput: float | None, tflops: float | None,
-               precision: str, block: tuple | None = None, ranks_per_node: int | None = None
+               precision: str, *, block: tuple | None = None, ranks_per_node: int | None = None
                ) -> tuple[float, float, str]:
     """(forward_us, backward_us, label) of one step at `batch`, from the first of: a 1-GPU throughput
     (samples/s), a traced profile's time, an achieved rate (TFLOP/s), `block` (the hardware's compute block

@@ -41,7 +41,7 @@ def group_topology(group: tuple[int, ...], per_node: int) -> Topology:
     return Topology(len(nodes), max(nodes.values()))
 
 
-def call_us(hw: Hardware, collective: str, nbytes: int, dtype: str, group: tuple[int, ...], per_node: int,
+def call_us(hw: Hardware, collective: str, nbytes: int, dtype: str, group: tuple[int, ...], per_node: int, *,
             algorithm: str = "auto") -> float:
     from commbench.analysis.predict import predict_point
 
@@ -66,7 +66,7 @@ def predict_trace(job: JobTrace, hw: Hardware, topology: Topology, compute_scale
             for c in step.calls:
                 key = (c.collective, c.nbytes, c.dtype, c.group)
                 if key not in costs:
-                    costs[key] = call_us(hw, *key, topology.ranks_per_node, algorithm)
+                    costs[key] = call_us(hw, *key, topology.ranks_per_node, algorithm=algorithm)
     per_step = [[_step(step, costs, compute_scale) for step in rank.steps] for rank in job.ranks]
     slowest = [max(range(len(per_step)), key=lambda r: per_step[r][k].step_us) for k in range(len(per_step[0]))]
     chosen = [per_step[r][k] for k, r in enumerate(slowest)]

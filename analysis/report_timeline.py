@@ -59,7 +59,7 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None, mark: str | None =
     shown_phases: set[str] = set()
     shown_kinds: set[str] = set()
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.3 * len(runs)), squeeze=False)
-    predicted = [_draw_run(ax, header, summary, step, hw, shown_phases, shown_kinds)
+    predicted = [_draw_run(ax, header, summary, step, hw, shown_phases=shown_phases, shown_kinds=shown_kinds)
                  for ax, (header, summary, step) in zip(axes[:, 0], runs)]
     # the legend names what is drawn: the compute's phases (its grey shades) and the collectives the runs have
     keys = [(PHASE_NAMES.get(n, n), PHASE_COLOURS[n]) for n in PHASE_COLOURS if n in shown_phases]
@@ -72,7 +72,8 @@ def plot_timeline(records: list[dict], out_dir: str, hw=None, mark: str | None =
     return save_png(fig, out_dir, "timeline.png", rect=(0, 0.06, 1, 1))
 
 
-def _draw_run(ax, header: dict, summary: dict, step: dict, hw, shown_phases: set[str], shown_kinds: set[str]) -> bool:
+def _draw_run(ax, header: dict, summary: dict, step: dict, hw, *, shown_phases: set[str],
+              shown_kinds: set[str]) -> bool:
     """One run's lanes on `ax`: compute, calls measured and, with `hw`, calls predicted; adds the phases and
     collectives drawn to the sets; whether it drew hw's prediction."""
     plan, predicted = _plan_and_prediction(header, summary, hw)

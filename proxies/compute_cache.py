@@ -21,7 +21,7 @@ FIELDS = ("forward_us", "backward_us", "optimizer_us", "own_us")
 MAX_CACHE_BYTES = 1 << 16
 
 
-def key(profile, batch: int, device: str, amp: bool, choice, local_ranks: int, host: str) -> str:
+def key(profile, batch: int, device: str, amp: bool, choice, local_ranks: int, *, host: str) -> str:
     """A name for what the measured figures depend on (see the module's docstring)."""
     import torch
 

@@ -35,7 +35,7 @@ def shapes_of(shape, layouts, microbatches: list[int]) -> tuple[list[tuple[int, 
     return products, attention
 
 
-def measure_block(shape, layouts, microbatches: list[int], device: str, dtype: str, min_time_s: float = 0.02,
+def measure_block(shape, layouts, microbatches: list[int], device: str, dtype: str, *, min_time_s: float = 0.02,
                   say: Callable[[str], None] = print, framework: bool = True) -> ComputeBlock:
     """Time every operator of `layouts` (Parallelism values) on `device` in `dtype`; with `framework`, a real
     decoder layer of each dense layout too, whose time beyond its operators is the block's framework_us."""
@@ -47,7 +47,7 @@ def measure_block(shape, layouts, microbatches: list[int], device: str, dtype: s
     matmul = tuple(MatmulPoint(m, n, k, dtype, T.time_matmul(clock, m, n, k, dtype)) for m, n, k in products)
     points = []
     for bh, sq, skv, d, causal in attention:
-        forward, backward = T.time_attention(clock, bh, sq, skv, d, causal, dtype)
+        forward, backward = T.time_attention(clock, bh, sq, skv, d, causal=causal, dtype=dtype)
         points.append(AttentionPoint(bh, sq, skv, d, causal, dtype, forward, backward))
     tokens = max(microbatches) * shape.seq_len
     elements = max(4096, tokens * max(shape.hidden, shape.ffn // max(p.tp for p in layouts)))
@@ -60,12 +60,12 @@ def measure_block(shape, layouts, microbatches: list[int], device: str, dtype: s
                           "microbatches": list(microbatches), "seq_len": shape.seq_len,
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if framework and L.unlisted(shape) is None and not shape.moe:
-        block = _with_framework(block, clock, shape, layouts, microbatches, dtype, say)
+        block = _with_framework(block, clock, shape, layouts, microbatches, dtype, say=say)
     say(f"# measured in {time.perf_counter() - started:.1f} s")
     return block
 
 
-def _with_framework(block: ComputeBlock, clock, shape, layouts, microbatches: list[int], dtype: str,
+def _with_framework(block: ComputeBlock, clock, shape, layouts, microbatches: list[int], dtype: str, *,
                     say) -> ComputeBlock:
     """framework_us: a real decoder layer's forward and backward beyond the sum of its operators (the median over
     the layouts and micro-batches; at least 0), or none where transformers is missing."""

@@ -68,7 +68,7 @@ def time_matmul(clock: Clock, m: int, n: int, k: int, dtype: str) -> float:
     return clock.median_us(lambda: torch.matmul(a, b))
 
 
-def time_attention(clock: Clock, batch_heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool,
+def time_attention(clock: Clock, batch_heads: int, seq_q: int, seq_kv: int, head_dim: int, *, causal: bool,
                    dtype: str) -> tuple[float, float]:
     """(forward, backward) microseconds of scaled_dot_product_attention on (1, batch_heads, seq, head_dim)."""
     torch = clock.torch

@@ -54,7 +54,7 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.backend.device == "cuda" else "cpu"
     name = compute_cache.key(profile, ctx.batch, ctx.backend.device, cfg.amp, ctx.choice,
-                             ctx.launch.local_world_size, _host(device))
+                             ctx.launch.local_world_size, host=_host(device))
     cached = compute_cache.read(name) if ctx.backend.rank == 0 and not cfg.remeasure else None
     shared = ctx.backend.agree_max(np.array([*cached[0], float(cached[1])]) if cached else np.full(5, -1.0))
     if shared[0] >= 0:  # rank 0 holds this model's, batch's and setup's figures from an earlier run here

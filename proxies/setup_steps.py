@@ -89,7 +89,7 @@ class StepContext:
         self.phases.append(Phase(name, unit, micro, start, start + max(0.0, duration_us)))
         return start, self.now
 
-    def issue(self, collective: str, nbytes: int, dtype: str, group: str, ready: float, needed: float,
+    def issue(self, collective: str, nbytes: int, dtype: str, group: str, ready: float, needed: float, *,
               label: str) -> None:
         if nbytes > 0 and self.group_size(group) > 1:
             self.comms.append(Comm(collective, int(nbytes), dtype, group, ready, needed, label))
@@ -101,7 +101,7 @@ class StepContext:
         return "node" if self.knobs.get("shard_group") == "node" and self.layout.nodes > 1 else "world"
 
 
-def _bucketed(ctx: StepContext, buckets: list[B.Bucket], collective: str = "allreduce", scale: float = 1.0,
+def _bucketed(ctx: StepContext, buckets: list[B.Bucket], *, collective: str = "allreduce", scale: float = 1.0,
               dtype: str | None = None, group: str = "world", own_in_backward: bool = True) -> None:
     """The DDP family's step: k micro-steps, the last one's backward issuing each bucket when it is ready;
     the optimizer waits for all. The setup's own work: half stretches the synchronising backward, half runs
@@ -117,7 +117,7 @@ def _bucketed(ctx: StepContext, buckets: list[B.Bucket], collective: str = "allr
         for bucket in buckets:
             ready = start + backward * bucket.ready_share
             ctx.issue(collective, int(bucket.nbytes * scale), dtype or bucket.dtype, group, ready, end,
-                      f"bucket {bucket.index}")
+                      label=f"bucket {bucket.index}")
     ctx.run("own", c.own_us / 2 if own_in_backward else c.own_us, ctx.k - 1)
 
 
@@ -167,7 +167,7 @@ def horovod(profile: Profile, knobs: dict[str, Any], ctx: StepContext):
             for group in B._by_dtype(profile, members, [cap]):
                 nbytes = sum(profile.tensors[i].nbytes for i in group)
                 ctx.issue("allreduce", nbytes, profile.tensors[group[0]].dtype, "world", ready, end,
-                          f"fusion buffer {n}")
+                          label=f"fusion buffer {n}")
                 n += 1
     ctx.run("own", c.own_us / 2, ctx.k - 1)
     ctx.run("optimizer", c.optimizer_us, ctx.k - 1)
@@ -186,17 +186,18 @@ def zero(stage: int):
                 for b in buckets:
                     ready = start + (end - start) * b.ready_share
                     needed = end if knobs["overlap_comm"] == "true" else ready  # blocking: the backward waits
-                    ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, ready, needed, f"bucket {b.index} (m{micro})")
+                    ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, ready, needed,
+                              label=f"bucket {b.index} (m{micro})")
         else:  # stage 1: the gradients reduce-scattered once, at the accumulation boundary
             for micro in range(ctx.k):
                 ctx.run("forward", c.forward_us, micro)
                 start, end = ctx.run("backward", c.backward_us + (c.own_us / 2 if micro == ctx.k - 1 else 0), micro)
             for b in buckets:
-                ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, end, end, f"bucket {b.index}")
+                ctx.issue("reduce_scatter", b.nbytes, b.dtype, group, end, end, label=f"bucket {b.index}")
         ctx.run("own", c.own_us / 2, ctx.k - 1)
         start, end = ctx.run("optimizer", c.optimizer_us / shards, ctx.k - 1)
         for b in buckets:  # the updated shards gathered before the next forward
-            ctx.issue("allgather", b.nbytes, b.dtype, group, end, end, f"parameters {b.index}")
+            ctx.issue("allgather", b.nbytes, b.dtype, group, end, end, label=f"parameters {b.index}")
         return ctx.phases, ctx.comms
     return build
 
@@ -257,10 +258,10 @@ def fsdp(reshard: bool):
         prefetch = (0 if cpu else 1) if prefetch is None else prefetch
         own_f = c.own_us / 2 / ctx.k / max(1, len(units))
 
-        def issue(collective: str, name: str, ready: float, needed: float, what: str, group_: str = group,
+        def issue(collective: str, name: str, ready: float, needed: float, what: str, *, group_: str = group,
                   size: int | None = None) -> None:
             ctx.issue(collective, nbytes[name] if size is None else size, dtype[name], group_, ready,
-                      ready if cpu else needed, f"{name or 'root'} {what}")
+                      ready if cpu else needed, label=f"{name or 'root'} {what}")
 
         for micro in range(ctx.k):
             starts = [ctx.run("forward", c.forward_us * f / flops_f + own_f, micro, name)[0]
@@ -278,8 +279,8 @@ def fsdp(reshard: bool):
                 if micro == ctx.k - 1:
                     issue("reduce_scatter", name, end, math.inf, "gradients")
                     if group == "node":
-                        issue("allreduce", name, end, math.inf, "gradient shard across nodes", "cross",
-                              nbytes[name] // shards)
+                        issue("allreduce", name, end, math.inf, "gradient shard across nodes", group_="cross",
+                              size=nbytes[name] // shards)
         ctx.run("optimizer", c.optimizer_us / shards, ctx.k - 1)
         return ctx.phases, ctx.comms
     return build

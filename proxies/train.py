@@ -118,7 +118,7 @@ class Trainer:
         return float(forward), float(backward), float(update)
 
 
-def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1,
+def measure_compute(profile: Profile, batch: int, device: Any, amp: bool = False, local_ranks: int = 1, *,
                     ready: Callable[[], None] = lambda: None, trust_code: bool = False,
                     bucket_mb: float | None = None, choice=None, show_progress: bool = False, repeats: int = 5
                     ) -> tuple[tuple[float, float, float, float], bool]:

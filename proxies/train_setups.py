@@ -135,7 +135,7 @@ def _mesh(choice: Choice, layout: Placement, device: Any, group):
     return init_device_mesh(device_type, (layout.world,), mesh_dim_names=("shard",)), f"{layout.world}{one_node}"
 
 
-def own_work_us(trainer, choice: Choice, profile, group, device_ids=None, pairs: int = 6,
+def own_work_us(trainer, choice: Choice, profile, group, device_ids=None, *, pairs: int = 6,
                 warmup: int = 2) -> float:
     """The setup's own work per step at one rank (on `group`, a process group of this rank alone): steps of
     the setup against steps that leave it out (DDP family: the same steps with every micro-step under no_sync;

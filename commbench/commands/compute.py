@@ -59,7 +59,8 @@ def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, 
     from commbench.proxies.compute_measure import measure_block
 
     try:
-        block = measure_block(shape, parsed, sorted(set(microbatches)), device, dtype, min_time, say=click.echo)
+        block = measure_block(shape, parsed, sorted(set(microbatches)), device, dtype, min_time_s=min_time,
+                              say=click.echo)
     except (MemoryError, RuntimeError) as exc:  # a tensor this device cannot hold (torch: RuntimeError)
         raise UsageFault(f"cannot time {model}'s operators at these shapes here: "
                          f"{(str(exc).splitlines() or [type(exc).__name__])[0][:200]}") from exc

@@ -133,7 +133,7 @@ def _predict(o: PredictOptions, said: L.Scale):
             raise UsageFault(refused)
         check_outputs(("--json", o.json_path), force=o.force, append=o.append)
         table = tuning.load(o.tuning_path) if o.tuning_path else None
-        results = predict(hw, names, size_list, dt, topo, o.algorithm, o.root, table)
+        results = predict(hw, names, size_list, dt, topo, o.algorithm, root=o.root, tuning=table)
     except KeyError as exc:
         raise UsageFault(str(exc).strip("'\"")) from exc
     except (HardwareError, SizeError, TopologyError, ValueError) as exc:

@@ -199,7 +199,8 @@ def _scaling_run(model, hw_spec, scale, gpus_per_node, batch, throughput, tflops
             raise UsageFault(f"--nodes {max(counts) // per_node} x {per_node} GPUs: at most {MAX_GPUS:,d} GPUs")
     batch = batch or profile.default_batch
     try:
-        forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision, block, per_node)
+        forward, backward, label = S.compute_us(profile, hw, batch, throughput, tflops, precision, block=block,
+                                               ranks_per_node=per_node)
         question = StepQuestion(profile, batch, Compute(forward, backward, own_us=ddp_ms * 1e3),
                                 compute_label=label)  # each curve its own setup choice and algorithm
         return S.scaling_run(question, hw, counts, per_node, curves, ratios)

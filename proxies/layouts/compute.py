@@ -114,7 +114,7 @@ def refusal(par: Parallelism, transformer, microbatch: int, on_cpu: bool) -> str
     return None
 
 
-def measure_rank_compute(par: Parallelism, transformer, microbatch: int, stage: int, device="cpu",
+def measure_rank_compute(par: Parallelism, transformer, microbatch: int, stage: int, device="cpu", *,
                          repeats: int = 5, ready: Callable[[], None] = lambda: None) -> tuple[RankCompute, bool]:
     """The pieces of pipeline rank `stage` timed here (see the module's docstring), and whether the times are
     this thread's CPU time. `ready` runs between building and timing (a barrier: every rank measures at once,

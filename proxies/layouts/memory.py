@@ -97,7 +97,7 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return counts
 
 
-def layer_activation_nbytes(shape: TransformerShape, index: int, microbatch: int, tp: int = 1, cp: int = 1,
+def layer_activation_nbytes(shape: TransformerShape, index: int, microbatch: int, tp: int = 1, cp: int = 1, *,
                             sequence_parallel: bool = True, checkpointing: str = "none",
                             dropout: bool = False, expert_tp: int | None = None) -> float:
     """Bytes one layer keeps for its backward per micro-batch (Korthikanti et al. 2022, sec. 4):
@@ -251,8 +251,9 @@ def _stage_memory(shape: TransformerShape, layout: Parallelism, choices: MemoryC
     else:
         held = max(1, (c.in_flight or layout.pp) - stage)
     activations = held * sum(layer_activation_nbytes(
-        shape, index, c.microbatch, tp, layout.cp, layout.sequence_parallel, c.checkpointing,
-        c.dropout, layout.expert_tp) for index in range(first, first + counts[stage]))
+        shape, index, c.microbatch, tp, layout.cp, sequence_parallel=layout.sequence_parallel,
+        checkpointing=c.checkpointing, dropout=c.dropout, expert_tp=layout.expert_tp)
+        for index in range(first, first + counts[stage]))
     if stage == layout.pp - 1:
         activations += output_activation_nbytes(shape, c.microbatch, tp, layout.cp)
     # FSDP's gathered parameters: the root unit (embedding, head) from its forward to the end of the backward,

@@ -96,7 +96,7 @@ class PipelineStep:
 
 
 def run(schedule: str, pp: int, microbatches: int, forward_us: Sequence[float], backward_us: Sequence[float],
-        transfer_us: float | Sequence[float] = 0.0, virtual_stages: int = 1) -> PipelineStep:
+        transfer_us: float | Sequence[float] = 0.0, *, virtual_stages: int = 1) -> PipelineStep:
     """The step of `schedule` when virtual stage j's forward of one micro-batch takes forward_us[j] and its
     backward backward_us[j], and an activation or gradient takes transfer_us (per boundary j -> j + 1, or one
     figure) to reach the next stage; a rank sends while it computes (asynchronous send/recv)."""

@@ -90,7 +90,7 @@ class LayoutReplay:
     """One rank's step of a layout: `rate` is FLOP per microsecond (0: no compute), or `measured` the rank's
     compute timed here (proxies/layouts/compute.py), spun for as CPU time with `cpu_clock`."""
 
-    def __init__(self, par: Parallelism, shape, profile, rank: int, microbatch: int, checkpointing: str = "none",
+    def __init__(self, par: Parallelism, shape, profile, rank: int, microbatch: int, *, checkpointing: str = "none",
                  rate: float = 0.0, limit_s: float = math.inf, groups: dict | None = None,
                  measured: RankCompute | None = None, cpu_clock: bool = False):
         import torch
@@ -339,8 +339,8 @@ def replay_layout_steps(ctx) -> None:
         measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],
                               block.meta.get("dtype", "float32"))
         cpu_time = block.meta.get("clock") == "thread CPU time"  # spun as it was measured: this thread's CPU time
-    replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, cfg.checkpointing, rate,
-                          peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
+    replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, checkpointing=cfg.checkpointing,
+                          rate=rate, limit_s=peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
     backend.barrier()
     source = f"the compute block of {cfg.compute_block['device']}" if cfg.compute == "block" else "measured"
     label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else \

@@ -90,7 +90,7 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
     fixed = _fixed(cfg, backend, job)
     rows: list[list[float]] = []
     log.header(_header(cfg, backend, job, argv, fixed), _lines(cfg, job))
-    state["finish"] = lambda status, error: _finish(backend, log, fixed, rows, status, error, state)
+    state["finish"] = lambda status, error: _finish(backend, log, fixed, rows, status, error, state=state)
     backend.barrier()
     sys.setswitchinterval(1e-4)
     for index in range(cfg.warmup_steps + cfg.steps):
@@ -106,7 +106,7 @@ def _replay(cfg: TraceReplayConfig, backend, job: JobTrace, argv: list[str], sta
             values = dict(zip(METRICS, (float(v) for v in gathered[int(np.nanargmax(gathered[:, STEP]))])))
         log.step(index + 1, index < cfg.warmup_steps, {**values, "traced_step": k, "issued": list(issued),
                                                                 "calls_us": [list(i) for i in times.comm_intervals]})
-    _finish(backend, log, fixed, rows, "ok", None, state)
+    _finish(backend, log, fixed, rows, "ok", None, state=state)
 
 
 class _Shifted:
@@ -149,12 +149,12 @@ def _torch_calls(job: JobTrace, rank: int, issued: list, device) -> list[list]:
             send, recv = buffers[key]
             group, root = groups[call.group], call.group[0]
             note = [call.collective, call.nbytes, call.dtype, list(call.group)]
-            calls.append(_issue(dist, call.collective, send, recv, group, root, note, issued))
+            calls.append(_issue(dist, call.collective, send, recv, group, root, note=note, issued=issued))
         out.append(calls)
     return out
 
 
-def _issue(dist, collective: str, send, recv, group, root: int, note: list, issued: list):
+def _issue(dist, collective: str, send, recv, group, root: int, *, note: list, issued: list):
     from commbench.backends.torch_calls import issue
 
     def go():
@@ -224,7 +224,7 @@ def _lines(cfg: TraceReplayConfig, job: JobTrace) -> list[str]:
             f"{cfg.warmup_steps} warm-up step(s), then {cfg.steps} measured; each row: the step's slowest rank"]
 
 
-def _finish(backend, log: StepLog, fixed: dict, rows: list, status: str, error: str | None, state: dict) -> None:
+def _finish(backend, log: StepLog, fixed: dict, rows: list, status: str, error: str | None, *, state: dict) -> None:
     """The summary, once (a fault while it is written does not write a second)."""
     if state.get("summarised"):
         return

@@ -111,7 +111,7 @@ def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2) -> Layou
     return run
 
 
-def _rank(rank: int, world: int, port: int, layouts: dict, shape_of: dict, steps: int, out) -> None:
+def _rank(rank: int, world: int, port: int, out, *, layouts: dict, shape_of: dict, steps: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -142,7 +142,8 @@ def train_layouts(layouts: dict, shape_of: dict, world: int = 4, steps: int = 4,
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, layouts, shape_of, steps, out)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, out),
+                         kwargs={"layouts": layouts, "shape_of": shape_of, "steps": steps}) for r in range(world)]
     for proc in procs:
         proc.start()
     results: dict = {name: [None] * world for name in layouts}

@@ -26,12 +26,13 @@ def test_the_key_holds_what_the_figures_depend_on():
     from commbench.proxies.setups import settle
 
     tiny, ddp = load_profile("llama-tiny"), settle("ddp")
-    one = C.key(tiny, 4, "cpu", False, ddp, 2, "h")
-    assert one == C.key(tiny, 4, "cpu", False, ddp, 2, "h")
-    others = {C.key(tiny, 8, "cpu", False, ddp, 2, "h"), C.key(tiny, 4, "cuda", False, ddp, 2, "h"),
-              C.key(tiny, 4, "cpu", True, ddp, 2, "h"), C.key(tiny, 4, "cpu", False, settle("fsdp-full"), 2, "h"),
-              C.key(tiny, 4, "cpu", False, ddp, 4, "h"), C.key(tiny, 4, "cpu", False, ddp, 2, "other"),
-              C.key(load_profile("resnet18"), 4, "cpu", False, ddp, 2, "h")}
+    one = C.key(tiny, 4, "cpu", False, ddp, 2, host="h")
+    assert one == C.key(tiny, 4, "cpu", False, ddp, 2, host="h")
+    others = {C.key(tiny, 8, "cpu", False, ddp, 2, host="h"), C.key(tiny, 4, "cuda", False, ddp, 2, host="h"),
+              C.key(tiny, 4, "cpu", True, ddp, 2, host="h"),
+              C.key(tiny, 4, "cpu", False, settle("fsdp-full"), 2, host="h"),
+              C.key(tiny, 4, "cpu", False, ddp, 4, host="h"), C.key(tiny, 4, "cpu", False, ddp, 2, host="other"),
+              C.key(load_profile("resnet18"), 4, "cpu", False, ddp, 2, host="h")}
     assert one not in others and len(others) == 7
 
 

@@ -26,6 +26,6 @@ def test_a_bigger_product_takes_longer():
     torch.set_num_threads(1)
     clock = T.Clock("cpu", 0.005)
     assert T.time_matmul(clock, 256, 256, 256, "float32") > T.time_matmul(clock, 16, 16, 16, "float32")
-    forward, backward = T.time_attention(clock, 2, 32, 32, 16, True, "float32")
+    forward, backward = T.time_attention(clock, 2, 32, 32, 16, causal=True, dtype="float32")
     assert forward > 0 and backward > 0
     assert 0.1 < T.memory_gbps(clock, 1 << 20, "float32") < 1e5  # GB/s a host's memory or caches stream at

@@ -39,7 +39,7 @@ def test_each_rank_times_the_pieces_it_holds(layout, stage, timed):
 ])
 def test_the_replay_spends_the_measured_times_per_layer(checkpointing, backward_us):
     par = parse_layout("cp2,dp2", gpus=4)
-    replay = LayoutReplay(par, SHAPE, None, 0, 1, checkpointing, groups={}, measured=MEASURED)
+    replay = LayoutReplay(par, SHAPE, None, 0, 1, checkpointing=checkpointing, groups={}, measured=MEASURED)
     assert replay._layer_us(0, True, True) == pytest.approx((110.0, 10.0))
     assert replay._layer_us(0, False, True) == pytest.approx((backward_us, 30.0))
     # without CP no block is added; FLOPs at a rate still serve without a measurement

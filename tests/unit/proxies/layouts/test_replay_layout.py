@@ -57,8 +57,8 @@ def _rank(rank, port, out):
     try:
         for case, (_, _, moe) in CASES.items():
             shape = MOE if moe else profile.transformer
-            replay = LayoutReplay(_layout(case), shape, profile, rank, MICROBATCH, CHECKPOINTING.get(case, "none"),
-                                  rate=RATE)
+            replay = LayoutReplay(_layout(case), shape, profile, rank, MICROBATCH,
+                                  checkpointing=CHECKPOINTING.get(case, "none"), rate=RATE)
             replay.step()
             calls = []
             labels = {g.group_name: dim for dim, g in replay.groups.items()}
