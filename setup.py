@@ -21,11 +21,11 @@ setup(
     # in cuda/ ship as commbench/cuda/*.cu (data, no __init__.py: a top-level `cuda` package would
     # shadow NVIDIA's `cuda` namespace that CuPy imports).
     packages=find_packages(include=["commbench", "commbench.*"]) + [
-        "commbench.analysis", "commbench.proxies", "commbench.proxies.models", "commbench.proxies.layouts",
-        "commbench.proxies.layouts.train", "commbench.proxies.traces", "commbench.cuda"],
+        "commbench.analysis", "commbench.analysis.corpus", "commbench.proxies", "commbench.proxies.models",
+        "commbench.proxies.layouts", "commbench.proxies.layouts.train", "commbench.proxies.traces", "commbench.cuda"],
     package_dir={"commbench.analysis": "analysis", "commbench.proxies": "proxies", "commbench.cuda": "cuda"},
     package_data={"commbench": ["presets/*.json", "presets/README.md", "presets/tuning/*.json"],
-                  "commbench.analysis": ["corpus/*.json", "corpus/README.md"],
+                  "commbench.analysis.corpus": ["*.json", "README.md"],
                   "commbench.proxies": ["profiles/*.json"], "commbench.backends.shm": ["shm_native.c"],
                   "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
     # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.

@@ -1,7 +1,7 @@
 """Predict collective times from a hardware description: the same Schedule the backends run,
 costed round by round (costmodel.schedule_us), written as Result records of kind `predicted`, each with
 its 80% interval and where it comes from (`interval_source`): a fitted file's resamples (jackknife+,
-analysis/intervals.py), else the published collectives corpus's calibration (analysis/collective_corpus.py), which
+analysis/intervals.py), else the published collectives corpus's calibration (analysis/corpus/collectives.py), which
 also centres the time shown (`estimate: calibrated`; the cost model's own figure is `raw_time_us`)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from commbench import algorithms
 from commbench import collectives as C
-from commbench.analysis import collective_corpus
+from commbench.analysis.corpus import collectives as collective_corpus
 from commbench.analysis.intervals import schedule_interval_us
 from commbench.backends.registry import MODEL, PREDICTED
 from commbench.costmodel import Hardware, schedule_us

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from commbench.analysis.layout_corpus import (
+from commbench.analysis.corpus.layouts import (
     ASSUMED,
     LayoutCorpus,
     Row,

@@ -105,8 +105,8 @@ def predicted_linearity(corpus, row, profile, terms: Terms) -> float:
 def predicted_point(corpus, row, profile, terms: Terms, slowdown: float | None = None):
     """(linearity, the row's scaling record): predicted_linearity, and the record it comes from; `slowdown`: the
     step terms' overlap_slowdown instead of the class default (--variants)."""
+    from commbench.analysis.corpus.published import setup_choice
     from commbench.analysis.predict_scaling import applied_terms
-    from commbench.analysis.published import setup_choice
     from commbench.analysis.scale_terms import default_step_ratios, delivered
     from commbench.analysis.scaling import StepQuestion, predict_scaling
     from commbench.proxies.setups import Compute
@@ -156,7 +156,7 @@ def predict_all(corpus, profiles, terms: Terms) -> list[float]:
 
 def main() -> int:
     from commbench.analysis import calibration as C
-    from commbench.analysis.published import load_corpus
+    from commbench.analysis.corpus.published import load_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/published", help="where extracted profiles are kept")
@@ -262,12 +262,12 @@ def write_json(path: str, corpus, predicted: list[float], loso: dict) -> None:
 
 def collectives_report() -> int:
     """Every published nccl-tests figure against `commbench predict`, and the 80% interval each row gets when its
-    source is held out of the calibration (analysis/collective_corpus.py). Rows marked `beyond_nic` are predicted
+    source is held out of the calibration (analysis/corpus/collectives.py). Rows marked `beyond_nic` are predicted
     and printed but calibrate nothing; their own coverage is printed apart."""
     import math
 
     from commbench.analysis import calibration as C
-    from commbench.analysis import collective_corpus as K
+    from commbench.analysis.corpus import collectives as K
     from commbench.analysis.predict import row_us
 
     corpus = K.load_collectives()

@@ -143,7 +143,7 @@ def _predict(o: PredictOptions, said: L.Scale):
 
 def _notes(hw, hw_spec: str, topo: Topology, results) -> list[str]:
     """The table's notes: what the hardware file does not say or did not measure, what the intervals are."""
-    from commbench.analysis import collective_corpus
+    from commbench.analysis.corpus import collectives as collective_corpus
     from commbench.analysis.predict import row_us
 
     notes = []

@@ -32,8 +32,7 @@ FLOORS = {
         "commbench.analysis.check",
         "commbench.analysis.check_layout",
         "commbench.analysis.scaling", "commbench.analysis.intervals",
-        "commbench.analysis.stragglers", "commbench.analysis.published", "commbench.analysis.calibration",
-        "commbench.analysis.collective_corpus", "commbench.analysis.layout_corpus",
+        "commbench.analysis.stragglers", "commbench.analysis.calibration", "commbench.analysis.corpus*",
         "commbench.analysis.stragglers_report",
         "commbench.analysis.scale_terms", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.analysis.predict_layout",
@@ -473,13 +472,14 @@ UNIT_FOLDERS = {"commbench": ROOT / "commbench", "backends": ROOT / "commbench" 
                 "backends/cuda": ROOT / "commbench" / "backends" / "cuda",
                 "backends/shm": ROOT / "commbench" / "backends" / "shm",
                 "costmodel": ROOT / "commbench" / "costmodel",
-                "analysis": ROOT / "analysis", "proxies": ROOT / "proxies",
+                "analysis": ROOT / "analysis", "analysis/corpus": ROOT / "analysis" / "corpus",
+                "proxies": ROOT / "proxies",
                 "proxies/layouts": ROOT / "proxies" / "layouts",
                 "proxies/layouts/train": ROOT / "proxies" / "layouts" / "train",
                 "proxies/traces": ROOT / "proxies" / "traces"}  # tests/unit/<key>/ -> its modules
 # A folder's names tested under another key: commands/, or a subfolder's own key (unit/costmodel/, unit/backends/cuda/).
 TESTED_ELSEWHERE = {"commbench": {"cli", "__main__", "commands", "backends", "costmodel"}, "backends": {"cuda", "shm"},
-                    "proxies": {"layouts", "traces"}, "proxies/layouts": {"train"}}
+                    "analysis": {"corpus"}, "proxies": {"layouts", "traces"}, "proxies/layouts": {"train"}}
 
 
 def _names_in(folder: Path) -> set[str]:
@@ -589,7 +589,7 @@ UNTESTED_BY_NAME = {
     "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
     "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",
     "analysis/provenance": "unit/analysis/test_intervals.py, test_predict_interval.py",
-    "analysis/published": "unit/analysis/test_calibration.py",
+    "analysis/corpus/published": "unit/analysis/test_calibration.py",
     "analysis/scale_terms": "unit/analysis/test_calibration.py, test_stragglers.py",
     # proxies/: the replay's and training's runtime, tested by the proxy, train and replay commands
     "proxies/config": "commands/test_proxy*.py, unit/commbench/test_sweep_config.py (RanksConfig)",

@@ -1,5 +1,5 @@
 """Split-conformal calibration (analysis/calibration.py) and the published corpus it is made from
-(analysis/published.py, analysis/corpus/)."""
+(analysis/corpus/published.py, analysis/corpus/)."""
 import json
 import math
 import random
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from commbench.analysis import calibration as C
-from commbench.analysis.published import CORPUS_PATH, CorpusError, load_corpus, setup_choice
+from commbench.analysis.corpus.published import CORPUS_PATH, CorpusError, load_corpus, setup_choice
 
 
 def test_order_statistics_are_the_exact_finite_sample_ones():
@@ -95,7 +95,7 @@ def test_a_damaged_corpus_is_one_line(tmp_path):
 def test_published_rows_are_predicted_with_the_setup_tables_entry(tmp_path):
     """No stand-in: a source's setup is the table's entry with the knobs its code states, checked as the entry
     checks them (a knob the setup does not take is one line)."""
-    from commbench.analysis.published import Setup
+    from commbench.analysis.corpus.published import Setup
 
     choice = setup_choice(Setup("horovod", {"fusion_mb": 64, "accumulate": 1}, "x"))
     assert choice.setup.name == "horovod" and choice.get("fusion_mb") == 64 and choice.get("cycle_ms") == 1.0

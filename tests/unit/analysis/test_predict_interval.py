@@ -1,5 +1,5 @@
 """`commbench predict` without a fit: the 80% interval from the published collectives corpus
-(analysis/collective_corpus.py), printed beside the time with its provenance and written in the JSON; a
+(analysis/corpus/collectives.py), printed beside the time with its provenance and written in the JSON; a
 fitted file keeps its jackknife+ interval, said as `fit`."""
 import json
 import math
@@ -10,8 +10,8 @@ from conftest import commbench, notes_joined
 
 from commbench import results as R
 from commbench.analysis import calibration as Cal
-from commbench.analysis import collective_corpus as K
 from commbench.analysis import fit as F
+from commbench.analysis.corpus import collectives as K
 from commbench.analysis.predict import predict, row_us
 from commbench.collectives import resolve_dtype
 from commbench.costmodel import Hardware

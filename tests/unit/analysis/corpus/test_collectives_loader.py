@@ -1,4 +1,4 @@
-"""The collectives corpus's loader (analysis/collective_corpus.py): a printed row's busbw is recomputed from
+"""The collectives corpus's loader (analysis/corpus/collectives.py): a printed row's busbw is recomputed from
 its printed size, count and time with commbench's formula, a derived size is the largest its sweep runs, a
 row of unknown size is compared at large messages, and beyond_nic rows calibrate nothing (issue 40)."""
 import json
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from commbench import collectives as C
-from commbench.analysis import collective_corpus as K
+from commbench.analysis.corpus import collectives as K
 from commbench.analysis.predict import row_us
 
 G = 1 << 30
@@ -121,8 +121,8 @@ def test_beyond_nic_rows_are_predicted_but_calibrate_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("damage, says", [
-    (lambda d: d["systems"]["p4dn"].update(preset="dgx-a100"), "either a preset"),
-    (lambda d: d["systems"]["p4dn"].pop("hardware"), "either a preset"),
+    (lambda d: d["systems"]["p4dn"].update(preset="dgx-a100"), "give either preset"),
+    (lambda d: d["systems"]["p4dn"].pop("hardware"), "give either preset"),
     (lambda d: d["systems"]["h100-server"]["hardware"]["levels"].pop("intra"), "levels.intra"),
     (lambda d: d["rows"][_index(d, "nccl-1047")].update(nodes=2), "has no inter level"),
     (lambda d: d["left_out"].append({"source": "nccl-1047", "reason": "x"}), "also in sources"),

@@ -1,4 +1,4 @@
-"""The published layouts corpus (analysis/layout_corpus.py): the shipped file loads, damaged copies are refused
+"""The published layouts corpus (analysis/corpus/layouts.py): the shipped file loads, damaged copies are refused
 with one line per problem, and the quantities derived from a row agree with what the source prints."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from commbench.analysis import layout_corpus as L
+from commbench.analysis.corpus import layouts as L
 
 
 @pytest.fixture(scope="module")

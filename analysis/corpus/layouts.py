@@ -1,4 +1,4 @@
-"""The corpus of published multi-dimensional training throughput (analysis/corpus/layouts.json): loaded,
+"""The corpus of published multi-dimensional training throughput (layouts.json beside this module): loaded,
 checked, and turned into what a layout prediction needs (analysis/predict_layout.py's Job and Parallelism).
 
 A row is one published (source, model, hardware, layout, batch) with the throughput as the source states it (tokens/s
@@ -14,20 +14,19 @@ per batch against batch x sequence): LayoutCorpusError lists every problem found
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
+from commbench.analysis.corpus.files import CorpusFormatError, is_int, is_number, objects, read_json, system_hardware
+from commbench.costmodel import Hardware
 from commbench.proxies.layouts.calls import EP_DISPATCHERS
 from commbench.proxies.layouts.parallelism import SCHEDULES, LayoutError, Parallelism
 from commbench.proxies.profile import Profile, ProfileError, TensorSpec, UnitSpec, load_profile
 from commbench.proxies.setups import SETUPS
 from commbench.proxies.transformer import TransformerShape, shape_from_dict
 
-CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "layouts.json")
+CORPUS_PATH = os.path.join(os.path.dirname(__file__), "layouts.json")
 PRECISIONS = ("bf16", "fp8", "mixed16", "unstated")
 CHECKPOINTING = ("none", "selective", "full")
 FLOPS_FORMULAS = ("megatron-eq3", "palm", "megatron-core")  # how a source counts the FLOPs behind its TFLOPs/GPU
@@ -37,7 +36,7 @@ ASSUMED = {"microbatch": 1, "schedule": "1f1b", "virtual_stages": 1, "checkpoint
            "sequence_parallel": None}  # None: sequence parallelism with tp > 1, as Megatron recipes run
 
 
-class LayoutCorpusError(ValueError):
+class LayoutCorpusError(CorpusFormatError):
     """A layouts corpus that is not what this module reads: one line per problem."""
 
 
@@ -112,9 +111,8 @@ class LayoutCorpus:
 def load_layout_corpus(path: str = CORPUS_PATH) -> LayoutCorpus:
     """The corpus at `path`, every field checked (LayoutCorpusError: one line per problem, naming the file)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = read_json(path)
+    except CorpusFormatError as exc:
         raise LayoutCorpusError(f"{path}: {exc}") from None
     problems: list[str] = []
     corpus = _corpus(data, problems)
@@ -150,11 +148,11 @@ def _corpus(data: Any, problems: list[str]) -> LayoutCorpus | None:
 
 
 def _mapping(data: dict, key: str, problems: list[str]) -> dict:
-    value = data.get(key)
-    if not isinstance(value, dict) or not value or not all(isinstance(v, dict) for v in value.values()):
-        problems.append(f"{key} must be an object of objects")
+    try:
+        return objects(data, key)
+    except CorpusFormatError as exc:
+        problems.append(str(exc))
         return {}
-    return value
 
 
 def _source(name: str, entry: dict, problems: list[str]) -> bool:
@@ -166,24 +164,20 @@ def _source(name: str, entry: dict, problems: list[str]) -> bool:
 
 def _system(name: str, entry: dict, problems: list[str]) -> System | None:
     where = f"systems.{name}"
-    preset, own = entry.get("preset"), entry.get("hardware")
-    if (preset is None) == (own is None):
-        problems.append(f"{where}: give either preset (the machine is that preset) or hardware (its own figures)")
-        return None
     try:
-        hardware = load_hardware(preset) if isinstance(preset, str) else hardware_from_dict(own, f"{where}.hardware")
-    except HardwareError as exc:
-        problems.append(f"{where}: {exc}")
+        hardware = system_hardware(where, entry)
+    except CorpusFormatError as exc:
+        problems.append(str(exc))
         return None
     per_node = entry.get("gpus_per_node")
-    if not _is_int(per_node) or per_node < 1:
+    if not is_int(per_node) or per_node < 1:
         problems.append(f"{where}.gpus_per_node must be a whole number of at least 1")
         return None
     assumed = entry.get("assumed", [])
     if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
         problems.append(f"{where}.assumed must be a list of strings")
         assumed = []
-    if own is not None and not assumed:
+    if entry.get("hardware") is not None and not assumed:
         problems.append(f"{where}.assumed: a system with its own hardware figures says which the source does not give")
     return System(name, str(entry.get("described", "")), hardware, per_node, tuple(assumed))
 
@@ -201,15 +195,15 @@ def _row(i: int, row: Any, sources: dict, systems: dict, shapes: dict, problems:
         if not isinstance(row.get(key), str) or not row[key]:
             problems.append(f"{where}.{key} must be a non-empty string")
     for key in ("gpus", "global_batch", "seq_len"):
-        if not _is_int(row.get(key)) or row[key] < 1:
+        if not is_int(row.get(key)) or row[key] < 1:
             problems.append(f"{where}.{key} must be a whole number of at least 1")
     _choice(row, "precision", PRECISIONS, where, problems)
     _choice(row, "checkpointing", CHECKPOINTING, where, problems, optional=True)
     mbs = row.get("microbatch")
-    if mbs is not None and (not _is_int(mbs) or mbs < 1):
+    if mbs is not None and (not is_int(mbs) or mbs < 1):
         problems.append(f"{where}.microbatch must be a whole number of at least 1, or null (not stated)")
     memory = row.get("memory_gb")
-    if memory is not None and not (_is_number(memory) and memory > 0):
+    if memory is not None and not (is_number(memory) and memory > 0):
         problems.append(f"{where}.memory_gb must be a positive number, or null (not stated)")
     assumed = row.get("assumed", [])
     if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
@@ -242,10 +236,10 @@ def _layout(lay: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}.layout must be an object")
         return
     for dim in ("tp", "pp", "cp", "ep", "dp"):
-        if not _is_int(lay.get(dim)) or lay[dim] < 1:
+        if not is_int(lay.get(dim)) or lay[dim] < 1:
             problems.append(f"{where}.layout.{dim} must be a whole number of at least 1")
     vp = lay.get("virtual_stages")
-    if vp is not None and (not _is_int(vp) or vp < 1):
+    if vp is not None and (not is_int(vp) or vp < 1):
         problems.append(f"{where}.layout.virtual_stages must be a whole number of at least 1, or null")
     if lay.get("sequence_parallel") not in (True, False, None):
         problems.append(f"{where}.layout.sequence_parallel must be true, false or null")
@@ -265,7 +259,7 @@ def _throughput(row: dict, where: str, problems: list[str]) -> None:
     for key, value in stated.items():
         if key not in THROUGHPUT:
             problems.append(f"{where}.throughput.{key}: not one of {', '.join(THROUGHPUT)}")
-        elif not (_is_number(value) and value > 0) or key == "mfu" and value > 1:
+        elif not (is_number(value) and value > 0) or key == "mfu" and value > 1:
             problems.append(f"{where}.throughput.{key} must be a positive number (mfu at most 1)")
     if not {"tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu"} & set(stated):
         problems.append(f"{where}.throughput: give tokens_per_s_per_gpu, step_time_s or tflops_per_gpu")
@@ -328,17 +322,9 @@ def _printed(row: Row, raw: dict, shape: TransformerShape, system: System, where
             problems.append(f"{where}.throughput: {tflops:g} TFLOPs/GPU but its tokens x {row.flops_formula}'s "
                             f"FLOPs a token give {counted:.0f}")
     tokens = raw.get("tokens_per_batch_stated")
-    if tokens is not None and (not _is_number(tokens) or abs(row.global_batch * row.seq_len / tokens - 1) > 0.05):
+    if tokens is not None and (not is_number(tokens) or abs(row.global_batch * row.seq_len / tokens - 1) > 0.05):
         problems.append(f"{where}.tokens_per_batch_stated {tokens!r} but global_batch x seq_len = "
                         f"{row.global_batch * row.seq_len:,}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ------------------------------------------------------------ what a prediction needs

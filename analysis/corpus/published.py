@@ -1,4 +1,4 @@
-"""The corpus of published data-parallel scaling results (analysis/corpus/published.json): loaded,
+"""The corpus of published data-parallel scaling results (published.json beside this module): loaded,
 checked, and turned into what a prediction needs. Reading it runs no code: it is JSON, and every
 field is checked here (one CorpusError line per problem).
 
@@ -11,21 +11,20 @@ its setup the `setups` entry of its source (the names and knobs of proxies/setup
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.costmodel import Hardware, HardwareError, hardware_from_dict
+from commbench.analysis.corpus.files import CorpusFormatError, is_number, objects, read_json, system_hardware
+from commbench.costmodel import Hardware
 from commbench.proxies.setups import SETUPS, Choice, SetupError, settle
 
-CORPUS_PATH = os.path.join(os.path.dirname(__file__), "corpus", "published.json")
+CORPUS_PATH = os.path.join(os.path.dirname(__file__), "published.json")
 UNITS = ("images/s per GPU", "images/s", "tokens/s", "wall-clock s")  # a unit starts with one of these
 PRECISIONS = ("fp32", "tf32", "amp")
 
 
-class CorpusError(ValueError):
+class CorpusError(CorpusFormatError):
     """A corpus file that is not what this module reads (one line)."""
 
 
@@ -106,22 +105,17 @@ class Corpus:
 def load_corpus(path: str = CORPUS_PATH) -> Corpus:
     """The corpus at `path`, every field checked (CorpusError, one line naming the file and the field)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorpusError(f"{path}: {exc}") from None
-    try:
-        return _corpus(data)
-    except CorpusError as exc:
+        return _corpus(read_json(path))
+    except CorpusFormatError as exc:
         raise CorpusError(f"{path}: {exc}") from None
 
 
 def _corpus(data: Any) -> Corpus:
     if not isinstance(data, dict) or data.get("schema") != 1:
         raise CorpusError("not a corpus of schema 1")
-    sources = _mapping(data, "sources")
-    systems = {name: _system(name, entry) for name, entry in _mapping(data, "systems").items()}
-    setups = {name: _setup(name, entry) for name, entry in _mapping(data, "setups").items()}
+    sources = objects(data, "sources")
+    systems = {name: _system(name, entry) for name, entry in objects(data, "systems").items()}
+    setups = {name: _setup(name, entry) for name, entry in objects(data, "setups").items()}
     rows = data.get("rows")
     if not isinstance(rows, list) or not rows:
         raise CorpusError("rows must be a non-empty list")
@@ -129,20 +123,12 @@ def _corpus(data: Any) -> Corpus:
     return Corpus(sources, systems, setups, parsed)
 
 
-def _mapping(data: dict, key: str) -> dict:
-    value = data.get(key)
-    if not isinstance(value, dict) or not value or not all(isinstance(v, dict) for v in value.values()):
-        raise CorpusError(f"{key} must be an object of objects")
-    return value
-
-
 def _system(name: str, entry: dict) -> System:
-    try:
-        hardware = hardware_from_dict(entry.get("hardware"), f"systems.{name}.hardware")
-    except HardwareError as exc:
-        raise CorpusError(str(exc)) from None
+    if "preset" in entry:
+        raise CorpusError(f"systems.{name}: a data-parallel system states its own hardware, not a preset")
+    hardware = system_hardware(f"systems.{name}", entry)
     ratio = entry.get("oversubscription")
-    if ratio is not None and not (_is_number(ratio) and ratio >= 1):
+    if ratio is not None and not (is_number(ratio) and ratio >= 1):
         raise CorpusError(f"systems.{name}.oversubscription must be a number >= 1 or null")
     nic = entry.get("nic_class")
     if nic is not None and not isinstance(nic, str):
@@ -155,7 +141,7 @@ def _setup(name: str, entry: dict) -> Setup:
     if entry.get("name") not in SETUPS:
         raise CorpusError(f"setups.{name}.name must be one of {', '.join(SETUPS)}")
     knobs = {k: v for k, v in entry.items() if k not in ("name", "stated_in")}
-    if not all(_is_number(v) and v > 0 for v in knobs.values()):
+    if not all(is_number(v) and v > 0 for v in knobs.values()):
         raise CorpusError(f"setups.{name}: every knob must be a positive number")
     if not entry.get("stated_in"):
         raise CorpusError(f"setups.{name}.stated_in: say where the source's code states it")
@@ -183,10 +169,10 @@ def _row(i: int, row: Any, sources: dict, systems: dict, setups: dict) -> Row:
         raise CorpusError(f"{where}.unit must start with one of: {'; '.join(UNITS)}")
     fields = {k: row.get(k) for k in ("gpus_per_node", "batch", "base_gpus", "base", "gpus", "value")}
     for key, value in fields.items():
-        if not (_is_number(value) and value > 0):
+        if not (is_number(value) and value > 0):
             raise CorpusError(f"{where}.{key} must be a positive number")
     extra = {k: row.get(k) for k in ("base_no_ddp", "sample_tokens", "samples_per_run") if row.get(k) is not None}
-    if not all(_is_number(v) and v > 0 for v in extra.values()):
+    if not all(is_number(v) and v > 0 for v in extra.values()):
         raise CorpusError(f"{where}: base_no_ddp, sample_tokens and samples_per_run must be positive numbers")
     if unit.startswith("tokens/s") and "sample_tokens" not in extra or \
             unit.startswith("wall-clock s") and "samples_per_run" not in extra:
@@ -197,10 +183,6 @@ def _row(i: int, row: Any, sources: dict, systems: dict, setups: dict) -> Row:
                int(fields["gpus_per_node"]), row["precision"], int(fields["batch"]), unit, int(fields["base_gpus"]),
                float(fields["base"]), int(fields["gpus"]), float(fields["value"]), extra.get("base_no_ddp"),
                extra.get("sample_tokens"), extra.get("samples_per_run"))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def setup_choice(setup: Setup) -> Choice:

@@ -1,4 +1,4 @@
-"""Published collective measurements (analysis/corpus/collectives.json) and the calibrated interval they
+"""Published collective measurements (collectives.json beside this module) and the calibrated interval they
 give `commbench predict` without a fit (docs/model.md, "`predict` without a fit").
 
 A row is one published nccl-tests figure: a system (its own hardware description, or a preset where the
@@ -21,7 +21,6 @@ model changes them with it. Reading the corpus runs no code (JSON, every field c
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -31,9 +30,10 @@ from typing import Any
 
 from commbench import collectives as C
 from commbench.analysis import calibration
-from commbench.costmodel import Hardware, HardwareError, hardware_from_dict, load_hardware
+from commbench.analysis.corpus.files import CorpusFormatError, is_number, objects, read_json, system_hardware
+from commbench.costmodel import Hardware
 
-COLLECTIVES_PATH = os.path.join(os.path.dirname(__file__), "corpus", "collectives.json")
+COLLECTIVES_PATH = os.path.join(os.path.dirname(__file__), "collectives.json")
 SCHEMA = 2
 ALGORITHM = "auto"  # what the rows are predicted with: predict's default
 SIZE_SAID = ("printed", "derived", "unknown")
@@ -42,7 +42,7 @@ PEAK_SIZES = (1 << 32, 1 << 33)  # a row of unknown size: the model's busbw from
 NO_INTER = {"name": "none", "bw_gbps": 1e-3, "latency_us": 0.0}  # a one-node system's; its rows never cross it
 
 
-class CollectiveCorpusError(ValueError):
+class CollectiveCorpusError(CorpusFormatError):
     """A collectives corpus that is not what this module reads (one line)."""
 
 
@@ -90,17 +90,13 @@ class Corpus:
 def load_collectives(path: str = COLLECTIVES_PATH) -> Corpus:
     """The corpus at `path`, every field checked (CollectiveCorpusError, one line naming the file)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CollectiveCorpusError(f"{path}: {exc}") from None
-    try:
+        data = read_json(path)
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise CollectiveCorpusError(f"not a collectives corpus of schema {SCHEMA}")
-        sources = _objects(data, "sources")
+        sources = objects(data, "sources")
         _left_out(data.get("left_out", []), sources)
         one_node: set[str] = set()
-        systems = {name: _system(name, entry, one_node) for name, entry in _objects(data, "systems").items()}
+        systems = {name: _system(name, entry, one_node) for name, entry in objects(data, "systems").items()}
         rows = data.get("rows")
         if not isinstance(rows, list) or not rows:
             raise CollectiveCorpusError("rows must be a non-empty list")
@@ -109,15 +105,8 @@ def load_collectives(path: str = COLLECTIVES_PATH) -> Corpus:
         if unused:
             raise CollectiveCorpusError(f"sources {', '.join(unused)} have no row (a source left out goes in left_out)")
         return Corpus(sources, systems, parsed)
-    except CollectiveCorpusError as exc:
+    except CorpusFormatError as exc:
         raise CollectiveCorpusError(f"{path}: {exc}") from None
-
-
-def _objects(data: dict, key: str) -> dict:
-    value = data.get(key)
-    if not isinstance(value, dict) or not value or not all(isinstance(v, dict) for v in value.values()):
-        raise CollectiveCorpusError(f"{key} must be an object of objects")
-    return value
 
 
 def _left_out(entries: Any, sources: dict) -> None:
@@ -131,22 +120,16 @@ def _left_out(entries: Any, sources: dict) -> None:
 
 
 def _system(name: str, entry: dict, one_node: set[str]) -> Hardware:
-    """A preset where the machine is that preset (no figure changed), else the machine's own hardware file."""
-    if ("preset" in entry) == ("hardware" in entry):
-        raise CollectiveCorpusError(f"systems.{name}: give either a preset (the machine is that preset) or its "
-                                    f"own hardware, not both or neither")
-    try:
-        if "preset" in entry:
-            hw = load_hardware(str(entry["preset"]))
-        else:
-            data = entry["hardware"]
-            levels = data.get("levels") if isinstance(data, dict) else None
-            if isinstance(levels, dict) and "inter" not in levels:
-                one_node.add(name)
-                data = {**data, "levels": {**levels, "inter": NO_INTER}}
-            hw = hardware_from_dict(data, origin=f"systems.{name}.hardware")
-    except HardwareError as exc:
-        raise CollectiveCorpusError(str(exc) if "hardware" in entry else f"systems.{name}.preset: {exc}") from None
+    """A preset where the machine is that preset (no figure changed), else the machine's own hardware file; a
+    machine of one node (no inter level) gets a stand-in its rows never cross."""
+    def own(data):
+        levels = data.get("levels") if isinstance(data, dict) else None
+        if not isinstance(levels, dict) or "inter" in levels:
+            return data
+        one_node.add(name)
+        return {**data, "levels": {**levels, "inter": NO_INTER}}
+
+    hw = system_hardware(f"systems.{name}", entry, own)
     return replace(hw, name=name, meta={"described": str(entry.get("described", ""))})
 
 
@@ -235,7 +218,7 @@ def sweep_largest_bytes(sweep: dict) -> int | None:
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return is_number(value) and value > 0
 
 
 def row_residual(corpus: Corpus, row: Row, predicted_us: Callable[[Hardware, Row], float]) -> float:
