@@ -250,12 +250,12 @@ def layout_lines(predictions, job, first_layout, model: str, hw, gpus: int) -> l
     rate = _rate_text(job, hw)
     width = max(22, *(len(p.layout.name) for p in predictions))
     lines = [f"# predict-scaling {model} --layout: {len(predictions)} layout(s) on {gpus} GPUs of {hw.name} "
-             f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node}), {tokens:,} tokens a step "
-             f"({tokens // shape.seq_len:,} sequences of {shape.seq_len:,})",
-             f"# compute: {rate}, " + ("no" if job.checkpointing == "none" else job.checkpointing)
-             + " activation checkpointing",
-             "# step and tokens/s modelled (analysis/predict_layout.py); exposed = what the step waited for, per "
-             "dimension; memory = the fullest GPU's (proxies/layouts/memory.py)",
+             f"({gpus // job.gpus_per_node} nodes x {job.gpus_per_node})",
+             f"# a step: {tokens:,} tokens ({tokens // shape.seq_len:,} sequences of {shape.seq_len:,}), "
+             + ("no" if job.checkpointing == "none" else job.checkpointing) + " activation checkpointing",
+             f"# compute: {rate}",
+             "# step, tokens/s and MFU modelled (analysis/predict_layout.py); tp/cp/ep, pp, dp: what the step",
+             "#   waited for on each dimension (exposed); GB/GPU: the fullest GPU's (proxies/layouts/memory.py)",
              f"# {'rank':>4}  {'layout':<{width}} {'step(ms)':>10} {'tokens/s':>12} {'MFU':>6} {'bubble':>7} "
              f"{'tp/cp/ep(ms)':>13} {'pp(ms)':>9} {'dp(ms)':>9} {'GB/GPU':>8} {'fits':>5} {'vs #1':>9}"]
     for rank, p in enumerate(predictions, 1):

@@ -32,7 +32,7 @@ def test_an_indented_note_keeps_its_indent_and_a_short_or_other_line_is_left_alo
 def _notes(stdout: str) -> list[str]:
     """The `#` lines that are notes: not the column headers (a table's header is as wide as its rows)."""
     return [line for line in stdout.splitlines() if line.startswith("#") and "algorithm" not in line[:40]
-            and "size " not in line and "(B)" not in line and "in-place" not in line]
+            and "size " not in line and "(B)" not in line and "in-place" not in line and "step(ms)" not in line]
 
 
 @pytest.mark.parametrize("args", [
@@ -41,6 +41,8 @@ def _notes(stdout: str) -> list[str]:
      "--batch", "4", "--precision", "amp", "--baseline", "nccl", "--candidate", "hier"],
     ["predict-scaling", "resnet50", "--hw", "dgx1-v100-4ib", "--gpus", "1,8,16", "--batch", "32",
      "--throughput-1gpu", "329", "--ddp-ms", "3"],
+    ["predict-scaling", "llama3.1-70b", "--gpus", "1024", "--layout", "tp8,fsdp128", "--layout", "tp4sp,pp2,fsdp128",
+     "--hw", "dgx-h100", "--tflops", "400"],
 ])
 def test_predict_and_predict_scaling_print_no_note_wider_than_120(capsys, args):
     assert main(args) == 0
@@ -51,5 +53,7 @@ def test_predict_and_predict_scaling_print_no_note_wider_than_120(capsys, args):
     said = " ".join(line.lstrip("# ") for line in notes)  # the facts of the wrapped notes, their breaks undone
     if args[0] == "predict":
         assert "published nccl-tests figures" in said and "(analysis/corpus/collectives.json, docs/model.md)" in said
+    elif "--layout" in args:  # its header was 145 and 164 characters
+        assert "what the step waited for on each dimension (exposed)" in said and "1,024 sequences of 8,192" in said
     else:
         assert "# step terms: overlap_slowdown" in output and "per_bucket_us 0 us" in said
