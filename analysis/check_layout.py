@@ -2,16 +2,19 @@
 the step analysis/predict_layout.py predicts for the run's model, layout, micro-batches and compute rate on
 the fitted hardware, against the run's median step, and its exposed communication against the replay's.
 
-Only a replay whose compute is FLOPs at a given rate (`--tflops`, `compute: flops`) is predicted: its compute
-is then exactly what the prediction assumes, so the rows check the communication and the pipeline. A run
-whose compute rate is not known (training, or a replay measuring its compute) is left out with the reason:
-benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it."""
+A replay whose compute is FLOPs at a given rate (`--tflops`, `compute: flops`) is predicted at that rate: its
+compute is then exactly what the prediction assumes, so the rows check the communication and the pipeline.
+Any other run (real training, a replay measuring its compute or spinning a block's times) is predicted from the
+compute block of `--hw` (`commbench compute`), operator by operator, as predict-scaling --layout predicts it: the
+rows then check compute and communication together. Without a block the run is left out with the reason
+(benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import Hardware
+from commbench.proxies.layouts import layer_ops
 from commbench.proxies.layouts.calls import CHECKPOINTING
 from commbench.proxies.layouts.parallelism import LayoutError, Parallelism
 from commbench.proxies.profile import ProfileError, load_profile
@@ -53,40 +56,54 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -
     """The prediction of one layout run (a proxy record and its header's config), or LayoutCheckError."""
     par = parallelism_of(record)
     name = f"{record.get('model')} {par.name}"
-    if record.get("kind") != "proxy" or config.get("compute") != "flops" or not config.get("tflops"):
-        raise LayoutCheckError(f"{name} ({record.get('kind')}): its compute rate is not known (only a replay's "
-                               "--tflops is); benchmarks/layouts_accuracy.py fits one; left out")
+    at_rate = record.get("kind") == "proxy" and config.get("compute") == "flops" and config.get("tflops")
     try:
         profile = load_profile(record["model"])
     except (ProfileError, ValueError) as exc:
         raise LayoutCheckError(f"{record['model']}: {exc}") from exc
     if profile.transformer is None:
         raise LayoutCheckError(f"{name}: the profile has no transformer shape; left out")
+    block, dtype = (None, "") if at_rate else _block(name, record, hw, profile.transformer)
     world, nodes = int(record.get("world_size") or 0), int(record.get("nnodes") or 1)
     if world != par.world or nodes < 1 or world % nodes:
         raise LayoutCheckError(f"{name}: {world} rank(s) on {nodes} node(s) do not hold the layout; left out")
     topo = Topology(nodes, world // nodes)
-    microbatch, tflops, checkpointing = _run_settings(name, config)
+    microbatch, tflops, checkpointing = _run_settings(name, config, rate=block is None)
     job = Job(profile.transformer, profile, hw, topo.ranks_per_node, microbatch, tflops,
-              checkpointing, algorithm)
+              checkpointing, algorithm, compute=block, compute_dtype=dtype or "bfloat16")
     try:
         par.check(world, topo.ranks_per_node, profile.transformer)
         prediction = predict_layout(job, par)
     except LayoutError as exc:
         raise LayoutCheckError(f"{name}: {exc}; left out") from exc
-    setup = (f"{name} mb{par.microbatches}x{microbatch} at {job.tflops:g} TFLOP/s, "
+    compute = f"the {dtype} compute block" if block else f"{job.tflops:g} TFLOP/s"
+    setup = (f"{name} mb{par.microbatches}x{microbatch} at {compute}, "
              f"{record.get('backend')}/{algorithm}, {topo}")
     return LayoutCheck(setup, prediction.step_us, sum(prediction.exposed_us.values()))
 
 
-def _run_settings(name: str, config: dict) -> tuple[int, float, str]:
-    """(sequences a micro-batch, TFLOP/s, checkpointing) of a replay's header config, or LayoutCheckError."""
-    microbatch, tflops = config.get("microbatch") or 1, config.get("tflops")
+def _block(name: str, record: dict, hw: Hardware, shape) -> tuple:
+    """(the hardware's compute block, the precision to read it in) for a run whose compute is not a given rate,
+    or LayoutCheckError saying why it cannot be predicted."""
+    unknown = f"{name} ({record.get('kind')}): its compute is not a replay's --tflops"
+    if hw.compute is None:
+        raise LayoutCheckError(f"{unknown} and {hw.name} has no compute block (`commbench compute` measures one); "
+                               "its compute rate is not known; left out")
+    dtype, lacks = layer_ops.reading(hw.compute, shape)
+    if lacks:
+        raise LayoutCheckError(f"{unknown} and {hw.name}'s compute block lacks {', '.join(lacks)}; left out")
+    return hw.compute, dtype
+
+
+def _run_settings(name: str, config: dict, rate: bool = True) -> tuple[int, float, str]:
+    """(sequences a micro-batch, TFLOP/s (0 where `rate` is not wanted), checkpointing) of a run's header config,
+    or LayoutCheckError."""
+    microbatch, tflops = config.get("microbatch") or 1, config.get("tflops") if rate else 0.0
     checkpointing = config.get("checkpointing") or "none"
     if not isinstance(microbatch, int) or isinstance(microbatch, bool) or not 1 <= microbatch <= 1 << 20:
         raise LayoutCheckError(f"{name}: its header's microbatch {microbatch!r} is not a whole number of sequences")
-    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool) or \
-            not TFLOPS_RANGE[0] <= tflops <= TFLOPS_RANGE[1]:
+    if rate and (not isinstance(tflops, (int, float)) or isinstance(tflops, bool) or
+                 not TFLOPS_RANGE[0] <= tflops <= TFLOPS_RANGE[1]):
         raise LayoutCheckError(f"{name}: its header's tflops {tflops!r} is not a rate between {TFLOPS_RANGE[0]:g} "
                                f"and {TFLOPS_RANGE[1]:g}")
     if checkpointing not in CHECKPOINTING:

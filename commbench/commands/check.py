@@ -45,8 +45,9 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     """Predict every measured point of sweep and proxy runs with the cost model, and print predicted
     against measured with the error per row (predicted / measured - 1: negative = optimistic), and
     the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps; training steps, predicted
-    with the compute of a replay of the same setup in the same files). Rows of runs whose
-    CPU ranks outnumber their host's cores are marked oversubscribed and left out of the summary."""
+    with the compute of a replay of the same setup in the same files; layout runs without a given rate, from
+    the --hw file's compute block). Rows of runs whose CPU ranks outnumber their host's cores are marked
+    oversubscribed and left out of the summary."""
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty

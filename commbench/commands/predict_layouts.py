@@ -158,9 +158,7 @@ def compute_block(hw, shape):
     if block is None:
         return None, ""
     wanted = "bfloat16" if shape.dtype_bytes == 2 else "float32"
-    dtype = wanted if block.has("matmul", wanted) else block.meta.get("dtype", wanted)
-    lacks = layer_ops.missing(block, dtype) + ([f"the layers of {layer_ops.unlisted(shape)}"]
-                                               if layer_ops.unlisted(shape) else [])
+    dtype, lacks = layer_ops.reading(block, shape)
     if lacks:
         click.echo(f"warning: {hw.name}'s compute block lacks {', '.join(lacks)}: one rate instead", err=True)
         return None, ""

@@ -1,6 +1,9 @@
 """`check` on parallel-layout runs: a replay at a given rate is predicted by predict_layout for its own layout,
-micro-batches and topology; a run whose compute rate is not known is left out with the reason."""
+micro-batches and topology; any other run (training, a replay measuring its compute) from the compute block of the
+hardware file; without one it is left out with the reason."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -8,6 +11,7 @@ from commbench.analysis.check import check
 from commbench.analysis.check_layout import LayoutCheckError, check_layout_run, parallelism_of
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import load_hardware
+from commbench.costmodel.compute import AttentionPoint, ComputeBlock, MatmulPoint, attention_flops
 from commbench.proxies.layouts.parallelism import parse_layout
 from commbench.proxies.profile import load_profile
 from commbench.topology import Topology
@@ -90,3 +94,40 @@ def test_a_header_config_that_is_not_an_object_is_taken_as_missing(hw):
     header["config"] = "not an object"
     rows, notes = check([header, record], hw)  # no AttributeError: the run's rate is then not known
     assert rows == [] and any("compute rate is not known" in n for n in notes)
+
+
+def _block(tflops: float, attention: bool = True) -> ComputeBlock:
+    """float32 products and attention at `tflops` (a CPU's block: `commbench compute` times the CPU's float32)."""
+    matmul = (MatmulPoint(256, 256, 256, "float32", 2 * 256 ** 3 / (tflops * 1e6)),)
+    flops = attention_flops(8, 128, 128, 16, True)
+    points = (AttentionPoint(8, 128, 128, 16, True, "float32", flops / (tflops * 1e6), 2 * flops / (tflops * 1e6)),)
+    return ComputeBlock("cpu (test)", matmul, points if attention else (), 5.0, 1.0, meta={"dtype": "float32"})
+
+
+@pytest.mark.parametrize("kind, compute", [("train", "flops"), ("proxy", "measured"), ("proxy", "block")])
+def test_a_run_without_a_given_rate_is_predicted_from_the_blocks_operators(hw, kind, compute):
+    header, record = _run("pp2,dp2", kind=kind, compute=compute, microbatches=4)
+    with_block = replace(hw, compute=_block(0.05))
+    checked = check_layout_run(record, header["config"], with_block, "ring")
+    profile = load_profile("llama-tiny")
+    job = Job(profile.transformer, profile, with_block, 4, 1, 0.0, "none", "ring", compute=with_block.compute,
+              compute_dtype="float32")
+    expected = predict_layout(job, parallelism_of(record))
+    assert checked.step_us == pytest.approx(expected.step_us)
+    assert "at the float32 compute block" in checked.setup
+    faster = check_layout_run(record, header["config"], replace(hw, compute=_block(0.5)), "ring")
+    assert faster.step_us < checked.step_us  # the block's rates are what the step is made of
+    rows, notes = check([header, record], with_block)
+    assert [r.what for r in rows] == ["step", "comm"] and rows[0].predicted_us == pytest.approx(expected.step_us)
+
+
+def test_a_replay_at_a_given_rate_keeps_its_rate_beside_a_block(hw):
+    header, record = _run("tp2,dp2")
+    assert check_layout_run(record, header["config"], replace(hw, compute=_block(0.5)), "ring") == \
+        check_layout_run(record, header["config"], hw, "ring")
+
+
+def test_a_block_that_lacks_what_the_layers_need_is_named(hw):
+    header, record = _run(kind="train")
+    rows, notes = check([header, record], replace(hw, compute=_block(0.05, attention=False)))
+    assert rows == [] and any("compute block lacks float32 attention" in n for n in notes), notes
