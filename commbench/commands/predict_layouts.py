@@ -297,7 +297,9 @@ def layout_records(predictions, job, first_layout, model: str, run_id: str) -> l
                                         "gradients": p.memory.gradients_nbytes,
                                         "optimizer": p.memory.optimizer_nbytes,
                                         "activations": p.memory.activations_nbytes,
-                                        "buffers": p.memory.buffers_nbytes, "total": p.memory.total_nbytes,
+                                        "buffers": p.memory.buffers_nbytes,
+                                        "backward_buffers": p.memory.backward_buffers_nbytes,
+                                        "total": p.memory.total_nbytes,
                                         "gradients_held": p.memory.gradients_held},
                          fits=p.fits, acc_ratio=p.tokens_per_s / first.tokens_per_s, baseline=first.layout.name,
                          run_id=run_id)

@@ -54,8 +54,9 @@ class MemoryBreakdown:
     gradients_nbytes: int
     optimizer_nbytes: int
     activations_nbytes: int
-    buffers_nbytes: int  # FSDP's gathered layers
+    buffers_nbytes: int  # FSDP's gathered parameters at the loss's peak: the root unit (held gradients: + 2 layers)
     gradients_held: bool = True  # through the forward (MemoryChoices.gradients_held)
+    backward_buffers_nbytes: int = 0  # FSDP's two layers gathered in the backward, beside the gradients
 
     @property
     def model_states_nbytes(self) -> int:
@@ -69,7 +70,7 @@ class MemoryBreakdown:
         if self.gradients_held:
             return self.model_states_nbytes + self.activations_nbytes + self.buffers_nbytes
         return self.parameters_nbytes + self.optimizer_nbytes + self.buffers_nbytes + \
-            max(self.activations_nbytes, self.gradients_nbytes)
+            max(self.activations_nbytes, self.gradients_nbytes + self.backward_buffers_nbytes)
 
 
 def model_state_nbytes(parameters: float, shard_degree: int, sharding: str,
@@ -146,7 +147,8 @@ def output_activation_nbytes(shape: TransformerShape, microbatch: int, tp: int =
     """The last stage's final norm and output layer at the peak of its loss: the head's input (Korthikanti et
     al. 2022, sec. 4.3: 4sbh/t for 16-bit) and, per logit (sbv/t), the logits in the model's dtype and the
     loss's fp32 buffers (LOSS_FP32_BYTES). Korthikanti's 4sbv/t counts the fp32 log-softmax output only; a
-    real step also holds its gradient and the logits' while the loss's backward runs."""
+    real step also holds its gradient and the logits' while the loss's backward runs. `tp` 1 for a head that
+    tensor parallelism leaves whole (MemoryChoices.vocab_parallel False)."""
     sb = shape.seq_len / cp * microbatch
     return (2 * shape.dtype_bytes * sb * shape.hidden + (shape.dtype_bytes + LOSS_FP32_BYTES) * sb * shape.vocab) / tp
 
@@ -169,6 +171,10 @@ class MemoryChoices:
     # micro-batches, Megatron's main_grad buffers keep them; FSDP2 with one micro-batch a step frees them
     # (zero_grad(set_to_none=True)), so its peak is the larger of the loss's and the backward's end
     gradients_held: bool = True
+    # the embedding, the head and the loss split over tp (Megatron-LM's vocab-parallel layers, torchtitan's
+    # loss_parallel); False: whole on every TP rank, as `train --layout` lays them out (its TP plan covers the
+    # decoder layers only: proxies/layouts/train/parts.py)
+    vocab_parallel: bool = True
 
 
 def memory_per_gpu(shape: TransformerShape, par: Parallelism, choices: MemoryChoices = MemoryChoices(),
@@ -204,7 +210,7 @@ def _check(shape: TransformerShape, layout: Parallelism, choices: MemoryChoices)
 
 
 def stage_parameters(shape: TransformerShape, layout: Parallelism, stage: int,
-                     counts: list[int] | None = None) -> tuple[float, float, float]:
+                     counts: list[int] | None = None, vocab_parallel: bool = True) -> tuple[float, float, float]:
     """(dense, expert, largest layer's) parameters one GPU of pipeline stage `stage` holds: its layers' split by
     tp (experts by ep x expert tp), the embedding on the first stage, the final norm and head on the last."""
     tp, etp = layout.tp, layout.expert_tp or layout.tp
@@ -217,17 +223,17 @@ def stage_parameters(shape: TransformerShape, layout: Parallelism, stage: int,
         layer_experts = p["experts"] / (layout.ep * etp)
         dense, experts = dense + layer_dense, experts + layer_experts
         largest_layer = max(largest_layer, layer_dense + layer_experts)
-    return dense + root_parameters(shape, layout, stage), experts, largest_layer
+    return dense + root_parameters(shape, layout, stage, vocab_parallel), experts, largest_layer
 
 
-def root_parameters(shape: TransformerShape, layout: Parallelism, stage: int) -> float:
+def root_parameters(shape: TransformerShape, layout: Parallelism, stage: int, vocab_parallel: bool = True) -> float:
     """The parameters of stage `stage` outside its layers, per GPU: the embedding on the first stage, the final
-    norm and the head on the last (FSDP's root unit)."""
-    root = shape.vocab * shape.hidden / layout.tp if stage == 0 else 0.0
+    norm and the head on the last (FSDP's root unit), split over tp where `vocab_parallel`."""
+    tp = layout.tp if vocab_parallel else 1
+    root = shape.vocab * shape.hidden / tp if stage == 0 else 0.0
     if stage == layout.pp - 1:  # a tied head is a second copy when it sits on another stage
         tied_elsewhere = shape.tied_embeddings and layout.pp > 1
-        root += shape.hidden + (shape.vocab * shape.hidden / layout.tp if tied_elsewhere or not shape.tied_embeddings
-                                else 0)
+        root += shape.hidden + (shape.vocab * shape.hidden / tp if tied_elsewhere or not shape.tied_embeddings else 0)
     return root
 
 
@@ -241,7 +247,7 @@ def _stage_memory(shape: TransformerShape, layout: Parallelism, choices: MemoryC
                   stage: int, counts: list[int]) -> MemoryBreakdown:
     tp, c = layout.tp, choices
     first = sum(counts[:stage])
-    dense, experts, largest_layer = stage_parameters(shape, layout, stage, counts)
+    dense, experts, largest_layer = stage_parameters(shape, layout, stage, counts, c.vocab_parallel)
     replicas = c.shard_degree or layout.dp * layout.cp
     expert_replicas = max(1, (c.shard_degree or layout.dp * layout.cp * _expert_ranks(layout)) // layout.ep)
     states = [a + b for a, b in zip(model_state_nbytes(dense, replicas, c.sharding, precision),
@@ -255,13 +261,17 @@ def _stage_memory(shape: TransformerShape, layout: Parallelism, choices: MemoryC
         checkpointing=c.checkpointing, dropout=c.dropout, expert_tp=layout.expert_tp)
         for index in range(first, first + counts[stage]))
     if stage == layout.pp - 1:
-        activations += output_activation_nbytes(shape, c.microbatch, tp, layout.cp)
+        activations += output_activation_nbytes(shape, c.microbatch, tp if c.vocab_parallel else 1, layout.cp)
     # FSDP's gathered parameters: the root unit (embedding, head) from its forward to the end of the backward,
     # and two layers in the backward (the one computing and the one prefetched); measured on CPU with
-    # FSDPMemTracker, the root unit gathered at the loss's peak (docs/memory.md)
-    buffers = (2 * largest_layer + root_parameters(shape, layout, stage)) * precision.param_bytes \
-        if c.sharding == "fsdp" else 0.0
-    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)), c.gradients_held)
+    # FSDPMemTracker, the root unit and no decoder layer gathered at the loss's peak (docs/memory.md). Where the
+    # gradients are held the layers count at the peak too (a pipeline's backward runs beside later forwards).
+    fsdp = c.sharding == "fsdp"
+    root = root_parameters(shape, layout, stage, c.vocab_parallel) * precision.param_bytes if fsdp else 0.0
+    layers = 2 * largest_layer * precision.param_bytes if fsdp else 0.0
+    buffers, backward = (root + layers, 0.0) if c.gradients_held else (root, layers)
+    return MemoryBreakdown(stage, *(round(x) for x in (*states, activations, buffers)), c.gradients_held,
+                           round(backward))
 
 
 def fits(breakdown: MemoryBreakdown, gpu_nbytes: int, reserved_fraction: float = 0.0) -> bool:

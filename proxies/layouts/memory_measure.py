@@ -9,10 +9,14 @@ the same step. benchmarks/memory_measured.py prints both; docs/memory.md has the
 
 On one rank, DDP and FSDP2 keep what they keep on many (DDP's gradient buckets, FSDP2's gathered copies),
 so the accounting is checked; what a shard of many ranks holds is the same arithmetic divided by the degrees.
+`layout_peaks` checks that on local gloo ranks: `train --layout`'s own training of each layout (TP, SP, CP and
+FSDP2 or DDP; proxies/layouts/train/), the fullest rank's peak of its second step, against
+`predicted_layout_peak`. A pipeline is not measured: its stages call a module once per micro-batch, which
+MemTracker refuses.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commbench.proxies.catalog import build
 from commbench.proxies.layouts import memory as M
@@ -90,3 +94,39 @@ def predicted_peak(shape: TransformerShape, batch: int, wrapper: str) -> M.Memor
     choices = M.MemoryChoices(microbatch=batch, sharding="fsdp" if wrapper == "fsdp" else "none",
                               gradients_held=wrapper == "ddp")
     return M.memory_per_gpu(shape, Parallelism(), choices, precision)
+
+
+SGD_MOMENTUM_FP32 = M.Precision("sgd-momentum-32bit", 4, 4, 4)  # `train --layout`'s optimizer: one fp32 buffer
+
+
+def layout_peaks(layouts: list, transformer: TransformerShape, microbatch: int = 1, world: int = 4,
+                 timeout_s: float = 300) -> dict[str, MeasuredPeak]:
+    """The peak of the second step of `train --layout`'s training of each layout (a Parallelism, no pipeline) on
+    `world` local gloo ranks, the fullest rank's: name -> MeasuredPeak."""
+    from commbench.proxies.layouts.train.local import train_layouts, trained_shape
+
+    piped = [par.name for par in layouts if par.pp > 1]
+    if piped:
+        raise ValueError(f"{', '.join(piped)}: a pipeline's memory is not measured here (its stages call a module "
+                         "once per micro-batch, which MemTracker refuses)")
+    runs = train_layouts({par.name: par for par in layouts},
+                         {par.name: trained_shape(par, transformer, microbatch) for par in layouts},
+                         world, steps=STEPS, timeout_s=timeout_s, memory=True)
+    out = {}
+    for name, ranks in runs.items():
+        fullest = max(ranks, key=lambda run: run.peak["Total"]).peak
+        out[name] = MeasuredPeak(fullest["Total"], {k: v for k, v in fullest.items() if k != "Total"})
+    return out
+
+
+def predicted_layout_peak(par: Parallelism, transformer: TransformerShape, microbatch: int = 1) -> M.MemoryBreakdown:
+    """proxies/layouts/memory.py's figure for one rank of `train --layout`'s step: float32 throughout, SGD with
+    momentum, the embedding and head whole on every TP rank (its TP plan covers the decoder layers), gradients
+    through the forward only under DDP (its buckets; one replica runs bare: proxies/layouts/train/build.py)."""
+    from commbench.proxies.layouts.train.model import replicas_wrapper
+
+    replicated = par.dp * par.cp > 1
+    fsdp = replicated and replicas_wrapper(par) == "fsdp"
+    choices = M.MemoryChoices(microbatch=microbatch, sharding="fsdp" if fsdp else "none",
+                              gradients_held=replicated and not fsdp, vocab_parallel=False)
+    return M.memory_per_gpu(replace(transformer, dtype_bytes=4), par, choices, SGD_MOMENTUM_FP32)

@@ -90,28 +90,47 @@ class LayoutRun:
     calls: list = field(default_factory=list)  # one list of trace.Call per traced step
     step_time_us: list = field(default_factory=list)
     losses: list = field(default_factory=list)
+    peak: dict | None = None  # memory=True: the last step's peak bytes by kind (MemTracker's), "Total" among them
 
 
-def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2) -> LayoutRun:
+def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2, memory: bool = False) -> LayoutRun:
     """Train `steps` optimizer steps (SGD) of a layout (a Parallelism) on this rank's initialised gloo process group and
-    trace the last `traced`: every call each issues, by mesh dimension."""
+    trace the last `traced`: every call each issues, by mesh dimension; with `memory`, no call traced, the last
+    step's peak memory instead (torch's MemTracker: every tensor's storage by kind; not under a pipeline, whose
+    stages call a module once per micro-batch, which MemTracker refuses)."""
     import torch.distributed as dist
 
     built = build_layout(par, shape)
     run = LayoutRun(dist.get_rank(), built.coordinates)
     for index in range(steps):
         calls = []
-        tracing = trace_mode(calls, built.labels) if index >= steps - traced else None
+        last = index == steps - 1
+        tracing = trace_mode(calls, built.labels) if index >= steps - traced and not memory else None
+        tracker = _memory_tracker(built) if memory and last else None
         start = time.perf_counter()
-        with tracing if tracing is not None else contextlib.nullcontext():
+        with next((m for m in (tracing, tracker) if m is not None), contextlib.nullcontext()):
             run.losses.append(built.step())
         run.step_time_us.append((time.perf_counter() - start) * 1e6)
         if tracing is not None:
             run.calls.append(calls)
+        if tracker is not None:
+            peak = tracker.get_tracker_snapshot("peak")
+            run.peak = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in next(v for k, v in peak.items()
+                                                                             if str(k) == "cpu").items()}
     return run
 
 
-def _rank(rank: int, world: int, port: int, out, *, layouts: dict, shape_of: dict, steps: int) -> None:
+def _memory_tracker(built):
+    """A MemTracker of the step with the model's parameters and the optimizer's state counted from the start."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(built.optimizer)
+    return tracker
+
+
+def _rank(rank: int, world: int, port: int, out, *, layouts: dict, shape_of: dict, steps: int,
+          memory: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -121,7 +140,7 @@ def _rank(rank: int, world: int, port: int, out, *, layouts: dict, shape_of: dic
     try:
         for name, par in layouts.items():
             try:
-                out.put((name, rank, run_layout(par, shape_of[name], steps)))
+                out.put((name, rank, run_layout(par, shape_of[name], steps, memory=memory)))
             except Exception as error:  # said to the parent, which stops waiting
                 out.put((name, rank, f"{type(error).__name__}: {error}"))
                 raise
@@ -130,9 +149,11 @@ def _rank(rank: int, world: int, port: int, out, *, layouts: dict, shape_of: dic
         dist.destroy_process_group()
 
 
-def train_layouts(layouts: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300) -> dict:
-    """Spawn `world` local gloo ranks that run each named layout (a Parallelism) in turn: name -> [LayoutRun per rank].
-    A rank that fails, dies or sends nothing for `timeout_s` ends the job with one RuntimeError."""
+def train_layouts(layouts: dict, shape_of: dict, world: int = 4, steps: int = 4, timeout_s: float = 300,
+                  memory: bool = False) -> dict:
+    """Spawn `world` local gloo ranks that run each named layout (a Parallelism) in turn: name -> [LayoutRun per rank]
+    (run_layout's `memory`: the last step's peak memory rather than its calls). A rank that fails, dies or sends
+    nothing for `timeout_s` ends the job with one RuntimeError."""
     import queue
 
     import torch.multiprocessing as mp
@@ -143,7 +164,8 @@ def train_layouts(layouts: dict, shape_of: dict, world: int = 4, steps: int = 4,
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, out),
-                         kwargs={"layouts": layouts, "shape_of": shape_of, "steps": steps}) for r in range(world)]
+                         kwargs={"layouts": layouts, "shape_of": shape_of, "steps": steps, "memory": memory})
+             for r in range(world)]
     for proc in procs:
         proc.start()
     results: dict = {name: [None] * world for name in layouts}

@@ -185,3 +185,28 @@ def test_fsdp_keeps_its_root_unit_gathered_beside_two_layers():
     layer = sum(shape.layer_parameters(0).values())
     root = 2 * shape.vocab * shape.hidden + shape.hidden  # untied embedding and head, the final norm
     assert one_stage.buffers_nbytes == pytest.approx(2 * (2 * layer + root), rel=1e-9)
+
+
+def test_fsdp_gathers_its_layers_in_the_backward_beside_the_gradients_not_at_the_loss():
+    """Measured with MemTracker on 4 gloo ranks (docs/memory.md): at the loss's peak FSDP2 holds the root unit and
+    no decoder layer; the two layers the backward gathers sit beside the gradients, after the activations went."""
+    shape = load_profile("llama3.1-8b").transformer
+    freed = _memory(shape, dp=8, sharding="fsdp", gradients_held=False)
+    layer = sum(shape.layer_parameters(0).values())
+    root = 2 * shape.vocab * shape.hidden + shape.hidden
+    assert freed.buffers_nbytes == pytest.approx(2 * root, rel=1e-9)
+    assert freed.backward_buffers_nbytes == pytest.approx(2 * 2 * layer, rel=1e-9)
+    assert freed.total_nbytes == freed.parameters_nbytes + freed.optimizer_nbytes + freed.buffers_nbytes + max(
+        freed.activations_nbytes, freed.gradients_nbytes + freed.backward_buffers_nbytes)
+
+
+def test_a_head_tensor_parallelism_leaves_whole_is_whole_on_every_tp_rank():
+    """`train --layout`'s TP plan covers the decoder layers: the embedding, the head and the loss's logits are whole
+    on each TP rank (vocab_parallel False), where Megatron-LM's vocab-parallel layers split them by tp."""
+    shape = load_profile("llama3.1-8b").transformer
+    split, whole = (_memory(shape, tp=8, dp=4, vocab_parallel=v) for v in (True, False))
+    vh = shape.vocab * shape.hidden
+    assert whole.parameters_nbytes - split.parameters_nbytes == pytest.approx(2 * 2 * vh * (1 - 1 / 8), rel=1e-9)
+    s, w = shape.seq_len, shape.dtype_bytes
+    logits = (w + 12) * s * shape.vocab + 2 * w * s * shape.hidden
+    assert whole.activations_nbytes - split.activations_nbytes == pytest.approx(logits * (1 - 1 / 8), rel=1e-9)
