@@ -135,6 +135,9 @@ def poor_fit(meta: dict) -> str | None:
 # The most points one fit takes: its jackknife refits the model once without each, so its work grows as points^2
 # (20,000 points took 14 s on the 2-core CI host, 2026-12-02; a sweep has hundreds).
 MAX_FIT_POINTS = 10_000
+# A cache regime's rate past this (1 PB/s, above any cache's) is no per-byte cost the sweep measured: a loaded
+# host's fit gave 4e30 GB/s, which the hardware loader refuses (at most 1e30); written as this instead.
+CACHE_BW_CAP_GBPS = 1e6
 
 
 def fit(records: list[dict], setup: str | None = None, base: Hardware | None = None) -> Hardware:
@@ -301,6 +304,13 @@ def _note_hosts(hw: Hardware, where: dict | None) -> None:
                                 f"at that many ranks only")
 
 
+def _cache_note(cache: int, gbps: float) -> str:
+    if gbps < CACHE_BW_CAP_GBPS:
+        return f"cache regime: working sets up to {cache} bytes move at {gbps:.3f} GB/s"
+    return (f"cache regime: working sets up to {cache} bytes show no per-byte cost the fit can measure (written as "
+            f"{CACHE_BW_CAP_GBPS:g} GB/s: their time is the latency)")
+
+
 def _select(results: list[dict], setup: str | None) -> list[dict]:
     """The points to fit: all of one backend/library (whatever algorithms `auto` chose per size: each
     point is rebuilt as the schedule that ran it, and the link figures are the same), or `setup`:
@@ -331,8 +341,8 @@ def _hardware(x, active, pts, predicted, measured, *, setup: str, base: Hardware
     if not any(fitted.values()):
         raise FitError(f"no point of {setup} moves data between ranks (one rank each): nothing to fit")
     intra = _level("intra", alpha_intra, inv_intra, base.intra if base else None) if fitted["intra"] else None
-    if intra is not None and cache is not None and x[5] > 0:
-        intra = replace(intra, cache_bytes=cache, cache_bw_gbps=1.0 / x[5] / 1e3)
+    if intra is not None and cache is not None and x[5] > 0:  # 1 / x[5] past any cache's rate: no cost measured
+        intra = replace(intra, cache_bytes=cache, cache_bw_gbps=min(1.0 / x[5] / 1e3, CACHE_BW_CAP_GBPS))
     inter = _level("inter", alpha_inter, inv_inter, base.inter if base else None) if fitted["inter"] else None
     if intra is None:  # one rank per node: every round crossed nodes
         intra = base.intra if base else replace(inter, name="intra")
@@ -344,8 +354,8 @@ def _hardware(x, active, pts, predicted, measured, *, setup: str, base: Hardware
     meta = {"fitted_from": setup, "points": len(pts), "levels_fitted": fitted,
             "r2": 1 - ss_res / ss_tot if ss_tot else None, "mape": float(ape.mean()),
             "median_ape": float(np.median(ape)), "overhead_fitted": bool(active[0]),
-            "notes": _notes(fitted, active, base) + ([f"cache regime: working sets up to {cache} bytes move at "
-                                                      f"{intra.cache_bw_gbps:.3f} GB/s"] if intra.cache_bytes else [])}
+            "notes": _notes(fitted, active, base) + ([_cache_note(cache, intra.cache_bw_gbps)] if intra.cache_bytes
+                                                     else [])}
     return Hardware(f"fit:{setup}", ranks, intra, inter, None, float(overhead),
                     dict(base.device_tflops) if base else {}, meta)
 

@@ -63,6 +63,19 @@ def test_fit_finds_a_cache_regime_and_predicts_across_it():
     assert plain.intra.cache_bytes is None  # no cache regime where the data show none
 
 
+def test_a_cache_regime_without_a_measurable_byte_cost_is_capped_and_the_file_loads(tmp_path):
+    """Working sets in cache that cost latency only (a loaded host's fit wrote 3.96e30 GB/s, which load_hardware
+    refuses): the rate written is CACHE_BW_CAP_GBPS, said in a note, and the file loads."""
+    truth = M.Hardware("truth", 2, Link("shm", 6.0, 2.0, cache_bytes=8 << 20, cache_bw_gbps=1e12),
+                       Link("shm", 6.0, 2.0))
+    hw = F.fit(_synthetic(truth, [2], [1 << k for k in range(14, 27)], algorithm="ring"))
+    assert hw.intra.cache_bytes and hw.intra.cache_bw_gbps == F.CACHE_BW_CAP_GBPS
+    assert any("no per-byte cost the fit can measure" in note for note in hw.meta["notes"])
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(hw.to_dict()))
+    assert M.load_hardware(str(path)).intra.cache_bw_gbps == F.CACHE_BW_CAP_GBPS
+
+
 def test_fit_puts_the_cache_boundary_at_the_hosts_last_level_cache():
     """A sweep with one fitted size beyond the cache: from the data alone no boundary is tried (a regime
     needs 2 points beyond), and the lone point is left as an outlier; with the hosts' last-level cache in
