@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commbench.analysis.fit import LIBRARY_ALGORITHM, FitError, schedule_for, setup_of
+from commbench.algorithms import LIBRARY_ALGORITHM
+from commbench.analysis.fit_points import FitError, schedule_for, setup_of
 from commbench.analysis.hosts import run_loads
 from commbench.analysis.intervals import interval_us, levels_fitted, schedule_interval_us
 from commbench.analysis.provenance import headers_by_run, mismatch

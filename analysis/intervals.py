@@ -22,7 +22,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from commbench.analysis.fit import COLUMNS, INTERVAL, INTERVAL_LEVEL, JACKKNIFE, features
+from commbench.analysis.fit import COLUMNS, INTERVAL, INTERVAL_LEVEL, JACKKNIFE
+from commbench.analysis.fit_points import features
 from commbench.costmodel import Hardware, HardwareError, working_set_bytes
 from commbench.schedule import Phases, Schedule
 from commbench.topology import Topology

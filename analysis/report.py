@@ -121,7 +121,8 @@ def _series(collective: str, label: str, kind: str, placement: str, points: dict
 
 def model_series(records: list[dict], hw) -> list[Series]:
     """The model's prediction of every measured setup in `records` (dashed beside it)."""
-    from commbench.analysis.fit import LIBRARY_ALGORITHM, predict_records
+    from commbench.algorithms import LIBRARY_ALGORITHM
+    from commbench.analysis.fit import predict_records
 
     measured = [r for r in records if r.get("record") == "result" and r.get("kind", MEASURED) == MEASURED
                 and r.get("time_us") and r["collective"] in LIBRARY_ALGORITHM]

@@ -188,6 +188,7 @@ def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_r
     order statistics of those fits' predictions spread by their own point's error on log time."""
 
     from commbench.analysis import fit as F
+    from commbench.analysis import fit_points as P
     from commbench.analysis import intervals as I
     from commbench.costmodel import load_hardware
 
@@ -195,7 +196,7 @@ def test_interval_is_the_jackknife_plus_of_the_left_out_points_and_coverage_is_r
     hw = load_hardware(str(hw_path))
     block = hw.meta["uncertainty"]
     assert block["pairing"] == "jackknife+"
-    points = F.usable(read_records(str(sweep)))
+    points = P.usable(read_records(str(sweep)))
     refits = I.variants(hw)
     assert len(refits) == len(block["relative_residuals"]) == len(points)
     for point, refit, residual in zip(points, refits, block["relative_residuals"]):

@@ -11,6 +11,7 @@ from conftest import commbench as run_commbench
 from commbench import algorithms as A
 from commbench import cli
 from commbench.analysis import fit as F
+from commbench.analysis import fit_points as P
 from commbench.costmodel import FULL_SCHEDULE_MAX_RANKS, load_hardware, schedule_us
 from commbench.results import reader
 from commbench.schedule import Phases, Schedule
@@ -51,15 +52,15 @@ def test_fit_and_report_of_a_cluster_sweep_finish(tmp_path):
 def test_up_to_the_full_schedule_bound_a_point_is_costed_as_it_ran_and_past_it_by_its_closed_form():
     """Small worlds keep the very rounds that ran (existing predictions unchanged, to the last bit); past the
     bound the closed form, which costs the same when the world divides the count."""
-    topo, form = F.schedule_for(_point(FULL_SCHEDULE_MAX_RANKS, 1 << 20, nnodes=32))
+    topo, form = P.schedule_for(_point(FULL_SCHEDULE_MAX_RANKS, 1 << 20, nnodes=32))
     assert isinstance(form, Schedule) and topo == Topology(32, 8)
     hw = load_hardware("dgx-h100")
-    topo, form = F.schedule_for(_point(512, 1 << 20, nnodes=64))
+    topo, form = P.schedule_for(_point(512, 1 << 20, nnodes=64))
     assert isinstance(form, Phases)
     full = A.ring_allreduce(topo, (1 << 20) // 4)
     assert F.predict_records([_point(512, 1 << 20, nnodes=64)], hw)[0] == \
         pytest.approx(schedule_us(full, topo, hw, 4), rel=1e-12)
-    assert F.features(form, topo, 4) == pytest.approx(F.features(full, topo, 4), rel=1e-12)
+    assert P.features(form, topo, 4) == pytest.approx(P.features(full, topo, 4), rel=1e-12)
 
 
 def test_closed_forms_do_not_grow_with_the_ranks_of_a_node():

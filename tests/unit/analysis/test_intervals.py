@@ -12,6 +12,7 @@ from conftest import DATA, commbench
 
 from commbench.analysis import calibration as C
 from commbench.analysis import fit as F
+from commbench.analysis import fit_points as P
 from commbench.analysis.intervals import levels_fitted
 from commbench.analysis.scaling import StepQuestion, predict_scaling, predict_step, step_interval_us
 from commbench.collectives import DTYPES
@@ -279,13 +280,13 @@ def test_each_resample_is_the_refit_its_residual_came_from(name, column, tmp_pat
     block = hw.meta["uncertainty"]
     index = block["columns"].index(column)
     assert any(resample[index] == 0 for resample in block["resamples"])  # the case this data is kept for
-    points = F.usable(records)
+    points = P.usable(records)
     refits = variants(hw)
     assert len(refits) == len(block["relative_residuals"]) == len(points)
     for point, refit, residual in zip(points, refits, block["relative_residuals"]):
         assert residual == pytest.approx(point["time_us"] / F.predict_records([point], refit)[0] - 1, rel=1e-9)
     for point in points:  # the interval costed on the variants is the one costed on the figures themselves
-        topo, schedule = F.schedule_for(point)
+        topo, schedule = P.schedule_for(point)
         predicted = F.predict_records([point], hw)[0]
         assert interval_us(hw, lambda v, p=point: F.predict_records([p], v)[0]) == pytest.approx(
             schedule_interval_us(hw, schedule, topo, DTYPES[point["dtype"]].itemsize, predicted), rel=1e-9)
