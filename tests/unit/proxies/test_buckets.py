@@ -79,7 +79,9 @@ def test_bad_bucketing_arguments():
 # ---------------------------------------------------------------- against torch's Reducer
 
 
-CASES = [("resnet50", (3, 64, 64), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 64, 64), 5)]
+# Small images: the buckets follow the order gradients become ready, which the image size does not change
+# (resnet50 at 32x32 reaches its 1x1 pooled map; 64x64 took 4x the suite's time for the same layouts).
+CASES = [("resnet50", (3, 32, 32), None), ("vgg16", (3, 32, 32), None), ("resnet50", (3, 32, 32), 5)]
 
 
 def _ddp_rank(rank, world, port, cases, out):
@@ -106,7 +108,7 @@ def _ddp_rank(rank, world, port, cases, out):
             return fut
         ddp.register_comm_hook(None, hook)
         x = torch.randn(2, *input_shape)
-        for _ in range(3):
+        for _ in range(2):  # the second forward runs on the buckets DDP rebuilt from the first backward's order
             seen.clear()
             ddp(x).sum().backward()
         layouts[(model_name, input_shape, bucket_mb)] = [params for _, params in sorted(seen)]
