@@ -149,7 +149,9 @@ def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[
 
     cfg = _config(headers, r)
     try:
-        checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"])
+        load = loads.get(r.get("run_id"))
+        checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"],
+                                   ranks_per_host=load.ranks_per_host if load is not None else None)
     except LayoutCheckError as exc:
         notes.append(str(exc))
         return []

@@ -10,7 +10,7 @@ rows then check compute and communication together. Without a block the run is l
 (benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import Hardware
@@ -52,27 +52,33 @@ def parallelism_of(record: dict) -> Parallelism:
                                f"({exc})") from exc
 
 
-def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str) -> LayoutCheck:
-    """The prediction of one layout run (a proxy record and its header's config), or LayoutCheckError."""
+def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str,
+                     ranks_per_host: int | None = None) -> LayoutCheck:
+    """The prediction of one layout run (a proxy record and its header's config), or LayoutCheckError;
+    `ranks_per_host`: the ranks that shared the run's host (its header's; emulated nodes share one), which a CPU
+    block's cores are shared by (None: a node's ranks)."""
     par = parallelism_of(record)
     name = f"{record.get('model')} {par.name}"
-    at_rate = record.get("kind") == "proxy" and config.get("compute") == "flops" and config.get("tflops")
+    at_rate = record.get("kind") == "proxy" and config.get("compute") == "flops"
     try:
         profile = load_profile(record["model"])
     except (ProfileError, ValueError) as exc:
         raise LayoutCheckError(f"{record['model']}: {exc}") from exc
     if profile.transformer is None:
         raise LayoutCheckError(f"{name}: the profile has no transformer shape; left out")
-    block, dtype = (None, "") if at_rate else _block(name, record, hw, profile.transformer)
+    # `train --layout` trains in float32 (proxies/layouts/train/run.py): 4-byte activations and messages; a replay
+    # sends the profile's widths
+    shape = replace(profile.transformer, dtype_bytes=4) if record.get("kind") == "train" else profile.transformer
+    block, dtype = (None, "") if at_rate else _block(name, record, hw, shape)
     world, nodes = int(record.get("world_size") or 0), int(record.get("nnodes") or 1)
     if world != par.world or nodes < 1 or world % nodes:
         raise LayoutCheckError(f"{name}: {world} rank(s) on {nodes} node(s) do not hold the layout; left out")
     topo = Topology(nodes, world // nodes)
     microbatch, tflops, checkpointing = _run_settings(name, config, rate=block is None)
-    job = Job(profile.transformer, profile, hw, topo.ranks_per_node, microbatch, tflops,
-              checkpointing, algorithm, compute=block, compute_dtype=dtype or "bfloat16")
+    job = Job(shape, profile, hw, topo.ranks_per_node, microbatch, tflops, checkpointing, algorithm,
+              compute=block, compute_dtype=dtype or "bfloat16", ranks_per_host=ranks_per_host)
     try:
-        par.check(world, topo.ranks_per_node, profile.transformer)
+        par.check(world, topo.ranks_per_node, shape)
         prediction = predict_layout(job, par)
     except LayoutError as exc:
         raise LayoutCheckError(f"{name}: {exc}; left out") from exc

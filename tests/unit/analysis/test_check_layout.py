@@ -78,6 +78,8 @@ def test_a_damaged_or_mismatched_layout_is_a_note_not_a_traceback(hw):
     ("config", "tflops", "fast", "tflops 'fast' is not a rate"),
     ("config", "tflops", 1e-300, "is not a rate"),
     ("config", "tflops", -1, "is not a rate"),
+    ("config", "tflops", 0, "is not a rate"),
+    ("config", "tflops", None, "is not a rate"),
     ("config", "microbatch", "x", "microbatch 'x' is not a whole number"),
     ("config", "checkpointing", "bogus", "checkpointing 'bogus' is not one of"),
     ("layout", "microbatches", 10**15, "more than 4096"),
@@ -96,12 +98,14 @@ def test_a_header_config_that_is_not_an_object_is_taken_as_missing(hw):
     assert rows == [] and any("compute rate is not known" in n for n in notes)
 
 
-def _block(tflops: float, attention: bool = True) -> ComputeBlock:
-    """float32 products and attention at `tflops` (a CPU's block: `commbench compute` times the CPU's float32)."""
-    matmul = (MatmulPoint(256, 256, 256, "float32", 2 * 256 ** 3 / (tflops * 1e6)),)
+def _block(tflops: float, attention: bool = True, dtypes=("float32",), cpus: int | None = None) -> ComputeBlock:
+    """Products and attention at `tflops` in each of `dtypes` (a CPU's block: `commbench compute` times float32)."""
     flops = attention_flops(8, 128, 128, 16, True)
-    points = (AttentionPoint(8, 128, 128, 16, True, "float32", flops / (tflops * 1e6), 2 * flops / (tflops * 1e6)),)
-    return ComputeBlock("cpu (test)", matmul, points if attention else (), 5.0, 1.0, meta={"dtype": "float32"})
+    matmul = tuple(MatmulPoint(256, 256, 256, d, 2 * 256 ** 3 / (tflops * 1e6)) for d in dtypes)
+    points = tuple(AttentionPoint(8, 128, 128, 16, True, d, flops / (tflops * 1e6), 2 * flops / (tflops * 1e6))
+                   for d in dtypes)
+    meta = {"dtype": dtypes[0], "cpus": cpus, "threads": 1}
+    return ComputeBlock("cpu (test)", matmul, points if attention else (), 5.0, 1.0, meta=meta)
 
 
 @pytest.mark.parametrize("kind, compute", [("train", "flops"), ("proxy", "measured"), ("proxy", "block")])
@@ -110,7 +114,8 @@ def test_a_run_without_a_given_rate_is_predicted_from_the_blocks_operators(hw, k
     with_block = replace(hw, compute=_block(0.05))
     checked = check_layout_run(record, header["config"], with_block, "ring")
     profile = load_profile("llama-tiny")
-    job = Job(profile.transformer, profile, with_block, 4, 1, 0.0, "none", "ring", compute=with_block.compute,
+    shape = replace(profile.transformer, dtype_bytes=4) if kind == "train" else profile.transformer  # train: fp32
+    job = Job(shape, profile, with_block, 4, 1, 0.0, "none", "ring", compute=with_block.compute,
               compute_dtype="float32")
     expected = predict_layout(job, parallelism_of(record))
     assert checked.step_us == pytest.approx(expected.step_us)
@@ -131,3 +136,26 @@ def test_a_block_that_lacks_what_the_layers_need_is_named(hw):
     header, record = _run(kind="train")
     rows, notes = check([header, record], replace(hw, compute=_block(0.05, attention=False)))
     assert rows == [] and any("compute block lacks float32 attention" in n for n in notes), notes
+
+
+def test_a_train_run_is_read_in_float32_and_sized_at_four_bytes(hw):
+    """`train --layout` trains in float32: a block with bfloat16 products beside float32 ones is read in float32, and
+    the layers' bytes are 4-byte (read in bfloat16 at 2 bytes it came out 2.3x faster)."""
+    header, record = _run("tp2,dp2", kind="train")
+    both = check_layout_run(record, header["config"], replace(hw, compute=_block(0.05, dtypes=("bfloat16", "float32"))),
+                            "ring")
+    only = check_layout_run(record, header["config"], replace(hw, compute=_block(0.05)), "ring")
+    assert "float32 compute block" in both.setup and both.step_us == pytest.approx(only.step_us)
+
+
+def test_ranks_sharing_a_host_share_a_cpu_blocks_cores_across_emulated_nodes(hw):
+    """Two emulated nodes of 2 ranks on one 2-core host: the block's cores are shared by the host's 4 ranks, as on
+    one node of 4 (not by a node's 2: half the compute)."""
+    block = replace(hw, compute=_block(0.05, cpus=2))
+    header, record = _run("pp2,fsdp2", kind="train", microbatches=4)
+    one_node = check_layout_run(record, header["config"], block, "ring")
+    header, record = _run("pp2,fsdp2", kind="train", nodes=2, microbatches=4)
+    emulated = check_layout_run(record, header["config"], block, "ring", ranks_per_host=4)
+    alone = check_layout_run(record, header["config"], block, "ring")
+    assert emulated.step_us > 1.5 * alone.step_us
+    assert emulated.step_us == pytest.approx(one_node.step_us, rel=0.05)  # the links differ, the compute does not
