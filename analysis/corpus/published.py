@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.analysis.corpus.files import CorpusFormatError, is_number, objects, read_json, system_hardware
-from commbench.costmodel import Hardware
+from commbench.analysis.corpus.files import CorpusFormatError, is_number, objects, read_json
+from commbench.costmodel import Hardware, HardwareError, hardware_from_dict
 from commbench.proxies.setups import SETUPS, Choice, SetupError, settle
 
 CORPUS_PATH = os.path.join(os.path.dirname(__file__), "published.json")
@@ -124,9 +124,10 @@ def _corpus(data: Any) -> Corpus:
 
 
 def _system(name: str, entry: dict) -> System:
-    if "preset" in entry:
-        raise CorpusError(f"systems.{name}: a data-parallel system states its own hardware, not a preset")
-    hardware = system_hardware(f"systems.{name}", entry)
+    try:  # a data-parallel system states its own hardware (no preset: nic_class and oversubscription go with it)
+        hardware = hardware_from_dict(entry.get("hardware"), f"systems.{name}.hardware")
+    except HardwareError as exc:
+        raise CorpusError(str(exc)) from None
     ratio = entry.get("oversubscription")
     if ratio is not None and not (is_number(ratio) and ratio >= 1):
         raise CorpusError(f"systems.{name}.oversubscription must be a number >= 1 or null")

@@ -180,7 +180,9 @@ class LayoutRecord(Record):
     bubble: float
     comm_us: dict  # per dimension (tp, cp, ep, pp, dp): its calls' time per step on the busiest rank
     exposed_us: dict  # per dimension: what the step waited for
-    memory_nbytes: dict  # the fullest GPU's: parameters, gradients, optimizer, activations, buffers, total and
+    memory_nbytes: dict  # the fullest GPU's: parameters, gradients, optimizer, activations, buffers (FSDP's gathered
+    #                     parameters at the loss's peak), backward_buffers (its two layers gathered in the backward;
+    #                     since 2026-12-04, when buffers stopped counting them where gradients are freed), total and
     #                     gradients_held (false: total is the larger of the loss's peak and the backward's end)
     fits: bool | None  # in the hardware's device memory (None: the file gives none)
     acc_ratio: float  # tokens/s against the baseline layout's
