@@ -125,9 +125,10 @@ def _searched(job, shape, setup: str, gpus: int, gpus_per_node: int, flags: dict
                          (f" (the smallest, {nearest[0].name}, needs {nearest[1] / GB:.1f} GB)" if nearest else ""))
     fit = f"{len(found.ranked):,} fit" if job.hw.device_memory_gb else \
         f"{len(found.ranked):,} predicted ({job.hw.name} gives no device memory: none refused)"
-    notes = [f"# searched {found.searched:,} layouts (tp up to {max_tp or gpus_per_node} with sp, pp with 1F1B and "
-             f"interleaved:2, cp up to {space.max_cp}, {' and '.join(setups)} on dp): {fit}, the "
-             f"top {min(top, len(found.ranked))} above; the JSON has every one that fits"]
+    notes = [f"# searched {found.searched:,} layouts: {fit}, the top {min(top, len(found.ranked))} above; the JSON has "
+             "every one that fits",
+             f"#   (tp up to {max_tp or gpus_per_node} with sp, pp with 1F1B and interleaved:2, cp up to "
+             f"{space.max_cp}, {' and '.join(setups)} on dp)"]
     if found.too_big:
         par, nbytes = found.too_big[0]
         notes.append(f"# {len(found.too_big):,} do not fit; the nearest, {par.name}, needs {nbytes / GB:.1f} GB")

@@ -43,6 +43,7 @@ def _notes(stdout: str) -> list[str]:
      "--throughput-1gpu", "329", "--ddp-ms", "3"],
     ["predict-scaling", "llama3.1-70b", "--gpus", "1024", "--layout", "tp8,fsdp128", "--layout", "tp4sp,pp2,fsdp128",
      "--hw", "dgx-h100", "--tflops", "400"],
+    ["predict-scaling", "llama3.1-8b", "--gpus", "64", "--layout", "auto", "--hw", "dgx-h100", "--tflops", "400"],
 ])
 def test_predict_and_predict_scaling_print_no_note_wider_than_120(capsys, args):
     assert main(args) == 0
@@ -53,6 +54,8 @@ def test_predict_and_predict_scaling_print_no_note_wider_than_120(capsys, args):
     said = " ".join(line.lstrip("# ") for line in notes)  # the facts of the wrapped notes, their breaks undone
     if args[0] == "predict":
         assert "published nccl-tests figures" in said and "(analysis/corpus/collectives.json, docs/model.md)" in said
+    elif "auto" in args:  # its search's footer was 173 characters
+        assert "layouts: " in said and "with sp, pp with 1F1B and interleaved:2" in said
     elif "--layout" in args:  # its header was 145 and 164 characters
         assert "what the step waited for on each dimension (exposed)" in said and "1,024 sequences of 8,192" in said
     else:
