@@ -72,6 +72,67 @@ class LayerCall:
     label: str
 
 
+@dataclass(frozen=True)
+class CallContext:
+    """What every dimension's calls of one layer and micro-batch are sized by."""
+    par: Parallelism
+    shape: object  # proxies.transformer.TransformerShape
+    microbatch: int
+    dtype: str  # the activations'
+    act: int  # b s h bytes of this CP rank's tokens
+    replays: int  # 2 under full checkpointing: the backward runs the forward's calls again
+    moe: bool  # a layer with experts
+    style: str
+
+
+def _tp_calls(c: CallContext) -> list[LayerCall]:
+    par, shape, calls = c.par, c.shape, []
+    if par.sequence_parallel:
+        # etp1 (torch: always, its experts whole): the attention's only
+        blocks = 1 if c.moe and (par.expert_tp == 1 or c.style == "torch") else 2
+        for phase, times in (("forward", 1), ("backward", c.replays)):
+            calls.append(LayerCall("tp", "allgather", c.act, c.dtype, phase, blocks * times, "", "tp all-gather (sp)"))
+            calls.append(LayerCall("tp", "reduce_scatter", c.act, c.dtype, phase, blocks * times, "",
+                                   "tp reduce-scatter (sp)"))
+        if c.style == "torch":  # SequenceParallel norms: their weights' gradients are partial on each rank
+            calls.append(LayerCall("tp", "allreduce", shape.hidden * shape.dtype_bytes, c.dtype, "backward", 2, "",
+                                   "tp norm weights (sp)"))
+        return calls
+    column = 3 + (2 if shape.gated_mlp else 1) if c.style == "torch" else 2  # torch: q, k, v, gate, up
+    return [LayerCall("tp", "allreduce", c.act, c.dtype, "forward", 2, "", "tp allreduce"),
+            LayerCall("tp", "allreduce", c.act, c.dtype, "backward", column + 2 * (c.replays - 1), "",
+                      "tp allreduce (recomputed forward's included)")]
+
+
+def _cp_calls(c: CallContext) -> list[LayerCall]:
+    par, shape = c.par, c.shape
+    kv = shape.cp_kv_block_nbytes(c.microbatch, par.cp) * _kv_heads_per_rank(par, shape) // shape.kv_heads
+    return [LayerCall("cp", "sendrecv", kv, c.dtype, "forward", par.cp - 1, "attention", "cp ring K/V"),
+            LayerCall("cp", "sendrecv", kv, c.dtype, "backward", (par.cp - 1) * c.replays, "attention",
+                      "cp ring K/V (again)"),
+            LayerCall("cp", "sendrecv", kv, c.dtype, "backward", par.cp, "attention", "cp ring dK/dV (home included)")]
+
+
+def _ep_calls(c: CallContext) -> list[LayerCall]:
+    par, shape = c.par, c.shape
+    if not c.moe:  # a dense layer of a model with experts: its tokens stay on the rank
+        return []
+    local = c.microbatch * shape.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
+    routed = shape.ep_dispatch_nbytes(local)
+    calls = [LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "forward", 1, "", "ep token counts")]
+    if c.replays > 1:
+        calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "backward", 1, "",
+                               "ep token counts (recomputed forward)"))
+    return calls + [LayerCall("ep", "alltoall", routed, c.dtype, "forward", 2, "", EP_DISPATCH),
+                    LayerCall("ep", "alltoall", routed, c.dtype, "backward", 2 * c.replays, "", EP_DISPATCH)]
+
+
+# The dimensions that communicate inside a layer, in the order a layer issues them: a new dimension is an entry
+# (its degree's name on Parallelism, its calls). pp's sends sit between layers (boundary_nbytes); dp is the
+# setups table's (proxies/setups.py).
+LAYER_DIMENSIONS = {"tp": _tp_calls, "cp": _cp_calls, "ep": _ep_calls}
+
+
 def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "none",
                 moe: bool = False, style: str = "megatron") -> list[LayerCall]:
     """The calls one transformer layer issues for one micro-batch (`moe`: a layer with experts)."""
@@ -79,44 +140,10 @@ def layer_calls(par: Parallelism, shape, microbatch: int, checkpointing: str = "
         raise ValueError(f"activation checkpointing {checkpointing!r}: choose from {', '.join(CHECKPOINTING)}")
     if style not in STYLES:
         raise ValueError(f"calls' style {style!r}: choose from {', '.join(STYLES)}")
-    dtype = DTYPES.get(shape.dtype_bytes, "float16")
-    act = shape.tp_activation_nbytes(microbatch, par.cp)  # b s h bytes of this CP rank's tokens
-    calls: list[LayerCall] = []
-    replays = 2 if checkpointing == "full" else 1  # the backward runs the forward's calls again
-    if par.tp > 1:
-        if par.sequence_parallel:
-            # etp1 (torch: always, its experts whole): the attention's only
-            blocks = 1 if moe and (par.expert_tp == 1 or style == "torch") else 2
-            for phase, times in (("forward", 1), ("backward", replays)):
-                calls.append(LayerCall("tp", "allgather", act, dtype, phase, blocks * times, "",
-                                       "tp all-gather (sp)"))
-                calls.append(LayerCall("tp", "reduce_scatter", act, dtype, phase, blocks * times, "",
-                                       "tp reduce-scatter (sp)"))
-            if style == "torch":  # SequenceParallel norms: their weights' gradients are partial on each rank
-                calls.append(LayerCall("tp", "allreduce", shape.hidden * shape.dtype_bytes, dtype, "backward", 2, "",
-                                       "tp norm weights (sp)"))
-        else:
-            column = 3 + (2 if shape.gated_mlp else 1) if style == "torch" else 2  # torch: q, k, v, gate, up
-            calls.append(LayerCall("tp", "allreduce", act, dtype, "forward", 2, "", "tp allreduce"))
-            calls.append(LayerCall("tp", "allreduce", act, dtype, "backward", column + 2 * (replays - 1), "",
-                                   "tp allreduce (recomputed forward's included)"))
-    if par.cp > 1:
-        kv = shape.cp_kv_block_nbytes(microbatch, par.cp) * _kv_heads_per_rank(par, shape) // shape.kv_heads
-        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "forward", par.cp - 1, "attention", "cp ring K/V"))
-        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", (par.cp - 1) * replays, "attention",
-                               "cp ring K/V (again)"))
-        calls.append(LayerCall("cp", "sendrecv", kv, dtype, "backward", par.cp, "attention",
-                               "cp ring dK/dV (home included)"))
-    if par.ep > 1 and moe:
-        local = microbatch * shape.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
-        routed = shape.ep_dispatch_nbytes(local)
-        calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "forward", 1, "", "ep token counts"))
-        if replays > 1:
-            calls.append(LayerCall("ep", "alltoall", 8 * shape.experts, "int64", "backward", 1, "",
-                                   "ep token counts (recomputed forward)"))
-        calls.append(LayerCall("ep", "alltoall", routed, dtype, "forward", 2, "", EP_DISPATCH))
-        calls.append(LayerCall("ep", "alltoall", routed, dtype, "backward", 2 * replays, "", EP_DISPATCH))
-    return calls
+    context = CallContext(par, shape, microbatch, dtype=DTYPES.get(shape.dtype_bytes, "float16"),
+                          act=shape.tp_activation_nbytes(microbatch, par.cp),
+                          replays=2 if checkpointing == "full" else 1, moe=moe, style=style)
+    return [call for dim, calls_of in LAYER_DIMENSIONS.items() if getattr(par, dim) > 1 for call in calls_of(context)]
 
 
 def _kv_heads_per_rank(par: Parallelism, shape) -> int:
