@@ -203,14 +203,7 @@ def model_mark(hw) -> str | None:
     """What a picture drawing `hw`'s predictions says above it when the file says they are not to be trusted,
     as check and predict warn of it (commands/hw_option.warn_poor): fit --accept-poor-fit's meta.poor_fit,
     fit's meta.fitted_under_load; None when neither."""
-    meta = hw.meta if hw is not None else {}
-    notes = []
-    if meta.get("poor_fit"):
-        notes.append(f"POOR FIT: {hw.name} ({meta['poor_fit']}): its predictions do not describe the sweep "
-                     "it came from")
-    if meta.get("fitted_under_load"):
-        notes.append(f"{hw.name} was fitted from runs under load ({meta['fitted_under_load']}): its figures "
-                     "hold that load")
+    notes = hw.doubts() if hw is not None else []
     return "\n".join(shown(note) for note in notes) or None  # a newline a file holds is escaped, not drawn
 
 
@@ -337,6 +330,7 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, w
     series = collect_series(records)
     mark = model_mark(hw)  # on every picture that draws hw's predictions, and here
     notes += mark.split("\n") if mark else []
+    notes += [line for line in R.scaling_mark(records).split("\n") if line and line not in notes]
     if hw is not None:
         from commbench.analysis.check import applicable
 

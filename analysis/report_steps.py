@@ -7,6 +7,8 @@ import os
 import statistics
 from collections import defaultdict
 
+from commbench.files import shown
+
 
 def _plt():
     import matplotlib
@@ -174,6 +176,14 @@ def _curves(records: list[dict]) -> dict[tuple, list[dict]]:
     return {key: sorted(points, key=lambda p: p["gpus"]) for key, points in curves.items()}
 
 
+def scaling_mark(records: list[dict]) -> str:
+    """The doubts predict-scaling's records carry of their hardware files (ScalingRecord.hardware_doubts), a line
+    each, escaped as a file's text is shown; "" when none says any."""
+    doubts = {str(d) for r in records if r.get("record") == "scaling" and isinstance(r.get("hardware_doubts"), list)
+              for d in r["hardware_doubts"]}
+    return "\n".join(shown(d) for d in sorted(doubts))
+
+
 def plot_scaling(records: list[dict], out_dir: str) -> str | None:
     curves = _curves(records)
     if not curves:
@@ -217,6 +227,7 @@ def plot_scaling(records: list[dict], out_dir: str) -> str | None:
                                    matplotlib.ticker.NullFormatter())
     ax_t.legend(fontsize=8)
     ax_l.legend(fontsize=8)
+    mark_figure(fig, scaling_mark(records))
     path = save_png(fig, out_dir, "scaling.png")
     return path
 

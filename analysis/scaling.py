@@ -293,5 +293,5 @@ def predict_scaling(q: StepQuestion, hw: Hardware, gpu_counts: list[int], gpus_p
             setup=choice.name, knobs=dict(choice.knobs), step_interval_us=step, samples_per_s_interval=rates,
             linearity_interval=(rates[0] / (gpus * base), rates[1] / (gpus * base)) if rates else None,
             straggler_us=late, interval_source=FIT_PROVENANCE if step else None,
-            step_terms=q.terms.summary() if q.terms is not None else None))
+            step_terms=q.terms.summary() if q.terms is not None else None, hardware_doubts=hw.doubts() or None))
     return points[1:]

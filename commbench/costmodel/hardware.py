@@ -40,6 +40,18 @@ class Hardware:
     def level(self, topo: Topology, src: int, dst: int) -> Link:
         return self.intra if topo.link(src, dst) == INTRA else self.inter
 
+    def doubts(self) -> list[str]:
+        """Why this file's predictions are not to be trusted, a line each, as its fit wrote it: fit
+        --accept-poor-fit's meta.poor_fit, fit's meta.fitted_under_load; empty when neither."""
+        out = []
+        if self.meta.get("poor_fit"):
+            out.append(f"POOR FIT: {self.name} ({self.meta['poor_fit']}): its predictions do not describe the sweep "
+                       "it came from")
+        if self.meta.get("fitted_under_load"):
+            out.append(f"{self.name} was fitted from runs under load ({self.meta['fitted_under_load']}): its "
+                       "figures hold that load")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["levels"] = {"intra": out.pop("intra"), "inter": out.pop("inter")}

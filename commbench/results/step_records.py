@@ -157,6 +157,9 @@ class ScalingRecord(Record):
     raw_linearity: float | None = None
     linearity_offset: float | None = None  # calibrated minus raw linearity (fractions: 0.01 = 1 point)
     step_terms: dict | None = None  # the step terms applied, {name: {value, source}} (commbench/step_terms.py)
+    # why the hardware file's predictions are not to be trusted (Hardware.doubts: a poor fit, a fit under load), a
+    # line each; None: nothing said (or a file from before 2026-12-04). report marks scaling.png with them.
+    hardware_doubts: list[str] | tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

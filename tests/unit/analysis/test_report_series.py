@@ -155,3 +155,32 @@ def test_the_time_panel_names_a_band_only_where_one_is_drawn(monkeypatch, tmp_pa
     alone, measured = (fig.axes[1].get_title() for fig in figures)
     assert "band" in measured and "p10-p90" in measured
     assert "p10-p90" not in alone and "no band" in alone
+
+
+def test_scaling_curves_of_a_poor_fit_carry_the_mark_into_their_picture(monkeypatch, tmp_path, capsys):
+    """predict-scaling of a poor fit warned on stderr, but its records did not say so and scaling.png, drawn from
+    the records alone, was unmarked (issue 48, item 13): the records keep the file's doubts and the picture says
+    them above it, as index.md does."""
+    import json
+
+    from commbench.analysis.report import write_report
+    from commbench.cli import main
+    from commbench.results import read_records
+
+    hw_path, out = tmp_path / "poor.json", tmp_path / "s.jsonl"
+    _poor({"poor_fit": "median error 31.0% > 25%"}).save(str(hw_path))
+    assert main(["predict-scaling", "resnet50", "--hw", str(hw_path), "--gpus", "1,8,16", "--batch", "32",
+                 "--throughput-1gpu", "329", "--json", str(out)]) == 0
+    assert "is a poor fit" in capsys.readouterr().err
+    records = read_records(str(out))
+    assert {tuple(r["hardware_doubts"]) for r in records if r["record"] == "scaling"} == {
+        ("POOR FIT: dgx-h100 (median error 31.0% > 25%): its predictions do not describe the sweep it came from",)}
+    figures = _figures(monkeypatch)
+    index, pngs = write_report(records, [str(out)], str(tmp_path / "r"))
+    scaling = [fig for fig, name in zip(figures, pngs) if name == "scaling.png"]
+    assert len(scaling) == 1 and scaling[0].get_suptitle().startswith("POOR FIT: dgx-h100")
+    assert "Note: POOR FIT: dgx-h100" in open(index, encoding="utf-8").read()
+    good = tmp_path / "good.jsonl"
+    assert main(["predict-scaling", "resnet50", "--hw", "dgx-h100", "--gpus", "1,8", "--batch", "32",
+                 "--throughput-1gpu", "329", "--json", str(good)]) == 0
+    assert all(json.loads(line).get("hardware_doubts") is None for line in good.read_text().splitlines())
