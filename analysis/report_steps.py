@@ -176,12 +176,15 @@ def _curves(records: list[dict]) -> dict[tuple, list[dict]]:
     return {key: sorted(points, key=lambda p: p["gpus"]) for key, points in curves.items()}
 
 
+MAX_DOUBTS, DOUBT_CHARS = 4, 300  # what a picture's mark holds of them at most (a crafted file may hold any number)
+
+
 def scaling_mark(records: list[dict]) -> str:
     """The doubts predict-scaling's records carry of their hardware files (ScalingRecord.hardware_doubts), a line
-    each, escaped as a file's text is shown; "" when none says any."""
-    doubts = {str(d) for r in records if r.get("record") == "scaling" and isinstance(r.get("hardware_doubts"), list)
-              for d in r["hardware_doubts"]}
-    return "\n".join(shown(d) for d in sorted(doubts))
+    each, escaped as a file's text is shown, the first MAX_DOUBTS cut to DOUBT_CHARS; "" when none says any."""
+    doubts = {str(d)[:DOUBT_CHARS] for r in records if r.get("record") == "scaling"
+              and isinstance(r.get("hardware_doubts"), list) for d in r["hardware_doubts"][:MAX_DOUBTS]}
+    return "\n".join(shown(d) for d in sorted(doubts)[:MAX_DOUBTS])
 
 
 def plot_scaling(records: list[dict], out_dir: str) -> str | None:

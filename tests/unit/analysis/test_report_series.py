@@ -184,3 +184,13 @@ def test_scaling_curves_of_a_poor_fit_carry_the_mark_into_their_picture(monkeypa
     assert main(["predict-scaling", "resnet50", "--hw", "dgx-h100", "--gpus", "1,8", "--batch", "32",
                  "--throughput-1gpu", "329", "--json", str(good)]) == 0
     assert all(json.loads(line).get("hardware_doubts") is None for line in good.read_text().splitlines())
+
+
+def test_a_crafted_file_of_doubts_marks_at_most_a_few_short_lines():
+    from commbench.analysis.report_steps import DOUBT_CHARS, MAX_DOUBTS, scaling_mark
+
+    records = [{"record": "scaling", "hardware_doubts": [f"doubt {i} " + "x" * 10_000 for i in range(100)]}
+               for _ in range(1000)] + [{"record": "scaling", "hardware_doubts": "not a list"}]
+    lines = scaling_mark(records).split("\n")
+    assert len(lines) == MAX_DOUBTS and all(len(line) <= DOUBT_CHARS for line in lines)
+    assert scaling_mark([{"record": "scaling", "hardware_doubts": ["a\x1b[2Jb"]}]) == "a\\x1b[2Jb"
