@@ -149,9 +149,9 @@ def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[
 
     cfg = _config(headers, r)
     try:
-        load = loads.get(r.get("run_id"))
-        checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"],
-                                   ranks_per_host=load.ranks_per_host if load is not None else None)
+        load = loads.get(r.get("run_id"))  # a host holds at most the run's ranks, whatever its header lists
+        host = max(1, min(load.ranks_per_host, int(r.get("world_size") or 1))) if load is not None else None
+        checked = check_layout_run(r, cfg, hw, LIBRARY_ALGORITHM["allreduce"], ranks_per_host=host)
     except LayoutCheckError as exc:
         notes.append(str(exc))
         return []

@@ -330,7 +330,8 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, w
     series = collect_series(records)
     mark = model_mark(hw)  # on every picture that draws hw's predictions, and here
     notes += mark.split("\n") if mark else []
-    notes += [line for line in R.scaling_mark(records).split("\n") if line and line not in notes]
+    notes += [line for line in R.scaling_mark(records).split("\n")  # the --hw file's own, whole, said once
+              if line and not any(note.startswith(line) for note in notes)]
     if hw is not None:
         from commbench.analysis.check import applicable
 

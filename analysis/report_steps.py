@@ -182,8 +182,9 @@ MAX_DOUBTS, DOUBT_CHARS = 4, 300  # what a picture's mark holds of them at most 
 def scaling_mark(records: list[dict]) -> str:
     """The doubts predict-scaling's records carry of their hardware files (ScalingRecord.hardware_doubts), a line
     each, escaped as a file's text is shown, the first MAX_DOUBTS cut to DOUBT_CHARS; "" when none says any."""
-    doubts = {str(d)[:DOUBT_CHARS] for r in records if r.get("record") == "scaling"
-              and isinstance(r.get("hardware_doubts"), list) for d in r["hardware_doubts"][:MAX_DOUBTS]}
+    doubts = {d[:DOUBT_CHARS] for r in records if r.get("record") == "scaling"
+              and isinstance(r.get("hardware_doubts"), list)
+              for d in [d for d in r["hardware_doubts"][:64] if isinstance(d, str)][:MAX_DOUBTS]}
     return "\n".join(shown(d) for d in sorted(doubts)[:MAX_DOUBTS])
 
 

@@ -194,3 +194,4 @@ def test_a_crafted_file_of_doubts_marks_at_most_a_few_short_lines():
     lines = scaling_mark(records).split("\n")
     assert len(lines) == MAX_DOUBTS and all(len(line) <= DOUBT_CHARS for line in lines)
     assert scaling_mark([{"record": "scaling", "hardware_doubts": ["a\x1b[2Jb"]}]) == "a\\x1b[2Jb"
+    assert scaling_mark([{"record": "scaling", "hardware_doubts": [None, 1, {"a": 1}, ["b"], "real"]}]) == "real"
