@@ -158,7 +158,7 @@ def compute_block(hw, shape):
     block = hw.compute
     if block is None:
         return None, ""
-    wanted = "bfloat16" if shape.dtype_bytes == 2 else "float32"
+    wanted = layer_ops.model_dtype(shape)
     dtype, lacks = layer_ops.reading(block, shape)
     if lacks:
         click.echo(f"warning: {hw.name}'s compute block lacks {', '.join(lacks)}: one rate instead", err=True)

@@ -171,15 +171,20 @@ def missing(block: ComputeBlock, dtype: str) -> list[str]:
     return out
 
 
+def model_dtype(shape) -> str:
+    """The precision a shape's operators run in: bfloat16 for 16-bit weights, else float32."""
+    return "bfloat16" if shape.dtype_bytes == 2 else "float32"
+
+
 def reading(block: ComputeBlock, shape) -> tuple[str, list[str]]:
     """(the precision to read `block` in for `shape`'s layers, what the block lacks for them): the model's own
-    (bfloat16 for 16-bit weights, else float32) where the block has its products, else the one it was measured in;
-    the lacks empty where the block costs every operator (else a prediction falls back to one rate)."""
-    wanted = "bfloat16" if shape.dtype_bytes == 2 else "float32"
+    (model_dtype) where the block has its products, else the one it was measured in; the lacks empty where the
+    block costs every operator (else a prediction falls back to one rate)."""
+    wanted = model_dtype(shape)
     dtype = wanted if block.has("matmul", wanted) else block.meta.get("dtype", wanted)
     why = unlisted(shape)
     return dtype, missing(block, dtype) + ([f"the layers of {why}"] if why else [])
 
 
 __all__ = ["Attention", "ComputeError", "Matmul", "OpTimes", "Streamed", "head_ops", "layer_ops", "matmuls",
-           "missing", "op_times", "rank_layer_times", "reading", "unlisted"]
+           "missing", "model_dtype", "op_times", "rank_layer_times", "reading", "unlisted"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from commbench.proxies.catalog import build
 from commbench.proxies.layouts import memory as M
 from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.train.local import peak_by_kind
 from commbench.proxies.transformer import TransformerShape, from_config
 
 WRAPPERS = ("none", "ddp", "fsdp")
@@ -55,10 +56,8 @@ def measure_peak(constructor: str, seq_len: int, batch: int, dtype: str, wrapper
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             del out
-        peak = tracker.get_tracker_snapshot("peak")
-    kinds = next(v for k, v in peak.items() if str(k) == "cpu")
-    return MeasuredPeak(int(kinds["Total"]), {str(k).rsplit(".", 1)[-1]: int(v) for k, v in kinds.items()
-                                              if str(k) != "Total"})
+        kinds = peak_by_kind(tracker)
+    return MeasuredPeak(kinds.pop("Total"), kinds)
 
 
 def _wrapped(module, wrapper: str):
@@ -114,8 +113,8 @@ def layout_peaks(layouts: list, transformer: TransformerShape, microbatch: int =
                          world, steps=STEPS, timeout_s=timeout_s, memory=True)
     out = {}
     for name, ranks in runs.items():
-        fullest = max(ranks, key=lambda run: run.peak["Total"]).peak
-        out[name] = MeasuredPeak(fullest["Total"], {k: v for k, v in fullest.items() if k != "Total"})
+        kinds = dict(max(ranks, key=lambda run: run.peak["Total"]).peak)
+        out[name] = MeasuredPeak(kinds.pop("Total"), kinds)
     return out
 
 

@@ -114,10 +114,14 @@ def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2, memory: 
         if tracing is not None:
             run.calls.append(calls)
         if tracker is not None:
-            peak = tracker.get_tracker_snapshot("peak")
-            run.peak = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in next(v for k, v in peak.items()
-                                                                             if str(k) == "cpu").items()}
+            run.peak = peak_by_kind(tracker)
     return run
+
+
+def peak_by_kind(tracker) -> dict[str, int]:
+    """A MemTracker's peak on the CPU after its step, in bytes by kind ("PARAM", "ACT", ..., "Total")."""
+    peak = tracker.get_tracker_snapshot("peak")
+    return {str(k).rsplit(".", 1)[-1]: int(v) for k, v in next(v for k, v in peak.items() if str(k) == "cpu").items()}
 
 
 def _memory_tracker(built):
