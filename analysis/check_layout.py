@@ -17,7 +17,7 @@ from commbench.costmodel import Hardware
 from commbench.proxies.layouts import layer_ops
 from commbench.proxies.layouts.calls import CHECKPOINTING
 from commbench.proxies.layouts.parallelism import LayoutError, Parallelism
-from commbench.proxies.profile import ProfileError, load_profile
+from commbench.proxies.profile import DTYPE_BYTES, ProfileError, load_profile
 from commbench.topology import Topology
 
 LAYOUT_FIELDS = {f.name for f in fields(Parallelism)}
@@ -66,9 +66,10 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str,
         raise LayoutCheckError(f"{record['model']}: {exc}") from exc
     if profile.transformer is None:
         raise LayoutCheckError(f"{name}: the profile has no transformer shape; left out")
-    # `train --layout` trains in float32 (proxies/layouts/train/run.py): 4-byte activations and messages; a replay
+    # `train --layout` trains in float32 (proxies/layouts/train/model.py): 4-byte activations and messages; a replay
     # sends the profile's widths
-    shape = replace(profile.transformer, dtype_bytes=4) if record.get("kind") == "train" else profile.transformer
+    trained = record.get("kind") == "train"
+    shape = replace(profile.transformer, dtype_bytes=DTYPE_BYTES["float32"]) if trained else profile.transformer
     block, dtype = (None, "") if at_rate else _block(name, record, hw, shape)
     world, nodes = int(record.get("world_size") or 0), int(record.get("nnodes") or 1)
     if world != par.world or nodes < 1 or world % nodes:

@@ -122,10 +122,10 @@ def predicted_layout_peak(par: Parallelism, transformer: TransformerShape, micro
     """proxies/layouts/memory.py's figure for one rank of `train --layout`'s step: float32 throughout, SGD with
     momentum, the embedding and head whole on every TP rank (its TP plan covers the decoder layers), gradients
     through the forward only under DDP (its buckets; one replica runs bare: proxies/layouts/train/build.py)."""
-    from commbench.proxies.layouts.train.model import replicas_wrapper
+    from commbench.proxies.layouts.train.model import TRAINED_DTYPE_BYTES, replicas_wrapper
 
     replicated = par.dp * par.cp > 1
     fsdp = replicated and replicas_wrapper(par) == "fsdp"
     choices = M.MemoryChoices(microbatch=microbatch, sharding="fsdp" if fsdp else "none",
                               gradients_held=replicated and not fsdp, vocab_parallel=False)
-    return M.memory_per_gpu(replace(transformer, dtype_bytes=4), par, choices, SGD_MOMENTUM_FP32)
+    return M.memory_per_gpu(replace(transformer, dtype_bytes=TRAINED_DTYPE_BYTES), par, choices, SGD_MOMENTUM_FP32)

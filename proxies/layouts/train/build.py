@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.layouts.train.model import (
     DIMENSIONS,
-    ModelShape,
+    Trained,
     check_trainable,
     llama,
     loss,
@@ -47,7 +47,7 @@ def _meshes(par: Parallelism):
     return mesh, dense, experts
 
 
-def _model(par: Parallelism, shape: ModelShape, mesh, experts):
+def _model(par: Parallelism, trained: Trained, mesh, experts):
     """The whole model on this rank: ring attention over "cp" (CP), the experts' MoE (EP), the TP plan."""
     from commbench.proxies.layouts.train.parts import tensor_parallel
 
@@ -59,24 +59,25 @@ def _model(par: Parallelism, shape: ModelShape, mesh, experts):
         attention = "commbench_ring"
         AttentionInterface.register(attention, ring_attention(mesh.get_group("cp")))
         AttentionMaskInterface.register(attention, lambda *args, **kwargs: None)
-    model = llama(shape, attention)
+    model = llama(trained, attention)
     if par.ep > 1:
-        _moe(model, shape, experts)
+        _moe(model, trained, experts)
     if par.tp > 1:
         tensor_parallel(model, mesh["tp"], par.sequence_parallel)
     return model
 
 
-def _moe(model, shape: ModelShape, experts) -> None:
+def _moe(model, trained: Trained, experts) -> None:
     """Every decoder layer's MLP replaced by an expert-parallel MoE, its experts FSDP2-sharded on "edp"
     (the ranks holding the same experts)."""
     from torch.distributed.fsdp import fully_shard
 
     from commbench.proxies.layouts.train.moe import ExpertParallelMoE
 
+    shape = trained.transformer
     for index, layer in enumerate(model.model.layers):
-        layer.mlp = ExpertParallelMoE(shape.hidden, shape.ffn, shape.experts, shape.top_k, experts.get_group("ep"),
-                                      seed=100 * (index + 1))
+        layer.mlp = ExpertParallelMoE(shape.hidden, trained.mlp_ffn, shape.experts, shape.top_k,
+                                      experts.get_group("ep"), seed=100 * (index + 1))
         fully_shard(layer.mlp.experts_here, mesh=experts["edp"])
 
 
@@ -98,21 +99,21 @@ def _replicas(par: Parallelism, dense):
     return wrap
 
 
-def _rank_tokens(par: Parallelism, shape: ModelShape, mesh):
+def _rank_tokens(par: Parallelism, trained: Trained, mesh):
     """This rank's inputs, labels and positions: its data-parallel rank's batch, its CP block of the sequence."""
     import torch
 
-    inputs, labels = tokens(shape, seed=mesh["dp"].get_local_rank())
-    block = shape.seq_len // par.cp
+    inputs, labels = tokens(trained, seed=mesh["dp"].get_local_rank())
+    block = trained.transformer.seq_len // par.cp
     positions = torch.arange(mesh["cp"].get_local_rank() * block, (mesh["cp"].get_local_rank() + 1) * block)
     return inputs[:, positions], labels[:, positions], positions.unsqueeze(0)
 
 
-def _dense(par: Parallelism, shape: ModelShape, mesh, dense, experts):
+def _dense(par: Parallelism, trained: Trained, mesh, dense, experts):
     """The model without a pipeline, and its step: (forward + backward) -> loss."""
-    model = _model(par, shape, mesh, experts)
+    model = _model(par, trained, mesh, experts)
     run = _replicas(par, dense)(model, list(model.model.layers))
-    inputs, labels, positions = _rank_tokens(par, shape, mesh)
+    inputs, labels, positions = _rank_tokens(par, trained, mesh)
 
     def step():
         value = loss(run(input_ids=inputs, position_ids=positions).logits, labels)
@@ -121,12 +122,13 @@ def _dense(par: Parallelism, shape: ModelShape, mesh, dense, experts):
     return [run], step
 
 
-def _stage_examples(par: Parallelism, shape: ModelShape):
+def _stage_examples(par: Parallelism, trained: Trained):
     """A stage's micro-batch input and output (first, last) -> (tensor, tensor): tokens in, logits out, hidden
     states between; this rank's CP block of the sequence, and under SP this TP rank's part of it."""
     import torch
 
-    rows, length = shape.batch // par.microbatches, shape.seq_len // par.cp
+    shape = trained.transformer
+    rows, length = trained.batch // par.microbatches, shape.seq_len // par.cp
     between = torch.empty(rows, length // (par.tp if par.sequence_parallel else 1), shape.hidden,
                           requires_grad=True)  # a gradient goes back: the stage receives and sends one
 
@@ -136,14 +138,14 @@ def _stage_examples(par: Parallelism, shape: ModelShape):
     return examples
 
 
-def _pipelined(par: Parallelism, shape: ModelShape, mesh, dense, experts):
+def _pipelined(par: Parallelism, trained: Trained, mesh, dense, experts):
     """The pipeline stages of this rank and their step: the schedule over the micro-batches."""
     from commbench.proxies.layouts.train.parts import pipeline_schedule, pipeline_stages
 
-    model = _model(par, shape, mesh, experts)
-    inputs, labels, positions = _rank_tokens(par, shape, mesh)
+    model = _model(par, trained, mesh, experts)
+    inputs, labels, positions = _rank_tokens(par, trained, mesh)
     stages = pipeline_stages(model, mesh, par.virtual_stages, positions, _replicas(par, dense),
-                             _stage_examples(par, shape))
+                             _stage_examples(par, trained))
     schedule = pipeline_schedule(stages, par.pp_schedule, par.microbatches, loss)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
 
@@ -171,16 +173,16 @@ class BuiltLayout:
         return value
 
 
-def build_layout(par: Parallelism, shape: ModelShape) -> BuiltLayout:
-    """The model of `shape` laid out as `par` on this rank's initialised gloo process group (every rank
+def build_layout(par: Parallelism, trained: Trained) -> BuiltLayout:
+    """The model of `trained` laid out as `par` on this rank's initialised gloo process group (every rank
     calls it: the mesh's groups are made collectively), with its SGD optimizer."""
     import torch
     import torch.distributed as dist
 
-    check_trainable(par, shape, dist.get_world_size())
+    check_trainable(par, trained, dist.get_world_size())
     mesh, dense, experts = _meshes(par)
     torch.manual_seed(0)  # the same initial weights on every rank
-    modules, forward_backward = (_pipelined if par.pp > 1 else _dense)(par, shape, mesh, dense, experts)
+    modules, forward_backward = (_pipelined if par.pp > 1 else _dense)(par, trained, mesh, dense, experts)
     # taken before the first forward: DDP over TP parameters swaps the module's own for DTensors in each forward
     parameters = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)

@@ -1,9 +1,9 @@
 """Parallel layouts trained for real on CPU ranks: the ground truth of the layout plans.
 
-A layout runs a small transformers LlamaForCausalLM (`ModelShape`; an expert-parallel MoE in place of
-every MLP for EP) on a 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost; EP groups are ep consecutive
-ranks of the flattened (dp, cp) ranks (proxies/layouts/train/build.py builds it on a rank). `run_layout`
-trains it on an initialised gloo group and traces each call of the last steps
+A layout runs a small transformers LlamaForCausalLM (`Trained`: a profile's TransformerShape and a batch;
+an expert-parallel MoE in place of every MLP for EP) on a 4-D mesh ("pp", "dp", "cp", "tp"), tp innermost;
+EP groups are ep consecutive ranks of the flattened (dp, cp) ranks (proxies/layouts/train/build.py builds it
+on a rank). `run_layout` trains it on an initialised gloo group and traces each call of the last steps
 (proxies/layouts/train/trace.py); `train_layouts` spawns the local ranks.
 
 What torch 2.14.1 issues per optimizer step, per rank (tests/unit/proxies/layouts/train/test_local_layouts.py pins
@@ -48,13 +48,13 @@ import time
 from dataclasses import dataclass, field
 
 from commbench.proxies.layouts.train.build import build_layout
-from commbench.proxies.layouts.train.model import ModelShape, check_trainable
+from commbench.proxies.layouts.train.model import Trained, check_trainable
 from commbench.proxies.layouts.train.trace import trace_mode
 
-__all__ = ["LayoutRun", "ModelShape", "build_layout", "run_layout", "train_layouts", "trained_shape"]
+__all__ = ["LayoutRun", "Trained", "build_layout", "run_layout", "train_layouts", "trained_shape"]
 
 
-def trained_shape(par, transformer, microbatch: int) -> ModelShape:
+def trained_shape(par, transformer, microbatch: int) -> Trained:
     """The shape a layout (proxies/layouts/parallelism.py's Parallelism, as `--layout` spells it) trains of a profile's
     transformer here: each data-parallel rank runs `microbatch` x the pipeline's micro-batches sequences a step.
     One ValueError for what this trainer cannot run: where there are replicas, a data-parallel part other
@@ -77,9 +77,9 @@ def trained_shape(par, transformer, microbatch: int) -> ModelShape:
     if par.pp == 1 and par.microbatches > 1:
         raise ValueError("train --layout runs micro-batches through a pipeline only: without pp give --microbatch "
                          "(sequences per step), not --microbatches")
-    shape = ModelShape.of(transformer, batch=microbatch * par.microbatches)
-    check_trainable(par, shape)
-    return shape
+    trained = Trained.of(transformer, batch=microbatch * par.microbatches)
+    check_trainable(par, trained)
+    return trained
 
 
 @dataclass
@@ -93,14 +93,14 @@ class LayoutRun:
     peak: dict | None = None  # memory=True: the last step's peak bytes by kind (MemTracker's), "Total" among them
 
 
-def run_layout(par, shape: ModelShape, steps: int = 4, traced: int = 2, memory: bool = False) -> LayoutRun:
+def run_layout(par, trained: Trained, steps: int = 4, traced: int = 2, memory: bool = False) -> LayoutRun:
     """Train `steps` optimizer steps (SGD) of a layout (a Parallelism) on this rank's initialised gloo process group and
     trace the last `traced`: every call each issues, by mesh dimension; with `memory`, no call traced, the last
     step's peak memory instead (torch's MemTracker: every tensor's storage by kind; not under a pipeline, whose
     stages call a module once per micro-batch, which MemTracker refuses)."""
     import torch.distributed as dist
 
-    built = build_layout(par, shape)
+    built = build_layout(par, trained)
     run = LayoutRun(dist.get_rank(), built.coordinates)
     for index in range(steps):
         calls = []

@@ -22,10 +22,11 @@ def train_layout_steps(ctx) -> None:
 
     cfg, backend = ctx.cfg, ctx.backend
     par = cfg.layout
-    shape = trained_shape(par, ctx.profile.transformer, cfg.microbatch)
+    trained = trained_shape(par, ctx.profile.transformer, cfg.microbatch)
+    shape = trained.transformer
     torch.set_num_threads(1)  # CPU ranks sharing the host's cores, as the replay's
-    built = build_layout(par, shape)
-    ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
+    built = build_layout(par, trained)
+    ctx.batch = trained.batch  # sequences per replica and step
     pipeline = (f"; pipeline {par.pp_schedule}" + (f" with {par.virtual_stages} virtual stages"
                                                    if par.virtual_stages > 1 else "")) if par.pp > 1 else ""
     wrapper = {"fsdp": "FSDP2", "ddp": "DDP"}[replicas_wrapper(par)]

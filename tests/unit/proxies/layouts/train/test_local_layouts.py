@@ -14,15 +14,16 @@ import pytest
 from conftest import clean_env
 
 from commbench.proxies.layouts.parallelism import Parallelism
-from commbench.proxies.layouts.train.local import ModelShape, train_layouts
+from commbench.proxies.layouts.train.local import Trained, train_layouts
 from commbench.proxies.layouts.train.model import check_trainable
 from commbench.proxies.layouts.train.trace import totals
 from commbench.proxies.profile import load_profile
 
 F32 = 4
 # the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2
-DENSE = ModelShape.of(load_profile("llama-tiny").transformer, batch=4)
-MOE = dataclasses.replace(DENSE, experts=4, top_k=2)
+TINY = load_profile("llama-tiny").transformer
+DENSE = Trained.of(TINY, batch=4)
+MOE = Trained.of(dataclasses.replace(TINY, experts=4, top_k=2, expert_ffn=TINY.ffn), batch=4)
 
 
 def _layout(world: int = 4, setup: str = "fsdp-full", **degrees) -> Parallelism:
@@ -106,9 +107,10 @@ def _ddp(parameter_nbytes, forwards, group="dp"):
 def _beside_a_pipeline(name, rank):
     """The layouts whose data-parallel part is DDP, or whose pipeline has CP or EP beside it: each dimension's
     calls per micro-batch on this rank's stage, times the micro-batches (rank = pp x 2 + the other index)."""
-    spec, shape = LAYOUTS[name]
+    spec, trained = LAYOUTS[name]
+    shape, batch = trained.transformer, trained.batch
     stage, micro = (rank // (spec.world // spec.pp), spec.microbatches) if spec.pp > 1 else (0, 1)
-    rows, length = shape.batch // micro, shape.seq_len // spec.cp
+    rows, length = batch // micro, shape.seq_len // spec.cp
     layers = shape.layers // spec.pp
     first, last = stage == 0, stage == spec.pp - 1
     elements = layers * _layer_elements(shape, spec.tp, bool(shape.experts)) + _root(shape, first, last) // F32
@@ -142,10 +144,11 @@ def _beside_a_pipeline(name, rank):
 
 
 def _expected(name, rank):
-    spec, shape = LAYOUTS[name]
+    spec, trained = LAYOUTS[name]
+    shape, batch = trained.transformer, trained.batch
     if spec.setup == "ddp" or (spec.pp > 1 and (spec.cp * spec.ep > 1 or spec.sequence_parallel)):
         return _beside_a_pipeline(name, rank)
-    activation = shape.batch * shape.seq_len * shape.hidden * F32
+    activation = batch * shape.seq_len * shape.hidden * F32
     layers = shape.layers
     if name == "dp4":
         return _fsdp(F32 * _layer_elements(shape), layers, [_root(shape)], "dp")
@@ -177,7 +180,7 @@ def _expected(name, rank):
         return calls
     if name.startswith("cp2"):
         calls = _fsdp(F32 * _layer_elements(shape), layers, [_root(shape)], "dp_cp")
-        block = 2 * shape.batch * shape.seq_len // spec.cp * shape.kv_heads * shape.head_dim * F32  # keys and values
+        block = 2 * batch * shape.seq_len // spec.cp * shape.kv_heads * shape.head_dim * F32  # keys and values
         steps = (spec.cp - 1) + (spec.cp - 1) + spec.cp  # forward ring, backward ring, gradients home
         calls.update({("send", block, "cp"): steps * layers, ("recv", block, "cp"): steps * layers})
         return calls
@@ -213,8 +216,9 @@ def test_expert_parallel_all_to_all_moves_every_token_copy(runs):
     (dispatch, backward of the combine) or receives (combine, backward of the dispatch) the T x k copies
     of hidden states, T tokens of this rank; what crosses the other way depends on the routing, and over
     an EP group what is sent is what is received."""
-    spec, shape = LAYOUTS["ep2 dp4"]
-    copies = shape.batch * shape.seq_len * shape.top_k * shape.hidden * F32
+    spec, trained = LAYOUTS["ep2 dp4"]
+    shape, batch = trained.transformer, trained.batch
+    copies = batch * shape.seq_len * shape.top_k * shape.hidden * F32
     routed = set()
     for group in ((0, 1), (2, 3)):  # the EP groups: consecutive ranks
         tokens = [[c for c in runs["ep2 dp4"][r].calls[-1] if c.collective == "alltoall" and c.dtype == "float32"]
@@ -273,11 +277,12 @@ def test_expert_parallelism_beside_a_pipeline_or_tp_trains_the_same_mixture(runs
 
 def test_totals_sum_a_steps_calls_by_group(runs):
     """The form the layout plans' step totals take: (group, collective) -> (calls, bytes)."""
-    _, shape = LAYOUTS["cp2 dp2"]
+    _, trained = LAYOUTS["cp2 dp2"]
+    shape, batch = trained.transformer, trained.batch
     calls = runs["cp2 dp2"][0].calls[-1]
     summed = totals(calls)
     assert sum(count for count, _ in summed.values()) == len(calls)
-    block = 2 * shape.batch * shape.seq_len // 2 * shape.kv_heads * shape.head_dim * F32
+    block = 2 * batch * shape.seq_len // 2 * shape.kv_heads * shape.head_dim * F32
     assert summed[("cp", "send")] == (4 * shape.layers, 4 * shape.layers * block)
 
 
@@ -291,7 +296,7 @@ def test_step_times_are_recorded(runs):
     (_layout(pp=4, virtual_stages=2, pp_schedule="interleaved"), 4, "8 pipeline stages for the model's 4 layers"),
     (_layout(ep=3, world=6, tp=2), 6, "ep = 3 does not divide the model's 4 experts"),
     (_layout(pp=2, virtual_stages=2), 4, "--virtual-stages 2 needs --pp-schedule interleaved"),
-    (_layout(pp=2, world=2, microbatches=3), 2, "3 micro-batches or the sequence split"),
+    (_layout(pp=2, world=2, microbatches=3), 2, "3 micro-batches of 4 sequences or the sequence split"),
     (_layout(tp=2, setup="zero1"), 4, "data parallelism 'zero1'"),
 ])
 def test_a_layout_that_cannot_run_is_refused(par, world, says):
@@ -300,9 +305,12 @@ def test_a_layout_that_cannot_run_is_refused(par, world, says):
 
 
 def test_a_shape_this_llama_cannot_build_is_refused():
-    assert DENSE.ffn == 176 and DENSE.vocab == 1024  # from the profile, not the defaults
+    assert DENSE.transformer.ffn == 176 and DENSE.transformer.vocab == 1024  # the profile's, at fp32's width
+    assert DENSE.transformer.dtype_bytes == F32 and TINY.dtype_bytes == 2
     with pytest.raises(ValueError, match="q_lora_rank, shared_experts, dense_layers"):
-        ModelShape.of(load_profile("deepseek-v3").transformer, batch=1)
+        Trained.of(load_profile("deepseek-v3").transformer, batch=1)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        Trained.of(TINY, batch=0)
 
 
 def test_a_rank_that_fails_ends_the_job_in_one_error():
@@ -319,11 +327,10 @@ def _planned(name: str, rank: int):
     """proxies/layouts/calls.step_bytes in torch's style for this layout and the rank's pipeline stage."""
     from commbench.proxies.layouts.calls import step_bytes
 
-    spec, shape = LAYOUTS[name]
-    moe = {"experts": shape.experts, "top_k": shape.top_k, "expert_ffn": shape.ffn} if shape.experts else {}
-    model = dataclasses.replace(load_profile("llama-tiny").transformer, dtype_bytes=F32, **moe)
+    spec, trained = LAYOUTS[name]
+    shape, batch = trained.transformer, trained.batch
     micro = spec.microbatches if spec.pp > 1 else 1
-    return step_bytes(spec, model, shape.batch // micro, stage=spec.coords(rank)["pp"], style="torch")
+    return step_bytes(spec, shape, batch // micro, stage=spec.coords(rank)["pp"], style="torch")
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "dp4"])
