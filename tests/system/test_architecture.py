@@ -38,7 +38,7 @@ FLOORS = {
         "commbench.analysis.scale_terms", "commbench.analysis.provenance",
         "commbench.analysis.predict", "commbench.analysis.predict_scaling", "commbench.analysis.predict_layout",
         "commbench.analysis.layout_search",
-        "commbench.proxies.profile",
+        "commbench.proxies.profile", "commbench.proxies.profile_types",
         "commbench.proxies.buckets", "commbench.proxies.timeline", "commbench.proxies.catalog",
         "commbench.proxies.setups", "commbench.proxies.setup_steps", "commbench.proxies.comm_plan",
         "commbench.proxies.models*", "commbench.proxies.units", "commbench.proxies.transformer",

@@ -30,8 +30,9 @@ import numpy as np
 
 from commbench.backends.base import BackendError
 from commbench.backends.cuda import kernels as K
+from commbench.backends.cuda.buffers import Allocation, GpuBuffer
 from commbench.backends.cuda.device import launch_on, oom_or, rank_gpu, require_gpu, store_dtype
-from commbench.backends.cuda.sched import Allocation, CudaBackend, GpuBuffer, resolve_mode
+from commbench.backends.cuda.sched import CudaBackend, resolve_mode
 from commbench.backends.schedule_base import job_topology
 from commbench.collectives import DType
 from commbench.launch import peer_wait_s

@@ -31,7 +31,7 @@ small-message times measure the launch rate; `--graph` measures the GPU's latenc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +40,7 @@ from commbench.backends.base import BackendError
 from commbench.backends.control import LocalControl
 from commbench.backends.cuda import kernels as K
 from commbench.backends.cuda import plan as P
+from commbench.backends.cuda.buffers import Allocation, GpuBuffer
 from commbench.backends.cuda.device import (
     MEMCPY_DEFAULT,
     enable_peer_access,
@@ -57,30 +58,6 @@ from commbench.backends.schedule_base import ScheduleBackend
 from commbench.collectives import DType
 from commbench.schedule import Schedule
 from commbench.topology import Topology, TopologyError, parse_topology
-
-
-@dataclass
-class Allocation:
-    """One allocation per rank of the job; `bases` holds each rank's device address as
-    this process sees it (peers' arrive through IPC handles in ipc mode)."""
-    seq: int
-    bases: dict[int, int] = field(default_factory=dict)
-    handle: bytes | None = None  # ipc: this rank's cudaIpcMemHandle
-    memory: Any = None  # ipc: the unpooled cupy.cuda.Memory behind this rank's array
-
-
-@dataclass
-class GpuBuffer:
-    """Elements [offsets[r], offsets[r] + count) of every rank's allocation; `arrays` are
-    the local ranks' CuPy views of them."""
-    arrays: dict[int, Any]
-    alloc: Allocation
-    offsets: dict[int, int]
-    count: int
-    dtype: DType
-
-    def pointer(self, rank: int) -> int:
-        return self.alloc.bases[rank] + self.offsets[rank] * self.dtype.itemsize
 
 
 def resolve_mode(mode: str, launcher: str, world: int, gpus: int) -> str:
