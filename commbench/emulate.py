@@ -10,7 +10,7 @@ Layout of a cluster `TAG` of N nodes (docs/emulation.md):
   has no netem, so a link has a rate and veth's own (microsecond) latency.
 Nothing is created in, or changed of, the host's own network namespace.
 
-Each cluster has a state file under STATE_DIR, written before anything is created, that names
+Each cluster has a state file under cluster_state.STATE_DIR, written before anything is created, that names
 its owner: the commbench process of an `--emulate` run (the cluster goes when it ends), or none
 for `commbench emulate up` (kept until `down`). `clean` removes every cluster whose owner has died,
 and any `cbemu-` namespace that no state file accounts for, with the processes still inside,
@@ -18,29 +18,33 @@ and the shared-memory segments of its runs. How a job runs on a cluster: emulate
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 
-from commbench.files import UnreadableFile, read_small
+from commbench import cluster_state
+from commbench.cluster_state import (
+    MAX_NODES,
+    MAX_RATE_BPS,
+    MIN_RATE_BPS,
+    PREFIX,
+    Cluster,
+    remove_file,
+    start_time,
+    state_files,
+    state_path,
+    tag_of,
+    write_state,
+)
 from commbench.launch import remove_segments
 
-PREFIX = "cbemu-"
-STATE_DIR = os.environ.get("COMMBENCH_EMULATE_STATE", "/run/commbench/emulate")
 NIC = "cbnic"  # every node's interface, inside its own namespace
-SUBNET = "198.18.0."  # node I is SUBNET + (I + 1), /24, in every cluster (each has its own switch)
 RDZV_PORT = 29400  # torchrun's c10d rendezvous, on node 0's address (inside the cluster only)
-MAX_NODES = 64
-MIN_RATE_BPS, MAX_RATE_BPS = 1_000_000, 100_000_000_000
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 TBF_LATENCY_MS = 100  # tbf's queue: what a link holds at its rate before it drops (TCP backs off then)
 GSO_BYTES = 65536 + 1500  # a veth hands tbf segments of up to 64 KiB (GSO): the bucket must hold one
@@ -49,42 +53,6 @@ CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 
 class EmulateError(RuntimeError):
     """The cluster cannot be built or used (one line for the user)."""
-
-
-@dataclass(frozen=True)
-class Cluster:
-    tag: str
-    nodes: int
-    ranks_per_node: int
-    rate_bps: int
-    owner_pid: int | None = None  # None: kept until `commbench emulate down`
-    owner_start: int | None = None  # the owner's start time (clock ticks since boot): pids are reused
-    created: float = 0.0
-
-    @property
-    def switch(self) -> str:
-        return f"{PREFIX}{self.tag}-sw"
-
-    def node(self, index: int) -> str:
-        return f"{PREFIX}{self.tag}-n{index}"
-
-    @staticmethod
-    def address(index: int) -> str:
-        return f"{SUBNET}{index + 1}"
-
-    @property
-    def namespaces(self) -> list[str]:
-        return [self.node(i) for i in range(self.nodes)] + [self.switch]
-
-    @property
-    def shape(self) -> str:
-        return f"{self.nodes}x{self.ranks_per_node}"
-
-    def alive(self) -> bool:
-        """Kept on purpose (no owner), or its owner still runs."""
-        if self.owner_pid is None:
-            return True
-        return self.owner_pid > 0 and _start_time(self.owner_pid) == self.owner_start
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -137,12 +105,13 @@ def require_privileges(what: str = "--emulate") -> None:
         raise EmulateError(f"{what} needs root to create network namespaces ({' and '.join(lacking)} missing: "
                            f"run as root, e.g. sudo, or in a container with --cap-add NET_ADMIN --cap-add "
                            f"SYS_ADMIN)")
+    state = cluster_state.STATE_DIR
     try:
-        os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
+        os.makedirs(state, mode=0o755, exist_ok=True)
     except OSError as exc:
-        raise EmulateError(f"{what} keeps its clusters' state in {STATE_DIR}: {exc.strerror or exc}") from None
-    if not os.access(STATE_DIR, os.W_OK):
-        raise EmulateError(f"{what} keeps its clusters' state in {STATE_DIR}, which this user cannot write")
+        raise EmulateError(f"{what} keeps its clusters' state in {state}: {exc.strerror or exc}") from None
+    if not os.access(state, os.W_OK):
+        raise EmulateError(f"{what} keeps its clusters' state in {state}, which this user cannot write")
 
 
 def _has_capability(bit: int) -> bool:
@@ -163,11 +132,12 @@ def create(nodes: int, ranks_per_node: int, rate_bps: int, owned: bool = True) -
     require_privileges()
     me = os.getpid()
     cluster = Cluster(uuid.uuid4().hex[:8], nodes, ranks_per_node, rate_bps, me if owned else None,
-                      _start_time(me) if owned else None, round(time.time(), 3))
+                      start_time(me) if owned else None, round(time.time(), 3))
     try:
-        _write_state(cluster)
+        write_state(cluster)
     except OSError as exc:
-        raise EmulateError(f"cannot write the cluster's state in {STATE_DIR}: {exc.strerror or exc}") from None
+        raise EmulateError(f"cannot write the cluster's state in {cluster_state.STATE_DIR}: "
+                           f"{exc.strerror or exc}") from None
     try:
         _ip("netns", "add", cluster.switch)
         _ip("-n", cluster.switch, "link", "add", "br0", "type", "bridge")
@@ -204,13 +174,13 @@ def _shape(ns: str, dev: str, rate_bps: int) -> None:
 def destroy(cluster: Cluster) -> None:
     """Stop whatever still runs inside the cluster, remove its namespaces (their links go with them),
     its runs' shared memory and its state file. Safe to call on a half-built or half-removed cluster."""
-    present = [ns for ns in namespaces() if _tag_of(ns) == cluster.tag]  # an orphan node too (cbemu-TAG-n5 alone)
+    present = [ns for ns in namespaces() if tag_of(ns) == cluster.tag]  # an orphan node too (cbemu-TAG-n5 alone)
     _kill_inside(present)
     for ns in present:
         _run(["ip", "netns", "del", ns], check=False)
     remove_segments(cluster.tag, tagged=True)
     try:
-        os.unlink(_state_path(cluster.tag))
+        os.unlink(state_path(cluster.tag))
     except FileNotFoundError:
         pass
 
@@ -277,29 +247,15 @@ def clusters() -> list[Cluster]:
     state file removed by hand leaves such namespaces; `clean` then removes them)."""
     listed = namespaces()  # before the state files: a cluster's state is written before its namespaces, so
     found: dict[str, Cluster] = {}  # any namespace seen here has a state file by the time they are read
-    for name in _state_names():
-        cluster = _read_state(os.path.join(STATE_DIR, name))
-        if cluster is not None and name == f"{cluster.tag}.json":  # a file is its own cluster's only
+    for _, cluster in state_files():
+        if cluster is not None:
             found[cluster.tag] = cluster
     for ns in listed:
-        tag = _tag_of(ns)
+        tag = tag_of(ns)
         if tag is not None and tag not in found:  # nobody owns it: -1 is no process
             count = sum(1 for other in listed if other.startswith(f"{PREFIX}{tag}-n"))
             found[tag] = Cluster(tag, count, 0, 0, owner_pid=-1, owner_start=None)
     return list(found.values())
-
-
-def _tag_of(ns: str) -> str | None:
-    """The cluster tag of a namespace commbench makes (cbemu-TAG-sw, cbemu-TAG-nI), else None."""
-    match = re.fullmatch(rf"{PREFIX}([0-9a-f]+)-(?:sw|n\d+)", ns)
-    return match.group(1) if match else None
-
-
-def _state_names() -> list[str]:
-    try:
-        return sorted(name for name in os.listdir(STATE_DIR) if name.endswith(".json"))
-    except OSError:
-        return []
 
 
 def find(tag: str) -> Cluster:
@@ -317,61 +273,10 @@ def clean() -> list[Cluster]:
     gone = [cluster for cluster in found if not cluster.alive()]
     for cluster in gone:
         destroy(cluster)
-    for name in _state_names():  # read again: a cluster made meanwhile has a well-formed file of its own
-        cluster = _read_state(os.path.join(STATE_DIR, name))
-        if cluster is None or name != f"{cluster.tag}.json":
-            _remove_file(os.path.join(STATE_DIR, name))
+    for path, cluster in state_files():  # read again: a cluster made meanwhile has a well-formed file of its own
+        if cluster is None:
+            remove_file(path)
     return gone
-
-
-def _remove_file(path: str) -> None:
-    try:
-        if stat.S_ISREG(os.lstat(path).st_mode):
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def _state_path(tag: str) -> str:
-    return os.path.join(STATE_DIR, f"{tag}.json")
-
-
-def _write_state(cluster: Cluster) -> None:
-    os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
-    path = _state_path(cluster.tag)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(asdict(cluster), handle)
-    os.replace(path + ".tmp", path)
-
-
-def _read_state(path: str) -> Cluster | None:
-    """A state file, parsed as JSON and checked field by field (a damaged one is skipped, not trusted)."""
-    try:
-        data = json.loads(read_small(path, 4096, "a cluster's state"))
-        tag = data["tag"]
-        if not (isinstance(tag, str) and re.fullmatch(r"[0-9a-f]{1,32}", tag)):
-            return None
-        ints = {key: data.get(key) for key in ("nodes", "ranks_per_node", "rate_bps", "owner_pid", "owner_start")}
-        if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()):
-            return None
-        created = float(data.get("created") or 0.0)
-        if not (0 <= (ints["nodes"] or 0) <= MAX_NODES and 0 <= (ints["ranks_per_node"] or 0) <= 1 << 16
-                and 0 <= (ints["rate_bps"] or 0) <= MAX_RATE_BPS and math.isfinite(created)):
-            return None
-        return Cluster(tag, ints["nodes"] or 0, ints["ranks_per_node"] or 0, ints["rate_bps"] or 0,
-                       ints["owner_pid"], ints["owner_start"], created)
-    except (UnreadableFile, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return None if fields[0] == "Z" else int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------------------- commands run

@@ -151,7 +151,7 @@ def _calls_and_marks(times: StepTimes) -> dict[str, Any]:
 def run_proxy(cfg, launch, argv: list[str]) -> int:
     """The `proxy` job on this rank; returns the exit code."""
     if cfg.layout:  # a parallel layout (proxy --layout)
-        from commbench.proxies.layouts.replay import replay_layout_steps
+        from commbench.proxies.layouts.replay_run import replay_layout_steps
 
         return run_rank(cfg, launch, argv, replay_layout_steps, kind="proxy")
     return run_rank(cfg, launch, argv, _replay_steps, kind="proxy")

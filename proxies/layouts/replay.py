@@ -1,6 +1,7 @@
 """Replay a parallel layout's communication on real ranks (torch.distributed), with the compute emulated.
 
-`commbench proxy MODEL --layout tp2,dp2 -N 4` runs this on each rank. Every rank makes the process groups of
+`commbench proxy MODEL --layout tp2,dp2 -N 4` runs this on each rank (proxies/layouts/replay_run.py: its
+header and records). Every rank makes the process groups of
 every dimension (tp, cp, ep and the data-parallel replicas, dp x cp: every group, in one order on all ranks,
 as torch.distributed.new_group needs). Each step, a rank runs its pipeline stage's passes in the schedule's
 order (proxies/layouts/pipeline.py):
@@ -33,14 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import zip_longest
 
 from commbench.backends.torch_calls import issue
-from commbench.launch import peer_wait_s
 from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.layouts.calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
-from commbench.proxies.layouts.compute import RankCompute, measure_on_ranks
+from commbench.proxies.layouts.compute import RankCompute
 from commbench.proxies.layouts.parallelism import Parallelism
 from commbench.proxies.layouts.pipeline import Pass, order
 from commbench.proxies.layouts.stage_share import stage_layer_ranges, stage_profile
@@ -318,70 +318,6 @@ class LayoutReplay:
         full, shard = self._buffer(count, "dp full", dtype), self._buffer(count // size, "dp shard", dtype)
         send, recv = {"allgather": (shard, full), "reduce_scatter": (full, shard)}.get(comm.collective, (full, full))
         return issue(dist, comm.collective, send, recv, group)
-
-
-def replay_layout_steps(ctx) -> None:
-    """The `proxy --layout` body on one rank (proxies/context.py's RankContext): the header, then each step's
-    record."""
-    import torch
-
-    cfg, backend = ctx.cfg, ctx.backend
-    par = cfg.layout
-    shape = ctx.profile.transformer
-    torch.set_num_threads(1)  # the ranks share the host's cores, as train --layout's do
-    rate = cfg.tflops * 1e6 if cfg.compute == "flops" and cfg.tflops else 0.0
-    measured, cpu_time = measure_on_ranks(ctx, par, shape) if cfg.compute == "measured" else (None, False)
-    if cfg.compute == "block":
-        from commbench.costmodel.compute import compute_from_dict
-        from commbench.proxies.layouts.compute import from_block
-
-        block = compute_from_dict(cfg.compute_block)
-        measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],
-                              block.meta.get("dtype", "float32"))
-        cpu_time = block.meta.get("clock") == "thread CPU time"  # spun as it was measured: this thread's CPU time
-    replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, checkpointing=cfg.checkpointing,
-                          rate=rate, limit_s=peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
-    backend.barrier()
-    source = f"the compute block of {cfg.compute_block['device']}" if cfg.compute == "block" else "measured"
-    label = f"flops at {cfg.tflops:g} TFLOP/s" if rate else \
-        (source + (" (CPU time)" if cpu_time else "")) if measured else "none"
-    per_step = "; ".join(f"{dim} {c.collective} x{c.count} {c.phase} of {c.nbytes:,d} B"
-                         for dim in ("tp", "cp", "ep") for c in layer_calls(par, shape, cfg.microbatch,
-                                                                            cfg.checkpointing, shape.moe)
-                         if c.dim == dim)
-    ctx.batch = cfg.microbatch * par.microbatches  # sequences per replica and step
-    ctx.start(label, [f"layout {par.name} on {par.world} ranks: stage {replay.stage} of {par.pp} here, "
-                      f"{par.microbatches} micro-batch(es) of {cfg.microbatch} sequence(s) of {shape.seq_len} tokens, "
-                      f"{'no' if cfg.checkpointing == 'none' else cfg.checkpointing} activation checkpointing; "
-                      "per layer and micro-batch: "
-                      f"{per_step or 'no calls'}" + (f"; pipeline {par.pp_schedule}" + (
-                          f" with {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "") +
-                          f", sends of {replay.boundary_nbytes:,d} B" if par.pp > 1 else ""),
-                      "compute emulated (" + label + _measured_text(measured) + "); step = compute + exposed + "
-                      "other: exposed is the time the rank waited for its calls and its pipeline neighbours (comm = "
-                      "exposed); " + _dp_text(replay)],
-              {"layout": par.to_dict(), **({"layout_compute_us": asdict(measured)} if measured else {})})
-    ctx.fixed["layout"] = par.to_dict()
-    backend.barrier()
-    for index in range(cfg.warmup_steps + cfg.steps):
-        figures = replay.step()
-        ctx.record(index, {"compute_us": figures.compute_us, "comm_us": figures.exposed_us,
-                           "exposed_comm_us": figures.exposed_us, "step_us": figures.step_us,
-                           "other_us": figures.other_us},
-                   {"layout": par.name, "exposed_by_dim_us": dict(figures.by_dim_us)})
-
-
-def _measured_text(measured: RankCompute | None) -> str:
-    return f": {measured.text()} per micro-batch (optimizer: per step), each the slowest rank's" if measured else ""
-
-
-def _dp_text(replay: LayoutReplay) -> str:
-    par, plan = replay.par, replay.dp_plan
-    if plan is None:
-        return "no data-parallel replicas"
-    by = ", ".join(f"{n} {c} ({b / 2**20:.2f} MiB)" for (c, g), (n, b) in plan.bytes_by().items() if g != "cross")
-    return (f"data parallel: setup {par.setup} on dp x cp = {par.dp * par.cp} ranks, {by or 'no calls'} of this "
-            "stage's share, overlapped with the rank's last forward and backward as the setup's plan issues them")
 
 
 def _ordered(calls: list[LayerCall]) -> list[LayerCall]:

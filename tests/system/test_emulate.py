@@ -17,6 +17,7 @@ import time
 import pytest
 from conftest import clean_env, commbench, results_of
 
+from commbench import cluster_state as S
 from commbench import emulate as E
 from commbench import emulated_run as R
 from commbench.results import read_records
@@ -83,7 +84,7 @@ def test_cpu_bound_warning_compares_links_with_the_host():
 
 
 def test_damaged_state_file_is_skipped_not_trusted(tmp_path, monkeypatch):
-    monkeypatch.setattr(E, "STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(S, "STATE_DIR", str(tmp_path))
     monkeypatch.setattr(E, "namespaces", lambda: [])
     (tmp_path / "a.json").write_text("{not json")
     (tmp_path / "b.json").write_text(json.dumps({"tag": "../etc", "nodes": 2}))
@@ -97,13 +98,13 @@ def test_damaged_state_file_is_skipped_not_trusted(tmp_path, monkeypatch):
 def test_clean_removes_exit_folders_of_runs_that_died_only(tmp_path, monkeypatch):
     """A SIGKILLed `--emulate` parent leaves its ranks' exit-code folder: `clean` removes it, and
     leaves a live cluster's, another name's, and the state file that is not its cluster's own."""
-    monkeypatch.setattr(E, "STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(S, "STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setattr(E, "namespaces", lambda: [])
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "state").mkdir()
     (tmp_path / "tmp").mkdir()
     kept = E.Cluster("c0ffee", 2, 1, 10**9, owner_pid=None)
-    E._write_state(kept)
+    S.write_state(kept)
     (tmp_path / "state" / "zzz.json").write_text(json.dumps(dict(
         kept.__dict__, owner_pid=1, owner_start=-1)))  # the kept cluster's tag, a dead owner: not its file
     for name in ("commbench-dead01-exits-x1y2", "commbench-c0ffee-exits-abc", "commbench-other"):
@@ -199,7 +200,7 @@ def test_cluster_is_built_rate_limited_and_removed(cluster):
     assert [c.tag for c in E.clusters() if c.tag == cluster.tag] == [cluster.tag]
     E.destroy(cluster)
     assert not [ns for ns in E.namespaces() if cluster.tag in ns]
-    assert not os.path.exists(os.path.join(E.STATE_DIR, f"{cluster.tag}.json"))
+    assert not os.path.exists(os.path.join(S.STATE_DIR, f"{cluster.tag}.json"))
     assert host_links() == before
 
 
@@ -207,7 +208,7 @@ def test_cluster_is_built_rate_limited_and_removed(cluster):
 def test_a_dead_owners_cluster_is_cleaned():
     made = E.create(1, 1, 10**9)
     dead = E.Cluster(made.tag, 1, 1, 10**9, owner_pid=made.owner_pid, owner_start=-1)  # as if its pid were reused
-    E._write_state(dead)
+    S.write_state(dead)
     sleeper = subprocess.Popen(["ip", "netns", "exec", made.node(0), "sleep", "60"])
     try:
         assert made.tag in [c.tag for c in E.clean()]
@@ -223,12 +224,12 @@ def test_a_state_file_not_its_clusters_own_removes_nothing():
     """A stale or crafted state file names a kept cluster's tag with a dead owner: `clean` leaves the
     cluster (it is not that owner's) and removes the file."""
     kept = E.create(1, 1, 10**9, owned=False)
-    crafted = os.path.join(E.STATE_DIR, "zzzz-stale.json")
+    crafted = os.path.join(S.STATE_DIR, "zzzz-stale.json")
     try:
         with open(crafted, "w", encoding="utf-8") as handle:
             json.dump(dict(kept.__dict__, owner_pid=1, owner_start=-1), handle)
         assert kept.tag not in [c.tag for c in E.clean()]
-        assert kept.node(0) in E.namespaces() and os.path.exists(os.path.join(E.STATE_DIR, f"{kept.tag}.json"))
+        assert kept.node(0) in E.namespaces() and os.path.exists(os.path.join(S.STATE_DIR, f"{kept.tag}.json"))
         assert not os.path.exists(crafted)
     finally:
         if os.path.exists(crafted):
@@ -309,7 +310,7 @@ def _run_until_measuring(tmp_path, *extra):
 
 def _gone(tag):
     return not [ns for ns in E.namespaces() if tag in ns] and not os.path.exists(
-        os.path.join(E.STATE_DIR, f"{tag}.json")) and not [n for n in os.listdir("/dev/shm") if n.startswith(
+        os.path.join(S.STATE_DIR, f"{tag}.json")) and not [n for n in os.listdir("/dev/shm") if n.startswith(
             f"cb_{tag}_")] and not [n for n in os.listdir(tempfile.gettempdir())
                                     if n.startswith(f"commbench-{tag}-exits-")]
 
@@ -402,7 +403,7 @@ def test_a_killed_run_without_its_reaper_is_cleaned_by_the_next_clean_or_down():
     `emulate down` without a tag (issue 48: it said to name a cluster)."""
     for command in (("emulate", "clean"), ("emulate", "down")):
         made = E.create(1, 1, 10**9)
-        E._write_state(E.Cluster(made.tag, 1, 1, 10**9, owner_pid=made.owner_pid, owner_start=-1))  # pid reused
+        S.write_state(E.Cluster(made.tag, 1, 1, 10**9, owner_pid=made.owner_pid, owner_start=-1))  # pid reused
         try:
             out = commbench(*command, timeout=60)
             assert out.returncode == 0 and made.tag in out.stdout, out.stdout + out.stderr
