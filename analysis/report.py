@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from commbench import collectives as C
 from commbench.analysis import report_steps as R
 from commbench.analysis.report_compare import plot_compare
+from commbench.analysis.report_tables import index_lines
 from commbench.backends.registry import record_capabilities
 from commbench.files import shown, shown_values
 from commbench.results import read_records
@@ -352,7 +353,7 @@ def write_report(records: list[dict], paths: list[str], out_dir: str, hw=None, w
     pngs += [p for p in (plot_timeline(records, out_dir, hw, mark),) if p]
     pngs += [p for p in (R.plot_scaling(records, out_dir), R.plot_acc_ratio(records, out_dir),
                          plot_compare(records, out_dir)) if p]
-    extra = [*(f"Note: {note}" for note in notes), *([""] if notes else []), *R.index_lines(steps, records)]
+    extra = [*(f"Note: {note}" for note in notes), *([""] if notes else []), *index_lines(steps, records)]
     return write_index(series, pngs, out_dir, paths, extra), pngs
 
 

@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_layouts as ML  # noqa: E402
 
 from commbench.analysis import predict_layout as P  # noqa: E402
-from commbench.analysis.corpus.layouts import load_layout_corpus, published_tokens_per_s_per_gpu  # noqa: E402
+from commbench.analysis.corpus.layout_figures import published_tokens_per_s_per_gpu  # noqa: E402
+from commbench.analysis.corpus.layouts import load_layout_corpus  # noqa: E402
 
 SHIPPED_CALLS = P.layer_calls
 

@@ -22,13 +22,12 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from commbench.analysis.corpus.layout_figures import published_tokens_per_s_per_gpu, shape_profile
 from commbench.analysis.corpus.layouts import (
     ASSUMED,
     LayoutCorpus,
     Row,
     load_layout_corpus,
-    published_tokens_per_s_per_gpu,
-    shape_profile,
 )
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.proxies.profile import load_profile

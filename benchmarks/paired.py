@@ -70,7 +70,8 @@ import sys
 from typing import Callable
 
 import method
-from slots import MIN_SLOT_ITERS, MpiControl, Tools, TorchControl
+from rank_control import MpiControl, TorchControl
+from slots import MIN_SLOT_ITERS, Tools
 
 from commbench.sizes import SizeError, format_size, parse_sizes
 

@@ -4,8 +4,8 @@ A Slot is what one pair's half runs: the tool's barrier, then N back-to-back cal
 time.perf_counter (the loop commbench's harness times with), N chosen by commbench's adaptive rule
 for a slot budget. Tools builds the slot of each tool (commbench's shm, p2p and torch backends, a
 bare gloo loop, Open MPI, DeepSpeed, the memory bound; paired.py's docstring describes each) on
-one set of backends per rank; MpiControl and TorchControl are the ranks' control plane, outside
-every timed loop. paired.py pairs the slots; shm_waits.py and shm_steps.py build their own.
+one set of backends per rank; rank_control.py's MpiControl and TorchControl are the ranks' control
+plane, outside every timed loop. paired.py pairs the slots; shm_waits.py and shm_steps.py build their own.
 """
 from __future__ import annotations
 
@@ -17,56 +17,6 @@ import method
 import numpy as np
 
 MIN_SLOT_ITERS = 3  # at 256 MiB a gloo call takes ~0.15 s: 3 calls keep a slot under a second
-
-
-# ---------------------------------------------------------------- control plane of the ranks
-
-
-class MpiControl:
-    """Barrier and max-over-ranks through MPI (outside every timed loop)."""
-
-    def __init__(self):
-        from mpi4py import MPI
-
-        self.mpi, self.comm = MPI, MPI.COMM_WORLD
-        self.rank, self.world = self.comm.rank, self.comm.size
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
-    def max(self, value: float) -> float:
-        return self.comm.allreduce(value, op=self.mpi.MAX)
-
-    def max_each(self, values: np.ndarray) -> np.ndarray:
-        out = np.empty_like(values)
-        self.comm.Allreduce(values, out, op=self.mpi.MAX)
-        return out
-
-    def bcast(self, value: Any) -> Any:
-        return self.comm.bcast(value, root=0)
-
-
-class TorchControl:
-    """The same through the gloo process group (local ranks without MPI)."""
-
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def max(self, value: float) -> float:
-        return float(self.max_each(np.array([value], dtype=np.float64))[0])
-
-    def max_each(self, values: np.ndarray) -> np.ndarray:
-        import torch
-        import torch.distributed as dist
-
-        tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64).copy())
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor.numpy()
 
 
 # ---------------------------------------------------------------- the tools, in a rank

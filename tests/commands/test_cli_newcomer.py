@@ -106,7 +106,8 @@ def test_step_labels_never_use_exponents():
 
 
 def test_index_gives_the_median_steps_own_parts_beside_each_columns_median():
-    from commbench.analysis.report_steps import index_lines, step_rows
+    from commbench.analysis.report_steps import step_rows
+    from commbench.analysis.report_tables import index_lines
 
     base = {"record": "step", "run_id": "x", "warmup": False}
     parts_ms = [(100, 900, 2, 5), (100, 100, 60, 7), (100, 500, 20, 50)]  # compute, comm, exposed, other

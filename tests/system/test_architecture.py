@@ -60,8 +60,8 @@ FLOORS = {
         "commbench.proxies.operator_timing", "commbench.proxies.compute_measure", "commbench.proxies.compute_cache",
         "commbench.proxies.layouts.memory_measure"],
     4: ["commbench.cli", "commbench.__main__", "commbench.commands*", "commbench.analysis.report",
-        "commbench.analysis.report_steps", "commbench.analysis.report_compare", "commbench.analysis.compare",
-        "commbench.analysis.report_timeline"],
+        "commbench.analysis.report_steps", "commbench.analysis.report_tables", "commbench.analysis.report_compare",
+        "commbench.analysis.compare", "commbench.analysis.report_timeline"],
 }
 
 # The folders, bottom to top: a module imports its own folder or the folders below it, never above.
@@ -395,7 +395,7 @@ def test_the_job_frame_names_no_module():
 
 # ---------------------------------------------------------------- room sizes
 
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 380
 MAX_FUNCTION_LINES = 50
 SIZED = ("commbench", "analysis", "proxies", "benchmarks")  # the package's folders and the benchmark scripts
 
@@ -426,7 +426,8 @@ def test_the_size_check_can_fail(tmp_path):
     (tmp_path / "pkg").mkdir()
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "pkg" / "big.py").write_text(f"def long():\n{body}\n" + "\n" * MAX_MODULE_LINES)
-    assert oversized(("pkg",), tmp_path) == ["pkg/big.py: module (451 lines)", "pkg/big.py:1: long (51 lines)"]
+    lines = 1 + MAX_FUNCTION_LINES + MAX_MODULE_LINES
+    assert oversized(("pkg",), tmp_path) == [f"pkg/big.py: module ({lines} lines)", "pkg/big.py:1: long (51 lines)"]
 
 
 MAX_POSITIONAL = 6  # issue 46: a step prediction's 16 parameters travelled by position through five layers
@@ -588,6 +589,7 @@ UNTESTED_BY_NAME = {
     # train --layout's rank body: trained end to end by its command's test
     "proxies/layouts/train/run": "commands/test_train_layout.py",
     "proxies/layouts/replay_run": "commands/test_proxy_layout.py",
+    "analysis/report_tables": "unit/analysis/test_report_steps.py (index_lines of step_rows' rows)",
     # analysis/ pieces pinned through the analyses that use them
     "analysis/predict_proxy": "commands/test_proxy.py (--backend sim and --nodes beyond the job)",
     "analysis/predict_scaling": "unit/analysis/test_scaling.py, test_calibration.py, test_intervals.py",

@@ -1,11 +1,13 @@
-"""`commbench report`'s step breakdown: each run's median step split into compute, overlapped and
-exposed communication and other, adding up to that step; an older file's exposed (then step -
-compute) capped at its communication; runs of one setup named by their files."""
+"""`commbench report`'s step breakdown (its pictures; index.md's tables are analysis/report_tables.py's): each
+run's median step split into compute, overlapped and exposed communication and other, adding up to that step;
+an older file's exposed (then step - compute) capped at its communication; runs of one setup named by their
+files."""
 from __future__ import annotations
 
 import pytest
 
-from commbench.analysis.report_steps import index_lines, plot_steps, step_rows
+from commbench.analysis.report_steps import plot_steps, step_rows
+from commbench.analysis.report_tables import index_lines
 
 
 def _summary(source, run_id="r", kind="proxy", **medians):
