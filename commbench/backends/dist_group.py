@@ -143,7 +143,11 @@ def _loopback_rendezvous(url: str, timeout: datetime.timedelta, **_):
     query = {key: int(values[0]) for key, values in parse_qs(parsed.query).items()}
     rank, world, port = query["rank"], query["world_size"], parsed.port
     listen_fd = _listen_on_loopback(port) if rank == 0 else None
-    yield dist.TCPStore(LOOPBACK, port, world, rank == 0, timeout, master_listen_fd=listen_fd), rank, world
+    # the store's libuv server (torch's default from 2.4) took no socket handed to it before torch 2.7 ("does not
+    # support initialization with an listen fd", every rank-starting command on 2.6.0): the classic server takes
+    # one on every torch commbench supports, and serves a rendezvous as well
+    yield dist.TCPStore(LOOPBACK, port, world, rank == 0, timeout, master_listen_fd=listen_fd,
+                        use_libuv=False), rank, world
     raise RuntimeError("a local spawn's rendezvous happens once")
 
 

@@ -3,6 +3,7 @@ the gloo control plane, the timed loop), and the backends that need only its con
 than inherit the torch backend."""
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -86,3 +87,24 @@ def test_gpu_timing_takes_the_stream_once_and_times_every_call(monkeypatch):
     times = group.time_iterations(lambda: calls.append(1), 5)
     assert len(calls) == 5 and list(times) == [1000.0] * 5
     assert lookups == [1] and recorded == ["the stream"] * 10
+
+
+def test_the_local_rendezvous_serves_its_socket_on_the_classic_store(monkeypatch):
+    """torch 2.4 to 2.6's default store server (libuv) refuses a socket handed to it: every rank-starting command
+    failed at the rendezvous on torch 2.6.0 (README, "Which torch"). The classic server takes it on every torch."""
+    import torch.distributed
+
+    from commbench.backends import dist_group
+
+    made = []
+
+    class Store:
+        def __init__(self, host, port, world, is_master, timeout, **kwargs):
+            made.append((host, port, world, is_master, kwargs))
+
+    monkeypatch.setattr(torch.distributed, "TCPStore", Store)  # dist_group.dist is torch.distributed, lazily
+    monkeypatch.setattr(dist_group, "_listen_on_loopback", lambda port: 99)
+    store, rank, world = next(dist_group._loopback_rendezvous(
+        "commbench-loopback://127.0.0.1:29555?rank=0&world_size=2", datetime.timedelta(seconds=1)))
+    assert (rank, world) == (0, 2) and made == [("127.0.0.1", 29555, 2, True,
+                                                  {"master_listen_fd": 99, "use_libuv": False})]
