@@ -28,12 +28,14 @@ setup(
                   "commbench.analysis.corpus": ["*.json", "README.md"],
                   "commbench.proxies": ["profiles/*.json"], "commbench.backends.shm": ["shm_native.c"],
                   "commbench.cuda": ["*.cu", "*.cuh", "*.h"]},
-    # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working.
-    install_requires=["torch>=2.1", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
+    # Ranges, not pins: a cluster's own torch build (CUDA, NCCL) must keep working. The floors are the oldest
+    # releases run (README, "Which torch": 2.6.0 and 2.1.2 fail; cli.TORCH_FLOOR says the same).
+    install_requires=["torch>=2.11", "numpy>=1.22", "click>=8.0", "scipy>=1.8", "matplotlib>=3.5"],
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3", "psutil>=5", "ruff>=0.6"],
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
-        "models": ["torchvision>=0.16", "timm>=0.9", "transformers>=4.36"],
+        # torchvision 0.26 pairs with torch 2.11; transformers 4.49 lacks the AttentionInterface CP trains with.
+        "models": ["torchvision>=0.26", "timm>=0.9", "transformers>=5.0"],
         "mpi": ["mpi4py>=3.1"],
         # benchmarks/deepspeed_peer.py: DeepSpeed's CPU shared-memory allreduce as a peer (its op builds with g++).
         "deepspeed": ["deepspeed>=0.14"],

@@ -7,6 +7,7 @@ Errors a user can cause print one line and exit with code 2.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -29,6 +30,7 @@ from commbench.commands import (
     tune,
 )
 from commbench.commands.common import refuse_empty_values
+from commbench.environment import torch_version
 from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
 from commbench.files import shown
 
@@ -73,6 +75,10 @@ def _main(argv: list[str] | None) -> int:
     if any("\x00" in arg for arg in args):  # only a caller in process can pass one; os calls would raise
         print("commbench: error: an argument holds a NUL byte", file=sys.stderr)
         return EXIT_USAGE
+    old = None if {"-h", "--help", "--version"} & set(args) else torch_below_floor(torch_version())
+    if old:
+        print(f"commbench: error: {old}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         cli.main(args=argv, prog_name="commbench", standalone_mode=False)
     except click.exceptions.Abort:
@@ -84,6 +90,23 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+TORCH_FLOOR = (2, 11)  # setup.py's install_requires says the same (a test checks); README, "Which torch"
+
+
+def torch_below_floor(version: str | None) -> str | None:
+    """One line when this torch (its version string: 2.6.0+cu124) is older than TORCH_FLOOR, else None (a
+    version not spelled as digits is let through). Older torch met commbench's calls half-way: tracebacks
+    in the ranks, or a rendezvous that failed, rather than one line."""
+    found = re.match(r"(\d+)\.(\d+)", version or "")
+    if found and (int(found[1]), int(found[2])) >= TORCH_FLOOR:
+        return None
+    if version and not found:
+        return None
+    need = ".".join(map(str, TORCH_FLOOR))
+    return (f"commbench needs torch >= {need}, and this is {'torch ' + version if version else 'no torch'}: "
+            f"pip install 'torch>={need}' (README, \"Which torch\", says what older ones lack)")
 
 
 # torchrun's flag given to commbench: click's guess by spelling (--gpus-per-node) sends a CPU user the wrong way

@@ -4,8 +4,9 @@ torch before they were added lacks).
 
 torch names the tensor all-gather and reduce-scatter `all_gather_single` / `reduce_scatter_single` where it has
 them (the older `*_into_tensor` / `reduce_scatter_tensor` names warn there) and only the older names before
-(setup.py accepts torch 2.1 and later): `shard_calls` picks, once. `issue` makes the asynchronous call of one
-collective on buffers shaped as the caller's (recv in place for allreduce, broadcast and reduce).
+(torch 2.11, setup.py's floor, has only the older ones): `shard_calls` picks, once. `issue` makes the
+asynchronous call of one collective on buffers shaped as the caller's (recv in place for allreduce, broadcast
+and reduce).
 """
 from __future__ import annotations
 

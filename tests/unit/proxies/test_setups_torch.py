@@ -55,10 +55,13 @@ def profiles():
 
 
 def _python_calls(log):
-    """Wrap torch.distributed's all_gather_single, reduce_scatter_single and all_reduce: (name, blocking)."""
+    """Wrap torch.distributed's tensor all-gather and reduce-scatter (the names this torch has: all_gather_single,
+    or all_gather_into_tensor before it; torch_calls.shard_calls) and all_reduce: (name, blocking)."""
     import torch.distributed as dist
 
-    for name in ("all_gather_single", "reduce_scatter_single", "all_reduce"):
+    from commbench.backends.torch_calls import shard_calls
+
+    for name in (*(call.__name__ for call in shard_calls(dist)), "all_reduce"):
         original = getattr(dist, name)
 
         def wrapped(*args, _name=name, _original=original, **kwargs):
