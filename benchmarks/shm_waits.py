@@ -31,7 +31,8 @@ import method
 import numpy as np
 import paired
 from local_ranks import RankFailure, run_local_ranks
-from slots import Slot, TorchControl
+from rank_control import TorchControl
+from slots import Slot
 
 from commbench.sizes import SizeError, format_size, parse_sizes
 

@@ -682,6 +682,44 @@ def test_the_module_check_can_fail(tmp_path):
 
 
 
+
+# ---------------------------------------------------------------- benchmarks' own imports
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """What a module defines at its top level: functions, classes, assigned names and imported names."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def unresolved_script_imports(folder: Path = ROOT / "benchmarks") -> list[str]:
+    """`from SCRIPT import NAME` between the benchmark scripts where SCRIPT defines no NAME: a helper moved out of
+    a shared script left two scripts that no longer imported (no test runs them)."""
+    trees = {p.stem: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.py"))}
+    defined = {stem: _top_level_names(tree) for stem, tree in trees.items()}
+    return [f"{stem}.py:{node.lineno}: {node.module} has no {alias.name}"
+            for stem, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in defined
+            for alias in node.names if alias.name != "*" and alias.name not in defined[node.module]]
+
+
+def test_the_benchmark_scripts_import_what_their_shared_scripts_define():
+    assert unresolved_script_imports() == []
+
+
+def test_the_script_import_check_can_fail(tmp_path):
+    (tmp_path / "shared.py").write_text("import os\nKEPT = 1\n\ndef helper():\n    pass\n")
+    (tmp_path / "script.py").write_text("from shared import KEPT, helper, os\nfrom shared import Moved\n")
+    assert unresolved_script_imports(tmp_path) == ["script.py:2: shared has no Moved"]
+
+
 if __name__ == "__main__":
     graph = import_graph()
     if sys.argv[1:] == ["--table"]:

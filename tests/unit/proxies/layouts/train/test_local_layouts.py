@@ -20,10 +20,11 @@ from commbench.proxies.layouts.train.trace import totals
 from commbench.proxies.profile import load_profile
 
 F32 = 4
-# the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2
+# the shipped llama-tiny profile's shape (odd FFN and vocabulary: 176, 1024), and its MoE twin: 4 experts, top 2,
 TINY = load_profile("llama-tiny").transformer
 DENSE = Trained.of(TINY, batch=4)
-MOE = Trained.of(dataclasses.replace(TINY, experts=4, top_k=2, expert_ffn=TINY.ffn), batch=4)
+# experts narrower than the dense MLP (96, not 176): each closed form must take the expert's width where it is one
+MOE = Trained.of(dataclasses.replace(TINY, experts=4, top_k=2, expert_ffn=96), batch=4)
 
 
 def _layout(world: int = 4, setup: str = "fsdp-full", **degrees) -> Parallelism:
@@ -185,7 +186,7 @@ def _expected(name, rank):
         calls.update({("send", block, "cp"): steps * layers, ("recv", block, "cp"): steps * layers})
         return calls
     calls = _fsdp(F32 * _layer_elements(shape, moe=True), layers, [_root(shape)], "dp")
-    calls.update(_fsdp(F32 * shape.experts // spec.ep * 3 * shape.hidden * shape.ffn, layers, [], "edp"))
+    calls.update(_fsdp(F32 * shape.experts // spec.ep * 3 * shape.hidden * shape.expert_ffn, layers, [], "edp"))
     calls[("alltoall", shape.experts * 8, "ep")] = layers  # the per-expert counts, int64
     return calls
 
