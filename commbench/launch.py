@@ -130,7 +130,8 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what
               wake: Callable[[], None] = lambda: None, failed: Callable[[], bool] = lambda: False) -> int:
     """Wait for the ranks (or a node's launchers); when one fails (or `failed()`: a launcher's rank
     said so), give the rest `grace_s` to report, then stop them (`wake`: their ranks too, see _stop);
-    the job's exit code."""
+    the job's exit code. The grace is not waited for where every process still there is stopped (SIGSTOP, a
+    debugger, Ctrl-Z): none of them can report, and the wait would only push the job past its --timeout."""
     failed_at = None
     while True:
         # Every rank, every time: poll reaps a dead rank, whose zombie would still look alive to its peers.
@@ -139,13 +140,24 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what
             return _job_exit_code(procs, [], what)
         if failed_at is None and (any(code not in (None, 0) for code in codes) or failed()):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+        waited = time.monotonic() - failed_at if failed_at is not None else 0.0
+        if failed_at is not None and (waited > grace_s or all(
+                _stopped(proc.pid) for proc, code in zip(procs, codes) if code is None)):
             stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
             for rank in stopped:
-                print(f"commbench: {what} {rank} was still running {grace_s:.2g} s after another {what} failed; "
+                print(f"commbench: {what} {rank} was still running {waited:.2g} s after another {what} failed; "
                       f"stopped it", file=sys.stderr)
             return _job_exit_code(procs, stopped, what)
         time.sleep(POLL_S)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped by a signal or traced (/proc/PID/stat's state T or t); False if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def interrupt(procs: list[subprocess.Popen], stop_s: float, wake: Callable[[], None] = lambda: None) -> None:

@@ -39,3 +39,29 @@ def test_a_job_tag_names_files_so_it_is_letters_and_digits_and_each_job_is_its_o
         new_job_id()
     proc = commbench("sweep", "--backend", "shm", "--sizes", "1K", env=clean_env(**{JOB_TAG_VAR: "x/../y"}))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "letters and digits" in proc.stderr
+
+
+def test_a_failed_job_whose_other_rank_is_stopped_is_ended_without_the_grace(capsys):
+    """A stopped rank (SIGSTOP, a debugger) cannot report: waiting the grace for it only pushed a job past its
+    --timeout (the fault matrix's shm "stop rank 1" took 13.4 s of 12 in a loaded CI run)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from commbench.launch import supervise
+
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        code = supervise([failing, held], grace_s=40.0, stop_s=5.0)
+        assert time.monotonic() - started < 30.0  # not the 40 s grace: the stopped rank was ended at once
+        assert code != 0 and held.poll() is not None
+        assert "rank 1 was still running" in capsys.readouterr().err
+    finally:
+        for proc in (failing, held):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
