@@ -10,6 +10,7 @@ store's C++ log is held back and dropped).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import os
@@ -142,13 +143,28 @@ def _loopback_rendezvous(url: str, timeout: datetime.timedelta, **_):
     parsed = urlparse(url)
     query = {key: int(values[0]) for key, values in parse_qs(parsed.query).items()}
     rank, world, port = query["rank"], query["world_size"], parsed.port
-    listen_fd = _listen_on_loopback(port) if rank == 0 else None
-    # the store's libuv server (torch's default from 2.4) took no socket handed to it before torch 2.7 ("does not
-    # support initialization with an listen fd", every rank-starting command on 2.6.0): the classic server takes
-    # one on every torch commbench supports, and serves a rendezvous as well
-    yield dist.TCPStore(LOOPBACK, port, world, rank == 0, timeout, master_listen_fd=listen_fd,
-                        use_libuv=False), rank, world
+    yield _store(port, world, rank, timeout), rank, world
     raise RuntimeError("a local spawn's rendezvous happens once")
+
+
+def _store(port: int, world: int, rank: int, timeout: datetime.timedelta):
+    """The rendezvous store: rank 0 serves it on a socket bound here, the others connect. torch's libuv server (its
+    default) refused a socket handed to it on torch 2.6.0 ("does not support initialization with an listen fd":
+    every rank-starting command failed); there the classic server takes a fresh one. libuv stays first where it
+    works: the one CI run with the classic server on every torch had two rendezvous time out under load (not
+    shown to be its doing, but the libuv server had passed every CI run before)."""
+    if rank != 0:
+        return dist.TCPStore(LOOPBACK, port, world, False, timeout)
+    listen_fd = _listen_on_loopback(port)
+    try:
+        return dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=listen_fd)
+    except RuntimeError as exc:
+        if "listen fd" not in str(exc):
+            raise
+        with contextlib.suppress(OSError):  # the refused socket still holds the port
+            os.close(listen_fd)
+    return dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=_listen_on_loopback(port),
+                         use_libuv=False)
 
 
 def _listen_on_loopback(port: int) -> int:

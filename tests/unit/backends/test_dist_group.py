@@ -89,22 +89,29 @@ def test_gpu_timing_takes_the_stream_once_and_times_every_call(monkeypatch):
     assert lookups == [1] and recorded == ["the stream"] * 10
 
 
-def test_the_local_rendezvous_serves_its_socket_on_the_classic_store(monkeypatch):
+def test_the_local_rendezvous_falls_back_to_the_classic_store_where_libuv_refuses_its_socket(monkeypatch):
     """torch 2.4 to 2.6's default store server (libuv) refuses a socket handed to it: every rank-starting command
-    failed at the rendezvous on torch 2.6.0 (README, "Which torch"). The classic server takes it on every torch."""
+    failed at the rendezvous on torch 2.6.0 (README, "Which torch"). There the classic server takes a fresh
+    socket; where libuv takes it (torch 2.14.1), it serves the rendezvous as before."""
     import torch.distributed
 
     from commbench.backends import dist_group
 
-    made = []
+    made, sockets, state = [], iter([97, 98, 99]), {"refuse": True}
 
     class Store:
         def __init__(self, host, port, world, is_master, timeout, **kwargs):
-            made.append((host, port, world, is_master, kwargs))
+            made.append((is_master, kwargs))
+            if state["refuse"] and is_master and kwargs.get("use_libuv", True):
+                raise RuntimeError("The libuv TCPStore backend does not support initialization with an listen fd.")
 
     monkeypatch.setattr(torch.distributed, "TCPStore", Store)  # dist_group.dist is torch.distributed, lazily
-    monkeypatch.setattr(dist_group, "_listen_on_loopback", lambda port: 99)
-    store, rank, world = next(dist_group._loopback_rendezvous(
-        "commbench-loopback://127.0.0.1:29555?rank=0&world_size=2", datetime.timedelta(seconds=1)))
-    assert (rank, world) == (0, 2) and made == [("127.0.0.1", 29555, 2, True,
-                                                  {"master_listen_fd": 99, "use_libuv": False})]
+    monkeypatch.setattr(dist_group, "_listen_on_loopback", lambda port: next(sockets))
+    url = "commbench-loopback://127.0.0.1:29555?rank={}&world_size=2"
+    for refuse, rank, wanted in ((True, 0, [(True, {"master_listen_fd": 97}),
+                                            (True, {"master_listen_fd": 98, "use_libuv": False})]),
+                                 (True, 1, [(False, {})]), (False, 0, [(True, {"master_listen_fd": 99})])):
+        made.clear()
+        state["refuse"] = refuse
+        store, got_rank, world = next(dist_group._loopback_rendezvous(url.format(rank), datetime.timedelta(seconds=1)))
+        assert (got_rank, world) == (rank, 2) and made == wanted
