@@ -145,7 +145,7 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, stop_s: float, what
                 _stopped(proc.pid) for proc, code in zip(procs, codes) if code is None)):
             stopped = _stop(procs, signal.SIGTERM, wait_s=stop_s, wake=wake)
             for rank in stopped:
-                print(f"commbench: {what} {rank} was still running {waited:.2g} s after another {what} failed; "
+                print(f"commbench: {what} {rank} was still running {waited:.1f} s after another {what} failed; "
                       f"stopped it", file=sys.stderr)
             return _job_exit_code(procs, stopped, what)
         time.sleep(POLL_S)

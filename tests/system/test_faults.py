@@ -2,7 +2,7 @@
 
 The fault matrix: kill -9 of each rank, SIGSTOP of a rank (a hang), Ctrl-C, SIGTERM to the commbench
 process alone, and the commbench process itself killed, on gloo, shm and proxy runs, and nccl-tests
-mode's series of sweeps. For each: every process is gone within the timeout plus 1 s of slack (the
+mode's series of sweeps. For each: every process is gone within the timeout plus 3 s of slack (the
 slack is for this shared 2-core machine: ranks wait for a peer for the timeout less the stop margin,
 launch.peer_wait_s, and the margin covers the rest), the documented exit code, every point measured
 before the fault still in the JSON Lines with the summary record last, no shared-memory segment,
@@ -29,7 +29,7 @@ psutil = pytest.importorskip("psutil")
 # the runs' --timeout: it bounds their start too, six runs at once beside other tests (the suite's workers) on
 # 2 cores: at 6 s a run's ranks timed out before their first records (exit 3, "no records")
 TIMEOUT_S = 12.0
-SLACK_S = 1.0  # over --timeout, for this shared 2-core machine
+SLACK_S = 3.0  # over --timeout, for this shared 2-core machine: a loaded suite ran stop-rank faults 1.1-1.4 s past it
 RUNS = {  # backend -> (command, records to wait for before the fault, pause after them)
     "gloo": (["sweep", "--sizes", "1K-64K", "--iters", "400", "--warmup", "2"], 2, 0.0),
     # the pause puts the fault inside shared-memory waits, not the gloo control plane between points
