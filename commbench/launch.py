@@ -28,6 +28,7 @@ from commbench.launchers import SPAWN_VAR, LaunchError
 EXIT_DIR_VAR = "COMMBENCH_EXIT_DIR"  # where each rank of an emulated run leaves its exit code
 JOB_TAG_VAR = "COMMBENCH_JOB_TAG"  # starts every job id, so the segments of jobs under a tag begin cb_<tag>
 WATCHDOG_VAR = "COMMBENCH_WATCHDOG_FD"  # a spawned rank's end of a pipe that reads EOF when its spawner dies
+STORE_FD_VAR = "COMMBENCH_STORE_FD"  # rank 0's socket for the rendezvous store, bound by its spawner
 SHM_DIR = "/dev/shm"  # where --backend shm keeps its segments, named cb_<job>_...
 POLL_S = 0.05  # how often the supervisor looks at its ranks
 INTERRUPT_WAIT_S = 5.0  # after Ctrl-C: how long ranks get to write their summaries before they are stopped
@@ -62,6 +63,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def loopback_socket(port: int = 0) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1:port (0: a free port), not yet listening: the rendezvous store's server
+    takes it over. Raises OSError where the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own store server does
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def stop_margin_s(timeout_s: float) -> float:
@@ -99,7 +113,10 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
     job = new_job_id()
     grace_s, stop_s = stop_margin_s(timeout_s) / 2, stop_margin_s(timeout_s) / 4
     watch_read, watch_write = os.pipe()
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs),
+    # The store's port stays bound from here to rank 0's store: a port found free and let go (free_port) was taken
+    # by another process before rank 0 bound it in a loaded CI run ("Address already in use", exit 3).
+    store = loopback_socket()
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.getsockname()[1]), WORLD_SIZE=str(nprocs),
                 LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: job, WATCHDOG_VAR: str(watch_read)},
                 **extra_env)
     # As torchrun does for several local ranks: one intra-op thread each, or ranks fight over cores.
@@ -110,10 +127,13 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for rank in range(nprocs):
-                env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                procs.append(subprocess.Popen(rank_argv(module), env=env, pass_fds=(watch_read,)))
+                env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), **({STORE_FD_VAR: str(store.fileno())}
+                                                                           if rank == 0 else {}))
+                fds = (watch_read, store.fileno()) if rank == 0 else (watch_read,)
+                procs.append(subprocess.Popen(rank_argv(module), env=env, pass_fds=fds))
         finally:
             os.close(watch_read)
+            store.close()  # rank 0 holds its own copy
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return supervise(procs, grace_s, stop_s)
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ import numpy as np
 
 from commbench.backends.control import GroupControl
 from commbench.backends.torch_lazy import LazyModule
-from commbench.launch import peer_wait_s
+from commbench.launch import STORE_FD_VAR, loopback_socket, peer_wait_s
 from commbench.launchers import LaunchInfo
 
 # torch on first use: the parent settles options and prints before a rank imports torch (torch_lazy)
@@ -155,7 +155,9 @@ def _store(port: int, world: int, rank: int, timeout: datetime.timedelta):
     shown to be its doing, but the libuv server had passed every CI run before)."""
     if rank != 0:
         return dist.TCPStore(LOOPBACK, port, world, False, timeout)
-    listen_fd = _listen_on_loopback(port)
+    listen_fd = _spawners_socket(port)
+    if listen_fd is None:
+        listen_fd = _listen_on_loopback(port)
     try:
         return dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=listen_fd)
     except RuntimeError as exc:
@@ -167,16 +169,28 @@ def _store(port: int, world: int, rank: int, timeout: datetime.timedelta):
                          use_libuv=False)
 
 
+def _spawners_socket(port: int) -> int | None:
+    """The socket launch.spawn_local bound to the store's port and handed to rank 0 (its file descriptor), taken
+    once (a second store in this process binds its own); None where there is none, or it is not on `port`."""
+    fd = os.environ.pop(STORE_FD_VAR, "")
+    if not fd.isdigit():
+        return None
+    try:
+        sock = socket.socket(fileno=int(fd))
+    except OSError:  # not an open socket: a stray variable
+        return None
+    if sock.getsockname() != (LOOPBACK, port):
+        sock.close()
+        return None
+    return sock.detach()
+
+
 def _listen_on_loopback(port: int) -> int:
     """A socket bound to 127.0.0.1:port, handed over (as its file descriptor) to the store's server."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own server does
-        sock.bind((LOOPBACK, port))
+        return loopback_socket(port).detach()
     except OSError as exc:
-        sock.close()
         raise RuntimeError(f"local rendezvous: cannot listen on {LOOPBACK}:{port} ({exc.strerror})") from exc
-    return sock.detach()
 
 
 def _rendezvous(join: Callable[[], None], wait_s: float, launch: LaunchInfo) -> None:

@@ -1,7 +1,12 @@
-"""commbench/launch.py: the stop margin inside the timeout, job tags and the spawn ids of local ranks."""
+"""commbench/launch.py: the stop margin inside the timeout, job tags and the spawn ids of local ranks, the
+supervisor's grace, and the rendezvous port held for rank 0."""
+import json
+import os
+
 import pytest
 from conftest import clean_env, commbench
 
+from commbench import launch
 from commbench.launch import peer_wait_s, stop_margin_s
 from commbench.launchers import LaunchError
 
@@ -65,3 +70,35 @@ def test_a_failed_job_whose_other_rank_is_stopped_is_ended_without_the_grace(cap
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+RANK_HOLDS_PORT = """
+import errno, json, os, socket, sys
+from commbench.launch import STORE_FD_VAR
+port, rank = int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
+seen = {"rank": rank, "fd": os.environ.get(STORE_FD_VAR)}
+if seen["fd"]:
+    held = socket.socket(fileno=int(seen["fd"]))  # kept: a dropped socket object closes its descriptor
+    seen["bound"] = held.getsockname()[1] == port
+other = socket.socket()
+try:
+    other.bind(("127.0.0.1", port))
+    seen["taken"] = False
+except OSError as exc:
+    seen["taken"] = exc.errno == errno.EADDRINUSE
+with open(os.path.join(sys.argv[0].rsplit("/", 1)[0], f"rank{rank}.json"), "w") as out:
+    json.dump(seen, out)
+"""
+
+
+def test_a_spawned_jobs_store_port_is_held_for_rank_0_from_the_moment_it_is_chosen(tmp_path):
+    """A port found free and let go before rank 0 bound it was taken by another process in a loaded CI run (the
+    proxy fault matrix: "cannot listen on 127.0.0.1:43771 (Address already in use)"). The spawner binds it and
+    hands the socket to rank 0: no other process can bind the port while the ranks start."""
+    (tmp_path / "holds_port.py").write_text(RANK_HOLDS_PORT)
+    code = launch.spawn_local("holds_port", 2, {"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"},
+                              timeout_s=60)
+    assert code == 0
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0["bound"] is True and rank0["taken"] is True
+    assert rank1["fd"] is None and rank1["taken"] is True  # the port is held for the job, not only in rank 0
