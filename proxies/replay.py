@@ -47,6 +47,8 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
         return forward, backward, 0.0, 0.0, f"flops at {cfg.tflops:g} TFLOP/s"
     if cfg.compute == "trace":
         return (*profile.traced.times_us(ctx.batch), 0.0, 0.0, traced_words(profile))
+    if cfg.compute == "block":
+        return block_times(ctx)
     import torch
 
     from commbench.proxies import compute_cache
@@ -77,6 +79,27 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
         compute_cache.write(name, (forward, backward, update, ddp), cpu_time)
     return (float(forward), float(backward), float(update), float(ddp),
             "measured" + (" (CPU time)" if cpu_time else ""))
+
+
+def block_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
+    """--compute block on a data-parallel replay's ranks: one replica's whole model (every layer, the embedding, the
+    head with its loss) and the optimizer's update, costed from the hardware file's compute block as the layout
+    replay costs a rank's pieces (proxies/layouts/compute.from_block, no parallel dimension but the setup's); spun
+    as the block was timed (this thread's CPU time, or wall time). The setup's own work beyond FSDP2's units is not
+    in a block: none is added."""
+    from commbench.costmodel.compute import compute_from_dict
+    from commbench.proxies.layouts.compute import from_block
+    from commbench.proxies.layouts.parallelism import Parallelism
+
+    cfg, shape = ctx.cfg, ctx.profile.transformer
+    block = compute_from_dict(cfg.compute_block)
+    par = Parallelism(dp=ctx.backend.world_size, setup=ctx.choice.name)
+    rank = from_block(block, par, shape, ctx.batch, 0, block.meta.get("dtype", "float32"))
+    forward = shape.layers * rank.layer_forward_us + rank.embed_forward_us + rank.head_forward_us
+    backward = shape.layers * rank.layer_backward_us + rank.embed_backward_us + rank.head_backward_us
+    cpu_time = block.meta.get("clock") == "thread CPU time"
+    return forward, backward, rank.optimizer_us, 0.0, \
+        f"the compute block of {cfg.compute_block['device']}" + (" (CPU time)" if cpu_time else "")
 
 
 def _host(device) -> str:

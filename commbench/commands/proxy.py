@@ -71,8 +71,7 @@ def _common(fn):
 @click.option("--compute", type=click.Choice(["measured", "flops", "trace", "block", "none"]), default=None,
               help="Backward/forward time: measured (run the real model here once), flops (the profile's FLOPs "
                    "at --tflops), trace (a traced profile's time, `profiles extract --from-trace`), block (a "
-                   "transformer's operators from --hw's compute block, `commbench compute`: a --layout replay, "
-                   "or a predicted step), none [default: "
+                   "transformer's operators from --hw's compute block, `commbench compute`), none [default: "
                    "flops with --tflops, trace for a traced profile, else measured].")
 @click.option("--tflops", type=float, default=None, help="Achieved device rate, 1e12 FLOP/s, for --compute flops.")
 @click.option("--remeasure", is_flag=True,

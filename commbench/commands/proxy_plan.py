@@ -52,9 +52,6 @@ def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     if plan.mode in ("spawn", "emulate"):  # an emulated cluster's ranks all run on this host too
         O.check_local_ranks(plan.world, o.oversubscribe)
     backend = _settle_backend(o, plan, cls)
-    if compute == "block" and not o.layout and plan.mode != "local":  # the ranks' replay spins flops or traces
-        raise UsageFault("--compute block without --layout predicts the step (--backend sim, or --hw without "
-                         "ranks); a data-parallel replay on ranks takes --tflops RATE or --compute measured")
     if plan.mode == "local" and not o.compute and compute == "measured":
         raise UsageFault("a predicted step needs the cluster's compute rate: give --tflops RATE (the GPUs' "
                          "achieved 1e12 FLOP/s), or --compute none, or --compute measured (this host's)")

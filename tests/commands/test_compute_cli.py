@@ -45,8 +45,15 @@ def test_a_block_is_measured_written_and_used(tmp_path):
     point = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()][-1]
     assert (summary["compute_us_p50"], summary["step_us_p50"]) == pytest.approx((point["compute_us"],
                                                                                  point["step_us"]), rel=1e-9)
-    refused = commbench("proxy", "llama-tiny", "--hw", str(out), "-N", "2", "--compute", "block")  # on ranks
-    assert refused.returncode == 2 and "--compute block without --layout predicts the step" in refused.stderr
+    # and the data-parallel replay on ranks (was refused): the ranks spin the block's whole model, the step the
+    # predicted proxy computes (the replay adds the embedding's gather and the optimizer's update, 0.1% here)
+    ranks = commbench("proxy", "llama-tiny", "--hw", str(out), "-N", "2", "--compute", "block", "--steps", "2",
+                      "--warmup-steps", "1", "--json", str(tmp_path / "r.jsonl"))
+    assert ranks.returncode == 0, ranks.stderr
+    assert "compute per step (the compute block of cpu" in ranks.stdout
+    steps = [r for r in map(json.loads, (tmp_path / "r.jsonl").read_text().splitlines()) if r["record"] == "step"]
+    assert len(steps) == 3 and all(r["compute_us"] == pytest.approx(summary["compute_us_p50"], rel=0.02)
+                                   for r in steps)
 
 
 @pytest.mark.parametrize("args,message", [
