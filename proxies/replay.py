@@ -241,7 +241,7 @@ def _replay_setup(ctx: RankContext) -> None:
     ctx.start(label, [f"setup {ctx.choice.name} ({', '.join(f'{k} {v}' for k, v in ctx.choice.knobs if v is not None)}"
                       f"): per step {by or 'no calls'}; compute per micro-step ({label}): forward {forward / 1e3:.2f} "
                       f"ms, backward {backward / 1e3:.2f} ms, optimizer {update / 1e3:.2f} ms, the setup's own work "
-                      f"{own / 1e3:.2f} ms (measured at 1 rank)",
+                      f"{own / 1e3:.2f} ms" + (" (measured at 1 rank)" if label.startswith("measured") else ""),
                       "step = compute + exposed + other: exposed is the time the compute waited for a call in flight; "
                       "other is the rest"], {"compute_split_us": {"forward": forward, "backward": backward,
                                                                   "optimizer": update, "ddp": own},

@@ -114,8 +114,9 @@ def _block_of(o: ProxyOptions, profile: Profile):
         raise UsageFault("--compute block times each operator from the block: drop --tflops (one rate)")
     block = load_hw(o.hw).compute
     if block is None:
+        layout = f" --layout {o.layout}" if o.layout else ""
         raise UsageFault(f"--compute block: {o.hw} has no compute block (write one with `commbench compute "
-                         f"{o.model} --layout {o.layout} --hw {o.hw} -o FILE`)")
+                         f"{o.model}{layout} --hw {o.hw} -o FILE`)")
     lacks = missing(block, block.meta.get("dtype", "float32")) + \
         ([unlisted(profile.transformer)] if profile.transformer is not None and unlisted(profile.transformer) else [])
     if lacks:

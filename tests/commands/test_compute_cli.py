@@ -75,3 +75,11 @@ def test_bad_input_is_one_line(capsys, tmp_path, args, message):
     assert code == 2, out
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "hw.json").exists()
+
+
+def test_a_replay_of_a_block_the_file_lacks_says_how_to_write_one(capsys):
+    """The hint named `--layout None` where no layout was given."""
+    code = cli.main(["proxy", "llama-tiny", "--hw", "dgx-h100", "-N", "2", "--compute", "block"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "(write one with `commbench compute llama-tiny --hw dgx-h100 -o FILE`)" in err and "None" not in err
