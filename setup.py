@@ -14,7 +14,7 @@ setup(
                 "and model proxies for distributed training",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",  # kw_only dataclasses (commands/ranks_options.py)
+    python_requires=">=3.10",  # kw_only dataclasses (commands/helpers/ranks_options.py)
     # analysis/ and proxies/ install as commbench.analysis and commbench.proxies (no top-level
     # `analysis` or `proxies` module); presets, the published corpus and its calibration, and model
     # profiles ship as data. The CUDA kernels

@@ -202,7 +202,7 @@ def _size_axes(matplotlib, axes, mine: list[Series]) -> None:
 
 def model_mark(hw) -> str | None:
     """What a picture drawing `hw`'s predictions says above it when the file says they are not to be trusted,
-    as check and predict warn of it (commands/hw_option.warn_poor): fit --accept-poor-fit's meta.poor_fit,
+    as check and predict warn of it (commands/helpers/hw_option.warn_poor): fit --accept-poor-fit's meta.poor_fit,
     fit's meta.fitted_under_load; None when neither."""
     notes = hw.doubts() if hw is not None else []
     return "\n".join(shown(note) for note in notes) or None  # a newline a file holds is escaped, not drawn

@@ -29,7 +29,7 @@ from commbench.commands import (
     sweep,
     tune,
 )
-from commbench.commands.common import refuse_empty_values
+from commbench.commands.helpers.common import refuse_empty_values
 from commbench.environment import torch_version
 from commbench.errors import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
 from commbench.files import shown

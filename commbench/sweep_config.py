@@ -1,7 +1,7 @@
 """The sweep's configuration: every option of `commbench sweep` (and `nccl-tests`) as one frozen
 value that travels to every rank (as JSON in the environment of spawned ranks). The options a
 backend reads are one BackendConfig inside it, settled by the backend's class before any rank
-starts (commands/backend_options.py)."""
+starts (commands/helpers/backend_options.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ PLACEMENTS = ("out-of-place", "in-place")
 @dataclass(frozen=True)
 class SweepConfig(RanksConfig):
     """The sweep's options as they travel to every rank; `backend` is what the backend reads, settled
-    by its class before any rank starts (commands/backend_options.py)."""
+    by its class before any rank starts (commands/helpers/backend_options.py)."""
     collectives: tuple[str, ...] = ("allreduce",)
     sizes: tuple[int, ...] = (1 << 10,)
     dtype: str = "float32"

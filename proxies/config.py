@@ -1,7 +1,7 @@
 """The configuration of a proxy replay or a training run, as one frozen value that travels
 to every rank (as JSON in the environment of spawned ranks). The options a backend reads are
 one BackendConfig inside it, settled by the backend's class before any rank starts
-(commands/backend_options.py), as the sweep's are."""
+(commands/helpers/backend_options.py), as the sweep's are."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace

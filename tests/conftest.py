@@ -69,7 +69,7 @@ PROGRESS_LINE = re.compile(r"^commbench: (\w[\w-]*: starting \d+ rank|\d+/\d+ \w
 
 
 def notes_joined(stdout: str, width: int = 120) -> list[str]:
-    """The lines of `stdout` with each `#` note that commands/common.py note_lines broke at `width` joined back
+    """The lines of `stdout` with each `#` note that commands/helpers/common.py note_lines broke at `width` joined back
     into one line (a line is a continuation when it is indented two past its note's first line and its first
     word did not fit on the line before), so a test can find a note's words wherever the breaks fell."""
     joined: list[str] = []

@@ -5,8 +5,8 @@ import os
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.hw_option import hw_option
+from commbench.commands.helpers.common import UsageFault, check_outputs, output_options
+from commbench.commands.helpers.hw_option import hw_option
 from commbench.errors import EXIT_WRONG
 from commbench.files import shown
 
@@ -51,7 +51,7 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty
-    from commbench.commands.hw_option import load_hw, warn_poor
+    from commbench.commands.helpers.hw_option import load_hw, warn_poor
     from commbench.costmodel import HardwareError
     from commbench.results import RecordError
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs, output_options, warn
+from commbench.commands.helpers.common import UsageFault, check_outputs, output_options, warn
 from commbench.errors import EXIT_WRONG
 from commbench.results import OutputError
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.hw_option import hw_option
-from commbench.commands.options import Range, check
+from commbench.commands.helpers.common import UsageFault, check_outputs, output_options
+from commbench.commands.helpers.hw_option import hw_option
+from commbench.commands.helpers.options import Range, check
 
 
 @click.command("compute", epilog="""
@@ -44,7 +44,7 @@ def compute_command(model, layouts, gpus, microbatches, seq_len, device, dtype, 
     """Time a model's operators at the shapes each layout's ranks run, on this device; write the compute block."""
     from dataclasses import replace
 
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.hw_option import load_hw
 
     microbatches = microbatches or (1,)
     for microbatch in microbatches:

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 DEFAULT_LINK = "1gbit"
 

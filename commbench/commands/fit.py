@@ -1,13 +1,13 @@
 """`commbench fit`: a cost model fitted to measured sweeps, written as a hardware file (the commands that read
-one load it through commands/hw_option.py)."""
+one load it through commands/helpers/hw_option.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs, output_options, warn
-from commbench.commands.hw_option import load_hw
+from commbench.commands.helpers.common import UsageFault, check_outputs, output_options, warn
+from commbench.commands.helpers.hw_option import load_hw
 from commbench.results import RecordError, read_records
 from commbench.sizes import SizeError, parse_size
 
@@ -82,7 +82,7 @@ def fit_command(files: tuple[str, ...], output: str, setup: str | None, base: st
 def _marked(hw, poor: str | None, records: list[dict], output: str, accept_poor_fit: bool):
     """`hw` marked where its figures cannot be trusted as they stand: a poor fit (refused unless kept with
     --accept-poor-fit), runs measured on a busy host (analysis/hosts.busy_hosts); each said here and on every
-    use (commands/hw_option.warn_poor)."""
+    use (commands/helpers/hw_option.warn_poor)."""
     if poor and not accept_poor_fit:
         raise UsageFault(f"the fit does not describe its data ({poor}); nothing written. Fit one setup and size "
                          f"range at a time (--setup, --sizes), or keep it marked poor with --accept-poor-fit")

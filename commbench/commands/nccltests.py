@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import click
 
-from commbench.commands.common import UsageFault, output_options
+from commbench.commands.helpers.common import UsageFault, output_options
 from commbench.commands.nccltests_flags import BINARIES, LONG, SHORT, SHORT_OF
 from commbench.sizes import MAX_MEASURED_SIZES
 

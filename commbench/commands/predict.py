@@ -12,8 +12,8 @@ from commbench import collectives as C
 from commbench import tuning
 from commbench.algorithms import TABLE
 from commbench.commands import scale as L
-from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options
-from commbench.commands.hw_option import hw_option, load_hw, warn_poor
+from commbench.commands.helpers.common import UsageFault, check_outputs, note_lines, output_options
+from commbench.commands.helpers.hw_option import hw_option, load_hw, warn_poor
 from commbench.costmodel import HardwareError
 from commbench.results import CORPUS_PROVENANCE, FIT_PROVENANCE, OutputError, ResultSink
 from commbench.sizes import SizeError, parse_sizes

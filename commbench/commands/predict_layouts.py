@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 MAX_MICROBATCHES = 4096  # a step's micro-batches per rank: the pipeline's work grows with them
 LAYOUT_PARAMS = ("layouts", "microbatch", "global_batch", "pp_schedule", "virtual_stages", "checkpointing", "seq_len",
@@ -318,8 +318,8 @@ def only_data_parallel(given: dict) -> None:
 def layouts_command(model, hw_spec, scale, gpus_per_node, tflops, precision, algorithm, setup, flags, json_path,
                      append) -> None:
     """predict-scaling --layout: the layouts ranked at one GPU count, printed and written."""
-    from commbench.commands.common import write_records
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.common import write_records
+    from commbench.commands.helpers.hw_option import load_hw
     from commbench.costmodel import ALLREDUCE_ALGORITHMS
     from commbench.results import new_run_id
 

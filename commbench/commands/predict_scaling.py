@@ -8,12 +8,12 @@ from __future__ import annotations
 import click
 
 from commbench.algorithms import LIBRARY, TABLE
-from commbench.commands import options as O
 from commbench.commands import scale as L
-from commbench.commands.common import UsageFault, check_outputs, note_lines, output_options, write_records
-from commbench.commands.hw_option import hw_option, load_hw
+from commbench.commands.helpers import options as O
+from commbench.commands.helpers.common import UsageFault, check_outputs, note_lines, output_options, write_records
+from commbench.commands.helpers.hw_option import hw_option, load_hw
+from commbench.commands.helpers.setup_flags import settle_setup, setup_options
 from commbench.commands.predict_layouts import LAYOUT_PARAMS, layout_options, layouts_command, only_data_parallel
-from commbench.commands.setup_flags import settle_setup, setup_options
 from commbench.proxies.profile import ProfileError, load_profile
 from commbench.proxies.setups import DEFAULT_SETUP, SETUPS
 from commbench.results import new_run_id

@@ -9,11 +9,11 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable, output_options
 from commbench.commands.emulate import emulate_options
-from commbench.commands.hw_option import hw_option
+from commbench.commands.helpers.common import UsageFault, check_writable, output_options
+from commbench.commands.helpers.hw_option import hw_option
+from commbench.commands.helpers.setup_flags import setup_options
 from commbench.commands.proxy_parallel import layout_replay_options
-from commbench.commands.setup_flags import setup_options
 from commbench.errors import EXIT_OK
 
 PROXY_EXAMPLES = """
@@ -109,7 +109,7 @@ def proxy_command(**options) -> None:
     cfg, plan = make_config(o)
     if plan.mode == "local":  # predicted by the cost model: no ranks
         from commbench.analysis.predict_proxy import predict_proxy
-        from commbench.commands.hw_option import load_hw
+        from commbench.commands.helpers.hw_option import load_hw
 
         check_writable(cfg.json_path, "--json", o.force)
         say_note(plan)
@@ -245,7 +245,7 @@ def profiles_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def profiles_show(model, show_buckets, bucket_mb, no_bucketing, single_bucket, show_units, as_json) -> None:
     """A profile's summary and tensors, with --buckets its DDP bucket layout, with --units its sharding units."""
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
     from commbench.commands.proxy_plan import bucketing_mode
     from commbench.proxies import run as R
 

@@ -2,14 +2,14 @@
 commands/proxy_plan.py and proxy_parallel.py read typed fields, never a dict of options. `train` has no
 options for the backend or the compute: its value keeps their defaults (torch's library allreduce, the job's
 own ranks, the real model) and says `train`; its --layout options are proxy's (trained for real). The setup's
-knobs (one flag each, commands/setup_flags.py) are kept together, as given. The backend's, the ranks' and the
-output's options are the base's (commands/ranks_options.py), shared with sweep."""
+knobs (one flag each, commands/helpers/setup_flags.py) are kept together, as given. The backend's, the ranks' and the
+output's options are the base's (commands/helpers/ranks_options.py), shared with sweep."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-from commbench.commands.ranks_options import RanksOptions
+from commbench.commands.helpers.ranks_options import RanksOptions
 
 
 @dataclass(frozen=True, kw_only=True)

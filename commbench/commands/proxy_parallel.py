@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 from commbench.commands.predict_layouts import MAX_MICROBATCH, MAX_MICROBATCHES, MAX_VIRTUAL_STAGES, schedule_options
 
 LAYOUT_HELP = {

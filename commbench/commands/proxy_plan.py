@@ -8,10 +8,10 @@ import tempfile
 from dataclasses import replace
 
 from commbench import job
-from commbench.commands.common import UsageFault, find_job
 from commbench.commands.emulate import emulated_shape
+from commbench.commands.helpers.common import UsageFault, find_job
+from commbench.commands.helpers.setup_flags import check_trainable, settle_setup
 from commbench.commands.proxy_options import ProxyOptions
-from commbench.commands.setup_flags import check_trainable, settle_setup
 from commbench.proxies.config import ProxyConfig
 from commbench.proxies.profile import Profile, ProfileError, load_profile
 
@@ -23,7 +23,7 @@ def bucketing_mode(no_bucketing: bool, single_bucket: bool) -> str:
 
 
 def _check_numbers(o: ProxyOptions) -> None:
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
 
     counts = {f"--{flag.replace('_', '-')}": (O.NONNEGATIVE_COUNT if flag == "warmup_steps" else O.COUNT,
                                               getattr(o, flag))
@@ -34,8 +34,8 @@ def _check_numbers(o: ProxyOptions) -> None:
 
 def make_config(o: ProxyOptions) -> tuple[ProxyConfig, job.Plan]:
     """Everything that can be checked before a rank starts, as (config, plan)."""
-    from commbench.commands import options as O
-    from commbench.commands.backend_options import backend_class_of
+    from commbench.commands.helpers import options as O
+    from commbench.commands.helpers.backend_options import backend_class_of
     from commbench.commands.proxy_parallel import layout_fields
 
     _check_numbers(o)
@@ -101,7 +101,7 @@ def _profile_and_compute(o: ProxyOptions) -> tuple[Profile, str]:
 
 def _block_of(o: ProxyOptions, profile: Profile):
     """--compute block: the compute block of --hw that a layout's replay costs its operators from, or one line."""
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.hw_option import load_hw
     from commbench.proxies.layouts.layer_ops import missing, unlisted
 
     if not o.hw:
@@ -145,7 +145,7 @@ def _settle_backend(o: ProxyOptions, plan: job.Plan, cls):
     backend settles without it when it runs the library's own (it has no use for it)."""
     from commbench import collectives as C
     from commbench.backends import BackendConfig, BackendError
-    from commbench.commands.backend_options import settle_backend
+    from commbench.commands.helpers.backend_options import settle_backend
 
     layout = f"{plan.nodes}x{plan.ranks_per_node}" if o.nodes else None
     request = BackendConfig(backend=o.backend, torch_backend=o.torch_backend, device=o.device, algorithm=o.algorithm,
@@ -311,7 +311,7 @@ def _predicted_layout(o: ProxyOptions) -> job.Plan:
 def _hardware(o: ProxyOptions):
     """--hw loaded (once for the command: the ranks' cost model loads its own), or one line; a poor fit said
     (commands/fit.load_hw, the loader of every command that reads --hw)."""
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.hw_option import load_hw
 
     if not o.hw:
         raise UsageFault("--backend sim predicts with the cost model: give --hw PRESET|FILE")

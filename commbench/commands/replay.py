@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from commbench.commands.common import UsageFault, check_writable, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
-from commbench.commands.hw_option import hw_option
-from commbench.commands.options import Range, check
+from commbench.commands.helpers.common import UsageFault, check_writable, find_job, output_options
+from commbench.commands.helpers.hw_option import hw_option
+from commbench.commands.helpers.options import Range, check
 
 COMPUTE_SCALE = Range(1e-6, 1e6)  # a device a million times faster or slower than the traced one, at most
 
@@ -91,7 +91,7 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
 
     from commbench import job
     from commbench.backends import BackendConfig
-    from commbench.commands.backend_options import settle_backend
+    from commbench.commands.helpers.backend_options import settle_backend
     from commbench.proxies.traces.replay import TRACE_REPLAY_JOB, TraceReplayConfig
 
     world = info.world_size if info is not None else shape[0] * shape[1] if shape else job_trace.world
@@ -117,7 +117,7 @@ def _replay(job_trace, traces, steps, warmup_steps, compute, torch_backend, devi
 def _check_host(job_trace, world: int, device: str, oversubscribe: bool) -> None:
     """Before any rank starts: the trace's ranks as local processes (a trace of 4,096 ranks forked 4,096), and
     on the CPU their buffers (a call of 4 TB failed in every rank)."""
-    from commbench.commands.options import check_local_ranks, check_memory
+    from commbench.commands.helpers.options import check_local_ranks, check_memory
     from commbench.proxies.traces.replay import buffer_bytes
 
     check_local_ranks(world, oversubscribe, "local ranks (one per traced rank)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 from commbench.files import shown
 
 
@@ -51,7 +51,7 @@ def print_table(job) -> None:
 def predict_and_print(job, hw_spec: str, topology: str | None, compute_scale: float, json_path: str | None,
                       argv: list[str]) -> int:
     from commbench.analysis.predict_trace import predict_trace
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.hw_option import load_hw
     from commbench.costmodel import HardwareError
     from commbench.errors import EXIT_OK
     from commbench.topology import TopologyError, parse_topology

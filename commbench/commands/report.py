@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from commbench.commands.common import UsageFault, check_directory, output_options, warn
-from commbench.commands.hw_option import hw_option, load_hw
+from commbench.commands.helpers.common import UsageFault, check_directory, output_options, warn
+from commbench.commands.helpers.hw_option import hw_option, load_hw
 from commbench.costmodel import HardwareError
 from commbench.results import RecordError
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from commbench.commands.common import UsageFault, check_outputs, warn
+from commbench.commands.helpers.common import UsageFault, check_outputs, warn
 from commbench.files import shown_values
 from commbench.results import RecordError, read_records
 from commbench.sizes import format_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 SHORT_FORM = "--topology NxG is --nodes N --gpus-per-node G"
 
@@ -37,7 +37,7 @@ def settle(topology: str | None, nodes: int | None, per_node: int | None, world:
     """The scale the options say, or one line (UsageFault): a malformed or out-of-range value,
     --topology disagreeing with --nodes/--gpus-per-node, or a scale that is not `world` ranks
     (`world`: the rank count given another way, e.g. --nprocs)."""
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
     from commbench.topology import TopologyError, parse_nodes_by_ranks
 
     O.check({"--nodes": (O.COUNT, nodes), "--gpus-per-node": (O.COUNT, per_node)})

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 EXIT_FAILED = 1
 SWEEP_ARGS = ("--iters", "3", "--warmup", "1")
@@ -315,7 +315,7 @@ def selftest_command(only: tuple[str, ...], timeout_s: float) -> None:
     unknown = [name for name in names if name not in known]
     if unknown:
         raise UsageFault(f"no check named {unknown[0]!r}; choose from {', '.join(known)}")
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
 
     O.check({"--timeout": (O.TIMEOUT, timeout_s)})  # nan, inf, 1e308 or 0.001 failed checks with Python's errors
     checks = tuple(known[name] for name in dict.fromkeys(names)) if names else CHECKS

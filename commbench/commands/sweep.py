@@ -8,9 +8,9 @@ import click
 
 from commbench.algorithms import listing
 from commbench.commands import scale
-from commbench.commands.common import UsageFault, check_outputs, find_job, output_options
 from commbench.commands.emulate import emulate_options, emulated_shape
-from commbench.commands.hw_option import hw_option
+from commbench.commands.helpers.common import UsageFault, check_outputs, find_job, output_options
+from commbench.commands.helpers.hw_option import hw_option
 from commbench.commands.sweep_options import SweepOptions
 
 SWEEP_EXAMPLES = """
@@ -219,8 +219,8 @@ def _emulated(o: SweepOptions, cls, request, nodes: int, ranks: int, link_bps: i
 def _backend(o: SweepOptions, launcher: str | None):
     """(backend class, settled BackendConfig): the options a backend reads, checked by the backend."""
     from commbench.backends import BackendConfig
-    from commbench.commands.backend_options import settle_backend
-    from commbench.commands.hw_option import load_hw
+    from commbench.commands.helpers.backend_options import settle_backend
+    from commbench.commands.helpers.hw_option import load_hw
 
     if o.hw:
         load_hw(o.hw)  # loaded as --hw was parsed: a poor fit said here, once
@@ -332,7 +332,7 @@ def _world_checks(names: list[str], world: int, splits_spec: str) -> tuple:
 
 def _timing_options(o: SweepOptions, dtype) -> dict:
     """--skip-iters, --p99, --timestamps, --memory-report, --misalign, --blocking, checked (one line each)."""
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
 
     shift, blocking = o.misalign_nbytes, int(o.blocking)
     O.check({"--skip-iters": (O.NONNEGATIVE_COUNT, o.skip_iters),
@@ -347,7 +347,7 @@ def _timing_options(o: SweepOptions, dtype) -> dict:
 
 
 def _check_counts(o: SweepOptions) -> None:
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
 
     O.check({"--iters": (O.COUNT, o.iters), "--warmup": (O.NONNEGATIVE_COUNT, o.warmup),
              "--min-time": (O.SECONDS, o.min_time), "--timeout": (O.TIMEOUT, o.timeout_s),
@@ -358,7 +358,7 @@ def _check_scale(o: SweepOptions, cls, request, device: str, sizes: list[int], w
                  launched: bool = False) -> None:
     """Refuse what this host cannot hold or run before any rank starts: more local ranks than it
     carries, more virtual ranks than the backend can step through, buffers larger than its memory."""
-    from commbench.commands import options as O
+    from commbench.commands.helpers import options as O
 
     if local_ranks > 1 and not cls.in_process(request):
         O.check_local_ranks(local_ranks, o.oversubscribe, launched=launched)

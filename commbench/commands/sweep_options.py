@@ -1,13 +1,13 @@
 """`commbench sweep`'s command line as one frozen value, built once from click's parameters: the rest of the
 command (commands/sweep.py) reads typed fields, never a dict of options. Each field is the option's
 destination name; an option added to the command without its field here fails `from_click` at once. The
-backend's, the ranks' and the output's options are the base's (commands/ranks_options.py), shared with proxy."""
+backend's, the ranks' and the output's options are the base's (commands/helpers/ranks_options.py), shared with proxy."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-from commbench.commands.ranks_options import RanksOptions
+from commbench.commands.helpers.ranks_options import RanksOptions
 
 
 @dataclass(frozen=True, kw_only=True)

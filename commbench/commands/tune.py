@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import click
 import numpy as np
 
-from commbench.commands.common import UsageFault, check_outputs, output_options
-from commbench.commands.hw_option import hw_option
+from commbench.commands.helpers.common import UsageFault, check_outputs, output_options
+from commbench.commands.helpers.hw_option import hw_option
 from commbench.errors import EXIT_FAULT
 from commbench.lifetime import end_session
 
@@ -158,7 +158,7 @@ def tune_command(**given) -> None:
     (use it with sweep/proxy/predict --tuning FILE)."""
     o = TuneOptions(**given)
     from commbench.algorithms import chosen_by
-    from commbench.commands.backend_options import backend_class_of
+    from commbench.commands.helpers.backend_options import backend_class_of
     from commbench.topology import Topology
     from commbench.tuning import TuningTable, rows_from_winners
 

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from commbench import cli, job
-from commbench.commands import common, proxy_plan
+from commbench.commands import proxy_plan
+from commbench.commands.helpers import common
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""--hw is one option everywhere: built by commands/hw_option.py, refused in one line the same way, and a poor fit
-said wherever it is read (replay --hw said nothing)."""
+"""--hw is one option everywhere: built by commands/helpers/hw_option.py, refused in one line the same way, and a
+poor fit said wherever it is read (replay --hw said nothing)."""
 import json
 
 import click
@@ -7,7 +7,7 @@ import pytest
 from conftest import REPO, commbench
 
 from commbench import cli
-from commbench.commands.hw_option import HardwareOption
+from commbench.commands.helpers.hw_option import HardwareOption
 
 
 def test_every_commands_hw_is_the_one_option():
@@ -21,7 +21,7 @@ def test_every_commands_hw_is_the_one_option():
         for param in command.params:
             if "--hw" in getattr(param, "opts", ()):
                 seen.append(path)
-                assert isinstance(param, HardwareOption), f"{path}: --hw is not commands/hw_option.hw_option"
+                assert isinstance(param, HardwareOption), f"{path}: --hw is not commands/helpers/hw_option.hw_option"
 
     walk(cli.cli, "commbench")
     assert len(seen) >= 9, seen

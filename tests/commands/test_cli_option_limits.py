@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from commbench import cli, job
-from commbench.commands import options as O
+from commbench.commands.helpers import options as O
 from commbench.environment import usable_cpus
 
 CROWDED = str(O.RANKS_PER_CORE * (usable_cpus() or 1) + 1)  # past the limit, below --oversubscribe's ceiling
@@ -145,7 +145,7 @@ def test_a_rank_killed_by_sigkill_names_memory(capsys):
 def test_a_launcher_that_binds_each_rank_to_one_core_is_not_refused(monkeypatch):
     """srun (one CPU per task) or mpirun --bind-to core: a rank's own affinity is one core, but the node's
     ranks are the launcher's placement, counted against the host's cores (the review of issue 26)."""
-    monkeypatch.setattr("commbench.commands.options.usable_cpus", lambda: 1)
+    monkeypatch.setattr("commbench.commands.helpers.options.usable_cpus", lambda: 1)
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     O.check_local_ranks(8, False, launched=True)  # 8 ranks on a 64-core node, each bound to its core
     with pytest.raises(O.UsageFault, match="more than 4 per core"):

@@ -9,7 +9,7 @@ from conftest import REPO, commbench
 
 from commbench import cli, job
 from commbench import collectives as C
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 from commbench.commands.nccltests import DTYPES, LONG, translate
 
 

@@ -1,12 +1,12 @@
 """The `#` notes of predict and predict-scaling at most 120 characters a line (issue 48, item 12: the corpus's
-note was 405 characters, predict-scaling's step terms 472): a long note is several `#` lines (commands/common.py
+note was 405 characters, predict-scaling's step terms 472): a long note is several `#` lines (commands/helpers/common.py
 note_lines), every word of it kept in order; the table's own rows and column header are left as they are."""
 from __future__ import annotations
 
 import pytest
 
 from commbench.cli import main
-from commbench.commands.common import NOTE_WIDTH, note_lines
+from commbench.commands.helpers.common import NOTE_WIDTH, note_lines
 
 LONG = ("# step terms: overlap_slowdown 0 (defaulted: no GPU was available to this project's sessions: not measured, 0 "
         "until a GPU run measures it); step_cv 0.25% (defaulted: PyTorch DDP benchmark README @ bf69c149, 1 GPU in "

@@ -1,15 +1,15 @@
 """proxy's and train's command lines as one typed, frozen value (commands/proxy_options.py), built once from
 click's parameters; the backend's options settled once from it (commands/proxy_plan.py). The options proxy
-shares with sweep are declared once, in their base (commands/ranks_options.py)."""
+shares with sweep are declared once, in their base (commands/helpers/ranks_options.py)."""
 from __future__ import annotations
 
 from dataclasses import fields
 
 import pytest
 
+from commbench.commands.helpers.ranks_options import RanksOptions
 from commbench.commands.proxy import proxy_command, train_command
 from commbench.commands.proxy_options import ProxyOptions
-from commbench.commands.ranks_options import RanksOptions
 from commbench.commands.sweep import sweep
 from commbench.commands.sweep_options import SweepOptions
 from commbench.proxies.setups import KNOBS

@@ -562,7 +562,7 @@ UNTESTED_BY_NAME = {
     # the emulated cluster needs root and network namespaces: tests/system/test_emulate*.py (skipped without root)
     "commbench/emulate": "system/test_emulate.py", "commbench/emulated_run": "system/test_emulate.py",
     "commands/emulate": "system/test_emulate.py",
-    "commands/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
+    "commands/helpers/hw_option": "commands/test_cli_hw_option.py (every command's --hw)",
     "commbench/bench_point": "unit/commbench/test_point_timing.py, test_table_stats.py, test_bench_*.py (each point)",
     "commbench/algorithm_builds": "unit/commbench/test_algorithms.py (each builder and closed form via the table)",
     "commands/nccltests_flags": "commands/test_nccl_tests.py (every flag), test_cli_newcomer.py (sweep's letters)",
@@ -621,14 +621,14 @@ UNTESTED_BY_NAME = {
     "proxies/layouts/train/moe": "unit/proxies/layouts/train/test_local_layouts.py",
     "proxies/layouts/train/ring": "unit/proxies/layouts/train/test_local_layouts.py",
     "proxies/layouts/train/trace": "unit/proxies/layouts/train/test_local_layouts.py",
-    # commands/: helpers shared by several commands, tested through them; commands tested under other names
+    # commands/helpers/: what several commands share, tested through them; commands tested under other names
     "commands/__main__": "commands/test_cli.py (python -m commbench)",
-    "commands/common": "commands/test_cli*.py, system/test_inputs.py (outputs, one-line faults)",
-    "commands/options": "commands/test_cli_option_limits.py, system/test_inputs.py",
-    "commands/ranks_options": "commands/test_proxy_options.py (the base of sweep's and proxy's options)",
+    "commands/helpers/common": "commands/test_cli*.py, system/test_inputs.py (outputs, one-line faults)",
+    "commands/helpers/options": "commands/test_cli_option_limits.py, system/test_inputs.py",
+    "commands/helpers/ranks_options": "commands/test_proxy_options.py (the base of sweep's and proxy's options)",
     "commands/scale": "commands/test_cli_layout.py, test_sweep_layout.py",
-    "commands/setup_flags": "commands/test_proxy_setups.py, test_cli_exit_codes.py",
-    "commands/backend_options": "unit/commbench/test_sweep_config.py (the ranks get what the backend settled)",
+    "commands/helpers/setup_flags": "commands/test_proxy_setups.py, test_cli_exit_codes.py",
+    "commands/helpers/backend_options": "unit/commbench/test_sweep_config.py (the ranks get what the backend settled)",
     "commands/predict_layouts": "commands/test_predict_scaling_layouts.py",
     "commands/proxy_plan": "commands/test_proxy*.py, test_cli_exit_codes.py",
     "commands/replay_table": "commands/test_replay.py",
@@ -657,7 +657,9 @@ def modules_without_tests(tests: Path = TESTS, allowed: dict | None = None, comm
     wanted = {f"{key}/{name}": ({name}, tests / "unit" / key) for key, folder in UNIT_FOLDERS.items()
               for name in _names_in(folder) - TESTED_ELSEWHERE.get(key, set())}
     wanted |= {f"commands/{name}": ({name} | commands.get(name, set()), tests / "commands")
-               for name in _names_in(COMMANDS_FOLDER) | {"cli", "__main__"}}
+               for name in _names_in(COMMANDS_FOLDER) - {"helpers"} | {"cli", "__main__"}}
+    wanted |= {f"commands/helpers/{name}": ({name}, tests / "commands")
+               for name in _names_in(COMMANDS_FOLDER / "helpers")}
     tested = {key for key, (names, folder) in wanted.items()
               if any(_named_after(p.stem, names) for p in folder.glob("test_*.py"))}
     return ([f"{key}: no test file of its name; write one, or say in UNTESTED_BY_NAME where it is tested"

@@ -15,7 +15,7 @@ from commbench import algorithms as A
 from commbench import costmodel as M
 from commbench.cli import main
 from commbench.collectives import COLLECTIVES
-from commbench.commands.common import check_writable
+from commbench.commands.helpers.common import check_writable
 from commbench.results import OutputError, RecordError, Result, ResultSink, read_records
 from commbench.topology import Link, Topology
 
@@ -438,7 +438,7 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_printed(tmp_path, ca
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     # /dev/full stands for a disk that fills during the run: past the up-front check, which refuses devices
-    monkeypatch.setattr("commbench.commands.common._check_existing", lambda *args: None)
+    monkeypatch.setattr("commbench.commands.helpers.common._check_existing", lambda *args: None)
     good = write_lines(tmp_path / "good.jsonl", records())
     args = {"predict": ["predict", "--hw", "dgx-a100", "--topology", "1x2", "--sizes", "1K,1M", "--json"],
             "predict-scaling": ["predict-scaling", "resnet50", "--hw", "dgx-a100", "--gpus", "1,8", "--json"],

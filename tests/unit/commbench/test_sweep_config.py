@@ -1,7 +1,7 @@
 """The configs of the jobs that run ranks (SweepConfig, ProxyConfig): each holds one BackendConfig,
 travels to the ranks as JSON and arrives unchanged, writes the same flat `config` into run headers
 as before the backend's options were nested, and has its backend options settled by the backend's
-class before any rank starts, proxy and train as the sweep (commands/backend_options.py)."""
+class before any rank starts, proxy and train as the sweep (commands/helpers/backend_options.py)."""
 from __future__ import annotations
 
 import pytest

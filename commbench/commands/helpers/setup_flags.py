@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 SETUP_HELP = ("Training setup (docs/setups.md): ddp, ddp-fp16, ddp-bf16, apex, horovod, zero1, zero2, fsdp-full, "
               "fsdp-grad-op, fsdp-hybrid.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from commbench.backends import BackendConfig, BackendError, backend_class
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 
 def backend_class_of(name: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 
 CACHE_KEY = "commbench.hardware"  # click's per-invocation meta: {spec: Hardware}
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class RanksOptions:
-    # what runs the calls (settled by the backend's class: commands/backend_options.py)
+    # what runs the calls (settled by the backend's class: commands/helpers/backend_options.py)
     backend: str = "torch"
     algorithm: str = "auto"
     tuning: str | None = None

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from commbench.commands.common import UsageFault
+from commbench.commands.helpers.common import UsageFault
 from commbench.environment import memory_limit_bytes, usable_cpus
 
 LONGEST_S = 7 * 24 * 3600.0  # a week: --timeout, --min-time beyond this is a typo, and torch overflows past ~1e8 s
