@@ -73,7 +73,7 @@ def test_a_failed_job_whose_other_rank_is_stopped_is_ended_without_the_grace(cap
 
 
 RANK_HOLDS_PORT = """
-import errno, json, os, socket, sys
+import errno, json, os, socket, sys, time
 from commbench.launch import STORE_FD_VAR
 port, rank = int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
 seen = {"rank": rank, "fd": os.environ.get(STORE_FD_VAR)}
@@ -86,8 +86,13 @@ try:
     seen["taken"] = False
 except OSError as exc:
     seen["taken"] = exc.errno == errno.EADDRINUSE
-with open(os.path.join(sys.argv[0].rsplit("/", 1)[0], f"rank{rank}.json"), "w") as out:
+folder = os.path.dirname(sys.argv[0])
+with open(os.path.join(folder, f"rank{rank}.tmp"), "w") as out:
     json.dump(seen, out)
+os.rename(os.path.join(folder, f"rank{rank}.tmp"), os.path.join(folder, f"rank{rank}.json"))
+deadline = time.monotonic() + 60
+while rank == 0 and not os.path.exists(os.path.join(folder, "rank1.json")) and time.monotonic() < deadline:
+    time.sleep(0.01)  # rank 0 holds the port until rank 1 has tried it (a loaded host ran rank 0 to its end first)
 """
 
 
