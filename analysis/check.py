@@ -38,7 +38,8 @@ LARGE_BYTES = 64 << 10
 
 @dataclass(frozen=True)
 class Row:
-    kind: str  # sweep, proxy (a replay) or train (real DDP training, its compute taken from its replay)
+    kind: str  # sweep, proxy (a replay), train (real DDP training, its compute taken from its replay) or compute (a
+    # layout replay's measured piece against the compute block's)
     setup: str  # backend/algorithm, ranks, nodes (sweep) or model, backend, layout (proxy)
     what: str  # collective and size, or "step" / "comm"
     nbytes: int  # the call's size; a proxy step: its gradients
@@ -145,7 +146,7 @@ def _proxy_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row
 
 def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[str]) -> list[Row]:
     """The step row, and a replay's exposed-communication row, of a parallel layout's run (check_layout.py)."""
-    from commbench.analysis.check_layout import LayoutCheckError, check_layout_run
+    from commbench.analysis.check_layout import LayoutCheckError, check_layout_pieces, check_layout_run
 
     cfg = _config(headers, r)
     try:
@@ -160,7 +161,14 @@ def _layout_rows(r: dict, headers: dict, loads: dict, hw: Hardware, notes: list[
     rows = [Row("proxy", setup, "step", nbytes, float(r["step_us_p50"]), checked.step_us, None, over)]
     if r.get("comm_us_p50"):
         rows.append(Row("proxy", setup, "comm", nbytes, float(r["comm_us_p50"]), checked.exposed_us, None, over))
-    return rows
+    try:
+        pieces = check_layout_pieces(r, headers.get(r.get("run_id")) or {}, hw)
+    except LayoutCheckError as exc:
+        notes.append(str(exc))
+        pieces = []
+    label = f"{r.get('model')} {r['layout'].get('layout')} rank 0's pieces"
+    return rows + [Row("compute", label, piece, 0, measured, predicted, None, over)
+                   for piece, measured, predicted in pieces]
 
 
 def _trace_rows(records: list[dict], hw: Hardware, notes: list[str]) -> list[Row]:
@@ -322,4 +330,5 @@ def summary(rows: list[Row], include_oversubscribed: bool = False) -> dict:
     return {"record": "check_summary", "oversubscribed_left_out": left_out, "all": stats(rows),
             "sweep_64k_up": stats([r for r in rows if r.kind == "sweep" and r.nbytes >= LARGE_BYTES]),
             "proxy_steps": stats([r for r in rows if r.kind == "proxy" and r.what == "step"]),
-            "train_steps": stats([r for r in rows if r.kind == "train"])}
+            "train_steps": stats([r for r in rows if r.kind == "train"]),
+            "compute_pieces": stats([r for r in rows if r.kind == "compute"])}

@@ -7,7 +7,13 @@ compute is then exactly what the prediction assumes, so the rows check the commu
 Any other run (real training, a replay measuring its compute or spinning a block's times) is predicted from the
 compute block of `--hw` (`commbench compute`), operator by operator, as predict-scaling --layout predicts it: the
 rows then check compute and communication together. Without a block the run is left out with the reason
-(benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it)."""
+(benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it).
+
+A replay that measured its compute on the ranks (`proxy --layout --compute measured`) also holds what its rank 0
+timed of its own pieces (the header's `layout_compute_us`: a decoder layer, a CP block, the embedding, the head,
+the optimizer's update); with a block, each is set against the same piece costed from the block
+(`check_layout_pieces`, through proxies/layouts/pieces.from_block): where a step's error comes from, piece by
+piece, the operators measured on the device against the block's model of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -17,6 +23,7 @@ from commbench.costmodel import Hardware
 from commbench.proxies.layouts import layer_ops
 from commbench.proxies.layouts.calls import CHECKPOINTING
 from commbench.proxies.layouts.parallelism import LayoutError, Parallelism
+from commbench.proxies.layouts.pieces import RankCompute, from_block
 from commbench.proxies.profile import DTYPE_BYTES, ProfileError, load_profile
 from commbench.topology import Topology
 
@@ -87,6 +94,40 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str,
     setup = (f"{name} mb{par.microbatches}x{microbatch} at {compute}, "
              f"{record.get('backend')}/{algorithm}, {topo}")
     return LayoutCheck(setup, prediction.step_us, sum(prediction.exposed_us.values()))
+
+
+PIECE_LIMIT_US = 1e12  # a measured piece beyond this (11.6 days) is a damaged file
+
+
+def check_layout_pieces(record: dict, header: dict, hw: Hardware) -> list[tuple[str, float, float]]:
+    """(piece, measured us, predicted us) for each piece rank 0 of a `proxy --layout --compute measured` run timed
+    (its header's layout_compute_us; rank 0 is pipeline stage 0), against the piece costed from the compute block
+    of `hw`; [] for any other run; LayoutCheckError where the pieces cannot be set against a block."""
+    measured = header.get("layout_compute_us")
+    if record.get("kind") != "proxy" or (header.get("config") or {}).get("compute") != "measured" or \
+            not isinstance(measured, dict):
+        return []
+    par = parallelism_of(record)
+    name = f"{record.get('model')} {par.name}"
+    try:
+        ours = RankCompute(**{k: v for k, v in measured.items()})
+    except TypeError as exc:
+        raise LayoutCheckError(f"{name}: its header's layout_compute_us is damaged ({exc})") from exc
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= PIECE_LIMIT_US
+               for v in ours.values()):
+        raise LayoutCheckError(f"{name}: its header's layout_compute_us holds a time that is not one")
+    try:
+        shape = load_profile(record["model"]).transformer
+    except (ProfileError, ValueError) as exc:
+        raise LayoutCheckError(f"{record['model']}: {exc}") from exc
+    if shape is None:
+        return []
+    block, dtype = _block(name, record, hw, shape)
+    microbatch, _, _ = _run_settings(name, header.get("config") or {}, rate=False)
+    theirs = from_block(block, par, shape, microbatch, 0, dtype)
+    pairs = [(f.name, getattr(ours, f.name), getattr(theirs, f.name)) for f in fields(RankCompute)]
+    return [(piece.removesuffix("_us").replace("_", " "), float(mine), float(model))
+            for piece, mine, model in pairs if mine > 0 and model > 0]
 
 
 def _block(name: str, record: dict, hw: Hardware, shape) -> tuple:

@@ -84,12 +84,12 @@ def compute_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 def block_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
     """--compute block on a data-parallel replay's ranks: one replica's whole model (every layer, the embedding, the
     head with its loss) and the optimizer's update, costed from the hardware file's compute block as the layout
-    replay costs a rank's pieces (proxies/layouts/compute.from_block, no parallel dimension but the setup's); spun
+    replay costs a rank's pieces (proxies/layouts/pieces.from_block, no parallel dimension but the setup's); spun
     as the block was timed (this thread's CPU time, or wall time). The setup's own work beyond FSDP2's units is not
     in a block: none is added."""
     from commbench.costmodel.compute import compute_from_dict
-    from commbench.proxies.layouts.compute import from_block
     from commbench.proxies.layouts.parallelism import Parallelism
+    from commbench.proxies.layouts.pieces import from_block
 
     cfg, shape = ctx.cfg, ctx.profile.transformer
     block = compute_from_dict(cfg.compute_block)

@@ -46,8 +46,9 @@ def check_command(files: tuple[str, ...], hw_spec: str, max_error: float | None,
     against measured with the error per row (predicted / measured - 1: negative = optimistic), and
     the median and largest |error| (all rows; sweep points >= 64 KiB; proxy steps; training steps, predicted
     with the compute of a replay of the same setup in the same files; layout runs without a given rate, from
-    the --hw file's compute block). Rows of runs whose CPU ranks outnumber their host's cores are marked
-    oversubscribed and left out of the summary."""
+    the --hw file's compute block; and a `--compute measured` layout replay's own pieces against the block's).
+    Rows of runs whose CPU ranks outnumber their host's cores are marked oversubscribed and left out of the
+    summary."""
     from commbench.analysis import check as K
     from commbench.analysis import report as R
     from commbench.analysis.intervals import uncertainty
@@ -96,7 +97,7 @@ def _summary_lines(rows, summary: dict, include_oversubscribed: bool) -> None:
         click.echo(f"# note: {over} row(s) of runs with more CPU ranks on a host than its cores, marked "
                    f"oversubscribed: {verdict}")
     for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps"),
-                       ("train_steps", "training steps")):
+                       ("train_steps", "training steps"), ("compute_pieces", "compute pieces")):
         part = summary[key]
         if part["rows"]:
             coverage = "" if part["coverage"] is None else f", {100 * part['coverage']:.0f}% inside the 80% interval"
@@ -148,6 +149,6 @@ def _table(rows, hw) -> None:
 def _time(row, time_us: float, unit: bool = True) -> str:
     """A row's time with its unit: us for a sweep point (one decimal, as the sweep's table), ms for a step or
     its comm (two decimals, as the proxy's and train's tables)."""
-    if row.kind == "sweep":
+    if row.kind in ("sweep", "compute"):  # a sweep point, or a piece of a layout rank's compute
         return f"{time_us:.1f}" + (" us" if unit else "")
     return f"{time_us / 1e3:.2f}" + (" ms" if unit else "")

@@ -28,72 +28,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, fields
 
 from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.pieces import RankCompute, optimizer_shards
 from commbench.proxies.layouts.stage_share import stage_layer_ranges
 
 CPU_STEP_FLOP_LIMIT = 2e12  # a rank's step on this host's CPU beyond which measuring takes minutes: refused
-
-
-@dataclass(frozen=True)
-class RankCompute:
-    """One rank's compute per micro-batch, microseconds: a decoder layer, a CP attention block beyond the
-    diagonal, the embedding (first stage), the head with its loss (last stage); and the optimizer per step."""
-    layer_forward_us: float = 0.0
-    layer_backward_us: float = 0.0
-    block_forward_us: float = 0.0
-    block_backward_us: float = 0.0
-    embed_forward_us: float = 0.0
-    embed_backward_us: float = 0.0
-    head_forward_us: float = 0.0
-    head_backward_us: float = 0.0
-    optimizer_us: float = 0.0
-
-    def values(self) -> list[float]:
-        return list(astuple(self))
-
-    @classmethod
-    def of(cls, values) -> RankCompute:
-        return cls(*(float(v) for v in values))
-
-    def text(self) -> str:
-        return ", ".join(f"{f.name.removesuffix('_us').replace('_', ' ')} {getattr(self, f.name) / 1e3:.3f} ms"
-                         for f in fields(self) if getattr(self, f.name))
-
-
-def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtype: str) -> RankCompute:
-    """A rank's pieces costed from a compute block (`proxy --layout --compute block`; costmodel/compute.py) as
-    predict-scaling --layout costs them (proxies/layouts/layer_ops.py): the layer on its own block (the CP ring's other
-    blocks apart, one each), its wrappers' share; the embedding's gather and the optimizer's update (SGD with
-    momentum: 5 words a parameter) at the block's memory bandwidth. No core share: the replay's ranks share the
-    cores for real."""
-    from commbench.proxies.layouts import layer_ops as L
-    from commbench.proxies.layouts import memory as M
-    from commbench.proxies.setups import SETUPS
-
-    setup = SETUPS.get(par.setup)
-    fsdp = setup is not None and setup.trains_as == "fsdp"
-    ops = [op for op in L.layer_ops(shape, par, microbatch, 0) if op.label != "attention (cp ring)"]
-    layer = L.rank_layer_times(block, ops, dtype, par.tp > 1, fsdp)
-    heads, local = shape.heads // par.tp, shape.seq_len // par.cp
-    ring = block.attention_us(microbatch * heads, local, local, shape.head_dim, False, dtype) if par.cp > 1 \
-        else (0.0, 0.0)
-    out = {"layer_forward_us": layer.forward_us, "layer_backward_us": layer.backward_us,
-           "block_forward_us": ring[0], "block_backward_us": ring[1]}
-    tokens, width = microbatch * local, 4 if dtype == "float32" else 2
-    if stage == 0:
-        gather = block.memory_us(2 * tokens * shape.hidden * width) + (block.op_us or 0.0)
-        out.update(embed_forward_us=gather, embed_backward_us=2 * gather)
-    if stage == par.pp - 1:
-        head = L.op_times(block, L.head_ops(shape, par, microbatch), dtype, framework=False)
-        root = block.framework_us if fsdp else {}
-        out.update(head_forward_us=head.forward_us + root.get("fsdp_unit_forward", 0.0),
-                   head_backward_us=head.backward_us + root.get("fsdp_unit_backward", 0.0))
-    dense, experts, _ = M.stage_parameters(shape, par, stage)
-    shards = optimizer_shards(par, setup)
-    out["optimizer_us"] = block.memory_us(5 * 4 * (dense + experts) / shards)
-    return RankCompute(**out)
 
 
 def refusal(par: Parallelism, transformer, microbatch: int, on_cpu: bool) -> str | None:
@@ -223,13 +163,6 @@ class RankPieces:
         for tensor in tensors:
             tensor.grad = torch.zeros_like(tensor)
         return torch.optim.SGD(tensors, lr=1e-3, momentum=0.9), tensors
-
-
-def optimizer_shards(par: Parallelism, setup) -> int:
-    """How many ranks share each parameter's optimizer step: the data-parallel (and CP) ranks where the setup
-    shards the optimizer's states (ZeRO-1 and -2, FSDP: each updates its shard, as proxies/setup_steps.py's
-    models charge 1/shards of the step), else 1."""
-    return par.dp * par.cp if setup is not None and setup.memory_sharding != "none" else 1
 
 
 def _sync(device) -> None:

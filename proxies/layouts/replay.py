@@ -40,8 +40,8 @@ from itertools import zip_longest
 from commbench.backends.torch_calls import issue
 from commbench.proxies.clocks import CpuClock, SleepClock
 from commbench.proxies.layouts.calls import DTYPES, LayerCall, boundary_nbytes, layer_calls, outside_layer_calls
-from commbench.proxies.layouts.compute import RankCompute
 from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.pieces import RankCompute
 from commbench.proxies.layouts.pipeline import Pass, order
 from commbench.proxies.layouts.stage_share import stage_layer_ranges, stage_profile
 from commbench.proxies.setup_steps import Compute, Placement

@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 from commbench.launch import peer_wait_s
 from commbench.proxies.layouts.calls import layer_calls
-from commbench.proxies.layouts.compute import RankCompute, measure_on_ranks
+from commbench.proxies.layouts.compute import measure_on_ranks
+from commbench.proxies.layouts.pieces import RankCompute
 from commbench.proxies.layouts.replay import LayoutReplay
 
 
@@ -24,7 +25,7 @@ def replay_layout_steps(ctx) -> None:
     measured, cpu_time = measure_on_ranks(ctx, par, shape) if cfg.compute == "measured" else (None, False)
     if cfg.compute == "block":
         from commbench.costmodel.compute import compute_from_dict
-        from commbench.proxies.layouts.compute import from_block
+        from commbench.proxies.layouts.pieces import from_block
 
         block = compute_from_dict(cfg.compute_block)
         measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],

@@ -171,3 +171,33 @@ def test_a_header_listing_more_ranks_than_the_run_shares_the_cores_among_the_run
     four = check([header, record], block)[0][0].predicted_us
     header["ranks"] = [listed] * 100_000
     assert check([header, record], block)[0][0].predicted_us == pytest.approx(four)
+
+
+def test_a_measured_replays_pieces_are_set_against_the_blocks(hw):
+    """47 item 6: rank 0's own pieces of a `proxy --layout --compute measured` run (its header's layout_compute_us)
+    each against the piece the block costs (pieces.from_block), as rows of kind compute; a replay spinning the
+    block's own pieces is not set against itself, and a damaged piece is a note."""
+    from commbench.analysis.check_layout import check_layout_pieces
+    from commbench.proxies.layouts.pieces import from_block
+
+    header, record = _run("cp2,dp2", compute="measured")
+    header["layout_compute_us"] = {"layer_forward_us": 900.0, "layer_backward_us": 2000.0, "block_forward_us": 50.0,
+                                   "block_backward_us": 120.0, "embed_forward_us": 30.0, "embed_backward_us": 60.0,
+                                   "head_forward_us": 400.0, "head_backward_us": 800.0, "optimizer_us": 700.0}
+    with_block = replace(hw, compute=_block(0.05))
+    expected = from_block(with_block.compute, parallelism_of(record), load_profile("llama-tiny").transformer, 1, 0,
+                          "float32")
+    pieces = check_layout_pieces(record, header, with_block)
+    assert [p for p, _, _ in pieces] == ["layer forward", "layer backward", "block forward", "block backward",
+                                         "embed forward", "embed backward", "head forward", "head backward",
+                                         "optimizer"]
+    assert pieces[0][1:] == (900.0, pytest.approx(expected.layer_forward_us))
+    assert pieces[-1][1:] == (700.0, pytest.approx(expected.optimizer_us))
+    rows, notes = check([header, record], with_block)
+    assert [r.kind for r in rows] == ["proxy", "proxy"] + ["compute"] * 9
+    assert rows[2].what == "layer forward" and rows[2].error == pytest.approx(expected.layer_forward_us / 900 - 1)
+    spun = [dict(header, config=dict(header["config"], compute="block")), record]
+    assert check_layout_pieces(record, spun[0], with_block) == []
+    header["layout_compute_us"]["optimizer_us"] = float("nan")
+    rows, notes = check([header, record], with_block)
+    assert [r.kind for r in rows] == ["proxy", "proxy"] and any("layout_compute_us" in n for n in notes)
