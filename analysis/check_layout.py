@@ -9,9 +9,9 @@ compute block of `--hw` (`commbench compute`), operator by operator, as predict-
 rows then check compute and communication together. Without a block the run is left out with the reason
 (benchmarks/layouts_accuracy.py fits a rate on one layout and predicts the others from it).
 
-A replay that measured its compute on the ranks (`proxy --layout --compute measured`) also holds what its rank 0
-timed of its own pieces (the header's `layout_compute_us`: a decoder layer, a CP block, the embedding, the head,
-the optimizer's update); with a block, each is set against the same piece costed from the block
+A replay that measured its compute on the ranks (`proxy --layout --compute measured`) also holds what its ranks
+timed of their pieces (the header's `layout_compute_us`, each the slowest rank's: a decoder layer, a CP block, the
+embedding, the head, the optimizer's update); with a block, each is set against the same piece costed from the block
 (`check_layout_pieces`, through proxies/layouts/pieces.from_block): where a step's error comes from, piece by
 piece, the operators measured on the device against the block's model of them."""
 from __future__ import annotations
@@ -99,13 +99,14 @@ def check_layout_run(record: dict, config: dict, hw: Hardware, algorithm: str,
 PIECE_LIMIT_US = 1e12  # a measured piece beyond this (11.6 days) is a damaged file
 
 
-def check_layout_pieces(record: dict, header: dict, hw: Hardware) -> list[tuple[str, float, float]]:
-    """(piece, measured us, predicted us) for each piece rank 0 of a `proxy --layout --compute measured` run timed
-    (its header's layout_compute_us; rank 0 is pipeline stage 0), against the piece costed from the compute block
-    of `hw`; [] for any other run; LayoutCheckError where the pieces cannot be set against a block."""
-    measured = header.get("layout_compute_us")
-    if record.get("kind") != "proxy" or (header.get("config") or {}).get("compute") != "measured" or \
-            not isinstance(measured, dict):
+def check_layout_pieces(record: dict, header: dict, config: dict, hw: Hardware) -> list[tuple[str, float, float]]:
+    """(piece, measured us, predicted us) for each piece a `proxy --layout --compute measured` run timed (its
+    header's layout_compute_us: each the slowest rank's, measure_on_ranks) against the same piece costed from the
+    compute block of `hw`, the largest over the pipeline's stages as the measured is the largest over its ranks;
+    `config` the header's config as check read it. [] for any other run; LayoutCheckError where the pieces cannot
+    be set against a block."""
+    measured = header.get("layout_compute_us") if isinstance(header, dict) else None
+    if record.get("kind") != "proxy" or config.get("compute") != "measured" or not isinstance(measured, dict):
         return []
     par = parallelism_of(record)
     name = f"{record.get('model')} {par.name}"
@@ -123,9 +124,9 @@ def check_layout_pieces(record: dict, header: dict, hw: Hardware) -> list[tuple[
     if shape is None:
         return []
     block, dtype = _block(name, record, hw, shape)
-    microbatch, _, _ = _run_settings(name, header.get("config") or {}, rate=False)
-    theirs = from_block(block, par, shape, microbatch, 0, dtype)
-    pairs = [(f.name, getattr(ours, f.name), getattr(theirs, f.name)) for f in fields(RankCompute)]
+    microbatch, _, _ = _run_settings(name, config, rate=False)
+    stages = [from_block(block, par, shape, microbatch, stage, dtype) for stage in range(par.pp)]
+    pairs = [(f.name, getattr(ours, f.name), max(getattr(t, f.name) for t in stages)) for f in fields(RankCompute)]
     return [(piece.removesuffix("_us").replace("_", " "), float(mine), float(model))
             for piece, mine, model in pairs if mine > 0 and model > 0]
 

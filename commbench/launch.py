@@ -65,12 +65,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def loopback_socket(port: int = 0) -> socket.socket:
+def loopback_socket(port: int = 0, reuse: bool = True) -> socket.socket:
     """A TCP socket bound to 127.0.0.1:port (0: a free port), not yet listening: the rendezvous store's server
-    takes it over. Raises OSError where the port is taken."""
+    takes it over. `reuse`: SO_REUSEADDR, as torch's own store server sets it (a port in TIME_WAIT binds again);
+    without it no other socket can bind the port while this one holds it, SO_REUSEADDR or not. Raises OSError
+    where the port is taken."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own store server does
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
     except OSError:
         sock.close()
@@ -115,7 +118,7 @@ def spawn_local(module: str, nprocs: int, extra_env: Mapping[str, str], timeout_
     watch_read, watch_write = os.pipe()
     # The store's port stays bound from here to rank 0's store: a port found free and let go (free_port) was taken
     # by another process before rank 0 bound it in a loaded CI run ("Address already in use", exit 3).
-    store = loopback_socket()
+    store = loopback_socket(reuse=False)  # a port the kernel gave is in no TIME_WAIT
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.getsockname()[1]), WORLD_SIZE=str(nprocs),
                 LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", **{SPAWN_VAR: job, WATCHDOG_VAR: str(watch_read)},
                 **extra_env)

@@ -93,12 +93,14 @@ def block_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
 
     cfg, shape = ctx.cfg, ctx.profile.transformer
     block = compute_from_dict(cfg.compute_block)
-    par = Parallelism(dp=ctx.backend.world_size, setup=ctx.choice.name)
-    rank = from_block(block, par, shape, ctx.batch, 0, block.meta.get("dtype", "float32"))
+    dtype = block.meta.get("dtype", "float32")
+    rank = from_block(block, Parallelism(dp=ctx.backend.world_size, setup=ctx.choice.name), shape, ctx.batch, 0, dtype)
     forward = shape.layers * rank.layer_forward_us + rank.embed_forward_us + rank.head_forward_us
     backward = shape.layers * rank.layer_backward_us + rank.embed_backward_us + rank.head_backward_us
+    # the update over the whole model: the setup's plan divides it by the ranks that shard it (setup_steps.Compute)
+    update = from_block(block, Parallelism(setup=ctx.choice.name), shape, ctx.batch, 0, dtype).optimizer_us
     cpu_time = block.meta.get("clock") == "thread CPU time"
-    return forward, backward, rank.optimizer_us, 0.0, \
+    return forward, backward, update, 0.0, \
         f"the compute block of {cfg.compute_block['device']}" + (" (CPU time)" if cpu_time else "")
 
 

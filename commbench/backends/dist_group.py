@@ -173,16 +173,18 @@ def _spawners_socket(port: int) -> int | None:
     """The socket launch.spawn_local bound to the store's port and handed to rank 0 (its file descriptor), taken
     once (a second store in this process binds its own); None where there is none, or it is not on `port`."""
     fd = os.environ.pop(STORE_FD_VAR, "")
-    if not fd.isdigit():
+    if not fd.isdigit() or len(fd) > 9:
         return None
     try:
         sock = socket.socket(fileno=int(fd))
     except OSError:  # not an open socket: a stray variable
         return None
-    if sock.getsockname() != (LOOPBACK, port):
-        sock.close()
-        return None
-    return sock.detach()
+    try:
+        mine = sock.getsockname() == (LOOPBACK, port)
+    except OSError:
+        mine = False
+    fd_number = sock.detach()  # left open where it is not ours: another descriptor of this process
+    return fd_number if mine else None
 
 
 def _listen_on_loopback(port: int) -> int:

@@ -97,7 +97,7 @@ def _summary_lines(rows, summary: dict, include_oversubscribed: bool) -> None:
         click.echo(f"# note: {over} row(s) of runs with more CPU ranks on a host than its cores, marked "
                    f"oversubscribed: {verdict}")
     for key, label in (("all", "all rows"), ("sweep_64k_up", "sweep points >= 64 KiB"), ("proxy_steps", "proxy steps"),
-                       ("train_steps", "training steps"), ("compute_pieces", "compute pieces")):
+                       ("train_steps", "training steps"), ("compute_pieces", "compute pieces, apart")):
         part = summary[key]
         if part["rows"]:
             coverage = "" if part["coverage"] is None else f", {100 * part['coverage']:.0f}% inside the 80% interval"

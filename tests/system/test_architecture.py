@@ -607,7 +607,6 @@ UNTESTED_BY_NAME = {
     "proxies/comm_plan": "unit/proxies/test_setups.py, traces/test_calls_traced.py, "
                          "unit/analysis/test_predict_layout.py",
     "proxies/setup_steps": "unit/proxies/test_setups_torch.py, unit/proxies/layouts/test_replay_layout.py",
-    "proxies/replay": "commands/test_proxy.py, commands/test_proxy_setups.py (the data-parallel replay on ranks)",
     "proxies/train": "commands/test_proxy.py (train, --validate), unit/proxies/test_setups_torch.py",
     "proxies/train_setups": "unit/proxies/test_setups_torch.py",
     "proxies/catalog": "unit/proxies/test_profile_shipped.py, test_units.py, system/test_security.py",

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from commbench.analysis.check import check
+from commbench.analysis.check import summary as summary_of
 from commbench.analysis.check_layout import LayoutCheckError, check_layout_run, parallelism_of
 from commbench.analysis.predict_layout import Job, predict_layout
 from commbench.costmodel import load_hardware
@@ -174,9 +175,10 @@ def test_a_header_listing_more_ranks_than_the_run_shares_the_cores_among_the_run
 
 
 def test_a_measured_replays_pieces_are_set_against_the_blocks(hw):
-    """47 item 6: rank 0's own pieces of a `proxy --layout --compute measured` run (its header's layout_compute_us)
-    each against the piece the block costs (pieces.from_block), as rows of kind compute; a replay spinning the
-    block's own pieces is not set against itself, and a damaged piece is a note."""
+    """47 item 6: the pieces a `proxy --layout --compute measured` run timed (its header's layout_compute_us, the
+    slowest rank's) each against the piece the block costs (pieces.from_block), as rows of kind compute, judged apart
+    from the steps; a replay spinning the block's own pieces is not set against itself, a damaged piece or header
+    is a note."""
     from commbench.analysis.check_layout import check_layout_pieces
     from commbench.proxies.layouts.pieces import from_block
 
@@ -187,7 +189,7 @@ def test_a_measured_replays_pieces_are_set_against_the_blocks(hw):
     with_block = replace(hw, compute=_block(0.05))
     expected = from_block(with_block.compute, parallelism_of(record), load_profile("llama-tiny").transformer, 1, 0,
                           "float32")
-    pieces = check_layout_pieces(record, header, with_block)
+    pieces = check_layout_pieces(record, header, header["config"], with_block)
     assert [p for p, _, _ in pieces] == ["layer forward", "layer backward", "block forward", "block backward",
                                          "embed forward", "embed backward", "head forward", "head backward",
                                          "optimizer"]
@@ -197,7 +199,25 @@ def test_a_measured_replays_pieces_are_set_against_the_blocks(hw):
     assert [r.kind for r in rows] == ["proxy", "proxy"] + ["compute"] * 9
     assert rows[2].what == "layer forward" and rows[2].error == pytest.approx(expected.layer_forward_us / 900 - 1)
     spun = [dict(header, config=dict(header["config"], compute="block")), record]
-    assert check_layout_pieces(record, spun[0], with_block) == []
+    assert check_layout_pieces(record, spun[0], spun[0]["config"], with_block) == []
+    summary = summary_of(rows)
+    assert summary["all"]["rows"] == 2 and summary["compute_pieces"]["rows"] == 9  # --max-error judges the steps
     header["layout_compute_us"]["optimizer_us"] = float("nan")
     rows, notes = check([header, record], with_block)
     assert [r.kind for r in rows] == ["proxy", "proxy"] and any("layout_compute_us" in n for n in notes)
+    for damaged in ("oops", [1]):  # a header's config that is not an object: as check_layout_run takes it
+        rows, notes = check([dict(header, config=damaged), record], with_block)
+        assert all(r.kind == "proxy" for r in rows)
+
+
+def test_a_pipelines_pieces_are_set_against_the_fullest_stages(hw):
+    """The measured pieces are the slowest rank's: the head is the last stage's, the embedding the first's."""
+    from commbench.analysis.check_layout import check_layout_pieces
+
+    header, record = _run("pp2,dp2", compute="measured", microbatches=4)
+    header["layout_compute_us"] = {"layer_forward_us": 900.0, "layer_backward_us": 2000.0, "embed_forward_us": 30.0,
+                                   "embed_backward_us": 60.0, "head_forward_us": 400.0, "head_backward_us": 800.0,
+                                   "optimizer_us": 700.0}
+    pieces = dict((p, (m, q)) for p, m, q in check_layout_pieces(record, header, header["config"],
+                                                                  replace(hw, compute=_block(0.05))))
+    assert {"embed forward", "head forward", "optimizer"} <= set(pieces)

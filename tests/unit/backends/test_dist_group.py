@@ -120,25 +120,27 @@ def test_the_local_rendezvous_falls_back_to_the_classic_store_where_libuv_refuse
 
 def test_rank_0s_store_serves_on_the_socket_its_spawner_bound_and_takes_it_once(monkeypatch):
     """launch.spawn_local binds the store's port and hands rank 0 the socket: its store serves on that socket (a
-    fresh bind of the port would fail while it is held), the variable is taken so a second store binds its own, and
-    a variable that names no socket on the port is passed over."""
+    fresh bind of the port fails while it serves), the variable is taken so a second store binds its own, and
+    a variable that names no socket on the port is passed over (the descriptor left as it was: not ours)."""
     import torch.distributed
 
     from commbench.backends import dist_group
     from commbench.launch import STORE_FD_VAR, loopback_socket
 
-    held = loopback_socket()
+    held = loopback_socket(reuse=False)  # as launch.spawn_local binds it
     port = held.getsockname()[1]
     monkeypatch.setenv(STORE_FD_VAR, str(held.detach()))
     store = dist_group._store(port, 1, 0, datetime.timedelta(seconds=5))
     assert STORE_FD_VAR not in dist_group.os.environ
+    with pytest.raises(OSError):  # the store serves on the held socket: the port cannot be bound again
+        loopback_socket(port).close()
     client = torch.distributed.TCPStore("127.0.0.1", port, 1, False, datetime.timedelta(seconds=5))
     client.set("k", "v")
     assert store.get("k") == b"v"
     other = loopback_socket().detach()
-    monkeypatch.setenv(STORE_FD_VAR, str(other))  # a socket, but on another port
+    monkeypatch.setenv(STORE_FD_VAR, str(other))  # a socket, but on another port: not served, and not closed
     assert dist_group._spawners_socket(port) is None
-    with pytest.raises(OSError):  # closed, not served
-        os.fstat(other)
+    os.fstat(other)
+    os.close(other)
     monkeypatch.setenv(STORE_FD_VAR, "not a number")
     assert dist_group._spawners_socket(port) is None
