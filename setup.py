@@ -34,8 +34,9 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3", "psutil>=5", "ruff>=0.6"],
         # Real model definitions for profiles and `commbench train` (random init, no weights downloaded).
-        # torchvision 0.26 pairs with torch 2.11; transformers 4.49 lacks the AttentionInterface CP trains with.
-        "models": ["torchvision>=0.26", "timm>=0.9", "transformers>=5.0"],
+        # torchvision 0.26 pairs with torch 2.11; transformers 4.49 lacks the AttentionInterface CP trains with, and
+        # under 5.0 and 5.1 a GPT-2's or BERT's DDP and FSDP2 calls differ from its profile's (README, "Which torch").
+        "models": ["torchvision>=0.26", "timm>=0.9", "transformers>=5.2"],
         "mpi": ["mpi4py>=3.1"],
         # benchmarks/deepspeed_peer.py: DeepSpeed's CPU shared-memory allreduce as a peer (its op builds with g++).
         "deepspeed": ["deepspeed>=0.14"],
