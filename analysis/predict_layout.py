@@ -146,9 +146,10 @@ def _chunk_us(job: Job, par: Parallelism, layers: range, head: bool) -> tuple[fl
     if head and uses_block(job):
         times = ops.op_times(job.compute, ops.head_ops(shape, par, job.microbatch), job.compute_dtype, framework=False)
         root = job.compute.framework_us if _fsdp(par) else {}  # FSDP2's root unit: embedding, norm, head
+        rest = job.compute.framework_us  # the real head and loss beyond their operators, where `compute` measured it
         share = job.compute.core_share(job.ranks_per_host or job.gpus_per_node)
-        forward += share * (times.forward_us + root.get("fsdp_unit_forward", 0.0))
-        backward += share * (times.backward_us + root.get("fsdp_unit_backward", 0.0))
+        forward += share * (times.forward_us + root.get("fsdp_unit_forward", 0.0) + rest.get("head_forward", 0.0))
+        backward += share * (times.backward_us + root.get("fsdp_unit_backward", 0.0) + rest.get("head_backward", 0.0))
     elif head:
         head_flops = shape.head_forward_flops() * local / par.tp
         forward, backward = forward + head_flops / rate, backward + 2 * head_flops / rate

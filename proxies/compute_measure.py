@@ -84,8 +84,43 @@ def _with_framework(block: ComputeBlock, clock, shape, layouts, microbatches: li
         say(f"#   {par.name}, micro-batch {microbatch}: a decoder layer {real_f:.1f} us forward, {real_b:.1f} us "
             f"backward; its operators {ops.forward_us:.1f} and {ops.backward_us:.1f}")
     framework = {"forward": max(0.0, statistics.median(extra_f)), "backward": max(0.0, statistics.median(extra_b))}
+    framework.update(_rest_of_a_rank(block, clock, shape, layouts[0], max(microbatches), dtype, say=say))
     framework.update(_wrappers(clock, shape, max(microbatches), say))
     return replace(block, framework_us=framework, sources={**block.sources, "framework_us": "measured"})
+
+
+REST_PARAMETER_LIMIT = 1e8  # a rank's parameters beyond which the real update's tensors (and its head) take gigabytes
+
+
+def _rest_of_a_rank(block: ComputeBlock, clock, shape, par, microbatch: int, dtype: str, *,
+                    say) -> dict[str, float]:
+    """The real head (with its loss), embedding and update of one rank against what the block's operators give them
+    (proxies/layouts/pieces.from_block's model: the head's listed operators, the embedding's gather and the update's
+    bytes at the memory bandwidth): the head's and the embedding's excess per phase, the update's per tensor. The
+    head is whole on the rank, as `train --layout` keeps it."""
+    from commbench.proxies.layouts import memory as M
+    from commbench.proxies.layouts.pieces import UPDATE_BYTES_PER_PARAMETER
+
+    dense, experts, _ = M.stage_parameters(shape, par, 0)
+    if dense + experts > REST_PARAMETER_LIMIT:
+        say(f"# the rest of a rank (head, embedding, update) not measured: {(dense + experts) / 1e6:.0f} M parameters "
+            f"on a {par.name} rank (over {REST_PARAMETER_LIMIT / 1e6:.0f} M: their update's tensors alone would take "
+            "gigabytes here)")
+        return {}
+    real = T.time_rank_pieces(clock, par, shape, microbatch)
+    from commbench.proxies.layouts.parallelism import Parallelism
+
+    head = L.op_times(block, L.head_ops(shape, Parallelism(cp=par.cp), microbatch), dtype, framework=False)
+    gather = block.memory_us(2 * microbatch * shape.seq_len // par.cp * shape.hidden * (4 if dtype == "float32" else 2))
+    gather += block.op_us or 0.0
+    update_us, tensors, elements = real["optimizer"]
+    out = {"head_forward": real["head"][0] - head.forward_us, "head_backward": real["head"][1] - head.backward_us,
+           "embed_forward": real["embed"][0] - gather, "embed_backward": real["embed"][1] - 2 * gather,
+           "optimizer_tensor": (update_us - block.memory_us(UPDATE_BYTES_PER_PARAMETER * elements)) / tensors}
+    say(f"#   the rest of a {par.name} rank, micro-batch {microbatch}: the head and its loss "
+        f"{sum(real['head']):.1f} us (its operators {head.forward_us + head.backward_us:.1f}), the embedding "
+        f"{sum(real['embed']):.1f} us, the update {update_us:.1f} us over {tensors:.0f} tensors")
+    return {key: max(0.0, value) for key, value in out.items()}
 
 
 WRAPPED_STEP_FLOP_LIMIT = 2e11  # a whole model's micro-batch on a CPU beyond which three of them take minutes

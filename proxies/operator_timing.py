@@ -116,6 +116,23 @@ def time_decoder_layer(clock: Clock, par, shape, microbatch: int) -> tuple[float
     return forward_us, backward_us
 
 
+def time_rank_pieces(clock: Clock, par, shape, microbatch: int) -> dict[str, tuple[float, ...]]:
+    """The rest of a rank's real pieces (layouts/compute.py's, whole on the rank as `train --layout` keeps them):
+    {"head": (forward, backward) of the final norm, the output layer and the loss; "embed": (forward, backward) of
+    the embedding; "optimizer": (one SGD-with-momentum update of the rank's first stage's tensors, their count,
+    their elements)}, microseconds."""
+    from commbench.proxies.layouts.compute import RankPieces
+
+    pieces = RankPieces(par, shape, microbatch, 0, clock.device)
+    ones = clock.torch.ones_like
+    head = (clock.median_us(pieces.head), clock.median_us(pieces.head, lambda out: out.backward()))
+    embed = (clock.median_us(pieces.embed), clock.median_us(pieces.embed, lambda out: out.backward(ones(out))))
+    optimizer, tensors = pieces.optimizer()
+    update = clock.median_us(optimizer.step)
+    return {"head": head, "embed": embed,
+            "optimizer": (update, float(len(tensors)), float(sum(t.numel() for t in tensors)))}
+
+
 def time_wrapped_steps(clock: Clock, shape, microbatch: int, store_path: str) -> dict[str, tuple[float, float]]:
     """What the wrappers' own work (hooks, copies, DTensor's dispatch) adds to one training micro-batch of the
     whole model (transformers' Llama at `shape`, `microbatch` sequences), forward and backward microseconds:

@@ -29,7 +29,10 @@ from typing import Any
 
 SOURCES = ("measured", "published", "defaulted")
 FRAMEWORK_KEYS = ("forward", "backward", "fsdp_unit_forward", "fsdp_unit_backward", "tp_layer_forward",
-                  "tp_layer_backward")
+                  "tp_layer_backward",
+                  # the rest of a rank's pieces beyond what the block's operators give them (commbench compute times
+                  # the real ones): the head with its loss and the embedding per phase, the update per parameter tensor
+                  "head_forward", "head_backward", "embed_forward", "embed_backward", "optimizer_tensor")
 DTYPES = ("float32", "bfloat16", "float16", "float8")
 MAX_POINTS = 4096  # a block of one model's layouts holds tens
 NEAREST = 4  # points averaged for a shape between them

@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, fields
 
 from commbench.proxies.layouts.parallelism import Parallelism
+from commbench.proxies.layouts.stage_share import stage_layer_ranges
+
+UPDATE_BYTES_PER_PARAMETER = 5 * 4  # SGD with momentum: the parameter, its gradient and momentum read, two written
+LAYER_TENSORS = 9  # a Llama decoder layer's parameter tensors: q, k, v, o, gate, up, down and the two norms
 
 
 @dataclass(frozen=True)
@@ -56,17 +60,23 @@ def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtyp
     out = {"layer_forward_us": layer.forward_us, "layer_backward_us": layer.backward_us,
            "block_forward_us": ring[0], "block_backward_us": ring[1]}
     tokens, width = microbatch * local, 4 if dtype == "float32" else 2
+    rest = block.framework_us  # what `commbench compute` measured of the real head, embedding and update beyond these
     if stage == 0:
         gather = block.memory_us(2 * tokens * shape.hidden * width) + (block.op_us or 0.0)
-        out.update(embed_forward_us=gather, embed_backward_us=2 * gather)
+        out.update(embed_forward_us=gather + rest.get("embed_forward", 0.0),
+                   embed_backward_us=2 * gather + rest.get("embed_backward", 0.0))
     if stage == par.pp - 1:
         head = L.op_times(block, L.head_ops(shape, par, microbatch), dtype, framework=False)
         root = block.framework_us if fsdp else {}
-        out.update(head_forward_us=head.forward_us + root.get("fsdp_unit_forward", 0.0),
-                   head_backward_us=head.backward_us + root.get("fsdp_unit_backward", 0.0))
+        out.update(head_forward_us=head.forward_us + root.get("fsdp_unit_forward", 0.0) + rest.get("head_forward", 0.0),
+                   head_backward_us=head.backward_us + root.get("fsdp_unit_backward", 0.0)
+                   + rest.get("head_backward", 0.0))
     dense, experts, _ = M.stage_parameters(shape, par, stage)
     shards = optimizer_shards(par, setup)
-    out["optimizer_us"] = block.memory_us(5 * 4 * (dense + experts) / shards)
+    layers = sum(len(chunk) for chunk in stage_layer_ranges(shape.layers, par, stage))
+    tensors = layers * LAYER_TENSORS + (stage == 0) + 2 * (stage == par.pp - 1)  # a dense Llama layer's; embedding;
+    out["optimizer_us"] = block.memory_us(UPDATE_BYTES_PER_PARAMETER * (dense + experts) / shards) + \
+        tensors * rest.get("optimizer_tensor", 0.0)  # the final norm and the head
     return RankCompute(**out)
 
 

@@ -166,3 +166,19 @@ def test_deepep_sends_a_token_once_a_node_over_the_nics_and_once_a_gpu_over_nvli
     assert _deepep_us(nvlink_bound, topo, nbytes, shape) == pytest.approx(expected_local * 1_000_000 / 1e3, rel=0.03)
     # never more than the all-to-all of one copy a routed expert
     assert _deepep_us(hw, topo, nbytes, shape) <= _alltoall_us(hw, topo, nbytes)
+
+
+def test_the_real_heads_excess_that_compute_measured_is_in_the_prediction():
+    """framework_us head_forward / head_backward (commbench compute times the real head and loss): the last stage's
+    head costs them beside its operators, once a micro-batch, as the layout replay's pieces do."""
+    from commbench.analysis.predict_layout import model_compute_us
+    from commbench.costmodel.compute import AttentionPoint, ComputeBlock, MatmulPoint
+
+    block = ComputeBlock("cpu (test)", (MatmulPoint(64, 64, 64, "float32", 10.0),),
+                         (AttentionPoint(4, 64, 64, 16, True, "float32", 5.0, 12.0),), 10.0, 1.0,
+                         {"forward": 100.0, "backward": 150.0}, meta={"dtype": "float32"})
+    profile, hw = load_profile("llama-tiny"), load_hardware("dgx-a100")
+    plain = model_compute_us(profile, hw, 2, block, "float32", 1)
+    more = model_compute_us(profile, hw, 2, replace(block, framework_us={**block.framework_us, "head_forward": 30.0,
+                                                                          "head_backward": 45.0}), "float32", 1)
+    assert (more[0] - plain[0], more[1] - plain[1]) == pytest.approx((30.0, 45.0))

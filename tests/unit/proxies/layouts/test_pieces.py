@@ -48,3 +48,21 @@ def test_a_ranks_pieces_from_a_block_hold_each_stage_its_own():
     first, last = (from_block(block, parse_layout("pp2,dp2", gpus=4), SHAPE, 1, s, "float32") for s in (0, 1))
     assert first.embed_forward_us > 0 and first.head_forward_us == 0
     assert last.head_forward_us > 0 and last.embed_forward_us == 0
+
+
+def test_what_compute_measured_of_the_rest_of_a_rank_is_added_to_its_pieces():
+    """commbench compute times the real head, embedding and update (framework_us head_*, embed_*, optimizer_tensor):
+    each piece gains it, the update once a parameter tensor (9 a Llama layer, the embedding, the norm, the head)."""
+    from dataclasses import replace
+
+    block = _block()
+    rest = replace(block, framework_us={**block.framework_us, "head_forward": 40.0, "head_backward": 60.0,
+                                        "embed_forward": 5.0, "embed_backward": 8.0, "optimizer_tensor": 2.0})
+    par = parse_layout("dp4", gpus=4)
+    plain, more = (from_block(b, par, SHAPE, 1, 0, "float32") for b in (block, rest))
+    assert more.head_forward_us - plain.head_forward_us == pytest.approx(40.0)
+    assert more.head_backward_us - plain.head_backward_us == pytest.approx(60.0)
+    assert (more.embed_forward_us - plain.embed_forward_us, more.embed_backward_us - plain.embed_backward_us) == \
+        pytest.approx((5.0, 8.0))
+    assert more.optimizer_us - plain.optimizer_us == pytest.approx(2.0 * (9 * SHAPE.layers + 3))
+    assert more.layer_forward_us == plain.layer_forward_us
