@@ -111,7 +111,7 @@ def check_layout_pieces(record: dict, header: dict, config: dict, hw: Hardware) 
     par = parallelism_of(record)
     name = f"{record.get('model')} {par.name}"
     try:
-        ours = RankCompute(**{k: v for k, v in measured.items()})
+        ours = RankCompute(**measured)
     except TypeError as exc:
         raise LayoutCheckError(f"{name}: its header's layout_compute_us is damaged ({exc})") from exc
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= PIECE_LIMIT_US

@@ -99,6 +99,7 @@ def _rest_of_a_rank(block: ComputeBlock, clock, shape, par, microbatch: int, dty
     bytes at the memory bandwidth): the head's and the embedding's excess per phase, the update's per tensor. The
     head is whole on the rank, as `train --layout` keeps it."""
     from commbench.proxies.layouts import memory as M
+    from commbench.proxies.layouts.parallelism import Parallelism
     from commbench.proxies.layouts.pieces import UPDATE_BYTES_PER_PARAMETER
 
     dense, experts, _ = M.stage_parameters(shape, par, 0)
@@ -108,8 +109,6 @@ def _rest_of_a_rank(block: ComputeBlock, clock, shape, par, microbatch: int, dty
             "gigabytes here)")
         return {}
     real = T.time_rank_pieces(clock, par, shape, microbatch)
-    from commbench.proxies.layouts.parallelism import Parallelism
-
     head = L.op_times(block, L.head_ops(shape, Parallelism(cp=par.cp), microbatch), dtype, framework=False)
     gather = block.memory_us(2 * microbatch * shape.seq_len // par.cp * shape.hidden * (4 if dtype == "float32" else 2))
     gather += block.op_us or 0.0

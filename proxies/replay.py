@@ -99,9 +99,8 @@ def block_times(ctx: RankContext) -> tuple[float, float, float, float, str]:
     backward = shape.layers * rank.layer_backward_us + rank.embed_backward_us + rank.head_backward_us
     # the update over the whole model: the setup's plan divides it by the ranks that shard it (setup_steps.Compute)
     update = from_block(block, Parallelism(setup=ctx.choice.name), shape, ctx.batch, 0, dtype).optimizer_us
-    cpu_time = block.meta.get("clock") == "thread CPU time"
     return forward, backward, update, 0.0, \
-        f"the compute block of {cfg.compute_block['device']}" + (" (CPU time)" if cpu_time else "")
+        f"the compute block of {cfg.compute_block['device']}" + (" (CPU time)" if block.cpu_time else "")
 
 
 def _host(device) -> str:

@@ -129,6 +129,12 @@ class ComputeBlock:
 
         return at("forward_us"), at("backward_us")
 
+    @property
+    def cpu_time(self) -> bool:
+        """Whether the block was timed in a thread's CPU time (proxies/operator_timing.Clock): a replay then spins
+        its times as CPU time too."""
+        return self.meta.get("clock") == "thread CPU time"
+
     def core_share(self, ranks_per_host: int) -> float:
         """How many times longer a rank's compute runs than measured when `ranks_per_host` ranks, each with the
         threads it was measured with, share this block's CPU cores (1 on a GPU, or with cores enough)."""

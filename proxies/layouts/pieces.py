@@ -74,9 +74,11 @@ def from_block(block, par: Parallelism, shape, microbatch: int, stage: int, dtyp
     dense, experts, _ = M.stage_parameters(shape, par, stage)
     shards = optimizer_shards(par, setup)
     layers = sum(len(chunk) for chunk in stage_layer_ranges(shape.layers, par, stage))
-    tensors = layers * LAYER_TENSORS + (stage == 0) + 2 * (stage == par.pp - 1)  # a dense Llama layer's; embedding;
+    # the update's tensors: a dense Llama layer's each, the embedding on the first stage, the final norm and the head
+    # on the last
+    tensors = layers * LAYER_TENSORS + (stage == 0) + 2 * (stage == par.pp - 1)
     out["optimizer_us"] = block.memory_us(UPDATE_BYTES_PER_PARAMETER * (dense + experts) / shards) + \
-        tensors * rest.get("optimizer_tensor", 0.0)  # the final norm and the head
+        tensors * rest.get("optimizer_tensor", 0.0)
     return RankCompute(**out)
 
 

@@ -30,7 +30,7 @@ def replay_layout_steps(ctx) -> None:
         block = compute_from_dict(cfg.compute_block)
         measured = from_block(block, par, shape, cfg.microbatch, par.coords(backend.rank)["pp"],
                               block.meta.get("dtype", "float32"))
-        cpu_time = block.meta.get("clock") == "thread CPU time"  # spun as it was measured: this thread's CPU time
+        cpu_time = block.cpu_time  # spun as it was measured: this thread's CPU time
     replay = LayoutReplay(par, shape, ctx.profile, backend.rank, cfg.microbatch, checkpointing=cfg.checkpointing,
                           rate=rate, limit_s=peer_wait_s(cfg.timeout_s), measured=measured, cpu_clock=cpu_time)
     backend.barrier()
